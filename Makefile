@@ -1,0 +1,35 @@
+# Two entry points: `make demo` and `make test`. Both build .venv from nothing
+# with only python3 (>= 3.11): pip installs a pinned uv, uv installs uv.lock.
+PYTHON ?= python3
+VENV   := .venv
+UV_VERSION := 0.13.9
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench install clean lock
+
+$(VENV)/bin/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "saucer needs Python >= 3.11, found " + sys.version'
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(STAMP): $(VENV)/bin/python pyproject.toml uv.lock
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --quiet --frozen --extra test
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/saucer demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(VENV)/bin/python
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --quiet --frozen --extra test --extra bench
+	$(VENV)/bin/python bench/context_store.py
+
+lock: $(VENV)/bin/python
+	$(VENV)/bin/uv lock
+
+clean:
+	rm -rf $(VENV) .pytest_cache .saucer

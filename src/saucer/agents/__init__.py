@@ -1,0 +1,1 @@
+"""saucer.agents"""

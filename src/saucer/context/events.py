@@ -1,0 +1,270 @@
+"""Events, operations, the wire form of values, and the one fold.
+
+An :class:`Event` is one committed change to a session: a list of operations
+plus who made it and when. Operations are plain JSON dicts::
+
+    {"op": "set",    "name": "REQUEST", "value": "open notepad"}
+    {"op": "set",    "name": "ROUND_COST", "path": [3], "value": 0.25}
+    {"op": "delete", "var": "draft"}
+    {"op": "incr",   "var": "retries", "by": 1}
+    {"op": "append", "name": "PREVIOUS_SUBTASKS", "value": "open file"}
+    {"op": "cas",    "var": "status", "expected": "idle", "value": "busy"}
+
+``name`` targets a typed :class:`~saucer.context.names.ContextNames` entry,
+``var`` a free-form context variable. Values in operations are always in
+*wire form* (what :func:`to_wire` returns): JSON-canonical and owned by the
+operation. :func:`apply_ops` is the only function that changes state, used for
+live writes and for replay alike, so both always agree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Iterable, Mapping
+
+from saucer.context.names import ContextNames
+
+__all__ = [
+    "Event",
+    "State",
+    "ValueNotStorableError",
+    "apply_ops",
+    "copy_json",
+    "to_wire",
+    "state_from_wire",
+    "state_to_wire",
+    "op_key",
+    "ATOMIC_OPS",
+]
+
+#: Operations whose effect does not depend on reading the value first; a batch
+#: made only of these can be re-based on a newer version without a conflict.
+ATOMIC_OPS = frozenset({"incr", "append"})
+
+_NAMES = ContextNames.__members__
+
+
+class ValueNotStorableError(TypeError):
+    """A value cannot be stored durably; the message names the key and the path inside it."""
+
+    def __init__(self, key: str, path: str, reason: str) -> None:
+        self.key = key
+        self.path = path
+        self.reason = reason
+        where = f"{key}{path}" if path else key
+        super().__init__(f"value for {where!s} cannot be stored: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One committed, attributable change to a session's Context."""
+
+    session_id: str
+    version: int
+    timestamp: float
+    author: str
+    round: int | None
+    step: int | None
+    ops: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def keys(self) -> list[str]:
+        """The names and vars this event touches (vars prefixed with ``vars.``)."""
+        return [op_key(op) for op in self.ops]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of this event."""
+        return {
+            "session_id": self.session_id,
+            "version": self.version,
+            "timestamp": self.timestamp,
+            "author": self.author,
+            "round": self.round,
+            "step": self.step,
+            "ops": self.ops,
+            "meta": self.meta,
+        }
+
+
+def op_key(op: Mapping[str, Any]) -> str:
+    """The display key of an operation: the typed name, or ``vars.<key>``."""
+    name = op.get("name")
+    return name if name is not None else f"vars.{op['var']}"
+
+
+@dataclass(slots=True)
+class State:
+    """Materialised durable state: typed names that were written, and vars.
+
+    Typed values are held in their declared types (int round ids are ints);
+    unset names read as their default.
+    """
+
+    names: dict[str, Any] = field(default_factory=dict)
+    vars: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- wire form
+
+_SCALARS = (str, int, bool, type(None))
+
+
+def to_wire(value: Any, key: str, *, int_keys: bool = False) -> Any:
+    """Return a JSON-canonical, independent copy of ``value``.
+
+    Tuples become lists, str enums their value. Anything JSON cannot hold
+    faithfully (sets, objects, NaN, non-string keys unless ``int_keys``) raises
+    :class:`ValueNotStorableError` naming ``key`` and the path inside it.
+    """
+    cls = value.__class__
+    if cls is str or cls is int or cls is bool or value is None:
+        return value
+    return _to_wire(value, key, "", int_keys)
+
+
+def _to_wire(value: Any, key: str, path: str, int_keys: bool) -> Any:
+    if isinstance(value, Enum):
+        value = value.value
+    if isinstance(value, _SCALARS):
+        if isinstance(value, str):
+            return str(value)
+        return value if type(value) in (int, bool) or value is None else int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueNotStorableError(key, path, f"{value!r} is not a finite number")
+        return float(value)
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if isinstance(k, Enum):
+                k = k.value
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                raise ValueNotStorableError(key, path, f"dict key {k!r} is not a string")
+            if isinstance(k, int):
+                if not int_keys:
+                    raise ValueNotStorableError(
+                        key, path, f"dict key {k!r} is an int; free-form vars need string keys"
+                    )
+                k = str(k)
+            out[k] = _to_wire(v, key, f"{path}[{k!r}]", int_keys)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_to_wire(v, key, f"{path}[{i}]", int_keys) for i, v in enumerate(value)]
+    raise ValueNotStorableError(key, path, f"{type(value).__name__} is not JSON data")
+
+
+def copy_json(value: Any) -> Any:
+    """Deep-copy JSON data (dicts, lists, scalars); much faster than ``copy.deepcopy``."""
+    cls = value.__class__
+    if cls is dict:
+        return {k: copy_json(v) for k, v in value.items()}
+    if cls is list:
+        return [copy_json(v) for v in value]
+    return value
+
+
+def _restore(name: str, wire: Any) -> Any:
+    return _NAMES[name].restore(copy_json(wire))
+
+
+def state_to_wire(state: State) -> dict[str, Any]:
+    """Encode a state as JSON data (for snapshots)."""
+    return {
+        "names": {k: to_wire(v, k, int_keys=True) for k, v in state.names.items()},
+        "vars": copy_json(state.vars),
+    }
+
+
+def state_from_wire(data: Mapping[str, Any]) -> State:
+    """Decode a snapshot written by :func:`state_to_wire`."""
+    return State(
+        names={k: _restore(k, v) for k, v in data.get("names", {}).items() if k in _NAMES},
+        vars=copy_json(dict(data.get("vars", {}))),
+    )
+
+
+# --------------------------------------------------------------------- fold
+
+
+def _container(state: State, op: Mapping[str, Any]) -> tuple[dict[str, Any], str, bool]:
+    name = op.get("name")
+    if name is not None:
+        return state.names, name, True
+    return state.vars, op["var"], False
+
+
+def _default_for(key: str, typed: bool) -> Any:
+    return _NAMES[key].default_value if typed else None
+
+
+def _walk(root: dict[str, Any], key: str, path: list[Any], typed: bool) -> tuple[Any, Any]:
+    """Return (parent container, last key) for ``key`` + ``path``, creating dicts on the way."""
+    if key not in root or root[key] is None:
+        root[key] = _default_for(key, typed) if typed else {}
+        if root[key] is None:
+            root[key] = {}
+    parent: Any = root[key]
+    for p in path[:-1]:
+        nxt = parent.get(p) if isinstance(parent, dict) else parent[p]
+        if nxt is None:
+            nxt = {}
+            parent[p] = nxt
+        parent = nxt
+    return parent, path[-1]
+
+
+def _value(op: Mapping[str, Any], typed: bool, key: str, has_path: bool) -> Any:
+    value = op["value"]
+    if typed and not has_path:
+        return _restore(key, value)
+    return copy_json(value)
+
+
+def apply_ops(state: State, ops: Iterable[Mapping[str, Any]]) -> State:
+    """Apply operations to ``state`` in order and return it.
+
+    This is the fold: live writes and replay both go through it. It trusts
+    its input (operations are validated when they are made).
+    """
+    for op in ops:
+        kind = op["op"]
+        root, key, typed = _container(state, op)
+        path = op.get("path")
+        if kind == "set" or kind == "cas":
+            if path:
+                parent, last = _walk(root, key, path, typed)
+                parent[last] = _value(op, typed, key, True)
+            else:
+                root[key] = _value(op, typed, key, False)
+        elif kind == "delete":
+            if path:
+                parent, last = _walk(root, key, path, typed)
+                parent.pop(last, None)
+            else:
+                root.pop(key, None)
+        elif kind == "incr":
+            by = op["by"]
+            if path:
+                parent, last = _walk(root, key, path, typed)
+                parent[last] = (parent.get(last) or 0) + by
+            else:
+                current = root.get(key)
+                if current is None:
+                    current = _default_for(key, typed) or 0
+                root[key] = current + by
+        elif kind == "append":
+            if path:
+                parent, last = _walk(root, key, path, typed)
+                seq = parent.get(last)
+                if seq is None:
+                    seq = parent[last] = []
+            else:
+                seq = root.get(key)
+                if seq is None:
+                    seq = root[key] = _default_for(key, typed) or []
+            seq.append(copy_json(op["value"]))
+        else:
+            raise ValueError(f"unknown operation {kind!r}")
+    return state

@@ -1,0 +1,226 @@
+"""The typed names of the Context (UFO's ``ContextNames``) and their wire codecs.
+
+Every name declares a Python type, a default and whether it is *durable*
+(stored in events and snapshots) or *runtime-only* (loggers, window handles,
+the task graph object: kept in memory, never stored).
+
+Durable values are stored in a JSON *wire form*. Each name knows how to turn a
+wire value back into its declared type (:meth:`ContextNames.restore`), which is
+how integer round ids survive storage: ``{"3": 0.5}`` on the wire is
+``{3: 0.5}`` in memory, live and on replay alike.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from enum import Enum
+from typing import Any, Callable
+
+__all__ = ["ContextNames", "WeavingMode", "DERIVED_LEDGERS"]
+
+
+class WeavingMode(str, Enum):
+    """How a task graph (constellation) is being woven."""
+
+    CREATION = "creation"
+    EDITING = "editing"
+
+
+_MISSING = object()
+
+
+def _int_keys(value: dict, inner: Callable[[Any], Any] | None = None) -> dict:
+    # JSON turns int keys into strings; the declared type says they are ints.
+    out = {}
+    for k, v in value.items():
+        key = int(k) if isinstance(k, str) else k
+        out[key] = inner(v) if inner is not None else v
+    return out
+
+
+def _restore_structural_logs(value: Any) -> Any:
+    return _int_keys(value, lambda sub: _int_keys(sub))
+
+
+def _restore_weaving(value: Any) -> Any:
+    return WeavingMode(value)
+
+
+def _restore_float_ledger(value: Any) -> Any:
+    return _int_keys(value, float)
+
+
+# name -> (type, default factory or value, durable, type check, restore)
+# ``check`` validates a value at ``set``; ``restore`` maps wire form back.
+_Spec = tuple[Any, Any, bool, Callable[[Any], bool], Callable[[Any], Any] | None]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_float(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_list(v: Any) -> bool:
+    return isinstance(v, (list, tuple))
+
+
+def _is_dict(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _is_any(v: Any) -> bool:
+    return True
+
+
+def _is_ledger(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    def _check(v: Any) -> bool:
+        return isinstance(v, dict) and all(_is_int(k) or (isinstance(k, str) and k.lstrip("-").isdigit()) for k in v) and all(
+            check(x) for x in v.values()
+        )
+
+    return _check
+
+
+def _is_structural_logs(v: Any) -> bool:
+    if not isinstance(v, dict):
+        return False
+    for sub in v.values():
+        if not isinstance(sub, dict):
+            return False
+        for entries in sub.values():
+            if not isinstance(entries, (list, tuple)):
+                return False
+    return True
+
+
+def _is_logger(v: Any) -> bool:
+    return v is None or isinstance(v, (logging.Logger, logging.LoggerAdapter))
+
+
+def _is_weaving(v: Any) -> bool:
+    if isinstance(v, WeavingMode):
+        return True
+    return isinstance(v, str) and v in WeavingMode._value2member_map_
+
+
+_SPECS: dict[str, _Spec] = {
+    "ID": (int, 0, True, _is_int, None),
+    "MODE": (str, "", True, _is_str, None),
+    "CURRENT_ROUND_ID": (int, 0, True, _is_int, None),
+    "REQUEST": (str, "", True, _is_str, None),
+    "SUBTASK": (str, "", True, _is_str, None),
+    "PREVIOUS_SUBTASKS": (list, list, True, _is_list, None),
+    "HOST_MESSAGE": (list, list, True, _is_list, None),
+    "ROUND_RESULT": (str, "", True, _is_str, None),
+    "SESSION_COST": (float, 0.0, True, _is_float, float),
+    "ROUND_COST": (dict[int, float], dict, True, _is_ledger(_is_float), _restore_float_ledger),
+    "CURRENT_ROUND_COST": (float, 0.0, True, _is_float, float),
+    "SESSION_STEP": (int, 0, True, _is_int, None),
+    "ROUND_STEP": (dict[int, int], dict, True, _is_ledger(_is_int), _int_keys),
+    "CURRENT_ROUND_STEP": (int, 0, True, _is_int, None),
+    "ROUND_SUBTASK_AMOUNT": (dict[int, int], dict, True, _is_ledger(_is_int), _int_keys),
+    "CURRENT_ROUND_SUBTASK_AMOUNT": (int, 0, True, _is_int, None),
+    "APPLICATION_WINDOW": (object, None, False, _is_any, None),
+    "APPLICATION_WINDOW_INFO": (Any, None, True, _is_any, None),
+    "APPLICATION_PROCESS_NAME": (str, "", True, _is_str, None),
+    "APPLICATION_ROOT_NAME": (str, "", True, _is_str, None),
+    "CONTROL_REANNOTATION": (list, list, True, _is_list, None),
+    "LOG_PATH": (str, "", True, _is_str, None),
+    "LOGGER": (logging.Logger, None, False, _is_logger, None),
+    "REQUEST_LOGGER": (logging.Logger, None, False, _is_logger, None),
+    "EVALUATION_LOGGER": (logging.Logger, None, False, _is_logger, None),
+    "STRUCTURAL_LOGS": (dict[int, dict[int, list[dict]]], dict, True, _is_structural_logs, _restore_structural_logs),
+    "TOOL_INFO": (dict, dict, True, _is_dict, None),
+    "DEVICE_INFO": (list, list, True, _is_list, None),
+    "CONSTELLATION": (object, None, False, _is_any, None),
+    "WEAVING_MODE": (WeavingMode, WeavingMode.CREATION, True, _is_weaving, _restore_weaving),
+}
+
+
+class ContextNames(str, Enum):
+    """The typed names of the Context; each member's value equals its name.
+
+    ``.type`` is the declared type, ``.default_value`` a fresh default (a new
+    list or dict each time), ``.durable`` whether the value is stored.
+    """
+
+    ID = "ID"
+    MODE = "MODE"
+    CURRENT_ROUND_ID = "CURRENT_ROUND_ID"
+    REQUEST = "REQUEST"
+    SUBTASK = "SUBTASK"
+    PREVIOUS_SUBTASKS = "PREVIOUS_SUBTASKS"
+    HOST_MESSAGE = "HOST_MESSAGE"
+    ROUND_RESULT = "ROUND_RESULT"
+    SESSION_COST = "SESSION_COST"
+    ROUND_COST = "ROUND_COST"
+    CURRENT_ROUND_COST = "CURRENT_ROUND_COST"
+    SESSION_STEP = "SESSION_STEP"
+    ROUND_STEP = "ROUND_STEP"
+    CURRENT_ROUND_STEP = "CURRENT_ROUND_STEP"
+    ROUND_SUBTASK_AMOUNT = "ROUND_SUBTASK_AMOUNT"
+    CURRENT_ROUND_SUBTASK_AMOUNT = "CURRENT_ROUND_SUBTASK_AMOUNT"
+    APPLICATION_WINDOW = "APPLICATION_WINDOW"
+    APPLICATION_WINDOW_INFO = "APPLICATION_WINDOW_INFO"
+    APPLICATION_PROCESS_NAME = "APPLICATION_PROCESS_NAME"
+    APPLICATION_ROOT_NAME = "APPLICATION_ROOT_NAME"
+    CONTROL_REANNOTATION = "CONTROL_REANNOTATION"
+    LOG_PATH = "LOG_PATH"
+    LOGGER = "LOGGER"
+    REQUEST_LOGGER = "REQUEST_LOGGER"
+    EVALUATION_LOGGER = "EVALUATION_LOGGER"
+    STRUCTURAL_LOGS = "STRUCTURAL_LOGS"
+    TOOL_INFO = "TOOL_INFO"
+    DEVICE_INFO = "DEVICE_INFO"
+    CONSTELLATION = "CONSTELLATION"
+    WEAVING_MODE = "WEAVING_MODE"
+
+    @property
+    def type(self) -> Any:
+        """The declared type of the name's value."""
+        return _SPECS[self.value][0]
+
+    @property
+    def default_value(self) -> Any:
+        """A fresh default value (mutable defaults are never shared)."""
+        default = _SPECS[self.value][1]
+        if default is list or default is dict:
+            return default()
+        return copy.copy(default)
+
+    @property
+    def durable(self) -> bool:
+        """True when the value is stored in events; False for runtime-only objects."""
+        return _SPECS[self.value][2]
+
+    @property
+    def derived(self) -> bool:
+        """True for the ``CURRENT_ROUND_*`` names computed from a per-round ledger."""
+        return self.value in DERIVED_LEDGERS
+
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` matches the declared type."""
+        return _SPECS[self.value][3](value)
+
+    def restore(self, wire: Any) -> Any:
+        """Turn a stored (JSON wire form) value back into the declared type."""
+        fn = _SPECS[self.value][4]
+        if fn is None or wire is None:
+            return wire
+        return fn(wire)
+
+
+#: Derived name -> the per-round ledger it reads, keyed by ``CURRENT_ROUND_ID``.
+DERIVED_LEDGERS: dict[str, str] = {
+    "CURRENT_ROUND_STEP": "ROUND_STEP",
+    "CURRENT_ROUND_COST": "ROUND_COST",
+    "CURRENT_ROUND_SUBTASK_AMOUNT": "ROUND_SUBTASK_AMOUNT",
+}

@@ -1,0 +1,1 @@
+"""saucer.engine"""

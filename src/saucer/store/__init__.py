@@ -1,0 +1,60 @@
+"""Durable event stores: ``open_store(url)`` and the shared interface and errors."""
+
+from __future__ import annotations
+
+from saucer.store.base import (
+    ConflictError,
+    CorruptRecordError,
+    EventStore,
+    FencedError,
+    Lease,
+    LeaseHeldError,
+    ReadOnlyError,
+    SessionExistsError,
+    SessionInfo,
+    SessionNotFoundError,
+    Snapshot,
+    StoreError,
+)
+
+__all__ = [
+    "open_store",
+    "ConflictError",
+    "CorruptRecordError",
+    "EventStore",
+    "FencedError",
+    "Lease",
+    "LeaseHeldError",
+    "ReadOnlyError",
+    "SessionExistsError",
+    "SessionInfo",
+    "SessionNotFoundError",
+    "Snapshot",
+    "StoreError",
+]
+
+
+def open_store(url: str) -> EventStore:
+    """Open an event store by URL.
+
+    - ``memory://`` (private) or ``memory://NAME`` (shared within the process)
+    - ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``
+    - ``postgresql://user@host:port/db`` (optionally ``?schema=NAME``)
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"store URL must be a string, not {type(url).__name__}")
+    if url.startswith("memory://"):
+        from saucer.store.memory import MemoryStore
+
+        return MemoryStore(url[len("memory://"):] or None)
+    if url.startswith("sqlite://"):
+        from saucer.store.sqlite import SQLiteStore, path_from_url
+
+        return SQLiteStore(path_from_url(url))
+    if url.startswith(("postgresql://", "postgres://")):
+        from saucer.store.postgres import PostgresStore
+
+        return PostgresStore(url)
+    raise ValueError(
+        f"unknown store URL {url!r}: use memory://, sqlite:///path.db or postgresql://user@host/db"
+    )

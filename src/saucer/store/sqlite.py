@@ -1,0 +1,264 @@
+"""The SQLite event store (``sqlite:///relative.db`` or ``sqlite:////absolute.db``).
+
+WAL mode with ``synchronous=FULL``: a commit is on disk (one WAL fsync) when
+:meth:`append` returns. Each append is one ``BEGIN IMMEDIATE`` transaction that
+checks the expected version with a conditional update, so concurrent writers
+in other threads or processes can never interleave or overwrite each other.
+Appending writes one row; nothing is ever rewritten.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+
+from saucer.context.events import Event
+from saucer.store._codec import decode_rows, encode_payload, encode_state, first_good_snapshot
+from saucer.store.base import (
+    ConflictError,
+    EventStore,
+    FencedError,
+    Lease,
+    LeaseHeldError,
+    SessionExistsError,
+    SessionInfo,
+    SessionNotFoundError,
+    Snapshot,
+)
+
+__all__ = ["SQLiteStore", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS saucer_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id     TEXT PRIMARY KEY,
+    head           INTEGER NOT NULL,
+    created_at     REAL NOT NULL,
+    updated_at     REAL NOT NULL,
+    parent_id      TEXT,
+    parent_version INTEGER,
+    meta           TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    ts         REAL NOT NULL,
+    author     TEXT NOT NULL,
+    round      INTEGER,
+    step       INTEGER,
+    payload    BLOB NOT NULL,
+    crc        INTEGER,
+    PRIMARY KEY (session_id, version)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS snapshots (
+    session_id TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    ts         REAL NOT NULL,
+    state      BLOB NOT NULL,
+    crc        INTEGER,
+    PRIMARY KEY (session_id, version)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    session_id TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    token      INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
+"""
+
+
+def path_from_url(url: str) -> Path:
+    """``sqlite:///a/b.db`` -> ``a/b.db``; ``sqlite:////tmp/x.db`` -> ``/tmp/x.db``."""
+    if not url.startswith("sqlite:///"):
+        raise ValueError(f"not an SQLite store URL: {url!r} (expected sqlite:///relative/path.db or sqlite:////abs/path.db)")
+    rest = url[len("sqlite:///"):]
+    if not rest:
+        raise ValueError(f"SQLite store URL {url!r} names no file")
+    return Path(rest)
+
+
+class SQLiteStore(EventStore):
+    """Events, snapshots and leases in one SQLite file."""
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.url = f"sqlite:///{self.path}"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(
+            str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout
+        )
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA.strip().split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+                row = self._conn.execute("SELECT version FROM saucer_schema").fetchone()
+                if row is None:
+                    self._conn.execute("INSERT INTO saucer_schema VALUES (?)", (SCHEMA_VERSION,))
+                elif row[0] > SCHEMA_VERSION:
+                    raise RuntimeError(
+                        f"{self.path}: store schema version {row[0]} is newer than this saucer ({SCHEMA_VERSION}); upgrade saucer"
+                    )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None  # type: ignore[assignment]
+
+    # ------------------------------------------------------------- sessions
+
+    def _create(self, info: SessionInfo) -> None:
+        with self._lock:
+            try:
+                self._conn.execute(
+                    "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        info.session_id,
+                        info.version,
+                        info.created_at,
+                        info.updated_at,
+                        info.parent_id,
+                        info.parent_version,
+                        orjson.dumps(info.meta).decode(),
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+
+    @staticmethod
+    def _row_info(row: tuple[Any, ...]) -> SessionInfo:
+        return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], orjson.loads(row[6]))
+
+    def _info(self, session_id: str) -> SessionInfo | None:
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        return self._row_info(row) if row else None
+
+    def sessions(self) -> list[SessionInfo]:
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM sessions ORDER BY updated_at DESC").fetchall()
+        return [self._row_info(r) for r in rows]
+
+    def delete_session(self, session_id: str) -> None:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for table in ("events", "snapshots", "leases", "sessions"):
+                    self._conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    # --------------------------------------------------------------- events
+
+    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
+        payload, crc = encode_payload(event)
+        conn = self._conn
+        with self._lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if fence is not None:
+                    row = conn.execute(
+                        "SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)
+                    ).fetchone()
+                    if row is None or row[0] != fence:
+                        raise FencedError(event.session_id, fence, row[0] if row else None, row[1] if row else None)
+                updated = conn.execute(
+                    "UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ? AND head = ?",
+                    (event.version, event.timestamp, event.session_id, expected_version),
+                ).rowcount
+                if updated != 1:
+                    row = conn.execute("SELECT head FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
+                    if row is None:
+                        raise SessionNotFoundError(event.session_id)
+                    raise ConflictError(event.session_id, expected_version, row[0])
+                conn.execute(
+                    "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (event.session_id, event.version, event.timestamp, event.author, event.round, event.step, payload, crc),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT version, ts, author, round, step, payload, crc FROM events "
+                "WHERE session_id = ? AND version > ? AND version <= ? ORDER BY version",
+                (session_id, after, upto if upto is not None else 2**62),
+            ).fetchall()
+        return decode_rows(session_id, rows)
+
+    # ------------------------------------------------------------ snapshots
+
+    def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT version, ts, state, crc FROM snapshots WHERE session_id = ? AND version <= ? "
+                "ORDER BY version DESC LIMIT 3",
+                (session_id, upto if upto is not None else 2**62),
+            ).fetchall()
+        return first_good_snapshot(session_id, rows)
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        blob, crc = encode_state(snapshot.state)
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?)",
+                (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
+            )
+
+    # --------------------------------------------------------------- leases
+
+    def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
+        conn = self._conn
+        with self._lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is None:
+                    raise SessionNotFoundError(session_id)
+                now = time.time()
+                row = conn.execute(
+                    "SELECT owner, token, expires_at FROM leases WHERE session_id = ?", (session_id,)
+                ).fetchone()
+                token = row[1] if row else 0
+                if row is not None and row[0] != owner and row[2] > now:
+                    raise LeaseHeldError(session_id, row[0], row[2])
+                if row is None or row[0] != owner or row[2] <= now:
+                    token += 1
+                conn.execute(
+                    "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)", (session_id, owner, token, now + ttl)
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return Lease(session_id, owner, token, now + ttl)
+
+    def release_lease(self, lease: Lease) -> None:
+        with self._lock:
+            self._conn.execute(
+                "UPDATE leases SET expires_at = 0 WHERE session_id = ? AND owner = ? AND token = ?",
+                (lease.session_id, lease.owner, lease.token),
+            )
