@@ -1,0 +1,5 @@
+"""``python -m saucer`` runs the command line."""
+
+from saucer.cli.app import main
+
+main()

@@ -1,0 +1,225 @@
+"""Rendering of sessions for the terminal: listings, timelines, history, state and diffs.
+
+Pure presentation over the store and the Context; no command-line parsing here.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any, Iterable, Mapping
+
+import orjson
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from saucer.context import Context, Event
+from saucer.context.events import op_key
+from saucer.store.base import EventStore, SessionInfo
+
+__all__ = [
+    "session_summary",
+    "sessions_table",
+    "timeline",
+    "history_table",
+    "state_table",
+    "diff_table",
+    "describe_op",
+    "short",
+]
+
+_STATUS_STYLE = {"success": "green", "failure": "red", "skipped": "yellow", "none": "dim"}
+
+
+def when(ts: float | None) -> str:
+    """A local timestamp, to the second."""
+    if not ts:
+        return "-"
+    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def short(value: Any, width: int = 60) -> str:
+    """A one-line JSON rendering of ``value``, cut to ``width`` characters."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
+        except TypeError:
+            text = repr(value)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def describe_op(op: Mapping[str, Any]) -> str:
+    """One operation in words, e.g. ``REQUEST = "open notepad"`` or ``vars.n += 1``."""
+    key = op_key(op)
+    if op.get("path"):
+        key += "".join(f"[{p!r}]" for p in op["path"])
+    kind = op["op"]
+    if kind == "set":
+        return f"{key} = {short(op['value'])}"
+    if kind == "delete":
+        return f"del {key}"
+    if kind == "incr":
+        return f"{key} += {op['by']}"
+    if kind == "append":
+        return f"{key} += [{short(op['value'])}]"
+    if kind == "cas":
+        return f"{key} = {short(op['value'])} (was {short(op['expected'])})"
+    return f"{kind} {key}"
+
+
+def session_summary(store: EventStore, info: SessionInfo) -> dict[str, Any]:
+    """Columns of the sessions table, from the session row and its last event."""
+    meta = dict(info.meta)
+    last: Event | None = None
+    if info.version:
+        events = list(store.read(info.session_id, info.version - 1, info.version))
+        last = events[-1] if events else None
+    status = meta.get("status", "-")
+    summary = dict(meta.get("summary") or {})
+    if last is not None:
+        status = last.meta.get("session_status", status)
+        summary.update(last.meta.get("summary") or {})
+    return {
+        "id": info.session_id,
+        "task": meta.get("task", "-"),
+        "mode": meta.get("mode", "-"),
+        "status": summary.get("status", status),
+        "rounds": summary.get("rounds", "-"),
+        "steps": summary.get("steps", "-"),
+        "cost": summary.get("cost", "-"),
+        "version": info.version,
+        "updated": when(info.updated_at),
+        "parent": f"{info.parent_id}@{info.parent_version}" if info.parent_id else None,
+    }
+
+
+def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
+    """The ``saucer sessions`` table."""
+    table = Table(title="sessions", title_justify="left")
+    for column in ("id", "task", "mode", "status", "rounds", "steps", "cost", "version", "last update"):
+        table.add_column(column, no_wrap=column in ("id", "last update"))
+    for row in rows:
+        cost = row["cost"]
+        table.add_row(
+            row["id"] + (f" (fork of {row['parent']})" if row.get("parent") else ""),
+            str(row["task"]),
+            str(row["mode"]),
+            str(row["status"]),
+            str(row["rounds"]),
+            str(row["steps"]),
+            f"{cost:.4f}" if isinstance(cost, (int, float)) else str(cost),
+            str(row["version"]),
+            row["updated"],
+        )
+    return table
+
+
+def _commands_text(meta: Mapping[str, Any]) -> list[Text]:
+    lines: list[Text] = []
+    commands = meta.get("commands") or []
+    results = meta.get("results") or []
+    for index, command in enumerate(commands):
+        result = results[index] if index < len(results) else {}
+        status = str(result.get("status", "-"))
+        line = Text("  → ")
+        line.append(str(command.get("tool_name", "?")), style="bold")
+        line.append(f"({short(command.get('parameters', {}), 50)}) ")
+        line.append(status, style=_STATUS_STYLE.get(status, ""))
+        detail = result.get("error") or result.get("result")
+        if detail not in (None, ""):
+            line.append(f"  {short(detail, 70)}", style="dim")
+        lines.append(line)
+    return lines
+
+
+def timeline(events: list[Event], title: str) -> Tree:
+    """Rounds → steps: agent, state, commands, results, cost, and each step's Context changes."""
+    tree = Tree(Text(title, style="bold"))
+    rounds: dict[Any, Tree] = {}
+    for event in events:
+        meta = event.meta
+        round_key = event.round if event.round is not None else "-"
+        branch = rounds.get(round_key)
+        if branch is None:
+            request = meta.get("request")
+            label = f"round {round_key}" + (f": {short(request, 70)}" if request else "")
+            branch = rounds[round_key] = tree.add(Text(label, style="cyan"))
+        head = Text(f"v{event.version} ", style="dim")
+        if event.step is not None:
+            head.append(f"step {event.step} ", style="bold")
+        head.append(event.author)
+        if meta.get("state"):
+            head.append(f" [{meta['state']}]", style="magenta")
+        if meta.get("status"):
+            head.append(f" {meta['status']}")
+        if isinstance(meta.get("cost"), (int, float)) and meta["cost"]:
+            head.append(f" cost {meta['cost']:.4f}", style="yellow")
+        head.append(f"  {when(event.timestamp)}", style="dim")
+        parts: list[Any] = [head]
+        if meta.get("subtask"):
+            parts.append(Text(f"  subtask: {short(meta['subtask'], 80)}"))
+        parts.extend(_commands_text(meta))
+        changes = [describe_op(op) for op in event.ops]
+        if changes:
+            shown = changes[:8]
+            more = f" (+{len(changes) - 8} more)" if len(changes) > 8 else ""
+            parts.append(Text("  changes: " + "; ".join(shown) + more, style="green"))
+        if meta.get("error"):
+            parts.append(Text(f"  error: {meta['error']}", style="red"))
+        branch.add(Group(*parts))
+    if not events:
+        tree.add(Text("(no events yet)", style="dim"))
+    return tree
+
+
+def history_table(events: Iterable[Event], key: str | None) -> Table:
+    """Every change (optionally only to ``key``) with version, time, author, round, step."""
+    table = Table(title=f"history of {key}" if key else "history", title_justify="left")
+    for column in ("version", "time", "author", "round", "step", "change"):
+        table.add_column(column, overflow="fold")
+    wanted = None if key is None else Context._history_key(key)
+    for event in events:
+        for op in event.ops:
+            if wanted is not None and op_key(op) != wanted:
+                continue
+            table.add_row(
+                str(event.version),
+                when(event.timestamp),
+                event.author,
+                "-" if event.round is None else str(event.round),
+                "-" if event.step is None else str(event.step),
+                describe_op(op),
+            )
+    return table
+
+
+def state_table(state: Mapping[str, Any], title: str) -> Table:
+    """The non-empty values of a state (names and ``vars.*``)."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("key", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for key, value in state.items():
+        if value in (None, "", [], {}, 0, 0.0) and not key.startswith("vars."):
+            continue
+        table.add_row(key, short(value, 200))
+    return table
+
+
+def diff_table(diff: Mapping[str, Mapping[str, Any]], v1: int, v2: int) -> Table:
+    """Keys that changed between two versions."""
+    table = Table(title=f"changes from v{v1} to v{v2}", title_justify="left")
+    table.add_column("key", no_wrap=True)
+    table.add_column(f"v{v1}", overflow="fold")
+    table.add_column(f"v{v2}", overflow="fold")
+    for key, change in diff.items():
+        table.add_row(key, short(change["before"], 80), short(change["after"], 80))
+    return table
+
+
+def print_json(console: Console, data: Any) -> None:
+    """Print JSON data (indented) without rich markup interpretation."""
+    console.print_json(orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS, default=str).decode())

@@ -1,0 +1,41 @@
+"""Helpers to run the CLI as a subprocess in a fresh directory, as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+SAUCER = [sys.executable, "-m", "saucer"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
+    env["COLUMNS"] = "200"
+    env["NO_COLOR"] = "1"
+    return env
+
+
+@pytest.fixture
+def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``saucer ARGS`` in a fresh directory with no standard input."""
+
+    def run(*args: str, timeout: float = 60, cwd: Path | None = None, check: bool | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [*SAUCER, *args],
+            cwd=cwd or tmp_path,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check is True:
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    return run
