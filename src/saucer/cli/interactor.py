@@ -4,8 +4,8 @@ Without a terminal on standard input (CI, pipes) nothing waits for input and
 these documented defaults apply:
 
 ================================  =============================================
-``first_request``                 error: pass ``--request`` or ``--plan``
-``new_request``                   finish the session
+``first_request``                 None: no request (pass ``--request`` or ``--plan``)
+``new_request``                   None: finish the session
 ``experience_asker``              do not save (``--yes``: save)
 ``question_asker``                empty answer
 ``sensitive_step_asker``          refuse (``--yes``: approve)
@@ -18,14 +18,11 @@ import sys
 from typing import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.prompt import Confirm, Prompt
 
-__all__ = ["RichInteractor", "NoInputError", "stdin_is_terminal"]
-
-
-class NoInputError(RuntimeError):
-    """Input was needed but there is no terminal to ask."""
+__all__ = ["RichInteractor", "stdin_is_terminal"]
 
 
 def stdin_is_terminal() -> bool:
@@ -37,7 +34,14 @@ def stdin_is_terminal() -> bool:
 
 
 class RichInteractor:
-    """Asks the user through rich panels; applies the defaults above without a terminal."""
+    """Asks the user through rich panels; applies the defaults above without a terminal.
+
+    Implements :class:`saucer.engine.interactor.Interactor`. Its methods block
+    on the terminal, so ``blocking = True`` tells the engine to call them in a
+    worker thread while other sessions keep running.
+    """
+
+    blocking = True
 
     def __init__(
         self,
@@ -58,46 +62,46 @@ class RichInteractor:
     def _panel(self, text: str, title: str, style: str = "cyan") -> None:
         self.console.print(Panel(text, title=title, border_style=style, expand=False))
 
-    async def first_request(self) -> str:
-        """The session's first request."""
+    def first_request(self) -> str | None:
+        """The session's first request (None without a terminal)."""
         if not self.interactive:
-            raise NoInputError("no request given and no terminal to ask for one: pass --request TEXT or --plan FILE")
+            return None
         self._panel("Welcome to saucer. What should the agents do?", "new session")
         while True:
             text = Prompt.ask("[bold]request[/]", console=self.console).strip()
             if text:
                 return text
 
-    async def new_request(self) -> tuple[str, bool]:
-        """The next request, or ``("", True)`` when the user types N (finish)."""
+    def new_request(self) -> str | None:
+        """The next request, or None when the user types N (finish)."""
         if not self.interactive:
-            return "", True
+            return None
         self._panel("Enter your next request, or N to finish the session.", "next round")
         text = Prompt.ask("[bold]request[/]", console=self.console).strip()
         if text.upper() in ("N", ""):
-            return "", True
-        return text, False
+            return None
+        return text
 
-    async def experience_asker(self) -> bool:
+    def experience_asker(self) -> bool:
         """Whether to save this session as a replayable plan."""
         if not self.interactive:
             return self.assume_yes
         self._panel("Save this session as a replayable plan (experience)?", "experience")
         return Confirm.ask("save", default=False, console=self.console)
 
-    async def question_asker(self, question: str, index: int = 0) -> str:
+    def question_asker(self, question: str, index: int = 0) -> str:
         """An agent's question to the user; the answer text."""
         if not self.interactive:
             return ""
-        self._panel(question, f"question {index + 1}", "yellow")
+        self._panel(escape(question), f"question {index + 1}", "yellow")
         return Prompt.ask("[bold]answer[/]", console=self.console, default="")
 
-    async def sensitive_step_asker(self, action: str, detail: str = "") -> bool:
+    def sensitive_step_asker(self, action: str, target: str = "") -> bool:
         """Whether to run a sensitive step; defaults to no."""
         if self.assume_yes:
             return True
         if not self.interactive:
             return False
-        text = f"[bold]{action}[/]" + (f"\n{detail}" if detail else "")
+        text = f"[bold]{escape(action)}[/]" + (f"\n{escape(target)}" if target else "")
         self._panel(text + "\n\nThis step is marked sensitive. Run it?", "confirm", "red")
         return Confirm.ask("run it", default=False, console=self.console)

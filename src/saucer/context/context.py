@@ -16,7 +16,9 @@ Durability modes:
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 import warnings
 from contextlib import contextmanager
 from types import MappingProxyType
@@ -34,7 +36,14 @@ from saucer.context.events import (
     to_wire,
 )
 from saucer.context.names import DERIVED_LEDGERS, ContextNames
-from saucer.store.base import ConflictError, EventStore, ReadOnlyError, Snapshot
+from saucer.store.base import (
+    ConflictError,
+    CorruptRecordError,
+    EventStore,
+    ReadOnlyError,
+    SessionExistsError,
+    Snapshot,
+)
 
 __all__ = ["Context", "Durability"]
 
@@ -47,8 +56,47 @@ _LIST_NAMES = frozenset(m.value for m in ContextNames if m.type is list)
 _DICT_NAMES = frozenset(
     m.value for m in ContextNames if m.type is dict or getattr(m.type, "__origin__", None) is dict
 )
+_INT_NAMES = frozenset(m.value for m in ContextNames if m.type is int or m.type == dict[int, int])
+_FLOAT_NAMES = frozenset(m.value for m in ContextNames if m.type is float or m.type == dict[int, float])
 #: How many times commit() re-bases an atomic-only batch before giving up.
-_MAX_REBASES = 50
+_MAX_REBASES = 200
+#: Snapshots kept per session: the newest, and one to fall back on if it is damaged.
+_KEEP_SNAPSHOTS = 2
+
+# get() is the hottest call of the runtime: one dict lookup tells it what a
+# name is. kind 0: durable, stored as is; 1: derived from a per-round ledger;
+# 2: runtime-only. Works for members and plain strings (a str-valued Enum
+# hashes and compares as its value).
+_DURABLE, _DERIVED, _RUNTIME = 0, 1, 2
+_GET_SPEC: dict[str, tuple[int, str, Any]] = {}
+for _m in ContextNames:
+    if _m.derived:
+        _GET_SPEC[_m.value] = (_DERIVED, DERIVED_LEDGERS[_m.value], _m.default_value)
+    elif not _m.durable:
+        _GET_SPEC[_m.value] = (_RUNTIME, _m.value, None)
+    else:
+        _d = _m.default_value
+        # Mutable defaults are produced fresh on each read (their type is the factory).
+        _GET_SPEC[_m.value] = (_DURABLE, _m.value, _d.__class__ if _d.__class__ in (list, dict) else _d)
+del _m
+
+
+_REFS_LOCK = threading.Lock()
+
+
+def _retain(store: EventStore) -> None:
+    """Count one more Context owning ``store`` (opened from a URL, shared with its forks)."""
+    with _REFS_LOCK:
+        store.__dict__["_context_refs"] = store.__dict__.get("_context_refs", 0) + 1
+
+
+def _release(store: EventStore) -> None:
+    """One owner fewer; the last one closes the store."""
+    with _REFS_LOCK:
+        left = store.__dict__.get("_context_refs", 1) - 1
+        store.__dict__["_context_refs"] = left
+    if left <= 0:
+        store.close()
 
 
 def _member(name: Any) -> ContextNames:
@@ -82,7 +130,12 @@ class Context:
         self._version = 0
         self._snapshot_version = 0
         self._snapshot_every = 100
+        self._keep_snapshots = _KEEP_SNAPSHOTS
         self._pending: list[dict[str, Any]] = []
+        # len(self._pending) at the last step boundary: in ``exit`` mode the
+        # pending list spans many steps, and only the unfinished one is discarded.
+        self._step_mark = 0
+        self._batching = 0
         self._author = "system"
         self._durability: Durability = "step"
         self._read_only = False
@@ -106,59 +159,97 @@ class Context:
         snapshot_every: int = 100,
         meta: dict[str, Any] | None = None,
         fence: int | None = None,
+        keep_snapshots: int = _KEEP_SNAPSHOTS,
     ) -> "Context":
         """Open (or create) a session's Context in ``store`` (an :class:`EventStore` or a URL).
 
         ``at=VERSION`` gives a read-only Context as it was at that version.
         ``create=False`` raises :class:`~saucer.store.SessionNotFoundError`
         for an unknown session. ``fence`` is a lease token every commit carries.
+        A snapshot is stored every ``snapshot_every`` events and on close; only
+        the newest ``keep_snapshots`` of the session are kept.
         """
         if durability not in _DURABILITIES:
             raise ValueError(f"durability must be one of {', '.join(_DURABILITIES)}, not {durability!r}")
-        if snapshot_every < 1:
-            raise ValueError("snapshot_every must be at least 1")
+        if not isinstance(snapshot_every, int) or snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be an int >= 1, not {snapshot_every!r}")
+        if not isinstance(keep_snapshots, int) or keep_snapshots < 1:
+            raise ValueError(f"keep_snapshots must be an int >= 1, not {keep_snapshots!r}")
         ctx = cls()
         if isinstance(store, str):
             from saucer.store import open_store
 
             ctx._store = open_store(store)
             ctx._owns_store = True
+            _retain(ctx._store)
         else:
             ctx._store = store
         try:
             if not ctx._store.exists(session_id):
                 if at is not None or not create:
                     ctx._store.session_info(session_id)  # raises SessionNotFoundError
-                ctx._store.create_session(session_id, meta=meta)
+                try:
+                    ctx._store.create_session(session_id, meta=meta)
+                except SessionExistsError:
+                    pass  # another writer created it just now: open theirs
             ctx._session_id = session_id
             ctx._author = author
             ctx._durability = durability
             ctx._snapshot_every = snapshot_every
+            ctx._keep_snapshots = keep_snapshots
             ctx._fence = fence
             if at is not None:
                 head = ctx._store.head(session_id)
-                if not 0 <= at <= head:
-                    raise ValueError(f"session {session_id!r} has versions 0..{head}, not {at}")
+                # A session whose old history was pruned reads from its cut on.
+                first = getattr(ctx._store, "first_version", None)
+                lowest = first(session_id) if first is not None else 0
+                if not lowest <= at <= head:
+                    raise ValueError(f"session {session_id!r} has versions {lowest}..{head}, not {at}")
                 ctx._read_only = True
             ctx._hydrate(at)
         except BaseException:
             if ctx._owns_store:
-                ctx._store.close()
+                _release(ctx._store)
             raise
         return ctx
 
     def _hydrate(self, upto: int | None = None) -> None:
+        """Load the committed state at ``upto`` (the head when None): the newest
+        usable snapshot, then the events after it, through the one fold."""
         store, sid = self._require_store()
-        snap = store.latest_snapshot(sid, upto)
-        state = state_from_wire(snap.state) if snap else State()
+        head = store.head(sid) if upto is None else upto
+        snap = store.latest_snapshot(sid, head)
+        state: State | None = None
+        if snap is not None:
+            try:
+                state = state_from_wire(snap.state)
+            except Exception as exc:  # a snapshot is a cache: fall back to the log
+                warnings.warn(
+                    f"session {sid!r}: ignoring unusable snapshot at version {snap.version} ({exc!r})",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                snap = None
+        if state is None:
+            state = State()
         base = snap.version if snap else 0
-        for event in store.read(sid, base, upto):
-            apply_ops(state, event.ops)
+        seen = base
+        for event in store.read(sid, base, head):
+            try:
+                apply_ops(state, event.ops)
+            except Exception as exc:
+                raise CorruptRecordError(event.session_id, event.version, f"cannot apply its operations: {exc!r}") from None
+            seen = event.version
+        if seen < head and upto is None and not self._read_only:
+            # The store skipped a damaged trailing record (with a warning). It
+            # keeps its version; have the store mark it as an empty event, so
+            # that it stays harmless once newer events follow it.
+            store.quarantine_record(sid, head)
         self._state = state
         self._snapshot_version = base
-        # A skipped damaged trailing record still occupies its version.
-        self._version = upto if upto is not None else store.head(sid)
+        self._version = head
         self._pending = []
+        self._step_mark = 0
 
     def _require_store(self) -> tuple[EventStore, str]:
         if self._store is None or self._session_id is None:
@@ -223,28 +314,28 @@ class Context:
         Never writes. Containers are returned as copies, so mutating the
         result does not change the Context.
         """
-        member = _member(name)
-        key = member.value
-        ledger = DERIVED_LEDGERS.get(key)
-        if ledger is not None:
-            entries = self._state.names.get(ledger)
-            round_id = self._state.names.get("CURRENT_ROUND_ID", 0)
-            value = entries.get(round_id) if entries else None
-            if value is None:
-                return member.default_value
-            return value
-        if not member.durable:
-            value = self._runtime.get(key)
+        try:
+            kind, key, fallback = _GET_SPEC[name]
+        except (KeyError, TypeError):
+            raise KeyError(f"unknown context name {name!r}; see ContextNames for the valid names") from None
+        if kind == _DURABLE:
+            value = self._state.names.get(key, fallback)
+            cls = value.__class__
+            if cls is dict or cls is list:
+                return copy_json(value)
+            if value is list or value is dict:
+                return value()
             return default if value is None else value
-        value = self._state.names.get(key, _MISSING)
-        if value is _MISSING:
-            value = member.default_value
-        if value is None:
-            return default
-        cls = value.__class__
-        if cls is dict or cls is list:
-            return copy_json(value)
-        return value
+        if kind == _DERIVED:
+            names = self._state.names
+            entries = names.get(key)
+            if entries:
+                value = entries.get(names.get("CURRENT_ROUND_ID", 0))
+                if value is not None:
+                    return value
+            return fallback
+        value = self._runtime.get(key)
+        return default if value is None else value
 
     @property
     def vars(self) -> Mapping[str, Any]:
@@ -275,13 +366,12 @@ class Context:
             apply_ops(self._state, ops)
             if self._store is not None:
                 self._pending.extend(ops)
-                if self._durability == "strict":
+                if self._durability == "strict" and not self._batching:
                     self.commit()
 
-    def set(self, name: ContextNames | str, value: Any) -> None:
-        """Set a typed name; KeyError for an unknown name, TypeError for a wrong type."""
-        member = _member(name)
-        key = member.value
+    def _set_op(self, member: ContextNames, value: Any, round_id: int) -> dict[str, Any]:
+        """The operation that sets a durable name (derived names write their ledger entry)."""
+        key = member._value_
         if not member.accepts(value):
             raise TypeError(
                 f"{key} expects {_type_name(member.type)}, got {type(value).__name__}: {value!r:.80}"
@@ -290,29 +380,53 @@ class Context:
         if ledger is not None:
             if key == "CURRENT_ROUND_COST":
                 value = float(value)
-            self._record([{"op": "set", "name": ledger, "path": [self._round_id()], "value": to_wire(value, key)}])
-            return
+            return {"op": "set", "name": ledger, "path": [round_id], "value": to_wire(value, key)}
+        return {"op": "set", "name": key, "value": to_wire(value, key, int_keys=member.int_key_depth)}
+
+    def set(self, name: ContextNames | str, value: Any) -> None:
+        """Set a typed name; KeyError for an unknown name, TypeError for a wrong type.
+
+        The value is copied and normalised now: changing it afterwards does not
+        change the Context, and a value that cannot be stored is refused here
+        (:class:`ValueNotStorableError`, naming the key and the path inside it).
+        """
+        member = _member(name)
         if not member.durable:
+            if not member.accepts(value):
+                raise TypeError(f"{member.value} expects {_type_name(member.type)}, got {type(value).__name__}")
             self._check_writable()
-            self._runtime[key] = value
+            self._runtime[member.value] = value
             return
-        self._record([{"op": "set", "name": key, "value": to_wire(value, key, int_keys=True)}])
+        self._record([self._set_op(member, value, self._round_id())])
 
     def _round_id(self) -> int:
         return self._state.names.get("CURRENT_ROUND_ID", 0)
 
     def update_dict(self, name: ContextNames | str | Mapping[Any, Any], value: Mapping[Any, Any] | None = None) -> None:
         """UFO's two forms: ``update_dict(name, {...})`` merges into a dict-valued name;
-        ``update_dict({name: value, ...})`` sets several names at once."""
+        ``update_dict({name: value, ...})`` sets several names at once (one change:
+        every value is checked before any is written)."""
         if value is None and isinstance(name, Mapping):
             members = [(_member(k), v) for k, v in name.items()]
-            for member, v in members:
-                if not member.accepts(v):
-                    raise TypeError(f"{member.value} expects {_type_name(member.type)}, got {type(v).__name__}")
             # Round id first, so derived names land in the right round's ledger.
             members.sort(key=lambda mv: mv[0] is not ContextNames.CURRENT_ROUND_ID)
+            round_id = self._round_id()
+            ops: list[dict[str, Any]] = []
+            runtime: list[tuple[ContextNames, Any]] = []
             for member, v in members:
-                self.set(member, v)
+                if not member.durable:
+                    if not member.accepts(v):
+                        raise TypeError(f"{member.value} expects {_type_name(member.type)}, got {type(v).__name__}")
+                    runtime.append((member, v))
+                    continue
+                ops.append(self._set_op(member, v, round_id))
+                if member is ContextNames.CURRENT_ROUND_ID:
+                    round_id = v
+            self._check_writable()
+            for member, v in runtime:
+                self._runtime[member.value] = v
+            if ops:
+                self._record(ops)
             return
         member = _member(name)
         if member.value not in _DICT_NAMES:
@@ -325,6 +439,11 @@ class Context:
 
     def update_vars(self, set: Mapping[str, Any] | None = None, delete: list[str] | tuple[str, ...] = ()) -> None:
         """Delete then set context variables, as one change."""
+        if isinstance(delete, str):
+            raise TypeError("update_vars(delete=...) takes a list of variable names, not a str")
+        if set is not None and not isinstance(set, Mapping):
+            raise TypeError(f"update_vars(set=...) takes a dict of variables, not {type(set).__name__}")
+        delete = delete or ()
         ops: list[dict[str, Any]] = []
         for key in delete:
             self._check_var_key(key)
@@ -339,6 +458,7 @@ class Context:
     def _check_var_key(key: Any) -> None:
         if not isinstance(key, str) or not key:
             raise TypeError(f"context variable names are non-empty strings, not {key!r}")
+        to_wire(key, "vars")  # a name that JSON cannot hold is refused too
 
     def delete_var(self, key: str) -> None:
         """Delete one context variable (no error if it is not set)."""
@@ -346,15 +466,22 @@ class Context:
 
     # ---------------------------------------------------------- atomic ops
 
-    def _target(self, key: ContextNames | str) -> tuple[dict[str, Any], Any]:
-        """The op target for ``key``: a typed name (members only) or a var."""
+    def _target(self, key: ContextNames | str) -> tuple[dict[str, Any], str]:
+        """The op target for ``key`` and its display label.
+
+        A :class:`ContextNames` member targets the typed name (a derived
+        ``CURRENT_ROUND_*`` name its ledger entry for the current round); a
+        plain string targets a context variable.
+        """
         if isinstance(key, ContextNames):
+            if not key.durable:
+                raise TypeError(f"{key.value} is runtime-only; atomic operations need a durable name")
             ledger = DERIVED_LEDGERS.get(key.value)
             if ledger is not None:
-                return {"name": ledger, "path": [self._round_id()]}, key
-            return {"name": key.value}, key
+                return {"name": ledger, "path": [self._round_id()]}, key.value
+            return {"name": key.value}, key.value
         self._check_var_key(key)
-        return {"var": key}, key
+        return {"var": key}, f"vars.{key}"
 
     def incr(self, key: ContextNames | str, by: int | float = 1) -> int | float:
         """Atomically add ``by`` to a number (a var, or a numeric typed name); return the new value.
@@ -363,28 +490,35 @@ class Context:
         """
         if isinstance(by, bool) or not isinstance(by, (int, float)):
             raise TypeError(f"incr: 'by' must be a number, got {type(by).__name__}")
-        to_wire(by, "by")
-        target, _ = self._target(key)
-        current = self._current(target)
-        if "name" in target and target["name"] not in _NUMBER_NAMES and "path" not in target:
-            raise TypeError(f"incr needs a numeric name; {target['name']} is not a number")
-        if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
-            raise TypeError(f"incr: {key!s} holds {type(current).__name__}, not a number")
-        if "name" in target and target["name"] in ("ID", "CURRENT_ROUND_ID", "SESSION_STEP") and isinstance(by, float):
-            raise TypeError(f"incr: {target['name']} is an int; 'by' must be an int")
-        self._record([{"op": "incr", **target, "by": by}])
-        return self._current(target)
+        target, label = self._target(key)
+        name = target.get("name")
+        if name is not None:
+            if name not in _NUMBER_NAMES and "path" not in target:
+                raise TypeError(f"incr needs a numeric name; {name} is {_type_name(_member(name).type)}")
+            if name in _INT_NAMES and not isinstance(by, int):
+                raise TypeError(f"incr: {label} is an int; 'by' must be an int, not {by!r}")
+            if name in _FLOAT_NAMES:
+                by = float(by)  # keeps a float ledger float, live and on replay
+        with self._lock:
+            current = self._current(target)
+            if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
+                raise TypeError(f"incr: {label} holds {type(current).__name__}, not a number")
+            to_wire((current or 0) + by, label)  # refuses a result JSON cannot hold (inf, > 64 bits)
+            to_wire(by, label)
+            self._record([{"op": "incr", **target, "by": by}])
+            return self._current(target)
 
     def append(self, key: ContextNames | str, value: Any) -> None:
         """Atomically append ``value`` to a list (a var, or a list-valued typed name)."""
-        target, _ = self._target(key)
+        target, label = self._target(key)
         if "name" in target and target["name"] not in _LIST_NAMES:
-            raise TypeError(f"append needs a list-valued name; {target['name']} is not a list")
-        current = self._current(target)
-        if current is not None and not isinstance(current, list):
-            raise TypeError(f"append: {key!s} holds {type(current).__name__}, not a list")
-        label = target.get("name") or f"vars.{target['var']}"
-        self._record([{"op": "append", **target, "value": to_wire(value, label)}])
+            raise TypeError(f"append needs a list-valued name; {label} is not a list")
+        wire = to_wire(value, label)
+        with self._lock:
+            current = self._current(target)
+            if current is not None and not isinstance(current, list):
+                raise TypeError(f"append: {label} holds {type(current).__name__}, not a list")
+            self._record([{"op": "append", **target, "value": wire}])
 
     def compare_and_set(self, key: ContextNames | str, expected: Any, new: Any) -> bool:
         """Set ``key`` to ``new`` only if it currently equals ``expected``; return whether it did.
@@ -392,26 +526,33 @@ class Context:
         The check is repeated against the newest version if another writer
         committed first; if it no longer holds, :meth:`commit` raises ConflictError.
         """
-        target, _ = self._target(key)
-        label = target.get("name") or f"vars.{target['var']}"
-        if "name" in target and "path" not in target:
-            member = _member(target["name"])
-            if not member.accepts(new):
-                raise TypeError(f"{label} expects {_type_name(member.type)}, got {type(new).__name__}")
+        target, label = self._target(key)
+        depth = 0
+        if isinstance(key, ContextNames):
+            if not key.accepts(new):
+                raise TypeError(f"{label} expects {_type_name(key.type)}, got {type(new).__name__}")
+            if key.value in _FLOAT_NAMES and new is not None:
+                new = float(new)
+            depth = key.int_key_depth
+        expected_wire = to_wire(expected, label, int_keys=depth)
+        new_wire = to_wire(new, label, int_keys=depth)
         with self._lock:
-            if self._current(target) != expected:
+            if to_wire(self._current(target), label, int_keys=depth) != expected_wire:
                 return False
-            op = {"op": "cas", **target, "expected": to_wire(expected, label, int_keys=True), "value": to_wire(new, label, int_keys=True)}
-            self._record([op])
+            self._record([{"op": "cas", **target, "expected": expected_wire, "value": new_wire}])
             return True
 
     def _current(self, target: Mapping[str, Any]) -> Any:
+        """The current value an atomic operation's target holds (None for an unset var)."""
         if "var" in target:
             return self._state.vars.get(target["var"])
         name = target["name"]
         value = self._state.names.get(name)
         if "path" in target:
-            return (value or {}).get(target["path"][0])
+            entry = (value or {}).get(target["path"][0])
+            if entry is None and name in DERIVED_LEDGERS.values():
+                return 0.0 if name in _FLOAT_NAMES else 0  # what get(CURRENT_ROUND_*) reads
+            return entry
         if value is None:
             return _member(name).default_value
         return value
@@ -524,7 +665,7 @@ class Context:
             if member.derived and DERIVED_LEDGERS[member.value] in items:
                 continue  # the ledger itself carries it
             if member.durable:
-                value = member.restore(to_wire(value, member.value, int_keys=True))
+                value = member.restore(to_wire(value, member.value, int_keys=member.int_key_depth))
             ctx.set(member, value)
         if context_vars:
             ctx.update_vars(set=context_vars)
@@ -553,10 +694,10 @@ class Context:
             if not self._pending and not meta:
                 return self._version
             store, sid = self._require_store()
-            ops = self._pending
             author = author or self._author
             round = self._round_id() if round is None else round
-            for _ in range(_MAX_REBASES):
+            for attempt in range(_MAX_REBASES):
+                ops = self._pending
                 try:
                     event = store.append(
                         sid, self._version, ops, author=author, round=round, step=step, meta=meta, fence=self._fence
@@ -568,25 +709,58 @@ class Context:
                     plain = [op_key(op) for op in ops if op["op"] not in ATOMIC_OPS and op["op"] != "cas"]
                     if plain:
                         raise ConflictError(sid, self._version, exc.actual, sorted(set(plain))) from None
+                    if attempt >= 2:
+                        # Several writers hammer the same session: back off a
+                        # little, at random, so that one of them gets through.
+                        time.sleep(random.uniform(0, 0.0005 * min(attempt, 20)))
                     self._rebase(ops)
             else:
                 raise ConflictError(sid, self._version, None, ["(too many concurrent writers)"])
             self._version = event.version
             self._pending = []
+            self._step_mark = 0
             if self._version - self._snapshot_version >= self._snapshot_every:
-                self.snapshot()
+                self._auto_snapshot()
             return self._version
 
     def _rebase(self, ops: list[dict[str, Any]]) -> None:
-        """Re-hydrate at the newest version and re-apply ``ops`` (atomic/cas only) on top."""
+        """Re-hydrate at the newest version and re-apply ``ops`` (atomic/cas only) on top.
+
+        Each compare-and-set is checked again, in order, against the state the
+        operations before it produce; if one no longer holds, or an operation no
+        longer applies (another writer changed the value's type), the batch is
+        dropped and :class:`ConflictError` names the key.
+        """
+        base = self._version
         self._hydrate()
+        sid = self._session_id or ""
         for op in ops:
+            key = op_key(op)
             if op["op"] == "cas":
                 target = {k: op[k] for k in ("name", "var", "path") if k in op}
-                if to_wire(self._current(target), op_key(op), int_keys=True) != op["expected"]:
-                    raise ConflictError(self._session_id or "", self._version, self._version, [op_key(op)])
-        apply_ops(self._state, ops)
+                name = op.get("name")
+                depth = 0 if name is None or "path" in op else _member(name).int_key_depth
+                if to_wire(self._current(target), key, int_keys=depth) != op["expected"]:
+                    self._hydrate()
+                    raise ConflictError(sid, base, self._version, [key])
+            try:
+                apply_ops(self._state, [op])
+            except Exception:
+                self._hydrate()
+                raise ConflictError(sid, base, self._version, [key]) from None
         self._pending = ops
+
+    def _auto_snapshot(self) -> None:
+        # The event is committed already: a snapshot that cannot be written
+        # costs a longer replay later, it must not make the commit look failed.
+        try:
+            self.snapshot()
+        except Exception as exc:
+            warnings.warn(
+                f"session {self._session_id!r}: snapshot at version {self._version} failed ({exc!r})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def commit_step(
         self,
@@ -598,6 +772,7 @@ class Context:
     ) -> int:
         """Commit at a step boundary unless durability is ``exit`` (then changes wait for close)."""
         if self._durability == "exit" and self._store is not None:
+            self._step_mark = len(self._pending)
             return self._version
         return self.commit(author=author, round=round, step=step, meta=meta)
 
@@ -610,15 +785,45 @@ class Context:
         step: int | None = None,
         meta: dict[str, Any] | None = None,
     ) -> Iterator["Context"]:
-        """Group changes into one atomic step: committed together on success, discarded on error."""
-        if self._pending:
+        """Group changes into one atomic step: committed together on success, discarded on error.
+
+        With durability ``exit`` a successful step stays pending until close;
+        ``strict`` commits each change as it is made, so there is nothing left
+        to discard when the step fails.
+        """
+        if self._store is None:
+            saved = self._copy_state()
+            try:
+                yield self
+            except BaseException:
+                self._state = saved
+                raise
+            return
+        if self._pending and self._durability != "exit":
             raise RuntimeError("uncommitted changes before the step; commit() them first")
+        mark = len(self._pending)
         try:
             yield self
         except BaseException:
-            self.rollback()
+            self._discard_after(mark)
             raise
         self.commit_step(author=author, round=round, step=step, meta=meta)
+
+    def _copy_state(self) -> State:
+        return State(
+            names={k: copy_json(v) for k, v in self._state.names.items()},
+            vars=copy_json(self._state.vars),
+        )
+
+    def _discard_after(self, mark: int) -> None:
+        """Drop the pending operations after ``mark``: back to the committed state plus the rest."""
+        with self._lock:
+            kept = self._pending[:mark]
+            self._hydrate(self._version)
+            if kept:
+                apply_ops(self._state, kept)
+                self._pending = kept
+                self._step_mark = len(kept)
 
     def rollback(self) -> None:
         """Discard uncommitted changes and return to the last committed state."""
@@ -633,14 +838,23 @@ class Context:
             self._hydrate(self._version if self._read_only else None)
 
     def snapshot(self) -> int:
-        """Store a snapshot of the committed state now; return its version."""
+        """Store a snapshot of the committed state now; return its version.
+
+        Older snapshots of the session beyond the newest ``keep_snapshots`` are
+        dropped: hydrate only ever needs the newest (the one before it is kept
+        in case the newest is damaged). Opening ``at=`` an old version replays
+        from the newest snapshot before it, or from the start.
+        """
         with self._lock:
             store, sid = self._require_store()
             if self._pending:
                 raise RuntimeError("commit() pending changes before taking a snapshot")
-            import time
-
-            store.save_snapshot(Snapshot(sid, self._version, time.time(), state_to_wire(self._state)))
+            wire = state_to_wire(self._state)
+            # Prune first, so the file never holds more than ``keep_snapshots``
+            # copies of a large state at once; a crash in between only means a
+            # longer replay on the next open, never a wrong state.
+            store.prune_snapshots(sid, self._keep_snapshots - 1)
+            store.save_snapshot(Snapshot(sid, self._version, time.time(), wire))
             self._snapshot_version = self._version
             return self._version
 
@@ -652,18 +866,27 @@ class Context:
             if self._store is not None and not self._read_only:
                 self.commit()
                 if self._version > self._snapshot_version:
-                    self.snapshot()
+                    self._auto_snapshot()
         finally:
             self._closed = True
             if self._owns_store and self._store is not None:
-                self._store.close()
+                self._owns_store = False
+                _release(self._store)
 
     def __enter__(self) -> "Context":
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None and self._store is not None and not self._read_only and not self._closed:
-            self._pending = []  # an exception discards the unfinished step
+            # An exception discards the unfinished step (with ``exit``, the
+            # steps finished before it are still committed by close()).
+            try:
+                self._discard_after(self._step_mark)
+            except Exception:
+                # The committed state could not be reloaded: write nothing
+                # (neither the half step nor a snapshot of it).
+                self._pending = []
+                self._snapshot_version = self._version
         self.close()
 
     # ================================================================ queries
@@ -723,10 +946,20 @@ class Context:
         store, sid = self._require_store()
         at = self._version if at is None else at
         store.create_session(new_session_id, parent_id=sid, parent_version=at, meta={"forked_from": sid, "at": at})
-        return Context.open(
+        child = Context.open(
             store, new_session_id, author=author or self._author, durability=self._durability,
-            snapshot_every=self._snapshot_every,
+            snapshot_every=self._snapshot_every, keep_snapshots=self._keep_snapshots,
         )
+        if self._owns_store:
+            # The store was opened from a URL for this Context: the child shares
+            # it, and it is closed when the last of them closes.
+            _retain(store)
+            child._owns_store = True
+        if at > 0 and child._snapshot_version < at:
+            # The child's own snapshot of the fork point (state, not log): its
+            # opens stay bounded even after the parent's snapshots are pruned.
+            child._auto_snapshot()
+        return child
 
     async def watch(self, *, interval: float = 0.2) -> AsyncIterator[Event]:
         """Yield events committed to this session after this Context's version (by anyone)."""

@@ -108,29 +108,58 @@ class State:
 
 # ---------------------------------------------------------------- wire form
 
-_SCALARS = (str, int, bool, type(None))
+#: JSON numbers every backend and reader hold exactly: signed 64-bit integers.
+_INT_MIN = -(2**63)
+_INT_MAX = 2**63 - 1
+#: ``int_keys=True``: int dict keys are allowed at every depth.
+_ANY_DEPTH = 1 << 30
 
 
-def to_wire(value: Any, key: str, *, int_keys: bool = False) -> Any:
+def to_wire(value: Any, key: str, *, int_keys: bool | int = False) -> Any:
     """Return a JSON-canonical, independent copy of ``value``.
 
     Tuples become lists, str enums their value. Anything JSON cannot hold
-    faithfully (sets, objects, NaN, non-string keys unless ``int_keys``) raises
-    :class:`ValueNotStorableError` naming ``key`` and the path inside it.
+    faithfully (sets, objects, NaN, ints beyond 64 bits, strings that are not
+    valid Unicode, int dict keys) raises :class:`ValueNotStorableError`
+    naming ``key`` and the path inside it.
+
+    ``int_keys`` allows int dict keys (stored as their decimal strings): ``True``
+    at every depth, an int ``n`` in the first ``n`` levels of dicts only (the
+    per-round ledgers need 1, ``STRUCTURAL_LOGS`` 2).
     """
     cls = value.__class__
-    if cls is str or cls is int or cls is bool or value is None:
+    if cls is str:
+        if value.isascii():
+            return value
+    elif cls is int:
+        if _INT_MIN <= value <= _INT_MAX:
+            return value
+    elif cls is bool or value is None:
         return value
-    return _to_wire(value, key, "", int_keys)
+    depth = _ANY_DEPTH if int_keys is True else int(int_keys)
+    return _to_wire(value, key, "", depth)
 
 
-def _to_wire(value: Any, key: str, path: str, int_keys: bool) -> Any:
+def _check_str(value: str, key: str, path: str) -> str:
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueNotStorableError(key, path, f"string has an unpaired surrogate at index {exc.start}") from None
+    return value
+
+
+def _to_wire(value: Any, key: str, path: str, depth: int) -> Any:
     if isinstance(value, Enum):
         value = value.value
-    if isinstance(value, _SCALARS):
-        if isinstance(value, str):
-            return str(value)
-        return value if type(value) in (int, bool) or value is None else int(value)
+    if isinstance(value, str):
+        return _check_str(str.__str__(value), key, path)
+    if isinstance(value, bool) or value is None:
+        return value if value is None else bool(value)
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise ValueNotStorableError(key, path, f"{value} does not fit in a 64-bit integer")
+        return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueNotStorableError(key, path, f"{value!r} is not a finite number")
@@ -140,18 +169,20 @@ def _to_wire(value: Any, key: str, path: str, int_keys: bool) -> Any:
         for k, v in value.items():
             if isinstance(k, Enum):
                 k = k.value
-            if isinstance(k, bool) or not isinstance(k, (str, int)):
-                raise ValueNotStorableError(key, path, f"dict key {k!r} is not a string")
-            if isinstance(k, int):
-                if not int_keys:
+            if isinstance(k, str):
+                k = _check_str(str.__str__(k), key, path)
+            elif isinstance(k, int) and not isinstance(k, bool):
+                if depth <= 0:
                     raise ValueNotStorableError(
-                        key, path, f"dict key {k!r} is an int; free-form vars need string keys"
+                        key, path, f"dict key {k!r} is an int; JSON keys are strings, so use {str(k)!r}"
                     )
-                k = str(k)
-            out[k] = _to_wire(v, key, f"{path}[{k!r}]", int_keys)
+                k = str(int(k))
+            else:
+                raise ValueNotStorableError(key, path, f"dict key {k!r} is not a string")
+            out[k] = _to_wire(v, key, f"{path}[{k!r}]", depth - 1)
         return out
     if isinstance(value, (list, tuple)):
-        return [_to_wire(v, key, f"{path}[{i}]", int_keys) for i, v in enumerate(value)]
+        return [_to_wire(v, key, f"{path}[{i}]", depth) for i, v in enumerate(value)]
     raise ValueNotStorableError(key, path, f"{type(value).__name__} is not JSON data")
 
 
@@ -172,7 +203,7 @@ def _restore(name: str, wire: Any) -> Any:
 def state_to_wire(state: State) -> dict[str, Any]:
     """Encode a state as JSON data (for snapshots)."""
     return {
-        "names": {k: to_wire(v, k, int_keys=True) for k, v in state.names.items()},
+        "names": {k: to_wire(v, k, int_keys=_NAMES[k].int_key_depth) for k, v in state.names.items()},
         "vars": copy_json(state.vars),
     }
 
@@ -252,7 +283,9 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]]) -> State:
             else:
                 current = root.get(key)
                 if current is None:
-                    current = _default_for(key, typed) or 0
+                    current = _default_for(key, typed)
+                    if current is None:
+                        current = 0
                 root[key] = current + by
         elif kind == "append":
             if path:

@@ -80,23 +80,32 @@ def _is_any(v: Any) -> bool:
     return True
 
 
+def _is_int_key(k: Any) -> bool:
+    # Ledger keys are round ids: ints, or their decimal strings (JSON's form).
+    if isinstance(k, str):
+        digits = k[1:] if k[:1] == "-" else k
+        return digits.isascii() and digits.isdigit()
+    return _is_int(k)
+
+
 def _is_ledger(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     def _check(v: Any) -> bool:
-        return isinstance(v, dict) and all(_is_int(k) or (isinstance(k, str) and k.lstrip("-").isdigit()) for k in v) and all(
-            check(x) for x in v.values()
-        )
+        return isinstance(v, dict) and all(_is_int_key(k) for k in v) and all(check(x) for x in v.values())
 
     return _check
 
 
 def _is_structural_logs(v: Any) -> bool:
+    # round id -> subtask index -> list of dict entries
     if not isinstance(v, dict):
         return False
-    for sub in v.values():
-        if not isinstance(sub, dict):
+    for round_key, sub in v.items():
+        if not _is_int_key(round_key) or not isinstance(sub, dict):
             return False
-        for entries in sub.values():
-            if not isinstance(entries, (list, tuple)):
+        for subtask_key, entries in sub.items():
+            if not _is_int_key(subtask_key) or not isinstance(entries, (list, tuple)):
+                return False
+            if not all(isinstance(entry, dict) for entry in entries):
                 return False
     return True
 
@@ -150,6 +159,8 @@ class ContextNames(str, Enum):
 
     ``.type`` is the declared type, ``.default_value`` a fresh default (a new
     list or dict each time), ``.durable`` whether the value is stored.
+    (The properties read ``_value_`` directly: ``.value`` goes through Enum's
+    descriptor machinery, and these run on every ``set``.)
     """
 
     ID = "ID"
@@ -186,12 +197,12 @@ class ContextNames(str, Enum):
     @property
     def type(self) -> Any:
         """The declared type of the name's value."""
-        return _SPECS[self.value][0]
+        return _SPECS[self._value_][0]
 
     @property
     def default_value(self) -> Any:
         """A fresh default value (mutable defaults are never shared)."""
-        default = _SPECS[self.value][1]
+        default = _SPECS[self._value_][1]
         if default is list or default is dict:
             return default()
         return copy.copy(default)
@@ -199,24 +210,39 @@ class ContextNames(str, Enum):
     @property
     def durable(self) -> bool:
         """True when the value is stored in events; False for runtime-only objects."""
-        return _SPECS[self.value][2]
+        return _SPECS[self._value_][2]
 
     @property
     def derived(self) -> bool:
         """True for the ``CURRENT_ROUND_*`` names computed from a per-round ledger."""
-        return self.value in DERIVED_LEDGERS
+        return self._value_ in DERIVED_LEDGERS
 
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` matches the declared type."""
-        return _SPECS[self.value][3](value)
+        return _SPECS[self._value_][3](value)
+
+    @property
+    def int_key_depth(self) -> int:
+        """How many levels of dict keys are ints (round ids): 1 for the per-round
+        ledgers, 2 for ``STRUCTURAL_LOGS``, 0 for every other name."""
+        return _INT_KEY_DEPTH.get(self._value_, 0)
 
     def restore(self, wire: Any) -> Any:
         """Turn a stored (JSON wire form) value back into the declared type."""
-        fn = _SPECS[self.value][4]
+        fn = _SPECS[self._value_][4]
         if fn is None or wire is None:
             return wire
         return fn(wire)
 
+
+#: Names whose dict keys are round ids (ints): how many levels deep. Any other
+#: name refuses int dict keys, since JSON would silently turn them into strings.
+_INT_KEY_DEPTH: dict[str, int] = {
+    "ROUND_COST": 1,
+    "ROUND_STEP": 1,
+    "ROUND_SUBTASK_AMOUNT": 1,
+    "STRUCTURAL_LOGS": 2,
+}
 
 #: Derived name -> the per-round ledger it reads, keyed by ``CURRENT_ROUND_ID``.
 DERIVED_LEDGERS: dict[str, str] = {

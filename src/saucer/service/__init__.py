@@ -1,1 +1,48 @@
-"""saucer.service"""
+"""Service mode: sessions run on a server, their commands on devices connected over WebSocket.
+
+- :mod:`saucer.service.protocol` — the wire frames (``parse_frame``, ``encode_frame``);
+- :mod:`saucer.service.server` — ``ServiceConfig``, ``create_app``, ``serve``, ``running_server``;
+- :mod:`saucer.service.device` — ``run_device`` / ``DeviceClient``;
+- :mod:`saucer.service.runner` — the ``TaskRunner`` seam and the default ``PlanTaskRunner``;
+- :mod:`saucer.service.records` — durable ``SessionRecordStore`` (SQLite, memory);
+- :mod:`saucer.dispatch.websocket` — ``WebSocketCommandDispatcher``.
+
+Names are imported lazily so that importing the protocol alone stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ServiceConfig": "saucer.service.server",
+    "create_app": "saucer.service.server",
+    "serve": "saucer.service.server",
+    "running_server": "saucer.service.server",
+    "run_device": "saucer.service.device",
+    "DeviceClient": "saucer.service.device",
+    "DeviceError": "saucer.service.device",
+    "DeviceAuthError": "saucer.service.device",
+    "DeviceRefused": "saucer.service.device",
+    "TaskRunner": "saucer.service.runner",
+    "TaskOutcome": "saucer.service.runner",
+    "SessionRecorder": "saucer.service.runner",
+    "PlanTaskRunner": "saucer.service.runner",
+    "SessionRecordStore": "saucer.service.records",
+    "SqliteSessionRecordStore": "saucer.service.records",
+    "MemorySessionRecordStore": "saucer.service.records",
+    "TaskSpec": "saucer.service.protocol",
+    "ProtocolError": "saucer.service.protocol",
+    "parse_frame": "saucer.service.protocol",
+    "encode_frame": "saucer.service.protocol",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'saucer.service' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -20,9 +20,10 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Sequence
 
-from saucer.context.events import Event
+if TYPE_CHECKING:  # at run time it is imported where used: saucer.context imports this module
+    from saucer.context.events import Event
 
 __all__ = [
     "StoreError",
@@ -194,7 +195,7 @@ class EventStore(ABC):
 
     @abstractmethod
     def sessions(self) -> list[SessionInfo]:
-        """Every session, most recently updated first."""
+        """Every session, most recently updated first (ties by session id)."""
 
     @abstractmethod
     def delete_session(self, session_id: str) -> None:
@@ -211,6 +212,32 @@ class EventStore(ABC):
     @abstractmethod
     def release_lease(self, lease: Lease) -> None:
         """Give a lease up (no-op when it was already taken over)."""
+
+    def prune_snapshots(self, session_id: str, keep: int) -> None:
+        """Drop this session's own snapshots except the newest ``keep`` (0: all of them).
+
+        Snapshots are a cache of the fold (hydrate needs only the newest), so
+        pruning never loses data; it bounds the space a large state takes.
+        The default keeps everything; backends override it.
+        """
+
+    def quarantine_record(self, session_id: str, version: int) -> bool:
+        """Turn this session's own damaged record at ``version`` into an empty event.
+
+        Called by a writer after a read skipped a damaged *trailing* record, so
+        that the record does not become a fatal damaged record in the middle
+        once newer events follow it. The replacement's ``meta`` keeps the
+        reason and the original bytes. Returns True when a record was replaced;
+        False when it is readable, absent, or the backend cannot do it.
+        """
+        return False
+
+    def migrate(self) -> int | None:
+        """Create or upgrade the store's schema; return its version (None: nothing to migrate).
+
+        Opening a store migrates it already; this is for ``saucer store migrate``.
+        """
+        return None
 
     def close(self) -> None:
         """Release connections. Idempotent."""
@@ -277,6 +304,8 @@ class EventStore(ABC):
         fence: int | None = None,
     ) -> Event:
         """Commit ``ops`` as one event based on ``expected_version``; return the event."""
+        from saucer.context.events import Event
+
         event = Event(
             session_id=session_id,
             version=expected_version + 1,
@@ -330,3 +359,103 @@ class EventStore(ABC):
                 yield event
             if not fresh:
                 await asyncio.sleep(interval)
+
+    # ------------------------------------------------------------ retention
+
+    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> None:
+        """Primitive of :meth:`prune`, in ONE transaction: delete this session's own
+        events and snapshots below ``cut``, replace its own event at ``cut`` by
+        ``base``, store ``snapshot`` (at ``cut``), and record ``cut`` as
+        ``meta["pruned_to"]``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support pruning")
+
+    def first_version(self, session_id: str) -> int:
+        """The oldest version of the session that can still be read (0 unless pruned)."""
+        return int(self.session_info(session_id).meta.get("pruned_to", 0))
+
+    def prune(self, session_id: str, keep_last: int | None = None, older_than: float | None = None) -> int:
+        """Drop old history of a session; return its new first readable version.
+
+        ``keep_last=N`` keeps the newest N events as they are; ``older_than=S``
+        drops events committed more than S seconds ago. With both, an event is
+        dropped only when both policies allow it. The version at the cut stays
+        readable, and so does every later one: its event is replaced by a *base*
+        event that sets the whole state as it was then (``meta["pruned"]``
+        names the cut), and a snapshot of that state is stored beside it. So
+        the remaining log replays on its own, even if snapshots are later
+        dropped. Versions before the cut can no longer be read.
+
+        The cut never goes past a version a fork of this session branched at
+        (the fork still reads this log up to there), nor, for a fork, below
+        its own first event.
+        """
+        from saucer.context.events import Event
+
+        if keep_last is None and older_than is None:
+            raise ValueError("prune needs keep_last and/or older_than")
+        if keep_last is not None and keep_last < 0:
+            raise ValueError(f"keep_last must be >= 0, not {keep_last}")
+        if older_than is not None and older_than < 0:
+            raise ValueError(f"older_than must be >= 0 seconds, not {older_than}")
+        info = self.session_info(session_id)
+        start = max(self.first_version(session_id), info.parent_version or 0)
+        cut = info.version
+        if keep_last is not None:
+            cut = min(cut, info.version - keep_last)
+        if older_than is not None:
+            threshold = time.time() - older_than
+            old = start
+            for event in self._read(session_id, start, cut):
+                if event.timestamp >= threshold:
+                    break
+                old = event.version
+            cut = min(cut, old)
+        for child in self.sessions():
+            if child.parent_id == session_id and child.parent_version is not None:
+                cut = min(cut, child.parent_version)
+        if cut <= start or (info.parent_version is not None and cut <= info.parent_version):
+            return self.first_version(session_id)
+        original = next(iter(self._read(session_id, cut - 1, cut)), None)
+        if original is None:
+            raise StoreError(f"session {session_id!r}: cannot prune at version {cut}: its event is missing")
+        before = self._state_at(session_id, info.parent_version) if info.parent_version else None
+        after = self._state_at(session_id, cut)
+        base = Event(
+            session_id=session_id,
+            version=cut,
+            timestamp=original.timestamp,
+            author="system",
+            round=original.round,
+            step=original.step,
+            ops=_base_ops(before, after),
+            meta={"pruned": {"upto": cut, "author": original.author}},
+        )
+        from saucer.context.events import state_to_wire
+
+        snapshot = Snapshot(session_id, cut, time.time(), state_to_wire(after))
+        self._prune(session_id, cut, base, snapshot)
+        return cut
+
+    def _state_at(self, session_id: str, version: int) -> Any:
+        """The session's materialised state at ``version`` (a :class:`~saucer.context.events.State`)."""
+        from saucer.context.events import State, apply_ops, state_from_wire
+
+        snap = self.latest_snapshot(session_id, version)
+        state = state_from_wire(snap.state) if snap else State()
+        for event in self.read(session_id, snap.version if snap else 0, version):
+            apply_ops(state, event.ops)
+        return state
+
+
+def _base_ops(before: Any, after: Any) -> list[dict[str, Any]]:
+    """Operations that turn state ``before`` (None: empty) into state ``after``."""
+    from saucer.context.events import state_to_wire
+
+    wire = state_to_wire(after)
+    ops: list[dict[str, Any]] = []
+    if before is not None:
+        ops += [{"op": "delete", "name": k} for k in before.names if k not in after.names]
+        ops += [{"op": "delete", "var": k} for k in before.vars if k not in after.vars]
+    ops += [{"op": "set", "name": k, "value": v} for k, v in wire["names"].items()]
+    ops += [{"op": "set", "var": k, "value": v} for k, v in wire["vars"].items()]
+    return ops

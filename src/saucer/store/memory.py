@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import Iterator
 
-from saucer.context.events import Event
+from saucer.context.events import Event, copy_json
 from saucer.store.base import (
     ConflictError,
     EventStore,
@@ -21,6 +21,7 @@ from saucer.store.base import (
     LeaseHeldError,
     SessionExistsError,
     SessionInfo,
+    SessionNotFoundError,
     Snapshot,
 )
 
@@ -68,8 +69,6 @@ class MemoryStore(EventStore):
         with d.lock:
             info = d.infos.get(event.session_id)
             if info is None:
-                from saucer.store.base import SessionNotFoundError
-
                 raise SessionNotFoundError(event.session_id)
             if fence is not None:
                 current = d.tokens.get(event.session_id)
@@ -78,32 +77,47 @@ class MemoryStore(EventStore):
                     raise FencedError(event.session_id, fence, current, lease.owner if lease else None)
             if info.version != expected_version:
                 raise ConflictError(event.session_id, expected_version, info.version)
-            d.events[event.session_id].append(event)
+            # Keep a private copy, as a durable backend would: the caller's
+            # lists must not alias the log.
+            d.events[event.session_id].append(replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta)))
             d.infos[event.session_id] = replace(info, version=event.version, updated_at=event.timestamp)
 
     def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         with self._d.lock:
-            events = list(self._d.events.get(session_id, ()))
-        for event in events:
-            if event.version <= after:
-                continue
-            if upto is not None and event.version > upto:
-                break
-            yield event
+            events = self._d.events.get(session_id) or []
+            # Own versions are consecutive, so the range is a slice (no scan).
+            first = events[0].version if events else 0
+            start = max(0, after + 1 - first)
+            stop = len(events) if upto is None else max(start, min(len(events), upto + 1 - first))
+            chosen = events[start:stop]
+        for event in chosen:
+            yield replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta))
 
     def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
         with self._d.lock:
             snaps = self._d.snapshots.get(session_id, {})
             versions = [v for v in snaps if upto is None or v <= upto]
-            return snaps[max(versions)] if versions else None
+            if not versions:
+                return None
+            snap = snaps[max(versions)]
+        return replace(snap, state=copy_json(snap.state))
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
+        copy = replace(snapshot, state=copy_json(snapshot.state))
         with self._d.lock:
-            self._d.snapshots.setdefault(snapshot.session_id, {})[snapshot.version] = snapshot
+            self._d.snapshots.setdefault(snapshot.session_id, {})[snapshot.version] = copy
+
+    def prune_snapshots(self, session_id: str, keep: int) -> None:
+        with self._d.lock:
+            snaps = self._d.snapshots.get(session_id)
+            if snaps:
+                for version in sorted(snaps, reverse=True)[max(0, keep):]:
+                    del snaps[version]
 
     def sessions(self) -> list[SessionInfo]:
         with self._d.lock:
-            return sorted(self._d.infos.values(), key=lambda i: i.updated_at, reverse=True)
+            infos = list(self._d.infos.values())
+        return sorted(infos, key=lambda i: (-i.updated_at, i.session_id))
 
     def delete_session(self, session_id: str) -> None:
         with self._d.lock:
@@ -131,3 +145,17 @@ class MemoryStore(EventStore):
             held = self._d.leases.get(lease.session_id)
             if held is not None and held.token == lease.token and held.owner == lease.owner:
                 self._d.leases[lease.session_id] = replace(held, expires_at=0.0)
+
+    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> None:
+        d = self._d
+        with d.lock:
+            info = d.infos.get(session_id)
+            if info is None:
+                raise SessionNotFoundError(session_id)
+            kept = [e for e in d.events.get(session_id, []) if e.version > cut]
+            d.events[session_id] = [replace(base, ops=copy_json(base.ops), meta=copy_json(base.meta))] + kept
+            snaps = d.snapshots.setdefault(session_id, {})
+            for version in [v for v in snaps if v < cut]:
+                del snaps[version]
+            snaps[cut] = replace(snapshot, state=copy_json(snapshot.state))
+            d.infos[session_id] = replace(info, meta={**info.meta, "pruned_to": cut})

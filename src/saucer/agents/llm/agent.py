@@ -1,0 +1,393 @@
+"""The single-tier LLM agent (UFO's LinuxAgent role) and what the two-tier agents share.
+
+One engine step of a tool-using agent is one model call:
+
+1. build (or continue) the conversation: system prompt with the tool list,
+   then the request and the previous subtasks;
+2. call the model with the tools of ``TOOL_INFO``;
+3. a reply without tool calls is the final answer → ``FINISH``;
+   otherwise each tool call becomes a :class:`~saucer.dispatch.messages.Command`
+   run through ``context.command_dispatcher`` (sensitive tools ask the
+   interactor first; a refused call is not run and the model is told
+   ``refused by the user``), and each result goes back to the model as a
+   ``tool`` message carrying its ``tool_call_id`` → ``CONTINUE``;
+4. ``max_consecutive_failures`` steps in a row whose tool calls all failed,
+   or a model call that fails for good, → ``ERROR``. The session's
+   ``max_step`` bounds the loop in any case.
+
+The conversation lives in the Context (context variables ``_llm.<agent>.*``,
+hidden from prompt templating by their leading ``_``), appended in each
+step's own commit, so a resumed session continues the same conversation.
+Model cost goes to the step (:meth:`Agent.add_cost`); the engine adds it to
+``SESSION_COST`` and the round's ledger in the step's commit (unknown cost
+stays unknown).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+
+from saucer.agents.llm.client import ModelCallError, ModelClient, ModelReply, ModelSettings, ToolCall
+from saucer.agents.llm.logs import RequestLogger
+from saucer.agents.llm.prompts import (
+    linux_agent_system_prompt,
+    render_template,
+    request_message,
+    template_variables,
+)
+from saucer.agents.llm.tools import ToolSet, ToolSpec
+from saucer.context.names import ContextNames
+from saucer.dispatch.messages import Command, Result, ResultStatus
+from saucer.engine.agent import Agent, AgentStatus, ContinueState
+from saucer.engine.interactor import ask
+
+if TYPE_CHECKING:
+    from saucer.context import Context
+
+__all__ = [
+    "LLMAgent",
+    "ToolUsingAgent",
+    "LinuxAgent",
+    "SubtaskFinishState",
+    "SUBTASK_FINISH",
+    "REFUSED",
+    "MAX_TOOL_RESULT_CHARS",
+    "interactor_approver",
+    "is_refusal",
+]
+
+#: Status of an app agent whose subtask is done: the host takes the next step
+#: in its state of this name (a CONTINUE that also ends the subtask).
+SUBTASK_FINISH = "SUBTASK_FINISH"
+#: The tool message for a call the user refused.
+REFUSED = "refused by the user"
+#: Tool results longer than this are cut (the model sees a note saying so).
+MAX_TOOL_RESULT_CHARS = 16_000
+
+
+def _dumps(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _clip(text: str, limit: int = MAX_TOOL_RESULT_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
+
+
+class LLMAgent(Agent):
+    """Base of saucer's LLM agents: model client, settings, tools, durable conversation."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        client: ModelClient,
+        settings: ModelSettings | None = None,
+    ) -> None:
+        super().__init__(name)
+        self.client = client
+        self.settings = settings or client.settings
+        self._request_logger: RequestLogger | None = None
+        self._request_logger_for: Any = None
+
+    # ---------------------------------------------------------- context keys
+
+    @property
+    def _messages_key(self) -> str:
+        return f"_llm.{self.name}.messages"
+
+    @property
+    def _meta_key(self) -> str:
+        return f"_llm.{self.name}.meta"
+
+    def _load(self, context: "Context", scope: Any, initial: "Any") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The conversation of ``scope`` (started with ``initial()`` when the scope is new)."""
+        meta = context.get_var(self._meta_key)
+        if isinstance(meta, dict) and meta.get("scope") == scope:
+            messages = context.get_var(self._messages_key) or []
+            if messages:
+                return messages, meta
+        messages = initial()
+        meta = {"scope": scope, "failures": 0}
+        context.update_vars(set={self._messages_key: messages, self._meta_key: meta})
+        return messages, meta
+
+    def _append(self, context: "Context", messages: list[dict[str, Any]], *new: dict[str, Any]) -> None:
+        for message in new:
+            messages.append(message)
+            context.append(self._messages_key, message)
+
+    def _save_meta(self, context: "Context", meta: dict[str, Any]) -> None:
+        context.update_vars(set={self._meta_key: meta})
+
+    # ----------------------------------------------------------------- tools
+
+    def tools(self, context: "Context") -> ToolSet:
+        """The tools of ``TOOL_INFO`` (sensitive: flagged there or by the dispatcher)."""
+        info = context.get(ContextNames.TOOL_INFO) or {}
+        dispatcher = getattr(context, "command_dispatcher", None)
+        sensitive = getattr(dispatcher, "sensitive_tools", None) or ()
+        try:
+            sensitive_set = set(sensitive)
+        except TypeError:
+            sensitive_set = set()
+        return ToolSet.from_tool_info(info, sensitive=sensitive_set)
+
+    # ------------------------------------------------------------ the model
+
+    def system_extra(self, context: "Context") -> str | None:
+        """The user's extra system prompt, templated when ``prompt_templating`` is on."""
+        extra = self.settings.system_prompt
+        if extra and self.settings.prompt_templating:
+            extra = render_template(extra, template_variables(context), self.settings.hidden_vars)
+        return extra
+
+    def _logger(self, context: "Context") -> RequestLogger | None:
+        if self._request_logger_for is not context:
+            self._request_logger = RequestLogger.for_context(context)  # type: ignore[assignment]
+            self._request_logger_for = context
+        return self._request_logger
+
+    def _log_fields(self, context: "Context") -> dict[str, Any]:
+        step = self.step
+        fields: dict[str, Any] = {"agent": self.name, "round": context.get(ContextNames.CURRENT_ROUND_ID)}
+        if step is not None:
+            fields.update(step=step.step, session_step=step.session_step, session_id=step.session_id)
+        return fields
+
+    async def call_model(
+        self, context: "Context", messages: list[dict[str, Any]], tools: ToolSet | None
+    ) -> ModelReply:
+        """One model call; its cost goes to this step (and so to the session and round ledgers)."""
+        reply = await self.client.complete(
+            messages, tools=tools, request_logger=self._logger(context), log_fields=self._log_fields(context)
+        )
+        self._account(context, reply.cost)
+        self.note(
+            model=reply.model,
+            tokens={"prompt": reply.usage.prompt_tokens, "completion": reply.usage.completion_tokens},
+            cost="unknown" if reply.cost is None else reply.cost,
+        )
+        return reply
+
+    def _account(self, context: "Context", cost: float | None) -> None:
+        if self.step is not None:
+            self.add_cost(cost)  # the round commits it with the step
+            return
+        # Outside an engine round (a bare call): book it directly.
+        if cost is not None:
+            context.incr(ContextNames.SESSION_COST, cost)
+            context.incr(ContextNames.CURRENT_ROUND_COST, cost)
+
+    def _interactor(self) -> Any:
+        rnd = self.round
+        session = getattr(rnd, "session", None) if rnd is not None else None
+        return getattr(session, "interactor", None)
+
+    def _error(self, message: str) -> str:
+        """End in ERROR with ``message`` on the step and as the round's result."""
+        if self.step is not None:
+            self.step.error = message
+        self.round_result = message
+        return AgentStatus.ERROR.value
+
+
+class ToolUsingAgent(LLMAgent):
+    """An agent that calls tools until it gives a final answer (one model call per step)."""
+
+    def conversation_scope(self, context: "Context") -> Any:
+        """What a conversation belongs to; a new scope starts a new conversation."""
+        return {"round": context.get(ContextNames.CURRENT_ROUND_ID)}
+
+    def initial_messages(self, context: "Context", tools: ToolSet) -> list[dict[str, Any]]:
+        """The system prompt and the first user message."""
+        return [
+            {"role": "system", "content": linux_agent_system_prompt(tools, self.system_extra(context))},
+            {
+                "role": "user",
+                "content": request_message(
+                    context.get(ContextNames.REQUEST), context.get(ContextNames.PREVIOUS_SUBTASKS)
+                ),
+            },
+        ]
+
+    async def on_final_answer(self, context: "Context", content: str) -> str:
+        """The model answered without tool calls: record the result and finish."""
+        self.round_result = content
+        context.append(
+            ContextNames.PREVIOUS_SUBTASKS,
+            previous_subtask_entry(context, context.get(ContextNames.REQUEST), AgentStatus.FINISH.value, content, self.name),
+        )
+        return AgentStatus.FINISH.value
+
+    async def on_give_up(self, context: "Context", reason: str) -> str:
+        """Too many failed steps in a row."""
+        return self._error(reason)
+
+    async def act(self, context: "Context") -> str:
+        tools = self.tools(context)
+        messages, meta = self._load(context, self.conversation_scope(context), lambda: self.initial_messages(context, tools))
+        try:
+            reply = await self.call_model(context, messages, tools)
+        except ModelCallError as exc:
+            return self._error(str(exc))
+        self._append(context, messages, reply.assistant_message())
+        if reply.is_final:
+            content = reply.content or ""
+            self.note(answer=content[:500])
+            return await self.on_final_answer(context, content)
+        tool_messages, outcome = await self.run_tool_calls(context, reply.tool_calls, tools)
+        self._append(context, messages, *tool_messages)
+        if outcome == "failed":
+            meta["failures"] = int(meta.get("failures", 0)) + 1
+            meta["last_error"] = tool_messages[-1]["content"][:500] if tool_messages else ""
+        elif outcome == "ok":
+            meta["failures"] = 0
+            meta.pop("last_error", None)
+        self._save_meta(context, meta)
+        limit = self.settings.max_consecutive_failures
+        if meta["failures"] >= limit:
+            return await self.on_give_up(
+                context, f"{meta['failures']} consecutive steps failed (limit {limit}); last error: {meta.get('last_error', '')}"
+            )
+        return AgentStatus.CONTINUE.value
+
+    # ---------------------------------------------------------------- tools
+
+    async def _confirm(self, spec: ToolSpec, call: ToolCall) -> bool:
+        args = _dumps(call.arguments)
+        approved = await ask(self._interactor(), "sensitive_step_asker", f"run {spec.name}", args[:2000])
+        return bool(approved)
+
+    async def run_tool_calls(
+        self, context: "Context", calls: list[ToolCall], tools: ToolSet
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Run the calls; one ``tool`` message per call, in order, and ``ok``/``failed``/``neutral``.
+
+        ``failed``: every call failed; ``ok``: at least one succeeded;
+        ``neutral``: nothing failed or succeeded (every call was refused).
+
+        Who asks about a sensitive call: a dispatcher that gates sensitive
+        commands itself (it has ``sensitive_reason``, like
+        :class:`~saucer.dispatch.local.LocalCommandDispatcher` with its
+        ``approver``) asks, and its refusal comes back as a failure whose error
+        starts with ``refused``; otherwise this agent asks the interactor
+        before dispatching a tool flagged ``sensitive``. Either way the user
+        is asked once, and the model reads ``refused by the user``.
+        """
+        dispatcher = getattr(context, "command_dispatcher", None)
+        dispatcher_gates = callable(getattr(dispatcher, "sensitive_reason", None))
+        contents: list[str | None] = [None] * len(calls)
+        to_run: list[tuple[int, Command]] = []
+        failures = successes = 0
+        refused_here: list[tuple[Command, Result]] = []
+        refused_names: list[str] = []
+        for i, call in enumerate(calls):
+            spec = tools.resolve(call.function_name)
+            if spec is None:
+                available = ", ".join(s.function_name for s in tools.specs) or "none"
+                contents[i] = f"error: there is no tool {call.function_name!r}; available tools: {available}"
+                failures += 1
+                continue
+            if call.error:
+                contents[i] = f"error: invalid arguments for {spec.function_name}: {call.error}; nothing was run"
+                failures += 1
+                continue
+            command = Command(tool_name=spec.name, parameters=call.arguments, tool_type=spec.tool_type)  # type: ignore[arg-type]
+            if spec.sensitive and not dispatcher_gates and not await self._confirm(spec, call):
+                contents[i] = f"{REFUSED}: {spec.name} was not run"
+                refused_here.append((command, Result.skipped(command, REFUSED)))
+                refused_names.append(spec.name)
+                continue
+            to_run.append((i, command))
+        if refused_here and self.step is not None:
+            self.step.commands.extend(c.model_dump(mode="json") for c, _ in refused_here)
+            self.step.results.extend(r.model_dump(mode="json", exclude_none=True) for _, r in refused_here)
+        if to_run:
+            results = await self.dispatch(context, [c for _, c in to_run])
+            for (i, command), result in zip(to_run, results):
+                if result.status == ResultStatus.SUCCESS:
+                    successes += 1
+                    contents[i] = self.format_result(result)
+                elif is_refusal(result):
+                    refused_names.append(command.tool_name)
+                    contents[i] = result.error or REFUSED
+                else:
+                    failures += 1
+                    contents[i] = self.format_result(result)
+        if refused_names:
+            self.note(refused=refused_names)
+        messages = [
+            {"role": "tool", "tool_call_id": call.id, "content": contents[i] or ""} for i, call in enumerate(calls)
+        ]
+        if successes:
+            outcome = "ok"
+        elif failures:
+            outcome = "failed"
+        else:
+            outcome = "neutral"
+        return messages, outcome
+
+    @staticmethod
+    def format_result(result: Result) -> str:
+        """A tool result as the model reads it."""
+        status = result.status.value if isinstance(result.status, ResultStatus) else str(result.status)
+        if status == ResultStatus.SUCCESS.value:
+            body = _dumps(result.result) if result.result is not None else "(no output)"
+            return _clip(body)
+        return _clip(f"{status}: {result.error or _dumps(result.result)}")
+
+
+class LinuxAgent(ToolUsingAgent):
+    """The single-tier agent: the whole request, tool call by tool call, until a final answer."""
+
+    def __init__(self, name: str = "linux", *, client: ModelClient, settings: ModelSettings | None = None) -> None:
+        super().__init__(name, client=client, settings=settings)
+
+
+def is_refusal(result: Result) -> bool:
+    """A sensitive command the dispatcher did not run because approval was refused."""
+    return result.status != ResultStatus.SUCCESS and (result.error or "").startswith("refused")
+
+
+def interactor_approver(interactor: Any) -> Callable[[Command], Awaitable[bool]]:
+    """An ``approver`` for :class:`~saucer.dispatch.local.LocalCommandDispatcher` that asks ``interactor``.
+
+    Uses ``sensitive_step_asker(action, target)`` (awaited, or in a thread
+    when the interactor is ``blocking``); no interactor means the
+    non-interactive default (refuse unless ``assume_yes``).
+    """
+
+    async def approve(command: Command) -> bool:
+        target = _dumps(command.parameters)[:2000]
+        return bool(await ask(interactor, "sensitive_step_asker", f"run {command.tool_name}", target))
+
+    return approve
+
+
+@LLMAgent.register_state
+class SubtaskFinishState(ContinueState):
+    """Entered by the host after an app agent finished its subtask: a CONTINUE that ends the subtask."""
+
+    status = SUBTASK_FINISH
+
+    def is_subtask_end(self) -> bool:
+        return True
+
+
+def previous_subtask_entry(context: "Context", subtask: str, status: str, result: str, agent: str) -> Mapping[str, Any]:
+    """One ``PREVIOUS_SUBTASKS`` entry (the schema both tiers write and the prompts read)."""
+    return {
+        "subtask": subtask,
+        "status": status,
+        "result": result,
+        "round": context.get(ContextNames.CURRENT_ROUND_ID),
+        "agent": agent,
+    }

@@ -1,0 +1,347 @@
+"""saucer's settings: one typed model, read from a file, the environment and flags.
+
+Precedence, lowest to highest::
+
+    defaults  <  saucer.toml (or --config FILE)  <  SAUCER_* variables  <  explicit overrides (flags)
+
+Environment variables use ``SAUCER_`` and ``__`` between levels, e.g.
+``SAUCER_SYSTEM__MAX_STEP=20`` or ``SAUCER_STORE__URL=memory://``. A few
+short forms are accepted too (lower precedence than the ``__`` form):
+``SAUCER_STORE_URL``, ``SAUCER_LLM_BASE_URL``, ``SAUCER_LLM_API_KEY`` and
+``SAUCER_LLM_MODEL``. Other ``SAUCER_*`` variables without ``__`` (such as
+the test switches ``SAUCER_TEST_*``) are not settings and are ignored.
+
+Unknown keys and values of the wrong type are a :class:`ConfigError` whose
+message names the key and where it came from (the file, the variable or the
+override). Example ``saucer.toml``::
+
+    [system]
+    max_step = 30
+    max_round = 5
+    save_experience = "always_not"
+
+    [store]
+    url = "sqlite:///.saucer/saucer.db"
+    durability = "step"
+
+    [mcp.servers.files]
+    command = "python"
+    args = ["-m", "saucer.tools.files"]
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "SystemSettings",
+    "StoreSettings",
+    "MCPSettings",
+    "LogsSettings",
+    "LLMSettings",
+    "ServiceSettings",
+    "SaveExperience",
+    "load_settings",
+    "DEFAULT_CONFIG_FILE",
+    "ENV_PREFIX",
+]
+
+DEFAULT_CONFIG_FILE = "saucer.toml"
+ENV_PREFIX = "SAUCER_"
+SaveExperience = Literal["always", "ask", "auto", "always_not"]
+
+#: Short environment variable forms -> settings path.
+_ENV_ALIASES: dict[str, tuple[str, str]] = {
+    "SAUCER_STORE_URL": ("store", "url"),
+    "SAUCER_LLM_BASE_URL": ("llm", "base_url"),
+    "SAUCER_LLM_API_KEY": ("llm", "api_key"),
+    "SAUCER_LLM_MODEL": ("llm", "model"),
+}
+
+
+class ConfigError(ValueError):
+    """Settings could not be loaded; the message is one sentence naming the key and its source."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SystemSettings(_Section):
+    """How sessions run."""
+
+    max_step: int = Field(50, ge=1, description="Most agent steps in one session.")
+    max_round: int | None = Field(None, ge=1, description="Most rounds in one session; None means no limit.")
+    eva_session: bool = Field(False, description="Evaluate each session when it ends.")
+    eva_round: bool = Field(False, description="Evaluate each round when it ends.")
+    save_experience: SaveExperience = Field(
+        "ask",
+        description="Save a successful session as a replayable plan: always, ask (the interactor decides; "
+        "no terminal means no), auto (when the evaluation says the task is complete), always_not.",
+    )
+    experience_dir: Path | None = Field(None, description="Where experience plans go (default: the session's log folder).")
+    log_to_markdown: bool = Field(True, description="Write output.md next to the logs when a session ends.")
+    save_ui_tree: bool = Field(False, description="Accepted for compatibility; Linux tools have no UI tree.")
+    sleep_time: float = Field(0.0, ge=0, description="Seconds to wait between steps (asyncio.sleep, never blocking).")
+
+
+class StoreSettings(_Section):
+    """Where sessions are kept."""
+
+    url: str = Field("sqlite:///.saucer/saucer.db", min_length=1)
+    durability: Literal["step", "strict", "exit"] = "step"
+    snapshot_every: int = Field(100, ge=1)
+    lease_ttl: float = Field(30.0, gt=0, description="Seconds a runner's lease on a session lasts unless renewed.")
+
+
+def _mcp_server_model() -> Any:
+    """The dispatcher's server model (``saucer.dispatch.servers.MCPServerConfig``) when installed."""
+    try:
+        from saucer.dispatch.servers import MCPServerConfig
+    except ImportError:
+        return None
+    return MCPServerConfig
+
+
+_ServerModel = _mcp_server_model()
+#: One ``[mcp.servers.NAME]`` table: the dispatcher's model, or a free-form table without it.
+MCPServerEntry: Any = _ServerModel if _ServerModel is not None else dict[str, Any]
+
+
+class MCPSettings(_Section):
+    """MCP servers the local dispatcher starts (empty: the built-in Linux tools)."""
+
+    servers: dict[str, MCPServerEntry] = Field(default_factory=dict)
+
+
+class LogsSettings(_Section):
+    """Per-session log files under ``root/<task>/<session_id>/``."""
+
+    root: Path = Path("logs")
+    enabled: bool = True
+
+
+class LLMSettings(_Section):
+    """An OpenAI-compatible model endpoint and the LLM agents of normal mode (``saucer.agents.llm``)."""
+
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    model: str | None = None
+    temperature: float | None = Field(0.0, ge=0, le=2)
+    max_tokens: int | None = Field(None, gt=0)
+    timeout: float = Field(60.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    backoff_base: float = Field(0.5, ge=0)
+    backoff_max: float = Field(8.0, ge=0)
+    backoff_jitter: float = Field(0.25, ge=0, le=1)
+    price_file: Path | None = None
+    prompt_templating: bool = False
+    hidden_vars: list[str] = Field(default_factory=list)
+    agent: Literal["single", "host"] = "single"
+    max_consecutive_failures: int = Field(3, ge=1)
+    judge_model: str | None = None
+    system_prompt: str | None = None
+
+
+class ServiceSettings(_Section):
+    """``saucer serve``: where it listens and which tokens it accepts."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    tokens: list[SecretStr] = Field(default_factory=list)
+
+
+_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("saucer_config_file", default=None)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """The settings file: ``saucer.toml`` in the working directory, or the one given."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        explicit = _CONFIG_FILE.get()
+        self.path = explicit if explicit is not None else Path(DEFAULT_CONFIG_FILE)
+        self.data = _read_toml(self.path, required=explicit is not None)
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return self.data
+
+
+class _AliasEnvSource(PydanticBaseSettingsSource):
+    """The short environment forms (``SAUCER_LLM_MODEL``...)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for var, (section, key) in _ENV_ALIASES.items():
+            value = os.environ.get(var)
+            if value is not None and value != "":
+                out.setdefault(section, {})[key] = value
+        return out
+
+
+def _read_toml(path: Path, *, required: bool) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"config file {path} does not exist") from None
+        return {}
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory, not a TOML file") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+class Settings(BaseSettings):
+    """All of saucer's settings. Build it with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    system: SystemSettings = Field(default_factory=SystemSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    mcp: MCPSettings = Field(default_factory=MCPSettings)
+    logs: LogsSettings = Field(default_factory=LogsSettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
+
+    _config_file: Path | None = PrivateAttr(None)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # First wins: flags, then SAUCER_A__B variables, then short aliases, then the file.
+        return (init_settings, env_settings, _AliasEnvSource(settings_cls), _TomlSource(settings_cls))
+
+    @property
+    def config_file(self) -> Path | None:
+        """The settings file that was read (None when there was none)."""
+        return self._config_file
+
+
+def _nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"system.max_step": 3}`` or ``{"system": {"max_step": 3}}`` -> nested dict; None values are skipped."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, Mapping) and "." not in key:
+            inner = _nest(value)
+            if inner:
+                out.setdefault(key, {}).update(inner)
+            continue
+        parts = key.split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r} conflicts with another override")
+        node[parts[-1]] = value
+    return out
+
+
+def _has_path(data: Any, loc: tuple[Any, ...]) -> bool:
+    for part in loc:
+        if not isinstance(data, Mapping) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def _env_var_for(loc: tuple[Any, ...]) -> str | None:
+    nested = ENV_PREFIX + "__".join(str(p).upper() for p in loc)
+    for var in os.environ:
+        if var.upper() == nested:
+            return var
+    if len(loc) >= 2:
+        for var, path in _ENV_ALIASES.items():
+            if path == tuple(loc[:2]) and os.environ.get(var):
+                return var
+    return None
+
+
+def _describe(exc: ValidationError, overrides: dict[str, Any], file_path: Path, file_data: dict[str, Any]) -> str:
+    """One sentence per problem, each naming the key and its source."""
+    sentences = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        dotted = ".".join(str(p) for p in loc) or "(settings)"
+        if error["type"] == "extra_forbidden":
+            problem = "unknown key"
+        else:
+            problem = error["msg"][0].lower() + error["msg"][1:]
+            if "input" in error and not isinstance(error["input"], (dict, list)):
+                value = error["input"]
+                if isinstance(value, SecretStr):
+                    value = "**********"
+                problem += f" (got {value!r})"
+        if _has_path(overrides, loc):
+            source, where = "overrides", f"override {dotted}"
+        elif (var := _env_var_for(loc)) is not None:
+            source = where = f"environment variable {var}"
+        elif _has_path(file_data, loc):
+            source, where = str(file_path), f"{file_path}: {dotted}"
+        else:
+            source, where = "settings", f"setting {dotted}"
+        if error["type"] == "extra_forbidden":
+            sentences.append(f"{source}: unknown key {dotted!r}")
+        else:
+            sentences.append(f"{where}: {problem}")
+    return "; ".join(sentences)
+
+
+def load_settings(config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Read the settings: defaults < ``config_file`` (default ``./saucer.toml``) < ``SAUCER_*`` < ``overrides``.
+
+    ``overrides`` holds flag values, nested (``{"system": {"max_step": 3}}``) or
+    dotted (``{"system.max_step": 3}``); None values are ignored, so unset flags
+    can be passed as they are. Raises :class:`ConfigError` naming the key and its source.
+    """
+    path = Path(config_file) if config_file is not None else None
+    nested = _nest(overrides or {})
+    token = _CONFIG_FILE.set(path)
+    try:
+        try:
+            settings = Settings(**nested)
+        except ValidationError as exc:
+            file_path = path if path is not None else Path(DEFAULT_CONFIG_FILE)
+            file_data = _read_toml(file_path, required=False)
+            raise ConfigError(_describe(exc, nested, file_path, file_data)) from None
+    finally:
+        _CONFIG_FILE.reset(token)
+    used = path if path is not None else (Path(DEFAULT_CONFIG_FILE) if Path(DEFAULT_CONFIG_FILE).is_file() else None)
+    settings._config_file = used
+    return settings

@@ -1,0 +1,407 @@
+"""The local dispatcher: commands run as tool calls on MCP servers of this machine.
+
+::
+
+    async with LocalCommandDispatcher.from_servers({"time": {"command": "mcp-server-time"}}) as dispatcher:
+        tools = await dispatcher.list_tools()          # {"time.get_current_time": {...}, ...}
+        [result] = await dispatcher.execute_commands(
+            [Command(tool_name="time.get_current_time", parameters={"timezone": "UTC"})]
+        )
+
+Each server gets one persistent MCP session, opened on first use and closed
+when the dispatcher closes. Tools are named ``server.tool``; a bare ``tool``
+works when exactly one server has it. Everything that can go wrong with one
+command (unknown or ambiguous tool, invalid parameters, refusal, timeout, a
+tool error, a crashed server) is a failure *result* naming the tool, never an
+exception; see :mod:`saucer.dispatch.base` for the batch rules.
+
+Sensitive commands (tools listed in ``sensitive_tools``, or calls whose
+``command`` parameter matches one of ``sensitive_commands``) run only when the
+``approver`` says yes, or, without an approver, when ``assume_yes`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import best_match
+from mcp.server import Server
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, TextContent, Tool
+from pydantic import TypeAdapter
+
+from saucer.dispatch._connection import ServerConnection, ServerStartError, describe_exception, is_connection_lost
+from saucer.dispatch.base import BatchCommandDispatcher
+from saucer.dispatch.messages import Command, Result, ResultStatus
+from saucer.dispatch.servers import MCPServerConfig, default_servers
+from saucer.tools.rules import SensitivityRules, compile_rules
+from saucer.tools.rules import sensitive_reason as _rule_reason
+
+__all__ = [
+    "LocalCommandDispatcher",
+    "Approver",
+    "MCPServerConfig",
+    "ServerStartError",
+    "default_servers",
+]
+
+logger = logging.getLogger(__name__)
+
+Approver = Callable[[Command], Awaitable[bool]]
+ServerSpec = MCPServerConfig | Mapping[str, Any] | MCPServer | Server[Any]
+
+_CONFIGS = TypeAdapter(dict[str, MCPServerConfig])
+_SHOWN_CANDIDATES = 20
+
+
+def _check_server_name(name: str) -> None:
+    if not isinstance(name, str) or not name or "." in name or name != name.strip():
+        raise ValueError(f"invalid MCP server name {name!r}: use a non-empty name without dots or surrounding spaces")
+
+
+def _payload(result: CallToolResult) -> Any:
+    """The JSON value a successful call produced: structured content, else its text, else its content blocks."""
+    if result.structured_content is not None:
+        return result.structured_content
+    blocks = result.content
+    if blocks and all(isinstance(block, TextContent) for block in blocks):
+        texts = [block.text for block in blocks if isinstance(block, TextContent)]
+        return texts[0] if len(texts) == 1 else texts
+    return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in blocks]
+
+
+def _error_text(result: CallToolResult) -> str:
+    texts = [block.text for block in result.content if isinstance(block, TextContent)]
+    if texts:
+        return "\n".join(texts)
+    if result.structured_content is not None:
+        return json.dumps(result.structured_content, default=str)
+    return "the tool reported an error without a message"
+
+
+def _tool_type(tool: Tool) -> str:
+    hints = tool.annotations
+    return "data_collection" if hints is not None and hints.read_only_hint else "action"
+
+
+class LocalCommandDispatcher(BatchCommandDispatcher):
+    """Runs commands as MCP tool calls on stdio, streamable HTTP and in-process servers.
+
+    Use it as an async context manager (or call :meth:`aclose`); servers start
+    on first use. It belongs to the event loop that first uses it.
+    """
+
+    def __init__(
+        self,
+        servers: Mapping[str, ServerSpec],
+        *,
+        approver: Approver | None = None,
+        assume_yes: bool = False,
+        sensitive_tools: Iterable[str] = (),
+        sensitive_commands: Iterable[str] = (),
+        parallel_data_collection: bool = False,
+        validate_parameters: bool = True,
+    ) -> None:
+        """Dispatch to ``servers`` (name → config, config table, or a live MCPServer/Server to run in-process).
+
+        ``sensitive_tools`` are added to each server's own list: a qualified
+        name (``server.tool``) marks that tool, a bare name marks the tool of
+        that name on every server. ``sensitive_commands`` are patterns added to
+        every server's. ``parallel_data_collection`` runs consecutive data_collection
+        commands concurrently. ``validate_parameters`` checks parameters
+        against the tool's input schema before calling it.
+        """
+        configs: dict[str, MCPServerConfig] = {}
+        instances: dict[str, MCPServer | Server[Any]] = {}
+        tables: dict[str, Any] = {}
+        for name, spec in servers.items():
+            _check_server_name(name)
+            if isinstance(spec, MCPServer | Server):
+                instances[name] = spec
+                configs[name] = MCPServerConfig(import_path=f"{type(spec).__module__}:{type(spec).__name__}")
+            elif isinstance(spec, MCPServerConfig):
+                configs[name] = spec
+            else:
+                tables[name] = spec
+        # Validated together so a pydantic error's location names the server and the field.
+        configs.update(_CONFIGS.validate_python(tables))
+        self._connections = {
+            name: ServerConnection(name, configs[name], instances.get(name)) for name in servers
+        }
+        self.approver = approver
+        self.assume_yes = assume_yes
+        self.parallel_data_collection = parallel_data_collection
+        self.validate_parameters = validate_parameters
+        extra_tools = list(sensitive_tools)
+        extra_patterns = compile_rules(sensitive_commands)
+        self._rules = {
+            name: SensitivityRules(
+                tools=frozenset(
+                    tool if "." in tool else f"{name}.{tool}"
+                    for tool in [*configs[name].sensitive_tools, *extra_tools]
+                ),
+                command_patterns=compile_rules(configs[name].sensitive_commands) + extra_patterns,
+            )
+            for name in self._connections
+        }
+        self._approval_lock = asyncio.Lock()
+        self._validators: dict[tuple[str, int, str], Any] = {}
+        self._closed = False
+        #: Servers that failed to start when listing tools, with the cause.
+        self.server_errors: dict[str, str] = {}
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def from_config(
+        cls, servers: Mapping[str, MCPServerConfig | Mapping[str, Any]], **options: Any
+    ) -> "LocalCommandDispatcher":
+        """A dispatcher for the ``[mcp.servers.NAME]`` tables (validated here, errors name server and field)."""
+        return cls(servers, **options)
+
+    @classmethod
+    def from_servers(cls, servers: Mapping[str, ServerSpec], **options: Any) -> "LocalCommandDispatcher":
+        """A dispatcher for ``servers``: config tables, :class:`MCPServerConfig` or live MCPServer objects."""
+        return cls(servers, **options)
+
+    @classmethod
+    def with_default_servers(cls, workspace: Path, **options: Any) -> "LocalCommandDispatcher":
+        """A dispatcher for the built-in ``shell`` and ``files`` servers rooted at ``workspace``."""
+        return cls(default_servers(workspace), **options)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def __aenter__(self) -> "LocalCommandDispatcher":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every session and stop every server; the dispatcher cannot be used afterwards."""
+        self._closed = True
+        await asyncio.gather(*(conn.close() for conn in self._connections.values()))
+
+    async def start(self) -> dict[str, str]:
+        """Start every server now (instead of on first use); return the ones that failed, with the cause."""
+        if self._closed:
+            raise RuntimeError("the dispatcher is closed")
+
+        async def one(conn: ServerConnection) -> tuple[str, str | None]:
+            try:
+                await conn.ensure_started()
+                return conn.name, None
+            except ServerStartError as exc:
+                return conn.name, str(exc)
+
+        outcomes = await asyncio.gather(*(one(conn) for conn in self._connections.values()))
+        errors = {name: error for name, error in outcomes if error is not None}
+        for name, error in errors.items():
+            if self.server_errors.get(name) != error:  # say it once, not on every bare tool name
+                logger.warning("MCP server %r is unavailable: %s", name, error)
+        self.server_errors = errors
+        return dict(errors)
+
+    @property
+    def server_names(self) -> list[str]:
+        """The configured servers, in configuration order."""
+        return list(self._connections)
+
+    # -- tools ----------------------------------------------------------------------
+
+    async def list_tools(self, *, refresh: bool = False, strict: bool = False) -> dict[str, dict[str, Any]]:
+        """Every tool of every server that starts, keyed ``server.tool``, as JSON-ready dicts.
+
+        Each entry has ``name``, ``server``, ``tool``, ``title``, ``description``,
+        ``input_schema``, ``output_schema`` (or None), ``annotations``,
+        ``tool_type`` (``data_collection`` for read-only tools) and
+        ``sensitive``. Servers that fail to start are left out and recorded in
+        :attr:`server_errors`; with ``strict`` they raise :class:`ServerStartError`.
+        """
+        errors = await self.start()
+        if refresh:
+            for conn in self._connections.values():
+                if conn.alive:
+                    await conn.refresh_tools()
+                    self._validators = {k: v for k, v in self._validators.items() if k[0] != conn.name}
+        if strict and errors:
+            raise ServerStartError("; ".join(errors.values()))
+        info: dict[str, dict[str, Any]] = {}
+        for name, conn in self._connections.items():
+            if name in errors:
+                continue
+            rules = self._rules[name]
+            for tool in conn.tools.values():
+                qualified = f"{name}.{tool.name}"
+                hints = tool.annotations
+                annotations = hints.model_dump(mode="json", by_alias=True, exclude_none=True) if hints else {}
+                info[qualified] = {
+                    "name": qualified,
+                    "server": name,
+                    "tool": tool.name,
+                    "title": tool.title or (hints.title if hints else None),
+                    "description": tool.description or "",
+                    "input_schema": tool.input_schema,
+                    "output_schema": tool.output_schema,
+                    "annotations": annotations,
+                    "tool_type": _tool_type(tool),
+                    "sensitive": qualified in rules.tools,
+                    "sensitive_commands": [rule.pattern for rule in rules.command_patterns],
+                }
+        # One JSON round trip: the engine stores this as a durable Context value.
+        return json.loads(json.dumps(info, default=str))
+
+    async def _resolve(self, command: Command) -> tuple[ServerConnection, str] | Result:
+        """The server and tool a command names, or a failure result saying why there is none."""
+        name = command.tool_name
+        # A qualified name: server names have no dots, so the server is what comes before the first one.
+        server, dot, tool = name.partition(".")
+        conn = self._connections.get(server) if dot else None
+        if conn is not None:
+            try:
+                await conn.ensure_started()
+            except ServerStartError as exc:
+                return Result.failure(command, f"tool {name!r} is unavailable: {exc}", namespace=server)
+            if tool not in conn.tools:
+                known = ", ".join(sorted(conn.tools)[:_SHOWN_CANDIDATES]) or "none"
+                return Result.failure(
+                    command, f"unknown tool {name!r}: server {server!r} has no tool {tool!r} (its tools: {known})",
+                    namespace=server,
+                )
+            return conn, tool
+        errors = await self.start()
+        owners = [c for c in self._connections.values() if c.name not in errors and name in c.tools]
+        if len(owners) == 1:
+            return owners[0], name
+        if len(owners) > 1:
+            candidates = ", ".join(f"{c.name}.{name}" for c in owners)
+            return Result.failure(
+                command, f"ambiguous tool name {name!r}: it exists on several servers ({candidates}); use server.tool"
+            )
+        known = sorted(f"{c.name}.{t}" for c in self._connections.values() if c.name not in errors for t in c.tools)
+        message = f"unknown tool {name!r}; available tools: {', '.join(known[:_SHOWN_CANDIDATES]) or 'none'}"
+        if len(known) > _SHOWN_CANDIDATES:
+            message += f" and {len(known) - _SHOWN_CANDIDATES} more"
+        if dot and server not in self._connections:
+            message += f" (there is no server {server!r}; servers: {', '.join(self._connections) or 'none'})"
+        if errors:
+            message += "; unavailable servers: " + "; ".join(errors.values())
+        return Result.failure(command, message)
+
+    def _parameter_error(self, conn: ServerConnection, tool: str, parameters: dict[str, Any]) -> str | None:
+        """What is wrong with ``parameters`` according to the tool's input schema, or None."""
+        key = (conn.name, conn.generation, tool)
+        validator = self._validators.get(key)
+        if validator is None:
+            schema = conn.tools[tool].input_schema
+            try:
+                cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+                cls.check_schema(schema)
+                validator = cls(schema)
+            except jsonschema.SchemaError as exc:
+                # The server's schema is broken; the server still validates, so do not block the call.
+                logger.warning("tool %s.%s has an invalid input schema: %s", conn.name, tool, exc.message)
+                validator = False
+            self._validators[key] = validator
+        if validator is False:
+            return None
+        error = best_match(validator.iter_errors(parameters))
+        if error is None:
+            return None
+        where = "/".join(str(part) for part in error.absolute_path)
+        return f"{error.message}" + (f" (at {where!r})" if where else "")
+
+    async def sensitive_reason(self, command: Command) -> str | None:
+        """Why ``command`` needs approval, or None (also None when its tool cannot be resolved)."""
+        resolved = await self._resolve(command)
+        if isinstance(resolved, Result):
+            return None
+        conn, tool = resolved
+        return _rule_reason(f"{conn.name}.{tool}", command.parameters, self._rules[conn.name])
+
+    async def _refusal(self, command: Command, qualified: str, reason: str) -> str | None:
+        """None when a sensitive command may run, else why it may not."""
+        if self.approver is None:
+            if self.assume_yes:
+                return None
+            return (
+                f"refused: tool {qualified!r} needs approval ({reason}) and no approver is set; "
+                "allow it with assume_yes (the CLI's --yes)"
+            )
+        # One question at a time, even when reads run in parallel.
+        async with self._approval_lock:
+            try:
+                approved = await self.approver(command)
+            except Exception as exc:  # noqa: BLE001 - a broken approver refuses, it does not crash the batch
+                return f"refused: the approver failed for tool {qualified!r} ({reason}): {describe_exception(exc)}"
+        if approved is True:
+            return None
+        return f"refused by the user: tool {qualified!r} ({reason})"
+
+    # -- execution ------------------------------------------------------------------
+
+    async def execute_command(self, command: Command) -> Result:
+        """Run one command; every outcome is a Result whose ``namespace`` is the server name."""
+        if self._closed:
+            return Result.failure(command, "the dispatcher is closed")
+        resolved = await self._resolve(command)
+        if isinstance(resolved, Result):
+            return resolved
+        conn, tool = resolved
+        qualified = f"{conn.name}.{tool}"
+        namespace = conn.name
+        if self.validate_parameters:
+            problem = self._parameter_error(conn, tool, command.parameters)
+            if problem is not None:
+                return Result.failure(command, f"invalid parameters for tool {qualified!r}: {problem}", namespace)
+        reason = _rule_reason(qualified, command.parameters, self._rules[conn.name])
+        if reason is not None:
+            refusal = await self._refusal(command, qualified, reason)
+            if refusal is not None:
+                return Result.failure(command, refusal, namespace)
+
+        limit = conn.config.timeout
+        generation = conn.generation
+        try:
+            async with asyncio.timeout(limit):
+                outcome = await conn.call_tool(tool, dict(command.parameters))
+        except TimeoutError:
+            return Result.failure(command, f"tool {qualified!r} timed out after {limit:g} s", namespace)
+        except ServerStartError as exc:
+            return Result.failure(command, f"tool {qualified!r} is unavailable: {exc}", namespace)
+        except Exception as exc:  # noqa: BLE001 - sorted into crash or call failure below
+            if is_connection_lost(exc) or not conn.alive:
+                return await self._after_crash(command, conn, generation, qualified, exc)
+            if isinstance(exc, MCPError):
+                error = f"tool {qualified!r} failed: {exc.message} (MCP error {exc.code})"
+                return Result.failure(command, error, namespace)
+            return Result.failure(command, f"tool {qualified!r} failed: {describe_exception(exc)}", namespace)
+        if outcome.is_error:
+            return Result.failure(command, f"tool {qualified!r} failed: {_error_text(outcome)}", namespace)
+        return Result(
+            status=ResultStatus.SUCCESS, result=_payload(outcome), namespace=namespace, call_id=command.call_id
+        )
+
+    async def _after_crash(
+        self, command: Command, conn: ServerConnection, generation: int, qualified: str, exc: BaseException
+    ) -> Result:
+        """The failure for a command whose server died under it, after restarting the server once."""
+        cause = describe_exception(exc)
+        try:
+            restarted = await conn.restart(generation)
+            state = "it was restarted" if restarted else "it had already been restarted"
+        except ServerStartError as start_error:
+            state = f"restarting it failed: {start_error}"
+        return Result.failure(
+            command,
+            f"server {conn.name!r} crashed while running tool {qualified!r} ({cause}); {state}; "
+            "the command was not retried",
+            conn.name,
+        )

@@ -1,0 +1,387 @@
+"""``SessionFactory``: sessions for each mode, with their store, agents and dispatcher.
+
+Modes (UFO's names):
+
+``normal``
+    Requests in plain language, answered by the LLM agents of
+    ``saucer.agents.llm`` (``create_agent_provider(settings)``). Until that
+    module is installed and configured, asking for this mode raises
+    :class:`~saucer.engine.errors.LLMUnavailableError` saying what to set.
+``follower``
+    A plan file (or a folder: one session per plan). Command steps run offline
+    through the dispatcher, one round per step, all of them unless
+    ``system.max_round`` is lower; text steps need the LLM agent (an error
+    naming the step when there is none).
+``batch_normal``
+    A folder of plans, one session each, progress in
+    ``<logs.root>/<task>/tasks_status.json``. A re-run skips finished plans and
+    resumes the session of a plan whose run was interrupted. A plan's command
+    steps run offline; a plan without steps is its ``task`` as a request.
+``service``
+    Commands run on a remote device; ``saucer serve`` creates these sessions
+    with a remote dispatcher (``remote_dispatcher_factory``). Without one,
+    :class:`~saucer.engine.errors.ServiceModeError`.
+
+The dispatcher for real runs is ``saucer.dispatch.local.LocalCommandDispatcher``
+(``mcp.servers`` or the built-in Linux tools), created per session and closed
+with it; pass ``dispatcher_factory`` (or ``dispatcher=`` per session) to use another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from saucer.config import Settings, load_settings
+from saucer.dispatch.messages import Command, Result
+from saucer.engine.errors import (
+    LLMUnavailableError,
+    ModeError,
+    PlanError,
+    PlatformNotSupportedError,
+    ServiceModeError,
+)
+from saucer.engine.logs import log_dir_for
+from saucer.engine.plan import TASKS_STATUS_FILE, Plan, load_plan, load_plan_folder, parse_plan
+from saucer.engine.session import Session, SessionResult, new_session_id
+from saucer.store import EventStore, open_store
+
+__all__ = ["SessionFactory", "MODES", "BatchTracker", "current_platform", "local_dispatcher_factory"]
+
+MODES = ("normal", "follower", "batch_normal", "service")
+SUPPORTED_PLATFORMS = ("linux",)
+
+_LLM_SETTINGS_HINT = (
+    "set [llm] base_url, model and api_key in saucer.toml "
+    "(or SAUCER_LLM_BASE_URL, SAUCER_LLM_MODEL, SAUCER_LLM_API_KEY)"
+)
+
+
+def current_platform() -> str:
+    """``linux``, ``windows``, ``darwin`` or ``sys.platform``."""
+    if sys.platform.startswith("linux"):
+        return "linux"
+    if sys.platform.startswith(("win32", "cygwin")):
+        return "windows"
+    return sys.platform
+
+
+class _UnavailableDispatcher:
+    """Stands in when no dispatcher can be built: every command fails with the reason."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
+        return [Result.failure(c, self.reason) for c in commands]
+
+    def list_tools(self) -> list[Any]:
+        return []
+
+
+def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = None) -> Callable[[Session], Any]:
+    """Per-session ``LocalCommandDispatcher.from_config(mcp.servers or default_servers(workspace))``."""
+
+    def make(session: Session) -> Any:
+        try:
+            from saucer.dispatch import local  # type: ignore[attr-defined]
+        except ImportError as exc:
+            return _UnavailableDispatcher(f"the local command dispatcher is not available ({exc})")
+        servers = settings.mcp.servers
+        if not servers:
+            default_servers = getattr(local, "default_servers", None)
+            if default_servers is None:
+                from saucer.dispatch.servers import default_servers
+            servers = default_servers(Path(workspace) if workspace else Path.cwd())
+        return local.LocalCommandDispatcher.from_config(servers)
+
+    return make
+
+
+class BatchTracker:
+    """``tasks_status.json``: per plan file, its status and session id (written atomically)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            try:
+                loaded = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as exc:
+                raise PlanError(f"{path} is damaged ({exc}); delete it to start the batch over") from None
+            if isinstance(loaded, dict):
+                self.data = {k: v for k, v in loaded.items() if isinstance(v, dict)}
+
+    def status(self, plan_name: str) -> dict[str, Any]:
+        return self.data.get(plan_name, {})
+
+    def mark(self, plan_name: str, **fields: Any) -> None:
+        entry = self.data.setdefault(plan_name, {})
+        entry.update(fields, updated=time.time())
+        self._write()
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def hooks(self, plan_name: str) -> tuple[Callable[..., None], Callable[..., None]]:
+        def on_start(session: Session) -> None:
+            self.mark(plan_name, status="running", session_id=session.session_id)
+
+        def on_end(session: Session, result: SessionResult) -> None:
+            self.mark(plan_name, status=result.status, session_id=session.session_id, reason=result.reason)
+
+        return on_start, on_end
+
+
+class SessionFactory:
+    """Creates sessions for every mode and resumes them.
+
+    ``agents`` is an :class:`~saucer.engine.agent.AgentProvider` for requests
+    (default: ``saucer.agents.llm.create_agent_provider(settings)`` when
+    available). ``dispatcher_factory(session)`` makes each session's
+    dispatcher (default: :func:`local_dispatcher_factory`).
+    ``remote_dispatcher_factory(session)`` enables service mode.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        store: EventStore | str | None = None,
+        agents: Any = None,
+        dispatcher_factory: Callable[[Session], Any] | None = None,
+        remote_dispatcher_factory: Callable[[Session], Any] | None = None,
+        interactor: Any = None,
+        observer: Any = None,
+        evaluator: Any = None,
+        workspace: str | Path | None = None,
+    ) -> None:
+        self.settings = settings if settings is not None else load_settings()
+        self._store_spec = store if store is not None else self.settings.store.url
+        self._store: EventStore | None = store if isinstance(store, EventStore) else None
+        self._owns_store = False
+        self._agents = agents
+        self.dispatcher_factory = dispatcher_factory or local_dispatcher_factory(self.settings, workspace)
+        self.remote_dispatcher_factory = remote_dispatcher_factory
+        self.interactor = interactor
+        self.observer = observer
+        self.evaluator = evaluator
+
+    # ------------------------------------------------------------- resources
+
+    @property
+    def store(self) -> EventStore:
+        """The shared store of this factory's sessions (opened on first use)."""
+        if self._store is None:
+            self._store = open_store(str(self._store_spec))
+            self._owns_store = True
+        return self._store
+
+    def close(self) -> None:
+        """Close the store if this factory opened it."""
+        if self._owns_store and self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def __enter__(self) -> "SessionFactory":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def agent_provider(self) -> Any:
+        """The provider for requests; :class:`LLMUnavailableError` (saying what to set) when there is none."""
+        if self._agents is not None:
+            return self._agents
+        try:
+            from saucer.agents import llm  # type: ignore[attr-defined]
+        except ImportError as exc:
+            missing = getattr(exc, "name", None)
+            if missing in ("saucer.agents.llm", None) and "saucer.agents" in str(exc):
+                raise LLMUnavailableError(
+                    "this request needs an LLM agent, but the LLM agent (saucer.agents.llm) is not available "
+                    f"in this installation; once it is, {_LLM_SETTINGS_HINT}"
+                ) from None
+            raise LLMUnavailableError(f"the LLM agent could not be loaded ({exc}); {_LLM_SETTINGS_HINT}") from None
+        create = getattr(llm, "create_agent_provider", None)
+        if create is None:
+            raise LLMUnavailableError("saucer.agents.llm has no create_agent_provider(settings); the LLM agent is not available")
+        try:
+            self._agents = create(self.settings)
+        except ValueError as exc:  # the model is not configured: the message says what to set
+            raise LLMUnavailableError(str(exc)) from exc
+        return self._agents
+
+    def _lazy_agents(self) -> Callable[[Session], Any]:
+        def provide(session: Session) -> Any:
+            provider = self.agent_provider()
+            if callable(provider) and not hasattr(provider, "agents"):
+                return provider(session)
+            return provider
+
+        return provide
+
+    # -------------------------------------------------------------- creation
+
+    def create_session(
+        self,
+        task: str,
+        mode: str,
+        plan: str | Path | Plan | Mapping[str, Any] | None = None,
+        request: str = "",
+        platform_override: str | None = None,
+        **kw: Any,
+    ) -> list[Session]:
+        """Sessions for ``task`` in ``mode`` (a list: a folder of plans gives one per plan).
+
+        ``kw`` goes to :class:`Session` (``session_id``, ``dispatcher``,
+        ``interactor``, ``observer``, ``evaluator``, ``agents``, ``graph``...).
+        """
+        platform = self._check_platform(platform_override)
+        if mode not in MODES:
+            raise ModeError(f"unknown mode {mode!r}; use one of: {', '.join(MODES)}")
+        if not isinstance(task, str) or not task.strip():
+            raise ModeError("a session needs a task name")
+        kw.setdefault("platform", platform)
+        if mode == "normal":
+            if plan is not None:
+                raise ModeError("normal mode takes a request, not a plan (use follower or batch_normal for plans)")
+            agents = kw.pop("agents", None) or self.agent_provider()
+            return [self._session(task, "normal", request=request, agents=agents, **kw)]
+        if mode == "follower":
+            return self._follower(task, plan, request, **kw)
+        if mode == "batch_normal":
+            return self._batch(task, plan, **kw)
+        return self._service(task, plan, request, **kw)
+
+    def resume_session(self, session_id: str, **kw: Any) -> Session:
+        """A Session continuing ``session_id`` (see :meth:`Session.resume`)."""
+        kw.setdefault("agents", self._agents if self._agents is not None else self._lazy_agents())
+        kw.setdefault("dispatcher_factory", self._dispatcher_for_mode(None))
+        kw.setdefault("interactor", self.interactor)
+        kw.setdefault("observer", self.observer)
+        kw.setdefault("evaluator", self.evaluator)
+        return Session.resume(session_id, store=self.store, settings=self.settings, **kw)
+
+    def _dispatcher_for_mode(self, mode: str | None) -> Callable[[Session], Any]:
+        if mode == "service" and self.remote_dispatcher_factory is not None:
+            return self.remote_dispatcher_factory
+        return self.dispatcher_factory
+
+    def _session(self, task: str, mode: str, **kw: Any) -> Session:
+        if "dispatcher" not in kw:
+            kw.setdefault("dispatcher_factory", self._dispatcher_for_mode(mode))
+        kw.setdefault("interactor", self.interactor)
+        kw.setdefault("observer", self.observer)
+        kw.setdefault("evaluator", self.evaluator)
+        return Session(task, mode=mode, settings=self.settings, store=self.store, **kw)
+
+    def _check_platform(self, override: str | None) -> str:
+        here = current_platform()
+        wanted = (override or here).lower()
+        if wanted in ("win", "win32"):
+            wanted = "windows"
+        if wanted not in SUPPORTED_PLATFORMS or here not in SUPPORTED_PLATFORMS:
+            raise PlatformNotSupportedError(
+                f"{wanted} sessions are not supported on this platform ({here}); saucer runs sessions on "
+                f"{', '.join(SUPPORTED_PLATFORMS)}"
+            )
+        return wanted
+
+    def _plans(self, plan: Any, mode: str) -> list[tuple[str | None, Plan]]:
+        if plan is None:
+            raise ModeError(f"{mode} mode needs a plan (a JSON file{' or a folder of them' if mode != 'service' else ''})")
+        if isinstance(plan, (Plan, Mapping)):
+            return [(None, parse_plan(plan))]
+        path = Path(plan)
+        if path.is_dir():
+            return [(str(p), pl) for p, pl in load_plan_folder(path)]
+        return [(str(path), load_plan(path))]
+
+    def _needs_llm(self, plan: Plan, plan_file: str | None) -> Any:
+        """The agent provider when the plan has text steps (or no steps), else None."""
+        text = plan.text_steps()
+        if not text and plan.steps:
+            return None
+        try:
+            return self.agent_provider()
+        except LLMUnavailableError as exc:
+            where = f" of {plan_file}" if plan_file else ""
+            if text:
+                i = text[0]
+                raise LLMUnavailableError(f"plan step {i}{where} ({plan.steps[i]!r:.80}) is a text step and needs an LLM agent: {exc}") from None
+            raise LLMUnavailableError(f"the plan{where} has no steps, so its task is a request for an LLM agent: {exc}") from None
+
+    def _follower(self, task: str, plan: Any, request: str, **kw: Any) -> list[Session]:
+        plans = self._plans(plan, "follower")
+        sessions = []
+        for i, (plan_file, p) in enumerate(plans):
+            if not p.steps:
+                raise PlanError(f"{plan_file or 'the plan'} has no steps for follower mode to run")
+            agents = kw.get("agents") or self._needs_llm(p, plan_file)
+            extra = dict(kw)
+            extra["agents"] = agents
+            if len(plans) > 1:
+                extra.pop("session_id", None)
+                extra.setdefault("id", i)
+                extra["session_id"] = new_session_id(Path(plan_file or task).stem)
+            sessions.append(self._session(task, "follower", plan=p, plan_file=plan_file, request=request, **extra))
+        return sessions
+
+    def _batch(self, task: str, plan: Any, **kw: Any) -> list[Session]:
+        if plan is None or isinstance(plan, (Plan, Mapping)) or not Path(plan).is_dir():
+            raise ModeError("batch_normal mode needs a folder of plans")
+        plans = load_plan_folder(Path(plan))
+        tracker = BatchTracker(log_dir_for(self.settings.logs.root, task, "x").parent / TASKS_STATUS_FILE)
+        sessions: list[Session] = []
+        for i, (path, p) in enumerate(plans):
+            name = path.name
+            entry = tracker.status(name)
+            if entry.get("status") == "finished":
+                continue
+            agents = kw.get("agents") or self._needs_llm(p, str(path))
+            extra = {k: v for k, v in kw.items() if k not in ("session_id", "agents", "request", "plan", "plan_file")}
+            previous = entry.get("session_id")
+            if entry.get("status") == "running" and previous and self.store.exists(previous):
+                session = self.resume_session(previous, agents=agents, **extra)
+            else:
+                extra.setdefault("id", i)
+                session = self._session(
+                    task,
+                    "batch_normal",
+                    plan=p,
+                    plan_file=str(path),
+                    agents=agents,
+                    session_id=new_session_id(path.stem),
+                    ask_new_requests=False,
+                    **extra,
+                )
+            on_start, on_end = tracker.hooks(name)
+            session.add_start_hook(on_start)
+            session.add_end_hook(on_end)
+            sessions.append(session)
+        return sessions
+
+    def _service(self, task: str, plan: Any, request: str, **kw: Any) -> list[Session]:
+        if self.remote_dispatcher_factory is None and "dispatcher" not in kw and "dispatcher_factory" not in kw:
+            raise ServiceModeError(
+                "service mode runs through `saucer serve`: its sessions run commands on a connected device, "
+                "and the server supplies that remote dispatcher; to run on this machine use normal or follower mode"
+            )
+        if plan is not None:
+            (plan_file, p), *rest = self._plans(plan, "service")
+            if rest:
+                raise ModeError("service mode takes one plan, not a folder")
+            agents = kw.pop("agents", None) or self._needs_llm(p, plan_file)
+            return [self._session(task, "service", plan=p, plan_file=plan_file, request=request, agents=agents, ask_new_requests=False, **kw)]
+        if not request:
+            raise ModeError("service mode needs a request or a plan")
+        agents = kw.pop("agents", None) or self.agent_provider()
+        return [self._session(task, "service", request=request, agents=agents, ask_new_requests=False, **kw)]

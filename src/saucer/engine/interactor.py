@@ -1,0 +1,100 @@
+"""How a session talks to its user: the :class:`Interactor` protocol and a non-interactive default.
+
+The engine never waits on a terminal itself. The CLI provides a rich
+implementation; without a terminal (CI, pipes, services) the
+:class:`NonInteractiveInteractor` answers with documented defaults:
+
+=========================  ===========================================
+method                     non-interactive answer
+=========================  ===========================================
+``first_request()``        the next queued request, else None (no request)
+``new_request()``          the next queued request, else None (finish)
+``experience_asker()``     False (do not save)
+``question_asker(q, i)``   "" (no answer)
+``sensitive_step_asker``   ``assume_yes`` (False unless ``--yes``)
+=========================  ===========================================
+
+Methods may be plain or ``async``. An interactor whose plain methods block
+(reading a terminal) sets ``blocking = True`` so the engine calls them in a
+worker thread and other sessions keep running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from typing import Any, Awaitable, Iterable, Protocol, runtime_checkable
+
+__all__ = ["Interactor", "NonInteractiveInteractor", "ask"]
+
+
+@runtime_checkable
+class Interactor(Protocol):
+    """The user side of a session. Each method may also be ``async``."""
+
+    def first_request(self) -> str | None | Awaitable[str | None]:
+        """The first request of a session; None or "" means there is none."""
+        ...
+
+    def new_request(self) -> str | None | Awaitable[str | None]:
+        """The next request; None (the user typed N) finishes the session."""
+        ...
+
+    def experience_asker(self) -> bool | Awaitable[bool]:
+        """Whether to save this successful session as a replayable plan."""
+        ...
+
+    def question_asker(self, question: str, index: int) -> str | Awaitable[str]:
+        """An answer to an agent's question (the ``index``-th of the session)."""
+        ...
+
+    def sensitive_step_asker(self, action: str, target: str) -> bool | Awaitable[bool]:
+        """Whether a sensitive action on ``target`` may run (the safe answer is no)."""
+        ...
+
+
+class NonInteractiveInteractor:
+    """Never waits for input: queued requests, then the documented defaults."""
+
+    blocking = False
+
+    def __init__(self, assume_yes: bool = False, requests: Iterable[str] = ()) -> None:
+        self.assume_yes = assume_yes
+        self._requests: deque[str] = deque(requests)
+
+    def first_request(self) -> str | None:
+        return self._requests.popleft() if self._requests else None
+
+    def new_request(self) -> str | None:
+        return self._requests.popleft() if self._requests else None
+
+    def experience_asker(self) -> bool:
+        return False
+
+    def question_asker(self, question: str, index: int) -> str:
+        return ""
+
+    def sensitive_step_asker(self, action: str, target: str) -> bool:
+        return self.assume_yes
+
+
+_DEFAULT = NonInteractiveInteractor()
+
+
+async def ask(interactor: Any, method: str, *args: Any) -> Any:
+    """Call ``interactor.method(*args)``: awaited if async, in a thread if ``blocking``.
+
+    A missing interactor or method gives the non-interactive default.
+    """
+    target = interactor if interactor is not None else _DEFAULT
+    fn = getattr(target, method, None)
+    if fn is None:
+        fn = getattr(_DEFAULT, method)
+    if getattr(target, "blocking", False) and not inspect.iscoroutinefunction(fn):
+        result = await asyncio.to_thread(fn, *args)
+    else:
+        result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result

@@ -1,0 +1,385 @@
+"""Per-session log files and the one schema their writers and readers share.
+
+Every session writes under ``LOG_PATH = <logs.root>/<task>/<session_id>/``:
+
+- ``response.log``: JSONL, one :class:`StepRecord` per committed step;
+- ``request.log``: JSONL, one :class:`RequestLogEntry` per model call (LLM agents);
+- ``evaluation.log``: JSONL, one :class:`EvaluationLogEntry` per evaluation;
+- ``session.log``: free text from ``context.get(ContextNames.LOGGER)``;
+- ``output.md``: a readable timeline, when ``system.log_to_markdown`` is on;
+- ``experience.json``: the session as a replayable plan, when saved.
+
+A new session never writes into an old run's folder (a taken folder gets a
+``-2``, ``-3``... suffix). A resumed session continues its own files; a step
+is logged only after it is committed, so no step appears twice. Files are
+opened lazily and kept open for the session's lifetime.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any, Iterator, Mapping
+
+import orjson
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+__all__ = [
+    "StepRecord",
+    "RequestLogEntry",
+    "EvaluationLogEntry",
+    "SessionLogs",
+    "read_step_log",
+    "read_request_log",
+    "read_evaluation_log",
+    "log_dir_for",
+    "slug",
+    "RESPONSE_LOG",
+    "REQUEST_LOG",
+    "EVALUATION_LOG",
+    "MARKDOWN_LOG",
+    "TEXT_LOG",
+    "EXPERIENCE_FILE",
+]
+
+RESPONSE_LOG = "response.log"
+REQUEST_LOG = "request.log"
+EVALUATION_LOG = "evaluation.log"
+MARKDOWN_LOG = "output.md"
+TEXT_LOG = "session.log"
+EXPERIENCE_FILE = "experience.json"
+
+
+def _json_default(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if dump is not None:
+        return dump(mode="json")
+    return str(value)
+
+
+def dumps(value: Any) -> bytes:
+    """JSON bytes (``orjson``); objects that are not JSON become strings."""
+    return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One agent step: the line in ``response.log`` and the ``meta`` of the step's event.
+
+    ``step`` counts steps in the round and ``session_step`` in the session
+    (both 1-based, equal to ``CURRENT_ROUND_STEP``/``SESSION_STEP`` after the
+    step). ``commands``/``results`` are the JSON forms of
+    :class:`~saucer.dispatch.messages.Command`/``Result``. ``cost`` is None
+    when unknown. ``timings`` holds ``handle_ms``, ``commit_ms`` and ``total_ms``.
+    """
+
+    session_id: str
+    round: int
+    step: int
+    session_step: int
+    agent: str
+    state: str
+    status: str = ""
+    next_agent: str | None = None
+    next_state: str | None = None
+    subtask: str = ""
+    subtask_index: int = 0
+    plan_index: int | None = None
+    commands: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    cost: float | None = 0.0
+    error: str | None = None
+    started_at: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    version: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a plain dict (no copies of nested values)."""
+        return {name: getattr(self, name) for name in _STEP_FIELDS}
+
+    def to_meta(self) -> dict[str, Any]:
+        """The compact form stored in the step's event ``meta``: fields at their defaults are left out.
+
+        ``session_id``, ``version`` and ``timings`` are not known or not needed
+        there; :meth:`from_dict` restores the defaults.
+        """
+        meta: dict[str, Any] = {
+            "round": self.round,
+            "step": self.step,
+            "session_step": self.session_step,
+            "agent": self.agent,
+            "state": self.state,
+            "status": self.status,
+            "next_agent": self.next_agent,
+            "next_state": self.next_state,
+            "subtask_index": self.subtask_index,
+            "started_at": self.started_at,
+        }
+        if self.subtask:
+            meta["subtask"] = self.subtask
+        if self.plan_index is not None:
+            meta["plan_index"] = self.plan_index
+        if self.commands:
+            meta["commands"] = self.commands
+            meta["results"] = self.results
+        if self.cost != 0.0:
+            meta["cost"] = self.cost
+        if self.error is not None:
+            meta["error"] = self.error
+        if self.extra:
+            meta["extra"] = self.extra
+        return meta
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], session_id: str = "") -> "StepRecord":
+        """Validate a dict (a log line, or an event's ``meta`` plus its ``session_id``) into a record."""
+        fields_ = {k: v for k, v in data.items() if k in _STEP_FIELD_SET}
+        fields_.setdefault("session_id", session_id)
+        return _STEP_ADAPTER.validate_python(fields_)
+
+
+_STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
+_STEP_FIELD_SET = frozenset(_STEP_FIELDS)
+_STEP_ADAPTER = TypeAdapter(StepRecord)
+
+
+class RequestLogEntry(BaseModel):
+    """One model call, as LLM agents log it to ``request.log`` (never an API key)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    round: int | None = None
+    step: int | None = None
+    agent: str = ""
+    model: str = ""
+    prompt: Any = None
+    response: Any = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost: float | None = None
+    latency_ms: float | None = None
+    error: str | None = None
+    timestamp: float = 0.0
+
+
+class EvaluationLogEntry(BaseModel):
+    """One evaluation's verdict, as written to ``evaluation.log``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scope: str
+    round: int | None = None
+    evaluator: str = ""
+    complete: str = "unsure"
+    reason: str = ""
+    sub_scores: dict[str, Any] = {}
+    cost: float | None = 0.0
+    timestamp: float = 0.0
+
+
+def read_step_log(path: str | Path) -> Iterator[StepRecord]:
+    """The records of a ``response.log`` (or of the folder holding one), in order."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESPONSE_LOG
+    with path.open("rb") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield _STEP_ADAPTER.validate_json(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not a step record ({exc})") from None
+
+
+def _read_models(path: Path, name: str, model: type[BaseModel]) -> Iterator[Any]:
+    if path.is_dir():
+        path = path / name
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for line in fh:
+            if line.strip():
+                yield model.model_validate_json(line)
+
+
+def read_request_log(path: str | Path) -> Iterator[RequestLogEntry]:
+    """The entries of a ``request.log`` (or of the folder holding one)."""
+    return _read_models(Path(path), REQUEST_LOG, RequestLogEntry)
+
+
+def read_evaluation_log(path: str | Path) -> Iterator[EvaluationLogEntry]:
+    """The entries of an ``evaluation.log`` (or of the folder holding one)."""
+    return _read_models(Path(path), EVALUATION_LOG, EvaluationLogEntry)
+
+
+_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def slug(text: str, limit: int = 60) -> str:
+    """A file-name-safe version of ``text`` (never empty, never ``.`` or ``..``)."""
+    out = _SLUG.sub("_", text.strip()).strip("._")[:limit]
+    return out or "task"
+
+
+def log_dir_for(root: str | Path, task: str, session_id: str) -> Path:
+    """``root/<task>/<session_id>`` (names made file-system safe)."""
+    return Path(root) / slug(task) / slug(session_id, 120)
+
+
+class _LineHandler(logging.Handler):
+    """Writes each record's message as one line to a lazily opened file."""
+
+    def __init__(self, logs: "SessionLogs", name: str) -> None:
+        super().__init__()
+        self._logs = logs
+        self._name = name
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if self._name == TEXT_LOG:
+                msg = f"{record.levelname} {msg}"
+            self._logs.write_line(self._name, msg)
+        except Exception:  # noqa: BLE001 - logging must never break a session
+            self.handleError(record)
+
+
+class SessionLogs:
+    """The files of one session; handles open on first write and stay open until :meth:`close`."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._files: dict[str, IO[bytes]] = {}
+        self._loggers: dict[str, logging.Logger] = {}
+
+    @classmethod
+    def create(cls, root: str | Path, task: str, session_id: str) -> "SessionLogs":
+        """A fresh folder for a new session (suffixed if a previous run used the name)."""
+        base = log_dir_for(root, task, session_id)
+        path = base
+        n = 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        path.mkdir(parents=True)
+        return cls(path.resolve())
+
+    @classmethod
+    def reopen(cls, path: str | Path) -> "SessionLogs":
+        """The folder of a session being resumed (its files are appended to)."""
+        p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        return cls(p)
+
+    @classmethod
+    def disabled(cls) -> "SessionLogs":
+        """Logs that write nothing."""
+        return cls(None)
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+    def _file(self, name: str) -> IO[bytes] | None:
+        fh = self._files.get(name)
+        if fh is None:
+            if self.path is None:
+                return None
+            fh = self._files[name] = open(self.path / name, "ab", buffering=0)  # noqa: SIM115 - kept open
+        return fh
+
+    def write_line(self, name: str, text: str | bytes) -> None:
+        """Append one line to ``name``."""
+        fh = self._files.get(name) or self._file(name)
+        if fh is None:
+            return
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        fh.write(data + b"\n")
+
+    def write_step(self, record: StepRecord | dict[str, Any]) -> None:
+        """One line of ``response.log``."""
+        if self.path is None:
+            return
+        data = record.to_dict() if isinstance(record, StepRecord) else record
+        self.write_line(RESPONSE_LOG, dumps(data))
+
+    def write_request(self, entry: RequestLogEntry | dict[str, Any]) -> None:
+        """One line of ``request.log``."""
+        if self.path is None:
+            return
+        model = entry if isinstance(entry, RequestLogEntry) else RequestLogEntry.model_validate(entry)
+        self.write_line(REQUEST_LOG, model.model_dump_json())
+
+    def write_evaluation(self, entry: EvaluationLogEntry | dict[str, Any]) -> None:
+        """One line of ``evaluation.log``."""
+        if self.path is None:
+            return
+        model = entry if isinstance(entry, EvaluationLogEntry) else EvaluationLogEntry.model_validate(entry)
+        self.write_line(EVALUATION_LOG, model.model_dump_json())
+
+    def logger(self, name: str) -> logging.Logger:
+        """A logger writing each message as a line of ``name`` (not registered globally)."""
+        logger = self._loggers.get(name)
+        if logger is None:
+            # logging.Logger() directly: getLogger() would keep every session's logger forever.
+            logger = logging.Logger(f"saucer.session.{name}", level=logging.DEBUG)
+            logger.propagate = False
+            if self.path is not None:
+                logger.addHandler(_LineHandler(self, name))
+            else:
+                logger.addHandler(logging.NullHandler())
+            self._loggers[name] = logger
+        return logger
+
+    def write_markdown(self, text: str) -> None:
+        """Write ``output.md`` (replacing an older one: it is rendered from the whole log)."""
+        if self.path is not None:
+            (self.path / MARKDOWN_LOG).write_text(text, encoding="utf-8")
+
+    def close(self) -> None:
+        """Close every open file. Idempotent."""
+        for fh in self._files.values():
+            try:
+                fh.close()
+            except OSError:
+                pass
+        self._files.clear()
+        for logger in self._loggers.values():
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+        self._loggers.clear()
+
+
+def render_markdown(title: str, records: list[StepRecord], summary: dict[str, Any]) -> str:
+    """A readable ``output.md``: the steps of each round, then the summary."""
+    lines = [f"# {title}", ""]
+    current = None
+    for rec in records:
+        if rec.round != current:
+            current = rec.round
+            lines += ["", f"## Round {rec.round}", ""]
+        head = f"- **step {rec.step}** `{rec.agent}` [{rec.state} → {rec.status}]"
+        if rec.subtask:
+            head += f" {rec.subtask}"
+        if rec.cost:
+            head += f" (cost {rec.cost:.4f})"
+        lines.append(head)
+        for i, cmd in enumerate(rec.commands):
+            res = rec.results[i] if i < len(rec.results) else {}
+            status = res.get("status", "-")
+            detail = res.get("error") or res.get("result")
+            shown = detail if isinstance(detail, str) else dumps(detail).decode()
+            text = "" if detail in (None, "") else f" → {shown[:200]}"
+            params = dumps(cmd.get("parameters", {})).decode()[:200]
+            lines.append(f"  - `{cmd.get('tool_name')}` {params}: **{status}**{text}")
+        if rec.error:
+            lines.append(f"  - error: {rec.error}")
+    lines += ["", "## Summary", ""]
+    for key, value in summary.items():
+        lines.append(f"- {key}: {value}")
+    lines.append("")
+    return "\n".join(lines)

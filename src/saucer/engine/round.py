@@ -1,0 +1,341 @@
+"""A round: one request, driven through the agents' state machine step by step.
+
+Each step::
+
+    handle (agent.state.handle)  →  choose next state and agent (states or graph)
+      →  ledger (SESSION_STEP, ROUND_STEP, cost, subtasks) + structural log entry
+      →  ONE commit: the step's Context changes + its StepRecord + the cursor
+      →  response.log line, observer.on_step
+
+So after a crash either all of a step is in the store (its changes, its cost,
+its record and where to continue) or none of it. The round ends when the
+current state's ``is_round_end()`` holds, when the graph terminates, when
+the session's ``max_step`` is reached, or on an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from saucer.context.names import ContextNames
+from saucer.engine.agent import Agent, AgentSet, AgentState, AgentStatus
+from saucer.engine.errors import GraphError
+from saucer.engine.logs import StepRecord
+from saucer.engine.routing import (
+    AgentTarget,
+    RevertToInitiator,
+    RouteInput,
+    StayTarget,
+    Terminate,
+    TransitionGraph,
+)
+
+if TYPE_CHECKING:
+    from saucer.engine.plan import PlanStep
+    from saucer.engine.session import Session
+
+__all__ = ["Round", "RoundResult", "RoundStatus"]
+
+_SESSION_STEP = ContextNames.SESSION_STEP
+_ROUND_STEP = ContextNames.CURRENT_ROUND_STEP
+_SESSION_COST = ContextNames.SESSION_COST
+_ROUND_COST = ContextNames.CURRENT_ROUND_COST
+_ROUND_SUBTASKS = ContextNames.CURRENT_ROUND_SUBTASK_AMOUNT
+_SUBTASK = ContextNames.SUBTASK
+_perf = time.perf_counter
+_now = time.time
+
+
+class RoundStatus:
+    """How a round ended."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    ERROR = "error"
+    STOPPED = "stopped"  # the session's max_step was reached
+
+
+@dataclass(slots=True)
+class RoundResult:
+    """The outcome of one round."""
+
+    round_id: int
+    status: str
+    steps: int = 0
+    cost: float | None = 0.0
+    reason: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == RoundStatus.FINISHED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round_id,
+            "status": self.status,
+            "steps": self.steps,
+            "cost": self.cost,
+            "reason": self.reason,
+            "error": self.error,
+        }
+
+
+_STATUS_OF_STATE = {
+    AgentStatus.FINISH.value: RoundStatus.FINISHED,
+    AgentStatus.FAIL.value: RoundStatus.FAILED,
+    AgentStatus.ERROR.value: RoundStatus.ERROR,
+}
+
+
+class Round:
+    """One request's worth of steps. Created by :meth:`Session.create_new_round`."""
+
+    def __init__(
+        self,
+        session: "Session",
+        round_id: int,
+        request: str,
+        agents: AgentSet,
+        *,
+        plan_index: int | None = None,
+        plan_step: "PlanStep | str | None" = None,
+        start_agent: str | None = None,
+        start_state: str | None = None,
+    ) -> None:
+        self.session = session
+        self.id = round_id
+        self.request = request
+        self.agent_set = agents
+        self.plan_index = plan_index
+        self.plan_step = plan_step
+        graph = agents.graph
+        if graph is not None and not isinstance(graph, TransitionGraph):
+            graph = TransitionGraph.from_dict(graph)  # UnknownConditionError fails this session only
+        self.graph: TransitionGraph | None = graph
+        self.turns = 0
+        self.steps = 0
+        self.cost: float | None = 0.0
+        self.terminated: str | None = None
+        initial = start_agent or (graph.initial_agent if graph is not None else agents.initial)
+        if initial not in agents.by_name:
+            raise GraphError(
+                f"round {round_id}: agent {initial!r} is not one of {', '.join(agents.by_name)}"
+            )
+        for agent in agents.agents:
+            agent.reset()
+            agent.round = self
+            agent.on_round_start(self)
+        self.agent: Agent = agents.by_name[initial]
+        if start_state is not None:
+            self.agent.status = start_state
+            self.agent.set_state(self.agent.state_for(start_state))
+
+    @property
+    def state(self) -> AgentState:
+        return self.agent.state
+
+    def is_finished(self) -> bool:
+        """The current state ends the round, or the session's step limit is reached."""
+        return self.agent.state.is_round_end() or self.session.limits.step_reached(self.session.session_step)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> RoundResult:
+        """Step until the round ends; return how it ended."""
+        session = self.session
+        ctx = session.context
+        logs = session.logs
+        notify = session._notify
+        has_on_step = notify.has("on_step")
+        limits = session.limits
+        sleep_time = session.settings.system.sleep_time
+        graph = self.graph
+        agent = self.agent
+        state = agent.state
+        rid = self.id
+        sid = session.session_id
+        plan_index = self.plan_index
+        subtask_amount = ctx.current_round_subtask_amount
+        round_step = ctx.current_round_step
+        reason = ""
+        while True:
+            if state.is_round_end():
+                break
+            if self.terminated is not None:
+                break
+            if limits.step_reached(session.session_step):
+                return await self._end(RoundStatus.STOPPED, f"max_step ({limits.max_step}) reached")
+            session._check_lease()
+            round_step += 1
+            session_step = session.session_step + 1
+            state_name = state.name()
+            record = StepRecord(
+                sid, rid, round_step, session_step, agent.name, state_name,
+                subtask_index=subtask_amount, plan_index=plan_index, started_at=_now(),
+            )
+            agent.step = record
+            t0 = _perf()
+            try:
+                await state.handle(agent, ctx)
+                t1 = _perf()
+                record.status = agent.status
+                if not record.subtask:
+                    record.subtask = ctx.get(_SUBTASK)
+                next_state = state.next_state(agent)
+                next_agent, next_state = self._route(agent, next_state, record)
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                agent.step = None
+                raise
+            except Exception as exc:  # noqa: BLE001 - one failed step fails this round, not the process
+                agent.step = None
+                return await self._step_failed(agent, record, exc, t0)
+            agent.step = None
+            record.next_agent = next_agent.name
+            record.next_state = next_state.name()
+            # The round's ledger, in the same commit as the step.
+            ctx.incr(_SESSION_STEP)
+            ctx.incr(_ROUND_STEP)
+            cost = record.cost
+            if cost is None:
+                self.cost = None
+                session._unknown_cost = True
+            elif cost:
+                ctx.incr(_SESSION_COST, cost)
+                ctx.incr(_ROUND_COST, cost)
+                if self.cost is not None:
+                    self.cost += cost
+            if next_state.is_subtask_end():
+                ctx.incr(_ROUND_SUBTASKS)
+            if session.structural_logs:
+                ctx.add_to_structural_logs(_structural_entry(record))
+            meta = record.to_meta()
+            meta["kind"] = "step"
+            meta["session_status"] = "running"
+            meta["cursor"] = session._cursor("step", rid, plan_index, next_agent.name, record.next_state)
+            t2 = _perf()
+            record.version = ctx.commit_step(author=agent.name, round=rid, step=session_step, meta=meta)
+            t3 = _perf()
+            record.timings = {
+                "handle_ms": (t1 - t0) * 1000.0,
+                "commit_ms": (t3 - t2) * 1000.0,
+                "total_ms": (t3 - t0) * 1000.0,
+            }
+            session.session_step = session_step
+            self.steps += 1
+            if next_state.is_subtask_end():
+                subtask_amount += 1
+                session._subtask_end(self, agent)
+            if session._run_rounds and record.commands:
+                session._remember_commands(record)
+            logs.write_step(record)
+            if has_on_step:
+                await notify("on_step", session, record)
+            # Apply the decision only now that it is committed.
+            if next_agent is not agent:
+                agent = next_agent
+            agent.set_state(next_state)
+            state = next_state
+            self.agent = agent
+            if sleep_time:
+                await asyncio.sleep(sleep_time)
+            elif not (session_step & 31):
+                await asyncio.sleep(0)  # let other sessions of a pool run
+        if self.terminated is not None:
+            return await self._end(RoundStatus.FINISHED, self.terminated)
+        status = _STATUS_OF_STATE.get(state.name(), RoundStatus.FINISHED)
+        if agent.round_result:
+            reason = agent.round_result
+        elif status != RoundStatus.FINISHED:
+            reason = f"agent {agent.name!r} ended in state {state.name()}"
+        return await self._end(status, reason)
+
+    def _route(self, agent: Agent, next_state: AgentState, record: StepRecord) -> tuple[Agent, AgentState]:
+        """The agent and state of the next step."""
+        graph = self.graph
+        if graph is None:
+            nxt = agent.state.next_agent(agent)
+            if nxt is agent:
+                return agent, next_state
+            name = next_state.name()
+            return nxt, (next_state if nxt.states is agent.states else nxt.state_for(name))
+        if next_state.is_round_end() and next_state.name() == AgentStatus.ERROR.value:
+            return agent, next_state  # an error ends the round whatever the graph says
+        tools = tuple(c["tool_name"] for c in record.commands)
+        target = graph.route(RouteInput(self.session.context, agent.name, tools, self.turns))
+        self.turns += 1
+        if isinstance(target, StayTarget):
+            return agent, next_state
+        if isinstance(target, Terminate):
+            self.terminated = target.reason or "terminated by the transition graph"
+            return agent, agent.state_for(AgentStatus.FINISH)
+        if isinstance(target, AgentTarget):
+            nxt = self.agent_set.by_name.get(target.name)
+            if nxt is None:
+                raise GraphError(
+                    f"the transition graph routes to agent {target.name!r}, which is not one of "
+                    f"{', '.join(self.agent_set.by_name)}"
+                )
+        elif isinstance(target, RevertToInitiator):
+            nxt = agent.host or self.agent_set.by_name[graph.initial_agent]
+        else:
+            raise GraphError(f"the round does not know how to go to target {target!r}")
+        if nxt is agent:
+            return agent, next_state
+        nxt.host = agent
+        nxt.status = nxt.initial_status
+        return nxt, nxt.state_for(nxt.initial_status)
+
+    async def _step_failed(self, agent: Agent, record: StepRecord, exc: BaseException, t0: float) -> RoundResult:
+        """A step raised: discard its changes, commit a record of the failure, end the round with an error."""
+        session = self.session
+        ctx = session.context
+        message = f"{type(exc).__name__}: {exc}"
+        if ctx.store is not None and ctx.durability != "exit":
+            ctx.rollback()  # in ``exit`` mode that would also drop the earlier, uncommitted steps
+        record.status = AgentStatus.ERROR.value
+        record.error = message
+        ctx.incr(_SESSION_STEP)
+        ctx.incr(_ROUND_STEP)
+        error_state = agent.state_for(AgentStatus.ERROR)
+        record.next_agent = agent.name
+        record.next_state = error_state.name()
+        meta = record.to_meta()
+        meta["kind"] = "step"
+        meta["session_status"] = "running"
+        meta["cursor"] = session._cursor("step", self.id, self.plan_index, agent.name, error_state.name())
+        record.version = ctx.commit_step(author=agent.name, round=self.id, step=record.session_step, meta=meta)
+        record.timings = {"total_ms": (_perf() - t0) * 1000.0}
+        session.session_step = record.session_step
+        self.steps += 1
+        agent.set_state(error_state)
+        session.logs.write_step(record)
+        await session._notify("on_step", session, record)
+        return await self._end(RoundStatus.ERROR, f"step {record.step} of agent {agent.name!r} failed", error=message)
+
+    async def _end(self, status: str, reason: str, error: str | None = None) -> RoundResult:
+        return RoundResult(self.id, status, self.steps, self.cost, reason, error)
+
+
+def _structural_entry(record: StepRecord) -> dict[str, Any]:
+    entry = {
+        "Round": record.round,
+        "SubtaskIndex": record.subtask_index,
+        "Step": record.step,
+        "Agent": record.agent,
+        "State": record.state,
+        "Status": record.status,
+    }
+    if record.cost != 0.0:
+        entry["Cost"] = record.cost
+    if record.subtask:
+        entry["Subtask"] = record.subtask
+    if record.commands:
+        entry["Commands"] = [c["tool_name"] for c in record.commands]
+        entry["Results"] = [r.get("status") for r in record.results]
+    if record.extra:
+        entry.update(record.extra)
+    return entry

@@ -1,0 +1,93 @@
+"""Bearer tokens for service mode.
+
+Each token has a name, the *principal*: sessions belong to the principal that
+submitted them, device ids to the principal that first registered them. Tokens
+come from configuration or from ``SAUCER_SERVICE_TOKENS``, written as
+``name=token`` pairs separated by commas (a bare ``token`` is named
+``token-<first 12 hex digits of its SHA-256>``, stable across restarts so that
+ownership survives them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping
+
+TOKENS_ENV = "SAUCER_SERVICE_TOKENS"
+"""Environment variable holding the server's tokens (``name=token,name2=token2``)."""
+
+MIN_TOKEN_LENGTH = 16
+"""Shorter tokens are refused: they can be guessed."""
+
+
+class TokenConfigError(ValueError):
+    """The configured tokens are unusable (none, too short, duplicated names)."""
+
+
+def parse_tokens(spec: str) -> dict[str, str]:
+    """Parse ``name=token,token2`` into ``{principal: token}``; raise :class:`TokenConfigError` on bad input."""
+    tokens: dict[str, str] = {}
+    for position, item in enumerate(spec.split(","), start=1):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, token = item.partition("=")
+        if not sep:
+            name, token = default_principal(item), item
+        name, token = name.strip(), token.strip()
+        if not name or not token:
+            raise TokenConfigError(f"{TOKENS_ENV} entry {position} is empty on one side of '='")
+        if name in tokens:
+            raise TokenConfigError(f"{TOKENS_ENV} names principal {name!r} twice")
+        tokens[name] = token
+    return tokens
+
+
+def default_principal(token: str) -> str:
+    """The principal name of a token given without a name."""
+    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def tokens_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Tokens from ``SAUCER_SERVICE_TOKENS`` (empty if unset)."""
+    return parse_tokens((environ if environ is not None else os.environ).get(TOKENS_ENV, ""))
+
+
+class TokenAuthenticator:
+    """Maps a presented bearer token to its principal in constant time per configured token."""
+
+    def __init__(self, tokens: Mapping[str, str]) -> None:
+        if not tokens:
+            raise TokenConfigError(
+                f"service mode needs at least one token: set {TOKENS_ENV}=name=token or pass tokens in the config"
+            )
+        short = [name for name, token in tokens.items() if len(token) < MIN_TOKEN_LENGTH]
+        if short:
+            raise TokenConfigError(
+                f"tokens of {', '.join(sorted(short))} are shorter than {MIN_TOKEN_LENGTH} characters"
+            )
+        # Compare digests so every comparison has the same length.
+        self._digests = [(name, hashlib.sha256(token.encode()).digest()) for name, token in tokens.items()]
+
+    def principal(self, presented: str | None) -> str | None:
+        """The principal whose token is ``presented``, or None."""
+        if not presented:
+            return None
+        digest = hashlib.sha256(presented.encode()).digest()
+        found: str | None = None
+        for name, expected in self._digests:
+            # No early exit: the time taken does not depend on which token matched.
+            if hmac.compare_digest(digest, expected):
+                found = name
+        return found
+
+    def from_header(self, authorization: str | None) -> str | None:
+        """The principal for an ``Authorization: Bearer <token>`` header value, or None."""
+        if not authorization:
+            return None
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        return self.principal(token.strip())

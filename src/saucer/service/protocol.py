@@ -1,0 +1,385 @@
+"""Wire protocol of service mode: JSON frames over one WebSocket.
+
+Every frame is a JSON object with a ``type`` discriminator and a
+``protocol_version``. Frames are pydantic models; :func:`parse_frame` turns raw
+text or bytes into exactly one of them or raises :class:`ProtocolError` with a
+machine-readable ``code`` and a message that says what was wrong and where.
+:func:`encode_frame` never sends null fields.
+
+Conversation (``→`` client/device to server, ``←`` server to client/device)::
+
+    → register             ← registered            (or ← error, then close)
+    → heartbeat            ← heartbeat_ack
+    → task                 ← task_accepted (session_id), later ← task_end
+    ← command              → command_results      (prev_response_id = response_id)
+    ← device_info_request  → device_info_response
+    ↔ error                (code, message, ref)
+
+A malformed, unknown or misplaced frame is answered with an ``error`` frame
+and the connection stays up. Unlike UFO's AIP, a heartbeat is never an
+acknowledgement of anything else, and every ``command`` gets exactly one
+``command_results`` with one result per command, in order.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal, Union
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from saucer.dispatch.messages import Command, Result, ResultStatus
+
+PROTOCOL_VERSION = 1
+"""Version of this wire protocol; a peer speaking another version is refused."""
+
+DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
+"""Default largest frame (in UTF-8 bytes) a peer accepts."""
+
+
+class ErrorCode:
+    """The ``code`` values of ``error`` frames and :class:`ProtocolError`."""
+
+    FRAME_TOO_LARGE = "frame_too_large"
+    MALFORMED_JSON = "malformed_json"
+    NOT_AN_OBJECT = "not_an_object"
+    MISSING_TYPE = "missing_type"
+    UNKNOWN_TYPE = "unknown_type"
+    INVALID_FRAME = "invalid_frame"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNEXPECTED_FRAME = "unexpected_frame"
+    NOT_REGISTERED = "not_registered"
+    ALREADY_REGISTERED = "already_registered"
+    UNAUTHORIZED = "unauthorized"
+    DEVICE_OWNED = "device_owned"
+    UNKNOWN_RESPONSE = "unknown_response"
+    SESSION_MISMATCH = "session_mismatch"
+    RESULTS_MISMATCH = "results_mismatch"
+    UNKNOWN_DEVICE = "unknown_device"
+    DEVICE_OFFLINE = "device_offline"
+    INVALID_TASK = "invalid_task"
+    SUPERSEDED = "superseded"
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    SHUTTING_DOWN = "shutting_down"
+    INTERNAL = "internal_error"
+
+
+class ProtocolError(Exception):
+    """A frame that cannot be accepted; ``code`` is one of :class:`ErrorCode`."""
+
+    def __init__(self, code: str, message: str, ref: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.ref = ref
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+class PlanCommand(BaseModel):
+    """One command of a plan step; the runner assigns its ``call_id``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool_name: str = Field(min_length=1)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    tool_type: Literal["action", "data_collection"] = "action"
+
+
+class PlanStep(BaseModel):
+    """One step of a plan: a subtask and the commands that carry it out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    subtask: str = ""
+    commands: list[PlanCommand] = Field(default_factory=list)
+    timeout: float | None = Field(default=None, gt=0, description="seconds for this step's batch")
+
+
+class TaskSpec(BaseModel):
+    """A task submitted to a device: a request and, for the plan runner, its steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(min_length=1)
+    steps: list[PlanStep] = Field(default_factory=list)
+    timeout: float | None = Field(default=None, gt=0, description="default seconds per step batch")
+
+
+# -------------------------------------------------------------------------- frames
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class RegisterFrame(_Frame):
+    """First frame of a connection: who is speaking and in which role.
+
+    ``inflight`` lists the ``response_id`` s a reconnecting device is still
+    working on or holds results for; the server fails every other command it
+    had sent to that device, at once, instead of waiting for a reply that will
+    never come.
+    """
+
+    type: Literal["register"] = "register"
+    role: Literal["device", "client"] = "device"
+    client_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@-]+$")
+    info: dict[str, Any] = Field(default_factory=dict)
+    inflight: list[str] = Field(default_factory=list, max_length=10_000)
+
+
+class RegisteredFrame(_Frame):
+    """The server accepted a registration."""
+
+    type: Literal["registered"] = "registered"
+    client_id: str
+    role: Literal["device", "client"]
+    server_instance: str
+    heartbeat_interval: float
+    max_frame_bytes: int
+
+
+class HeartbeatFrame(_Frame):
+    """Liveness signal from a device or client; answered by ``heartbeat_ack``."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    sent_at: float | None = None
+
+
+class HeartbeatAckFrame(_Frame):
+    """Answer to a heartbeat; acknowledges nothing else."""
+
+    type: Literal["heartbeat_ack"] = "heartbeat_ack"
+    sent_at: float | None = None
+
+
+class TaskFrame(_Frame):
+    """Ask the server to run ``task`` on ``target_device_id`` (a device: itself by default)."""
+
+    type: Literal["task"] = "task"
+    task: TaskSpec
+    target_device_id: str | None = None
+    request_id: str | None = Field(default=None, max_length=200)
+
+
+class TaskAcceptedFrame(_Frame):
+    """A task became session ``session_id``, owned by the submitter."""
+
+    type: Literal["task_accepted"] = "task_accepted"
+    session_id: str
+    device_id: str
+    request_id: str | None = None
+
+
+class CommandFrame(_Frame):
+    """A batch of commands for a device; answered by one ``command_results``."""
+
+    type: Literal["command"] = "command"
+    response_id: str = Field(min_length=1)
+    session_id: str
+    commands: list[Command]
+    timeout: float = Field(gt=0)
+
+
+class CommandResultsFrame(_Frame):
+    """One result per command of the ``command`` frame ``prev_response_id``, in order."""
+
+    type: Literal["command_results"] = "command_results"
+    prev_response_id: str = Field(min_length=1)
+    session_id: str
+    results: list[Result]
+
+
+class TaskEndFrame(_Frame):
+    """A session ended; sent to the connection that submitted it, if still there."""
+
+    type: Literal["task_end"] = "task_end"
+    session_id: str
+    status: Literal["completed", "failed", "cancelled"]
+    results: list[Any] = Field(default_factory=list)
+    error: str | None = None
+
+
+class DeviceInfoRequestFrame(_Frame):
+    """Ask for a device's description (server → device, or client → server)."""
+
+    type: Literal["device_info_request"] = "device_info_request"
+    request_id: str = Field(min_length=1, max_length=200)
+    device_id: str | None = None
+
+
+class DeviceInfoResponseFrame(_Frame):
+    """A device's description, answering ``device_info_request`` ``request_id``."""
+
+    type: Literal["device_info_response"] = "device_info_response"
+    request_id: str = Field(min_length=1, max_length=200)
+    device_id: str | None = None
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorFrame(_Frame):
+    """Something the peer sent was refused; ``ref`` names the id it refers to."""
+
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    ref: str | None = None
+
+
+Frame = Annotated[
+    Union[
+        RegisterFrame,
+        RegisteredFrame,
+        HeartbeatFrame,
+        HeartbeatAckFrame,
+        TaskFrame,
+        TaskAcceptedFrame,
+        CommandFrame,
+        CommandResultsFrame,
+        TaskEndFrame,
+        DeviceInfoRequestFrame,
+        DeviceInfoResponseFrame,
+        ErrorFrame,
+    ],
+    Field(discriminator="type"),
+]
+"""Any frame of the protocol, discriminated by ``type``."""
+
+_FRAME_ADAPTER: TypeAdapter[Any] = TypeAdapter(Frame)
+FRAME_TYPES: frozenset[str] = frozenset(
+    model.model_fields["type"].default
+    for model in (
+        RegisterFrame,
+        RegisteredFrame,
+        HeartbeatFrame,
+        HeartbeatAckFrame,
+        TaskFrame,
+        TaskAcceptedFrame,
+        CommandFrame,
+        CommandResultsFrame,
+        TaskEndFrame,
+        DeviceInfoRequestFrame,
+        DeviceInfoResponseFrame,
+        ErrorFrame,
+    )
+)
+"""Every ``type`` value this version of the protocol knows."""
+
+
+def frame_size(data: bytes | str) -> int:
+    """Size of a raw frame in bytes as it travels (UTF-8 for text)."""
+    return len(data) if isinstance(data, (bytes, bytearray)) else len(data.encode("utf-8"))
+
+
+def parse_frame(data: bytes | str, *, max_bytes: int | None = DEFAULT_MAX_FRAME_BYTES) -> Any:
+    """Parse one raw frame into its model; raise :class:`ProtocolError` if it is not acceptable.
+
+    The checks go from cheap to expensive: size, JSON, object shape, ``type``,
+    ``protocol_version``, then the fields of that frame type (the error names
+    the field path, e.g. ``commands.0.tool_name``).
+    """
+    if max_bytes is not None:
+        size = frame_size(data)
+        if size > max_bytes:
+            raise ProtocolError(ErrorCode.FRAME_TOO_LARGE, f"frame of {size} bytes exceeds the limit of {max_bytes} bytes")
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(ErrorCode.MALFORMED_JSON, f"frame is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.NOT_AN_OBJECT, f"frame must be a JSON object, got {type(obj).__name__}")
+    ref = _frame_ref(obj)
+    kind = obj.get("type")
+    if kind is None:
+        raise ProtocolError(ErrorCode.MISSING_TYPE, "frame has no 'type' field", ref)
+    if not isinstance(kind, str) or kind not in FRAME_TYPES:
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_TYPE, f"unknown frame type {kind!r}; known types: {', '.join(sorted(FRAME_TYPES))}", ref
+        )
+    version = obj.get("protocol_version", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"protocol_version {version!r} is not supported; this peer speaks {PROTOCOL_VERSION}",
+            ref,
+        )
+    try:
+        return _FRAME_ADAPTER.validate_python(obj)
+    except ValidationError as exc:
+        raise ProtocolError(ErrorCode.INVALID_FRAME, f"invalid {kind!r} frame: {_describe(exc)}", ref) from None
+
+
+def encode_frame(frame: BaseModel) -> str:
+    """Serialise a frame to JSON text; fields that are None are left out."""
+    return frame.model_dump_json(exclude_none=True)
+
+
+def align_results(commands: list[Command], results: list[Result], *, source: str) -> tuple[list[Result], list[str]]:
+    """Return exactly one result per command, in order, plus a list of problems found.
+
+    Results are matched by ``call_id`` when they carry one, by position
+    otherwise; a command left without a result gets a failure naming
+    ``source``. This is what makes "one Result per Command" hold even when the
+    other side misbehaves.
+    """
+    problems: list[str] = []
+    if len(results) == len(commands) and all(r.call_id in (None, c.call_id) for c, r in zip(commands, results)):
+        aligned = [r if r.call_id == c.call_id else r.model_copy(update={"call_id": c.call_id}) for c, r in zip(commands, results)]
+        return aligned, problems
+    if len(results) != len(commands):
+        problems.append(f"{source} returned {len(results)} results for {len(commands)} commands")
+    by_id: dict[str, list[Result]] = {}
+    anonymous: list[Result] = []
+    for result in results:
+        if result.call_id is None:
+            anonymous.append(result)
+        else:
+            by_id.setdefault(result.call_id, []).append(result)
+    aligned = []
+    for command in commands:
+        matches = by_id.get(command.call_id)
+        if matches:
+            aligned.append(matches.pop(0))
+        elif anonymous:
+            aligned.append(anonymous.pop(0).model_copy(update={"call_id": command.call_id}))
+        else:
+            problems.append(f"no result for call_id {command.call_id}")
+            aligned.append(Result.failure(command, f"{source} returned no result for this command"))
+    stray = [cid for cid, left in by_id.items() for _ in left]
+    if stray:
+        problems.append(f"results for unknown call_ids: {', '.join(stray[:5])}")
+    return aligned, problems
+
+
+def failure_results(commands: list[Command], error: str) -> list[Result]:
+    """One failure result per command, all with the same cause."""
+    return [Result(status=ResultStatus.FAILURE, error=error, call_id=c.call_id) for c in commands]
+
+
+def now() -> float:
+    """Wall-clock time in seconds, the unit of every timestamp on the wire and on disk."""
+    return time.time()
+
+
+def _frame_ref(obj: dict[str, Any]) -> str | None:
+    # An error about a frame names the id the sender can correlate it with.
+    for key in ("response_id", "prev_response_id", "request_id", "session_id"):
+        value = obj.get(key)
+        if isinstance(value, str) and value:
+            return value[:200]
+    return None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False)[:5]:
+        # The first element of a union location is the discriminator tag; skip it.
+        loc = [str(p) for p in error["loc"]][1:]
+        parts.append(f"{'.'.join(loc) or '<frame>'}: {error['msg']}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")

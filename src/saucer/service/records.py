@@ -1,0 +1,344 @@
+"""Durable records of service sessions: who owns them, their status, steps and outcome.
+
+:class:`SessionRecordStore` is the small interface the server needs to
+survive a restart: sessions are created, their status updated, each completed
+step committed exactly once, and everything stays readable after the session
+ends (sessions never vanish). Two implementations: :class:`SqliteSessionRecordStore`
+(one file under the state dir; WAL, ``synchronous=FULL``, so a committed step
+survives SIGKILL) and :class:`MemorySessionRecordStore` (tests, ephemeral servers).
+
+The store also pins device ids to the principal that first registered them,
+so after a restart another token cannot claim a device and receive the
+commands of the sessions waiting for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Literal, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from saucer.dispatch.messages import Result
+from saucer.service.protocol import TaskSpec, now
+
+_T = TypeVar("_T")
+
+
+class SessionStatus(str, Enum):
+    """Lifecycle of a service session; the last three are terminal."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING_DEVICE = "waiting_device"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """True once the session can no longer change."""
+        return self in (SessionStatus.COMPLETED, SessionStatus.FAILED, SessionStatus.CANCELLED)
+
+
+class StepRecord(BaseModel):
+    """One committed step: its index, subtask, outcome and the results of its commands."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(ge=0)
+    subtask: str = ""
+    status: Literal["completed", "failed"]
+    results: list[Result] = Field(default_factory=list)
+    committed_at: float = Field(default_factory=now)
+
+
+class SessionRecord(BaseModel):
+    """Everything durable about one service session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    owner: str
+    device_id: str
+    task: TaskSpec
+    status: SessionStatus = SessionStatus.PENDING
+    created_at: float = Field(default_factory=now)
+    updated_at: float = Field(default_factory=now)
+    error: str | None = None
+    results: list[Any] = Field(default_factory=list)
+    attempts: int = 0
+    resumed_from_step: int | None = None
+
+
+class StepAlreadyCommitted(Exception):
+    """A step index was committed twice; the second run must not have happened."""
+
+
+class UnknownSession(KeyError):
+    """No session with that id is recorded."""
+
+
+class SessionRecordStore(Protocol):
+    """Where the server keeps sessions, their committed steps and device ownership."""
+
+    async def create_session(self, record: SessionRecord) -> None:
+        """Record a new session; its id must be new."""
+        ...
+
+    async def update_session(self, session_id: str, **changes: Any) -> SessionRecord:
+        """Apply ``changes`` (fields of :class:`SessionRecord`) and return the new record."""
+        ...
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session, or None if it was never recorded."""
+        ...
+
+    async def list_sessions(self, *, owner: str | None = None, active_only: bool = False) -> list[SessionRecord]:
+        """Sessions, oldest first; only ``owner`` 's when given; only non-terminal ones when asked."""
+        ...
+
+    async def commit_step(self, session_id: str, step: StepRecord) -> None:
+        """Durably record a completed step; raise :class:`StepAlreadyCommitted` for a repeated index."""
+        ...
+
+    async def steps(self, session_id: str) -> list[StepRecord]:
+        """The committed steps of a session in index order."""
+        ...
+
+    async def claim_device(self, device_id: str, owner: str) -> str:
+        """Pin ``device_id`` to ``owner`` unless already pinned; return the owner it is pinned to."""
+        ...
+
+    async def close(self) -> None:
+        """Release files and threads."""
+        ...
+
+
+class MemorySessionRecordStore:
+    """A :class:`SessionRecordStore` in memory: fast, and gone with the process."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, SessionRecord] = {}
+        self._steps: dict[str, dict[int, StepRecord]] = {}
+        self._devices: dict[str, str] = {}
+
+    async def create_session(self, record: SessionRecord) -> None:
+        """Record a new session."""
+        if record.session_id in self._sessions:
+            raise ValueError(f"session {record.session_id!r} already exists")
+        self._sessions[record.session_id] = record.model_copy(deep=True)
+
+    async def update_session(self, session_id: str, **changes: Any) -> SessionRecord:
+        """Apply changes to a session."""
+        current = self._sessions.get(session_id)
+        if current is None:
+            raise UnknownSession(session_id)
+        updated = _apply(current, changes)
+        self._sessions[session_id] = updated
+        return updated.model_copy(deep=True)
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session or None."""
+        record = self._sessions.get(session_id)
+        return None if record is None else record.model_copy(deep=True)
+
+    async def list_sessions(self, *, owner: str | None = None, active_only: bool = False) -> list[SessionRecord]:
+        """Sessions, oldest first."""
+        records = sorted(self._sessions.values(), key=lambda r: r.created_at)
+        return [
+            r.model_copy(deep=True)
+            for r in records
+            if (owner is None or r.owner == owner) and not (active_only and r.status.terminal)
+        ]
+
+    async def commit_step(self, session_id: str, step: StepRecord) -> None:
+        """Record a completed step once."""
+        if session_id not in self._sessions:
+            raise UnknownSession(session_id)
+        steps = self._steps.setdefault(session_id, {})
+        if step.index in steps:
+            raise StepAlreadyCommitted(f"session {session_id!r} step {step.index} is already committed")
+        steps[step.index] = step.model_copy(deep=True)
+
+    async def steps(self, session_id: str) -> list[StepRecord]:
+        """Committed steps in order."""
+        steps = self._steps.get(session_id, {})
+        return [steps[i].model_copy(deep=True) for i in sorted(steps)]
+
+    async def claim_device(self, device_id: str, owner: str) -> str:
+        """First claim wins."""
+        return self._devices.setdefault(device_id, owner)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    record     BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, created_at);
+CREATE INDEX IF NOT EXISTS sessions_status ON sessions (status);
+CREATE TABLE IF NOT EXISTS steps (
+    session_id TEXT NOT NULL,
+    idx        INTEGER NOT NULL,
+    record     BLOB NOT NULL,
+    PRIMARY KEY (session_id, idx)
+);
+CREATE TABLE IF NOT EXISTS devices (
+    device_id TEXT PRIMARY KEY,
+    owner     TEXT NOT NULL
+);
+"""
+
+_TERMINAL = tuple(s.value for s in SessionStatus if s.terminal)
+
+
+class SqliteSessionRecordStore:
+    """A :class:`SessionRecordStore` in one SQLite file.
+
+    All access goes through one worker thread that owns the connection, so the
+    event loop never blocks on disk and no lock is needed (or can deadlock).
+    Every write is its own transaction with ``synchronous=FULL``: once
+    ``commit_step`` returns, the step survives a SIGKILL of the server.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="saucer-records")
+        self._conn: sqlite3.Connection | None = None
+        # Open eagerly (in the worker thread) so a bad path fails at construction.
+        self._executor.submit(self._open).result()
+
+    def _open(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.executescript(_SCHEMA)
+        self._conn = conn
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        def run() -> _T:
+            assert self._conn is not None, "store is closed"
+            return fn(self._conn)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+
+    async def create_session(self, record: SessionRecord) -> None:
+        """Record a new session."""
+        blob = record.model_dump_json().encode()
+
+        def insert(conn: sqlite3.Connection) -> None:
+            try:
+                conn.execute(
+                    "INSERT INTO sessions (session_id, owner, status, created_at, record) VALUES (?, ?, ?, ?, ?)",
+                    (record.session_id, record.owner, record.status.value, record.created_at, blob),
+                )
+            except sqlite3.IntegrityError:
+                raise ValueError(f"session {record.session_id!r} already exists") from None
+
+        await self._call(insert)
+
+    async def update_session(self, session_id: str, **changes: Any) -> SessionRecord:
+        """Apply changes to a session in one transaction."""
+
+        def update(conn: sqlite3.Connection) -> SessionRecord:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute("SELECT record FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+                if row is None:
+                    raise UnknownSession(session_id)
+                updated = _apply(SessionRecord.model_validate_json(row[0]), changes)
+                conn.execute(
+                    "UPDATE sessions SET status = ?, record = ? WHERE session_id = ?",
+                    (updated.status.value, updated.model_dump_json().encode(), session_id),
+                )
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return updated
+
+        return await self._call(update)
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session or None."""
+        row = await self._call(
+            lambda conn: conn.execute("SELECT record FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        )
+        return None if row is None else SessionRecord.model_validate_json(row[0])
+
+    async def list_sessions(self, *, owner: str | None = None, active_only: bool = False) -> list[SessionRecord]:
+        """Sessions, oldest first."""
+        sql = "SELECT record FROM sessions WHERE 1=1"
+        args: list[Any] = []
+        if owner is not None:
+            sql += " AND owner = ?"
+            args.append(owner)
+        if active_only:
+            sql += f" AND status NOT IN ({', '.join('?' for _ in _TERMINAL)})"
+            args.extend(_TERMINAL)
+        sql += " ORDER BY created_at, session_id"
+        rows = await self._call(lambda conn: conn.execute(sql, args).fetchall())
+        return [SessionRecord.model_validate_json(row[0]) for row in rows]
+
+    async def commit_step(self, session_id: str, step: StepRecord) -> None:
+        """Record a completed step once; the primary key refuses a second commit."""
+        blob = step.model_dump_json().encode()
+
+        def insert(conn: sqlite3.Connection) -> None:
+            if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is None:
+                raise UnknownSession(session_id)
+            try:
+                conn.execute("INSERT INTO steps (session_id, idx, record) VALUES (?, ?, ?)", (session_id, step.index, blob))
+            except sqlite3.IntegrityError:
+                raise StepAlreadyCommitted(f"session {session_id!r} step {step.index} is already committed") from None
+
+        await self._call(insert)
+
+    async def steps(self, session_id: str) -> list[StepRecord]:
+        """Committed steps in order."""
+        rows = await self._call(
+            lambda conn: conn.execute("SELECT record FROM steps WHERE session_id = ? ORDER BY idx", (session_id,)).fetchall()
+        )
+        return [StepRecord.model_validate_json(row[0]) for row in rows]
+
+    async def claim_device(self, device_id: str, owner: str) -> str:
+        """First claim wins, durably."""
+
+        def claim(conn: sqlite3.Connection) -> str:
+            conn.execute("INSERT OR IGNORE INTO devices (device_id, owner) VALUES (?, ?)", (device_id, owner))
+            return conn.execute("SELECT owner FROM devices WHERE device_id = ?", (device_id,)).fetchone()[0]
+
+        return await self._call(claim)
+
+    async def close(self) -> None:
+        """Close the database and stop the worker thread."""
+
+        def close(conn: sqlite3.Connection) -> None:
+            conn.close()
+            self._conn = None
+
+        if self._conn is not None:
+            await self._call(close)
+        self._executor.shutdown(wait=True)
+
+
+def _apply(record: SessionRecord, changes: dict[str, Any]) -> SessionRecord:
+    unknown = set(changes) - set(SessionRecord.model_fields) - {"session_id"}
+    if unknown or "session_id" in changes:
+        raise ValueError(f"cannot update session fields {sorted(unknown | ({'session_id'} & set(changes)))}")
+    data = record.model_dump()
+    data.update(changes)
+    data["updated_at"] = now()
+    return SessionRecord.model_validate(data)

@@ -1,0 +1,161 @@
+"""What a service session runs: the :class:`TaskRunner` seam and the default plan runner.
+
+The server does not know how a task is carried out. For each session it calls::
+
+    outcome = await runner.run(session_id, task, dispatcher, record)
+
+- ``task`` is the submitted :class:`~saucer.service.protocol.TaskSpec`;
+- ``dispatcher`` is a :class:`~saucer.dispatch.base.BasicCommandDispatcher` (in service mode a
+  :class:`~saucer.dispatch.websocket.WebSocketCommandDispatcher` bound to the
+  session's device);
+- ``record`` is a :class:`SessionRecorder`: the runner reads what was already
+  committed and commits each step durably *before* moving on;
+- the returned :class:`TaskOutcome` becomes the session's final status.
+
+After a server crash the same ``run`` is called again for every session that
+had not ended, with the same ``session_id`` and ``task``; the runner must
+resume from what ``record`` says is committed and never repeat a committed
+step. :class:`PlanTaskRunner` does this for plans given as data.
+
+Engine integration: saucer's engine will provide a runner whose recorder is
+the event-sourced Context (a step = one agent step committed as one batch,
+durability ``step``); it only has to implement ``TaskRunner.run`` and, if it
+wants its own persistence, a ``SessionRecorder`` over its store. Runners give
+each command a call_id that is deterministic per (session, step, index), so a
+device asked again for a step that was in flight when the server died answers
+from its cache instead of running it twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from saucer.dispatch.base import BasicCommandDispatcher
+from saucer.dispatch.messages import Command, ResultStatus
+from saucer.service.protocol import TaskSpec
+from saucer.service.records import SessionRecordStore, StepRecord
+
+DEFAULT_STEP_TIMEOUT = 300.0
+"""Seconds a step's batch may take when neither the step nor the task says."""
+
+
+CommandDispatcher = BasicCommandDispatcher
+"""What a runner sends commands through (``execute_commands(commands, timeout)``)."""
+
+
+class SessionRecorder(Protocol):
+    """A session's durable step log, as seen by a runner."""
+
+    async def completed_steps(self) -> list[StepRecord]:
+        """Steps already committed, in index order."""
+        ...
+
+    async def commit_step(self, step: StepRecord) -> None:
+        """Durably commit one step; a repeated index is an error."""
+        ...
+
+
+class TaskOutcome(BaseModel):
+    """How a task ended, what it produced and, on failure, why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["completed", "failed", "cancelled"]
+    results: list[Any] = Field(default_factory=list)
+    error: str | None = None
+
+
+class TaskRunner(Protocol):
+    """Carries out one session's task through a dispatcher, committing steps to a recorder."""
+
+    async def run(
+        self, session_id: str, task: TaskSpec, dispatcher: CommandDispatcher, record: SessionRecorder
+    ) -> TaskOutcome:
+        """Run (or resume) ``task``; return its outcome. Raise only on cancellation."""
+        ...
+
+
+class StoreSessionRecorder:
+    """A :class:`SessionRecorder` over a :class:`~saucer.service.records.SessionRecordStore`."""
+
+    def __init__(self, store: SessionRecordStore, session_id: str) -> None:
+        self._store = store
+        self.session_id = session_id
+
+    async def completed_steps(self) -> list[StepRecord]:
+        """Committed steps in order."""
+        return await self._store.steps(self.session_id)
+
+    async def commit_step(self, step: StepRecord) -> None:
+        """Commit one step durably."""
+        await self._store.commit_step(self.session_id, step)
+
+
+class PlanTaskRunner:
+    """Run a task given as a plan, step by step, resuming at the first uncommitted step.
+
+    A step whose results contain a failure (or a skipped command) is committed
+    as failed and ends the session as failed; the failure message names the
+    step and the command's error.
+    """
+
+    def __init__(self, default_step_timeout: float = DEFAULT_STEP_TIMEOUT) -> None:
+        self.default_step_timeout = default_step_timeout
+
+    def validate(self, task: TaskSpec) -> None:
+        """Raise ValueError if ``task`` cannot be run by this runner."""
+        if not task.steps:
+            raise ValueError("the plan runner needs a task with at least one step in 'steps'")
+
+    async def run(
+        self, session_id: str, task: TaskSpec, dispatcher: CommandDispatcher, record: SessionRecorder
+    ) -> TaskOutcome:
+        """Run the plan's remaining steps through ``dispatcher``."""
+        self.validate(task)
+        done = await record.completed_steps()
+        for expected, step in enumerate(done):
+            if step.index != expected:
+                return TaskOutcome(status="failed", error=f"step log of session {session_id} has a gap at step {expected}")
+        if done and done[-1].status == "failed":
+            return _outcome(done)
+        steps = list(done)
+        for index in range(len(done), len(task.steps)):
+            plan_step = task.steps[index]
+            commands = [
+                Command(
+                    tool_name=c.tool_name,
+                    parameters=c.parameters,
+                    tool_type=c.tool_type,
+                    call_id=step_call_id(session_id, index, position),
+                )
+                for position, c in enumerate(plan_step.commands)
+            ]
+            timeout = plan_step.timeout or task.timeout or self.default_step_timeout
+            results = await dispatcher.execute_commands(commands, timeout) if commands else []
+            failed = any(r.status in (ResultStatus.FAILURE, ResultStatus.SKIPPED) for r in results)
+            committed = StepRecord(
+                index=index, subtask=plan_step.subtask, status="failed" if failed else "completed", results=results
+            )
+            await record.commit_step(committed)
+            steps.append(committed)
+            if failed:
+                break
+        return _outcome(steps)
+
+
+def step_call_id(session_id: str, step: int, position: int) -> str:
+    """The call_id of command ``position`` of ``step``: the same on every attempt of that step."""
+    return f"{session_id}.{step}.{position}"
+
+
+def _outcome(steps: list[StepRecord]) -> TaskOutcome:
+    results = [s.model_dump(mode="json") for s in steps]
+    last = steps[-1] if steps else None
+    if last is not None and last.status == "failed":
+        first = next((r for r in last.results if r.status != ResultStatus.SUCCESS and r.status != ResultStatus.NONE), None)
+        cause = first.error if first is not None and first.error else "a command failed"
+        label = f" ({last.subtask!r})" if last.subtask else ""
+        return TaskOutcome(status="failed", results=results, error=f"step {last.index}{label} failed: {cause}")
+    return TaskOutcome(status="completed", results=results)

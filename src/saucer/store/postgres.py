@@ -1,0 +1,622 @@
+"""The PostgreSQL event store (``postgresql://user@host:port/db?schema=NAME``).
+
+Many processes on many machines can share one store. Everything lives in one
+schema (``saucer`` unless ``?schema=`` names another), which saucer creates and
+migrates itself: the ``saucer_schema`` table records each applied version,
+:meth:`PostgresStore.migrate` brings a schema up to date (``saucer store
+migrate``), and opening a store does it automatically the first time. Concurrent
+migrators serialise on a transaction-level advisory lock.
+
+Appends
+    One statement per batch checks and writes everything: it updates each
+    session's head only where it still equals the version the commit was based
+    on (and, for a leased writer, only where its lease token is still current),
+    inserts the events of exactly those sessions, and ``NOTIFY``\\ s watchers, all
+    in one transaction. A writer whose base version is stale gets
+    :class:`ConflictError`; one whose token is outdated gets :class:`FencedError`.
+    Concurrent appends of one process share that statement and its COMMIT
+    (group commit, see ``saucer.store._group``); ``synchronous_commit`` decides
+    when PostgreSQL acknowledges a COMMIT, and saucer leaves it at the
+    server's setting (``on`` by default: flushed to the WAL on disk).
+
+Snapshots
+    Snapshots are a cache of the fold (the events are the truth), so they are
+    written on connections with ``synchronous_commit = off``: a crash can lose
+    the newest snapshot, which costs a longer replay, never a wrong state, and
+    a committing session does not wait for a second WAL flush.
+
+Leases and fencing
+    A lease is a row per session (owner, token, expires_at). Taking it is one
+    ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` that succeeds only when the
+    lease is free, expired, or already ours; every change of holder increments
+    the token. Commits of a leased writer carry its token, and the append
+    statement locks the lease row (``FOR SHARE``) while comparing it, so a
+    takeover and a stale holder's commit are strictly ordered: once another
+    worker has the lease, the old holder's commits are refused, never
+    interleaved. Expiry uses the **database server's clock**
+    (``clock_timestamp()``), never the workers': workers on several hosts may
+    disagree about the time, but they all ask the same server, so a lease
+    expires at the same moment for everyone. ``Lease.expires_at`` is therefore
+    in the server's epoch seconds. A lease row rather than an advisory lock,
+    because a lock dies with its connection (a pooled connection or a network
+    blip would silently drop ownership), cannot name its holder in an error,
+    and cannot fence a writer that has already lost it.
+
+Watching
+    :meth:`PostgresStore.watch` ``LISTEN``\\ s on one channel per schema and
+    reads a session's new events when a notification names it (with a slow
+    poll as a safety net); it falls back to polling if it cannot listen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import warnings
+from typing import Any, AsyncIterator, Iterator, Sequence
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from saucer.context.events import Event
+from saucer.store._codec import (
+    DamagedRecord,
+    decode_payload,
+    decode_rows,
+    encode_payload,
+    encode_state,
+    first_good_snapshot,
+    quarantine_payload,
+)
+from saucer.store._group import GroupCommitter, Pending
+from saucer.store.base import (
+    ConflictError,
+    EventStore,
+    FencedError,
+    Lease,
+    LeaseHeldError,
+    SessionExistsError,
+    SessionInfo,
+    SessionNotFoundError,
+    Snapshot,
+    StoreError,
+)
+
+__all__ = ["PostgresStore", "SCHEMA_VERSION", "DEFAULT_SCHEMA", "split_url"]
+
+DEFAULT_SCHEMA = "saucer"
+
+#: Each entry migrates the schema from version N to N + 1 (``{s}`` is the quoted schema).
+_MIGRATIONS: list[list[str]] = [
+    [
+        """CREATE TABLE {s}.sessions (
+            session_id     text PRIMARY KEY,
+            head           bigint NOT NULL,
+            created_at     double precision NOT NULL,
+            updated_at     double precision NOT NULL,
+            parent_id      text,
+            parent_version bigint,
+            meta           jsonb NOT NULL DEFAULT '{{}}'
+        )""",
+        "CREATE INDEX sessions_updated_at ON {s}.sessions (updated_at DESC)",
+        """CREATE TABLE {s}.events (
+            session_id text NOT NULL,
+            version    bigint NOT NULL,
+            ts         double precision NOT NULL,
+            author     text NOT NULL,
+            round      bigint,
+            step       bigint,
+            payload    bytea NOT NULL,
+            crc        bigint,
+            PRIMARY KEY (session_id, version)
+        )""",
+        """CREATE TABLE {s}.snapshots (
+            session_id text NOT NULL,
+            version    bigint NOT NULL,
+            ts         double precision NOT NULL,
+            state      bytea NOT NULL,
+            crc        bigint,
+            PRIMARY KEY (session_id, version)
+        )""",
+        """CREATE TABLE {s}.leases (
+            session_id text PRIMARY KEY REFERENCES {s}.sessions (session_id) ON DELETE CASCADE,
+            owner      text NOT NULL,
+            token      bigint NOT NULL,
+            expires_at double precision NOT NULL
+        )""",
+    ],
+]
+
+#: The schema version this saucer writes and reads.
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_NOW = "extract(epoch FROM clock_timestamp())::double precision"
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``postgresql://...?schema=NAME&sslmode=...`` -> (conninfo without ``schema``, schema name)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError(f"not a PostgreSQL store URL: {url!r} (expected postgresql://user@host:port/db)")
+    schema = DEFAULT_SCHEMA
+    rest: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key == "schema":
+            schema = value
+        else:
+            rest.append((key, value))
+    if not schema or "\x00" in schema or len(schema.encode()) > 63:
+        raise ValueError(f"PostgreSQL store URL {_display(url)!r}: schema must be a name of 1 to 63 bytes")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment)), schema
+
+
+def _display(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    netloc = f"{userinfo.partition(':')[0]}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+class PostgresStore(EventStore):
+    """Events, snapshots and leases in one PostgreSQL schema, shared by any number of processes."""
+
+    #: Concurrent appends of this process share one statement and COMMIT; False gives each its own.
+    group_commit: bool = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        migrate: bool = True,
+    ) -> None:
+        self.url = url
+        self.conninfo, self.schema = split_url(url)
+        self.channel = f"saucer_{self.schema}"[:63]
+        self._connect_timeout = connect_timeout
+        s = _quote(self.schema)
+        self._s = s
+        self._sql_append = f"""
+            WITH b AS (
+                SELECT * FROM unnest(%s::text[], %s::bigint[], %s::double precision[], %s::text[],
+                                     %s::bigint[], %s::bigint[], %s::bytea[], %s::bigint[], %s::bigint[])
+                    AS b(session_id, expected, ts, author, round, step, payload, crc, fence)
+            ),
+            lk AS (
+                SELECT l.session_id, l.token FROM {s}.leases l
+                WHERE l.session_id IN (SELECT session_id FROM b WHERE fence IS NOT NULL)
+                FOR SHARE
+            ),
+            up AS (
+                UPDATE {s}.sessions s SET head = b.expected + 1, updated_at = b.ts
+                FROM b
+                WHERE s.session_id = b.session_id AND s.head = b.expected
+                  AND (b.fence IS NULL OR EXISTS (
+                        SELECT 1 FROM lk WHERE lk.session_id = b.session_id AND lk.token = b.fence))
+                RETURNING s.session_id
+            ),
+            ins AS (
+                INSERT INTO {s}.events (session_id, version, ts, author, round, step, payload, crc)
+                SELECT b.session_id, b.expected + 1, b.ts, b.author, b.round, b.step, b.payload, b.crc
+                FROM b JOIN up USING (session_id)
+                RETURNING session_id, version
+            )
+            SELECT ins.session_id, pg_notify(%s, ins.version || ' ' || ins.session_id) FROM ins
+        """
+        try:
+            if migrate:
+                self._ensure_schema()
+        except psycopg.OperationalError as exc:
+            raise StoreError(f"cannot connect to PostgreSQL at {_display(url)}: {exc}".strip()) from None
+        self._pool: ConnectionPool | None = ConnectionPool(
+            self.conninfo,
+            min_size=1,
+            max_size=max(1, pool_size),
+            kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout))},
+            open=True,
+            name=f"saucer:{self.schema}",
+            timeout=max(connect_timeout, 30.0),
+        )
+        self._committer = GroupCommitter(self._write_batch, self._write_one)
+        self._cache_pool: ConnectionPool | None = None
+        self._cache_lock = threading.Lock()
+
+    # ------------------------------------------------------------ plumbing
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.conninfo, autocommit=True, connect_timeout=max(1, int(self._connect_timeout)))
+
+    def _conn(self) -> Any:
+        if self._pool is None:
+            raise StoreError(f"store {_display(self.url)} is closed")
+        return self._pool.connection()
+
+    def _cache_conn(self) -> Any:
+        """A connection whose COMMITs do not wait for the WAL flush, for snapshot writes.
+
+        A snapshot is a cache of the fold: losing the newest one in a crash only
+        means a longer replay (events are always written durably), so there is
+        no reason to make a committing session wait for its fsync.
+        """
+        if self._cache_pool is None:
+            with self._cache_lock:
+                if self._cache_pool is None:
+                    if self._pool is None:
+                        raise StoreError(f"store {_display(self.url)} is closed")
+                    self._cache_pool = ConnectionPool(
+                        self.conninfo,
+                        min_size=1,
+                        max_size=4,
+                        kwargs={"autocommit": True, "connect_timeout": max(1, int(self._connect_timeout))},
+                        configure=lambda conn: conn.execute("SET synchronous_commit = off"),
+                        open=True,
+                        name=f"saucer-cache:{self.schema}",
+                        timeout=max(self._connect_timeout, 30.0),
+                    )
+        return self._cache_pool.connection()
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+        with self._cache_lock:
+            cache, self._cache_pool = self._cache_pool, None
+        if cache is not None:
+            cache.close()
+
+    # ------------------------------------------------------------ migration
+
+    def schema_version(self) -> int:
+        """The schema's applied version (0 when saucer has not created it yet)."""
+        with self._connect() as conn:
+            return self._applied_version(conn)
+
+    def _applied_version(self, conn: psycopg.Connection[Any]) -> int:
+        try:
+            row = conn.execute(f"SELECT max(version) FROM {self._s}.saucer_schema").fetchone()
+        except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
+            return 0
+        return int(row[0] or 0) if row else 0
+
+    def _ensure_schema(self) -> None:
+        with self._connect() as conn:
+            current = self._applied_version(conn)
+        if current > SCHEMA_VERSION:
+            raise StoreError(self._too_new(current))
+        if current < SCHEMA_VERSION:
+            self.migrate()
+
+    def _too_new(self, version: int) -> str:
+        return (
+            f"PostgreSQL schema {self.schema!r} is at version {version}, newer than this saucer "
+            f"understands ({SCHEMA_VERSION}); upgrade saucer"
+        )
+
+    def migrate(self) -> int:
+        """Create the schema or bring it up to :data:`SCHEMA_VERSION`; return the version.
+
+        Safe to run from many processes at once and again and again.
+        """
+        s = self._s
+        with self._connect() as conn:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saucer.migrate:{self.schema}",))
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {s}.saucer_schema ("
+                    "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                current = self._applied_version(conn)
+                if current > SCHEMA_VERSION:
+                    raise StoreError(self._too_new(current))
+                for version in range(current + 1, SCHEMA_VERSION + 1):
+                    for statement in _MIGRATIONS[version - 1]:
+                        conn.execute(statement.format(s=s))
+                    conn.execute(f"INSERT INTO {s}.saucer_schema (version) VALUES (%s)", (version,))
+        return SCHEMA_VERSION
+
+    # ------------------------------------------------------------- sessions
+
+    _INFO_COLUMNS = "session_id, head, created_at, updated_at, parent_id, parent_version, meta"
+
+    @staticmethod
+    def _row_info(row: Sequence[Any]) -> SessionInfo:
+        meta = row[6]
+        if isinstance(meta, (str, bytes)):
+            meta = orjson.loads(meta)
+        return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], dict(meta or {}))
+
+    def _create(self, info: SessionInfo) -> None:
+        with self._conn() as conn:
+            try:
+                conn.execute(
+                    f"INSERT INTO {self._s}.sessions ({self._INFO_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        info.session_id,
+                        info.version,
+                        info.created_at,
+                        info.updated_at,
+                        info.parent_id,
+                        info.parent_version,
+                        Jsonb(info.meta, dumps=lambda obj: orjson.dumps(obj).decode()),
+                    ),
+                )
+            except pg_errors.UniqueViolation:
+                raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+
+    def _info(self, session_id: str) -> SessionInfo | None:
+        with self._conn() as conn:
+            row = conn.execute(
+                f"SELECT {self._INFO_COLUMNS} FROM {self._s}.sessions WHERE session_id = %s", (session_id,)
+            ).fetchone()
+        return self._row_info(row) if row else None
+
+    def sessions(self) -> list[SessionInfo]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {self._INFO_COLUMNS} FROM {self._s}.sessions ORDER BY updated_at DESC, session_id"
+            ).fetchall()
+        return [self._row_info(r) for r in rows]
+
+    def delete_session(self, session_id: str) -> None:
+        with self._conn() as conn, conn.transaction():
+            for table in ("events", "snapshots", "leases", "sessions"):
+                conn.execute(f"DELETE FROM {self._s}.{table} WHERE session_id = %s", (session_id,))
+
+    # --------------------------------------------------------------- events
+
+    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
+        if self.group_commit:
+            self._committer.append(event, expected_version, fence)
+            return
+        self._write_one(Pending(event, expected_version, fence))
+
+    def _group_committer(self) -> GroupCommitter:
+        return self._committer
+
+    def _write_one(self, entry: Pending) -> None:
+        self._write_batch([entry])
+        if entry.error is not None:
+            error, entry.error = entry.error, None
+            raise error
+
+    def _write_batch(self, entries: list[Pending]) -> None:
+        """Write appends with one statement (one transaction) per round; a refused entry fails only itself.
+
+        A round holds at most one entry per session; a batch only needs a
+        second round when one session has two appends queued at once.
+        """
+        rounds: list[list[Pending]] = [[]]
+        seen: list[set[str]] = [set()]
+        for entry in entries:
+            sid = entry.event.session_id
+            i = 0
+            while sid in seen[i]:
+                i += 1
+                if i == len(rounds):
+                    rounds.append([])
+                    seen.append(set())
+            rounds[i].append(entry)
+            seen[i].add(sid)
+        with self._conn() as conn:
+            for batch in rounds:
+                events = [e.event for e in batch]
+                done = conn.execute(
+                    self._sql_append,
+                    (
+                        [e.session_id for e in events],
+                        [e.expected for e in batch],
+                        [e.timestamp for e in events],
+                        [e.author for e in events],
+                        [e.round for e in events],
+                        [e.step for e in events],
+                        [e.payload for e in batch],
+                        [e.crc for e in batch],
+                        [e.fence for e in batch],
+                        self.channel,
+                    ),
+                ).fetchall()
+                if len(done) != len(batch):
+                    ok = {row[0] for row in done}
+                    self._refuse(conn, [e for e in batch if e.event.session_id not in ok])
+
+    def _refuse(self, conn: psycopg.Connection[Any], entries: list[Pending]) -> None:
+        """Set the error of each entry the append statement did not write."""
+        rows = conn.execute(
+            f"SELECT s.session_id, s.head, l.token, l.owner FROM {self._s}.sessions s "
+            f"LEFT JOIN {self._s}.leases l ON l.session_id = s.session_id WHERE s.session_id = ANY(%s)",
+            ([e.event.session_id for e in entries],),
+        ).fetchall()
+        found = {row[0]: row[1:] for row in rows}
+        for entry in entries:
+            sid = entry.event.session_id
+            if sid not in found:
+                entry.error = SessionNotFoundError(sid)
+                continue
+            head, token, owner = found[sid]
+            if entry.fence is not None and token != entry.fence:
+                entry.error = FencedError(sid, entry.fence, token, owner)
+            else:
+                entry.error = ConflictError(sid, entry.expected, head)
+
+    def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
+        with self._conn() as conn:
+            # One statement, one snapshot: the head tells a damaged *trailing*
+            # record from one in the middle, so it must agree with the rows.
+            rows = conn.execute(
+                f"SELECT version, ts, author, round, step, payload, crc, "
+                f"(SELECT head FROM {self._s}.sessions WHERE session_id = %(sid)s) FROM {self._s}.events "
+                "WHERE session_id = %(sid)s AND version > %(after)s AND version <= %(upto)s ORDER BY version",
+                {"sid": session_id, "after": after, "upto": upto if upto is not None else 2**62},
+            ).fetchall()
+        head = rows[0][7] if rows else None
+        return decode_rows(session_id, [row[:7] for row in rows], head=head)
+
+    def quarantine_record(self, session_id: str, version: int) -> bool:
+        with self._conn() as conn, conn.transaction():
+            row = conn.execute(
+                f"SELECT payload, crc FROM {self._s}.events WHERE session_id = %s AND version = %s FOR UPDATE",
+                (session_id, version),
+            ).fetchone()
+            if row is None:
+                return False
+            try:
+                decode_payload(row[0], row[1])
+                return False
+            except DamagedRecord as exc:
+                payload, crc = quarantine_payload(row[0], str(exc))
+            conn.execute(
+                f"UPDATE {self._s}.events SET payload = %s, crc = %s WHERE session_id = %s AND version = %s",
+                (payload, crc, session_id, version),
+            )
+            return True
+
+    # ------------------------------------------------------------ snapshots
+
+    def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT version, ts, state, crc FROM {self._s}.snapshots WHERE session_id = %s AND version <= %s "
+                "ORDER BY version DESC LIMIT 3",
+                (session_id, upto if upto is not None else 2**62),
+            ).fetchall()
+        return first_good_snapshot(session_id, rows)
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        blob, crc = encode_state(snapshot.state)
+        # A snapshot is a cache of the fold: losing the newest one in a crash only
+        # means a longer replay, so its COMMIT does not wait for the WAL flush.
+        with self._cache_conn() as conn:
+            conn.execute(
+                f"INSERT INTO {self._s}.snapshots (session_id, version, ts, state, crc) VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (session_id, version) DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc",
+                (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
+            )
+
+    def prune_snapshots(self, session_id: str, keep: int) -> None:
+        with self._cache_conn() as conn:
+            conn.execute(
+                f"DELETE FROM {self._s}.snapshots WHERE session_id = %(sid)s AND version NOT IN ("
+                f"SELECT version FROM {self._s}.snapshots WHERE session_id = %(sid)s ORDER BY version DESC LIMIT %(keep)s)",
+                {"sid": session_id, "keep": max(0, keep)},
+            )
+
+    # ------------------------------------------------------------ retention
+
+    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> None:
+        payload, crc = encode_payload(base)
+        blob, state_crc = encode_state(snapshot.state)
+        s = self._s
+        with self._conn() as conn, conn.transaction():
+            found = conn.execute(
+                f"UPDATE {s}.sessions SET meta = meta || jsonb_build_object('pruned_to', %s::bigint) "
+                "WHERE session_id = %s",
+                (cut, session_id),
+            ).rowcount
+            if found != 1:
+                raise SessionNotFoundError(session_id)
+            conn.execute(f"DELETE FROM {s}.events WHERE session_id = %s AND version < %s", (session_id, cut))
+            conn.execute(
+                f"UPDATE {s}.events SET ts = %s, author = %s, round = %s, step = %s, payload = %s, crc = %s "
+                "WHERE session_id = %s AND version = %s",
+                (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
+            )
+            conn.execute(f"DELETE FROM {s}.snapshots WHERE session_id = %s AND version < %s", (session_id, cut))
+            conn.execute(
+                f"INSERT INTO {s}.snapshots (session_id, version, ts, state, crc) VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (session_id, version) DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc",
+                (session_id, cut, snapshot.timestamp, blob, state_crc),
+            )
+
+    # --------------------------------------------------------------- leases
+
+    def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
+        s = self._s
+        with self._conn() as conn:
+            try:
+                row = conn.execute(
+                    f"""
+                    INSERT INTO {s}.leases AS l (session_id, owner, token, expires_at)
+                    VALUES (%(sid)s, %(owner)s, 1, {_NOW} + %(ttl)s)
+                    ON CONFLICT (session_id) DO UPDATE
+                        SET token = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > {_NOW}
+                                         THEN l.token ELSE l.token + 1 END,
+                            owner = EXCLUDED.owner,
+                            expires_at = EXCLUDED.expires_at
+                        WHERE l.owner = EXCLUDED.owner OR l.expires_at <= {_NOW}
+                    RETURNING token, expires_at
+                    """,
+                    {"sid": session_id, "owner": owner, "ttl": float(ttl)},
+                ).fetchone()
+            except pg_errors.ForeignKeyViolation:
+                raise SessionNotFoundError(session_id) from None
+            if row is not None:
+                return Lease(session_id, owner, int(row[0]), float(row[1]))
+            held = conn.execute(
+                f"SELECT owner, expires_at, {_NOW} FROM {s}.leases WHERE session_id = %s", (session_id,)
+            ).fetchone()
+        if held is None:  # released and deleted in between: try again
+            return self.acquire_lease(session_id, owner, ttl)
+        # Report the expiry on this machine's clock, so "expires in N s" reads right here.
+        raise LeaseHeldError(session_id, held[0], time.time() + (held[1] - held[2]))
+
+    def release_lease(self, lease: Lease) -> None:
+        with self._conn() as conn:
+            conn.execute(
+                f"UPDATE {self._s}.leases SET expires_at = 0 WHERE session_id = %s AND owner = %s AND token = %s",
+                (lease.session_id, lease.owner, lease.token),
+            )
+
+    # ------------------------------------------------------------- watching
+
+    async def watch(
+        self, session_id: str, after: int = 0, *, interval: float = 0.2
+    ) -> AsyncIterator[Event]:
+        """Yield the session's new events as they are committed, woken by NOTIFY.
+
+        Without notifications (no LISTEN possible) it polls every ``interval``
+        seconds; with them it still re-reads every few seconds as a safety net.
+        """
+        try:
+            listener = await psycopg.AsyncConnection.connect(
+                self.conninfo, autocommit=True, connect_timeout=max(1, int(self._connect_timeout))
+            )
+            await listener.execute(f"LISTEN {_quote(self.channel)}")
+        except psycopg.Error as exc:
+            warnings.warn(
+                f"store {_display(self.url)}: cannot LISTEN ({exc}); watching {session_id!r} by polling",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            async for event in super().watch(session_id, after, interval=interval):
+                yield event
+            return
+        safety = max(interval, 5.0)
+        try:
+            last = after
+            while True:
+                fresh = await asyncio.to_thread(lambda: list(self.read(session_id, last)))
+                for event in fresh:
+                    last = event.version
+                    yield event
+                if fresh:
+                    continue
+                async for note in listener.notifies(timeout=safety):
+                    _, _, sid = note.payload.partition(" ")
+                    if sid == session_id:
+                        break
+        finally:
+            await listener.close()

@@ -1,0 +1,395 @@
+"""The built-in ``shell`` MCP server: run a command line and get its exit code and output.
+
+Run it over stdio with ``python -m saucer.tools.shell [--root DIR] [--allow PATTERN]...``
+(``--help`` lists the options; each also has a ``SAUCER_SHELL_*`` variable).
+
+Commands run through ``/bin/sh -c`` in their own process group, with an
+asyncio subprocess so the server keeps answering while they run. On timeout
+the whole group is terminated (SIGTERM, then SIGKILL). Output beyond
+``--max-output`` bytes per stream is dropped and reported as truncated.
+Allow/deny rules (see :mod:`saucer.tools.rules`) are checked before running;
+a refused command is a tool error naming the rule. Which commands need the
+user's approval is decided on the client side by the dispatcher, with
+:func:`saucer.tools.rules.sensitive_reason`, re-exported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field
+
+from saucer.tools._common import (
+    SandboxError,
+    env_default,
+    env_list,
+    existing_dir,
+    make_server,
+    parse,
+    positive_float,
+    positive_int,
+    relative_to_root,
+    resolve_in_root,
+)
+from saucer.tools.rules import (
+    CommandRule,
+    SensitivityRules,
+    compile_rules,
+    is_sensitive,
+    refusal_reason,
+    sensitive_reason,
+)
+
+__all__ = [
+    "ShellOptions",
+    "ShellResult",
+    "run_command",
+    "build_server",
+    "parse_options",
+    "main",
+    "is_sensitive",
+    "sensitive_reason",
+    "SensitivityRules",
+]
+
+DEFAULT_MAX_OUTPUT = 64 * 1024
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_MAX_TIMEOUT = 600.0
+# Time a timed-out process group gets between SIGTERM and SIGKILL.
+_KILL_GRACE = 1.0
+# Time to collect the last output once the group is dead; a daemon that left
+# the group may hold the pipes open forever, so the wait is bounded.
+_DRAIN_GRACE = 1.0
+_READ_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ShellOptions:
+    """How the shell server runs commands."""
+
+    root: Path
+    allow: tuple[CommandRule, ...] = ()
+    deny: tuple[CommandRule, ...] = ()
+    max_output: int = DEFAULT_MAX_OUTPUT
+    timeout: float = DEFAULT_TIMEOUT
+    max_timeout: float = DEFAULT_MAX_TIMEOUT
+    shell: str = "/bin/sh"
+
+    @classmethod
+    def create(
+        cls,
+        root: str | os.PathLike[str] = ".",
+        *,
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_timeout: float = DEFAULT_MAX_TIMEOUT,
+        shell: str = "/bin/sh",
+    ) -> "ShellOptions":
+        """Options with ``root`` resolved and the rules compiled."""
+        return cls(
+            root=Path(os.path.realpath(root)),
+            allow=compile_rules(allow),
+            deny=compile_rules(deny),
+            max_output=max_output,
+            timeout=timeout,
+            max_timeout=max(max_timeout, timeout),
+            shell=shell,
+        )
+
+
+class ShellResult(BaseModel):
+    """What a finished command produced."""
+
+    exit_code: int = Field(description="The exit status; negative when a signal ended the process.")
+    stdout: str = Field(description="Standard output (UTF-8, undecodable bytes replaced), at most max_output bytes.")
+    stderr: str = Field(description="Standard error, capped like stdout.")
+    stdout_truncated: bool = Field(description="True when stdout was longer than the cap and was cut.")
+    stderr_truncated: bool = Field(description="True when stderr was longer than the cap and was cut.")
+    stdout_bytes: int = Field(description="Total bytes the command wrote to stdout.")
+    stderr_bytes: int = Field(description="Total bytes the command wrote to stderr.")
+    duration: float = Field(description="Seconds the command ran.")
+    cwd: str = Field(description="Working directory, relative to the sandbox root.")
+    note: str | None = Field(None, description="Anything unusual about the run, e.g. stopped background jobs.")
+
+
+class _CappedBuffer:
+    """Keeps the first ``cap`` bytes of a stream and counts the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.total = 0
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        # Reading on past the cap keeps the child from blocking on a full pipe.
+        while chunk := await stream.read(_READ_CHUNK):
+            self.total += len(chunk)
+            room = self.cap - len(self.data)
+            if room > 0:
+                self.data.extend(chunk[:room])
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.data)
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+def _kill_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _leader_exit(proc: asyncio.subprocess.Process) -> None:
+    """Wait until the shell itself has exited.
+
+    Not ``proc.wait()``: since Python 3.11 it also waits for the pipes to
+    close, which a background child (``server &``) can hold open forever.
+    """
+    delay = 0.001
+    while proc.returncode is None:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+async def _stop_group(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]]) -> None:
+    """Terminate the command's whole process group: SIGTERM, a grace period, SIGKILL."""
+    _kill_group(proc.pid, signal.SIGTERM)
+    # Gone means: the shell has exited and nothing holds its output pipes any more.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_KILL_GRACE):
+            await _leader_exit(proc)
+            await asyncio.wait(readers)
+    # Children may ignore SIGTERM; the group id outlives its leader, so this reaches them.
+    _kill_group(proc.pid, signal.SIGKILL)
+
+
+def _format_partial(name: str, buffer: _CappedBuffer, limit: int = 2000) -> str:
+    text = buffer.text()
+    if not text:
+        return ""
+    shown = text[-limit:]
+    return f"\n--- {name} (last {len(shown)} characters) ---\n{shown}"
+
+
+async def run_command(
+    command: str,
+    options: ShellOptions,
+    *,
+    timeout: float | None = None,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+) -> ShellResult:
+    """Run ``command`` under ``options``; raise :class:`ToolError` when it is refused or times out."""
+    if not command.strip():
+        raise ToolError("command is empty")
+    reason = refusal_reason(command, options.allow, options.deny)
+    if reason is not None:
+        raise ToolError(reason)
+    limit = options.timeout if timeout is None else timeout
+    if limit <= 0:
+        raise ToolError(f"timeout must be > 0 seconds, got {limit}")
+    limit = min(limit, options.max_timeout)
+    try:
+        workdir = resolve_in_root(options.root, cwd or ".")
+    except SandboxError as exc:
+        raise ToolError(f"cwd refused: {exc}") from exc
+    if not workdir.is_dir():
+        raise ToolError(f"cwd {cwd!r} is not a directory")
+    child_env = dict(os.environ)
+    if env:
+        bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise ToolError(f"env values must be strings (bad keys: {bad})")
+        child_env.update(env)
+
+    started = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            options.shell,
+            "-c",
+            command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=workdir,
+            env=child_env,
+            start_new_session=True,  # its own process group, so a timeout kills the children too
+        )
+    except OSError as exc:
+        raise ToolError(f"could not start {options.shell}: {exc}") from exc
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = _CappedBuffer(options.max_output), _CappedBuffer(options.max_output)
+    readers = [asyncio.create_task(out.drain(proc.stdout)), asyncio.create_task(err.drain(proc.stderr))]
+    timed_out = held_open = False
+    try:
+        async with asyncio.timeout(limit):
+            await _leader_exit(proc)
+            _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE)
+            held_open = bool(pending)
+    except TimeoutError:
+        timed_out = True
+    finally:
+        # Timed out, cancelled by the client, or background children holding the
+        # output open: never leave the group running behind the call.
+        if proc.returncode is None or held_open or timed_out:
+            await _stop_group(proc, readers)
+        if not all(r.done() for r in readers):
+            await asyncio.wait(readers, timeout=_DRAIN_GRACE)
+        for reader in readers:
+            if not reader.done():
+                reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), _DRAIN_GRACE)  # reap it and close its transport
+    duration = time.monotonic() - started
+    if timed_out:
+        raise ToolError(
+            f"command timed out after {limit:g} s; its process group was killed"
+            + _format_partial("stdout", out)
+            + _format_partial("stderr", err)
+        )
+    return ShellResult(
+        exit_code=proc.returncode if proc.returncode is not None else -1,
+        stdout=out.text(),
+        stderr=err.text(),
+        stdout_truncated=out.truncated,
+        stderr_truncated=err.truncated,
+        stdout_bytes=out.total,
+        stderr_bytes=err.total,
+        duration=round(duration, 4),
+        cwd=relative_to_root(options.root, workdir),
+        note=(
+            "background processes kept stdout/stderr open after the command exited; they were stopped "
+            "(redirect a background job's output, e.g. `job > job.log 2>&1 &`, to keep it running)"
+            if held_open
+            else None
+        ),
+    )
+
+
+def _describe(options: ShellOptions) -> str:
+    rules = []
+    if options.allow:
+        rules.append("Only commands matching these rules run: " + ", ".join(r.pattern for r in options.allow) + ".")
+    if options.deny:
+        rules.append("Commands matching these rules are refused: " + ", ".join(r.pattern for r in options.deny) + ".")
+    return (
+        "Run a shell command line with /bin/sh -c on this Linux machine and return its exit code, "
+        "standard output and standard error. "
+        f"The working directory defaults to the workspace root ({options.root}); `cwd` is relative to it and "
+        "must stay inside it. Standard input is empty, so interactive programs will not wait for input. "
+        f"Each of stdout and stderr is capped at {options.max_output} bytes (the result says when it was "
+        f"truncated); prefer commands with short output (e.g. pipe through head or grep). "
+        f"The command is killed with its child processes after `timeout` seconds (default {options.timeout:g}, "
+        f"at most {options.max_timeout:g}). A non-zero exit code is returned as data, not as an error. "
+        "A background job must redirect its output (`job > job.log 2>&1 &`), otherwise it is stopped "
+        "when the command exits. "
+        + " ".join(rules)
+    ).strip()
+
+
+def build_server(options: ShellOptions) -> MCPServer:
+    """The shell MCP server (one tool, ``run``) for ``options``."""
+    server = make_server(
+        "saucer-shell",
+        instructions=f"Runs shell commands on Linux inside the workspace {options.root}.",
+    )
+
+    # Annotations here must not refer to local names: this module uses postponed
+    # annotations, and MCPServer evaluates them in the module's namespace.
+    async def run(
+        command: Annotated[str, Field(description="The command line to run, e.g. `ls -la src | head -50`.")],
+        timeout: Annotated[
+            float | None,
+            Field(description="Seconds before the command and its children are killed (default: the server's)."),
+        ] = None,
+        cwd: Annotated[
+            str | None, Field(description="Working directory relative to the workspace root (default: the root).")
+        ] = None,
+        env: Annotated[
+            dict[str, str] | None, Field(description="Extra environment variables for this command.")
+        ] = None,
+    ) -> ShellResult:
+        return await run_command(command, options, timeout=timeout, cwd=cwd, env=env)
+
+    server.add_tool(
+        run,
+        name="run",
+        title="Run a shell command",
+        description=_describe(options),
+        annotations=ToolAnnotations(title="Run a shell command", destructive_hint=True, open_world_hint=True),
+    )
+    return server
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m saucer.tools.shell",
+        description="saucer's shell MCP server over stdio: one tool, `run`, that runs a command line.",
+        epilog="Rules are globs (`rm *`) or regular expressions with the prefix `re:`. "
+        "Environment variables: SAUCER_SHELL_ROOT, SAUCER_SHELL_ALLOW and SAUCER_SHELL_DENY "
+        "(one pattern per line), SAUCER_SHELL_MAX_OUTPUT, SAUCER_SHELL_TIMEOUT, SAUCER_SHELL_MAX_TIMEOUT.",
+    )
+    parser.add_argument("--root", type=existing_dir, default=env_default("SAUCER_SHELL_ROOT", "."),
+                        help="workspace root: default working directory, cwd must stay inside it (default: .)")
+    parser.add_argument("--allow", action="append", default=None, metavar="PATTERN",
+                        help="only run commands whose every segment matches one of these rules (repeatable)")
+    parser.add_argument("--deny", action="append", default=None, metavar="PATTERN",
+                        help="refuse commands matching this rule (repeatable)")
+    parser.add_argument("--max-output", type=positive_int,
+                        default=env_default("SAUCER_SHELL_MAX_OUTPUT", str(DEFAULT_MAX_OUTPUT)),
+                        metavar="BYTES", help=f"cap on each of stdout and stderr (default {DEFAULT_MAX_OUTPUT})")
+    parser.add_argument("--timeout", type=positive_float,
+                        default=env_default("SAUCER_SHELL_TIMEOUT", str(DEFAULT_TIMEOUT)),
+                        metavar="S", help=f"default seconds before a command is killed (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--max-timeout", type=positive_float,
+                        default=env_default("SAUCER_SHELL_MAX_TIMEOUT", str(DEFAULT_MAX_TIMEOUT)),
+                        metavar="S", help=f"largest timeout a call may ask for (default {DEFAULT_MAX_TIMEOUT:g})")
+    parser.add_argument("--shell", default="/bin/sh", help="shell used as `SHELL -c COMMAND` (default /bin/sh)")
+    return parser
+
+
+def parse_options(argv: Sequence[str] | None = None) -> ShellOptions:
+    """Options from ``argv`` and ``SAUCER_SHELL_*`` variables; a bad rule exits with a usage error."""
+    parser = _parser()
+    args = parse(parser, argv)
+    try:
+        return ShellOptions.create(
+            args.root,
+            allow=args.allow if args.allow is not None else env_list("SAUCER_SHELL_ALLOW"),
+            deny=args.deny if args.deny is not None else env_list("SAUCER_SHELL_DENY"),
+            max_output=args.max_output,
+            timeout=args.timeout,
+            max_timeout=args.max_timeout,
+            shell=args.shell,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the shell tool over stdio until the client closes the connection."""
+    build_server(parse_options(argv)).run("stdio")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""SessionFactory: every mode, platform checks, plans and their errors, batch progress."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_helpers import FakeDispatcher, ScriptedAgent, command_plan
+
+from saucer.context import Context, ContextNames
+from saucer.engine import (
+    LLMUnavailableError,
+    ModeError,
+    PlanError,
+    PlatformNotSupportedError,
+    ServiceModeError,
+    SessionFactory,
+    SessionPool,
+    load_plan,
+)
+from saucer.store.memory import MemoryStore
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plans"
+
+
+def _factory(settings: Any, **kw: Any) -> tuple[SessionFactory, FakeDispatcher, MemoryStore]:
+    dispatcher = kw.pop("dispatcher", None) or FakeDispatcher()
+    store = MemoryStore()
+    factory = SessionFactory(settings, store=store, dispatcher_factory=lambda session: dispatcher, **kw)
+    return factory, dispatcher, store
+
+
+def _write(path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_normal_mode_with_an_agent_provider(settings: Any) -> None:
+    made: list[Any] = []
+
+    def provider(session: Any) -> ScriptedAgent:
+        made.append(session.session_id)
+        return ScriptedAgent("llm", steps=2, cost=0.01)
+
+    factory, _, store = _factory(settings, agents=provider)
+    [session] = factory.create_session("chat", "normal", None, request="tidy up")
+    result = asyncio.run(session.run())
+    assert result.status == "finished" and result.steps == 2 and result.mode == "normal"
+    assert made == [session.session_id]
+    assert result.cost.steps == pytest.approx(0.02)
+    assert store.session_info(session.session_id).meta["request"] == "tidy up"
+
+
+def test_normal_mode_without_a_model_says_what_to_set(settings: Any) -> None:
+    factory, _, _ = _factory(settings)
+    with pytest.raises(LLMUnavailableError, match="SAUCER_LLM_MODEL"):
+        factory.create_session("chat", "normal", None, request="tidy up")
+
+
+def test_follower_mode_runs_every_command_step_of_a_plan_file(settings: Any) -> None:
+    factory, dispatcher, store = _factory(settings)
+    [session] = factory.create_session("notes", "follower", EXAMPLES / "notes.json")
+    result = asyncio.run(session.run())
+    assert result.status == "finished" and result.rounds == 3 and result.steps == 3
+    assert [c.tool_name for c in dispatcher.ran] == ["files.write", "files.append", "files.read"]
+    ctx = Context.open(store, session.session_id, create=False)
+    assert ctx.get(ContextNames.MODE) == "follower"
+    assert ctx.get(ContextNames.APPLICATION_ROOT_NAME) == "notes/today.md"
+    assert ctx.get(ContextNames.ROUND_SUBTASK_AMOUNT) == {0: 1, 1: 1, 2: 1}
+
+
+def test_follower_mode_on_a_folder_gives_one_session_per_plan(settings: Any) -> None:
+    factory, dispatcher, _ = _factory(settings)
+    sessions = factory.create_session("batch", "follower", EXAMPLES / "batch")
+    assert len(sessions) == 2 and len({s.session_id for s in sessions}) == 2
+    results = asyncio.run(SessionPool(sessions, 2).run_all())
+    assert [r.status for r in results] == ["finished", "finished"]
+
+
+def test_follower_text_steps_need_an_llm_agent(settings: Any) -> None:
+    factory, _, _ = _factory(settings)
+    with pytest.raises(LLMUnavailableError, match=r"plan step 1 of .*mixed.json \('summarise the notes in one sentence'\) is a text step"):
+        factory.create_session("mixed", "follower", EXAMPLES / "mixed.json")
+    # With an LLM agent the text step goes to it and the command step to the follower.
+    factory, dispatcher, store = _factory(settings, agents=lambda s: ScriptedAgent("llm"))
+    [session] = factory.create_session("mixed", "follower", EXAMPLES / "mixed.json")
+    result = asyncio.run(session.run())
+    assert result.status == "finished"
+    authors = [e.author for e in store.read(session.session_id) if e.meta.get("kind") == "step"]
+    assert authors == ["follower", "llm"]
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"steps": []}, r"bad.json: task: field required"),
+        ({"task": "t", "steps": [{"subtask": "x", "commands": [{"tool": "a"}]}]}, r"steps\[0\].commands\[0\].tool_name: field required; steps\[0\].commands\[0\].tool: unknown field"),
+        ({"task": "t", "steps": [7]}, r"steps\[0\]: a step must be a text or an object"),
+        ({"task": "t", "steps": [{"subtask": "x", "commands": [{"tool_name": "a", "tool_type": "write"}]}]}, r"tool_type: input should be 'action' or 'data_collection'"),
+        ({"task": "t"}, "has no steps for follower mode"),
+    ],
+)
+def test_malformed_plans_name_the_file_and_the_field(settings: Any, tmp_path: Path, data: Any, message: str) -> None:
+    factory, _, _ = _factory(settings)
+    with pytest.raises(PlanError, match=message):
+        factory.create_session("t", "follower", _write(tmp_path / "bad.json", data))
+
+
+def test_plan_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="does not exist"):
+        load_plan(tmp_path / "missing.json")
+    (tmp_path / "broken.json").write_text('{"task": "t", "steps": [', encoding="utf-8")
+    with pytest.raises(PlanError, match=r"broken.json is not valid JSON: .* at line 1, column 25"):
+        load_plan(tmp_path / "broken.json")
+
+
+def test_batch_normal_tracks_progress_and_skips_finished_plans_on_rerun(make_settings: Any, tmp_path: Path) -> None:
+    settings = make_settings()
+    folder = tmp_path / "plans"
+    _write(folder / "a.json", command_plan(2, task="a"))
+    _write(folder / "b.json", command_plan(2, task="b", fail_at=1))
+    _write(folder / "c.json", command_plan(1, task="c"))
+    dispatcher = FakeDispatcher(fail=("broken",))
+    factory, _, store = _factory(settings, dispatcher=dispatcher)
+    sessions = factory.create_session("nightly", "batch_normal", folder)
+    assert [s.mode for s in sessions] == ["batch_normal"] * 3
+    results = asyncio.run(SessionPool(sessions, 2).run_all())
+    assert [r.status for r in results] == ["finished", "failed", "finished"]
+    status_file = tmp_path / "logs" / "nightly" / "tasks_status.json"
+    status = json.loads(status_file.read_text())
+    assert {k: v["status"] for k, v in status.items()} == {"a.json": "finished", "b.json": "failed", "c.json": "finished"}
+    assert status["a.json"]["session_id"] == sessions[0].session_id
+    # Re-run: only the failed plan runs again, as a new session.
+    dispatcher.fail.clear()
+    again = factory.create_session("nightly", "batch_normal", folder)
+    assert len(again) == 1 and again[0].plan_file.endswith("b.json")
+    assert again[0].session_id != sessions[1].session_id
+    [rerun] = asyncio.run(SessionPool(again).run_all())
+    assert rerun.status == "finished"
+    assert json.loads(status_file.read_text())["b.json"]["status"] == "finished"
+    assert factory.create_session("nightly", "batch_normal", folder) == []
+
+
+class DyingDispatcher(FakeDispatcher):
+    """Cancels the run while it executes command ``i == die_at`` (the process "dies" mid-step)."""
+
+    def __init__(self, die_at: int) -> None:
+        super().__init__()
+        self.die_at = die_at
+
+    async def execute_commands(self, commands: list[Any], timeout: float | None = None) -> list[Any]:
+        results = await super().execute_commands(commands, timeout)
+        if commands[0].parameters.get("i") == self.die_at:
+            self.die_at = -1
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(1)
+        return results
+
+
+def test_batch_normal_resumes_a_plan_whose_run_was_interrupted(make_settings: Any, tmp_path: Path) -> None:
+    settings = make_settings()
+    folder = tmp_path / "plans"
+    _write(folder / "a.json", command_plan(3, task="a"))
+    dispatcher = DyingDispatcher(die_at=1)
+    factory, _, store = _factory(settings, dispatcher=dispatcher)
+    [first] = factory.create_session("nightly", "batch_normal", folder)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(first.run())
+    status = json.loads((tmp_path / "logs" / "nightly" / "tasks_status.json").read_text())
+    assert status["a.json"]["status"] == "running"
+    [resumed] = factory.create_session("nightly", "batch_normal", folder)
+    assert resumed.session_id == first.session_id
+    result = asyncio.run(resumed.run())
+    assert result.status == "finished" and result.rounds == 3 and result.steps == 3
+    # Step 1 was in flight when the run died: it runs again (at-least-once); step 0 does not.
+    assert [c.parameters["i"] for c in dispatcher.ran] == [0, 1, 1, 2]
+    assert json.loads((tmp_path / "logs" / "nightly" / "tasks_status.json").read_text())["a.json"]["status"] == "finished"
+
+
+def test_batch_normal_plan_without_steps_is_a_request(make_settings: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "plans"
+    _write(folder / "ask.json", {"task": "write a haiku"})
+    factory, _, store = _factory(make_settings(), agents=lambda s: ScriptedAgent("llm"))
+    [session] = factory.create_session("poems", "batch_normal", folder)
+    result = asyncio.run(session.run())
+    assert result.status == "finished"
+    assert [e.meta["request"] for e in store.read(session.session_id) if e.meta.get("kind") == "round_start"] == ["write a haiku"]
+    factory, _, _ = _factory(make_settings())
+    with pytest.raises(LLMUnavailableError, match="ask.json has no steps, so its task is a request"):
+        factory.create_session("other-poems", "batch_normal", folder)
+
+
+def test_service_mode_needs_saucer_serve_or_a_remote_dispatcher(settings: Any) -> None:
+    factory, _, _ = _factory(settings)
+    with pytest.raises(ServiceModeError, match=r"service mode runs through `saucer serve`"):
+        factory.create_session("remote", "service", EXAMPLES / "notes.json")
+    remote = FakeDispatcher()
+    factory = SessionFactory(settings, store=MemoryStore(), remote_dispatcher_factory=lambda s: remote)
+    [session] = factory.create_session("remote", "service", EXAMPLES / "notes.json")
+    result = asyncio.run(session.run())
+    assert result.status == "finished" and result.mode == "service"
+    assert [c.tool_name for c in remote.ran] == ["files.write", "files.append", "files.read"]
+
+
+def test_platform_and_mode_errors(settings: Any) -> None:
+    factory, _, _ = _factory(settings, agents=lambda s: ScriptedAgent())
+    with pytest.raises(PlatformNotSupportedError, match=r"windows sessions are not supported on this platform \(linux\)"):
+        factory.create_session("t", "normal", None, request="x", platform_override="windows")
+    with pytest.raises(ModeError, match="unknown mode 'turbo'"):
+        factory.create_session("t", "turbo", None)
+    with pytest.raises(ModeError, match="follower mode needs a plan"):
+        factory.create_session("t", "follower", None)
+    with pytest.raises(ModeError, match="batch_normal mode needs a folder of plans"):
+        factory.create_session("t", "batch_normal", EXAMPLES / "notes.json")
+    [session] = factory.create_session("t", "normal", None, request="x", platform_override="linux")
+    assert session.platform == "linux"
+
+
+def test_the_factory_resumes_sessions(settings: Any) -> None:
+    factory, dispatcher, store = _factory(settings)
+    [session] = factory.create_session("notes", "follower", EXAMPLES / "notes.json")
+    asyncio.run(session.run())
+    again = factory.resume_session(session.session_id)
+    result = asyncio.run(again.run())  # already finished: its stored result, nothing re-run
+    assert result.status == "finished" and result.steps == 3
+    assert len(dispatcher.ran) == 3
+
+
+def test_follower_plan_through_the_real_built_in_tools(make_settings: Any, tmp_path: Path) -> None:
+    pytest.importorskip("saucer.dispatch.local", reason="the local MCP dispatcher is not installed yet")
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    store = MemoryStore()
+    factory = SessionFactory(make_settings(), store=store, workspace=workspace)
+    [session] = factory.create_session("notes", "follower", EXAMPLES / "notes.json")
+    result = asyncio.run(session.run())
+    assert result.status == "finished", result
+    assert (workspace / "notes" / "today.md").read_text() == "# Today\n- replayed by saucer\n"
+    ctx = Context.open(store, session.session_id, create=False)
+    tools = ctx.get(ContextNames.TOOL_INFO)
+    assert {"files.write", "files.append", "files.read"} <= set(tools)
+    last = [e for e in store.read(session.session_id) if e.meta.get("kind") == "step"][-1]
+    assert last.meta["results"][0]["status"] == "success"
+    assert "replayed by saucer" in json.dumps(last.meta["results"][0])

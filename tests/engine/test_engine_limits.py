@@ -1,0 +1,77 @@
+"""The max_step / max_round matrix, for plan-driven (follower) and request-driven (normal) sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from engine_helpers import FakeDispatcher, ScriptedAgent, command_plan
+
+from saucer.context import Context, ContextNames
+from saucer.engine import NonInteractiveInteractor, Session
+from saucer.store.memory import MemoryStore
+
+
+@pytest.mark.parametrize(
+    "max_step, max_round, rounds, steps, status, reason",
+    [
+        (50, None, 4, 4, "finished", "4 round(s) finished"),  # default max_round: every plan step runs
+        (2, None, 2, 2, "stopped", "max_step (2) reached"),  # steps remain: stopped
+        (4, None, 4, 4, "finished", "max_step (4) reached"),  # the limit falls on the last step
+        (50, 3, 3, 3, "finished", "max_round (3) reached"),  # explicitly fewer rounds
+        (2, 3, 2, 2, "stopped", "max_step (2) reached"),
+        (3, 2, 2, 2, "finished", "max_round (2) reached"),
+    ],
+)
+def test_follower_limits(make_settings: Any, max_step: int, max_round: int | None, rounds: int, steps: int, status: str, reason: str) -> None:
+    settings = make_settings(**{"system.max_step": max_step, "system.max_round": max_round})
+    store = MemoryStore()
+    dispatcher = FakeDispatcher()
+    session = Session("limits", mode="follower", settings=settings, store=store, plan=command_plan(4), dispatcher=dispatcher)
+    result = asyncio.run(session.run())
+    assert (result.rounds, result.steps, result.status, result.reason) == (rounds, steps, status, reason)
+    assert [c.parameters["i"] for c in dispatcher.ran] == list(range(steps))
+    ctx = Context.open(store, session.session_id, create=False)
+    assert ctx.get(ContextNames.SESSION_STEP) == steps
+    assert sorted(ctx.get(ContextNames.ROUND_STEP)) == list(range(rounds))
+
+
+@pytest.mark.parametrize(
+    "max_step, max_round, rounds, steps, status, round_steps",
+    [
+        (50, None, 3, 9, "finished", {0: 3, 1: 3, 2: 3}),
+        (5, None, 2, 5, "stopped", {0: 3, 1: 2}),  # stops inside round 1
+        (6, None, 2, 6, "finished", {0: 3, 1: 3}),  # the limit falls on a round's end
+        (50, 2, 2, 6, "finished", {0: 3, 1: 3}),
+        (5, 1, 1, 3, "finished", {0: 3}),
+        (2, 1, 1, 2, "stopped", {0: 2}),
+    ],
+)
+def test_normal_mode_limits(make_settings: Any, max_step: int, max_round: int | None, rounds: int, steps: int, status: str, round_steps: dict[int, int]) -> None:
+    settings = make_settings(**{"system.max_step": max_step, "system.max_round": max_round})
+    store = MemoryStore()
+    session = Session(
+        "limits", settings=settings, store=store, agents=ScriptedAgent("worker", steps=3),
+        interactor=NonInteractiveInteractor(requests=["a", "b", "c"]),
+    )
+    result = asyncio.run(session.run())
+    assert (result.rounds, result.steps, result.status) == (rounds, steps, status), result
+    ctx = Context.open(store, session.session_id, create=False)
+    assert ctx.get(ContextNames.ROUND_STEP) == round_steps
+    ends = [e.meta["round_status"] for e in store.read(session.session_id) if e.meta.get("kind") == "round_end"]
+    assert ends[-1] == ("stopped" if status == "stopped" else "finished")
+
+
+def test_a_failed_follower_step_stops_the_session_as_failed(make_settings: Any) -> None:
+    store = MemoryStore()
+    dispatcher = FakeDispatcher(fail=("broken",))
+    session = Session("fails", mode="follower", settings=make_settings(), store=store, plan=command_plan(4, fail_at=1), dispatcher=dispatcher)
+    result = asyncio.run(session.run())
+    assert result.status == "failed" and result.rounds == 2
+    assert "round 1 failed: broken failure: broken broke" == result.reason
+    ctx = Context.open(store, session.session_id, create=False)
+    assert ctx.get(ContextNames.PREVIOUS_SUBTASKS) == [
+        {"subtask": "step 0", "status": "finished"},
+        {"subtask": "step 1", "status": "failed"},
+    ]

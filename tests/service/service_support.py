@@ -1,0 +1,184 @@
+"""Helpers for service-mode tests: tokens, free loopback ports, and real processes that can always be killed.
+
+A uniquely named module (not conftest) so test modules import it reliably next to other test directories' conftests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+ALICE = "alice-token-000000000000"
+BOB = "bob-token-1111111111111111"
+FLEET = "fleet-token-22222222222222"
+TOKENS_ENV = f"alice={ALICE},bob={BOB},fleet={FLEET}"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def auth(token: str) -> dict[str, str]:
+    """Authorization header for ``token``."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+@dataclass
+class Proc:
+    """A child process with its combined output in ``log``."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        """Everything the process printed so far."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` if the process is still running."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+
+@dataclass
+class Processes:
+    """Starts server and device processes; the fixture kills whatever is left."""
+
+    logdir: Path
+    started: list[Proc] = field(default_factory=list)
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+        """Start ``python -m saucer.service <args>``."""
+        log = self.logdir / f"{name}-{len(self.started)}.log"
+        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "saucer.service", *args], stdout=out, stderr=subprocess.STDOUT, env=full_env
+            )
+        proc = Proc(name, popen, log)
+        self.started.append(proc)
+        return proc
+
+    def server(
+        self,
+        port: int,
+        state_dir: Path,
+        *,
+        heartbeat: float = 0.5,
+        missed: int = 3,
+        max_frame_bytes: int = 64 * 1024,
+        extra: tuple[str, ...] = (),
+    ) -> Proc:
+        """Start a server on 127.0.0.1:``port`` and wait until /health answers."""
+        proc = self.spawn(
+            "server",
+            [
+                "serve",
+                "--host", "127.0.0.1",
+                "--port", str(port),
+                "--state-dir", str(state_dir),
+                "--heartbeat-interval", str(heartbeat),
+                "--missed-heartbeats", str(missed),
+                "--max-frame-bytes", str(max_frame_bytes),
+                "--log-level", "warning",
+                *extra,
+            ],
+            env={"SAUCER_SERVICE_TOKENS": TOKENS_ENV},
+        )
+        wait_until(lambda: _healthy(port), 20, f"server on port {port} to answer /health", proc)
+        return proc
+
+    def device(self, port: int, device_id: str, token: str = FLEET, *, wait: bool = True) -> Proc:
+        """Start a device process with the fake dispatcher; wait until the server lists it online."""
+        proc = self.spawn(
+            f"device-{device_id}",
+            [
+                "device",
+                "--server", f"ws://127.0.0.1:{port}/ws",
+                "--device-id", device_id,
+                "--dispatcher", "service_fakes:make_dispatcher",
+                "--backoff-initial", "0.1",
+                "--backoff-max", "0.5",
+                "--log-level", "info",
+            ],
+            env={"SAUCER_SERVICE_TOKEN": token},
+        )
+        if wait:
+            wait_until(lambda: device_online(port, device_id), 20, f"device {device_id} to register", proc)
+        return proc
+
+    def cleanup(self) -> None:
+        """Kill every process still running and reap them all."""
+        for proc in self.started:
+            proc.kill(signal.SIGKILL)
+        for proc in self.started:
+            try:
+                proc.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a kernel that ignores SIGKILL
+                pass
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def device_online(port: int, device_id: str, token: str = ALICE) -> bool:
+    """True when the server on ``port`` lists ``device_id`` as online."""
+    try:
+        response = httpx.get(f"http://127.0.0.1:{port}/api/devices", headers=auth(token), timeout=1.0)
+    except httpx.HTTPError:
+        return False
+    return any(d["device_id"] == device_id and d["online"] for d in response.json().get("devices", []))
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, proc: Proc | None = None) -> None:
+    """Poll ``check`` until true; fail with the process output when it never becomes true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc is not None and proc.popen.poll() is not None:
+            pytest.fail(f"{proc.name} exited with {proc.popen.returncode} while waiting for {what}:\n{proc.output()}")
+        time.sleep(0.05)
+    detail = f"\n{proc.name} output:\n{proc.output()}" if proc is not None else ""
+    pytest.fail(f"timed out after {timeout} s waiting for {what}{detail}")
+
+
+@dataclass
+class Cluster:
+    """A server process with two device processes, shared by a test module."""
+
+    port: int
+    procs: Processes
+    server: Proc
+    devices: dict[str, Proc]
+    workdir: Path
+
+    @property
+    def http(self) -> str:
+        """Base URL of the HTTP API."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        """WebSocket URL."""
+        return f"ws://127.0.0.1:{self.port}/ws"

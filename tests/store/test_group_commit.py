@@ -1,0 +1,340 @@
+"""Group commit: concurrent appends share transactions, yet each is durable and checked on its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from saucer.context import Context
+from saucer.context.events import Event
+from saucer.store import ConflictError, EventStore, FencedError, SessionNotFoundError, open_store
+from saucer.store._group import GroupCommitter, Pending
+
+backends = pytest.mark.parametrize("store_url", ["sqlite", "postgresql"], indirect=True)
+
+
+def _run_threads(n: int, target: Callable[[int], None]) -> list[BaseException]:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            target(i)
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
+def _hold_the_leader(store: Any) -> tuple[threading.Event, Callable[[], None]]:
+    """Make the next batch of one block until released, so that appends queue up behind it.
+
+    Returns (started, release): ``started`` is set once the blocking write began.
+    """
+    committer = store._group_committer()
+    original = committer._write_one
+    started, gate = threading.Event(), threading.Event()
+    first = [True]
+
+    def write_one(entry: Pending) -> None:
+        if first[0]:
+            first[0] = False
+            started.set()
+            gate.wait(30)
+        original(entry)
+
+    committer._write_one = write_one
+    return started, gate.set
+
+
+@backends
+def test_many_sessions_commit_concurrently_and_durably(store_url: str) -> None:
+    store = open_store(store_url)
+    observer = open_store(store_url)  # a second connection: sees only what is committed
+    threads, commits = 30, 20
+    try:
+        contexts = [Context.open(store, f"s{i}", author=f"t{i}") for i in range(threads)]
+
+        def work(i: int) -> None:
+            ctx = contexts[i]
+            for k in range(commits):
+                ctx.incr("n")
+                ctx.append("seen", k)
+                ctx.set("REQUEST", f"request {k}")
+                version = ctx.commit(step=k)
+                # Durable when commit() returns: another connection already sees it.
+                assert observer.head(f"s{i}") >= version
+
+        assert _run_threads(threads, work) == []
+        committer = store._group_committer()
+        assert committer.entries >= threads * commits
+        assert committer.largest_batch > 1, "concurrent commits never shared a transaction"
+        for ctx in contexts:
+            ctx.close()
+    finally:
+        store.close()
+        observer.close()
+
+    with open_store(store_url) as fresh:
+        for i in range(threads):
+            ctx = Context.open(fresh, f"s{i}", create=False)
+            assert ctx.get_var("n") == commits
+            assert ctx.get_var("seen") == list(range(commits))
+            assert ctx.get("REQUEST") == f"request {commits - 1}"
+            assert [e.step for e in ctx.history()] == list(range(commits))
+
+
+@backends
+def test_a_refused_append_fails_only_its_own_caller(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        for i in range(12):
+            store.create_session(f"s{i}")
+            store.append(f"s{i}", 0, [{"op": "set", "var": "x", "value": 0}], author="setup")
+        leases = {i: store.acquire_lease(f"s{i}", "owner", 60) for i in (8, 9)}
+        store.release_lease(leases[9])
+        leases[9] = store.acquire_lease("s9", "thief", 60)  # token 2: "owner"'s token 1 is stale
+
+        # (session, expected version, fence, outcome)
+        plan: list[tuple[str, int, int | None, type[BaseException] | None]] = [
+            *[(f"s{i}", 1, None, None) for i in range(6)],
+            *[(f"s{i}", 0, None, ConflictError) for i in (6, 7)],
+            ("s8", 1, leases[8].token, None),
+            ("s9", 1, 1, FencedError),
+            ("nobody", 0, None, SessionNotFoundError),
+            ("s10", 1, None, None),
+            ("s10", 1, None, ConflictError),  # the same session twice: the second is stale
+        ]
+        started, release = _hold_the_leader(store)
+        outcomes: dict[int, BaseException | None] = {}
+
+        def blocker() -> None:
+            store.append("s11", 1, [{"op": "set", "var": "x", "value": 1}], author="blocker")
+
+        holder = threading.Thread(target=blocker)
+        holder.start()
+        assert started.wait(10)
+
+        def append(i: int) -> None:
+            sid, expected, fence, _ = plan[i]
+            try:
+                store.append(sid, expected, [{"op": "set", "var": "x", "value": i}], author=f"a{i}", fence=fence)
+                outcomes[i] = None
+            except Exception as exc:
+                outcomes[i] = exc
+
+        threads = [threading.Thread(target=append, args=(i,)) for i in range(len(plan))]
+        for t in threads:
+            t.start()
+        committer = store._group_committer()
+        deadline = time.monotonic() + 10
+        while len(committer._queue) < len(plan):
+            assert time.monotonic() < deadline, "appends did not queue up"
+            time.sleep(0.005)
+        release()
+        holder.join(10)
+        for t in threads:
+            t.join(10)
+        assert committer.largest_batch == len(plan), "the queued appends were not written as one batch"
+
+        for i, (sid, expected, fence, outcome) in enumerate(plan[:-2]):
+            if outcome is None:
+                assert outcomes[i] is None, (sid, outcomes[i])
+            else:
+                assert type(outcomes[i]) is outcome, (sid, outcomes[i])
+        assert isinstance(outcomes[7], ConflictError) and outcomes[7].actual == 1
+        assert isinstance(outcomes[9], FencedError) and outcomes[9].holder == "thief"
+        # Of the two appends to s10 based on version 1, exactly one got in.
+        s10 = [outcomes[len(plan) - 2], outcomes[len(plan) - 1]]
+        assert sum(o is None for o in s10) == 1 and any(isinstance(o, ConflictError) for o in s10)
+
+        for i in range(12):
+            refused = i in (6, 7, 9)
+            assert store.head(f"s{i}") == (1 if refused else 2)
+        assert [e.author for e in store.read("s6")] == ["setup"]
+    finally:
+        store.close()
+
+
+def _insert_stray_event(url: str, session_id: str, version: int) -> None:
+    """Put an event row at ``version`` without moving the head (as a bug or a hand edit could)."""
+    if url.startswith("sqlite"):
+        import sqlite3
+
+        from saucer.store.sqlite import path_from_url
+
+        with sqlite3.connect(path_from_url(url)) as conn:
+            conn.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, version, 0.0, "stray", None, None, b'{"ops":[]}', None),
+            )
+    else:
+        import psycopg
+
+        from saucer.store.postgres import split_url
+
+        conninfo, schema = split_url(url)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(
+                f'INSERT INTO "{schema}".events (session_id, version, ts, author, payload) VALUES (%s, %s, 0, %s, %s)',
+                (session_id, version, "stray", b'{"ops":[]}'),
+            )
+
+
+@backends
+def test_a_batch_that_fails_as_a_whole_is_retried_entry_by_entry(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        for i in range(5):
+            store.create_session(f"s{i}")
+        _insert_stray_event(store_url, "s3", 1)  # s3's next append will hit a duplicate key
+        started, release = _hold_the_leader(store)
+        holder = threading.Thread(target=lambda: store.append("s4", 0, [], author="blocker"))
+        holder.start()
+        assert started.wait(10)
+        outcomes: dict[int, BaseException | None] = {}
+
+        def append(i: int) -> None:
+            try:
+                store.append(f"s{i}", 0, [{"op": "incr", "var": "n", "by": 1}], author="w")
+                outcomes[i] = None
+            except Exception as exc:
+                outcomes[i] = exc
+
+        threads = [threading.Thread(target=append, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        committer = store._group_committer()
+        while len(committer._queue) < 4:
+            time.sleep(0.005)
+        release()
+        holder.join(10)
+        for t in threads:
+            t.join(10)
+        assert outcomes[3] is not None
+        assert all(outcomes[i] is None for i in range(3)), outcomes
+        assert [store.head(f"s{i}") for i in range(5)] == [1, 1, 1, 0, 1]
+    finally:
+        store.close()
+
+
+@backends
+def test_group_commit_can_be_turned_off(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        store.group_commit = False
+        store.create_session("s")
+        for k in range(3):
+            store.append("s", k, [{"op": "incr", "var": "n", "by": 1}], author="w")
+        with pytest.raises(ConflictError):
+            store.append("s", 1, [], author="w")
+        assert store._group_committer().entries == 0
+        assert store.head("s") == 3
+    finally:
+        store.close()
+
+
+def test_the_committer_releases_each_caller_only_after_its_batch_is_written() -> None:
+    written: set[int] = set()
+    lock = threading.Lock()
+    batches: list[int] = []
+
+    def write_batch(entries: list[Pending]) -> None:
+        time.sleep(0.0005)  # a flush; other callers queue meanwhile
+        with lock:
+            batches.append(len(entries))
+            for e in entries:
+                if e.event.version % 97 == 0:
+                    e.error = ConflictError(e.event.session_id, e.expected, None)
+                else:
+                    written.add(id(e.event))
+
+    def write_one(entry: Pending) -> None:
+        write_batch([entry])
+        if entry.error is not None:
+            raise entry.error
+
+    committer = GroupCommitter(write_batch, write_one)
+    threads, per_thread = 40, 100
+
+    def work(i: int) -> None:
+        for k in range(1, per_thread + 1):
+            event = Event(f"s{i}", k, 0.0, "w", None, None, [])
+            try:
+                committer.append(event, k - 1, None)
+            except ConflictError:
+                assert k % 97 == 0
+                continue
+            assert k % 97 != 0
+            with lock:
+                assert id(event) in written, "released before its batch was written"
+
+    assert _run_threads(threads, work) == []
+    assert committer.entries == threads * per_thread == sum(batches)
+    assert max(batches) > 1
+
+
+def test_the_committer_falls_back_to_single_writes_when_a_batch_fails() -> None:
+    def write_batch(entries: list[Pending]) -> None:
+        raise RuntimeError("the whole batch failed")
+
+    def write_one(entry: Pending) -> None:
+        if entry.event.session_id == "bad":
+            raise ValueError("bad entry")
+
+    committer = GroupCommitter(write_batch, write_one)
+    gate = threading.Event()
+    original = committer._write_one
+    first = [True]
+
+    def slow_one(entry: Pending) -> None:
+        if first[0]:
+            first[0] = False
+            gate.wait(10)
+        original(entry)
+
+    committer._write_one = slow_one
+    results: dict[str, BaseException | None] = {}
+
+    def append(sid: str) -> None:
+        try:
+            committer.append(Event(sid, 1, 0.0, "w", None, None, []), 0, None)
+            results[sid] = None
+        except Exception as exc:
+            results[sid] = exc
+
+    first_thread = threading.Thread(target=append, args=("first",))
+    first_thread.start()
+    while first[0]:
+        time.sleep(0.001)
+    others = [threading.Thread(target=append, args=(sid,)) for sid in ("a", "bad", "b")]
+    for t in others:
+        t.start()
+    while len(committer._queue) < 3:
+        time.sleep(0.001)
+    gate.set()
+    for t in [first_thread, *others]:
+        t.join(10)
+    assert results["first"] is None and results["a"] is None and results["b"] is None
+    assert isinstance(results["bad"], ValueError)
+
+
+def test_a_single_writer_writes_alone(tmp_path: Any) -> None:
+    store: EventStore = open_store(f"sqlite:///{tmp_path}/x.db")
+    try:
+        store.create_session("s")
+        for k in range(20):
+            store.append("s", k, [], author="w")
+        committer = store._group_committer()  # type: ignore[attr-defined]
+        assert committer.batches == committer.entries == 20 and committer.largest_batch == 1
+    finally:
+        store.close()

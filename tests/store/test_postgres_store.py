@@ -1,0 +1,207 @@
+"""What only the PostgreSQL store has: URLs with a schema, migrations, the server's clock, LISTEN/NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from saucer.context import Context
+from saucer.store import LeaseHeldError, StoreError, open_store
+from saucer.store.postgres import SCHEMA_VERSION, PostgresStore, _display, split_url
+
+pg = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+
+
+def _connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(split_url(url)[0], autocommit=True)
+
+
+def test_split_url() -> None:
+    assert split_url("postgresql://u@h:5432/db") == ("postgresql://u@h:5432/db", "saucer")
+    assert split_url("postgresql://u@h/db?schema=tenant_7&sslmode=disable") == (
+        "postgresql://u@h/db?sslmode=disable",
+        "tenant_7",
+    )
+    assert split_url("postgres://h/db?schema=Odd-Name") == ("postgres://h/db", "Odd-Name")
+    with pytest.raises(ValueError, match="schema"):
+        split_url("postgresql://h/db?schema=")
+    with pytest.raises(ValueError, match="not a PostgreSQL"):
+        split_url("mysql://h/db")
+    assert _display("postgresql://me:s3cret@h/db?schema=x") == "postgresql://me:***@h/db?schema=x"
+
+
+def test_an_unreachable_server_is_a_clear_error() -> None:
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=r"cannot connect to PostgreSQL at postgresql://me:\*\*\*@127\.0\.0\.1:1/db"):
+        PostgresStore("postgresql://me:pw@127.0.0.1:1/db?schema=x", connect_timeout=2)
+    assert time.monotonic() - started < 10
+
+
+@pg
+def test_the_schema_is_created_on_first_use_and_versioned(store_url: str) -> None:
+    _, schema = split_url(store_url)
+    with open_store(store_url) as store:
+        assert isinstance(store, PostgresStore)
+        assert store.schema_version() == SCHEMA_VERSION
+        assert store.migrate() == SCHEMA_VERSION  # again: nothing to do
+    with _connect(store_url) as conn:
+        rows = conn.execute(f'SELECT version FROM "{schema}".saucer_schema ORDER BY version').fetchall()
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+            )
+        }
+    assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+    assert tables == {"saucer_schema", "sessions", "events", "snapshots", "leases"}
+
+
+@pg
+def test_concurrent_first_opens_migrate_once(store_url: str) -> None:
+    errors: list[BaseException] = []
+    stores: list[PostgresStore] = []
+    barrier = threading.Barrier(6)
+
+    def open_one() -> None:
+        try:
+            barrier.wait()
+            stores.append(PostgresStore(store_url))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for s in stores:
+        s.close()
+    assert errors == []
+    with _connect(store_url) as conn:
+        count = conn.execute(f'SELECT count(*) FROM "{split_url(store_url)[1]}".saucer_schema').fetchone()[0]
+    assert count == SCHEMA_VERSION
+
+
+@pg
+def test_a_newer_schema_is_refused(store_url: str) -> None:
+    open_store(store_url).close()
+    with _connect(store_url) as conn:
+        conn.execute(f'INSERT INTO "{split_url(store_url)[1]}".saucer_schema (version) VALUES (%s)', (SCHEMA_VERSION + 1,))
+    with pytest.raises(StoreError, match="newer than this saucer"):
+        open_store(store_url)
+
+
+@pg
+def test_schemas_are_separate_stores(store_url: str) -> None:
+    other = store_url.replace("schema=", "schema=x")
+    try:
+        with open_store(store_url) as a, open_store(other) as b:
+            a.create_session("same")
+            a.append("same", 0, [{"op": "set", "var": "x", "value": "a"}], author="t")
+            assert not b.exists("same")
+            b.create_session("same")
+            assert b.head("same") == 0 and a.head("same") == 1
+    finally:
+        with _connect(other) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{split_url(other)[1]}" CASCADE')
+
+
+@pg
+def test_leases_expire_by_the_server_clock(store_url: str) -> None:
+    with open_store(store_url) as store, _connect(store_url) as conn:
+        store.create_session("s")
+        server_now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
+        lease = store.acquire_lease("s", "w1", 30)
+        assert abs(lease.expires_at - (server_now + 30)) < 2
+        with pytest.raises(LeaseHeldError, match="'w1'") as info:
+            store.acquire_lease("s", "w2", 30)
+        assert info.value.holder == "w1"
+        # Move the lease's expiry into the past on the server: it is free at once.
+        conn.execute(
+            f'UPDATE "{split_url(store_url)[1]}".leases SET expires_at = %s WHERE session_id = %s',
+            (server_now - 1, "s"),
+        )
+        taken = store.acquire_lease("s", "w2", 30)
+        assert taken.token == lease.token + 1
+
+
+@pg
+def test_watch_is_woken_by_notify(store_url: str) -> None:
+    with open_store(store_url) as store, open_store(store_url) as writer:
+        store.create_session("watched")
+        store.create_session("other")
+
+        async def follow() -> list[tuple[int, float]]:
+            got: list[tuple[int, float]] = []
+            # A poll interval far longer than the test: only NOTIFY can wake it in time.
+            async for event in store.watch("watched", interval=30):
+                got.append((event.version, time.monotonic()))
+                if len(got) == 3:
+                    return got
+            return got
+
+        def write() -> None:
+            time.sleep(0.5)
+            for v in range(3):
+                writer.append("other", v, [], author="noise")
+                writer.append("watched", v, [{"op": "incr", "var": "n", "by": 1}], author="w")
+                time.sleep(0.1)
+
+        thread = threading.Thread(target=write)
+        started = time.monotonic()
+        thread.start()
+        got = asyncio.run(asyncio.wait_for(follow(), 10))
+        thread.join()
+        assert [v for v, _ in got] == [1, 2, 3]
+        assert got[-1][1] - started < 4
+
+
+@pg
+def test_watch_falls_back_to_polling_without_listen(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("no LISTEN for you")
+
+    with open_store(store_url) as store:
+        store.create_session("s")
+        store.append("s", 0, [], author="w")
+        monkeypatch.setattr(psycopg.AsyncConnection, "connect", refuse)
+
+        async def first() -> int:
+            async for event in store.watch("s", interval=0.05):
+                return event.version
+            return -1
+
+        with pytest.warns(RuntimeWarning, match="polling"):
+            assert asyncio.run(asyncio.wait_for(first(), 5)) == 1
+
+
+@pg
+def test_a_closed_store_says_so(store_url: str) -> None:
+    store = open_store(store_url)
+    store.close()
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.sessions()
+
+
+@pg
+def test_snapshots_and_context_round_trip(store_url: str) -> None:
+    sid = f"s-{uuid.uuid4().hex[:6]}"
+    with open_store(store_url) as store:
+        ctx = Context.open(store, sid, snapshot_every=3)
+        for i in range(10):
+            ctx.incr("n")
+            ctx.commit()
+        ctx.close()
+        assert store.latest_snapshot(sid) is not None
+        assert store.events_since_snapshot(sid) < 3
+        assert Context.open(store, sid).get_var("n") == 10
