@@ -81,6 +81,8 @@ def friendly(fn: F) -> F:
             _fail(f"{exc}. List sessions with: saucer sessions")
         except (UserError, SessionExistsError, LeaseHeldError, ConflictError, CorruptRecordError) as exc:
             _fail(str(exc))
+        except _user_errors() as exc:
+            _fail(str(exc))
         except FileNotFoundError as exc:
             _fail(f"no such file: {exc.filename or exc}")
         except (ValueError, TypeError, KeyError) as exc:
@@ -91,6 +93,14 @@ def friendly(fn: F) -> F:
             _fail("interrupted", 130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors of the engine and the settings that describe a user's mistake."""
+    from saucer.config import ConfigError
+    from saucer.engine.errors import EngineError
+
+    return (ConfigError, EngineError)
 
 
 def _settings(config: Optional[Path], overrides: dict[str, Any] | None = None) -> Any:
@@ -166,6 +176,7 @@ def show_cmd(
     session: str = typer.Argument(..., help="Session id."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep watching and print new steps as they commit (Ctrl-C stops)."),
     interval: float = typer.Option(0.5, "--interval", help="Polling interval in seconds for --follow."),
+    show_all: bool = typer.Option(False, "--all", "-a", help="Also list the engine's counter and log updates of each step."),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
@@ -176,17 +187,17 @@ def show_cmd(
         title = f"session {session} · v{info.version}"
         if info.parent_id:
             title += f" · fork of {info.parent_id}@{info.parent_version}"
-        console.print(view.timeline(events, title))
+        console.print(view.timeline(events, title, show_all=show_all))
         if follow:
-            asyncio.run(_follow(st, session, info.version, interval))
+            asyncio.run(_follow(st, session, info.version, interval, show_all))
 
 
-async def _follow(store: EventStore, session: str, after: int, interval: float) -> None:
+async def _follow(store: EventStore, session: str, after: int, interval: float, show_all: bool) -> None:
     console.print(f"[dim]following {session} from v{after}; Ctrl-C to stop[/]")
     try:
         async for event in store.watch(session, after, interval=interval):
-            console.print(view.timeline([event], f"v{event.version}"))
-            if event.meta.get("session_status") in ("finished", "failed", "error"):
+            console.print(view.timeline([event], f"v{event.version}", show_all=show_all))
+            if event.meta.get("kind") == "session_end":
                 console.print(f"[dim]session {event.meta['session_status']}[/]")
                 return
     except asyncio.CancelledError:  # Ctrl-C
@@ -324,6 +335,196 @@ def import_cmd(
     with open_store(resolve_store_url(store, config)) as st:
         info = import_session(st, data, new_id)
     console.print(f"imported session [bold]{info.session_id}[/] at v{info.version}")
+
+
+# ================================================================= running
+
+ModeOption = typer.Option(
+    None,
+    "--mode",
+    help="normal (a request, answered by the LLM agent), follower (a plan), batch_normal (a folder of plans) "
+    "or service (through saucer serve). Default: follower for a plan file, batch_normal for a folder, normal for a request.",
+)
+
+
+def _run_settings(config: Optional[Path], store: Optional[str], **flags: Any) -> Any:
+    overrides: dict[str, Any] = {"store.url": store}
+    overrides.update({k: v for k, v in flags.items() if v is not None})
+    return _settings(config, overrides)
+
+
+def _print_result(result: Any) -> None:
+    console.print(result.cost.render())
+    if result.log_path:
+        console.print(f"logs: {result.log_path}")
+    if getattr(result, "experience_path", None):
+        console.print(f"experience saved as a replayable plan: {result.experience_path}")
+
+
+async def _run_sessions(sessions: list[Any], concurrency: int) -> list[Any]:
+    from saucer.engine.pool import SessionPool
+
+    if len(sessions) == 1:
+        return [await sessions[0].run()]
+    pool = SessionPool(sessions, max_concurrency=concurrency, progress=True, console=console)
+    results = await pool.run_all()
+    console.print(pool.summary_table())
+    return results
+
+
+def _factory(settings: Any, yes: bool, workspace: Optional[Path], show_session: bool = False) -> Any:
+    from saucer.cli.interactor import RichInteractor
+    from saucer.cli.progress import StepPrinter
+    from saucer.engine.factory import SessionFactory
+
+    return SessionFactory(
+        settings,
+        interactor=RichInteractor(err, assume_yes=yes),
+        observer=StepPrinter(console, show_session=show_session),
+        workspace=workspace,
+    )
+
+
+def _exit_for(results: list[Any]) -> None:
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+@app.command("run")
+@friendly
+def run_cmd(
+    request: Optional[str] = typer.Option(None, "--request", "-r", help="What the agents should do, in plain language (normal mode)."),
+    plan: Optional[Path] = typer.Option(None, "--plan", "-p", help="A plan JSON file, or a folder of them."),
+    mode: Optional[str] = ModeOption,
+    task: Optional[str] = typer.Option(None, "--task", help="Task name (default: the plan's task, or 'request')."),
+    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Directory the built-in shell and files tools act in (default: the current directory)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
+    concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Sessions run at once for a folder of plans."),
+    max_step: Optional[int] = typer.Option(None, "--max-step", min=1, help="Override system.max_step."),
+    max_round: Optional[int] = typer.Option(None, "--max-round", min=1, help="Override system.max_round."),
+    durability: Optional[str] = typer.Option(None, "--durability", help="step (default), strict or exit."),
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Run a session: a request in plain language, a plan, or a folder of plans."""
+    if request is not None and plan is not None:
+        raise UserError("give --request TEXT or --plan FILE|DIR, not both")
+    if request is None and plan is None and mode != "normal":
+        raise UserError("give either --request TEXT or --plan FILE|DIR")
+    if plan is not None and not plan.exists():
+        raise UserError(f"no such plan file or folder: {plan}")
+    mode = mode or ("normal" if plan is None else "batch_normal" if plan.is_dir() else "follower")
+    settings = _run_settings(
+        config, store, **{"system.max_step": max_step, "system.max_round": max_round, "store.durability": durability}
+    )
+    if mode == "normal":
+        from saucer.agents.llm import require_model_settings
+
+        require_model_settings(settings)
+        if request is None:
+            from saucer.cli.interactor import stdin_is_terminal
+
+            if not stdin_is_terminal():
+                raise UserError("normal mode needs a request: pass --request TEXT (there is no terminal to ask)")
+    if mode == "service":
+        raise UserError("service-mode sessions run on a server: start it with saucer serve and submit tasks to it")
+    if workspace is not None:
+        workspace.mkdir(parents=True, exist_ok=True)
+    name = task or ("request" if plan is None else None)
+    with _factory(settings, yes, workspace, show_session=plan is not None and plan.is_dir()) as factory:
+        if name is None:
+            from saucer.engine.plan import load_plan
+
+            name = load_plan(plan).task if plan.is_file() else plan.name  # type: ignore[union-attr]
+        sessions = factory.create_session(name, mode, plan=plan, request=request or "")
+        results = asyncio.run(_run_sessions(sessions, concurrency))
+    if len(results) == 1:
+        _print_result(results[0])
+        _print_next_steps(results[0].session_id, store)
+    _exit_for(results)
+
+
+def program_name() -> str:
+    """How the user can run saucer again: ``saucer`` when that is on PATH, else the script's path."""
+    import shutil
+
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "saucer"
+    if Path(argv0).name != "saucer":
+        return f"{Path(sys.executable).name} -m saucer" if shutil.which(Path(sys.executable).name) else f"{sys.executable} -m saucer"
+    found = shutil.which("saucer")
+    if found and Path(found).resolve() == Path(argv0).resolve():
+        return "saucer"
+    absolute = Path(argv0).resolve()
+    relative = os.path.relpath(absolute)
+    return relative if not relative.startswith("..") else str(absolute)
+
+
+def _print_next_steps(session_id: str, store: Optional[str], at: int = 3) -> None:
+    prog = program_name()
+    flag = f" --store {store}" if store else ""
+    console.print("\n[bold]next[/] (each works as printed):")
+    for comment, command in (
+        ("the timeline: rounds, steps, commands, results", f"show {session_id}"),
+        ("every change with its version, author, round and step", f"history {session_id}"),
+        (f"time travel: the Context as it was at version {at}", f"state {session_id} --at {at}"),
+        ("what changed between two versions", f"diff {session_id} {at} {at + 3}"),
+        ("branch off a new session from that version", f"fork {session_id} --at {at}"),
+        ("continue at the first uncommitted step", f"resume {session_id}"),
+    ):
+        console.print(f"  [dim]# {comment}[/]")
+        console.print(f"  {prog} {command}{flag}", highlight=False, soft_wrap=True)
+
+
+@app.command("resume")
+@friendly
+def resume_cmd(
+    session: str = typer.Argument(..., help="Session id."),
+    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Tools directory (default: the session's own)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Continue a session at its first uncommitted step (a finished session just reports its result)."""
+    settings = _run_settings(config, store)
+    with _open_existing_store(store, config):
+        pass  # a clear error when there is no store yet
+    with _factory(settings, yes, workspace) as factory:
+        factory.store.session_info(session)  # SessionNotFoundError before anything starts
+        kw = {"workspace": workspace} if workspace is not None else {}
+        result = asyncio.run(factory.resume_session(session, **kw).run())
+    _print_result(result)
+    _exit_for([result])
+
+
+@app.command("demo")
+@friendly
+def demo_cmd(
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Run the shipped demo: a plan that builds, edits and searches a small project with the built-in tools.
+
+    No network and no API key needed. It ends with the session's timeline and
+    the commands to resume, inspect and time-travel it.
+    """
+    from importlib.resources import files
+
+    plan_path = Path(str(files("saucer.cli") / "demo_plan.json"))
+    settings = _run_settings(config, store)
+    run_id = uuid.uuid4().hex[:6]
+    workspace = Path(".saucer") / "demo" / run_id
+    workspace.mkdir(parents=True, exist_ok=True)
+    console.rule("[bold]saucer demo")
+    console.print(f"plan: {plan_path.name} · workspace: {workspace} · store: {settings.store.url}\n")
+    with _factory(settings, True, workspace) as factory:
+        sessions = factory.create_session("demo", "follower", plan=plan_path, session_id=f"demo-{run_id}")
+        result = asyncio.run(sessions[0].run())
+        events = list(factory.store.read(result.session_id))
+    console.print()
+    console.print(view.timeline(events, f"session {result.session_id} · v{result.version}"))
+    _print_result(result)
+    _print_next_steps(result.session_id, store)
+    _exit_for([result])
 
 
 def main() -> None:

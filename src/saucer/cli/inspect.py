@@ -136,8 +136,70 @@ def _commands_text(meta: Mapping[str, Any]) -> list[Text]:
     return lines
 
 
-def timeline(events: list[Event], title: str) -> Tree:
-    """Rounds → steps: agent, state, commands, results, cost, and each step's Context changes."""
+#: Counters and logs the engine updates on every step; collapsed in the timeline unless asked for.
+BOOKKEEPING = frozenset(
+    {"SESSION_STEP", "ROUND_STEP", "ROUND_SUBTASK_AMOUNT", "STRUCTURAL_LOGS", "PREVIOUS_SUBTASKS", "ROUND_COST", "SESSION_COST"}
+)
+
+_SYSTEM_KINDS = {
+    "session_start": "session started",
+    "round_end": "round ended",
+    "session_end": "session ended",
+}
+
+
+def _changes(event: Event, show_all: bool) -> Text | None:
+    shown: list[str] = []
+    hidden = 0
+    for op in event.ops:
+        key = op_key(op)
+        if not show_all and key in BOOKKEEPING:
+            hidden += 1
+            continue
+        if not show_all and key == "TOOL_INFO" and op["op"] == "set" and isinstance(op.get("value"), dict):
+            shown.append(f"TOOL_INFO = ({len(op['value'])} tools)")
+            continue
+        shown.append(describe_op(op))
+    if not shown and not hidden:
+        return None
+    limit = len(shown) if show_all else 6
+    text = "; ".join(shown[:limit])
+    if len(shown) > limit:
+        text += f" (+{len(shown) - limit} more)"
+    if hidden:
+        text += f"{'; ' if shown else ''}+{hidden} counter/log update{'s' if hidden != 1 else ''}"
+    return Text("  changes: " + text, style="green")
+
+
+def _system_line(event: Event) -> Text | None:
+    meta = event.meta
+    kind = meta.get("kind")
+    if kind == "round_start":
+        return None  # the round's heading says it
+    label = _SYSTEM_KINDS.get(kind or "")
+    if label is None:
+        return None
+    if kind == "round_end":
+        label = f"round {meta.get('round_status', 'ended')}"
+    elif kind == "session_end":
+        label = f"session {meta.get('session_status', 'ended')}"
+    elif kind == "session_start":
+        label = f"session started ({meta.get('mode', '?')} mode)"
+    line = Text(f"v{event.version} ", style="dim")
+    line.append(label, style="bold")
+    reason = meta.get("reason") or (meta.get("summary") or {}).get("reason")
+    if reason:
+        line.append(f": {short(reason, 80)}")
+    if meta.get("error"):
+        line.append(f"  {short(meta['error'], 80)}", style="red")
+    return line
+
+
+def timeline(events: list[Event], title: str, *, show_all: bool = False) -> Tree:
+    """Rounds → steps: agent, state, commands, results, cost, and each step's Context changes.
+
+    Engine bookkeeping (step counters, structural logs) is summarised unless ``show_all``.
+    """
     tree = Tree(Text(title, style="bold"))
     rounds: dict[Any, Tree] = {}
     for event in events:
@@ -146,28 +208,38 @@ def timeline(events: list[Event], title: str) -> Tree:
         branch = rounds.get(round_key)
         if branch is None:
             request = meta.get("request")
-            label = f"round {round_key}" + (f": {short(request, 70)}" if request else "")
+            label = "session" if meta.get("kind") == "session_start" else f"round {round_key}"
+            if request:
+                label += f": {short(request, 70)}"
             branch = rounds[round_key] = tree.add(Text(label, style="cyan"))
+        elif meta.get("kind") == "round_start" and meta.get("request"):
+            branch.label = Text(f"round {round_key}: {short(meta['request'], 70)}", style="cyan")
+        changes = _changes(event, show_all)
+        system = _system_line(event) if event.step is None and meta.get("kind") else None
+        if system is not None or (meta.get("kind") == "round_start" and not show_all):
+            parts: list[Any] = [system] if system is not None else []
+            if show_all and changes is not None:
+                parts.append(changes)
+            if parts:
+                branch.add(Group(*parts))
+            continue
         head = Text(f"v{event.version} ", style="dim")
         if event.step is not None:
-            head.append(f"step {event.step} ", style="bold")
-        head.append(event.author)
+            head.append(f"step {meta.get('session_step', event.step)} ", style="bold")
+        head.append(str(meta.get("agent") or event.author))
         if meta.get("state"):
             head.append(f" [{meta['state']}]", style="magenta")
         if meta.get("status"):
-            head.append(f" {meta['status']}")
+            head.append(f" → {meta['status']}")
         if isinstance(meta.get("cost"), (int, float)) and meta["cost"]:
             head.append(f" cost {meta['cost']:.4f}", style="yellow")
         head.append(f"  {when(event.timestamp)}", style="dim")
-        parts: list[Any] = [head]
+        parts = [head]
         if meta.get("subtask"):
             parts.append(Text(f"  subtask: {short(meta['subtask'], 80)}"))
         parts.extend(_commands_text(meta))
-        changes = [describe_op(op) for op in event.ops]
-        if changes:
-            shown = changes[:8]
-            more = f" (+{len(changes) - 8} more)" if len(changes) > 8 else ""
-            parts.append(Text("  changes: " + "; ".join(shown) + more, style="green"))
+        if changes is not None:
+            parts.append(changes)
         if meta.get("error"):
             parts.append(Text(f"  error: {meta['error']}", style="red"))
         branch.add(Group(*parts))

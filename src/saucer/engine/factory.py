@@ -45,6 +45,7 @@ from saucer.engine.errors import (
     PlatformNotSupportedError,
     ServiceModeError,
 )
+from saucer.engine.interactor import interactor_approver
 from saucer.engine.logs import log_dir_for
 from saucer.engine.plan import TASKS_STATUS_FILE, Plan, load_plan, load_plan_folder, parse_plan
 from saucer.engine.session import Session, SessionResult, new_session_id
@@ -96,8 +97,14 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
             default_servers = getattr(local, "default_servers", None)
             if default_servers is None:
                 from saucer.dispatch.servers import default_servers
-            servers = default_servers(Path(workspace) if workspace else Path.cwd())
-        return local.LocalCommandDispatcher.from_config(servers)
+            where = getattr(session, "workspace", None) or workspace
+            servers = default_servers(Path(where) if where else Path.cwd())
+        interactor = getattr(session, "interactor", None)
+        return local.LocalCommandDispatcher.from_config(
+            servers,
+            approver=interactor_approver(interactor),
+            assume_yes=bool(getattr(interactor, "assume_yes", False)),
+        )
 
     return make
 
@@ -173,6 +180,7 @@ class SessionFactory:
         self.interactor = interactor
         self.observer = observer
         self.evaluator = evaluator
+        self.workspace = workspace
 
     # ------------------------------------------------------------- resources
 
@@ -281,6 +289,8 @@ class SessionFactory:
         kw.setdefault("interactor", self.interactor)
         kw.setdefault("observer", self.observer)
         kw.setdefault("evaluator", self.evaluator)
+        if self.workspace is not None:
+            kw.setdefault("workspace", self.workspace)
         return Session(task, mode=mode, settings=self.settings, store=self.store, **kw)
 
     def _check_platform(self, override: str | None) -> str:

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 from collections import deque
-from typing import Any, Awaitable, Iterable, Protocol, runtime_checkable
+from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkable
 
-__all__ = ["Interactor", "NonInteractiveInteractor", "ask"]
+__all__ = ["Interactor", "NonInteractiveInteractor", "ask", "interactor_approver"]
 
 
 @runtime_checkable
@@ -98,3 +99,20 @@ async def ask(interactor: Any, method: str, *args: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def interactor_approver(interactor: Any) -> Callable[[Any], Awaitable[bool]]:
+    """An ``approver`` for sensitive commands that asks ``interactor.sensitive_step_asker``.
+
+    The question names the tool (``run server.tool``) and shows its parameters;
+    no interactor means the non-interactive default (refuse unless ``assume_yes``).
+    """
+
+    async def approve(command: Any) -> bool:
+        try:
+            target = json.dumps(command.parameters, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            target = repr(command.parameters)
+        return bool(await ask(interactor, "sensitive_step_asker", f"run {command.tool_name}", target[:2000]))
+
+    return approve

@@ -43,7 +43,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import orjson
 
@@ -199,6 +199,7 @@ class Session:
         lease_wait: float = 0.0,
         stop_on_failure: bool | None = None,
         ask_new_requests: bool | None = None,
+        workspace: str | Path | None = None,
     ) -> None:
         if not isinstance(task, str) or not task.strip():
             raise ValueError("a session needs a task name")
@@ -210,6 +211,8 @@ class Session:
         self.plan: Plan | None = parse_plan(plan, plan_file or "plan") if plan is not None else None
         self.plan_file = plan_file
         self.platform = platform
+        #: The directory the built-in tools act in; stored so a resumed session uses the same one.
+        self.workspace: str | None = str(Path(workspace).resolve()) if workspace else None
         self.id = id
         self.interactor = interactor
         self.observer = observer
@@ -245,6 +248,7 @@ class Session:
         self._resuming = False
         self._start_hooks: list[Callable[..., Any]] = []
         self._end_hooks: list[Callable[..., Any]] = []
+        self._closers: list[Callable[[], Awaitable[Any]]] = []
         # progress
         self.session_step = 0
         self._rounds_done = 0
@@ -279,6 +283,10 @@ class Session:
         """Call ``hook(session, result)`` when the session ends, before ``on_session_end``."""
         self._end_hooks.append(hook)
 
+    def add_closer(self, closer: Callable[[], Awaitable[Any]]) -> None:
+        """Await ``closer()`` when the session closes, e.g. to close a model client's connections."""
+        self._closers.append(closer)
+
     # ================================================================ resume
 
     @classmethod
@@ -306,6 +314,8 @@ class Session:
                 probe.close()
         plan = meta.get("plan")
         kwargs.setdefault("platform", meta.get("platform") or "linux")
+        if meta.get("workspace"):
+            kwargs.setdefault("workspace", meta["workspace"])
         for fixed in ("task", "mode", "request", "plan", "plan_file", "session_id"):
             if fixed in kwargs:
                 raise TypeError(f"Session.resume takes {fixed} from the stored session, not as an argument")
@@ -559,6 +569,8 @@ class Session:
             "platform": self.platform,
             "status": SessionStatus.RUNNING,
         }
+        if self.workspace is not None:
+            meta["workspace"] = self.workspace
         if self.plan is not None:
             meta["plan"] = self.plan.model_dump(mode="json", exclude_defaults=True)
             meta["plan_file"] = self.plan_file
@@ -1034,6 +1046,12 @@ class Session:
             except Exception as exc:  # noqa: BLE001
                 _log.warning("session %s: closing the dispatcher failed: %s", self.session_id, exc)
             self._entered_dispatcher = None
+        for closer in self._closers:
+            try:
+                await closer()
+            except Exception as exc:  # noqa: BLE001
+                _log.warning("session %s: a close callback failed: %s", self.session_id, exc)
+        self._closers.clear()
         ctx = self.context
         if ctx is not None:
             try:

@@ -14,7 +14,6 @@ when ``system.eva_round`` / ``system.eva_session`` are on.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from saucer.agents.llm.agent import SUBTASK_FINISH, LinuxAgent, LLMAgent, ToolUsingAgent, interactor_approver
@@ -81,22 +80,6 @@ def build_agent_set(settings: ModelSettings, client: ModelClient) -> AgentSet:
     return AgentSet(agents, evaluator=LLMEvaluator(client, settings))
 
 
-def _close_when_done(session: Any, client: ModelClient) -> None:
-    """Close the client's connections when the session ends (best effort)."""
-
-    def hook(*_: Any) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        task = loop.create_task(client.aclose())
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-    hooks = getattr(session, "_end_hooks", None)
-    if isinstance(hooks, list):
-        hooks.append(hook)
-
-
 def create_agent_provider(
     settings: Any = None,
     *,
@@ -117,7 +100,7 @@ def create_agent_provider(
     def provider(session: "Session") -> AgentSet:
         model_settings = resolved or require_model_settings(getattr(session, "settings", None), env)
         client = make_client(model_settings)
-        _close_when_done(session, client)
+        session.add_closer(client.aclose)
         return build_agent_set(model_settings, client)
 
     return provider

@@ -40,7 +40,7 @@ from saucer.agents.llm.tools import ToolSet, ToolSpec
 from saucer.context.names import ContextNames
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine.agent import Agent, AgentStatus, ContinueState
-from saucer.engine.interactor import ask
+from saucer.engine.interactor import ask, interactor_approver
 
 if TYPE_CHECKING:
     from saucer.context import Context
@@ -355,21 +355,6 @@ class LinuxAgent(ToolUsingAgent):
 def is_refusal(result: Result) -> bool:
     """A sensitive command the dispatcher did not run because approval was refused."""
     return result.status != ResultStatus.SUCCESS and (result.error or "").startswith("refused")
-
-
-def interactor_approver(interactor: Any) -> Callable[[Command], Awaitable[bool]]:
-    """An ``approver`` for :class:`~saucer.dispatch.local.LocalCommandDispatcher` that asks ``interactor``.
-
-    Uses ``sensitive_step_asker(action, target)`` (awaited, or in a thread
-    when the interactor is ``blocking``); no interactor means the
-    non-interactive default (refuse unless ``assume_yes``).
-    """
-
-    async def approve(command: Command) -> bool:
-        target = _dumps(command.parameters)[:2000]
-        return bool(await ask(interactor, "sensitive_step_asker", f"run {command.tool_name}", target))
-
-    return approve
 
 
 @LLMAgent.register_state
