@@ -354,6 +354,12 @@ def _run_settings(config: Optional[Path], store: Optional[str], **flags: Any) ->
 
 
 def _print_result(result: Any) -> None:
+    style = "green" if result.ok else "red"
+    console.print(
+        f"[{style}]session {result.session_id}: {result.status}[/]"
+        + (f" ({result.reason})" if result.reason else ""),
+        highlight=False,
+    )
     console.print(result.cost.render())
     if result.log_path:
         console.print(f"logs: {result.log_path}")
@@ -444,19 +450,22 @@ def run_cmd(
     _exit_for(results)
 
 
+def _shortest(path: Path) -> str:
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else str(path)
+
+
 def program_name() -> str:
-    """How the user can run saucer again: ``saucer`` when that is on PATH, else the script's path."""
+    """How the user can run saucer again: ``saucer`` when that is on PATH, else a path that works from here."""
     import shutil
 
-    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "saucer"
-    if Path(argv0).name != "saucer":
-        return f"{Path(sys.executable).name} -m saucer" if shutil.which(Path(sys.executable).name) else f"{sys.executable} -m saucer"
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if Path(argv0).name != "saucer":  # python -m saucer
+        return f"{_shortest(Path(sys.executable).absolute())} -m saucer"
     found = shutil.which("saucer")
     if found and Path(found).resolve() == Path(argv0).resolve():
         return "saucer"
-    absolute = Path(argv0).resolve()
-    relative = os.path.relpath(absolute)
-    return relative if not relative.startswith("..") else str(absolute)
+    return _shortest(Path(argv0).absolute())
 
 
 def _print_next_steps(session_id: str, store: Optional[str], at: int = 3) -> None:
@@ -525,6 +534,87 @@ def demo_cmd(
     _print_result(result)
     _print_next_steps(result.session_id, store)
     _exit_for([result])
+
+
+# ================================================================== store
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` in seconds."""
+    raw = text.strip().lower()
+    unit = raw[-1:] if raw[-1:] in _DURATION_UNITS else "s"
+    number = raw[:-1] if raw[-1:] in _DURATION_UNITS else raw
+    try:
+        value = float(number)
+    except ValueError:
+        raise UserError(f"--older-than {text!r} is not a duration like 90s, 15m, 12h, 7d or 2w") from None
+    if value < 0:
+        raise UserError(f"--older-than {text!r} must not be negative")
+    return value * _DURATION_UNITS[unit]
+
+
+@store_app.command("migrate")
+@friendly
+def store_migrate_cmd(store: Optional[str] = StoreOption, config: Optional[Path] = ConfigOption) -> None:
+    """Create or upgrade the store's schema (opening a store does it too; this makes it explicit)."""
+    url = resolve_store_url(store, config)
+    with open_store(url) as st:
+        version = st.migrate()
+    console.print(f"store {url} is at schema version {version}" if version is not None else f"store {url} needs no schema")
+
+
+@store_app.command("prune")
+@friendly
+def store_prune_cmd(
+    session: Optional[str] = typer.Argument(None, help="Session id (or --all)."),
+    all_sessions: bool = typer.Option(False, "--all", help="Prune every session."),
+    keep_last: Optional[int] = typer.Option(None, "--keep-last", min=0, help="Keep the newest N versions of each session."),
+    older_than: Optional[str] = typer.Option(None, "--older-than", help="Drop versions committed longer ago than this (90s, 15m, 12h, 7d, 2w)."),
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Drop old history; the remaining versions stay readable (a snapshot is kept at the new start)."""
+    if (session is None) == (not all_sessions):
+        raise UserError("name one SESSION or pass --all")
+    if keep_last is None and older_than is None:
+        raise UserError("say what to keep: --keep-last N and/or --older-than DURATION")
+    seconds = parse_duration(older_than) if older_than is not None else None
+    with _open_existing_store(store, config) as st:
+        targets = [session] if session is not None else [i.session_id for i in st.sessions()]
+        for sid in targets:
+            before = st.first_version(sid)
+            first = st.prune(sid, keep_last=keep_last, older_than=seconds)
+            if first > before:
+                console.print(f"{sid}: versions before {first} dropped (v{first}..v{st.head(sid)} remain)")
+            else:
+                console.print(f"{sid}: nothing to prune (v{first}..v{st.head(sid)} remain)")
+
+
+@store_app.command("delete")
+@friendly
+def store_delete_cmd(
+    session: str = typer.Argument(..., help="Session id."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Remove a session completely: its events, snapshots and lease."""
+    from saucer.cli.interactor import stdin_is_terminal
+
+    with _open_existing_store(store, config) as st:
+        info = st.session_info(session)
+        children = [i.session_id for i in st.sessions() if i.parent_id == session]
+        if children:
+            raise UserError(f"session {session!r} has forks that read its log ({', '.join(children)}); delete them first")
+        if not yes:
+            if not stdin_is_terminal():
+                raise UserError(f"deleting {session!r} cannot be undone: pass --yes to confirm")
+            if not typer.confirm(f"delete session {session} and its {info.version} versions?", default=False):
+                raise typer.Exit(1)
+        st.delete_session(session)
+    console.print(f"deleted session {session}")
 
 
 def main() -> None:

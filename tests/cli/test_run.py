@@ -1,0 +1,108 @@
+"""run, resume, demo and store commands, as subprocesses in a fresh directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+PLAN = {
+    "task": "notes",
+    "steps": [
+        {"subtask": "start", "commands": [{"tool_name": "files.write", "parameters": {"path": "n.md", "content": "a\n"}}]},
+        {"subtask": "more", "commands": [{"tool_name": "files.append", "parameters": {"path": "n.md", "content": "b\n"}}]},
+        {"subtask": "look", "commands": [{"tool_name": "shell.run", "parameters": {"command": "cat n.md"}}]},
+    ],
+}
+
+
+def _session_ids(run_cli) -> list[str]:
+    return [row["id"] for row in json.loads(run_cli("sessions", "--json", check=True).stdout)]
+
+
+def test_demo_does_real_work_and_prints_commands_that_work(run_cli, tmp_path: Path) -> None:
+    proc = run_cli("demo", check=True, timeout=60)
+    out = proc.stdout
+    assert "session demo-" in out and "finished" in out
+    (sid,) = _session_ids(run_cli)
+    workspace = tmp_path / ".saucer" / "demo" / sid.removeprefix("demo-")
+    todo = (workspace / "project" / "todo.md").read_text()
+    assert "tomato and pepper seeds" in todo and "water the basil" in todo  # written, appended, edited by sed
+    suggested = [line.strip() for line in out.splitlines() if f" {sid}" in line and not line.strip().startswith("#")]
+    suggested = [line for line in suggested if " saucer " in f" {line} " or line.split()[0].endswith("saucer")]
+    assert len(suggested) >= 5, out
+    for line in suggested:  # exactly as printed, through a shell
+        result = subprocess.run(line, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, (line, result.stdout, result.stderr)
+
+
+def test_run_plan_then_inspect_and_resume(run_cli, tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    proc = run_cli("run", "--plan", "plan.json", "--workspace", "ws", check=True)
+    assert "files.append success" in proc.stdout and "shell.run success" in proc.stdout
+    assert (tmp_path / "ws" / "n.md").read_text() == "a\nb\n"
+    (sid,) = _session_ids(run_cli)
+    again = run_cli("resume", sid, check=True)
+    assert "finished" in again.stdout
+    assert (tmp_path / "ws" / "n.md").read_text() == "a\nb\n"  # nothing ran twice
+    rows = json.loads(run_cli("sessions", "--json", check=True).stdout)
+    assert rows[0]["status"] == "finished" and rows[0]["steps"] == 3
+
+
+def test_failed_command_makes_a_nonzero_exit(run_cli, tmp_path: Path) -> None:
+    plan = {"task": "bad", "steps": [{"subtask": "x", "commands": [{"tool_name": "files.read", "parameters": {"path": "../etc/passwd"}}]}]}
+    (tmp_path / "bad.json").write_text(json.dumps(plan))
+    proc = run_cli("run", "--plan", "bad.json", "--workspace", "ws")
+    assert proc.returncode == 1
+    assert "failure" in proc.stdout
+
+
+def test_run_user_mistakes(run_cli, tmp_path: Path) -> None:
+    (tmp_path / "broken.json").write_text('{"task": "t", "steps": [{"subtask": "s", "commands": [{"tool": 1}]}]}')
+    cases = [
+        (("run",), "--request TEXT or --plan"),
+        (("run", "--plan", "nope.json"), "no such plan"),
+        (("run", "--plan", "broken.json"), "broken.json"),
+        (("run", "--request", "hello"), "SAUCER_LLM_MODEL"),
+        (("run", "--request", "x", "--plan", "broken.json"), "not both"),
+        (("resume", "nobody"), "no saucer store"),
+    ]
+    for args, message in cases:
+        proc = run_cli(*args)
+        assert proc.returncode != 0, args
+        assert message in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_bad_config_is_named(run_cli, tmp_path: Path) -> None:
+    (tmp_path / "saucer.toml").write_text("[system]\nmax_stepz = 3\n")
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    proc = run_cli("run", "--plan", "plan.json")
+    assert proc.returncode == 2 and "max_stepz" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_folder_of_plans_runs_as_a_pool(run_cli, tmp_path: Path) -> None:
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    for i in range(3):
+        plan = {"task": f"p{i}", "steps": [{"subtask": "w", "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": str(i)}}]}]}
+        (folder / f"p{i}.json").write_text(json.dumps(plan))
+    run_cli("run", "--plan", "plans", "--concurrency", "2", "--workspace", "ws", check=True, timeout=90)
+    assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == ["f0.txt", "f1.txt", "f2.txt"]
+    assert len(_session_ids(run_cli)) == 3
+
+
+def test_store_commands(run_cli, tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    run_cli("run", "--plan", "plan.json", "--workspace", "ws", check=True)
+    (sid,) = _session_ids(run_cli)
+    assert "schema version" in run_cli("store", "migrate", check=True).stdout
+    head = json.loads(run_cli("state", sid, "--json", check=True).stdout)["version"]
+    run_cli("store", "prune", sid, "--keep-last", "2", check=True)
+    assert json.loads(run_cli("state", sid, "--at", str(head - 2), "--json", check=True).stdout)["version"] == head - 2
+    old = run_cli("state", sid, "--at", "1")
+    assert old.returncode == 2 and "versions" in old.stderr
+    refused = run_cli("store", "delete", sid)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    run_cli("store", "delete", sid, "--yes", check=True)
+    assert _session_ids(run_cli) == []
