@@ -24,9 +24,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
+# The peers (LangGraph, Burr) come with the bench extra; PostgreSQL columns
+# need SAUCER_TEST_POSTGRES_URL (or --postgres-url).
 bench: $(VENV)/bin/python
 	UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --quiet --frozen --extra test --extra bench
+	rm -f $(STAMP)
 	$(VENV)/bin/python bench/context_store.py
+	$(VENV)/bin/python bench/concurrency.py
+	$(VENV)/bin/python bench/engine.py
+	$(VENV)/bin/python bench/dispatch.py
+	$(VENV)/bin/python bench/service.py
 
 lock: $(VENV)/bin/python
 	$(VENV)/bin/uv lock
