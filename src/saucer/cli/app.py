@@ -292,7 +292,8 @@ def fork_cmd(
         version = child.version
         child.close()
     console.print(f"forked {session} at v{version} as [bold]{target}[/]")
-    console.print(f"  inspect it: saucer state {target}")
+    flag = f" --store {store}" if store else ""
+    console.print(f"  inspect it: {program_name()} state {target}{flag}", highlight=False, soft_wrap=True)
 
 
 @app.command("export")
