@@ -253,7 +253,7 @@ def history_table(events: Iterable[Event], key: str | None) -> Table:
     table = Table(title=f"history of {key}" if key else "history", title_justify="left")
     for column in ("version", "time", "author", "round", "step", "change"):
         table.add_column(column, overflow="fold")
-    wanted = None if key is None else Context._history_key(key)
+    wanted = None if key is None else Context.history_key(key)
     for event in events:
         for op in event.ops:
             if wanted is not None and op_key(op) != wanted:

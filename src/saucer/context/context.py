@@ -901,11 +901,12 @@ class Context:
         events = store.read(sid, 0, self._version)
         if key is None:
             return list(events)
-        wanted = self._history_key(key)
+        wanted = self.history_key(key)
         return [e for e in events if any(op_key(op) == wanted for op in e.ops)]
 
     @staticmethod
-    def _history_key(key: ContextNames | str) -> str:
+    def history_key(key: ContextNames | str) -> str:
+        """The key events use for ``key``: a name (a derived name's ledger) or ``vars.NAME``."""
         if isinstance(key, str) and key.startswith("vars."):
             return key
         if key in _BY_KEY:
