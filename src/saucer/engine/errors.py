@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import saucer.context  # noqa: F401 - import order: saucer.store alone hits a context/store import cycle
 from saucer.store.base import LeaseHeldError
 
 __all__ = [

@@ -153,7 +153,6 @@ class Round:
         has_on_step = notify.has("on_step")
         limits = session.limits
         sleep_time = session.settings.system.sleep_time
-        graph = self.graph
         agent = self.agent
         state = agent.state
         rid = self.id

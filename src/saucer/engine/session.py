@@ -845,7 +845,6 @@ class Session:
         return SessionStatus.FINISHED
 
     async def _finish(self) -> None:
-        ctx = self.context
         status = self._status()
         if self.settings.system.eva_session and self._phase != "session_eval" and status != SessionStatus.ERROR:
             await self._evaluate("session", None)

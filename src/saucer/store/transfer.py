@@ -76,7 +76,7 @@ def import_session(store: EventStore, data: Mapping[str, Any], session_id: str |
             raise ValueError(f"export field 'events[{index}].ops' cannot be replayed: {exc!r}") from None
         if parsed[-1].version != index + 1:
             raise ValueError(f"export field 'events[{index}].version' is {parsed[-1].version}, expected {index + 1}")
-    info = store.create_session(target, meta=meta)
+    store.create_session(target, meta=meta)
     try:
         for event in parsed:
             store._append(event, event.version - 1, None)

@@ -25,12 +25,12 @@ stays unknown).
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from saucer.agents.llm.client import ModelCallError, ModelClient, ModelReply, ModelSettings, ToolCall
 from saucer.agents.llm.logs import RequestLogger
 from saucer.agents.llm.prompts import (
+    as_text,
     linux_agent_system_prompt,
     render_template,
     request_message,
@@ -64,15 +64,6 @@ SUBTASK_FINISH = "SUBTASK_FINISH"
 REFUSED = "refused by the user"
 #: Tool results longer than this are cut (the model sees a note saying so).
 MAX_TOOL_RESULT_CHARS = 16_000
-
-
-def _dumps(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def _clip(text: str, limit: int = MAX_TOOL_RESULT_CHARS) -> str:
@@ -262,7 +253,7 @@ class ToolUsingAgent(LLMAgent):
     # ---------------------------------------------------------------- tools
 
     async def _confirm(self, spec: ToolSpec, call: ToolCall) -> bool:
-        args = _dumps(call.arguments)
+        args = as_text(call.arguments)
         approved = await ask(self._interactor(), "sensitive_step_asker", f"run {spec.name}", args[:2000])
         return bool(approved)
 
@@ -340,9 +331,9 @@ class ToolUsingAgent(LLMAgent):
         """A tool result as the model reads it."""
         status = result.status.value if isinstance(result.status, ResultStatus) else str(result.status)
         if status == ResultStatus.SUCCESS.value:
-            body = _dumps(result.result) if result.result is not None else "(no output)"
+            body = as_text(result.result) if result.result is not None else "(no output)"
             return _clip(body)
-        return _clip(f"{status}: {result.error or _dumps(result.result)}")
+        return _clip(f"{status}: {result.error or as_text(result.result)}")
 
 
 class LinuxAgent(ToolUsingAgent):

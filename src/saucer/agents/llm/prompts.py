@@ -23,6 +23,7 @@ from saucer.agents.llm.tools import ToolSet
 
 __all__ = [
     "HIDDEN",
+    "as_text",
     "render_template",
     "template_variables",
     "is_hidden",
@@ -73,7 +74,8 @@ def _lookup(variables: Mapping[str, Any], name: str) -> Any:
     return value
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """``value`` as prompt text: a string as it is, anything else as JSON (or ``str``)."""
     if isinstance(value, str):
         return value
     try:
@@ -98,7 +100,7 @@ def render_template(template: str, variables: Mapping[str, Any], hidden: Iterabl
         value = _lookup(variables, name)
         if value is _MISSING:
             return token
-        return _text(value)
+        return as_text(value)
 
     return _PLACEHOLDER.sub(replace, template)
 
@@ -135,9 +137,9 @@ def format_previous_subtasks(previous: Any) -> str:
             subtask = item.get("subtask") or item.get("Subtask") or ""
             status = item.get("status") or item.get("Status") or ""
             result = item.get("result") or item.get("Result") or ""
-            lines.append(f"{i}. {subtask} [{status}] {_text(result)}".rstrip())
+            lines.append(f"{i}. {subtask} [{status}] {as_text(result)}".rstrip())
         else:
-            lines.append(f"{i}. {_text(item)}")
+            lines.append(f"{i}. {as_text(item)}")
     return "\n".join(lines)
 
 
@@ -211,5 +213,5 @@ def request_message(
         parts.append(f"Your subtask: {subtask}")
         if host_message:
             msgs = host_message if isinstance(host_message, list) else [host_message]
-            parts.append("Messages from the host agent:\n" + "\n".join(f"- {_text(m)}" for m in msgs))
+            parts.append("Messages from the host agent:\n" + "\n".join(f"- {as_text(m)}" for m in msgs))
     return "\n\n".join(parts)
