@@ -11,7 +11,9 @@ dispatcher, all on 127.0.0.1. Measured:
 - throughput: N devices, one closed loop per device sending 1-command batches
   for a fixed time; commands/s over all of them;
 - session: an HTTP-submitted one-step plan until its status is final,
-  including the SQLite store's fsyncs (p50, p99).
+  including the SQLite stores' fsyncs (p50, p99); with the default engine
+  runner (an engine session in the event store, ``--runner engine``) and with
+  the plain plan runner (step records only, ``--runner plan``).
 
 All loops are bounded by a count or a duration.
 """
@@ -34,6 +36,7 @@ import httpx
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.dispatch.websocket import WebSocketCommandDispatcher
 from saucer.service.device import DeviceClient
+from saucer.service.runner import PlanTaskRunner
 from saucer.service.server import RunningServer, ServiceConfig, running_server
 
 
@@ -115,13 +118,14 @@ async def _sessions(server: RunningServer, token: str, device_id: str, count: in
     return times
 
 
-async def bench(seconds: float, round_trips: int, sessions: int) -> None:
+async def bench(seconds: float, round_trips: int, sessions: int, runner_name: str) -> None:
     token = secrets.token_hex(16)
     with tempfile.TemporaryDirectory() as state:
         config = ServiceConfig(
             port=0, tokens={"bench": token}, state_dir=Path(state), heartbeat_interval=5.0, log_level="warning"
         )
-        async with running_server(config) as server:
+        runner = PlanTaskRunner() if runner_name == "plan" else None  # None: the server's default engine runner
+        async with running_server(config, runner=runner) as server:
             hosts = []
             try:
                 print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, server and devices on 127.0.0.1")
@@ -135,7 +139,7 @@ async def bench(seconds: float, round_trips: int, sessions: int) -> None:
                 )
                 st = await _sessions(server, token, "solo-0", sessions)
                 print(
-                    f"session (HTTP submit + 1-step plan + SQLite fsync + long-poll), {len(st)} sequential: "
+                    f"session, {runner_name} runner (HTTP submit + 1-step plan + SQLite fsyncs + long-poll), {len(st)} sequential: "
                     f"p50 {_pct(st, 0.5) * 1e3:.2f} ms  p99 {_pct(st, 0.99) * 1e3:.2f} ms"
                 )
                 for count in (1, 10, 50):
@@ -156,6 +160,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
     parser.add_argument("--round-trips", type=int, default=2000)
     parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--runner", choices=("engine", "plan"), default="engine", help="which session runner the server uses")
     parser.add_argument("--device-host", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="dev-", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=1, help=argparse.SUPPRESS)
@@ -163,7 +168,7 @@ def main() -> None:
     if args.device_host:
         asyncio.run(_host_devices(args.device_host, os.environ["BENCH_TOKEN"], args.prefix, args.count))
     else:
-        asyncio.run(bench(args.seconds, args.round_trips, args.sessions))
+        asyncio.run(bench(args.seconds, args.round_trips, args.sessions, args.runner))
 
 
 if __name__ == "__main__":

@@ -157,11 +157,23 @@ class LLMSettings(_Section):
 
 
 class ServiceSettings(_Section):
-    """``saucer serve``: where it listens and which tokens it accepts."""
+    """``saucer serve``: where it listens, which tokens it accepts, how it watches devices."""
 
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
-    tokens: list[SecretStr] = Field(default_factory=list)
+    tokens: list[SecretStr] = Field(
+        default_factory=list,
+        description="Bearer tokens, each 'name=token' (the name owns the sessions it submits) or a bare token; "
+        "SAUCER_SERVICE_TOKENS (name=token,...) adds more.",
+    )
+    state_dir: Path = Field(Path(".saucer/service"), description="Session records and the server's identity.")
+    heartbeat_interval: float = Field(10.0, gt=0, description="Seconds between device heartbeats.")
+    missed_heartbeats: int = Field(3, ge=1, description="Heartbeats a device may miss before it is offline.")
+    reconnect_grace: float = Field(0.0, ge=0, description="Seconds pending commands wait for a lost device to reconnect.")
+    step_timeout: float = Field(300.0, gt=0, description="Default seconds for one step's command batch.")
+    max_frame_bytes: int = Field(1024 * 1024, ge=1024, description="Largest WebSocket frame or request body accepted.")
+    certfile: Path | None = Field(None, description="TLS certificate (PEM); with keyfile, the server speaks https/wss.")
+    keyfile: Path | None = Field(None, description="TLS private key (PEM).")
 
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("saucer_config_file", default=None)

@@ -63,13 +63,22 @@ class Processes:
     logdir: Path
     started: list[Proc] = field(default_factory=list)
 
-    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
-        """Start ``python -m saucer.service <args>``."""
+    def spawn(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, *, module: str = "saucer.service"
+    ) -> Proc:
+        """Start ``python -m <module> <args>`` (``saucer.service``, or ``saucer`` for the CLI) in the log dir."""
         log = self.logdir / f"{name}-{len(self.started)}.log"
         full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+        # Model settings of the developer's environment must not leak into the servers under test.
+        for var in ("SAUCER_LLM_MODEL", "SAUCER_LLM_BASE_URL", "SAUCER_LLM_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+            full_env.pop(var, None)
         with open(log, "wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "saucer.service", *args], stdout=out, stderr=subprocess.STDOUT, env=full_env
+                [sys.executable, "-m", module, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=self.logdir,
             )
         proc = Proc(name, popen, log)
         self.started.append(proc)
@@ -121,6 +130,49 @@ class Processes:
         )
         if wait:
             wait_until(lambda: device_online(port, device_id), 20, f"device {device_id} to register", proc)
+        return proc
+
+    def cli_server(
+        self, port: int, state_dir: Path, store_url: str, *, heartbeat: float = 0.5, config: Path | None = None
+    ) -> Proc:
+        """Start ``saucer serve`` (the CLI) on 127.0.0.1:``port`` and wait until /health answers.
+
+        Tokens come from ``SAUCER_SERVICE_TOKENS``, or only from ``config`` when one is given.
+        """
+        proc = self.spawn(
+            "saucer-serve",
+            [
+                "serve",
+                "--port", str(port),
+                "--state-dir", str(state_dir),
+                "--store", store_url,
+                "--heartbeat-interval", str(heartbeat),
+                "--log-level", "warning",
+                *(["--config", str(config)] if config is not None else []),
+            ],
+            env={"SAUCER_SERVICE_TOKENS": "" if config is not None else TOKENS_ENV},
+            module="saucer",
+        )
+        wait_until(lambda: _healthy(port), 20, f"saucer serve on port {port} to answer /health", proc)
+        return proc
+
+    def cli_device(self, port: int, device_id: str, workspace: Path, token: str = FLEET, *, yes: bool = True) -> Proc:
+        """Start ``saucer device`` (the CLI, built-in tools in ``workspace``); wait until it is online."""
+        proc = self.spawn(
+            f"saucer-device-{device_id}",
+            [
+                "device",
+                "--server", f"http://127.0.0.1:{port}",
+                "--device-id", device_id,
+                "--workspace", str(workspace),
+                "--backoff-initial", "0.1",
+                "--backoff-max", "0.5",
+                *(["--yes"] if yes else []),
+            ],
+            env={"SAUCER_SERVICE_TOKEN": token},
+            module="saucer",
+        )
+        wait_until(lambda: device_online(port, device_id), 30, f"device {device_id} to register", proc)
         return proc
 
     def cleanup(self) -> None:

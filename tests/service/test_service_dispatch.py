@@ -280,7 +280,8 @@ async def test_graceful_server_restart_leaves_sessions_to_resume(tmp_path: Path)
     from saucer.service.records import MemorySessionRecordStore, SessionStatus
 
     store = MemorySessionRecordStore()  # shared by both server lifetimes, like a state dir
-    config = _config(port=free_port())
+    # ...and so is the event store of the sessions' Contexts.
+    config = _config(port=free_port(), store_url=f"memory://graceful-{free_port()}-{time.monotonic_ns()}")
     lines = tmp_path / "lines.txt"
     plan = {
         "task": "two steps",
@@ -309,6 +310,9 @@ async def test_graceful_server_restart_leaves_sessions_to_resume(tmp_path: Path)
             assert body["session"]["status"] == "completed", body["session"]["error"]
             assert body["session"]["attempts"] == 2 and body["session"]["resumed_from_step"] == 0
             assert lines.read_text().splitlines() == ["step-0", "step-1"]
+            # The engine session was resumed, not started over.
+            kinds = [e.meta.get("kind") for e in second.state.sessions.runner.store.read(session_id)]
+            assert kinds.count("session_start") == 1 and kinds.count("session_resume") == 1, kinds
             # Submissions during a shutdown are refused rather than lost.
             second.state.sessions.begin_shutdown()
             async with httpx.AsyncClient(base_url=second.http_url, headers=auth(ALICE)) as http:

@@ -184,8 +184,10 @@ async def test_sessions_belong_to_their_submitter(cluster: Cluster) -> None:
         assert replay.status_code == 422 and "assigned by the server" in replay.json()["error"]["message"]
         # Bad submissions get precise errors.
         assert (await alice.post("/api/sessions", content=b"{nope")).status_code == 400
-        unknown = await alice.post("/api/sessions", json={"device_id": "dev-zzz", "task": {"task": "empty", "steps": []}})
-        assert unknown.status_code == 422  # the empty plan is refused before the device is looked up
+        empty_step = {"task": "empty", "steps": [{"subtask": "nothing", "commands": []}]}
+        unknown = await alice.post("/api/sessions", json={"device_id": "dev-zzz", "task": empty_step})
+        assert unknown.status_code == 422  # a step without commands is refused before the device is looked up
+        assert "task.steps.0: a step needs at least one command" in unknown.json()["error"]["message"]
         unknown = await alice.post("/api/sessions", json={"device_id": "dev-zzz", "task": _plan([{"tool_name": "echo"}])})
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_device"
         invalid = await alice.post("/api/sessions", json={"device_id": "dev-a", "task": {"task": "x", "steps": [{"commands": [{"tool_name": ""}]}]}})

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from saucer.dispatch.messages import Command, Result, ResultStatus
-from saucer.service.auth import TokenAuthenticator, TokenConfigError, default_principal, parse_tokens
+from saucer.service.auth import TokenAuthenticator, TokenConfigError, default_principal, parse_tokens, service_tokens
 from saucer.service.protocol import (
     PROTOCOL_VERSION,
     CommandFrame,
@@ -143,3 +143,20 @@ def test_tokens_parse_and_authenticate() -> None:
         TokenAuthenticator({"x": "short"})
     with pytest.raises(TokenConfigError, match="twice"):
         parse_tokens("a=xxxxxxxxxxxxxxxxxxxx,a=yyyyyyyyyyyyyyyyyyyy")
+
+
+def test_configured_tokens_take_names_and_the_environment_adds_to_them() -> None:
+    padded = "dG9rZW4tdGhhdC1lbmRzLWluLXBhZGRpbmc="  # a bare base64 token: its '=' is not a name separator
+    tokens = service_tokens(
+        ["alice=alice-token-000000000000", padded, " bob = bob-token-1111111111111111 "],
+        {"SAUCER_SERVICE_TOKENS": "bob=bob-new-token-22222222222,fleet=fleet-token-3333333333333"},
+    )
+    assert tokens == {
+        "alice": "alice-token-000000000000",
+        default_principal(padded): padded,
+        "bob": "bob-new-token-22222222222",  # the environment wins
+        "fleet": "fleet-token-3333333333333",
+    }
+    assert service_tokens([], {}) == {}
+    with pytest.raises(TokenConfigError, match="names principal 'a' twice"):
+        service_tokens(["a=xxxxxxxxxxxxxxxxxxxx", "a=yyyyyyyyyyyyyyyyyyyy"], {})

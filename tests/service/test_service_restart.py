@@ -10,6 +10,8 @@ from pathlib import Path
 import httpx
 from service_support import ALICE, BOB, Processes, auth, device_online, free_port, wait_until
 
+from saucer.store import open_store
+
 STEPS = 6
 
 
@@ -87,3 +89,11 @@ def test_server_killed_mid_session_resumes_from_the_last_committed_step(processe
         assert ids == [quick, session_id]
         # Ownership survived the restart too.
         assert http.get(f"/api/sessions/{session_id}", headers=auth(BOB)).status_code == 404
+
+    # The session is an engine session in the event store of the state dir: resumed once, each step committed once.
+    with open_store(f"sqlite:///{state / 'saucer.db'}") as store:
+        events = list(store.read(session_id))
+    kinds = [e.meta.get("kind") for e in events]
+    assert kinds.count("session_start") == 1 and kinds.count("session_resume") == 1
+    assert [e.meta["plan_index"] for e in events if e.meta.get("kind") == "step"] == list(range(STEPS))
+    assert events[-1].meta["session_status"] == "finished"

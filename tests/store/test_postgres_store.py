@@ -205,3 +205,40 @@ def test_snapshots_and_context_round_trip(store_url: str) -> None:
         assert store.latest_snapshot(sid) is not None
         assert store.events_since_snapshot(sid) < 3
         assert Context.open(store, sid).get_var("n") == 10
+
+
+@pg
+def test_a_connection_lost_mid_commit_is_reported_not_retried(store_url: str) -> None:
+    _, schema = split_url(store_url)
+    with open_store(store_url) as store, _connect(store_url) as locker, _connect(store_url) as admin:
+        store.create_session("s")
+        # Hold the session row, so that the append blocks inside its statement.
+        locker.execute("BEGIN")
+        locker.execute(f'SELECT 1 FROM "{schema}".sessions WHERE session_id = %s FOR UPDATE', ("s",))
+        outcome: list[BaseException | None] = []
+
+        def append() -> None:
+            try:
+                store.append("s", 0, [{"op": "incr", "var": "n", "by": 1}], author="w")
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=append)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while True:
+            row = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                (f'%"{schema}".leases%',),  # early in the statement: the text is cut at 1 kB
+            ).fetchone()
+            if row:
+                break
+            assert time.monotonic() < deadline, "the append never blocked"
+            time.sleep(0.02)
+        admin.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+        thread.join(10)
+        locker.execute("ROLLBACK")
+        assert len(outcome) == 1 and isinstance(outcome[0], StoreError)
+        assert "may or may not be written" in str(outcome[0])
+        assert store.head("s") == 0  # the store is usable again; this time nothing was written

@@ -116,3 +116,30 @@ def test_prune_arguments(store: EventStore) -> None:
     assert store.prune("s", keep_last=0) == 3  # only the head is left, as a base event
     assert [e.version for e in store.read("s")] == [3]
     assert _plain(Context.open(store, "s"))["vars.n"] == 3
+
+
+def test_pruning_while_a_writer_commits(store: EventStore) -> None:
+    import threading
+
+    writer = Context.open(store, "s", author="writer")
+    done = threading.Event()
+
+    def write() -> None:
+        for _ in range(60):
+            writer.incr("n")
+            writer.commit()
+        done.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    starts = []
+    while not done.is_set():
+        starts.append(store.prune("s", keep_last=3))
+        time.sleep(0.005)
+    thread.join()
+    assert starts == sorted(starts)  # never goes back
+    first = store.first_version("s")
+    assert [_plain(Context.open(store, "s", at=v))["vars.n"] for v in range(max(first, 1), 61)] == list(
+        range(max(first, 1), 61)
+    )
+    writer.close()

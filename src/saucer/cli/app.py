@@ -618,6 +618,11 @@ def store_delete_cmd(
     console.print(f"deleted session {session}")
 
 
+from saucer.cli import service_cmds  # noqa: E402  (it registers onto the app defined above)
+
+service_cmds.register(app)
+
+
 def main() -> None:
     """Entry point of the ``saucer`` script."""
     app()

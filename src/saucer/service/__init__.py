@@ -3,7 +3,8 @@
 - :mod:`saucer.service.protocol` — the wire frames (``parse_frame``, ``encode_frame``);
 - :mod:`saucer.service.server` — ``ServiceConfig``, ``create_app``, ``serve``, ``running_server``;
 - :mod:`saucer.service.device` — ``run_device`` / ``DeviceClient``;
-- :mod:`saucer.service.runner` — the ``TaskRunner`` seam and the default ``PlanTaskRunner``;
+- :mod:`saucer.service.runner` — the ``TaskRunner`` seam and the plain ``PlanTaskRunner``;
+- :mod:`saucer.service.engine_runner` — ``EngineTaskRunner``, the default: sessions as engine Sessions;
 - :mod:`saucer.service.records` — durable ``SessionRecordStore`` (SQLite, memory);
 - :mod:`saucer.dispatch.websocket` — ``WebSocketCommandDispatcher``.
 
@@ -29,6 +30,8 @@ _EXPORTS = {
     "TaskOutcome": "saucer.service.runner",
     "SessionRecorder": "saucer.service.runner",
     "PlanTaskRunner": "saucer.service.runner",
+    "EngineTaskRunner": "saucer.service.engine_runner",
+    "server_identity": "saucer.service.engine_runner",
     "SessionRecordStore": "saucer.service.records",
     "SqliteSessionRecordStore": "saucer.service.records",
     "MemorySessionRecordStore": "saucer.service.records",

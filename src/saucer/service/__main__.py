@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--state-dir", type=Path, default=Path(".saucer/service"))
+    serve.add_argument("--store", help="event store URL of the sessions' Contexts (default: sqlite in the state dir)")
+    serve.add_argument(
+        "--runner", choices=("engine", "plan"), default="engine", help="engine sessions (default) or the plain plan runner"
+    )
     serve.add_argument("--heartbeat-interval", type=float, default=10.0)
     serve.add_argument("--missed-heartbeats", type=int, default=3)
     serve.add_argument("--reconnect-grace", type=float, default=0.0)
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 host=args.host,
                 port=args.port,
                 state_dir=args.state_dir,
+                store_url=args.store,
                 heartbeat_interval=args.heartbeat_interval,
                 missed_heartbeats=args.missed_heartbeats,
                 reconnect_grace=args.reconnect_grace,
@@ -85,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
                 ssl_keyfile=args.keyfile,
                 log_level=args.log_level,
             )
-            asyncio.run(serve(config))
+            runner = None
+            if args.runner == "plan":
+                from saucer.service.runner import PlanTaskRunner
+
+                runner = PlanTaskRunner(config.step_timeout)
+            asyncio.run(serve(config, runner=runner))
         except (TokenConfigError, ValueError) as exc:
             print(f"saucer serve: {exc}", file=sys.stderr)
             return 2

@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 
 TOKENS_ENV = "SAUCER_SERVICE_TOKENS"
 """Environment variable holding the server's tokens (``name=token,name2=token2``)."""
@@ -48,6 +49,35 @@ def parse_tokens(spec: str) -> dict[str, str]:
 def default_principal(token: str) -> str:
     """The principal name of a token given without a name."""
     return "token-" + hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9._@-]{0,63}$")
+
+
+def split_token_entry(entry: str) -> tuple[str, str]:
+    """``name=token`` -> ``(name, token)``; a bare token (even one ending in ``=`` padding) gets :func:`default_principal`."""
+    entry = entry.strip()
+    name, sep, token = entry.partition("=")
+    if sep and _NAME.match(name.strip()) and token.strip() and not token.startswith("="):
+        return name.strip(), token.strip()
+    return default_principal(entry), entry
+
+
+def service_tokens(configured: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The server's tokens: ``configured`` entries (``name=token`` or bare), then ``SAUCER_SERVICE_TOKENS``.
+
+    A principal named in both takes the environment's token.
+    """
+    tokens: dict[str, str] = {}
+    for position, entry in enumerate(configured, start=1):
+        if not entry.strip():
+            raise TokenConfigError(f"service.tokens entry {position} is empty")
+        name, token = split_token_entry(entry)
+        if name in tokens:
+            raise TokenConfigError(f"service.tokens names principal {name!r} twice")
+        tokens[name] = token
+    tokens.update(tokens_from_env(environ))
+    return tokens
 
 
 def tokens_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""What a service session runs: the :class:`TaskRunner` seam and the default plan runner.
+"""What a service session runs: the :class:`TaskRunner` seam and the plain plan runner.
 
 The server does not know how a task is carried out. For each session it calls::
 
@@ -15,15 +15,24 @@ The server does not know how a task is carried out. For each session it calls::
 After a server crash the same ``run`` is called again for every session that
 had not ended, with the same ``session_id`` and ``task``; the runner must
 resume from what ``record`` says is committed and never repeat a committed
-step. :class:`PlanTaskRunner` does this for plans given as data.
+step. Runners give each command a call_id that is deterministic per
+(session, step, index), so a device asked again for a step that was in flight
+when the server died answers from its cache instead of running it twice.
 
-Engine integration: saucer's engine will provide a runner whose recorder is
-the event-sourced Context (a step = one agent step committed as one batch,
-durability ``step``); it only has to implement ``TaskRunner.run`` and, if it
-wants its own persistence, a ``SessionRecorder`` over its store. Runners give
-each command a call_id that is deterministic per (session, step, index), so a
-device asked again for a step that was in flight when the server died answers
-from its cache instead of running it twice.
+Two runners exist. The server's default is
+:class:`~saucer.service.engine_runner.EngineTaskRunner`: each session is a
+saucer engine Session whose Context is durable in the event store, and the
+step records are a projection of it. :class:`PlanTaskRunner` (here) runs
+plans given as data with the step records as its only log; it has no
+Context, no LLM agents and no ``saucer show`` timeline, and is kept as the
+minimal reference implementation of the seam.
+
+Optional runner hooks the server calls when present:
+``validate(task)`` (raise ValueError to refuse a submission with 422),
+``await sync_steps(session_id, record)`` before a resumed run (bring the step
+records up to date with the runner's own log), and
+``await record_end(session_id, outcome)`` when a session ends (so the runner's
+log shows ends it did not produce itself, such as a cancellation).
 """
 
 from __future__ import annotations

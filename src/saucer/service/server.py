@@ -23,6 +23,11 @@ durable records (:mod:`saucer.service.records`): they never vanish, their
 results stay readable after they end, and after a crash or restart every
 session that had not ended waits for its device and resumes from its last
 committed step (see :mod:`saucer.service.runner` for the runner seam).
+
+By default each session runs as a saucer engine session whose Context lives
+in the event store ``config.event_store_url`` under the same session id
+(:mod:`saucer.service.engine_runner`): ``saucer show SESSION --store URL``
+prints its timeline.
 """
 
 from __future__ import annotations
@@ -78,7 +83,6 @@ from saucer.service.records import (
 )
 from saucer.service.runner import (
     DEFAULT_STEP_TIMEOUT,
-    PlanTaskRunner,
     StoreSessionRecorder,
     TaskOutcome,
     TaskRunner,
@@ -101,6 +105,10 @@ class ServiceConfig(BaseModel):
     port: int = Field(default=8765, ge=0, le=65535)
     tokens: dict[str, SecretStr] = Field(default_factory=dict, description="principal name -> bearer token")
     state_dir: Path | None = Field(default=Path(".saucer/service"), description="None keeps sessions in memory only")
+    store_url: str | None = Field(
+        default=None,
+        description="event store of the sessions' Contexts (default: sqlite:///<state_dir>/saucer.db, memory:// without a state dir)",
+    )
     heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds between device heartbeats")
     missed_heartbeats: int = Field(default=3, ge=1, description="silent intervals before a device is offline")
     reconnect_grace: float = Field(default=0.0, ge=0, description="seconds pending commands wait for a lost device")
@@ -125,6 +133,15 @@ class ServiceConfig(BaseModel):
         if not settings.get("tokens"):
             settings["tokens"] = tokens_from_env()
         return cls(**settings)
+
+    @property
+    def event_store_url(self) -> str:
+        """Where the default (engine) runner keeps the sessions' Contexts."""
+        if self.store_url:
+            return self.store_url
+        if self.state_dir is None:
+            return "memory://"
+        return f"sqlite:///{Path(self.state_dir).resolve() / 'saucer.db'}"
 
     @property
     def transport_max_frame_bytes(self) -> int:
@@ -260,8 +277,16 @@ class SessionManager:
 
     async def _run(self, session: ServiceSession) -> None:
         sid = session.session_id
+        recorder = StoreSessionRecorder(self.store, sid)
         resumed_from: int | None = None
         if session.record.attempts > 0:
+            sync = getattr(self.runner, "sync_steps", None)
+            if sync is not None:
+                # The runner's own log may be ahead of the step records (a crash between the two).
+                try:
+                    await sync(sid, recorder)
+                except Exception:
+                    _log.exception("could not bring the step records of session %s up to date", sid)
             resumed_from = len(await self.store.steps(sid))
         session.record = await self.store.update_session(
             sid,
@@ -277,7 +302,7 @@ class SessionManager:
             default_timeout=self.config.step_timeout,
         )
         try:
-            outcome = await self.runner.run(sid, session.record.task, dispatcher, StoreSessionRecorder(self.store, sid))
+            outcome = await self.runner.run(sid, session.record.task, dispatcher, recorder)
         except asyncio.CancelledError:
             if not session.cancel_requested:
                 raise  # server shutdown: the record stays "running" and resumes after restart
@@ -291,6 +316,13 @@ class SessionManager:
         results = outcome.results
         if outcome.status == "cancelled" and not results:
             results = [s.model_dump(mode="json") for s in await self.store.steps(session.session_id)]
+        record_end = getattr(self.runner, "record_end", None)
+        if record_end is not None:
+            # The runner's log first (it is what a resume reads), then the record.
+            try:
+                await record_end(session.session_id, outcome)
+            except Exception:
+                _log.exception("could not record the end of session %s in the runner's store", session.session_id)
         session.record = await self.store.update_session(
             session.session_id, status=SessionStatus(outcome.status), error=outcome.error, results=results
         )
@@ -328,8 +360,10 @@ def create_app(
 ) -> Starlette:
     """Build the service app: WebSocket endpoint, HTTP API, liveness monitor, session rehydration.
 
-    ``runner`` defaults to :class:`~saucer.service.runner.PlanTaskRunner`;
-    ``store`` to SQLite under ``config.state_dir`` (memory if that is None).
+    ``runner`` defaults to :class:`~saucer.service.engine_runner.EngineTaskRunner`
+    over ``config.event_store_url`` (closed with the app);
+    ``store`` (the session records) to SQLite under ``config.state_dir``
+    (memory if that is None).
     """
     auth = TokenAuthenticator({name: secret.get_secret_value() for name, secret in config.tokens.items()})
     owns_store = store is None
@@ -345,7 +379,14 @@ def create_app(
         missed_heartbeats=config.missed_heartbeats,
         send_timeout=config.send_timeout,
     )
-    sessions = SessionManager(store, hub, runner or PlanTaskRunner(config.step_timeout), config)
+    owns_runner = runner is None
+    if runner is None:
+        from saucer.service.engine_runner import EngineTaskRunner
+
+        runner = EngineTaskRunner.for_service(
+            config.state_dir, config.event_store_url, default_step_timeout=config.step_timeout
+        )
+    sessions = SessionManager(store, hub, runner, config)
     state = ServiceState(config=config, store=store, hub=hub, sessions=sessions, auth=auth)
     api = _Api(state)
 
@@ -361,6 +402,9 @@ def create_app(
             await hub.close_all(1012, "server shutting down")
             if owns_store:
                 await store.close()
+            closer = getattr(runner, "close", None)
+            if owns_runner and closer is not None:
+                await closer()
 
     app = Starlette(
         routes=[

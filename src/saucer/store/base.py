@@ -366,7 +366,8 @@ class EventStore(ABC):
         """Primitive of :meth:`prune`, in ONE transaction: delete this session's own
         events and snapshots below ``cut``, replace its own event at ``cut`` by
         ``base``, store ``snapshot`` (at ``cut``), and record ``cut`` as
-        ``meta["pruned_to"]``."""
+        ``meta["pruned_to"]``. Does nothing if ``meta["pruned_to"]`` is already
+        at or past ``cut`` (a concurrent prune went further)."""
         raise NotImplementedError(f"{type(self).__name__} does not support pruning")
 
     def first_version(self, session_id: str) -> int:
@@ -413,7 +414,7 @@ class EventStore(ABC):
         for child in self.sessions():
             if child.parent_id == session_id and child.parent_version is not None:
                 cut = min(cut, child.parent_version)
-        if cut <= start or (info.parent_version is not None and cut <= info.parent_version):
+        if cut <= start:
             return self.first_version(session_id)
         original = next(iter(self._read(session_id, cut - 1, cut)), None)
         if original is None:
@@ -434,7 +435,7 @@ class EventStore(ABC):
 
         snapshot = Snapshot(session_id, cut, time.time(), state_to_wire(after))
         self._prune(session_id, cut, base, snapshot)
-        return cut
+        return self.first_version(session_id)
 
     def _state_at(self, session_id: str, version: int) -> Any:
         """The session's materialised state at ``version`` (a :class:`~saucer.context.events.State`)."""

@@ -152,6 +152,8 @@ class MemoryStore(EventStore):
             info = d.infos.get(session_id)
             if info is None:
                 raise SessionNotFoundError(session_id)
+            if info.meta.get("pruned_to", 0) >= cut:
+                return
             kept = [e for e in d.events.get(session_id, []) if e.version > cut]
             d.events[session_id] = [replace(base, ops=copy_json(base.ops), meta=copy_json(base.meta))] + kept
             snaps = d.snapshots.setdefault(session_id, {})

@@ -221,6 +221,10 @@ class PostgresStore(EventStore):
                 self._ensure_schema()
         except psycopg.OperationalError as exc:
             raise StoreError(f"cannot connect to PostgreSQL at {_display(url)}: {exc}".strip()) from None
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"PostgreSQL at {_display(url)}: cannot create or migrate schema {self.schema!r}: {exc}".strip()
+            ) from None
         self._pool: ConnectionPool | None = ConnectionPool(
             self.conninfo,
             min_size=1,
@@ -394,10 +398,15 @@ class PostgresStore(EventStore):
             raise error
 
     def _write_batch(self, entries: list[Pending]) -> None:
-        """Write appends with one statement (one transaction) per round; a refused entry fails only itself.
+        """Write appends in ONE transaction; a refused entry fails only itself.
 
-        A round holds at most one entry per session; a batch only needs a
-        second round when one session has two appends queued at once.
+        One statement per *round*, and a round holds at most one entry per
+        session; a batch only needs a second round (then inside an explicit
+        transaction) when one session has two appends queued at once.
+
+        If the connection breaks mid-way, a COMMIT may or may not have
+        happened: those entries get a :class:`StoreError` saying so instead of
+        being retried, which could write them twice.
         """
         rounds: list[list[Pending]] = [[]]
         seen: list[set[str]] = [set()]
@@ -411,27 +420,51 @@ class PostgresStore(EventStore):
                     seen.append(set())
             rounds[i].append(entry)
             seen[i].add(sid)
+        settled: set[int] = set()  # entries whose outcome is certain
         with self._conn() as conn:
-            for batch in rounds:
-                events = [e.event for e in batch]
-                done = conn.execute(
-                    self._sql_append,
-                    (
-                        [e.session_id for e in events],
-                        [e.expected for e in batch],
-                        [e.timestamp for e in events],
-                        [e.author for e in events],
-                        [e.round for e in events],
-                        [e.step for e in events],
-                        [e.payload for e in batch],
-                        [e.crc for e in batch],
-                        [e.fence for e in batch],
-                        self.channel,
-                    ),
-                ).fetchall()
-                if len(done) != len(batch):
-                    ok = {row[0] for row in done}
-                    self._refuse(conn, [e for e in batch if e.event.session_id not in ok])
+            try:
+                if len(rounds) == 1:
+                    self._write_round(conn, rounds[0], settled)
+                else:
+                    with conn.transaction():
+                        for batch in rounds:
+                            self._write_round(conn, batch, set())
+            except psycopg.Error as exc:
+                if not conn.broken:
+                    raise  # the server refused the statement or transaction: nothing was written
+                for entry in entries:
+                    if id(entry) not in settled:
+                        entry.error = StoreError(
+                            f"session {entry.event.session_id!r}: the connection to PostgreSQL broke while "
+                            f"committing version {entry.event.version}; it may or may not be written "
+                            f"(reload to see): {exc}"
+                        )
+
+    def _write_round(self, conn: psycopg.Connection[Any], batch: list[Pending], settled: set[int]) -> None:
+        events = [e.event for e in batch]
+        done = conn.execute(
+            self._sql_append,
+            (
+                [e.session_id for e in events],
+                [e.expected for e in batch],
+                [e.timestamp for e in events],
+                [e.author for e in events],
+                [e.round for e in events],
+                [e.step for e in events],
+                [e.payload for e in batch],
+                [e.crc for e in batch],
+                [e.fence for e in batch],
+                self.channel,
+            ),
+        ).fetchall()
+        ok = {row[0] for row in done}
+        refused = [e for e in batch if e.event.session_id not in ok]
+        for entry in refused:
+            # Certainly not written; _refuse() says why when it can.
+            entry.error = ConflictError(entry.event.session_id, entry.expected, None)
+        settled.update(id(e) for e in batch)
+        if refused:
+            self._refuse(conn, refused)
 
     def _refuse(self, conn: psycopg.Connection[Any], entries: list[Pending]) -> None:
         """Set the error of each entry the append statement did not write."""
@@ -521,13 +554,17 @@ class PostgresStore(EventStore):
         blob, state_crc = encode_state(snapshot.state)
         s = self._s
         with self._conn() as conn, conn.transaction():
-            found = conn.execute(
-                f"UPDATE {s}.sessions SET meta = meta || jsonb_build_object('pruned_to', %s::bigint) "
-                "WHERE session_id = %s",
-                (cut, session_id),
-            ).rowcount
-            if found != 1:
+            # Prunes of one session take turns; appends go on meanwhile (they only
+            # touch versions above the head, and the head is at or above the cut).
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saucer.prune:{self.schema}:{session_id}",))
+            row = conn.execute(
+                f"SELECT coalesce((meta ->> 'pruned_to')::bigint, 0) FROM {s}.sessions WHERE session_id = %s",
+                (session_id,),
+            ).fetchone()
+            if row is None:
                 raise SessionNotFoundError(session_id)
+            if row[0] >= cut:
+                return
             conn.execute(f"DELETE FROM {s}.events WHERE session_id = %s AND version < %s", (session_id, cut))
             conn.execute(
                 f"UPDATE {s}.events SET ts = %s, author = %s, round = %s, step = %s, payload = %s, crc = %s "
@@ -539,6 +576,12 @@ class PostgresStore(EventStore):
                 f"INSERT INTO {s}.snapshots (session_id, version, ts, state, crc) VALUES (%s, %s, %s, %s, %s) "
                 "ON CONFLICT (session_id, version) DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc",
                 (session_id, cut, snapshot.timestamp, blob, state_crc),
+            )
+            # Last, so that the session row (which every append updates) is locked only briefly.
+            conn.execute(
+                f"UPDATE {s}.sessions SET meta = meta || jsonb_build_object('pruned_to', %s::bigint) "
+                "WHERE session_id = %s",
+                (cut, session_id),
             )
 
     # --------------------------------------------------------------- leases

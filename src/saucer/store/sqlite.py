@@ -414,11 +414,18 @@ class SQLiteStore(EventStore):
         with self._lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                found = conn.execute(
-                    "UPDATE sessions SET meta = json_set(meta, '$.pruned_to', ?) WHERE session_id = ?", (cut, session_id)
-                ).rowcount
-                if found != 1:
+                row = conn.execute(
+                    "SELECT coalesce(json_extract(meta, '$.pruned_to'), 0) FROM sessions WHERE session_id = ?",
+                    (session_id,),
+                ).fetchone()
+                if row is None:
                     raise SessionNotFoundError(session_id)
+                if row[0] >= cut:
+                    conn.execute("COMMIT")
+                    return
+                conn.execute(
+                    "UPDATE sessions SET meta = json_set(meta, '$.pruned_to', ?) WHERE session_id = ?", (cut, session_id)
+                )
                 conn.execute("DELETE FROM events WHERE session_id = ? AND version < ?", (session_id, cut))
                 conn.execute(
                     "UPDATE events SET ts = ?, author = ?, round = ?, step = ?, payload = ?, crc = ? "

@@ -1,0 +1,331 @@
+"""``saucer serve`` and ``saucer device``: service mode from the command line.
+
+``register(app)`` adds both commands to the ``saucer`` app. The server runs
+each submitted task as an engine session whose Context lives in the event
+store (``--store`` / ``store.url``), so ``saucer show SESSION`` prints it;
+a device runs the commands it receives on its own tools (``[mcp.servers]`` of
+its config, else the built-in shell and files tools in ``--workspace``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+import typer
+from rich.markup import escape
+
+__all__ = ["register", "websocket_url", "NO_TOKEN_MESSAGE"]
+
+TOKENS_ENV = "SAUCER_SERVICE_TOKENS"
+DEVICE_TOKEN_ENV = "SAUCER_SERVICE_TOKEN"
+
+NO_TOKEN_MESSAGE = (
+    "saucer serve needs at least one bearer token: set "
+    f"{TOKENS_ENV}=NAME=TOKEN (comma-separated for several, each TOKEN at least 16 characters, e.g. "
+    "from `openssl rand -hex 24`) or put tokens = [\"NAME=TOKEN\"] under [service] in saucer.toml; "
+    "NAME owns the sessions its token submits"
+)
+
+_MAX_TOOLS_INFO = 256 * 1024
+"""A device describes its tools in its register frame only while they stay this small (bytes of JSON)."""
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+# Help texts as single-line paragraphs: the CLI renders them with rich, which keeps source line breaks.
+SERVE_HELP = "\n\n".join(
+    [
+        "Run the service server: devices connect to it, clients submit tasks to them over HTTP or WebSocket.",
+        "Tokens come from \\[service] tokens in the config (each \"name=token\"; the name owns the sessions its "
+        f"token submits) and from {TOKENS_ENV} (name=token,...). Each task runs as a saucer session whose Context "
+        "is durable in the store, so `saucer show SESSION --store URL` prints its timeline. If the server stops or "
+        "dies, its unfinished sessions resume from their last committed step when it starts again with the same "
+        "--state-dir and store.",
+        "HTTP API (Authorization: Bearer TOKEN): GET /api/devices · POST /api/sessions "
+        '{"device_id": ID, "task": {"task": NAME, "steps": \\[{"subtask": TEXT, "commands": \\[...]}]}} '
+        "(no steps: the task is a request for the LLM agent) · GET /api/sessions/ID?wait=SECONDS · "
+        "GET /api/sessions/ID/results · POST /api/sessions/ID/cancel · GET /health (no token).",
+    ]
+)
+DEVICE_HELP = "\n\n".join(
+    [
+        "Connect this machine to a saucer server as a device and run the commands it sends.",
+        "Commands run on this machine's own tools: the \\[mcp.servers] of the config, else the built-in shell and "
+        "files tools rooted at --workspace. Every command gets a result (a local error is a failure result). The "
+        "device heartbeats, and reconnects with backoff when the connection drops, keeping its registration and "
+        "the answers of commands in flight. Ctrl-C stops it.",
+    ]
+)
+
+
+def websocket_url(server: str) -> str:
+    """The WebSocket URL of a server given as ``ws(s)://host:port/ws`` or ``http(s)://host:port`` (``/ws`` added)."""
+    parts = urlsplit(server.strip())
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss") or not parts.netloc:
+        raise ValueError(f"--server must be a URL like ws://127.0.0.1:8765/ws (or wss://... with TLS), not {server!r}")
+    path = parts.path if parts.path not in ("", "/") else "/ws"
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+def _log_level(value: str) -> str:
+    level = value.lower()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"--log-level must be one of {', '.join(_LOG_LEVELS)}, not {value!r}")
+    return level
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _compact_tools(tools: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool list a device registers with, small enough for one frame (None when it is not)."""
+    compact = {name: {k: v for k, v in info.items() if k != "output_schema"} for name, info in tools.items()}
+    if len(orjson.dumps(compact)) > _MAX_TOOLS_INFO:
+        return None
+    return compact
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` and ``device`` to ``app`` (the ``saucer`` command line); a second call does nothing."""
+    if any(command.name in ("serve", "device") for command in app.registered_commands):
+        return
+    # Imported here, not at the top: app.py imports this module, and by the time
+    # it calls register() everything below is defined.
+    from saucer.cli import app as cli
+
+    @app.command("serve", help=SERVE_HELP)
+    @cli.friendly
+    def serve_cmd(
+        host: Optional[str] = typer.Option(
+            None,
+            "--host",
+            help="Address to listen on. Default: service.host, 127.0.0.1 (this machine only). "
+            "Anything else exposes tokens and commands to the network: use it with --certfile/--keyfile.",
+        ),
+        port: Optional[int] = typer.Option(None, "--port", min=0, max=65535, help="TCP port. Default: service.port, 8765."),
+        state_dir: Optional[Path] = typer.Option(
+            None,
+            "--state-dir",
+            help="Session records (owners, status, results), the server's identity and session logs. "
+            "Restart with the same one to resume unfinished sessions. Default: service.state_dir, .saucer/service.",
+        ),
+        certfile: Optional[Path] = typer.Option(None, "--certfile", help="TLS certificate (PEM): serve https:// and wss://. Needs --keyfile."),
+        keyfile: Optional[Path] = typer.Option(None, "--keyfile", help="TLS private key (PEM) for --certfile."),
+        heartbeat_interval: Optional[float] = typer.Option(
+            None, "--heartbeat-interval", min=0.01, help="Seconds between device heartbeats. Default: 10."
+        ),
+        missed_heartbeats: Optional[int] = typer.Option(
+            None, "--missed-heartbeats", min=1, help="Heartbeats a device may miss before it is offline and its commands fail. Default: 3."
+        ),
+        reconnect_grace: Optional[float] = typer.Option(
+            None, "--reconnect-grace", min=0, help="Seconds a command waits for its device to reconnect before it fails. Default: 0."
+        ),
+        step_timeout: Optional[float] = typer.Option(
+            None, "--step-timeout", min=0.01, help="Seconds a step's commands may take unless the task says. Default: 300."
+        ),
+        max_frame_bytes: Optional[int] = typer.Option(
+            None, "--max-frame-bytes", min=1024, help="Largest frame or request body accepted. Default: 1 MiB."
+        ),
+        log_level: str = typer.Option("info", "--log-level", help="critical, error, warning, info or debug."),
+        store: Optional[str] = cli.StoreOption,
+        config: Optional[Path] = cli.ConfigOption,
+    ) -> None:
+        """Run the service server (see SERVE_HELP)."""
+        from saucer.service.auth import TokenAuthenticator, service_tokens
+        from saucer.service.engine_runner import EngineTaskRunner, server_identity
+        from saucer.service.server import ServiceConfig, serve
+
+        level = _log_level(log_level)
+        settings = cli._settings(
+            config,
+            {
+                "store.url": store,
+                "service.host": host,
+                "service.port": port,
+                "service.state_dir": state_dir,
+                "service.certfile": certfile,
+                "service.keyfile": keyfile,
+                "service.heartbeat_interval": heartbeat_interval,
+                "service.missed_heartbeats": missed_heartbeats,
+                "service.reconnect_grace": reconnect_grace,
+                "service.step_timeout": step_timeout,
+                "service.max_frame_bytes": max_frame_bytes,
+            },
+        )
+        svc = settings.service
+        tokens = service_tokens(secret.get_secret_value() for secret in svc.tokens)
+        if not tokens:
+            raise cli.UserError(escape(NO_TOKEN_MESSAGE))  # printed as rich markup
+        TokenAuthenticator(tokens)  # too-short tokens are refused before anything starts
+        for path, flag in ((svc.certfile, "--certfile"), (svc.keyfile, "--keyfile")):
+            if path is not None and not Path(path).is_file():
+                raise cli.UserError(f"{flag} {path} is not a file")
+        if "root" not in settings.logs.model_fields_set:
+            settings.logs.root = Path(svc.state_dir) / "logs"
+        service_config = ServiceConfig(
+            host=svc.host,
+            port=svc.port,
+            tokens=tokens,
+            state_dir=svc.state_dir,
+            store_url=settings.store.url,
+            heartbeat_interval=svc.heartbeat_interval,
+            missed_heartbeats=svc.missed_heartbeats,
+            reconnect_grace=svc.reconnect_grace,
+            step_timeout=svc.step_timeout,
+            max_frame_bytes=svc.max_frame_bytes,
+            ssl_certfile=svc.certfile,
+            ssl_keyfile=svc.keyfile,
+            log_level=level,
+        )
+        _setup_logging(level)
+        runner = EngineTaskRunner(settings, owner=server_identity(svc.state_dir), default_step_timeout=svc.step_timeout)
+        scheme = "https" if service_config.tls else "http"
+        cli.err.print(
+            f"saucer serve on {scheme}://{svc.host}:{svc.port} · devices connect to "
+            f"{'wss' if service_config.tls else 'ws'}://{svc.host}:{svc.port}/ws\n"
+            f"  store: {settings.store.url} · state: {svc.state_dir} · tokens: {', '.join(sorted(tokens))}",
+            highlight=False,
+        )
+
+        async def main() -> None:
+            try:
+                await serve(service_config, runner=runner)
+            finally:
+                await runner.close()
+
+        asyncio.run(main())
+
+    @app.command("device", help=DEVICE_HELP)
+    @cli.friendly
+    def device_cmd(
+        server: str = typer.Option(
+            ..., "--server", help="The server's WebSocket URL: ws://HOST:PORT/ws (wss:// with TLS); http(s)://HOST:PORT works too."
+        ),
+        token: Optional[str] = typer.Option(
+            None,
+            "--token",
+            envvar=DEVICE_TOKEN_ENV,
+            show_envvar=True,
+            help=f"Bearer token the server accepts. Prefer {DEVICE_TOKEN_ENV}: a --token shows in the process list.",
+        ),
+        device_id: str = typer.Option(
+            ..., "--device-id", help="This device's name (letters, digits, . _ : @ -); the first token to register it owns it."
+        ),
+        workspace: Optional[Path] = typer.Option(
+            None,
+            "--workspace",
+            "-w",
+            help="Directory the built-in shell and files tools act in (created if missing). Default: the current directory. "
+            "Ignored when the config lists \\[mcp.servers].",
+        ),
+        yes: bool = typer.Option(
+            False,
+            "--yes",
+            "-y",
+            help="Run sensitive commands (rm, sudo, ... and tools marked sensitive) without asking. Without it they "
+            "fail with a result saying so: nobody is at a device to approve them.",
+        ),
+        cafile: Optional[Path] = typer.Option(None, "--cafile", help="CA bundle (PEM) to verify a wss:// server's certificate with."),
+        backoff_initial: float = typer.Option(0.5, "--backoff-initial", min=0.01, help="First wait (seconds) before reconnecting."),
+        backoff_max: float = typer.Option(30.0, "--backoff-max", min=0.01, help="Longest wait (seconds) between reconnection attempts."),
+        log_level: str = typer.Option("info", "--log-level", help="critical, error, warning, info or debug."),
+        config: Optional[Path] = cli.ConfigOption,
+    ) -> None:
+        """Run this machine as a device (see DEVICE_HELP)."""
+        from saucer.service.device import DeviceError
+
+        level = _log_level(log_level)
+        url = websocket_url(server)
+        if not token:
+            raise cli.UserError(f"saucer device needs the server's token: set {DEVICE_TOKEN_ENV}=TOKEN (or pass --token TOKEN)")
+        if backoff_max < backoff_initial:
+            raise cli.UserError("--backoff-max must be at least --backoff-initial")
+        context: ssl.SSLContext | None = None
+        if cafile is not None:
+            if not cafile.is_file():
+                raise cli.UserError(f"--cafile {cafile} is not a file")
+            context = ssl.create_default_context(cafile=str(cafile))
+        settings = cli._settings(config)
+        where = (workspace or Path.cwd()).expanduser()
+        if not settings.mcp.servers:
+            where.mkdir(parents=True, exist_ok=True)
+        _setup_logging(level)
+        try:
+            asyncio.run(
+                _run_device(
+                    cli,
+                    url,
+                    token,
+                    device_id,
+                    settings,
+                    where,
+                    assume_yes=yes,
+                    ssl_context=context,
+                    backoff=(backoff_initial, backoff_max),
+                )
+            )
+        except DeviceError as exc:
+            cli._fail(str(exc), 3)
+
+
+async def _run_device(
+    cli: Any,
+    url: str,
+    token: str,
+    device_id: str,
+    settings: Any,
+    workspace: Path,
+    *,
+    assume_yes: bool,
+    ssl_context: ssl.SSLContext | None,
+    backoff: tuple[float, float],
+) -> None:
+    from saucer.dispatch.local import LocalCommandDispatcher
+    from saucer.dispatch.servers import default_servers
+    from saucer.service.device import DeviceClient
+
+    servers = settings.mcp.servers or default_servers(workspace)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    async with LocalCommandDispatcher.from_config(servers, assume_yes=assume_yes) as dispatcher:
+        failed = await dispatcher.start()
+        for name, reason in failed.items():
+            cli.err.print(f"[yellow]warning:[/] tool server {name!r} did not start: {reason}", highlight=False)
+        tools = await dispatcher.list_tools()
+        info: dict[str, Any] = {"tools_count": len(tools)}
+        if not settings.mcp.servers:
+            info["workspace"] = str(workspace.resolve())
+        compact = _compact_tools(tools)
+        if compact is not None:
+            info["tools"] = compact
+        else:
+            cli.err.print("[yellow]warning:[/] the tool list is too large to send; LLM sessions on this device will see no tools")
+        cli.err.print(
+            f"saucer device {device_id} → {url} · tools: {', '.join(sorted(tools)) or 'none'}"
+            + (f" · workspace: {info['workspace']}" if "workspace" in info else ""),
+            highlight=False,
+        )
+        client = DeviceClient(
+            url,
+            token,
+            device_id,
+            dispatcher,
+            info=info,
+            backoff_initial=backoff[0],
+            backoff_max=backoff[1],
+            ssl=ssl_context,
+            stop=stop,
+        )
+        await client.run()

@@ -1,0 +1,285 @@
+"""EngineTaskRunner in one process: engine sessions over an event store, resume, projection, ends."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from saucer.config import load_settings
+from saucer.context import Context, ContextNames
+from saucer.dispatch.messages import Command, Result, ResultStatus
+from saucer.engine.agent import Agent, AgentSet, AgentStatus
+from saucer.service.engine_runner import EngineTaskRunner, server_identity
+from saucer.service.protocol import PlanCommand, PlanStep, TaskSpec
+from saucer.service.records import MemorySessionRecordStore, SessionRecord
+from saucer.service.runner import StoreSessionRecorder, TaskOutcome
+
+pytestmark = pytest.mark.anyio
+
+TASK = TaskSpec(
+    task="three steps",
+    timeout=7.0,
+    steps=[
+        PlanStep(subtask="a", commands=[PlanCommand(tool_name="echo", parameters={"i": 0})]),
+        PlanStep(subtask="b", commands=[PlanCommand(tool_name="echo", parameters={"i": 1}), PlanCommand(tool_name="echo")], timeout=3.0),
+        PlanStep(subtask="c", commands=[PlanCommand(tool_name="echo", parameters={"i": 2})]),
+    ],
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("SAUCER_LLM_MODEL", "SAUCER_LLM_BASE_URL", "SAUCER_LLM_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _settings(**overrides: Any) -> Any:
+    return load_settings(overrides={"logs.enabled": False, "store.url": "memory://", **overrides})
+
+
+class Device:
+    """Answers every command; fails ``i`` in ``failing``; blocks forever on ``i`` in ``hang``."""
+
+    def __init__(self, failing: set[int] | None = None, hang: set[int] | None = None) -> None:
+        self.batches: list[tuple[list[Command], float | None]] = []
+        self.failing = failing or set()
+        self.hang = hang or set()
+
+    async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
+        self.batches.append(([c.model_copy() for c in commands], timeout))
+        if any(c.parameters.get("i") in self.hang for c in commands):
+            await asyncio.Event().wait()
+        return [
+            Result.failure(c, "boom") if c.parameters.get("i") in self.failing
+            else Result(status=ResultStatus.SUCCESS, result=c.parameters, call_id=c.call_id)
+            for c in commands
+        ]
+
+
+async def _records(session_id: str, task: TaskSpec = TASK) -> tuple[MemorySessionRecordStore, StoreSessionRecorder]:
+    records = MemorySessionRecordStore()
+    await records.create_session(SessionRecord(session_id=session_id, owner="alice", device_id="d", task=task))
+    return records, StoreSessionRecorder(records, session_id)
+
+
+def _kinds(runner: EngineTaskRunner, session_id: str) -> list[str]:
+    return [e.meta.get("kind", "") for e in runner.store.read(session_id)]
+
+
+async def test_a_plan_runs_as_an_engine_session_with_deterministic_call_ids_and_step_timeouts() -> None:
+    runner = EngineTaskRunner(_settings(), default_step_timeout=11.0)
+    sid = uuid.uuid4().hex
+    records, recorder = await _records(sid)
+    device = Device()
+    outcome = await runner.run(sid, TASK, device, recorder)
+    assert outcome.status == "completed", outcome.error
+    assert [[c.call_id for c in batch] for batch, _ in device.batches] == [[f"{sid}.0.0"], [f"{sid}.1.0", f"{sid}.1.1"], [f"{sid}.2.0"]]
+    assert [timeout for _, timeout in device.batches] == [7.0, 3.0, 7.0]  # step's, else the task's
+    steps = await records.steps(sid)
+    assert [(s.index, s.subtask, s.status) for s in steps] == [(0, "a", "completed"), (1, "b", "completed"), (2, "c", "completed")]
+    assert outcome.results == [s.model_dump(mode="json") for s in steps]
+    # The Context is durable in the event store under the service session id.
+    ctx = Context.open(runner.store, sid, create=False)
+    assert ctx.get(ContextNames.MODE) == "service"
+    assert ctx.get(ContextNames.SESSION_STEP) == 3
+    assert [s["subtask"] for s in ctx.get(ContextNames.PREVIOUS_SUBTASKS)] == ["a", "b", "c"]
+    step_events = [e for e in runner.store.read(sid) if e.meta.get("kind") == "step"]
+    # The recorded commands carry the ids the device saw.
+    assert [[c["call_id"] for c in e.meta["commands"]] for e in step_events] == [[f"{sid}.0.0"], [f"{sid}.1.0", f"{sid}.1.1"], [f"{sid}.2.0"]]
+    assert _kinds(runner, sid)[-1] == "session_end"
+    await runner.close()
+
+
+async def test_a_failed_step_fails_the_session_naming_the_step_and_the_error() -> None:
+    runner = EngineTaskRunner(_settings())
+    sid = uuid.uuid4().hex
+    records, recorder = await _records(sid)
+    outcome = await runner.run(sid, TASK, Device(failing={1}), recorder)
+    assert outcome.status == "failed"
+    assert outcome.error == "step 1 ('b') failed: boom"
+    assert [(s.index, s.status) for s in await records.steps(sid)] == [(0, "completed"), (1, "failed")]
+    assert [e.meta.get("session_status") for e in runner.store.read(sid)][-1] == "failed"
+
+
+async def test_an_interrupted_session_resumes_at_its_first_uncommitted_step_with_the_same_call_ids(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    sid = uuid.uuid4().hex
+    records, recorder = await _records(sid)
+    first = EngineTaskRunner(_settings(), store=url, owner="saucer-serve:one")
+    stuck = Device(hang={1})
+    run = asyncio.create_task(first.run(sid, TASK, stuck, recorder))
+    async with asyncio.timeout(10):
+        while len(stuck.batches) < 2:
+            await asyncio.sleep(0.01)
+    run.cancel()  # the server stops mid-step 1
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    await first.close()
+    assert [s.index for s in await records.steps(sid)] == [0]
+
+    second = EngineTaskRunner(_settings(), store=url, owner="saucer-serve:two")
+    device = Device()
+    outcome = await second.run(sid, TASK, device, recorder)
+    assert outcome.status == "completed", outcome.error
+    # Step 0 was not asked again; step 1 was asked again with the very same call_ids.
+    assert [[c.call_id for c in batch] for batch, _ in device.batches] == [[f"{sid}.1.0", f"{sid}.1.1"], [f"{sid}.2.0"]]
+    assert [c.call_id for c in stuck.batches[1][0]] == [f"{sid}.1.0", f"{sid}.1.1"]
+    kinds = _kinds(second, sid)
+    assert kinds.count("session_start") == 1 and kinds.count("session_resume") == 1
+    assert [e.meta["plan_index"] for e in second.store.read(sid) if e.meta.get("kind") == "step"] == [0, 1, 2]
+    await second.close()
+
+
+async def test_a_restarted_server_takes_its_sessions_leases_back_at_once(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    identity = server_identity(state)
+    assert server_identity(state) == identity != server_identity(tmp_path / "other")
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    sid = uuid.uuid4().hex
+    records, recorder = await _records(sid)
+    dead = EngineTaskRunner(_settings(), store=url, owner=identity)
+    stuck = Device(hang={0})
+    run = asyncio.create_task(dead.run(sid, TASK, stuck, recorder))
+    async with asyncio.timeout(10):
+        while not stuck.batches:
+            await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    # As after a SIGKILL, when nothing is released: the dead server's lease runs for another minute.
+    dead.store.acquire_lease(sid, identity, 60.0)
+
+    stranger = EngineTaskRunner(_settings(), store=url, owner="saucer-serve:someone-else", lease_wait=0.1)
+    refused = await stranger.run(sid, TASK, Device(), recorder)
+    assert refused.status == "failed" and identity in (refused.error or "")
+    await stranger.close()
+
+    restarted = EngineTaskRunner(_settings(), store=url, owner=server_identity(state), lease_wait=0.1)
+    outcome = await restarted.run(sid, TASK, Device(), recorder)
+    assert outcome.status == "completed", outcome.error
+    await restarted.close()
+    await dead.close()
+
+
+async def test_sync_steps_rebuilds_step_records_the_event_store_has() -> None:
+    runner = EngineTaskRunner(_settings())
+    sid = uuid.uuid4().hex
+    records, recorder = await _records(sid)
+    assert (await runner.run(sid, TASK, Device(), recorder)).status == "completed"
+    # A server that died between an event and its projection: the records lag behind.
+    fresh, fresh_recorder = await _records(sid)
+    assert await runner.sync_steps(sid, fresh_recorder) == 3
+    assert await runner.sync_steps(sid, fresh_recorder) == 0
+    rebuilt = [s.model_dump(exclude={"committed_at"}) for s in await fresh.steps(sid)]
+    assert rebuilt == [s.model_dump(exclude={"committed_at"}) for s in await records.steps(sid)]
+
+
+async def test_a_cancelled_session_ends_in_the_event_store_too() -> None:
+    runner = EngineTaskRunner(_settings())
+    sid = uuid.uuid4().hex
+    records, recorder = await _records(sid)
+    stuck = Device(hang={1})
+    run = asyncio.create_task(runner.run(sid, TASK, stuck, recorder))
+    async with asyncio.timeout(10):
+        while len(stuck.batches) < 2:
+            await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    cancelled = TaskOutcome(status="cancelled", error="cancelled by its owner")
+    await runner.record_end(sid, cancelled)
+    await runner.record_end(sid, cancelled)  # once only
+    ends = [e.meta for e in runner.store.read(sid) if e.meta.get("kind") == "session_end"]
+    assert [(m["session_status"], m["error"]) for m in ends] == [("cancelled", "cancelled by its owner")]
+    # Resuming an ended session runs nothing and reports how it ended.
+    device = Device()
+    again = await runner.run(sid, TASK, device, recorder)
+    assert (again.status, again.error, device.batches) == ("cancelled", "cancelled by its owner", [])
+
+
+async def test_a_request_without_a_model_fails_with_what_to_configure() -> None:
+    runner = EngineTaskRunner(_settings())
+    sid = uuid.uuid4().hex
+    task = TaskSpec(task="tidy my notes")
+    records, recorder = await _records(sid, task)
+    outcome = await runner.run(sid, task, Device(), recorder)
+    assert outcome.status == "failed"
+    assert "SAUCER_LLM_MODEL" in (outcome.error or ""), outcome.error
+    end = list(runner.store.read(sid))[-1].meta
+    assert end["kind"] == "session_end" and end["session_status"] == "error" and "SAUCER_LLM_MODEL" in end["error"]
+
+
+class EchoAgent(Agent):
+    """Runs one command echoing the request, then finishes."""
+
+    async def act(self, context: Context) -> AgentStatus:
+        await self.dispatch(context, [Command(tool_name="echo", parameters={"request": context.get(ContextNames.REQUEST)})])
+        return AgentStatus.FINISH
+
+
+async def test_a_request_runs_through_the_agent_provider() -> None:
+    runner = EngineTaskRunner(_settings(), agents=AgentSet([EchoAgent("echo-agent")]))
+    sid = uuid.uuid4().hex
+    task = TaskSpec(task="say hello")
+    records, recorder = await _records(sid, task)
+    device = Device()
+    outcome = await runner.run(sid, task, device, recorder)
+    assert outcome.status == "completed", outcome.error
+    assert [[(c.parameters, c.call_id) for c in batch] for batch, _ in device.batches] == [[({"request": "say hello"}, f"{sid}.0.0.0.0")]]
+    assert [s.results[0].result for s in await records.steps(sid)] == [{"request": "say hello"}]
+
+
+async def test_steps_without_commands_are_refused() -> None:
+    runner = EngineTaskRunner(_settings())
+    with pytest.raises(ValueError, match="task.steps.1: a step needs at least one command"):
+        runner.validate(TaskSpec(task="x", steps=[TASK.steps[0], PlanStep(subtask="empty")]))
+
+
+async def test_a_session_whose_event_store_is_gone_is_not_started_over() -> None:
+    first = EngineTaskRunner(_settings())
+    sid = uuid.uuid4().hex
+    records, recorder = await _records(sid)
+    assert (await first.run(sid, TASK, Device(failing={2}), recorder)).status == "failed"
+    other = EngineTaskRunner(_settings())  # another (empty) event store, e.g. a restart with another --store
+    device = Device()
+    outcome = await other.run(sid, TASK, device, recorder)
+    assert outcome.status == "failed" and "3 committed step(s) but no engine session" in (outcome.error or "")
+    assert device.batches == []
+
+
+async def test_sessions_resume_over_postgresql_too() -> None:
+    url = os.environ.get("SAUCER_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("set SAUCER_TEST_POSTGRES_URL=postgresql://postgres@127.0.0.1:5432/test to run the PostgreSQL tests")
+    import psycopg
+    from psycopg import sql
+
+    schema = "svc_" + uuid.uuid4().hex[:12]
+    store_url = f"{url}{'&' if '?' in url else '?'}schema={schema}"
+    try:
+        sid = uuid.uuid4().hex
+        records, recorder = await _records(sid)
+        first = EngineTaskRunner(_settings(), store=store_url)
+        stuck = Device(hang={1})
+        run = asyncio.create_task(first.run(sid, TASK, stuck, recorder))
+        async with asyncio.timeout(20):
+            while len(stuck.batches) < 2:
+                await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        await first.close()
+        second = EngineTaskRunner(_settings(), store=store_url)
+        device = Device()
+        assert (await second.run(sid, TASK, device, recorder)).status == "completed"
+        assert [[c.call_id for c in batch] for batch, _ in device.batches] == [[f"{sid}.1.0", f"{sid}.1.1"], [f"{sid}.2.0"]]
+        assert [e.meta["plan_index"] for e in second.store.read(sid) if e.meta.get("kind") == "step"] == [0, 1, 2]
+        await second.close()
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
