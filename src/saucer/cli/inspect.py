@@ -9,6 +9,7 @@ import datetime as _dt
 from typing import Any, Iterable, Mapping
 
 import orjson
+from rich import box
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -99,9 +100,12 @@ def session_summary(store: EventStore, info: SessionInfo) -> dict[str, Any]:
 
 def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
     """The ``saucer sessions`` table."""
-    table = Table(title="sessions", title_justify="left")
-    for column in ("id", "task", "mode", "status", "rounds", "steps", "cost", "version", "last update"):
-        table.add_column(column, no_wrap=column in ("id", "last update"))
+    # A light box keeps nine columns readable in an 80-column terminal.
+    table = Table(title="sessions", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("id", overflow="fold", min_width=12, max_width=24)
+    table.add_column("task", overflow="fold", min_width=6, max_width=10)
+    for column in ("mode", "status", "rounds", "steps", "cost", "updated"):
+        table.add_column(column, no_wrap=True)
     for row in rows:
         cost = row["cost"]
         table.add_row(
@@ -112,8 +116,7 @@ def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
             str(row["rounds"]),
             str(row["steps"]),
             f"{cost:.4f}" if isinstance(cost, (int, float)) else str(cost),
-            str(row["version"]),
-            row["updated"],
+            row["updated"][5:16],
         )
     return table
 

@@ -10,6 +10,7 @@ Appending writes one row; nothing is ever rewritten.
 from __future__ import annotations
 
 import sqlite3
+from contextlib import contextmanager
 import threading
 import time
 from pathlib import Path
@@ -357,17 +358,33 @@ class SQLiteStore(EventStore):
             finally:
                 cursor.close()
 
+    @contextmanager
+    def _unsynced(self) -> Iterator[sqlite3.Connection]:
+        """Run a write without its own fsync, for snapshots only.
+
+        A snapshot is derived data: in WAL mode a write at ``synchronous=NORMAL``
+        is made durable by the next ``FULL`` commit, and losing the newest
+        snapshot in a power cut only means a longer replay, never a wrong state.
+        """
+        with self._lock:
+            conn = self._conn
+            conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                yield conn
+            finally:
+                conn.execute("PRAGMA synchronous=FULL")
+
     def save_snapshot(self, snapshot: Snapshot) -> None:
         blob, crc = encode_state(snapshot.state)
-        with self._lock:
-            self._conn.execute(
+        with self._unsynced() as conn:
+            conn.execute(
                 "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?)",
                 (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
             )
 
     def prune_snapshots(self, session_id: str, keep: int) -> None:
-        with self._lock:
-            self._conn.execute(
+        with self._unsynced() as conn:
+            conn.execute(
                 "DELETE FROM snapshots WHERE session_id = ? AND version NOT IN ("
                 "SELECT version FROM snapshots WHERE session_id = ? ORDER BY version DESC LIMIT ?)",
                 (session_id, session_id, max(0, keep)),
