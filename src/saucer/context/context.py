@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any, AsyncIterator, Iterator, Literal, Mapping
 
+import orjson
+
 from saucer.context.events import (
     ATOMIC_OPS,
     Event,
@@ -58,6 +60,10 @@ _DICT_NAMES = frozenset(
 )
 _INT_NAMES = frozenset(m.value for m in ContextNames if m.type is int or m.type == dict[int, int])
 _FLOAT_NAMES = frozenset(m.value for m in ContextNames if m.type is float or m.type == dict[int, float])
+#: Snapshots up to this size are taken every ``snapshot_every`` events, whatever the tail.
+_SMALL_SNAPSHOT = 64 * 1024
+#: Rough stored size of one operation, to weigh a tail against a snapshot.
+_OP_BYTES = 64
 #: How many times commit() re-bases an atomic-only batch before giving up.
 _MAX_REBASES = 200
 #: Snapshots kept per session: the newest, and one to fall back on if it is damaged.
@@ -130,6 +136,8 @@ class Context:
         self._version = 0
         self._snapshot_version = 0
         self._snapshot_every = 100
+        self._snapshot_bytes = 0
+        self._tail_ops = 0
         self._keep_snapshots = _KEEP_SNAPSHOTS
         self._pending: list[dict[str, Any]] = []
         # len(self._pending) at the last step boundary: in ``exit`` mode the
@@ -166,8 +174,9 @@ class Context:
         ``at=VERSION`` gives a read-only Context as it was at that version.
         ``create=False`` raises :class:`~saucer.store.SessionNotFoundError`
         for an unknown session. ``fence`` is a lease token every commit carries.
-        A snapshot is stored every ``snapshot_every`` events and on close; only
-        the newest ``keep_snapshots`` of the session are kept.
+        A snapshot is stored every ``snapshot_every`` events (spaced further
+        apart for a state over 64 KB, see :meth:`_snapshot_due`) and on close;
+        only the newest ``keep_snapshots`` of the session are kept.
         """
         if durability not in _DURABILITIES:
             raise ValueError(f"durability must be one of {', '.join(_DURABILITIES)}, not {durability!r}")
@@ -247,6 +256,8 @@ class Context:
             store.quarantine_record(sid, head)
         self._state = state
         self._snapshot_version = base
+        self._snapshot_bytes = 0
+        self._tail_ops = head - base
         self._version = head
         self._pending = []
         self._step_mark = 0
@@ -719,9 +730,26 @@ class Context:
             self._version = event.version
             self._pending = []
             self._step_mark = 0
-            if self._version - self._snapshot_version >= self._snapshot_every:
+            self._tail_ops += len(ops)
+            if self._snapshot_due():
                 self._auto_snapshot()
             return self._version
+
+    def _snapshot_due(self) -> bool:
+        """Every ``snapshot_every`` events, and, for a large state, not before the tail
+        written since the last snapshot is worth half of it.
+
+        A snapshot costs O(state): taken every K events of a state that grows
+        with the session, snapshots alone would make a long session quadratic.
+        Spacing them by the tail's size keeps their total cost linear, while a
+        hydrate still reads one snapshot plus a tail no bigger than about half a
+        snapshot (so open time follows the state's size, not the history's length).
+        """
+        if self._version - self._snapshot_version < self._snapshot_every:
+            return False
+        if self._snapshot_bytes <= _SMALL_SNAPSHOT:
+            return True
+        return self._tail_ops * _OP_BYTES * 2 >= self._snapshot_bytes
 
     def _rebase(self, ops: list[dict[str, Any]]) -> None:
         """Re-hydrate at the newest version and re-apply ``ops`` (atomic/cas only) on top.
@@ -850,6 +878,8 @@ class Context:
             if self._pending:
                 raise RuntimeError("commit() pending changes before taking a snapshot")
             wire = state_to_wire(self._state)
+            self._snapshot_bytes = len(orjson.dumps(wire))
+            self._tail_ops = 0
             # Prune first, so the file never holds more than ``keep_snapshots``
             # copies of a large state at once; a crash in between only means a
             # longer replay on the next open, never a wrong state.
