@@ -89,3 +89,29 @@ def test_user_mistakes_are_one_sentence(run_cli, tmp_path: Path) -> None:
         assert proc.returncode != 0, args
         assert message in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_show_follow_prints_new_steps_and_stops_at_the_end(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    _make_session(tmp_path)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SAUCER_")}
+    env.update({"COLUMNS": "200", "NO_COLOR": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "saucer", "show", "s1", "--follow", "--interval", "0.1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )
+    try:
+        time.sleep(1.5)  # it prints the timeline so far, then waits
+        ctx = Context.open(f"sqlite:///{tmp_path}/.saucer/saucer.db", "s1", author="agent:late")
+        ctx.update_vars(set={"late": "yes"})
+        ctx.commit(step=2)
+        ctx.commit(meta={"kind": "session_end", "session_status": "finished"})
+        ctx.close()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "vars.late = yes" in out and "session finished" in out
