@@ -41,7 +41,7 @@ import time
 import timeit
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 try:
@@ -231,6 +231,29 @@ def time_open(url: str, sid: str, expect: int, repeat: int = 15) -> tuple[float,
     return _median(warm), _median(cold)
 
 
+def _bulk_rows(sid: str, bulk: int, now: float) -> Iterator[tuple[Any, ...]]:
+    """Event rows 1..bulk (``set i``, ``incr n``), encoded by the store's own codec."""
+    for v in range(1, bulk + 1):
+        ops = [{"op": "set", "var": "i", "value": v}, {"op": "incr", "var": "n", "by": 1}]
+        payload, crc = encode_payload(Event(sid, v, now, "bench", 0, v, ops))
+        yield (sid, v, now, "bench", 0, v, payload, crc)
+
+
+def _finish_bulk_session(url: str, sid: str, bulk: int, events: int, every: int, now: float) -> None:
+    """The two newest snapshots where ``snapshot_every`` puts them, then the tail through the Context."""
+    store = open_store(url)
+    for v in (bulk - every, bulk):
+        if v > 0:
+            store.save_snapshot(Snapshot(sid, v, now, {"names": {}, "vars": {"i": v, "n": v}}))
+    ctx = Context.open(store, sid, snapshot_every=10**9)
+    for _ in range(every - 1):
+        ctx.update_vars(set={"i": ctx.version + 1})
+        ctx.incr("n")
+        ctx.commit()
+    assert ctx.version == events
+    store.close()
+
+
 def build_sqlite_session(path: Path, url: str, sid: str, events: int, every: int = 100) -> None:
     """A session of ``events`` events, as the Context lays it out, written in bulk.
 
@@ -249,10 +272,8 @@ def build_sqlite_session(path: Path, url: str, sid: str, events: int, every: int
     conn.execute("BEGIN IMMEDIATE")
     now = time.time()
     chunk: list[tuple[Any, ...]] = []
-    for v in range(1, bulk + 1):
-        ops = [{"op": "set", "var": "i", "value": v}, {"op": "incr", "var": "n", "by": 1}]
-        payload, crc = encode_payload(Event(sid, v, now, "bench", 0, v, ops))
-        chunk.append((sid, v, now, "bench", 0, v, payload, crc))
+    for row in _bulk_rows(sid, bulk, now):
+        chunk.append(row)
         if len(chunk) == 50_000:
             conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", chunk)
             chunk.clear()
@@ -260,17 +281,7 @@ def build_sqlite_session(path: Path, url: str, sid: str, events: int, every: int
     conn.execute("UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ?", (bulk, now, sid))
     conn.execute("COMMIT")
     conn.close()
-    store = open_store(url)
-    for v in (bulk - every, bulk):
-        if v > 0:
-            store.save_snapshot(Snapshot(sid, v, now, {"names": {}, "vars": {"i": v, "n": v}}))
-    ctx = Context.open(store, sid, snapshot_every=10**9)
-    for _ in range(every - 1):
-        ctx.update_vars(set={"i": ctx.version + 1})
-        ctx.incr("n")
-        ctx.commit()
-    assert ctx.version == events
-    store.close()
+    _finish_bulk_session(url, sid, bulk, events, every, now)
 
 
 def build_postgres_session(conninfo: str, schema: str, url: str, sid: str, events: int, every: int = 100) -> None:
@@ -287,22 +298,10 @@ def build_postgres_session(conninfo: str, schema: str, url: str, sid: str, event
         with conn.cursor().copy(
             f'COPY "{schema}".events (session_id, version, ts, author, round, step, payload, crc) FROM STDIN'
         ) as copy:
-            for v in range(1, bulk + 1):
-                ops = [{"op": "set", "var": "i", "value": v}, {"op": "incr", "var": "n", "by": 1}]
-                payload, crc = encode_payload(Event(sid, v, now, "bench", 0, v, ops))
-                copy.write_row((sid, v, now, "bench", 0, v, payload, crc))
+            for row in _bulk_rows(sid, bulk, now):
+                copy.write_row(row)
         conn.execute(f'UPDATE "{schema}".sessions SET head = %s, updated_at = %s WHERE session_id = %s', (bulk, now, sid))
-    store = open_store(url)
-    for v in (bulk - every, bulk):
-        if v > 0:
-            store.save_snapshot(Snapshot(sid, v, now, {"names": {}, "vars": {"i": v, "n": v}}))
-    ctx = Context.open(store, sid, snapshot_every=10**9)
-    for _ in range(every - 1):
-        ctx.update_vars(set={"i": ctx.version + 1})
-        ctx.incr("n")
-        ctx.commit()
-    assert ctx.version == events
-    store.close()
+    _finish_bulk_session(url, sid, bulk, events, every, now)
 
 
 def postgres_backend(base_url: str, run_id: str) -> "Backend":

@@ -85,7 +85,7 @@ def friendly(fn: F) -> F:
             _fail(str(exc))
         except FileNotFoundError as exc:
             _fail(f"no such file: {exc.filename or exc}")
-        except (ValueError, TypeError, KeyError) as exc:
+        except ValueError as exc:  # bad values the user gave (versions, URLs, files); other errors are bugs
             _fail(str(exc.args[0]) if exc.args else str(exc))
         except StoreError as exc:
             _fail(f"store error: {exc}")

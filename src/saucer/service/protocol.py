@@ -231,42 +231,27 @@ class ErrorFrame(_Frame):
     ref: str | None = None
 
 
-Frame = Annotated[
-    Union[
-        RegisterFrame,
-        RegisteredFrame,
-        HeartbeatFrame,
-        HeartbeatAckFrame,
-        TaskFrame,
-        TaskAcceptedFrame,
-        CommandFrame,
-        CommandResultsFrame,
-        TaskEndFrame,
-        DeviceInfoRequestFrame,
-        DeviceInfoResponseFrame,
-        ErrorFrame,
-    ],
-    Field(discriminator="type"),
-]
+_FRAME_MODELS = (
+    RegisterFrame,
+    RegisteredFrame,
+    HeartbeatFrame,
+    HeartbeatAckFrame,
+    TaskFrame,
+    TaskAcceptedFrame,
+    CommandFrame,
+    CommandResultsFrame,
+    TaskEndFrame,
+    DeviceInfoRequestFrame,
+    DeviceInfoResponseFrame,
+    ErrorFrame,
+)
+
+Frame = Annotated[Union[_FRAME_MODELS], Field(discriminator="type")]
 """Any frame of the protocol, discriminated by ``type``."""
 
 _FRAME_ADAPTER: TypeAdapter[Any] = TypeAdapter(Frame)
 FRAME_TYPES: frozenset[str] = frozenset(
-    model.model_fields["type"].default
-    for model in (
-        RegisterFrame,
-        RegisteredFrame,
-        HeartbeatFrame,
-        HeartbeatAckFrame,
-        TaskFrame,
-        TaskAcceptedFrame,
-        CommandFrame,
-        CommandResultsFrame,
-        TaskEndFrame,
-        DeviceInfoRequestFrame,
-        DeviceInfoResponseFrame,
-        ErrorFrame,
-    )
+    model.model_fields["type"].default for model in _FRAME_MODELS
 )
 """Every ``type`` value this version of the protocol knows."""
 
