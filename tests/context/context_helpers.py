@@ -72,9 +72,12 @@ class CountingStore(EventStore):
 def damage_event(path: Path, session_id: str, version: int, payload: bytes = b'{"ops": [tor') -> None:
     """Overwrite one stored event's payload, as a torn write or a bad disk would."""
     with sqlite3.connect(path) as conn:
-        n = conn.execute(
-            "UPDATE events SET payload = ? WHERE session_id = ? AND version = ?", (payload, session_id, version)
-        ).rowcount
+        n = sum(
+            conn.execute(
+                f"UPDATE {table} SET payload = ? WHERE session_id = ? AND version = ?", (payload, session_id, version)
+            ).rowcount
+            for table in ("events", "events_recent")
+        )
     conn.close()
     assert n == 1
 

@@ -41,6 +41,33 @@ while True:
     os.write(ack, b"%d\n" % ctx.version)  # acknowledged: commit() has returned
 """
 
+ASYNC_STEPPER = r"""
+import asyncio, os, sys
+from saucer.context import Context, ContextNames
+from saucer.store.sqlite import SQLiteStore
+
+path, ack_path, sessions = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = SQLiteStore(path)
+store.fold_every = 5  # recent events move into the events table often: kills land in those moves too
+ack = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+async def session(sid):
+    ctx = Context.open(store, sid, snapshot_every=7)
+    while True:
+        i = ctx.version + 1
+        ctx.update_vars(set={"a": i, "b": i})
+        ctx.append("l", i)
+        ctx.incr(ContextNames.SESSION_STEP)
+        ctx.set(ContextNames.REQUEST, "x" * (i % 50))
+        await ctx.acommit_step(author="agent:stepper", step=i)
+        os.write(ack, b"%s %d\n" % (sid.encode(), ctx.version))  # acknowledged: acommit has returned
+
+async def main():
+    await asyncio.gather(*(session(f"s{k}") for k in range(sessions)))
+
+asyncio.run(main())
+"""
+
 INCREMENTER = r"""
 import random, sys, time
 from saucer.context import Context
@@ -119,6 +146,48 @@ def test_sigkill_at_random_moments_leaves_a_committed_prefix(tmp_path: Path) -> 
         assert version >= last
         last = version
     assert last > trials  # the children really committed across all the trials
+
+
+def test_sigkill_of_sessions_committing_from_one_event_loop_leaves_committed_prefixes(tmp_path: Path) -> None:
+    """Many sessions of one loop share transactions (group commit): a kill never splits a step or loses an ack."""
+    db = tmp_path / "crash.db"
+    ack = tmp_path / "acks"
+    script = tmp_path / "async_stepper.py"
+    script.write_text(ASYNC_STEPPER)
+    rng = random.Random(1122)
+    sessions, trials = 6, 12
+    last = dict.fromkeys((f"s{k}" for k in range(sessions)), 0)
+
+    def acked() -> dict[str, int]:
+        best: dict[str, int] = {}
+        text = ack.read_text() if ack.exists() else ""
+        for line in text.split("\n")[:-1]:  # a kill can cut the last line short
+            sid, version = line.split()
+            best[sid] = max(best.get(sid, 0), int(version))
+        return best
+
+    for trial in range(trials):
+        before = sum(acked().values())
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(db), str(ack), str(sessions)], env=_env(), stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + 20
+        while sum(acked().values()) == before:  # wait until it is committing
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the child never committed"
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0, 0.05))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+        best = acked()
+        for sid in last:
+            version = _check_committed_prefix(f"sqlite:///{db}", sid)
+            assert best.get(sid, 0) <= version, f"trial {trial}: {sid} acknowledged v{best[sid]}, reopened at v{version}"
+            assert version >= last[sid]
+            last[sid] = version
+    assert sum(last.values()) > trials * sessions
 
 
 def test_two_processes_incrementing_the_same_var_lose_nothing(tmp_path: Path) -> None:

@@ -24,7 +24,9 @@ N = ContextNames
 
 
 def _events(db: Path, sid: str) -> int:
-    return rows(db, "SELECT COUNT(*) FROM events WHERE session_id = ?", sid)[0][0]
+    return sum(
+        rows(db, f"SELECT COUNT(*) FROM {table} WHERE session_id = ?", sid)[0][0] for table in ("events", "events_recent")
+    )
 
 
 # ------------------------------------------------------------ durability

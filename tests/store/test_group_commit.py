@@ -173,8 +173,8 @@ def _insert_stray_event(url: str, session_id: str, version: int) -> None:
         from saucer.store.sqlite import path_from_url
 
         with sqlite3.connect(path_from_url(url)) as conn:
-            conn.execute(
-                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            conn.execute(  # where new events are written (see saucer.store.sqlite)
+                "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (session_id, version, 0.0, "stray", None, None, b'{"ops":[]}', None),
             )
     else:

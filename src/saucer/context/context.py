@@ -16,6 +16,7 @@ Durability modes:
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -150,6 +151,7 @@ class Context:
         self._fence: int | None = None
         self._lock = threading.RLock()
         self._closed = False
+        self._committing = False
         self.command_dispatcher = None
 
     # ================================================================ opening
@@ -370,6 +372,10 @@ class Context:
             )
         if self._closed:
             raise RuntimeError(f"session {self._session_id!r}: this Context is closed")
+        if self._committing:
+            raise RuntimeError(
+                f"session {self._session_id!r}: a commit is in flight (acommit); wait for it before changing the Context"
+            )
 
     def _record(self, ops: list[dict[str, Any]]) -> None:
         with self._lock:
@@ -699,10 +705,7 @@ class Context:
         :class:`~saucer.store.ConflictError` naming its keys (call :meth:`reload`).
         """
         with self._lock:
-            if self._store is None:
-                return self._version
-            self._check_writable()
-            if not self._pending and not meta:
+            if not self._commit_needed(meta):
                 return self._version
             store, sid = self._require_store()
             author = author or self._author
@@ -715,25 +718,98 @@ class Context:
                     )
                     break
                 except ConflictError as exc:
-                    if exc.__class__ is not ConflictError:
-                        raise  # fenced off: retrying cannot help
-                    plain = [op_key(op) for op in ops if op["op"] not in ATOMIC_OPS and op["op"] != "cas"]
-                    if plain:
-                        raise ConflictError(sid, self._version, exc.actual, sorted(set(plain))) from None
-                    if attempt >= 2:
-                        # Several writers hammer the same session: back off a
-                        # little, at random, so that one of them gets through.
-                        time.sleep(random.uniform(0, 0.0005 * min(attempt, 20)))
+                    delay = self._before_retry(exc, ops, attempt)
+                    if delay:
+                        time.sleep(delay)
                     self._rebase(ops)
             else:
                 raise ConflictError(sid, self._version, None, ["(too many concurrent writers)"])
+            self._written(event)
+            self._maybe_snapshot()
+            return self._version
+
+    async def acommit(
+        self,
+        *,
+        author: str | None = None,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> int:
+        """:meth:`commit` for coroutines: the same event, durable when it returns.
+
+        The commits of the sessions of one event loop that are made at the same
+        time share one transaction and fsync (see ``saucer.store``), without a
+        thread per session; the engine commits its steps this way. The Context
+        refuses changes while the commit is in flight. If the awaiting task is
+        cancelled, the changes are either still pending (nothing was written)
+        or committed, as the Context's version then says.
+        """
+        with self._lock:
+            if not self._commit_needed(meta):
+                return self._version
+            store, sid = self._require_store()
+            author = author or self._author
+            round = self._round_id() if round is None else round
+            self._committing = True
+        try:
+            for attempt in range(_MAX_REBASES):
+                ops = self._pending
+                try:
+                    await store.aappend(
+                        sid,
+                        self._version,
+                        ops,
+                        author=author,
+                        round=round,
+                        step=step,
+                        meta=meta,
+                        fence=self._fence,
+                        on_written=self._written,
+                    )
+                    break
+                except ConflictError as exc:
+                    delay = self._before_retry(exc, ops, attempt)
+                    if delay:
+                        await asyncio.sleep(delay)
+                    with self._lock:
+                        self._rebase(ops)
+            else:
+                raise ConflictError(sid, self._version, None, ["(too many concurrent writers)"])
+        finally:
+            self._committing = False
+        with self._lock:
+            self._maybe_snapshot()
+            return self._version
+
+    def _commit_needed(self, meta: dict[str, Any] | None) -> bool:
+        if self._store is None:
+            return False
+        self._check_writable()
+        return bool(self._pending or meta)
+
+    def _before_retry(self, exc: ConflictError, ops: list[dict[str, Any]], attempt: int) -> float:
+        """After a conflict: raise unless the batch can be re-based; return how long to back off."""
+        if exc.__class__ is not ConflictError:
+            raise exc  # fenced off: retrying cannot help
+        plain = [op_key(op) for op in ops if op["op"] not in ATOMIC_OPS and op["op"] != "cas"]
+        if plain:
+            raise ConflictError(exc.session_id, self._version, exc.actual, sorted(set(plain))) from None
+        # Several writers hammer the same session: back off a little, at
+        # random, so that one of them gets through.
+        return random.uniform(0, 0.0005 * min(attempt, 20)) if attempt >= 2 else 0.0
+
+    def _written(self, event: Event) -> None:
+        """The pending changes are durable as ``event`` (called by the store as soon as they are)."""
+        with self._lock:
+            self._tail_ops += len(self._pending)
             self._version = event.version
             self._pending = []
             self._step_mark = 0
-            self._tail_ops += len(ops)
-            if self._snapshot_due():
-                self._auto_snapshot()
-            return self._version
+
+    def _maybe_snapshot(self) -> None:
+        if self._snapshot_due():
+            self._auto_snapshot()
 
     def _snapshot_due(self) -> bool:
         """Every ``snapshot_every`` events, and, for a large state, not before the tail
@@ -803,6 +879,20 @@ class Context:
             self._step_mark = len(self._pending)
             return self._version
         return self.commit(author=author, round=round, step=step, meta=meta)
+
+    async def acommit_step(
+        self,
+        *,
+        author: str | None = None,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> int:
+        """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
+        if self._durability == "exit" and self._store is not None:
+            self._step_mark = len(self._pending)
+            return self._version
+        return await self.acommit(author=author, round=round, step=step, meta=meta)
 
     @contextmanager
     def step(

@@ -216,7 +216,7 @@ class Round:
             meta["session_status"] = "running"
             meta["cursor"] = session._cursor("step", rid, plan_index, next_agent.name, record.next_state)
             t2 = _perf()
-            record.version = ctx.commit_step(author=agent.name, round=rid, step=session_step, meta=meta)
+            record.version = await ctx.acommit_step(author=agent.name, round=rid, step=session_step, meta=meta)
             t3 = _perf()
             record.timings = {
                 "handle_ms": (t1 - t0) * 1000.0,
@@ -306,7 +306,7 @@ class Round:
         meta["kind"] = "step"
         meta["session_status"] = "running"
         meta["cursor"] = session._cursor("step", self.id, self.plan_index, agent.name, error_state.name())
-        record.version = ctx.commit_step(author=agent.name, round=self.id, step=record.session_step, meta=meta)
+        record.version = await ctx.acommit_step(author=agent.name, round=self.id, step=record.session_step, meta=meta)
         record.timings = {"total_ms": (_perf() - t0) * 1000.0}
         session.session_step = record.session_step
         self.steps += 1

@@ -556,7 +556,7 @@ class Session:
                 "session_status": SessionStatus.RUNNING,
                 "cursor": self._cursor("start", None, None),
             }
-        ctx.commit_step(author="system", meta=meta)
+        await ctx.acommit_step(author="system", meta=meta)
         for hook in self._start_hooks:
             hook(self)
         self._renewer = asyncio.create_task(self._renew_loop(), name=f"saucer-lease-{sid}")
@@ -763,7 +763,7 @@ class Session:
         if not result.ok:
             self._failed_rounds += 1
         evaluate = self.settings.system.eva_round
-        ctx.commit_step(
+        await ctx.acommit_step(
             author="system",
             round=rnd.id,
             meta={
@@ -819,7 +819,7 @@ class Session:
         self._evaluations.append(verdict)
         self.logs.write_evaluation(EvaluationLogEntry(**verdict.model_dump(), timestamp=time.time()))
         phase = "round_end" if scope == "round" else "session_eval"
-        self.context.commit_step(
+        await self.context.acommit_step(
             author=f"evaluator:{name}",
             round=round_id,
             meta={
@@ -874,7 +874,7 @@ class Session:
             "evaluations": [e.model_dump(mode="json") for e in self._evaluations],
             "cursor": self._cursor("end", None, None),
         }
-        version = ctx.commit(author="system", meta=meta)
+        version = await ctx.acommit(author="system", meta=meta)
         self.result = SessionResult(
             session_id=self.session_id,
             task=self.task,

@@ -1,14 +1,26 @@
-"""Group commit: many threads' appends share one transaction and one fsync.
+"""Group commit: concurrent appends share one transaction and one fsync.
 
 When many sessions of one process commit at the same time, writing each
 event in its own transaction makes throughput bounded by the disk's flush
 latency. :class:`GroupCommitter` lets them share: each caller queues its
-append and waits; the caller at the front of the queue becomes the *leader*,
-takes everything queued so far (up to ``max_batch``), writes it as one batch
-(one transaction, one COMMIT/fsync) through the backend's ``write_batch``,
-wakes the others with their own result, and hands leadership to whoever
-queued meanwhile. A caller alone pays nothing extra: it is its own leader and
-writes its batch of one in its own thread.
+append and waits; one caller at a time is the *leader*: it takes everything
+queued so far (up to ``max_batch``), writes it as one batch (one transaction,
+one COMMIT/fsync) through the backend's ``write_batch``, wakes the others with
+their own result, and hands leadership to whoever queued meanwhile.
+
+Two kinds of callers share one queue:
+
+* **threads** (:meth:`GroupCommitter.append`): a caller alone is its own leader
+  and writes its batch of one in its own thread; the others block on a lock
+  and are woken one after the other.
+* **coroutines** (:meth:`GroupCommitter.append_async`), how the engine runs
+  sessions: a coroutine queues its append and awaits a future. A coroutine
+  that finds the committer idle leads: it yields to its event loop once, so
+  that every other session that was ready to run queues its append too, then
+  writes the batch in the loop's thread and resolves the others' futures. A
+  hundred sessions of one loop then share one transaction with no thread
+  switch at all. (The loop is blocked while the batch is written, as it would
+  be by a synchronous commit.)
 
 Every append is still durable when it returns: a caller is released only after
 the COMMIT of the transaction that holds its event. A failing append (a
@@ -16,37 +28,80 @@ version conflict, a fenced-off writer) fails only its own caller: the
 backend checks each entry on its own and sets ``entry.error``. If a batch as a
 whole fails unexpectedly, the transaction was rolled back, and each entry is
 retried alone through ``write_one`` so that one bad entry cannot fail the rest.
+
+A thread that runs an event loop never waits for the queue with a blocking
+call (the write it waits for could be scheduled on its own, blocked, loop):
+its synchronous appends are written directly, in their own transaction.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import warnings
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 from saucer.context.events import Event
 from saucer.store._codec import encode_payload
 
 __all__ = ["Pending", "GroupCommitter"]
 
-_QUEUED, _TAKEN, _LEADER, _DONE = range(4)
+_QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _resolve(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():  # a cancelled waiter has gone
+            future.set_result(None)
 
 
 class Pending:
-    """One queued append: the event, the version it is based on, its lease token, its outcome."""
+    """One queued append: the event, the version it is based on, its lease token, its outcome.
 
-    __slots__ = ("event", "expected", "fence", "payload", "crc", "error", "_state", "_wake", "_next")
+    ``on_written`` (optional) is called in the writing thread as soon as the
+    event is durable, before its caller is woken, even if that caller has been
+    cancelled meanwhile.
+    """
 
-    def __init__(self, event: Event, expected: int, fence: int | None) -> None:
+    __slots__ = (
+        "event", "expected", "fence", "payload", "crc", "error", "on_written",
+        "_state", "_wake", "_next", "_loop", "_future",
+    )
+
+    def __init__(
+        self,
+        event: Event,
+        expected: int,
+        fence: int | None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        on_written: Callable[[], Any] | None = None,
+        blocking: bool = True,
+    ) -> None:
         self.event = event
         self.expected = expected
         self.fence = fence
         self.payload, self.crc = encode_payload(event)
         self.error: BaseException | None = None
+        self.on_written = on_written
         self._next: Pending | None = None
         self._state = _QUEUED
-        self._wake = threading.Lock()
-        self._wake.acquire()
+        self._loop = loop
+        self._future: asyncio.Future[None] | None = None
+        self._wake: threading.Lock | None = None
+        if loop is not None:
+            self._future = loop.create_future()
+        elif blocking:
+            self._wake = threading.Lock()
+            self._wake.acquire()
 
 
 class GroupCommitter:
@@ -56,6 +111,10 @@ class GroupCommitter:
     ``entry.error`` on each one it refuses; raising means nothing was written.
     ``write_one(entry)`` writes one entry in its own transaction, raising its error.
     """
+
+    #: A blocked thread whose write is scheduled on an event loop that has not
+    #: run it for this long writes the queue itself (the loop may have stopped).
+    steal_after = 1.0
 
     def __init__(
         self,
@@ -68,15 +127,25 @@ class GroupCommitter:
         self._write_one = write_one
         self.max_batch = max_batch
         self._mutex = threading.Lock()
+        self._written = threading.Condition(self._mutex)  # notified after every batch
         self._queue: deque[Pending] = deque()
         self._busy = False
+        # The coroutine entry whose loop was asked to lead, until it starts.
+        self._scheduled: Pending | None = None
         #: How many batches and entries were written (for tests and benchmarks).
         self.batches = 0
         self.entries = 0
         self.largest_batch = 0
 
+    # ------------------------------------------------------------- threads
+
     def append(self, event: Event, expected: int, fence: int | None) -> None:
         """Write one append durably (shared with concurrent callers); raise its own error."""
+        if _running_loop() is not None:
+            entry = Pending(event, expected, fence, blocking=False)
+            self._count([entry])
+            self._write_one(entry)
+            return
         entry = Pending(event, expected, fence)
         with self._mutex:
             self._queue.append(entry)
@@ -86,7 +155,7 @@ class GroupCommitter:
                 entry._state = _LEADER
         interrupted = None if leader else self._wait(entry)
         if entry._state == _LEADER:
-            self._lead()
+            self._lead(entry)
         if interrupted is not None:
             raise interrupted
         if entry.error is not None:
@@ -95,13 +164,18 @@ class GroupCommitter:
 
     def _wait(self, entry: Pending) -> BaseException | None:
         """Block until the entry is written or its caller is made leader; return a deferred interrupt."""
+        assert entry._wake is not None
         interrupted: BaseException | None = None
         while True:
             try:
-                entry._wake.acquire()
+                if not entry._wake.acquire(timeout=self.steal_after):
+                    if self._steal(entry):
+                        break
+                    continue
                 nxt = entry._next
                 if nxt is not None:
                     entry._next = None
+                    assert nxt._wake is not None
                     nxt._wake.release()
                 break
             except BaseException as exc:  # e.g. KeyboardInterrupt in the main thread
@@ -112,55 +186,179 @@ class GroupCommitter:
                 interrupted = exc  # already being written: wait for the outcome, then re-raise
         return interrupted
 
-    def _lead(self) -> None:
-        """Write everything queued (this caller's entry first), release those callers, hand over."""
+    def _steal(self, entry: Pending) -> bool:
+        """Lead instead of a coroutine that was made leader but whose loop has not run it (see ``steal_after``)."""
         with self._mutex:
-            batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_batch))]
-            for entry in batch:
-                entry._state = _TAKEN
-        try:
-            self._write(batch)
-        except BaseException as exc:  # the leader was interrupted: nobody knows what was written
-            for entry in batch:
-                if entry.error is None:
-                    entry.error = exc
-            raise
-        finally:
-            with self._mutex:
-                for entry in batch:
-                    entry._state = _DONE
-                # Wake the callers one after the other (each wakes the next as it
-                # starts) rather than all at once: a hundred threads woken together
-                # fight over the GIL and spend more time switching than running.
-                followers = batch[1:]
-                for a, b in zip(followers, followers[1:]):
-                    a._next = b
-                if followers:
-                    followers[0]._wake.release()
-                if self._queue:
-                    nxt = self._queue[0]
-                    nxt._state = _LEADER
-                    nxt._wake.release()
-                else:
-                    self._busy = False
+            scheduled = self._scheduled
+            if scheduled is None or entry._state != _QUEUED:
+                return False
+            scheduled._state = _QUEUED  # its task, when it runs, waits instead of leading
+            self._scheduled = None
+            entry._state = _LEADER
+            return True
 
-    def _write(self, batch: list[Pending]) -> None:
+    # ---------------------------------------------------------- coroutines
+
+    async def append_async(
+        self, event: Event, expected: int, fence: int | None, on_written: Callable[[], Any] | None = None
+    ) -> None:
+        """Write one append durably from a coroutine, sharing the write with the loop's other appends.
+
+        If the awaiting task is cancelled before its entry is taken for
+        writing, nothing is written. Once taken, the write completes, and the
+        cancellation reaches the caller only after it has (``on_written`` has
+        run by then if the event was written).
+        """
+        loop = asyncio.get_running_loop()
+        entry = Pending(event, expected, fence, loop=loop, on_written=on_written)
+        with self._mutex:
+            self._queue.append(entry)
+            if not self._busy:
+                self._busy = True
+                entry._state = _LEADER
+                self._scheduled = entry
+        try:
+            while True:
+                if entry._state == _LEADER:
+                    # Yield once, so that the other sessions of this loop that
+                    # are ready to run commit in the same batch.
+                    await asyncio.sleep(0)
+                    with self._mutex:
+                        lead = entry._state == _LEADER and self._scheduled is entry
+                        if lead:
+                            self._scheduled = None
+                    if lead:
+                        self._lead(entry)
+                if entry._state == _DONE:
+                    break
+                future = entry._future
+                assert future is not None
+                if future.done():  # woken to lead, then a blocked thread took over: wait again
+                    with self._mutex:
+                        if entry._state in (_DONE, _LEADER):
+                            continue
+                        future = entry._future = loop.create_future()
+                await future
+        except asyncio.CancelledError:
+            with self._mutex:
+                if entry._state in (_QUEUED, _LEADER):
+                    self._queue.remove(entry)
+                    if self._scheduled is entry:
+                        self._scheduled = None
+                        self._hand_over()
+                    entry._state = _DROPPED
+                # Being written by another thread: wait for the outcome (one batch).
+                while entry._state == _TAKEN:
+                    self._written.wait()
+            raise
+        if entry.error is not None:
+            error, entry.error = entry.error, None
+            raise error
+
+    @staticmethod
+    def _call(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` in ``loop``: now if that is this thread's loop; RuntimeError if it is closed."""
+        if _running_loop() is loop:
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    # -------------------------------------------------------------- leading
+
+    def _lead(self, own: Pending) -> None:
+        """Write batches from the front of the queue until ``own`` is written, then hand over."""
+        while True:
+            with self._mutex:
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_batch))]
+                for entry in batch:
+                    entry._state = _TAKEN
+            try:
+                self._write(batch)
+            except BaseException as exc:  # the leader was interrupted: nobody knows what was written
+                for entry in batch:
+                    if entry.error is None:
+                        entry.error = exc
+                with self._mutex:
+                    self._release(batch, own)
+                    self._hand_over()
+                raise
+            with self._mutex:
+                self._release(batch, own)
+                if own._state == _DONE:
+                    self._hand_over()
+                    return
+
+    def _release(self, batch: list[Pending], own: Pending) -> None:
+        """Mark the batch written and wake its callers (under the mutex)."""
+        threads: list[Pending] = []
+        loops: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        self._written.notify_all()
+        for entry in batch:
+            entry._state = _DONE
+            if entry is own:
+                continue
+            if entry._future is not None:
+                loops.setdefault(entry._loop, []).append(entry._future)  # type: ignore[arg-type]
+            elif entry._wake is not None:
+                threads.append(entry)
+        # Wake the threads one after the other (each wakes the next as it
+        # starts) rather than all at once: a hundred threads woken together
+        # fight over the GIL and spend more time switching than running.
+        for a, b in zip(threads, threads[1:]):
+            a._next = b
+        if threads:
+            threads[0]._wake.release()  # type: ignore[union-attr]
+        for loop, futures in loops.items():
+            try:
+                self._call(loop, _resolve, futures)
+            except RuntimeError:
+                pass  # the loop is closed: nobody is waiting there any more
+
+    def _hand_over(self) -> None:
+        """Make the front of the queue the next leader, or go idle (under the mutex)."""
+        while self._queue:
+            nxt = self._queue[0]
+            nxt._state = _LEADER
+            if nxt._loop is None:
+                assert nxt._wake is not None
+                nxt._wake.release()
+                return
+            try:
+                self._call(nxt._loop, _resolve, [nxt._future])  # its task wakes up and leads
+            except RuntimeError:  # its loop is closed: nobody can wait for that entry
+                self._queue.popleft()
+                nxt._state = _DROPPED
+                continue
+            self._scheduled = nxt
+            return
+        self._busy = False
+
+    def _count(self, batch: list[Pending]) -> None:
         self.batches += 1
         self.entries += len(batch)
         if len(batch) > self.largest_batch:
             self.largest_batch = len(batch)
+
+    def _write(self, batch: list[Pending]) -> None:
+        self._count(batch)
         if len(batch) == 1:
             try:
                 self._write_one(batch[0])
             except Exception as exc:
                 batch[0].error = exc
-            return
-        try:
-            self._write_batch(batch)
-        except Exception:
-            for entry in batch:
-                entry.error = None
+        else:
+            try:
+                self._write_batch(batch)
+            except Exception:
+                for entry in batch:
+                    entry.error = None
+                    try:
+                        self._write_one(entry)
+                    except Exception as exc:
+                        entry.error = exc
+        for entry in batch:
+            if entry.error is None and entry.on_written is not None:
                 try:
-                    self._write_one(entry)
-                except Exception as exc:
-                    entry.error = exc
+                    entry.on_written()
+                except Exception as exc:  # the event is written all the same
+                    warnings.warn(f"on_written callback failed: {exc!r}", RuntimeWarning, stacklevel=2)

@@ -20,7 +20,8 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:  # at run time it is imported where used: saucer.context imports this module
     from saucer.context.events import Event
@@ -304,20 +305,44 @@ class EventStore(ABC):
         fence: int | None = None,
     ) -> Event:
         """Commit ``ops`` as one event based on ``expected_version``; return the event."""
-        from saucer.context.events import Event
-
-        event = Event(
-            session_id=session_id,
-            version=expected_version + 1,
-            timestamp=time.time(),
-            author=author,
-            round=round,
-            step=step,
-            ops=ops,
-            meta=dict(meta or {}),
-        )
+        event = _new_event(session_id, expected_version, ops, author, round, step, meta)
         self._append(event, expected_version, fence)
         return event
+
+    async def aappend(
+        self,
+        session_id: str,
+        expected_version: int,
+        ops: list[dict[str, Any]],
+        *,
+        author: str,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+        fence: int | None = None,
+        on_written: Callable[[Event], Any] | None = None,
+    ) -> Event:
+        """:meth:`append` for coroutines; durable when it returns.
+
+        On the SQLite and PostgreSQL stores the appends of all the coroutines of
+        one event loop that commit at the same time share one transaction (and
+        one fsync), without a thread per session: this is how the engine
+        commits its steps. ``on_written(event)`` is called as soon as the event
+        is durable, even if the awaiting task was cancelled meanwhile (a
+        cancelled append is either not written at all, or written and reported
+        there).
+        """
+        event = _new_event(session_id, expected_version, ops, author, round, step, meta)
+        await self._aappend(event, expected_version, fence, None if on_written is None else partial(on_written, event))
+        return event
+
+    async def _aappend(
+        self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
+    ) -> None:
+        """Append from a coroutine; by default, synchronously (what a memory store needs)."""
+        self._append(event, expected_version, fence)
+        if on_written is not None:
+            on_written()
 
     def read(self, session_id: str, after: int = 0, upto: int | None = None) -> Iterator[Event]:
         """Events of the session's whole lineage with ``after < version <= upto``."""
@@ -460,3 +485,26 @@ def _base_ops(before: Any, after: Any) -> list[dict[str, Any]]:
     ops += [{"op": "set", "name": k, "value": v} for k, v in wire["names"].items()]
     ops += [{"op": "set", "var": k, "value": v} for k, v in wire["vars"].items()]
     return ops
+
+
+def _new_event(
+    session_id: str,
+    expected_version: int,
+    ops: list[dict[str, Any]],
+    author: str,
+    round: int | None,
+    step: int | None,
+    meta: dict[str, Any] | None,
+) -> Event:
+    from saucer.context.events import Event  # here: saucer.context imports this module
+
+    return Event(
+        session_id=session_id,
+        version=expected_version + 1,
+        timestamp=time.time(),
+        author=author,
+        round=round,
+        step=step,
+        ops=ops,
+        meta=dict(meta or {}),
+    )

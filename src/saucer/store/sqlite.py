@@ -5,6 +5,16 @@ WAL mode with ``synchronous=FULL``: a commit is on disk (one WAL fsync) when
 checks the expected version with a conditional update, so concurrent writers
 in other threads or processes can never interleave or overwrite each other.
 Appending writes one row; nothing is ever rewritten.
+
+Two event tables. ``events`` is clustered by (session, version), so reading a
+session's history touches few pages; but a hundred sessions committing
+together would then dirty a hundred of its pages per transaction, and SQLite
+writes every dirty page whole to the WAL. New events therefore go to the small
+``events_recent`` table, whose rows sit in order of arrival, and are moved into
+``events`` in bulk, sorted, once ``fold_every`` of them have gathered (inside a
+later commit's transaction, so a crash never leaves a row in both or neither).
+For any one session every row of ``events`` is older than every row of
+``events_recent``: a read takes the first, then the second.
 """
 
 from __future__ import annotations
@@ -13,8 +23,9 @@ import sqlite3
 from contextlib import contextmanager
 import threading
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -44,7 +55,7 @@ from saucer.store.base import (
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: events_recent
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS saucer_schema (version INTEGER NOT NULL);
@@ -68,6 +79,17 @@ CREATE TABLE IF NOT EXISTS events (
     crc        INTEGER,
     PRIMARY KEY (session_id, version)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events_recent (
+    session_id TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    ts         REAL NOT NULL,
+    author     TEXT NOT NULL,
+    round      INTEGER,
+    step       INTEGER,
+    payload    BLOB NOT NULL,
+    crc        INTEGER
+);
+CREATE UNIQUE INDEX IF NOT EXISTS events_recent_by_session ON events_recent (session_id, version);
 CREATE TABLE IF NOT EXISTS snapshots (
     session_id TEXT NOT NULL,
     version    INTEGER NOT NULL,
@@ -142,6 +164,9 @@ class SQLiteStore(EventStore):
                     raise RuntimeError(
                         f"{self.path}: store schema version {row[0]} is newer than this saucer ({SCHEMA_VERSION}); upgrade saucer"
                     )
+                elif row[0] < SCHEMA_VERSION:  # the tables above were added by CREATE ... IF NOT EXISTS
+                    self._conn.execute("UPDATE saucer_schema SET version = ?", (SCHEMA_VERSION,))
+                self._recent = self._conn.execute("SELECT count(*) FROM events_recent").fetchone()[0]
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -191,7 +216,7 @@ class SQLiteStore(EventStore):
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                for table in ("events", "snapshots", "leases", "sessions"):
+                for table in ("events", "events_recent", "snapshots", "leases", "sessions"):
                     self._conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -204,34 +229,52 @@ class SQLiteStore(EventStore):
     #: ``saucer.store._group``); False writes each append in its own transaction.
     group_commit: bool = True
 
-    def _append(self, event: Event, expected_version: int, fence: int | None, *, direct: bool = False) -> None:
-        if self.group_commit and not direct:
+    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
+        if self.group_commit:
             self._group_committer().append(event, expected_version, fence)
-            return
-        payload, crc = encode_payload(event)
+        else:
+            self._write_one(Pending(event, expected_version, fence, blocking=False))
+
+    async def _aappend(
+        self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
+    ) -> None:
+        if self.group_commit:
+            await self._group_committer().append_async(event, expected_version, fence, on_written)
+        else:
+            await super()._aappend(event, expected_version, fence, on_written)
+
+    def _write_one(self, entry: Pending) -> None:
+        """Write one append in its own transaction; raise its error."""
+        event = entry.event
         conn = self._conn
         with self._lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                if fence is not None:
+                if entry.fence is not None:
                     row = conn.execute(
                         "SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)
                     ).fetchone()
-                    if row is None or row[0] != fence:
-                        raise FencedError(event.session_id, fence, row[0] if row else None, row[1] if row else None)
+                    if row is None or row[0] != entry.fence:
+                        raise FencedError(
+                            event.session_id, entry.fence, row[0] if row else None, row[1] if row else None
+                        )
                 updated = conn.execute(
                     "UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ? AND head = ?",
-                    (event.version, event.timestamp, event.session_id, expected_version),
+                    (event.version, event.timestamp, event.session_id, entry.expected),
                 ).rowcount
                 if updated != 1:
                     row = conn.execute("SELECT head FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
                     if row is None:
                         raise SessionNotFoundError(event.session_id)
-                    raise ConflictError(event.session_id, expected_version, row[0])
+                    raise ConflictError(event.session_id, entry.expected, row[0])
                 conn.execute(
-                    "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (event.session_id, event.version, event.timestamp, event.author, event.round, event.step, payload, crc),
+                    "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        event.session_id, event.version, event.timestamp, event.author,
+                        event.round, event.step, entry.payload, entry.crc,
+                    ),
                 )
+                self._fold_if_due(1)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -248,9 +291,7 @@ class SQLiteStore(EventStore):
             with self._lock:
                 committer = self.__dict__.setdefault(
                     "_committer",
-                    GroupCommitter(
-                        self._write_batch, lambda e: self._append(e.event, e.expected, e.fence, direct=True)
-                    ),
+                    GroupCommitter(self._write_batch, self._write_one),
                 )
         return committer
 
@@ -295,24 +336,51 @@ class SQLiteStore(EventStore):
                     updates.append((event.version, event.timestamp, sid))
                     rows.append((sid, event.version, event.timestamp, event.author, event.round, event.step, entry.payload, entry.crc))
                 conn.executemany("UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ?", updates)
-                conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                conn.executemany("INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                self._fold_if_due(len(rows))
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
 
+    #: Move ``events_recent`` into ``events`` once this process has added this many rows to it.
+    fold_every = 4096
+    _recent = 0
+
+    def _fold_if_due(self, added: int) -> None:
+        """Inside a write transaction: count ``added`` new recent rows; fold them if due.
+
+        A fold that fails (it cannot, short of a hand-edited duplicate) is
+        undone alone, with a warning: the commit it rides on goes through.
+        """
+        self._recent += added
+        if self._recent < self.fold_every:
+            return
+        self._recent = 0
+        conn = self._conn
+        conn.execute("SAVEPOINT fold")
+        try:
+            conn.execute("INSERT INTO events SELECT * FROM events_recent ORDER BY session_id, version")
+            conn.execute("DELETE FROM events_recent")
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK TO fold")
+            warnings.warn(f"{self.path}: could not move recent events into the events table: {exc}", RuntimeWarning)
+        finally:
+            conn.execute("RELEASE fold")
+
     def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
+        args = (session_id, after, upto if upto is not None else 2**62)
+        columns = "SELECT version, ts, author, round, step, payload, crc FROM"
+        where = "WHERE session_id = ? AND version > ? AND version <= ? ORDER BY version"
         with self._lock:
-            # One read transaction, so that the head and the rows agree: the
-            # head tells a damaged *trailing* record from one in the middle.
+            # One read transaction, so that the head and the rows agree (the
+            # head tells a damaged *trailing* record from one in the middle),
+            # and that no fold moves rows between the two queries.
             self._conn.execute("BEGIN")
             try:
                 row = self._conn.execute("SELECT head FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-                rows = self._conn.execute(
-                    "SELECT version, ts, author, round, step, payload, crc FROM events "
-                    "WHERE session_id = ? AND version > ? AND version <= ? ORDER BY version",
-                    (session_id, after, upto if upto is not None else 2**62),
-                ).fetchall()
+                rows = self._conn.execute(f"{columns} events {where}", args).fetchall()
+                rows += self._conn.execute(f"{columns} events_recent {where}", args).fetchall()
             finally:
                 self._conn.execute("COMMIT")
         return decode_rows(session_id, rows, head=row[0] if row else None)
@@ -323,16 +391,18 @@ class SQLiteStore(EventStore):
         with self._lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                row = conn.execute(
-                    "SELECT payload, crc FROM events WHERE session_id = ? AND version = ?", (session_id, version)
-                ).fetchone()
-                if row is not None:
+                for table in ("events", "events_recent"):
+                    row = conn.execute(
+                        f"SELECT payload, crc FROM {table} WHERE session_id = ? AND version = ?", (session_id, version)
+                    ).fetchone()
+                    if row is None:
+                        continue
                     try:
                         decode_payload(row[0], row[1])
                     except DamagedRecord as exc:
                         payload, crc = quarantine_payload(row[0], str(exc))
                         conn.execute(
-                            "UPDATE events SET payload = ?, crc = ? WHERE session_id = ? AND version = ?",
+                            f"UPDATE {table} SET payload = ?, crc = ? WHERE session_id = ? AND version = ?",
                             (payload, crc, session_id, version),
                         )
                         replaced = True
@@ -443,12 +513,13 @@ class SQLiteStore(EventStore):
                 conn.execute(
                     "UPDATE sessions SET meta = json_set(meta, '$.pruned_to', ?) WHERE session_id = ?", (cut, session_id)
                 )
-                conn.execute("DELETE FROM events WHERE session_id = ? AND version < ?", (session_id, cut))
-                conn.execute(
-                    "UPDATE events SET ts = ?, author = ?, round = ?, step = ?, payload = ?, crc = ? "
-                    "WHERE session_id = ? AND version = ?",
-                    (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
-                )
+                for table in ("events", "events_recent"):  # the base event is in one of them
+                    conn.execute(f"DELETE FROM {table} WHERE session_id = ? AND version < ?", (session_id, cut))
+                    conn.execute(
+                        f"UPDATE {table} SET ts = ?, author = ?, round = ?, step = ?, payload = ?, crc = ? "
+                        "WHERE session_id = ? AND version = ?",
+                        (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
+                    )
                 conn.execute("DELETE FROM snapshots WHERE session_id = ? AND version < ?", (session_id, cut))
                 conn.execute(
                     "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?)",
