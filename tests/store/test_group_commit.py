@@ -165,17 +165,17 @@ def test_a_refused_append_fails_only_its_own_caller(store_url: str) -> None:
         store.close()
 
 
-def _insert_stray_event(url: str, session_id: str, version: int) -> None:
-    """Put an event row at ``version`` without moving the head (as a bug or a hand edit could)."""
+def _break_appends_to(url: str, session_id: str) -> None:
+    """Make every write of an event of ``session_id`` fail in the database (as a bug or a hand edit could)."""
     if url.startswith("sqlite"):
         import sqlite3
 
         from saucer.store.sqlite import path_from_url
 
         with sqlite3.connect(path_from_url(url)) as conn:
-            conn.execute(  # where new events are written (see saucer.store.sqlite)
-                "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (session_id, version, 0.0, "stray", None, None, b'{"ops":[]}', None),
+            conn.execute(
+                "CREATE TRIGGER break_appends BEFORE INSERT ON events_recent "
+                f"WHEN NEW.session_id = '{session_id}' BEGIN SELECT RAISE(ABORT, 'broken on purpose'); END"
             )
     else:
         import psycopg
@@ -184,9 +184,10 @@ def _insert_stray_event(url: str, session_id: str, version: int) -> None:
 
         conninfo, schema = split_url(url)
         with psycopg.connect(conninfo, autocommit=True) as conn:
+            # A row at version 1 without moving the head: the next append's INSERT hits a duplicate key.
             conn.execute(
-                f'INSERT INTO "{schema}".events (session_id, version, ts, author, payload) VALUES (%s, %s, 0, %s, %s)',
-                (session_id, version, "stray", b'{"ops":[]}'),
+                f'INSERT INTO "{schema}".events (session_id, version, ts, author, payload) VALUES (%s, 1, 0, %s, %s)',
+                (session_id, "stray", b'{"ops":[]}'),
             )
 
 
@@ -196,7 +197,7 @@ def test_a_batch_that_fails_as_a_whole_is_retried_entry_by_entry(store_url: str)
     try:
         for i in range(5):
             store.create_session(f"s{i}")
-        _insert_stray_event(store_url, "s3", 1)  # s3's next append will hit a duplicate key
+        _break_appends_to(store_url, "s3")  # s3's next append fails in the database
         started, release = _hold_the_leader(store)
         holder = threading.Thread(target=lambda: store.append("s4", 0, [], author="blocker"))
         holder.start()

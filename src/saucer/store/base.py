@@ -339,7 +339,7 @@ class EventStore(ABC):
     async def _aappend(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
     ) -> None:
-        """Append from a coroutine; by default, synchronously (what a memory store needs)."""
+        """Append from a coroutine (a backend may return any awaitable); by default, synchronously."""
         self._append(event, expected_version, fence)
         if on_written is not None:
             on_written()
@@ -487,6 +487,9 @@ def _base_ops(before: Any, after: Any) -> list[dict[str, Any]]:
     return ops
 
 
+_Event: Any = None
+
+
 def _new_event(
     session_id: str,
     expected_version: int,
@@ -496,9 +499,12 @@ def _new_event(
     step: int | None,
     meta: dict[str, Any] | None,
 ) -> Event:
-    from saucer.context.events import Event  # here: saucer.context imports this module
+    global _Event
+    if _Event is None:
+        from saucer.context.events import Event  # here: saucer.context imports this module
 
-    return Event(
+        _Event = Event
+    return _Event(
         session_id=session_id,
         version=expected_version + 1,
         timestamp=time.time(),

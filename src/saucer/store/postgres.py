@@ -54,7 +54,7 @@ import asyncio
 import threading
 import time
 import warnings
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
@@ -388,13 +388,13 @@ class PostgresStore(EventStore):
         else:
             self._write_one(Pending(event, expected_version, fence, blocking=False))
 
-    async def _aappend(
+    def _aappend(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
-    ) -> None:
+    ) -> Awaitable[None]:
+        # Returns the committer's coroutine itself: one coroutine frame less per commit.
         if self.group_commit:
-            await self._committer.append_async(event, expected_version, fence, on_written)
-        else:
-            await super()._aappend(event, expected_version, fence, on_written)
+            return self._committer.append_async(event, expected_version, fence, on_written)
+        return super()._aappend(event, expected_version, fence, on_written)
 
     def _group_committer(self) -> GroupCommitter:
         return self._committer

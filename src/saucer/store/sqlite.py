@@ -10,11 +10,14 @@ Two event tables. ``events`` is clustered by (session, version), so reading a
 session's history touches few pages; but a hundred sessions committing
 together would then dirty a hundred of its pages per transaction, and SQLite
 writes every dirty page whole to the WAL. New events therefore go to the small
-``events_recent`` table, whose rows sit in order of arrival, and are moved into
-``events`` in bulk, sorted, once ``fold_every`` of them have gathered (inside a
-later commit's transaction, so a crash never leaves a row in both or neither).
-For any one session every row of ``events`` is older than every row of
-``events_recent``: a read takes the first, then the second.
+``events_recent`` table, whose rows sit in order of arrival, with no index (an
+index on the session would again be dirtied all over by each batch), and are
+moved into ``events`` in bulk, sorted, once ``fold_every`` of them have
+gathered (inside a later commit's transaction, so a crash never leaves a row in
+both or neither). A read scans those few rows. For any one session every row of
+``events`` is older than every row of ``events_recent``: a read takes the
+first, then the second. Versions stay unique because every append checks and
+moves the session's head in the same transaction.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import orjson
 
@@ -89,7 +92,6 @@ CREATE TABLE IF NOT EXISTS events_recent (
     payload    BLOB NOT NULL,
     crc        INTEGER
 );
-CREATE UNIQUE INDEX IF NOT EXISTS events_recent_by_session ON events_recent (session_id, version);
 CREATE TABLE IF NOT EXISTS snapshots (
     session_id TEXT NOT NULL,
     version    INTEGER NOT NULL,
@@ -235,13 +237,13 @@ class SQLiteStore(EventStore):
         else:
             self._write_one(Pending(event, expected_version, fence, blocking=False))
 
-    async def _aappend(
+    def _aappend(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
-    ) -> None:
+    ) -> Awaitable[None]:
+        # Returns the committer's coroutine itself: one coroutine frame less per commit.
         if self.group_commit:
-            await self._group_committer().append_async(event, expected_version, fence, on_written)
-        else:
-            await super()._aappend(event, expected_version, fence, on_written)
+            return self._group_committer().append_async(event, expected_version, fence, on_written)
+        return super()._aappend(event, expected_version, fence, on_written)
 
     def _write_one(self, entry: Pending) -> None:
         """Write one append in its own transaction; raise its error."""
@@ -344,7 +346,7 @@ class SQLiteStore(EventStore):
                 raise
 
     #: Move ``events_recent`` into ``events`` once this process has added this many rows to it.
-    fold_every = 4096
+    fold_every = 2048
     _recent = 0
 
     def _fold_if_due(self, added: int) -> None:
