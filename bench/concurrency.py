@@ -104,6 +104,11 @@ def _drive(n: int, seconds: float, make_step: Callable[[int], Callable[[], list[
         t.join()
     if failures:
         raise RuntimeError(f"{len(failures)} of {n} sessions failed") from failures[0]
+    return _figures(counts, latencies, seconds)
+
+
+def _figures(counts: list[int], latencies: list[list[float]], seconds: float) -> tuple[float, float, float]:
+    """(commits per second, p50 ms, p99 ms) of a run."""
     all_lat = sorted(x for lat in latencies for x in lat)
     if not all_lat:
         return 0.0, 0.0, 0.0
@@ -143,12 +148,7 @@ def _drive_tasks(contexts: list, seconds: float) -> tuple[float, float, float]:
         await asyncio.sleep(WARMUP + seconds)
         stop = True
         await asyncio.gather(*tasks)
-        all_lat = sorted(x for lat in latencies for x in lat)
-        if not all_lat:
-            return 0.0, 0.0, 0.0
-        p50 = all_lat[len(all_lat) // 2] * 1000
-        p99 = all_lat[min(len(all_lat) - 1, int(len(all_lat) * 0.99))] * 1000
-        return sum(counts) / seconds, p50, p99
+        return _figures(counts, latencies, seconds)
 
     return asyncio.run(run())
 

@@ -191,8 +191,8 @@ class PostgresStore(EventStore):
         self._s = s
         self._sql_append = f"""
             WITH b AS (
-                SELECT * FROM unnest(%s::text[], %s::bigint[], %s::double precision[], %s::text[],
-                                     %s::bigint[], %s::bigint[], %s::bytea[], %s::bigint[], %s::bigint[])
+                SELECT * FROM unnest(%b::text[], %b::bigint[], %b::double precision[], %b::text[],
+                                     %b::bigint[], %b::bigint[], %b::bytea[], %b::bigint[], %b::bigint[])
                     AS b(session_id, expected, ts, author, round, step, payload, crc, fence)
             ),
             lk AS (
