@@ -104,5 +104,9 @@ def test_store_commands(run_cli, tmp_path: Path) -> None:
     assert old.returncode == 2 and "versions" in old.stderr
     refused = run_cli("store", "delete", sid)
     assert refused.returncode == 2 and "--yes" in refused.stderr
+    run_cli("fork", sid, "--at", str(head), "--as", "branch", check=True)
+    forked = run_cli("store", "delete", sid, "--yes")
+    assert forked.returncode == 2 and "forks that read its log (branch)" in forked.stderr
+    run_cli("store", "delete", "branch", "--yes", check=True)
     run_cli("store", "delete", sid, "--yes", check=True)
     assert _session_ids(run_cli) == []

@@ -56,8 +56,8 @@ class CountingStore(EventStore):
     def sessions(self) -> list[SessionInfo]:
         return self.inner.sessions()
 
-    def delete_session(self, session_id: str) -> None:
-        self.inner.delete_session(session_id)
+    def _delete(self, session_id: str) -> None:
+        self.inner._delete(session_id)
 
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
         return self.inner.acquire_lease(session_id, owner, ttl)

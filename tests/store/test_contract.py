@@ -83,6 +83,18 @@ def test_sessions_most_recently_updated_first(store: EventStore) -> None:
     assert listed[0].updated_at > listed[1].updated_at
 
 
+def test_a_session_with_forks_cannot_be_deleted(store: EventStore) -> None:
+    store.create_session("parent")
+    _fill(store, "parent", 3)
+    store.create_session("child", parent_id="parent", parent_version=2)
+    with pytest.raises(StoreError, match="forks that read its log \\(child\\)"):
+        store.delete_session("parent")
+    assert store.head("parent") == 3 and [e.version for e in store.read("child")] == [1, 2]
+    store.delete_session("child")
+    store.delete_session("parent")
+    assert not store.exists("parent") and not store.exists("child")
+
+
 def test_delete_session(store: EventStore) -> None:
     store.create_session("s")
     _fill(store, "s", 3)

@@ -606,9 +606,6 @@ def store_delete_cmd(
 
     with _open_existing_store(store, config) as st:
         info = st.session_info(session)
-        children = [i.session_id for i in st.sessions() if i.parent_id == session]
-        if children:
-            raise UserError(f"session {session!r} has forks that read its log ({', '.join(children)}); delete them first")
         if not yes:
             if not stdin_is_terminal():
                 raise UserError(f"deleting {session!r} cannot be undone: pass --yes to confirm")

@@ -199,8 +199,8 @@ class EventStore(ABC):
         """Every session, most recently updated first (ties by session id)."""
 
     @abstractmethod
-    def delete_session(self, session_id: str) -> None:
-        """Remove a session, its events, snapshots and lease."""
+    def _delete(self, session_id: str) -> None:
+        """Remove the session's row, events, snapshots and lease (no error if it is gone)."""
 
     @abstractmethod
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
@@ -291,6 +291,18 @@ class EventStore(ABC):
     def head(self, session_id: str) -> int:
         """The session's latest version (0 for a new session)."""
         return self.session_info(session_id).version
+
+    def delete_session(self, session_id: str) -> None:
+        """Remove a session completely: its events, snapshots and lease (no error if it is gone).
+
+        Refused with :class:`StoreError` while forks of it exist: they read its log.
+        """
+        forks = sorted(i.session_id for i in self.sessions() if i.parent_id == session_id)
+        if forks:
+            raise StoreError(
+                f"session {session_id!r} has forks that read its log ({', '.join(forks)}); delete them first"
+            )
+        self._delete(session_id)
 
     def append(
         self,

@@ -119,7 +119,7 @@ class MemoryStore(EventStore):
             infos = list(self._d.infos.values())
         return sorted(infos, key=lambda i: (-i.updated_at, i.session_id))
 
-    def delete_session(self, session_id: str) -> None:
+    def _delete(self, session_id: str) -> None:
         with self._d.lock:
             for table in (self._d.infos, self._d.events, self._d.snapshots, self._d.leases, self._d.tokens):
                 table.pop(session_id, None)

@@ -375,7 +375,7 @@ class PostgresStore(EventStore):
             ).fetchall()
         return [self._row_info(r) for r in rows]
 
-    def delete_session(self, session_id: str) -> None:
+    def _delete(self, session_id: str) -> None:
         with self._conn() as conn, conn.transaction():
             for table in ("events", "snapshots", "leases", "sessions"):
                 conn.execute(f"DELETE FROM {self._s}.{table} WHERE session_id = %s", (session_id,))

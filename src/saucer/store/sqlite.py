@@ -214,7 +214,7 @@ class SQLiteStore(EventStore):
             rows = self._conn.execute("SELECT * FROM sessions ORDER BY updated_at DESC, session_id").fetchall()
         return [self._row_info(r) for r in rows]
 
-    def delete_session(self, session_id: str) -> None:
+    def _delete(self, session_id: str) -> None:
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
