@@ -386,7 +386,7 @@ class Session:
                 if request is None:
                     self._finish_flag = True
                     return
-                self._round = self.create_new_round(request)
+                self._round = await self._acreate_new_round(request)
                 await self._notify("on_round_start", self, self._round)
             rnd = self._round
             result = await rnd.run()
@@ -442,6 +442,18 @@ class Session:
 
     def create_new_round(self, request: str) -> Round:
         """Start the next round for ``request`` (commits its start)."""
+        rnd, meta = self._open_round(request)
+        self.context.commit_step(author="system", round=rnd.id, meta=meta)
+        return self._round_opened(rnd)
+
+    async def _acreate_new_round(self, request: str) -> Round:
+        """:meth:`create_new_round`, committing with the pool's other sessions (``acommit``)."""
+        rnd, meta = self._open_round(request)
+        await self.context.acommit_step(author="system", round=rnd.id, meta=meta)
+        return self._round_opened(rnd)
+
+    def _open_round(self, request: str) -> tuple[Round, dict[str, Any]]:
+        """The next round and the meta of its start; its Context changes are pending."""
         ctx = self.context
         round_id = self._next_round_id
         plan_index: int | None = None
@@ -454,22 +466,22 @@ class Session:
         ctx.set(ContextNames.REQUEST, request)
         ctx.set(ContextNames.SUBTASK, "")
         rnd = Round(self, round_id, request, agents, plan_index=plan_index, plan_step=step)
-        ctx.commit_step(
-            author="system",
-            round=round_id,
-            meta={
-                "kind": "round_start",
-                "request": request,
-                "plan_index": plan_index,
-                "session_status": SessionStatus.RUNNING,
-                "cursor": self._cursor("round_start", round_id, plan_index, rnd.agent.name, rnd.agent.state.name()),
-            },
-        )
-        self._next_round_id = round_id + 1
-        if plan_index is not None:
-            self._next_plan_index = plan_index + 1
-        if ctx.durability == "exit":
-            self._run_rounds.append((request, []))
+        meta = {
+            "kind": "round_start",
+            "request": request,
+            "plan_index": plan_index,
+            "session_status": SessionStatus.RUNNING,
+            "cursor": self._cursor("round_start", round_id, plan_index, rnd.agent.name, rnd.agent.state.name()),
+        }
+        return rnd, meta
+
+    def _round_opened(self, rnd: Round) -> Round:
+        """Count a round whose start is committed."""
+        self._next_round_id = rnd.id + 1
+        if rnd.plan_index is not None:
+            self._next_plan_index = rnd.plan_index + 1
+        if self.context.durability == "exit":
+            self._run_rounds.append((rnd.request, []))
         return rnd
 
     def _agents_for(self, step: PlanStep | str | None) -> AgentSet:
