@@ -50,7 +50,6 @@ def expected_of(label: Path) -> dict[str, Any]:
 class Golden:
     """One golden store, opened by the current code on a copy."""
 
-    label: str
     url: str
     expected: dict[str, Any]
     store: EventStore
@@ -70,7 +69,7 @@ def golden(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Golden]:
         shutil.copyfile(label / expected["store_file"], copy)
         url = f"sqlite:///{copy}"
         with open_store(url) as store:
-            yield Golden(label.name, url, expected, store)
+            yield Golden(url, expected, store)
         return
     base = os.environ.get(POSTGRES_ENV)
     if not base:
@@ -86,7 +85,7 @@ def golden(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Golden]:
         gf.restore_dump(base, dump, expected["dump_schema"], schema)
         url = gf.with_schema(base, schema)
         with open_store(url) as store:
-            yield Golden(label.name, url, expected, store)
+            yield Golden(url, expected, store)
     finally:
         with psycopg.connect(base, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
@@ -140,10 +139,10 @@ def _check_states(g: Golden) -> list[str]:
     return problems
 
 
-def _saucer(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """Start the ``saucer`` command of this environment, with nothing from the caller's settings."""
+def _saucer(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """Start the ``saucer`` command of this environment, with nothing from the caller's settings (and no log files)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
-    clean.update(COLUMNS="10000", SAUCER_LOGS__ENABLED="false", **(env or {}))
+    clean.update(COLUMNS="10000", SAUCER_LOGS__ENABLED="false")
     exe = str(Path(sys.executable).with_name("saucer"))
     return subprocess.Popen(
         [exe, *args], cwd=cwd, env=clean, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
