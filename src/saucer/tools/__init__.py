@@ -1,8 +1,9 @@
-"""saucer's built-in MCP servers for Linux: ``shell`` and ``files``.
+"""saucer's built-in MCP servers for Linux: ``shell``, ``files`` and ``desktop``.
 
-Run them over stdio with ``python -m saucer.tools.shell`` and
-``python -m saucer.tools.files`` (``--help`` lists the options), or build
-them in-process with :func:`saucer.tools.shell.build_server` and
-:func:`saucer.tools.files.build_server`. :mod:`saucer.tools.rules` holds the
-allow/deny and sensitivity rules shared with the dispatcher.
+Run them over stdio with ``python -m saucer.tools.shell``,
+``python -m saucer.tools.files`` and ``python -m saucer.tools.desktop``
+(``--help`` lists the options), or build them in-process with
+:func:`saucer.tools.shell.build_server`, :func:`saucer.tools.files.build_server`
+and :func:`saucer.tools.desktop.server.build_server`. :mod:`saucer.tools.rules`
+holds the allow/deny and sensitivity rules shared with the dispatcher.
 """

@@ -1,0 +1,468 @@
+"""The desktop itself: connections to X11 and AT-SPI, and one method per tool.
+
+:class:`Desktop` connects on first use (so the server starts, and lists its
+tools, even where there is no display) and reconnects after the display or
+the bus went away. Its methods run one at a time (one lock): a click must
+not land in the middle of a tree read. X11 calls block, so they run in a
+worker thread; AT-SPI calls are asyncio. Every failure is a
+:class:`~saucer.tools.desktop.DesktopError` whose message says what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import difflib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from saucer.tools.desktop import DesktopError
+from saucer.tools.desktop.apps import Launcher, descendants, split_command
+from saucer.tools.desktop.artifacts import Artifacts
+from saucer.tools.desktop.atspi import ACCESSIBLE, ACTION, APP_ROOT_PATH, COMPONENT, NULL_PATH, AtspiBus, NodeInfo
+from saucer.tools.desktop.atspi import find_bus_address, read_details, read_node
+from saucer.tools.desktop.models import (
+    ClickResult,
+    FindResult,
+    KeysResult,
+    LaunchResult,
+    Screenshot,
+    ScrollResult,
+    TypeResult,
+    UITree,
+    WindowInfo,
+    WindowsResult,
+)
+from saucer.tools.desktop.targets import App, Target, active_windows, choose, list_apps, pick, window_offset
+from saucer.tools.desktop.tree import ElementRegistry, Located, Selector, Tree, TreeLimits, build_tree, find_matches
+from saucer.tools.desktop.x11 import X11, X_ERRORS, XWindow, parse_keys
+
+__all__ = ["DesktopOptions", "Desktop"]
+
+T = TypeVar("T")
+_CLICK_ACTIONS = ("click", "press")
+_POLL = 0.1
+_X11_ONLY_GRACE = 1.0
+
+
+@dataclass(frozen=True)
+class DesktopOptions:
+    """Where artifacts go, which display to use, and the limits of one call."""
+
+    artifacts: Path
+    display: str | None = None
+    max_nodes: int = 5000
+    max_depth: int = 100
+    max_text: int = 10_000
+    call_timeout: float = 5.0
+    max_wait: float = 120.0
+    max_type: int = 10_000
+    keep_apps: bool = False
+
+
+def _check_range(name: str, value: float, low: float, high: float, flag: str) -> None:
+    if not low <= value <= high:
+        raise DesktopError(f"{name} must be between {low:g} and {high:g} (the server's {flag}), got {value:g}")
+
+
+def _holds(outer: tuple[int, int, int, int] | None, inner: tuple[int, int, int, int] | None) -> bool:
+    """Whether the centre of ``inner`` lies in ``outer`` (both as the toolkit reports them)."""
+    if outer is None or inner is None:
+        return False
+    cx, cy = inner[0] + inner[2] / 2, inner[1] + inner[3] / 2
+    return outer[0] <= cx <= outer[0] + outer[2] and outer[1] <= cy <= outer[1] + outer[3]
+
+
+def _summary(node: dict[str, Any]) -> dict[str, Any]:
+    return {key: node[key] for key in ("id", "role", "name", "bounds") if key in node}
+
+
+class Desktop:
+    """One X11 display and its accessibility bus, as used by the tools."""
+
+    def __init__(self, options: DesktopOptions) -> None:
+        self.options = options
+        self.registry = ElementRegistry()
+        self.launcher = Launcher()
+        self._x: X11 | None = None
+        self._bus: AtspiBus | None = None
+        self.artifacts = Artifacts(options.artifacts)
+        self._lock = asyncio.Lock()
+
+    # -- connections ------------------------------------------------------------------------------
+    async def _xcall(self, fn: Callable[[X11], T]) -> T:
+        if self._x is None:
+            self._x = await asyncio.to_thread(X11, self.options.display)
+        x = self._x
+        try:
+            return await asyncio.to_thread(fn, x)
+        except X_ERRORS as exc:
+            self._x = None
+            await asyncio.to_thread(x.close)
+            raise DesktopError(f"the X display {x.name!r} failed ({type(exc).__name__}: {exc}); is it still running?") from None
+
+    async def _x_bus_property(self) -> str | None:
+        return await self._xcall(lambda x: x.bus_address_property())
+
+    async def _atspi(self) -> AtspiBus:
+        if self._bus is not None and self._bus.closed:
+            await self._bus.close()
+            self._bus = None
+        if self._bus is None:
+            timeout = self.options.call_timeout
+            display = self.options.display or os.environ.get("DISPLAY")
+            address = await find_bus_address(self._x_bus_property if display else None, timeout)
+            self._bus = await AtspiBus.connect(address, timeout)
+        return self._bus
+
+    async def aclose(self) -> None:
+        """Close the connections and stop the programs ``launch`` started (unless ``keep_apps``)."""
+        if self._bus is not None:
+            await self._bus.close()
+            self._bus = None
+        if self._x is not None:
+            self._x.close()
+            self._x = None
+        if not self.options.keep_apps:
+            await asyncio.to_thread(self.launcher.stop_all)
+
+    # -- applications and windows -----------------------------------------------------------------
+    async def _apps(self) -> list[App]:
+        return await list_apps(await self._atspi())
+
+    async def _target(self, app: str | None, window: str | None) -> Target:
+        apps = await self._apps()
+        focused = None
+        if not app and not window and len(active_windows(apps)) != 1:
+            with contextlib.suppress(DesktopError):
+                focused = next((w for w in await self._xcall(lambda x: x.windows()) if w.focused), None)
+        return choose(apps, app, window, focused)
+
+    async def _window_offset(self, window: NodeInfo, pid: int | None) -> tuple[int, int]:
+        if window.bounds is None or window.bounds[:2] != (0, 0) or pid is None:
+            return (0, 0)  # nothing to ask X11 (see targets.window_offset)
+        try:
+            xwindows = await self._xcall(lambda x: x.windows())
+        except DesktopError:
+            return (0, 0)
+        return window_offset(window, pid, xwindows)
+
+    # -- trees ------------------------------------------------------------------------------------
+    def limits(self, max_depth: int, max_nodes: int, max_text: int, only_visible: bool) -> TreeLimits:
+        """Validated limits (a value beyond the server's caps is an error, not silently lowered)."""
+        o = self.options
+        _check_range("max_depth", max_depth, 0, o.max_depth, "--max-depth")
+        _check_range("max_nodes", max_nodes, 1, o.max_nodes, "--max-nodes")
+        _check_range("max_text", max_text, 0, o.max_text, "--max-text")
+        return TreeLimits(max_depth, max_nodes, max_text, only_visible)
+
+    async def _walk(self, target: Target, limits: TreeLimits) -> Tree:
+        bus = await self._atspi()
+        return await build_tree(
+            bus, target.ref, limits, self.registry,
+            pid=target.pid, root_is_toplevel=target.is_window, offset_for=self._window_offset,
+        )
+
+    async def ui_tree(self, app: str | None, window: str | None, limits: TreeLimits, save_as: str | None,
+                      include_tree: bool) -> UITree:
+        async with self._lock:
+            started = time.perf_counter()
+            target = await self._target(app, window)
+            tree = await self._walk(target, limits)
+            result = UITree(
+                app=target.app, pid=target.pid, window=target.window, node_count=tree.node_count,
+                truncated=tree.truncated, depth_limited=tree.depth_limited, hidden=tree.hidden, gone=tree.gone,
+                seconds=round(time.perf_counter() - started, 4), tree=tree.root,
+            )
+            if save_as is not None:
+                path, artifact = self.artifacts.path(save_as, "tree", ".json")
+                result.path, result.artifact = str(path), artifact
+                self.artifacts.write(path, json.dumps(result.model_dump(mode="json"), ensure_ascii=False, indent=1).encode())
+            if not include_tree:
+                result.tree = None
+            return result
+
+    async def _search(self, selector: Selector, app: str | None, window: str | None, timeout: float,
+                      max_nodes: int) -> tuple[list[tuple[dict[str, Any], list[str]]], Tree, Target]:
+        """Matches of ``selector``, polling until one appears or ``timeout`` passes."""
+        _check_range("timeout", timeout, 0, self.options.max_wait, "--max-wait")
+        limits = self.limits(self.options.max_depth, max_nodes, 1000, True)
+        deadline = time.monotonic() + timeout
+        while True:
+            target = await self._target(app, window)
+            tree = await self._walk(target, limits)
+            matches = find_matches(tree, selector)
+            if matches or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(_POLL)
+        if not matches:
+            names = sorted({info.name for info in tree.infos.values() if info.name})
+            close = difflib.get_close_matches(selector.name or selector.text or "", names, n=5) if names else []
+            where = f"window {target.window!r}" if target.window else f"application {target.app!r}"
+            raise DesktopError(
+                f"no element with {selector.describe()} in {where}"
+                + (f" after {timeout:g} s" if timeout else "")
+                + f" ({tree.node_count} elements read{', cut at max_nodes' if tree.truncated else ''})"
+                + (f"; similar names: {', '.join(repr(n) for n in close)}" if close else "")
+            )
+        return matches, tree, target
+
+    async def find(self, selector: Selector, app: str | None, window: str | None, timeout: float,
+                   max_nodes: int) -> FindResult:
+        async with self._lock:
+            started = time.perf_counter()
+            matches, tree, _ = await self._search(selector, app, window, timeout, max_nodes)
+            return FindResult(matches=[node for node, _ in matches], node_count=tree.node_count, truncated=tree.truncated,
+                              seconds=round(time.perf_counter() - started, 4))
+
+    async def _element(self, key: str) -> tuple[NodeInfo, dict[str, Any]]:
+        """The current state of the element behind an id, as a node with corrected bounds."""
+        located: Located = self.registry.resolve(key)
+        bus = await self._atspi()
+        info = await read_details(bus, await read_node(bus, located.ref), max_text=200, child_budget=0)
+        offset = (0, 0)
+        if located.toplevel is not None and located.toplevel != located.ref:
+            top = await read_node(bus, located.toplevel)
+            if "Component" in top.interfaces:
+                extents = await bus.call1(top.ref, COMPONENT, "GetExtents", "u", (0,))
+                top.bounds = tuple(int(v) for v in extents)  # type: ignore[assignment]
+            offset = await self._window_offset(top, located.pid)
+        elif located.toplevel == located.ref:
+            offset = await self._window_offset(info, located.pid)
+        node = {"id": key, "role": info.role, "name": info.name}
+        if info.bounds is not None:
+            x, y, w, h = info.bounds
+            node["bounds"] = [x + offset[0], y + offset[1], w, h]
+        return info, node
+
+    async def _chosen(self, element_id: str | None, selector: Selector | None, app: str | None,
+                      window: str | None, index: int | None) -> tuple[NodeInfo, dict[str, Any]]:
+        """The element to act on: by id, or the one match of a selector.
+
+        When several elements match, the only one that can be clicked (it, or
+        a parent around it, has a click/press action) is taken: a label
+        "=" inside the "=" button wins over a label "=" in a history list.
+        """
+        if element_id is not None:
+            return await self._element(element_id)
+        assert selector is not None
+        matches, tree, _ = await self._search(selector, app, window, 0, self.options.max_nodes)
+        if index is not None:
+            if not 0 <= index < len(matches):
+                raise DesktopError(f"index {index} is out of range: {len(matches)} elements match {selector.describe()}")
+            chosen = [matches[index]]
+        elif len(matches) > 1:
+            owners = await asyncio.gather(*(self._action_owner(tree.infos[node["id"]]) for node, _ in matches))
+            chosen = [match for match, owner in zip(matches, owners) if owner is not None]
+        else:
+            chosen = matches
+        if len(chosen) != 1:
+            listed = "; ".join(f"{m['id']} {m['role']} {m['name']!r} at {m.get('bounds')}" for m, _ in matches[:10])
+            raise DesktopError(
+                f"{len(matches)} elements match {selector.describe()}: {listed}; pass index (0-based), a role or an element id"
+            )
+        node = chosen[0][0]
+        return tree.infos[node["id"]], _summary(node)
+
+    async def _action_owner(self, info: NodeInfo) -> tuple[NodeInfo, int] | None:
+        """The element whose click/press action clicks ``info``: itself, or a parent (two levels up at most)
+        whose bounds hold the centre of ``info``, as a pointer click there would."""
+        bus = await self._atspi()
+        current = info
+        for _ in range(3):
+            names = [a.casefold() for a in current.actions]
+            position = next((names.index(n) for n in _CLICK_ACTIONS if n in names), None)
+            if position is not None and (current is info or _holds(current.bounds, info.bounds)):
+                return current, position
+            try:
+                parent = await bus.get(current.ref, ACCESSIBLE, "Parent")
+                if not isinstance(parent, tuple) or len(parent) != 2:
+                    return None
+                parent_ref = (str(parent[0]), str(parent[1]))
+                if not parent_ref[0] or parent_ref[1] in (NULL_PATH, APP_ROOT_PATH):
+                    return None  # the application itself is not a widget to click
+                current = await read_details(bus, await read_node(bus, parent_ref), max_text=0, child_budget=0)
+            except DesktopError:
+                return None
+        return None
+
+    @staticmethod
+    def _centre(node: dict[str, Any]) -> tuple[int, int]:
+        bounds = node.get("bounds")
+        if not bounds or bounds[2] <= 0 or bounds[3] <= 0:
+            raise DesktopError(f"element {node['id']} ({node['role']} {node['name']!r}) has no size on the screen to click")
+        return bounds[0] + bounds[2] // 2, bounds[1] + bounds[3] // 2
+
+    async def click(self, *, element_id: str | None, selector: Selector | None, app: str | None, window: str | None,
+                    index: int | None, x: int | None, y: int | None, button: str, double: bool, method: str) -> ClickResult:
+        count = 2 if double else 1
+        async with self._lock:
+            if x is not None and y is not None:
+                await self._xcall(lambda d: d.click(x, y, button, count))
+                return ClickResult(method="pointer", x=x, y=y, button=button, count=count)
+            info, node = await self._chosen(element_id, selector, app, window, index)
+            if method != "pointer" and button == "left" and not double:
+                owner = await self._action_owner(info)
+                if owner is not None:
+                    actor, position = owner
+                    bus = await self._atspi()
+                    done = await bus.call1(actor.ref, ACTION, "DoAction", "i", (position,))
+                    if done:
+                        via = None if actor is info else {"role": actor.role, "name": actor.name}
+                        return ClickResult(method="action", action=actor.actions[position], element=node, via=via)
+                if method == "action":
+                    raise DesktopError(f"element {node['id']} has no click or press action (actions: {info.actions or 'none'})")
+            elif method == "action":
+                raise DesktopError("method 'action' does only single left clicks; use method 'pointer'")
+            px, py = self._centre(node)
+            await self._xcall(lambda d: d.click(px, py, button, count))
+            return ClickResult(method="pointer", x=px, y=py, button=button, count=count, element=node)
+
+    async def type_text(self, text: str, element_id: str | None, delay: float) -> TypeResult:
+        if len(text) > self.options.max_type:
+            raise DesktopError(f"text is {len(text)} characters; at most {self.options.max_type} per call")
+        async with self._lock:
+            node = None
+            if element_id is not None:
+                info, node = await self._element(element_id)
+                focused = False
+                if "Component" in info.interfaces:
+                    bus = await self._atspi()
+                    with contextlib.suppress(DesktopError):
+                        focused = await bus.call1(info.ref, COMPONENT, "GrabFocus")
+                if not focused:
+                    px, py = self._centre(node)
+                    await self._xcall(lambda d: d.click(px, py))
+            await self._xcall(lambda d: d.type_text(text, delay))
+            return TypeResult(characters=len(text), element=node)
+
+    async def press_keys(self, keys: str, delay: float) -> KeysResult:
+        combos = parse_keys(keys)
+        async with self._lock:
+            await self._xcall(lambda d: d.press(combos, delay))
+            return KeysResult(keys=keys, combinations=len(combos))
+
+    async def scroll(self, direction: str, amount: int, element_id: str | None, x: int | None, y: int | None) -> ScrollResult:
+        async with self._lock:
+            if element_id is not None:
+                _, node = await self._element(element_id)
+                x, y = self._centre(node)
+            elif x is None or y is None:
+                x, y = await self._xcall(lambda d: d.pointer())
+            px, py = x, y
+            await self._xcall(lambda d: d.scroll(px, py, direction, amount))
+            return ScrollResult(direction=direction, amount=amount, x=px, y=py)
+
+    async def screenshot(self, region: list[int] | None, scale: float | None, name: str | None) -> Screenshot:
+        async with self._lock:
+            width, height = await self._xcall(lambda d: d.screen_size())
+            if region is None:
+                box = (0, 0, width, height)
+            else:
+                if len(region) != 4 or region[2] <= 0 or region[3] <= 0:
+                    raise DesktopError(f"region must be [x, y, width, height] with a positive size, got {region}")
+                left, top = max(region[0], 0), max(region[1], 0)
+                right, bottom = min(region[0] + region[2], width), min(region[1] + region[3], height)
+                if right <= left or bottom <= top:
+                    raise DesktopError(f"region {region} lies outside the screen ({width}x{height})")
+                box = (left, top, right - left, bottom - top)
+            image = await self._xcall(lambda d: d.capture(*box))
+            if scale is not None and scale != 1:
+                size = (max(1, round(box[2] * scale)), max(1, round(box[3] * scale)))
+                image = await asyncio.to_thread(image.resize, size)
+            path, artifact = self.artifacts.path(name, "screenshot", ".png")
+            data = await asyncio.to_thread(_png, image)
+            self.artifacts.write(path, data)
+            return Screenshot(path=str(path), artifact=artifact, width=image.width, height=image.height,
+                              region=list(box), screen=[width, height])
+
+    async def windows(self, focus: str | None) -> WindowsResult:
+        async with self._lock:
+            found = await self._xcall(lambda d: d.windows())
+            chosen = None
+            if focus is not None:
+                by_id = [w for w in found if focus.lower() in (f"{w.id:#x}", str(w.id))]
+                matches = by_id or pick(found, focus, lambda w: w.title, "window")
+                if len(matches) > 1:
+                    listed = ", ".join(f"{w.id:#x} {w.title!r}" for w in matches)
+                    raise DesktopError(f"several windows match {focus!r}: {listed}; give the window id")
+                target = matches[0]
+                await self._xcall(lambda d: d.focus(target))
+                found = await self._xcall(lambda d: d.windows())
+                chosen = next((_window(w) for w in found if w.id == target.id), None)
+            return WindowsResult(windows=[_window(w) for w in found], focused=chosen)
+
+    async def launch(self, command: str | list[str], wait: float, env: dict[str, str] | None) -> LaunchResult:
+        argv = split_command(command)
+        _check_range("wait", wait, 0, self.options.max_wait, "--max-wait")
+        child_env = dict(os.environ)
+        if self.options.display:
+            child_env["DISPLAY"] = self.options.display
+        # Qt exposes its accessibility tree only when asked.
+        child_env.setdefault("QT_ACCESSIBILITY", "1")
+        child_env.update(env or {})
+        if not child_env.get("DISPLAY"):
+            await self._xcall(lambda d: None)  # raises the no-display error with its advice
+        async with self._lock:
+            log, _ = self.artifacts.path(None, f"launch-{Path(argv[0]).name}", ".log")
+            proc = await asyncio.to_thread(self.launcher.start, argv, cwd=Path.cwd(), env=child_env, log=log)
+            result = LaunchResult(pid=proc.pid, command=argv, running=True, ready=False, log=str(log))
+            deadline = time.monotonic() + wait
+            x_only_since: float | None = None
+            while True:
+                found = await self._look_for_windows(result)
+                if found == "x11":
+                    # A window that X11 knows of, but no accessible application (yet): give the
+                    # toolkit a moment to register on the bus before calling it ready.
+                    x_only_since = x_only_since or time.monotonic()
+                    result.ready = time.monotonic() - x_only_since >= _X11_ONLY_GRACE
+                code = proc.poll()
+                if result.ready or code is not None or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(_POLL)
+            if code is not None:
+                result.running, result.exit_code = False, code
+                tail = self.launcher.log_tail(log)
+                if code != 0:
+                    raise DesktopError(f"{argv[0]} exited with status {code}" + (f"; its output ends with:\n{tail}" if tail else ""))
+                if not result.ready:
+                    result.note = ("it exited at once with status 0; it may have handed over to an instance that "
+                                   "was already running (see windows and ui_tree)")
+            elif not result.ready:
+                result.note = f"no window of the program appeared within {wait:g} s"
+            return result
+
+    async def _look_for_windows(self, result: LaunchResult) -> str | None:
+        """Fill in the program's application and windows: 'atspi' when it has an accessible window, 'x11' when only X11 shows one."""
+        pids = await asyncio.to_thread(descendants, result.pid)
+        with contextlib.suppress(DesktopError):
+            for app in await self._apps():
+                if app.pid in pids:
+                    result.app = app.name
+                    titles = [w.name for w in app.windows if "showing" in w.states]
+                    if titles:
+                        result.windows, result.ready = titles, True
+                        return "atspi"
+        with contextlib.suppress(DesktopError):
+            titles = [w.title for w in await self._xcall(lambda d: d.windows()) if w.pid in pids]
+            if titles:
+                result.windows = titles
+                return "x11"
+        return None
+
+
+def _png(image: Any) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG", compress_level=3)
+    return buffer.getvalue()
+
+
+def _window(w: XWindow) -> WindowInfo:
+    return WindowInfo(id=f"{w.id:#x}", title=w.title, app=w.app, pid=w.pid, bounds=[w.x, w.y, w.width, w.height],
+                      focused=w.focused)

@@ -1,0 +1,274 @@
+"""UI trees as JSON: element ids, the bounded breadth-first walk, and element selectors.
+
+An element id is ``e`` + 8 base32 characters of a hash of the element's
+AT-SPI address (its application's bus name and its object path). Toolkits
+keep an object's path for the object's whole life (GTK 4: a UUID per widget),
+so the same element has the same id in every tree this server reads, and a
+tree saved before step 3 can be compared with the one saved before step 4.
+An application that restarts gets a new bus name, hence new ids. The server
+remembers which address each id it handed out stands for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from saucer.tools.desktop import DesktopError
+from saucer.tools.desktop.atspi import AtspiBus, ElementGone, NodeInfo, Ref, read_details, read_node
+
+__all__ = [
+    "ID_PATTERN",
+    "element_id",
+    "ElementRegistry",
+    "TreeLimits",
+    "Tree",
+    "build_tree",
+    "Selector",
+    "find_matches",
+]
+
+ID_PATTERN = re.compile(r"^e[a-z2-7]{8}$")
+_REGISTRY_SIZE = 200_000
+_SEEN = frozenset({"showing", "visible"})
+Offset = tuple[int, int]
+#: For a top-level window: the offset to add to the bounds its toolkit reports (see Desktop.window_offset).
+OffsetFor = Callable[[NodeInfo, int | None], Awaitable[Offset]]
+
+
+def element_id(ref: Ref) -> str:
+    """The stable id of the element at ``ref``."""
+    digest = hashlib.blake2b(f"{ref[0]}\x00{ref[1]}".encode(), digest_size=5).digest()
+    return "e" + base64.b32encode(digest).decode("ascii").lower()
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where an element id leads: the element, its top-level window and its application's process."""
+
+    ref: Ref
+    toplevel: Ref | None
+    pid: int | None
+
+
+class ElementRegistry:
+    """The ids this server handed out and the elements they stand for (least recently seen dropped first)."""
+
+    def __init__(self, size: int = _REGISTRY_SIZE) -> None:
+        self._size = size
+        self._known: OrderedDict[str, Located] = OrderedDict()
+
+    def register(self, located: Located) -> str:
+        key = element_id(located.ref)
+        self._known[key] = located
+        self._known.move_to_end(key)
+        while len(self._known) > self._size:
+            self._known.popitem(last=False)
+        return key
+
+    def resolve(self, key: str) -> Located:
+        """The element behind ``key``; :class:`DesktopError` when it is malformed or unknown."""
+        if not isinstance(key, str) or not ID_PATTERN.match(key):
+            raise DesktopError(f"{key!r} is not an element id (ids look like 'e3kq9x2ab' and come from ui_tree or find)")
+        located = self._known.get(key)
+        if located is None:
+            raise DesktopError(
+                f"unknown element id {key!r}: ids come from the ui_tree and find results of this server; "
+                "read the tree again (the element may belong to an application that was restarted)"
+            )
+        return located
+
+
+@dataclass(frozen=True)
+class TreeLimits:
+    """How much of a tree to read."""
+
+    max_depth: int
+    max_nodes: int
+    max_text: int
+    only_visible: bool = True
+
+
+@dataclass
+class Tree:
+    """A walked tree: nested JSON nodes and what the limits cut off."""
+
+    root: dict[str, Any] | None = None
+    node_count: int = 0
+    truncated: bool = False
+    depth_limited: bool = False
+    hidden: int = 0
+    gone: int = 0
+    infos: dict[str, NodeInfo] = field(default_factory=dict)
+
+
+def _node(info: NodeInfo, key: str, offset: Offset) -> dict[str, Any]:
+    node: dict[str, Any] = {"id": key, "role": info.role, "name": info.name}
+    if info.description:
+        node["description"] = info.description
+    if info.text:
+        node["text"] = info.text
+        if info.text_length > len(info.text):
+            node["text_length"] = info.text_length
+    if info.value is not None:
+        node["value"] = info.value
+    node["states"] = sorted(info.states)
+    if info.bounds is not None:
+        x, y, w, h = info.bounds
+        node["bounds"] = [x + offset[0], y + offset[1], w, h]
+    if info.actions:
+        node["actions"] = info.actions
+    return node
+
+
+@dataclass
+class _Pending:
+    ref: Ref
+    parent: dict[str, Any] | None
+    depth: int
+    toplevel: Ref | None
+    offset: Offset
+    is_toplevel: bool
+
+
+async def build_tree(
+    bus: AtspiBus,
+    root: Ref,
+    limits: TreeLimits,
+    registry: ElementRegistry,
+    *,
+    pid: int | None,
+    root_is_toplevel: bool,
+    offset_for: OffsetFor,
+) -> Tree:
+    """Walk the tree under ``root`` breadth first, level by level, with every call of a level in flight at once.
+
+    Stops at ``max_depth`` below the root and after ``max_nodes`` nodes (the
+    shallow part of a big tree is kept, the deep part is cut). With
+    ``only_visible``, nodes with neither the ``showing`` nor the ``visible``
+    state are left out with their subtrees (GTK 4.8 sets ``showing`` on
+    windows only) (the root is always kept). Nodes that vanish during the
+    walk are skipped and counted in ``gone``.
+    """
+    tree = Tree()
+    level = [_Pending(root, None, 0, root if root_is_toplevel else None, (0, 0), root_is_toplevel)]
+    seen = {root}
+    while level:
+        infos = await asyncio.gather(*(read_node(bus, item.ref) for item in level), return_exceptions=True)
+        kept: list[tuple[_Pending, NodeInfo]] = []
+        for item, info in zip(level, infos):
+            if isinstance(info, ElementGone):
+                tree.gone += 1
+                continue
+            if isinstance(info, BaseException):
+                if item.parent is None:
+                    raise info
+                tree.gone += 1
+                continue
+            if limits.only_visible and item.parent is not None and not info.states & _SEEN:
+                tree.hidden += 1
+                continue
+            if tree.node_count + len(kept) >= limits.max_nodes:
+                tree.truncated = True
+                break
+            kept.append((item, info))
+        budget = limits.max_nodes - tree.node_count - len(kept)
+        details = await asyncio.gather(
+            *(
+                read_details(bus, info, max_text=limits.max_text, child_budget=budget if item.depth < limits.max_depth else 0)
+                for item, info in kept
+            ),
+            return_exceptions=True,
+        )
+        next_level: list[_Pending] = []
+        for (item, _), info in zip(kept, details):
+            if isinstance(info, BaseException):
+                if item.parent is None:
+                    raise info
+                tree.gone += 1
+                continue
+            offset = await offset_for(info, pid) if item.is_toplevel else item.offset
+            toplevel = info.ref if item.is_toplevel else item.toplevel
+            key = registry.register(Located(info.ref, toplevel, pid))
+            node = _node(info, key, offset)
+            tree.node_count += 1
+            tree.infos[key] = info
+            if item.parent is None:
+                tree.root = node
+            else:
+                item.parent.setdefault("children", []).append(node)
+            if item.depth >= limits.max_depth and info.child_count:
+                node["child_count"] = info.child_count
+                tree.depth_limited = True
+                continue
+            if len(info.children) < info.child_count:
+                node["child_count"] = info.child_count
+                tree.truncated = True
+            children_are_toplevel = info.role == "application"
+            for child in info.children:
+                if child in seen:  # a toolkit bug can make a cycle, or list a child twice
+                    continue
+                seen.add(child)
+                next_level.append(_Pending(child, node, item.depth + 1, toplevel, offset, children_are_toplevel))
+        level = next_level
+    return tree
+
+
+def _pattern(text: str | None, what: str) -> Callable[[str], bool] | None:
+    """``re:REGEX`` searches; anything else is equal ignoring case and runs of white space."""
+    if text is None:
+        return None
+    if text.startswith("re:"):
+        try:
+            compiled = re.compile(text[3:])
+        except re.error as exc:
+            raise DesktopError(f"{what} {text!r} is not a valid regular expression: {exc}") from None
+        return lambda value: compiled.search(value) is not None
+    wanted = " ".join(text.split()).casefold()
+    return lambda value: " ".join(value.split()).casefold() == wanted
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Elements by name, role and/or text (exact ignoring case and spacing, or ``re:REGEX``)."""
+
+    name: str | None = None
+    role: str | None = None
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name is None and self.role is None and self.text is None:
+            raise DesktopError("give at least one of name, role or text to select an element")
+        for what in ("name", "role", "text"):
+            _pattern(getattr(self, what), what)  # a bad regular expression is refused before any search
+
+    def describe(self) -> str:
+        parts = [f"{key}={value!r}" for key, value in (("name", self.name), ("role", self.role), ("text", self.text)) if value is not None]
+        return ", ".join(parts)
+
+
+def find_matches(tree: Tree, selector: Selector) -> list[tuple[dict[str, Any], list[str]]]:
+    """The nodes of ``tree`` that ``selector`` matches, flat: each without children but with its ``path``
+    (role and name of its ancestors), and beside it the ids of those ancestors, nearest last."""
+    name, role, text = (_pattern(selector.name, "name"), _pattern(selector.role, "role"), _pattern(selector.text, "text"))
+    found: list[tuple[dict[str, Any], list[str]]] = []
+
+    def visit(node: dict[str, Any], trail: list[str], ids: list[str]) -> None:
+        if (
+            (name is None or name(node.get("name", "")))
+            and (role is None or role(node.get("role", "")))
+            and (text is None or text(node.get("text", "")))
+        ):
+            found.append(({**{k: v for k, v in node.items() if k != "children"}, "path": list(trail)}, list(ids)))
+        label = f"{node.get('role', '')} {node.get('name', '')!r}".strip()
+        for child in node.get("children", ()):
+            visit(child, [*trail, label], [*ids, node["id"]])
+
+    if tree.root is not None:
+        visit(tree.root, [], [])
+    return found
