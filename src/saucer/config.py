@@ -53,6 +53,7 @@ __all__ = [
     "LogsSettings",
     "LLMSettings",
     "ServiceSettings",
+    "DesktopSettings",
     "SaveExperience",
     "load_settings",
     "DEFAULT_CONFIG_FILE",
@@ -176,6 +177,20 @@ class ServiceSettings(_Section):
     keyfile: Path | None = Field(None, description="TLS private key (PEM).")
 
 
+class DesktopSettings(_Section):
+    """The built-in ``desktop`` server: screenshots, UI trees, mouse and keyboard on an X11 display."""
+
+    enabled: bool = Field(
+        False,
+        description="Start the desktop server beside shell and files (when mcp.servers is empty); needs an X11 "
+        "display and at-spi2-core (Debian: apt-get install -y xvfb at-spi2-core dbus).",
+    )
+    display: str | None = Field(None, description="X display for the server and the programs it launches (default: $DISPLAY).")
+    artifacts_dir: Path | None = Field(
+        None, description="Where screenshots and saved trees go (default: the session's log folder, artifacts/)."
+    )
+
+
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("saucer_config_file", default=None)
 
 
@@ -243,6 +258,7 @@ class Settings(BaseSettings):
     logs: LogsSettings = Field(default_factory=LogsSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     service: ServiceSettings = Field(default_factory=ServiceSettings)
+    desktop: DesktopSettings = Field(default_factory=DesktopSettings)
 
     _config_file: Path | None = PrivateAttr(None)
 

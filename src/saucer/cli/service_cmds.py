@@ -291,10 +291,14 @@ async def _run_device(
     backoff: tuple[float, float],
 ) -> None:
     from saucer.dispatch.local import LocalCommandDispatcher
-    from saucer.dispatch.servers import default_servers
+    from saucer.dispatch.servers import DesktopServer, configured_servers
     from saucer.service.device import DeviceClient
 
-    servers = settings.mcp.servers or default_servers(workspace)
+    desktop = None
+    if settings.desktop.enabled:
+        artifacts = settings.desktop.artifacts_dir or workspace / "artifacts"
+        desktop = DesktopServer(artifacts=artifacts, display=settings.desktop.display)
+    servers = configured_servers(settings.mcp.servers, workspace, desktop=desktop)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -14,7 +14,7 @@ from saucer.dispatch.messages import Command, Result, ResultStatus
 
 if TYPE_CHECKING:
     from saucer.dispatch.local import Approver, LocalCommandDispatcher, ServerStartError
-    from saucer.dispatch.servers import MCPServerConfig, default_servers
+    from saucer.dispatch.servers import DesktopServer, MCPServerConfig, default_servers
 
 __all__ = [
     "Command",
@@ -27,6 +27,7 @@ __all__ = [
     "Approver",
     "ServerStartError",
     "MCPServerConfig",
+    "DesktopServer",
     "default_servers",
 ]
 
@@ -35,6 +36,7 @@ _LAZY = {
     "Approver": "saucer.dispatch.local",
     "ServerStartError": "saucer.dispatch.local",
     "MCPServerConfig": "saucer.dispatch.servers",
+    "DesktopServer": "saucer.dispatch.servers",
     "default_servers": "saucer.dispatch.servers",
 }
 

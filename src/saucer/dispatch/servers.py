@@ -26,14 +26,17 @@ from __future__ import annotations
 import difflib
 import re
 import sys
+from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from saucer.tools.desktop import DEFAULT_SENSITIVE_TOOLS, desktop_environment
 from saucer.tools.rules import DEFAULT_SENSITIVE_COMMANDS, CommandRule
 
-__all__ = ["MCPServerConfig", "Transport", "default_servers", "DEFAULT_TIMEOUT"]
+__all__ = ["MCPServerConfig", "Transport", "DesktopServer", "default_servers", "configured_servers", "DEFAULT_TIMEOUT"]
 
 Transport = Literal["stdio", "http", "inprocess"]
 DEFAULT_TIMEOUT = 30.0
@@ -151,6 +154,35 @@ class MCPServerConfig(BaseModel):
         return value
 
 
+@dataclass(frozen=True)
+class DesktopServer:
+    """How to run the built-in ``desktop`` server (see :mod:`saucer.tools.desktop`)."""
+
+    #: Where screenshots, saved trees and program logs go.
+    artifacts: Path
+    #: The X display (default: this process's ``DISPLAY``).
+    display: str | None = None
+    #: Its tools that need the user's approval (default: ``launch``); ``()`` asks about nothing.
+    sensitive_tools: tuple[str, ...] = DEFAULT_SENSITIVE_TOOLS
+    #: Seconds one command may take; ``launch`` and ``find`` wait up to 120 s.
+    timeout: float = 150.0
+
+    def config(self, cwd: Path) -> MCPServerConfig:
+        """The stdio server: this Python, the display and D-Bus variables of this process, ``cwd`` as its directory.
+
+        A relative ``artifacts`` is taken from the current directory (like ``logs.root``).
+        """
+        return MCPServerConfig(
+            command=sys.executable,
+            args=["-P", "-m", "saucer.tools.desktop", "--artifacts", str(self.artifacts.expanduser().resolve())],
+            cwd=Path(cwd).expanduser().resolve(),
+            # An MCP stdio server inherits only HOME, PATH and a few others: pass DISPLAY and the buses.
+            env=desktop_environment(self.display),
+            timeout=self.timeout,
+            sensitive_tools=list(self.sensitive_tools),
+        )
+
+
 def default_servers(
     workspace: Path,
     *,
@@ -160,8 +192,10 @@ def default_servers(
     shell_timeout: float = 60.0,
     max_output: int = 64 * 1024,
     max_read: int = 256 * 1024,
+    desktop: DesktopServer | None = None,
 ) -> dict[str, MCPServerConfig]:
-    """The built-in ``shell`` and ``files`` servers, both rooted at ``workspace`` (stdio, this Python).
+    """The built-in ``shell`` and ``files`` servers, both rooted at ``workspace`` (stdio, this Python),
+    and the ``desktop`` server when ``desktop`` is given (:meth:`DesktopServer.config`).
 
     They run as ``python -P -m saucer.tools.NAME``: ``-P`` keeps the workspace
     (their working directory) off ``sys.path``, so files in it cannot shadow
@@ -178,7 +212,7 @@ def default_servers(
     for pattern in shell_deny or ():
         shell_args += ["--deny", pattern]
     patterns = list(DEFAULT_SENSITIVE_COMMANDS) if sensitive_commands is None else list(sensitive_commands)
-    return {
+    servers = {
         "shell": MCPServerConfig(
             command=sys.executable,
             args=shell_args,
@@ -193,3 +227,20 @@ def default_servers(
             cwd=root,
         ),
     }
+    if desktop is not None:
+        servers["desktop"] = desktop.config(root)
+    return servers
+
+
+def configured_servers(
+    configured: Mapping[str, MCPServerConfig], workspace: Path, *, desktop: DesktopServer | None = None
+) -> dict[str, MCPServerConfig]:
+    """The servers a session or a device uses: the ``[mcp.servers]`` tables, or when there are none the
+    built-in ``shell`` and ``files`` in ``workspace``; plus the ``desktop`` server when ``desktop`` is given
+    and no table is named ``desktop``."""
+    if not configured:
+        return default_servers(workspace, desktop=desktop)
+    servers = dict(configured)
+    if desktop is not None and "desktop" not in servers:
+        servers["desktop"] = desktop.config(workspace)
+    return servers

@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping
 
 from saucer.config import Settings, load_settings
 from saucer.dispatch.messages import Command, Result
+from saucer.dispatch.servers import DesktopServer, configured_servers
 from saucer.engine.errors import (
     LLMUnavailableError,
     ModeError,
@@ -84,21 +85,25 @@ class _UnavailableDispatcher:
         return []
 
 
+def _desktop_server(settings: Settings, session: Session) -> DesktopServer | None:
+    """The built-in desktop server when ``[desktop] enabled`` (added to ``mcp.servers`` too, unless they have a
+    ``desktop``); its artifacts go to ``desktop.artifacts_dir``, else to the session's log folder."""
+    if not settings.desktop.enabled:
+        return None
+    artifacts = settings.desktop.artifacts_dir or log_dir_for(settings.logs.root, session.task, session.session_id) / "artifacts"
+    return DesktopServer(artifacts=Path(artifacts), display=settings.desktop.display)
+
+
 def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = None) -> Callable[[Session], Any]:
-    """Per-session ``LocalCommandDispatcher.from_config(mcp.servers or default_servers(workspace))``."""
+    """Per-session ``LocalCommandDispatcher.from_config(configured_servers(mcp.servers, workspace, desktop=...))``."""
 
     def make(session: Session) -> Any:
         try:
             from saucer.dispatch import local  # type: ignore[attr-defined]
         except ImportError as exc:
             return _UnavailableDispatcher(f"the local command dispatcher is not available ({exc})")
-        servers = settings.mcp.servers
-        if not servers:
-            default_servers = getattr(local, "default_servers", None)
-            if default_servers is None:
-                from saucer.dispatch.servers import default_servers
-            where = getattr(session, "workspace", None) or workspace
-            servers = default_servers(Path(where) if where else Path.cwd())
+        where = Path(getattr(session, "workspace", None) or workspace or Path.cwd())
+        servers = configured_servers(settings.mcp.servers, where, desktop=_desktop_server(settings, session))
         interactor = getattr(session, "interactor", None)
         return local.LocalCommandDispatcher.from_config(
             servers,
