@@ -1,0 +1,88 @@
+"""A follower plan drives GNOME Calculator through the real ``saucer run --plan`` process.
+
+The plan is examples/plans/desktop-calculator.json, run as the README says:
+it launches the calculator, reads its tree, clicks 2 + 3 = by element names,
+and the results the session logged show "5" in the calculator's entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from saucer.tools.desktop.virtual import VirtualDesktop
+
+PLAN = Path(__file__).resolve().parents[3] / "examples" / "plans" / "desktop-calculator.json"
+
+
+def _run(virtual_desktop: VirtualDesktop, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
+    env.update(virtual_desktop.env, SAUCER_DESKTOP__ENABLED="true", COLUMNS="200", NO_COLOR="1")
+    return subprocess.run([sys.executable, "-m", "saucer", "run", "--plan", str(PLAN), "--workspace", "ws", *args],
+                          cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=110)
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("children", ()):
+        yield from _nodes(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_follower_plan_adds_2_and_3_on_the_calculator(virtual_desktop: VirtualDesktop, tmp_path: Path) -> None:
+    proc = _run(virtual_desktop, tmp_path, "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "desktop.launch success" in proc.stdout and "finished" in proc.stdout
+    [log_dir] = (tmp_path / "logs").glob("*/*")
+    steps = [json.loads(line) for line in (log_dir / "response.log").read_text().splitlines()]
+    results = {}
+    for step in steps:
+        for command, result in zip(step["commands"], step["results"]):
+            assert result["status"] == "success", result
+            results.setdefault(command["tool_name"], []).append(result["result"])
+
+    [launched] = results["desktop.launch"]
+    assert launched["ready"] and launched["app"] == "gnome-calculator"
+    before, after = results["desktop.ui_tree"]
+    labels = {n["name"] for n in _nodes(before["tree"]) if n["role"] == "label"}
+    assert {"2", "+", "3", "="} <= labels
+    clicks = results["desktop.click"]
+    assert [c["element"]["name"] for c in clicks] == ["2", "+", "3", "="]
+    assert all(c["method"] == "action" and c["via"]["role"] == "button" for c in clicks)
+    [entry] = [n for n in _nodes(after["tree"]) if n["role"] == "text box" and n.get("text")]
+    assert entry["text"] == "5"  # read from the tree after clicking 2 + 3 =
+    assert results["desktop.find"][0]["matches"][0]["text"] == "5"
+
+    artifacts = log_dir / "artifacts"
+    assert json.loads((artifacts / "after.json").read_text())["tree"] == after["tree"]
+    [shot] = results["desktop.screenshot"]
+    assert shot["path"] == str(artifacts / "result.png")
+    assert Image.open(shot["path"]).size == (1280, 800) == (shot["width"], shot["height"])
+    deadline = time.monotonic() + 10
+    while _alive(launched["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(launched["pid"])  # the session's program ended with the session
+
+
+def test_launch_needs_approval(virtual_desktop: VirtualDesktop, tmp_path: Path) -> None:
+    proc = _run(virtual_desktop, tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "desktop.launch failure" in proc.stdout
+    [log_dir] = (tmp_path / "logs").glob("*/*")
+    [step] = [json.loads(line) for line in (log_dir / "response.log").read_text().splitlines()]
+    assert "refused" in step["results"][0]["error"] and "'desktop.launch' is marked sensitive" in step["results"][0]["error"]
+    assert not list((log_dir / "artifacts").glob("launch-*.log"))  # nothing was started
