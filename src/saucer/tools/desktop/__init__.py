@@ -8,7 +8,7 @@ virtual one from Xvfb) and, for the UI tree, the AT-SPI accessibility bus
     apt-get install -y xvfb at-spi2-core dbus
 
 The Python side needs the ``desktop`` extra (``pip install 'saucer[desktop]'``:
-jeepney, python-xlib, Pillow). The tools are ``screenshot``, ``ui_tree``,
+dbus-fast, python-xlib, Pillow). The tools are ``screenshot``, ``ui_tree``,
 ``find``, ``click``, ``type_text``, ``press_keys``, ``scroll``, ``launch`` and
 ``windows``; see :mod:`saucer.tools.desktop.server`.
 
@@ -37,7 +37,7 @@ DEFAULT_SENSITIVE_TOOLS: tuple[str, ...] = ("launch",)
 #: The Debian packages the server needs on a machine without a desktop session.
 DEBIAN_PACKAGES: tuple[str, ...] = ("xvfb", "at-spi2-core", "dbus")
 INSTALL_HINT = "apt-get install -y " + " ".join(DEBIAN_PACKAGES)
-PYTHON_HINT = "pip install 'saucer[desktop]' (jeepney, python-xlib, pillow)"
+PYTHON_HINT = "pip install 'saucer[desktop]' (dbus-fast, python-xlib, pillow)"
 
 #: Variables a desktop program needs, passed from saucer to the server (an MCP
 #: stdio server inherits only HOME, PATH, USER and a few others).

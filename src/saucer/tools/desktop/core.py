@@ -16,7 +16,7 @@ import difflib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -24,7 +24,7 @@ from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.apps import Launcher, descendants, split_command
 from saucer.tools.desktop.artifacts import Artifacts
 from saucer.tools.desktop.atspi import ACCESSIBLE, ACTION, APP_ROOT_PATH, COMPONENT, NULL_PATH, AtspiBus, NodeInfo
-from saucer.tools.desktop.atspi import find_bus_address, read_details, read_node
+from saucer.tools.desktop.atspi import DETAILS, find_bus_address, pair, read_details, read_node
 from saucer.tools.desktop.models import (
     ClickResult,
     FindResult,
@@ -38,7 +38,7 @@ from saucer.tools.desktop.models import (
     WindowsResult,
 )
 from saucer.tools.desktop.targets import App, Target, active_windows, choose, list_apps, pick, window_offset
-from saucer.tools.desktop.tree import ElementRegistry, Located, Selector, Tree, TreeLimits, build_tree, find_matches
+from saucer.tools.desktop.tree import ElementRegistry, Located, Selector, Tree, TreeLimits, build_tree, complete, find_matches
 from saucer.tools.desktop.x11 import X11, X_ERRORS, XWindow, parse_keys
 
 __all__ = ["DesktopOptions", "Desktop"]
@@ -46,6 +46,7 @@ __all__ = ["DesktopOptions", "Desktop"]
 T = TypeVar("T")
 _CLICK_ACTIONS = ("click", "press")
 _POLL = 0.1
+_SEARCH_TEXT = 1000
 _X11_ONLY_GRACE = 1.0
 
 
@@ -190,7 +191,9 @@ class Desktop:
                       max_nodes: int) -> tuple[list[tuple[dict[str, Any], list[str]]], Tree, Target]:
         """Matches of ``selector``, polling until one appears or ``timeout`` passes."""
         _check_range("timeout", timeout, 0, self.options.max_wait, "--max-wait")
-        limits = self.limits(self.options.max_depth, max_nodes, 1000, True)
+        limits = self.limits(self.options.max_depth, max_nodes, _SEARCH_TEXT, True)
+        # Names and roles are all a search needs of most nodes; the matches are completed afterwards.
+        limits = replace(limits, parts=frozenset({"text"}) if selector.text is not None else frozenset())
         deadline = time.monotonic() + timeout
         while True:
             target = await self._target(app, window)
@@ -199,6 +202,9 @@ class Desktop:
             if matches or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(_POLL)
+        if matches:
+            await complete(await self._atspi(), tree, [node["id"] for node, _ in matches], _SEARCH_TEXT)
+            matches = find_matches(tree, selector)  # again: a text may have changed meanwhile
         if not matches:
             names = sorted({info.name for info in tree.infos.values() if info.name})
             close = difflib.get_close_matches(selector.name or selector.text or "", names, n=5) if names else []
@@ -223,7 +229,7 @@ class Desktop:
         """The current state of the element behind an id, as a node with corrected bounds."""
         located: Located = self.registry.resolve(key)
         bus = await self._atspi()
-        info = await read_details(bus, await read_node(bus, located.ref), max_text=200, child_budget=0)
+        info = await read_details(bus, await read_node(bus, located.ref), max_text=200, parts=DETAILS)
         offset = (0, 0)
         if located.toplevel is not None and located.toplevel != located.ref:
             top = await read_node(bus, located.toplevel)
@@ -279,13 +285,13 @@ class Desktop:
             if position is not None and (current is info or _holds(current.bounds, info.bounds)):
                 return current, position
             try:
-                parent = await bus.get(current.ref, ACCESSIBLE, "Parent")
-                if not isinstance(parent, tuple) or len(parent) != 2:
+                parent = pair(await bus.get(current.ref, ACCESSIBLE, "Parent"))
+                if parent is None:
                     return None
                 parent_ref = (str(parent[0]), str(parent[1]))
                 if not parent_ref[0] or parent_ref[1] in (NULL_PATH, APP_ROOT_PATH):
                     return None  # the application itself is not a widget to click
-                current = await read_details(bus, await read_node(bus, parent_ref), max_text=0, child_budget=0)
+                current = await read_details(bus, await read_node(bus, parent_ref), parts=frozenset({"bounds", "actions"}))
             except DesktopError:
                 return None
         return None

@@ -63,7 +63,7 @@ async def list_apps(bus: AtspiBus) -> list[App]:
 
     async def one(ref: Ref) -> App:
         info, pid = await asyncio.gather(read_node(bus, ref), bus.pid_of(ref[0]))
-        info = await read_details(bus, info, max_text=0, child_budget=64)
+        info = await read_details(bus, info, child_budget=64, parts=frozenset({"children"}))
         windows = await asyncio.gather(*(read_node(bus, child) for child in info.children), return_exceptions=True)
         return App(ref, info.name, pid, [w for w in windows if isinstance(w, NodeInfo)])
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from saucer.tools.desktop import DesktopError
-from saucer.tools.desktop.atspi import AtspiBus, ElementGone, NodeInfo, Ref, read_details, read_node
+from saucer.tools.desktop.atspi import DETAILS, AtspiBus, NodeInfo, Ref, read_details, read_node
 
 __all__ = [
     "ID_PATTERN",
@@ -29,6 +29,7 @@ __all__ = [
     "TreeLimits",
     "Tree",
     "build_tree",
+    "complete",
     "Selector",
     "find_matches",
 ]
@@ -92,6 +93,9 @@ class TreeLimits:
     max_nodes: int
     max_text: int
     only_visible: bool = True
+    #: What to read of each node besides name, role, states and children (top-level windows always
+    #: get their bounds, which place their descendants). A search reads less and completes its matches.
+    parts: frozenset[str] = DETAILS
 
 
 @dataclass
@@ -105,6 +109,8 @@ class Tree:
     hidden: int = 0
     gone: int = 0
     infos: dict[str, NodeInfo] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    offsets: dict[str, Offset] = field(default_factory=dict)
 
 
 def _node(info: NodeInfo, key: str, offset: Offset) -> dict[str, Any]:
@@ -146,47 +152,39 @@ async def build_tree(
     root_is_toplevel: bool,
     offset_for: OffsetFor,
 ) -> Tree:
-    """Walk the tree under ``root`` breadth first, level by level, with every call of a level in flight at once.
+    """Walk the tree under ``root`` breadth first, level by level; all the calls about one node are chained
+    and all the nodes of a level are in flight at once.
 
     Stops at ``max_depth`` below the root and after ``max_nodes`` nodes (the
     shallow part of a big tree is kept, the deep part is cut). With
     ``only_visible``, nodes with neither the ``showing`` nor the ``visible``
     state are left out with their subtrees (GTK 4.8 sets ``showing`` on
-    windows only) (the root is always kept). Nodes that vanish during the
+    windows only); the root is always kept. Nodes that vanish during the
     walk are skipped and counted in ``gone``.
     """
     tree = Tree()
     level = [_Pending(root, None, 0, root if root_is_toplevel else None, (0, 0), root_is_toplevel)]
     seen = {root}
+
+    async def read(item: _Pending, child_budget: int) -> NodeInfo | None:
+        info = await read_node(bus, item.ref)
+        if limits.only_visible and item.parent is not None and not info.states & _SEEN:
+            return None
+        parts = limits.parts | ({"children", "bounds"} if item.is_toplevel else {"children"})
+        budget = child_budget if item.depth < limits.max_depth else 0
+        return await read_details(bus, info, max_text=limits.max_text, child_budget=budget, parts=parts)
+
     while level:
-        infos = await asyncio.gather(*(read_node(bus, item.ref) for item in level), return_exceptions=True)
-        kept: list[tuple[_Pending, NodeInfo]] = []
+        room = limits.max_nodes - tree.node_count
+        if len(level) > room:
+            level, tree.truncated = level[:room], True
+        budget = room - len(level)  # what the next level may hold at most
+        infos = await asyncio.gather(*(read(item, budget) for item in level), return_exceptions=True)
+        next_level: list[_Pending] = []
         for item, info in zip(level, infos):
-            if isinstance(info, ElementGone):
-                tree.gone += 1
-                continue
-            if isinstance(info, BaseException):
-                if item.parent is None:
-                    raise info
-                tree.gone += 1
-                continue
-            if limits.only_visible and item.parent is not None and not info.states & _SEEN:
+            if info is None:
                 tree.hidden += 1
                 continue
-            if tree.node_count + len(kept) >= limits.max_nodes:
-                tree.truncated = True
-                break
-            kept.append((item, info))
-        budget = limits.max_nodes - tree.node_count - len(kept)
-        details = await asyncio.gather(
-            *(
-                read_details(bus, info, max_text=limits.max_text, child_budget=budget if item.depth < limits.max_depth else 0)
-                for item, info in kept
-            ),
-            return_exceptions=True,
-        )
-        next_level: list[_Pending] = []
-        for (item, _), info in zip(kept, details):
             if isinstance(info, BaseException):
                 if item.parent is None:
                     raise info
@@ -197,7 +195,7 @@ async def build_tree(
             key = registry.register(Located(info.ref, toplevel, pid))
             node = _node(info, key, offset)
             tree.node_count += 1
-            tree.infos[key] = info
+            tree.infos[key], tree.nodes[key], tree.offsets[key] = info, node, offset
             if item.parent is None:
                 tree.root = node
             else:
@@ -217,6 +215,16 @@ async def build_tree(
                 next_level.append(_Pending(child, node, item.depth + 1, toplevel, offset, children_are_toplevel))
         level = next_level
     return tree
+
+
+async def complete(bus: AtspiBus, tree: Tree, keys: list[str], max_text: int) -> None:
+    """Read the details of the nodes ``keys`` of a tree walked with fewer ``parts`` (their nodes are updated)."""
+    infos = await asyncio.gather(
+        *(read_details(bus, tree.infos[key], max_text=max_text, parts=DETAILS) for key in keys), return_exceptions=True
+    )
+    for key, info in zip(keys, infos):
+        if isinstance(info, NodeInfo):
+            tree.nodes[key].update(_node(info, key, tree.offsets[key]))
 
 
 def _pattern(text: str | None, what: str) -> Callable[[str], bool] | None:
