@@ -95,7 +95,7 @@ class SystemSettings(_Section):
     )
     experience_dir: Path | None = Field(None, description="Where experience plans go (default: the session's log folder).")
     log_to_markdown: bool = Field(True, description="Write output.md next to the logs when a session ends.")
-    save_ui_tree: bool = Field(False, description="Accepted for compatibility; Linux tools have no UI tree.")
+    save_ui_tree: bool = Field(False, description="Accepted for compatibility; not used yet (the desktop server's ui_tree saves trees with save_as).")
     sleep_time: float = Field(0.0, ge=0, description="Seconds to wait between steps (asyncio.sleep, never blocking).")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,7 +21,8 @@ from PIL import Image
 
 from saucer.tools.desktop.virtual import VirtualDesktop
 
-PLAN = Path(__file__).resolve().parents[3] / "examples" / "plans" / "desktop-calculator.json"
+ROOT = Path(__file__).resolve().parents[3]
+PLAN = ROOT / "examples" / "plans" / "desktop-calculator.json"
 
 
 def _run(virtual_desktop: VirtualDesktop, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -86,3 +88,9 @@ def test_launch_needs_approval(virtual_desktop: VirtualDesktop, tmp_path: Path) 
     [step] = [json.loads(line) for line in (log_dir / "response.log").read_text().splitlines()]
     assert "refused" in step["results"][0]["error"] and "'desktop.launch' is marked sensitive" in step["results"][0]["error"]
     assert not list((log_dir / "artifacts").glob("launch-*.log"))  # nothing was started
+
+
+def test_the_readme_shows_the_example_plan() -> None:
+    readme = (ROOT / "README.md").read_text()
+    [block] = re.findall(r"drives GNOME Calculator offline\n.*?```json\n(.*?)```", readme, re.S)
+    assert json.loads(block) == json.loads(PLAN.read_text())
