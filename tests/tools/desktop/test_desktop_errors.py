@@ -101,6 +101,7 @@ async def test_limits_are_checked_before_anything_else(tools: DesktopTools, no_d
         ("find", {"name": "re:("}, "is not a valid regular expression"),
         ("launch", {"command": "true", "wait": 10**6}, "wait must be between 0 and 120"),
         ("type_text", {"text": "x" * 10_001}, "at most 10000 per call"),
+        ("press_keys", {"keys": "a " * 5001}, "at most 10000 per call"),
         ("screenshot", {"scale": 0}, "minimum of 0 (at 'scale')"),
         ("scroll", {"amount": 10**6}, "maximum of 100 (at 'amount')"),
     ]

@@ -169,7 +169,7 @@ class ScriptedBus:
         self.calls += 1
         node = self._node(ref[1])
         count = self.many if node.get("many") else len(node.get("children", []))
-        return {"Name": node["name"], "Description": "", "ChildCount": count}
+        return {"Name": node["name"], "Description": node.get("description", ""), "ChildCount": count}
 
     async def call(self, ref: tuple[str, str], interface: str, method: str, signature: str | None = None,
                    body: tuple = ()) -> tuple:
@@ -236,3 +236,10 @@ async def test_depth_limit_marks_where_children_were_left_out() -> None:
     tree = await _walk(bus, max_depth=1)
     assert tree.depth_limited and tree.node_count == 2 and tree.root["children"][0]["child_count"] == 1
     assert "children" not in tree.root["children"][0]
+
+
+async def test_huge_names_are_cut_and_say_so() -> None:
+    bus = ScriptedBus({"/root": {"name": "w" * 5_000_000, "description": "d" * 3000, "role": "window", "children": []}})
+    tree = await _walk(bus)
+    assert len(tree.root["name"]) == 1000 and tree.root["name_length"] == 5_000_000
+    assert len(tree.root["description"]) == 1000 and tree.root["description_length"] == 3000

@@ -76,7 +76,8 @@ async def _clear(tools: DesktopTools) -> None:
     await tools.ok("press_keys", keys="Escape")
 
 
-async def test_screenshots_are_pngs_of_the_screen(tools: DesktopTools, calculator: Any, tmp_path: Path) -> None:
+async def test_screenshots_are_pngs_of_the_screen(tools: DesktopTools, calculator: Any, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     shot = await tools.ok("screenshot")
     data = Path(shot["path"]).read_bytes()
     assert data.startswith(PNG_MAGIC) and shot["artifact"].endswith(".png")
@@ -95,6 +96,8 @@ async def test_screenshots_are_pngs_of_the_screen(tools: DesktopTools, calculato
     clipped = await tools.ok("screenshot", region=[1200, 700, 500, 500])
     assert clipped["region"] == [1200, 700, 80, 100] and Image.open(clipped["path"]).size == (80, 100)
     assert "lies outside the screen" in await tools.fails("screenshot", region=[2000, 0, 10, 10])
+    monkeypatch.setattr("saucer.tools.desktop.core._MAX_PIXELS", 4_000_000)  # as if the screen were 8K
+    assert "2560x1600 image is too large (at most 4,000,000 pixels)" in await tools.fails("screenshot", scale=2)
     assert "escapes the sandbox root" in await tools.fails("screenshot", name="../outside")
     assert not (tmp_path / "outside.png").exists()
 

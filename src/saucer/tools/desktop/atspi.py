@@ -58,6 +58,8 @@ ACTION = _PREFIX + "Action"
 _COORD_SCREEN = 0
 # Above this many children, only the first ones the budget allows are asked for, one by one.
 _MANY_CHILDREN = 256
+#: Longest name or description kept (the rest is cut; the node says the full length).
+MAX_NAME = 1000
 # D-Bus daemons cap the replies a connection may wait for; stay well below the usual limits.
 _MAX_IN_FLIGHT = 64
 _GONE_ERRORS = {
@@ -248,6 +250,9 @@ class NodeInfo:
     interfaces: frozenset[str]
     child_count: int
     description: str = ""
+    #: Lengths before the cut at MAX_NAME characters (a hostile application may send megabytes).
+    name_length: int = 0
+    description_length: int = 0
     bounds: tuple[int, int, int, int] | None = None
     text: str | None = None
     text_length: int = 0
@@ -264,10 +269,13 @@ async def read_node(bus: AtspiBus, ref: Ref) -> NodeInfo:
         bus.call1(ref, ACCESSIBLE, "GetState"),
         bus.call1(ref, ACCESSIBLE, "GetInterfaces"),
     )
+    name, description = str(props.get("Name") or ""), str(props.get("Description") or "")
     return NodeInfo(
         ref=ref,
-        name=str(props.get("Name") or ""),
-        description=str(props.get("Description") or ""),
+        name=name[:MAX_NAME],
+        name_length=len(name),
+        description=description[:MAX_NAME],
+        description_length=len(description),
         role=str(role),
         states=decode_states(states),
         interfaces=frozenset(short_interface(i) for i in interfaces),

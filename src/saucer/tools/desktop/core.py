@@ -47,6 +47,8 @@ T = TypeVar("T")
 _CLICK_ACTIONS = ("click", "press")
 _POLL = 0.1
 _SEARCH_TEXT = 1000
+# Largest scaled screenshot (8K UHD); scaling up a whole large screen would take gigabytes.
+_MAX_PIXELS = 7680 * 4320
 _X11_ONLY_GRACE = 1.0
 
 
@@ -347,6 +349,8 @@ class Desktop:
             return TypeResult(characters=len(text), element=node)
 
     async def press_keys(self, keys: str, delay: float) -> KeysResult:
+        if len(keys) > self.options.max_type:
+            raise DesktopError(f"keys is {len(keys)} characters; at most {self.options.max_type} per call")
         combos = parse_keys(keys)
         async with self._lock:
             await self._xcall(lambda d: d.press(combos, delay))
@@ -376,9 +380,12 @@ class Desktop:
                 if right <= left or bottom <= top:
                     raise DesktopError(f"region {region} lies outside the screen ({width}x{height})")
                 box = (left, top, right - left, bottom - top)
+            size = (box[2], box[3]) if scale is None else (max(1, round(box[2] * scale)), max(1, round(box[3] * scale)))
+            if size[0] * size[1] > _MAX_PIXELS:
+                raise DesktopError(f"a {size[0]}x{size[1]} image is too large (at most {_MAX_PIXELS:,} pixels); "
+                                   "use a smaller scale or region")
             image = await self._xcall(lambda d: d.capture(*box))
-            if scale is not None and scale != 1:
-                size = (max(1, round(box[2] * scale)), max(1, round(box[3] * scale)))
+            if size != image.size:
                 image = await asyncio.to_thread(image.resize, size)
             path, artifact = self.artifacts.path(name, "screenshot", ".png")
             data = await asyncio.to_thread(_png, image)

@@ -115,8 +115,12 @@ class Tree:
 
 def _node(info: NodeInfo, key: str, offset: Offset) -> dict[str, Any]:
     node: dict[str, Any] = {"id": key, "role": info.role, "name": info.name}
+    if info.name_length > len(info.name):
+        node["name_length"] = info.name_length
     if info.description:
         node["description"] = info.description
+        if info.description_length > len(info.description):
+            node["description_length"] = info.description_length
     if info.text:
         node["text"] = info.text
         if info.text_length > len(info.text):

@@ -256,25 +256,22 @@ class X11:
         if not (0 <= x < width and 0 <= y < height):
             raise DesktopError(f"point ({x}, {y}) is outside the screen ({width}x{height})")
 
-    def click(self, x: int, y: int, button: str = "left", count: int = 1) -> None:
-        """Move the pointer to (x, y) and click ``count`` times."""
+    def _buttons(self, x: int, y: int, number: int, times: int) -> None:
+        """Move the pointer to (x, y), then press and release button ``number`` ``times`` times."""
         self._check_point(x, y)
-        number = _BUTTONS[button]
         xtest.fake_input(self.d, X.MotionNotify, x=x, y=y)
-        for _ in range(count):
+        for _ in range(times):
             xtest.fake_input(self.d, X.ButtonPress, number)
             xtest.fake_input(self.d, X.ButtonRelease, number)
         self.d.sync()
 
+    def click(self, x: int, y: int, button: str = "left", count: int = 1) -> None:
+        """Click ``count`` times at (x, y)."""
+        self._buttons(x, y, _BUTTONS[button], count)
+
     def scroll(self, x: int, y: int, direction: str, amount: int) -> None:
-        """Turn the wheel ``amount`` notches at (x, y)."""
-        self._check_point(x, y)
-        number = _WHEEL[direction]
-        xtest.fake_input(self.d, X.MotionNotify, x=x, y=y)
-        for _ in range(amount):
-            xtest.fake_input(self.d, X.ButtonPress, number)
-            xtest.fake_input(self.d, X.ButtonRelease, number)
-        self.d.sync()
+        """Turn the wheel ``amount`` notches at (x, y) (X11 wheel buttons 4-7)."""
+        self._buttons(x, y, _WHEEL[direction], amount)
 
     def pointer(self) -> tuple[int, int]:
         reply = self.root.query_pointer()
