@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import io
 import json
 import os
 import time
@@ -39,7 +40,7 @@ from saucer.tools.desktop.models import (
 )
 from saucer.tools.desktop.targets import App, Target, active_windows, choose, list_apps, pick, window_offset
 from saucer.tools.desktop.tree import ElementRegistry, Located, Selector, Tree, TreeLimits, build_tree, complete, find_matches
-from saucer.tools.desktop.x11 import X11, X_ERRORS, XWindow, parse_keys
+from saucer.tools.desktop.x11 import X11, X_LOST, X_REFUSED, XWindow, parse_keys
 
 __all__ = ["DesktopOptions", "Desktop"]
 
@@ -103,10 +104,12 @@ class Desktop:
         x = self._x
         try:
             return await asyncio.to_thread(fn, x)
-        except X_ERRORS as exc:
-            self._x = None
+        except X_LOST as exc:
+            self._x = None  # the next call connects again
             await asyncio.to_thread(x.close)
             raise DesktopError(f"the X display {x.name!r} failed ({type(exc).__name__}: {exc}); is it still running?") from None
+        except X_REFUSED as exc:
+            raise DesktopError(f"the X server refused a request ({exc})") from None
 
     async def _x_bus_property(self) -> str | None:
         return await self._xcall(lambda x: x.bus_address_property())
@@ -310,6 +313,8 @@ class Desktop:
         count = 2 if double else 1
         async with self._lock:
             if x is not None and y is not None:
+                if method == "action":
+                    raise DesktopError("a point has no action to do; use method 'auto' or 'pointer' with x and y")
                 await self._xcall(lambda d: d.click(x, y, button, count))
                 return ClickResult(method="pointer", x=x, y=y, button=button, count=count)
             info, node = await self._chosen(element_id, selector, app, window, index)
@@ -418,9 +423,9 @@ class Desktop:
         # Qt exposes its accessibility tree only when asked.
         child_env.setdefault("QT_ACCESSIBILITY", "1")
         child_env.update(env or {})
-        if not child_env.get("DISPLAY"):
-            await self._xcall(lambda d: None)  # raises the no-display error with its advice
         async with self._lock:
+            if not child_env.get("DISPLAY"):
+                await self._xcall(lambda d: None)  # raises the no-display error with its advice
             log, _ = self.artifacts.path(None, f"launch-{Path(argv[0]).name}", ".log")
             proc = await asyncio.to_thread(self.launcher.start, argv, cwd=Path.cwd(), env=child_env, log=log)
             result = LaunchResult(pid=proc.pid, command=argv, running=True, ready=False, log=str(log))
@@ -469,8 +474,6 @@ class Desktop:
 
 
 def _png(image: Any) -> bytes:
-    import io
-
     buffer = io.BytesIO()
     image.save(buffer, "PNG", compress_level=3)
     return buffer.getvalue()

@@ -9,7 +9,7 @@ Tools (all answers are structured JSON; failures are tool errors saying what to 
     The accessible tree of the focused window, of ``window`` (title) or of
     ``app`` (application name), with stable element ids; ``save_as`` also
     writes it as JSON to the artifacts directory.
-``find(name=None, role=None, text=None, app=None, window=None, timeout=0, max_nodes=2000)``
+``find(name=None, role=None, text=None, app=None, window=None, timeout=0, max_nodes=5000)``
     Elements matching a selector, waiting up to ``timeout`` seconds for one
     to appear; an error when none does.
 ``click(element_id=None | name/role/text selector | x, y, button='left', double=False, method='auto')``
@@ -60,6 +60,9 @@ logger = logging.getLogger("saucer.tools.desktop")
 T = TypeVar("T")
 
 DEFAULT_ARTIFACTS = "artifacts"
+#: ui_tree's default limits (lowered to the server's --max-depth and --max-nodes when those are lower).
+TREE_DEPTH = 30
+TREE_NODES = 500
 _READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 _INPUT = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 
@@ -113,7 +116,8 @@ def build_server(desktop: Desktop) -> MCPServer:
     )
 
     async def screenshot(
-        region: Annotated[list[int] | None, Field(description="[x, y, width, height] in screen pixels (default: the whole screen).")] = None,
+        region: Annotated[list[int] | None, Field(min_length=4, max_length=4,
+                                                  description="[x, y, width, height] in screen pixels (default: the whole screen).")] = None,
         scale: Annotated[float | None, Field(gt=0, le=4, description="Resize factor, e.g. 0.5 for half size.")] = None,
         name: Annotated[str | None, Field(description="File name inside the artifacts directory (default: screenshot-TIME.png).")] = None,
     ) -> Screenshot:
@@ -122,15 +126,20 @@ def build_server(desktop: Desktop) -> MCPServer:
     async def ui_tree(
         app: App = None,
         window: Window = None,
-        max_depth: Annotated[int, Field(description="Levels below the root to read.")] = 30,
-        max_nodes: Annotated[int, Field(description="Most nodes to return (breadth first: deep levels are cut first).")] = 500,
+        max_depth: Annotated[int | None, Field(description=f"Levels below the root to read (default {TREE_DEPTH}).")] = None,
+        max_nodes: Annotated[int | None, Field(description=f"Most nodes to return (default {TREE_NODES}; breadth first: "
+                                                           "deep levels are cut first).")] = None,
         max_text: Annotated[int, Field(description="Most characters of text per node.")] = 200,
         only_visible: Annotated[bool, Field(description="Leave out hidden elements (neither showing nor visible) and their children.")] = True,
         save_as: Annotated[str | None, Field(description="Also save the tree as JSON under this name in the artifacts directory.")] = None,
         include_tree: Annotated[bool, Field(description="Return the tree itself (false: only counts and the saved path).")] = True,
     ) -> UITree:
         async def run() -> UITree:
-            limits = desktop.limits(max_depth, max_nodes, max_text, only_visible)
+            limits = desktop.limits(
+                min(TREE_DEPTH, options.max_depth) if max_depth is None else max_depth,
+                min(TREE_NODES, options.max_nodes) if max_nodes is None else max_nodes,
+                max_text, only_visible,
+            )
             return await desktop.ui_tree(app, window, limits, save_as, include_tree)
 
         return await _guard(run())
@@ -142,11 +151,11 @@ def build_server(desktop: Desktop) -> MCPServer:
         app: App = None,
         window: Window = None,
         timeout: Annotated[float, Field(description="Seconds to wait for a match to appear (0: look once).")] = 0.0,
-        max_nodes: Annotated[int, Field(description="Most nodes to search.")] = 2000,
+        max_nodes: Annotated[int | None, Field(description="Most nodes to search (default: the server's --max-nodes).")] = None,
     ) -> FindResult:
         async def run() -> FindResult:
             selector = _selector(name, role, text) or Selector()
-            return await desktop.find(selector, app, window, timeout, max_nodes)
+            return await desktop.find(selector, app, window, timeout, options.max_nodes if max_nodes is None else max_nodes)
 
         return await _guard(run())
 

@@ -22,13 +22,14 @@ from Xlib.ext import xtest
 
 from saucer.tools.desktop import INSTALL_HINT, DesktopError
 
-__all__ = ["X11", "XWindow", "parse_keys", "char_keysym", "X_ERRORS"]
+__all__ = ["X11", "XWindow", "parse_keys", "char_keysym", "X_LOST", "X_REFUSED"]
 
 for _group in ("xkb", "xf86", "latin2", "latin3", "latin4", "greek", "cyrillic", "publishing"):
     XK.load_keysym_group(_group)
 
-#: What python-xlib raises when the server is gone or a request fails.
-X_ERRORS: tuple[type[BaseException], ...] = (error.XError, error.ConnectionClosedError, error.DisplayError, OSError)
+#: What python-xlib raises when the connection to the X server is gone, and when one request failed.
+X_LOST: tuple[type[BaseException], ...] = (error.ConnectionClosedError, error.DisplayError, OSError)
+X_REFUSED = error.XError
 
 _MODIFIERS = {
     "ctrl": "Control_L", "control": "Control_L", "shift": "Shift_L", "alt": "Alt_L", "meta": "Meta_L",
@@ -44,8 +45,8 @@ _KEYS = {
 _SPECIAL_CHARS = {"\n": "Return", "\r": "Return", "\t": "Tab", " ": "space", "\b": "BackSpace"}
 _BUTTONS = {"left": 1, "middle": 2, "right": 3}
 _WHEEL = {"up": 4, "down": 5, "left": 6, "right": 7}
-# Time for clients to see a changed keyboard mapping before a key on it is pressed, and after.
-_REMAP_SETTLE = 0.03
+# Time for clients to see a changed keyboard mapping before a key on it is pressed.
+_REMAP_SETTLE = 0.05
 
 
 def char_keysym(char: str) -> int:
@@ -118,7 +119,8 @@ class X11:
             raise DesktopError(
                 "no X display: DISPLAY is not set. The desktop server needs an X11 display; on a machine "
                 f"without one, start a virtual display (Debian: {INSTALL_HINT}; then `Xvfb :99 &` and "
-                "DISPLAY=:99, or run saucer under `xvfb-run -a dbus-run-session -- COMMAND`)"
+                "DISPLAY=:99, or run saucer under `xvfb-run -a dbus-run-session -- COMMAND`). A server from "
+                "[mcp.servers] gets DISPLAY only through its env table"
             )
         try:
             self.d = display.Display(name)
@@ -132,12 +134,18 @@ class X11:
             self.d.close()
             raise DesktopError(f"the X display {name!r} has no XTEST extension, so input cannot be simulated")
         self.root = self.d.screen().root
-        self._spare_keycode: int | None = None
+        self._free: list[int] = []  # keycodes without keysyms
+        self._borrowed: list[int] = []  # spare keycodes given a keysym by this connection, oldest first
 
     def close(self) -> None:
+        """Give the borrowed keycodes back (best effort) and disconnect."""
         try:
+            for code in self._borrowed:
+                per_key = len(self.d.get_keyboard_mapping(code, 1)[0])
+                self.d.change_keyboard_mapping(code, [(0,) * per_key])
+            self._borrowed.clear()
             self.d.close()
-        except X_ERRORS:
+        except (*X_LOST, X_REFUSED):
             pass
 
     def atom(self, name: str) -> int:
@@ -283,10 +291,10 @@ class X11:
         info = self.d.display.info
         first, count = info.min_keycode, info.max_keycode - info.min_keycode + 1
         mapping: dict[int, tuple[int, int]] = {}
-        self._spare_keycode = None
+        self._free = []
         for offset, syms in enumerate(self.d.get_keyboard_mapping(first, count)):
-            if not any(syms) and self._spare_keycode is None:
-                self._spare_keycode = first + offset
+            if not any(syms):
+                self._free.append(first + offset)
             for level, sym in enumerate(syms[:2]):
                 if sym and sym not in mapping:
                     mapping[sym] = (first + offset, level)
@@ -301,20 +309,29 @@ class X11:
         for code in reversed(held):
             xtest.fake_input(self.d, X.KeyRelease, code)
 
-    def _tap_unmapped(self, keysym: int, modifiers: Sequence[int] = ()) -> None:
-        """Type a keysym that no key has: put it on a spare keycode, press, and clear it again (as xdotool does)."""
-        if self._spare_keycode is None:
+    def _map_spare(self, keysym: int, keymap: dict[int, tuple[int, int]]) -> int:
+        """Put a keysym no key has on a spare keycode (as xdotool does) and return the keycode.
+
+        The keycode keeps it afterwards: a client may look the key up only
+        when it handles the event, so taking it back at once could turn the
+        key into nothing. Spare keycodes are used in turn; one is reassigned
+        only when all are taken. :meth:`close` clears them.
+        """
+        if self._free:
+            code = self._free.pop(0)
+        elif self._borrowed:
+            code = self._borrowed.pop(0)
+            for sym in [sym for sym, (kc, _) in keymap.items() if kc == code]:
+                del keymap[sym]
+        else:
             raise DesktopError(f"the keyboard has no free key to type keysym {keysym:#x} with")
-        code = self._spare_keycode
+        self._borrowed.append(code)
         per_key = len(self.d.get_keyboard_mapping(code, 1)[0])
         self.d.change_keyboard_mapping(code, [(keysym,) * per_key])
         self.d.sync()
-        time.sleep(_REMAP_SETTLE)
-        self._tap(code, False, 0, modifiers)
-        self.d.sync()
-        time.sleep(_REMAP_SETTLE)
-        self.d.change_keyboard_mapping(code, [(0,) * per_key])
-        self.d.sync()
+        time.sleep(_REMAP_SETTLE)  # let clients see the new mapping before the key comes
+        keymap[keysym] = (code, 0)
+        return code
 
     def press(self, combos: list[list[int]], delay: float = 0.0) -> None:
         """Press each combination of keysyms (from :func:`parse_keys`) in turn."""
@@ -327,11 +344,8 @@ class X11:
                 if sym not in keymap:
                     raise DesktopError(f"no key on this keyboard produces the modifier {XK.keysym_to_string(sym)!r}")
                 mod_codes.append(keymap[sym][0])
-            if key in keymap:
-                code, level = keymap[key]
-                self._tap(code, level == 1, shift_code, mod_codes)
-            else:
-                self._tap_unmapped(key, mod_codes)
+            code, level = keymap[key] if key in keymap else (self._map_spare(key, keymap), 0)
+            self._tap(code, level == 1, shift_code, mod_codes)
             if delay:
                 self.d.sync()
                 time.sleep(delay)
