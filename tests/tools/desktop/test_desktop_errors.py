@@ -112,11 +112,11 @@ async def test_limits_are_checked_before_anything_else(tools: DesktopTools, no_d
 
 async def test_bad_element_ids_and_click_targets(tools: DesktopTools, no_desktop: None) -> None:
     assert "is not an element id" in await tools.fails("click", element_id="../../etc")
-    assert "unknown element id 'eaaaaaaaa'" in await tools.fails("click", element_id="eaaaaaaaa")
-    assert "unknown element id" in await tools.fails("type_text", text="x", element_id="eaaaaaaaa")
-    assert "unknown element id" in await tools.fails("scroll", element_id="eaaaaaaaa")
+    assert "unknown element id 'eaaaaaaaaaa'" in await tools.fails("click", element_id="eaaaaaaaaaa")
+    assert "unknown element id" in await tools.fails("type_text", text="x", element_id="eaaaaaaaaaa")
+    assert "unknown element id" in await tools.fails("scroll", element_id="eaaaaaaaaaa")
     assert "exactly one of" in await tools.fails("click")
-    assert "(got element_id and x and y)" in await tools.fails("click", element_id="eaaaaaaaa", x=1, y=2)
+    assert "(got element_id and x and y)" in await tools.fails("click", element_id="eaaaaaaaaaa", x=1, y=2)
     assert "give both x and y" in await tools.fails("click", x=1)
     assert "give both x and y" in await tools.fails("scroll", y=1)
 
@@ -135,6 +135,14 @@ async def test_bad_keys_and_commands(tools: DesktopTools, no_desktop: None) -> N
 def test_the_server_runs_as_a_module_with_help() -> None:
     proc = subprocess.run([sys.executable, "-m", "saucer.tools.desktop", "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--artifacts" in proc.stdout and "at-spi2-core" in proc.stdout
+
+
+def test_without_the_python_packages_the_server_says_what_to_install() -> None:
+    code = ("import runpy, sys; sys.modules['dbus_fast'] = None; sys.argv = ['desktop']; "
+            "runpy.run_module('saucer.tools.desktop', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "pip install 'saucer[desktop]' (dbus-fast, python-xlib, pillow)" in proc.stderr
 
 
 def test_configuration_adds_the_server_with_launch_sensitive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

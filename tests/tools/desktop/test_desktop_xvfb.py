@@ -170,7 +170,7 @@ async def test_click_by_element_id_and_unknown_ids(tools: DesktopTools, calculat
         clicked = await tools.ok("click", element_id=ids[name])
         assert clicked["method"] == "action" and clicked["element"]["id"] == ids[name]
     await _display_shows(tools, "5")
-    assert "unknown element id 'eaaaaaaaa'" in await tools.fails("click", element_id="eaaaaaaaa")
+    assert "unknown element id 'eaaaaaaaaaa'" in await tools.fails("click", element_id="eaaaaaaaaaa")
     assert "has no click or press action" in await tools.fails("click", element_id=tree["tree"]["id"], method="action")
 
 

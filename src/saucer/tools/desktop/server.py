@@ -63,7 +63,8 @@ DEFAULT_ARTIFACTS = "artifacts"
 #: ui_tree's default limits (lowered to the server's --max-depth and --max-nodes when those are lower).
 TREE_DEPTH = 30
 TREE_NODES = 500
-_READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+# Looking changes nothing on the desktop (a screenshot or a saved tree is a new file in the artifacts folder).
+_OBSERVE = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 _INPUT = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 
 
@@ -103,7 +104,7 @@ Role = Annotated[str | None, Field(description="Element role, e.g. 'button', 'te
 Text = Annotated[str | None, Field(description="Element text content (Text interface), equal or 're:REGEX'.")]
 App = Annotated[str | None, Field(description="Application name, e.g. 'gnome-calculator' (default: the focused window's).")]
 Window = Annotated[str | None, Field(description="Window title (default: the focused window).")]
-ElementId = Annotated[str | None, Field(description="An element id from ui_tree or find, e.g. 'e3kq9x2ab'.")]
+ElementId = Annotated[str | None, Field(description="An element id from ui_tree or find, e.g. 'e3kqx7mab2c'.")]
 
 
 def build_server(desktop: Desktop) -> MCPServer:
@@ -227,19 +228,19 @@ def build_server(desktop: Desktop) -> MCPServer:
         return await _guard(desktop.windows(focus))
 
     server.add_tool(
-        screenshot, name="screenshot", title="Take a screenshot", annotations=_INPUT,
+        screenshot, name="screenshot", title="Take a screenshot", annotations=_OBSERVE,
         description="Capture the screen (or a region) as a PNG saved in the artifacts directory "
         f"({options.artifacts}); returns the file's path and its width and height in pixels.",
     )
     server.add_tool(
-        ui_tree, name="ui_tree", title="Read the UI tree", annotations=_READ_ONLY,
+        ui_tree, name="ui_tree", title="Read the UI tree", annotations=_OBSERVE,
         description="The accessible tree (AT-SPI) of the focused window, of a window by title, or of a whole "
         "application by name: each element has an id (stable while the element lives; use it with click, "
         "type_text and scroll), role, name, text, value, states and bounds [x, y, width, height] in screen "
         f"pixels. Limits: max_depth <= {options.max_depth}, max_nodes <= {options.max_nodes}.",
     )
     server.add_tool(
-        find, name="find", title="Find elements", annotations=_READ_ONLY,
+        find, name="find", title="Find elements", annotations=_OBSERVE,
         description="Elements of the focused window (or of app/window) whose name, role and/or text match; "
         "set timeout to wait for one to appear. Fails when nothing matches, so a plan can check that a text "
         "is shown, e.g. find(text='5', timeout=5).",
