@@ -35,10 +35,7 @@ def tools(sandbox: Path) -> FileTools:
     return FileTools(FilesOptions.create(sandbox, max_read=16))
 
 
-@pytest.mark.parametrize(
-    "path", ["../outside/secret.txt", "src/../../outside/secret.txt", "/etc/passwd", "link_out/secret.txt",
-             "secret_link.txt", "link_out"],
-)
+@pytest.mark.parametrize("path", ["../outside/secret.txt", "src/../../outside/secret.txt", "/etc/passwd"])
 def test_every_way_out_of_the_root_is_refused(tools: FileTools, sandbox: Path, path: str) -> None:
     for operation in (lambda: tools.read(path), lambda: tools.stat(path), lambda: tools.list(path),
                       lambda: tools.write(path, "x"), lambda: tools.append(path, "x"), lambda: tools.search("x", path)):
@@ -48,10 +45,29 @@ def test_every_way_out_of_the_root_is_refused(tools: FileTools, sandbox: Path, p
     assert not (sandbox.parent / "outside" / "x").exists()
 
 
-def test_absolute_paths_inside_the_root_and_links_inside_it_work(tools: FileTools, sandbox: Path) -> None:
+@pytest.mark.parametrize("path", ["link_out/secret.txt", "secret_link.txt", "link_out", "readme_link.md"])
+def test_no_path_goes_through_a_symbolic_link(tools: FileTools, sandbox: Path, path: str) -> None:
+    # Even a link that stays inside the root is refused: links are never followed.
+    for operation in (lambda: tools.read(path), lambda: tools.list(path), lambda: tools.write(path, "x"),
+                      lambda: tools.append(path, "x"), lambda: tools.search("x", path)):
+        with pytest.raises(ToolError, match="symbolic link"):
+            operation()
+    assert (sandbox.parent / "outside" / "secret.txt").read_text() == "hello secret\n"
+    assert (sandbox / "README.md").read_text() == "# Title\nhello world\n"
+
+
+def test_stat_describes_a_link_without_following_it(tools: FileTools) -> None:
+    for path in ("link_out", "secret_link.txt", "readme_link.md"):
+        info = tools.stat(path)
+        assert info.type == "symlink" and info.is_symlink is True and info.path == path
+    with pytest.raises(ToolError, match="goes through the symbolic link 'link_out'"):
+        tools.stat("link_out/secret.txt")
+
+
+def test_absolute_paths_inside_the_root_and_dot_dot_inside_it_work(tools: FileTools, sandbox: Path) -> None:
     assert tools.read(str(sandbox / "README.md")).path == "README.md"
-    assert tools.read("readme_link.md").content == "# Title\nhello wo"  # 16 bytes: the cap
-    assert tools.stat("readme_link.md").is_symlink is True
+    assert tools.read("src/../README.md").content == "# Title\nhello wo"  # 16 bytes: the cap
+    assert tools.stat("./src/pkg/..").path == "src" and tools.stat(".").path == "."
 
 
 def test_reads_are_capped_and_page_with_offsets(sandbox: Path) -> None:
@@ -138,5 +154,5 @@ async def test_the_tools_over_mcp(sandbox: Path) -> None:
             ]
         )
         assert read.status == ResultStatus.SUCCESS and read.result["content"] == "# Title\nhello world\n"
-        assert escape.status == ResultStatus.FAILURE and "escapes the sandbox root" in escape.error
+        assert escape.status == ResultStatus.FAILURE and "symbolic link 'link_out'" in escape.error
         assert "hello secret" not in escape.error

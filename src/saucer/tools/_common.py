@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from saucer.tools.sandbox import MAX_PATH_BYTES, SandboxError
 
 __all__ = [
     "SandboxError",
@@ -19,12 +25,13 @@ __all__ = [
     "positive_int",
     "positive_float",
     "make_server",
+    "guarded",
+    "serve_stdio",
     "parse",
 ]
 
-
-class SandboxError(ValueError):
-    """A path points outside the sandbox root."""
+_T = TypeVar("_T")
+_MAX_ERROR = 300
 
 
 def resolve_in_root(root: Path, path: str | os.PathLike[str]) -> Path:
@@ -32,11 +39,15 @@ def resolve_in_root(root: Path, path: str | os.PathLike[str]) -> Path:
 
     Symbolic links are resolved before the check, so a link inside the root
     that points outside it is refused like ``..`` is. ``root`` must already be
-    a resolved path.
+    a resolved path. This is a check by name, good for the shell's working
+    directory (a shell can ``cd`` anywhere anyway); the files tool resolves
+    from a descriptor instead (:mod:`saucer.tools.sandbox`).
     """
     raw = os.fspath(path)
     if "\x00" in raw:
         raise SandboxError(f"path {raw!r} contains a NUL byte")
+    if len(raw.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+        raise SandboxError(f"path is longer than {MAX_PATH_BYTES} bytes")
     candidate = Path(raw) if os.path.isabs(raw) else root / raw
     real = Path(os.path.realpath(candidate))
     if real != root and root not in real.parents:
@@ -94,3 +105,67 @@ def existing_dir(text: str) -> Path:
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse ``argv`` (None: ``sys.argv[1:]``)."""
     return parser.parse_args(None if argv is None else list(argv))
+
+
+def guarded(function: Callable[..., _T], *args: Any) -> _T:
+    """``function(*args)``, with every failure turned into a :class:`ToolError` of one short line.
+
+    A tool error is passed on as it is; anything else (a bug, ``RecursionError``,
+    ``MemoryError``) becomes ``<Type>: <message>`` clipped to a few hundred
+    characters, so the server never logs or renders a traceback for it.
+    """
+    try:
+        return function(*args)
+    except ToolError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the point is that nothing else escapes
+        raise ToolError(one_line(exc)) from None
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` on one line, clipped."""
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line if len(line) <= _MAX_ERROR else line[: _MAX_ERROR - 3] + "..."
+
+
+class _OneLineFormatter(logging.Formatter):
+    """Log records as ``name: level: message`` on one line; an exception adds ``: Type: message``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += ": " + one_line(record.exc_info[1])
+        return " ".join(f"{record.name}: {record.levelname.lower()}: {text}".split())[:2000]
+
+
+def _broken_pipe(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_broken_pipe(inner) for inner in exc.exceptions)
+    return isinstance(exc, (BrokenPipeError, ConnectionResetError))
+
+
+def serve_stdio(build: Callable[[], MCPServer], name: str) -> int:
+    """Run the server ``build()`` makes over stdio; return the process exit status.
+
+    Logging goes to stderr one line per record (installed before the server
+    is built, so the SDK's rich handler with its tracebacks is never set up).
+    A client that goes away (a killed device) gives one warning line and exit
+    status 0, not a traceback; Ctrl-C exits with 130.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+    try:
+        build().run("stdio")
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        if not _broken_pipe(exc):
+            raise
+        # Nobody reads stdout any more: make the interpreter's final flush a no-op too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        print(f"{name}: warning: the client closed the connection (broken pipe); exiting", file=sys.stderr)
+    return 0

@@ -4,26 +4,34 @@ Run it over stdio with ``python -m saucer.tools.files --root DIR`` (``--help``
 lists the options; each also has a ``SAUCER_FILES_*`` variable).
 
 Every path is relative to the root (an absolute path is accepted when it lies
-inside the root). A path that leaves the root, by ``..``, by being absolute
-elsewhere, or through a symbolic link, is refused with an error naming the
-path and the root. Reads are capped (``--max-read``) and page with
-``offset``; writes are capped (``--max-write``). The tool functions are
-synchronous: MCPServer runs them in a worker thread, so a long search never
-blocks the server's event loop.
+inside the root). It is resolved from a descriptor of the root, component by
+component, and the file is then read or written through the descriptor it
+resolved to (:mod:`saucer.tools.sandbox`): a path that leaves the root by
+``..`` or by being absolute elsewhere is refused, and so is any path through
+a symbolic link, even one swapped in while the call runs. Writing a file that
+has more than one hard link is refused (another link may be outside the root).
+Paths are limited to 4096 bytes and 256 components.
+
+Reads are capped (``--max-read``) and page with ``offset``; writes are capped
+(``--max-write``). The tool functions are synchronous: MCPServer runs them in
+a worker thread, so a long search never blocks the server's event loop. Every
+failure, expected or not, is a tool error of one line; nothing is raised into
+the server.
 """
 
 from __future__ import annotations
 
 import argparse
 import codecs
+import errno
 import os
 import re
 import stat as stat_module
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal
 
 from mcp.server.mcpserver import MCPServer
@@ -32,15 +40,15 @@ from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from saucer.tools._common import (
-    SandboxError,
     env_default,
     existing_dir,
+    guarded,
     make_server,
     parse,
     positive_int,
-    relative_to_root,
-    resolve_in_root,
+    serve_stdio,
 )
+from saucer.tools.sandbox import SandboxError, SandboxPath, SandboxRoot
 
 __all__ = [
     "FilesOptions",
@@ -179,86 +187,164 @@ def _complete_utf8(data: bytes) -> tuple[str, int]:
     return text, len(data) - len(pending)
 
 
-class FileTools:
-    """The file operations, each confined to ``options.root``; errors are :class:`ToolError`."""
+def _read_all(fd: int, limit: int, offset: int = 0) -> bytes:
+    """Up to ``limit`` bytes of ``fd`` from ``offset`` (pread loops until the limit or the end)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < limit:
+        chunk = os.pread(fd, min(limit - got, 1024 * 1024), offset + got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
-    def __init__(self, options: FilesOptions) -> None:
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+# Opening never blocks on a FIFO; what was opened is checked with fstat before any byte moves.
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+_WRITE_FLAGS = os.O_WRONLY | getattr(os, "O_NONBLOCK", 0)
+
+
+class FileTools:
+    """The file operations, each confined to ``options.root``; errors are :class:`ToolError`.
+
+    Every path is resolved from a descriptor of the root (see
+    :mod:`saucer.tools.sandbox`) and used through the descriptor it resolved
+    to. ``use_openat2`` forces or disables the kernel resolver (tests).
+    """
+
+    def __init__(self, options: FilesOptions, *, use_openat2: bool | None = None) -> None:
         self.options = options
         self.root = options.root
+        self.sandbox = SandboxRoot(options.root, use_openat2=use_openat2)
 
-    def _path(self, path: str) -> Path:
+    def close(self) -> None:
+        """Release the root's descriptor."""
+        self.sandbox.close()
+
+    def _path(self, path: str) -> SandboxPath:
         try:
-            return resolve_in_root(self.root, path)
+            return self.sandbox.path(path)
         except SandboxError as exc:
-            raise ToolError(str(exc)) from exc
+            raise ToolError(str(exc)) from None
 
-    def _show(self, real: Path) -> str:
-        return relative_to_root(self.root, real)
+    def _open(self, rel: SandboxPath, given: str, flags: int, what: str = "file") -> int:
+        try:
+            return self.sandbox.open(rel, flags)
+        except SandboxError as exc:
+            raise ToolError(str(exc)) from None
+        except FileNotFoundError:
+            raise ToolError(f"{what} {given!r} does not exist") from None
+        except OSError as exc:
+            raise ToolError(f"cannot open {given!r}: {exc.strerror}") from None
 
     def read(self, path: str, offset: int = 0, max_bytes: int | None = None) -> FileContent:
         """Read a text file from byte ``offset``, at most ``max_bytes`` (capped by the server)."""
-        real = self._path(path)
-        if not real.exists():
-            raise ToolError(f"file {path!r} does not exist")
-        if real.is_dir():
-            raise ToolError(f"{path!r} is a directory; use list to see its entries")
+        rel = self._path(path)
         if offset < 0:
             raise ToolError(f"offset must be >= 0, got {offset}")
         cap = self.options.max_read if max_bytes is None else min(max_bytes, self.options.max_read)
         if cap <= 0:
             raise ToolError(f"max_bytes must be > 0, got {max_bytes}")
-        size = real.stat().st_size
-        with open(real, "rb") as handle:
-            handle.seek(offset)
+        fd = self._open(rel, path, _READ_FLAGS)
+        try:
+            info = os.fstat(fd)
+            if stat_module.S_ISDIR(info.st_mode):
+                raise ToolError(f"{path!r} is a directory; use list to see its entries")
+            if not stat_module.S_ISREG(info.st_mode):
+                raise ToolError(f"{path!r} is not a regular file")
             # One extra byte tells whether the file goes on.
-            data = handle.read(cap + 1)
+            data = _read_all(fd, cap + 1, offset)
+        finally:
+            os.close(fd)
         if b"\x00" in data[:_BINARY_SNIFF]:
             raise ToolError(f"file {path!r} looks binary (it contains NUL bytes); only text files can be read")
         more = len(data) > cap
         data = data[:cap]
         text, used = _complete_utf8(data) if more else (data.decode("utf-8", errors="replace"), len(data))
         end = offset + used
-        truncated = more or end < size
+        truncated = more or end < info.st_size
         return FileContent(
-            path=self._show(real),
+            path=rel.shown,
             content=text,
             offset=offset,
             bytes_read=used,
-            size=size,
+            size=info.st_size,
             truncated=truncated,
             next_offset=end if truncated else None,
         )
 
-    def _check_writable(self, path: str, content: str, create_dirs: bool) -> tuple[Path, bytes]:
+    def _open_for_write(self, rel: SandboxPath, path: str, create_dirs: bool, append: bool) -> tuple[int, bool]:
+        """A descriptor of the file to write (created when missing) and whether it was created."""
+        try:
+            parent = self.sandbox.open_dir(rel.parent, create=create_dirs)
+        except SandboxError as exc:
+            raise ToolError(str(exc)) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise ToolError(
+                f"directory {rel.parent.shown!r} does not exist" + ("" if create_dirs else " (set create_dirs to create it)")
+            ) from None
+        except OSError as exc:
+            raise ToolError(f"cannot create directory {rel.parent.shown!r}: {exc.strerror}") from None
+        flags = _WRITE_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else 0)
+        try:
+            for _ in range(3):
+                try:
+                    return os.open(rel.name, flags, dir_fd=parent), False
+                except FileNotFoundError:
+                    pass
+                try:
+                    return os.open(rel.name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=parent), True
+                except FileExistsError:
+                    continue  # created meanwhile: open it as an existing file
+            raise ToolError(f"cannot write {path!r}: it keeps appearing and disappearing")
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ToolError(
+                    f"{path!r} is a symbolic link; links are not followed, so nothing outside the sandbox root "
+                    f"{str(self.root)!r} can be written through one"
+                ) from None
+            if exc.errno == errno.EISDIR:
+                raise ToolError(f"{path!r} is a directory, not a file") from None
+            if exc.errno == errno.ENXIO:
+                raise ToolError(f"{path!r} is not a regular file") from None
+            raise ToolError(f"cannot write {path!r}: {exc.strerror}") from None
+        finally:
+            os.close(parent)
+
+    def _write(self, path: str, content: str, create_dirs: bool, append: bool) -> WriteResult:
         if self.options.read_only:
             raise ToolError("this files server is read-only")
-        real = self._path(path)
-        if real == self.root or real.is_dir():
+        rel = self._path(path)
+        if not rel.parts:
             raise ToolError(f"{path!r} is a directory, not a file")
         data = content.encode("utf-8")
         if len(data) > self.options.max_write:
             raise ToolError(f"content is {len(data)} bytes; the limit for one write is {self.options.max_write} bytes")
-        if not real.parent.exists():
-            if not create_dirs:
-                raise ToolError(f"directory {self._show(real.parent)!r} does not exist (set create_dirs to create it)")
-            real.parent.mkdir(parents=True, exist_ok=True)
-        return real, data
-
-    def _open_flags(self, append: bool) -> int:
-        # O_NOFOLLOW: a symlink swapped in after the check is refused, not followed out of the root.
-        base = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        return base | (os.O_APPEND if append else os.O_TRUNC)
-
-    def _write(self, path: str, content: str, create_dirs: bool, append: bool) -> WriteResult:
-        real, data = self._check_writable(path, content, create_dirs)
-        created = not real.exists()
+        fd, created = self._open_for_write(rel, path, create_dirs, append)
         try:
-            fd = os.open(real, self._open_flags(append), 0o644)
-        except OSError as exc:
-            raise ToolError(f"cannot write {path!r}: {exc.strerror}") from exc
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        return WriteResult(path=self._show(real), bytes_written=len(data), size=real.stat().st_size, created=created)
+            info = os.fstat(fd)
+            if not stat_module.S_ISREG(info.st_mode):
+                raise ToolError(f"{path!r} is not a regular file")
+            if info.st_nlink > 1:
+                # Another name of the same file may lie outside the root: writing would change it there too.
+                raise ToolError(
+                    f"{path!r} has {info.st_nlink} hard links; writing it would also change the other links, "
+                    "which may be outside the sandbox root"
+                )
+            if not append:
+                os.ftruncate(fd, 0)  # only now: O_TRUNC would have emptied a refused file
+            _write_all(fd, data)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        return WriteResult(path=rel.shown, bytes_written=len(data), size=size, created=created)
 
     def write(self, path: str, content: str, create_dirs: bool = True) -> WriteResult:
         """Create or replace a text file with ``content``."""
@@ -268,22 +354,14 @@ class FileTools:
         """Add ``content`` at the end of a text file (created when missing)."""
         return self._write(path, content, create_dirs, append=True)
 
-    def _walk(self, top: Path, recursive: bool, hidden: bool = False) -> Iterator[Path]:
-        """Paths under ``top`` in sorted order, never descending through symlinks.
-
-        Hidden directories (``.git``, ``.venv``) are pruned unless ``hidden``:
-        they are rarely wanted and can hold most of a tree's files.
-        """
-        if not recursive:
-            yield from sorted(top.iterdir())
-            return
-        for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-            if not hidden:
-                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            dirnames.sort()
-            base = Path(dirpath)
-            for name in sorted([*dirnames, *filenames]):
-                yield base / name
+    def _directory(self, path: str, rel: SandboxPath) -> None:
+        """Raise ToolError unless ``rel`` is a directory one can walk."""
+        fd = self._open(rel, path, _READ_FLAGS, what="directory")
+        try:
+            if not stat_module.S_ISDIR(os.fstat(fd).st_mode):
+                raise ToolError(f"{path!r} is a file, not a directory; use stat or read")
+        finally:
+            os.close(fd)
 
     def list(
         self,
@@ -293,47 +371,68 @@ class FileTools:
         include_hidden: bool = False,
     ) -> Listing:
         """Entries of a directory (or of its whole tree when ``recursive``)."""
-        real = self._path(path)
-        if not real.exists():
-            raise ToolError(f"directory {path!r} does not exist")
-        if not real.is_dir():
-            raise ToolError(f"{path!r} is a file, not a directory; use stat or read")
         if max_entries <= 0:
             raise ToolError(f"max_entries must be > 0, got {max_entries}")
+        rel = self._path(path)
+        self._directory(path, rel)
+        if recursive:
+            found: Iterable[tuple[SandboxPath, os.stat_result]] = self.sandbox.walk(rel, hidden=include_hidden)
+        else:
+            try:
+                listed = self.sandbox.entries(rel)
+            except (OSError, SandboxError) as exc:
+                raise ToolError(f"cannot list {path!r}: {exc}") from None
+            found = ((rel.child(name), info) for name, info in listed if include_hidden or not name.startswith("."))
         entries: list[DirEntry] = []
         truncated = False
-        for entry in self._walk(real, recursive, hidden=include_hidden):
-            rel = entry.relative_to(real)
-            if not include_hidden and any(part.startswith(".") for part in rel.parts):
-                continue
+        for entry, info in found:
             if len(entries) >= max_entries:
                 truncated = True
                 break
-            try:
-                info = entry.lstat()
-            except OSError:
-                continue
             kind = _type_of(info.st_mode)
-            # ``entry`` itself is not resolved, so a symlink is listed as one, under its own name.
-            shown = relative_to_root(self.root, entry)
-            entries.append(DirEntry(path=shown, type=kind, size=info.st_size if kind == "file" else None))
-        return Listing(path=self._show(real), entries=entries, truncated=truncated)
+            # Links are listed as links, under their own name, never followed.
+            entries.append(DirEntry(path=entry.shown, type=kind, size=info.st_size if kind == "file" else None))
+        return Listing(path=rel.shown, entries=entries, truncated=truncated)
 
     def stat(self, path: str) -> FileStat:
-        """Type, size, modification time and permissions of ``path``."""
-        real = self._path(path)
-        if not real.exists():
-            raise ToolError(f"path {path!r} does not exist")
-        given = self.root / path if not os.path.isabs(path) else Path(path)
-        info = real.stat()
+        """Type, size, modification time and permissions of ``path`` (a link is described, not followed)."""
+        rel = self._path(path)
+        try:
+            info = self.sandbox.lstat(rel)
+        except SandboxError as exc:
+            raise ToolError(str(exc)) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise ToolError(f"path {path!r} does not exist") from None
+        except OSError as exc:
+            raise ToolError(f"cannot stat {path!r}: {exc.strerror}") from None
         return FileStat(
-            path=self._show(real),
+            path=rel.shown,
             type=_type_of(info.st_mode),
             size=info.st_size,
             modified=datetime.fromtimestamp(info.st_mtime, tz=timezone.utc).isoformat(),
             mode=oct(stat_module.S_IMODE(info.st_mode)),
-            is_symlink=given.is_symlink(),
+            is_symlink=stat_module.S_ISLNK(info.st_mode),
         )
+
+    def _search_file(self, rel: SandboxPath, compiled: re.Pattern[str]) -> list[tuple[int, str]] | None:
+        """Matching (line number, text) pairs of one file, or None when it is skipped (binary, big, gone)."""
+        try:
+            fd = self.sandbox.open(rel, _READ_FLAGS)
+        except (OSError, SandboxError):
+            return None
+        try:
+            info = os.fstat(fd)
+            if not stat_module.S_ISREG(info.st_mode) or info.st_size > self.options.max_search_file:
+                return None
+            data = _read_all(fd, self.options.max_search_file + 1)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if len(data) > self.options.max_search_file or b"\x00" in data[:_BINARY_SNIFF]:
+            return None
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        return [(number, line) for number, line in enumerate(lines, start=1) if compiled.search(line)]
 
     def search(
         self,
@@ -354,41 +453,32 @@ class FileTools:
             compiled = re.compile(pattern if regex else re.escape(pattern), flags)
         except re.error as exc:
             raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from exc
-        real = self._path(path)
-        if not real.exists():
-            raise ToolError(f"path {path!r} does not exist")
-        files = [real] if real.is_file() else list(self._walk(real, recursive=True))
+        rel = self._path(path)
+        fd = self._open(rel, path, _READ_FLAGS, what="path")
+        try:
+            is_dir = stat_module.S_ISDIR(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+        if is_dir:
+            candidates = ((entry, info) for entry, info in self.sandbox.walk(rel) if stat_module.S_ISREG(info.st_mode))
+        else:
+            candidates = iter([(rel, None)])
         matches: list[SearchMatch] = []
         searched = skipped = 0
-        truncated = False
-        for candidate in files:
-            if truncated:
-                break
-            if candidate.is_symlink() or not candidate.is_file():
-                # Links are skipped rather than followed: one could lead out of the root.
+        for candidate, _ in candidates:
+            shown = PurePosixPath(*candidate.parts[len(rel.parts):]) if is_dir else PurePosixPath(candidate.name)
+            if glob and not shown.match(glob):
                 continue
-            rel = candidate.relative_to(real) if real.is_dir() else Path(candidate.name)
-            if glob and not rel.match(glob):
-                continue
-            try:
-                if candidate.stat().st_size > self.options.max_search_file:
-                    skipped += 1
-                    continue
-                data = candidate.read_bytes()
-            except OSError:
-                skipped += 1
-                continue
-            if b"\x00" in data[:_BINARY_SNIFF]:
+            found = self._search_file(candidate, compiled)
+            if found is None:
                 skipped += 1
                 continue
             searched += 1
-            for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
-                if compiled.search(line):
-                    if len(matches) >= max_results:
-                        truncated = True
-                        break
-                    matches.append(SearchMatch(path=self._show(candidate), line=number, text=line[:_LINE_PREVIEW]))
-        return SearchResult(matches=matches, files_searched=searched, files_skipped=skipped, truncated=truncated)
+            for number, line in found:
+                if len(matches) >= max_results:
+                    return SearchResult(matches=matches, files_searched=searched, files_skipped=skipped, truncated=True)
+                matches.append(SearchMatch(path=candidate.shown, line=number, text=line[:_LINE_PREVIEW]))
+        return SearchResult(matches=matches, files_searched=searched, files_skipped=skipped, truncated=False)
 
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -405,21 +495,21 @@ def build_server(options: FilesOptions) -> MCPServer:
         offset: Annotated[int, Field(description="Byte offset to start at (use next_offset to continue).")] = 0,
         max_bytes: Annotated[int | None, Field(description="Most bytes to return (the server caps it).")] = None,
     ) -> FileContent:
-        return tools.read(path, offset, max_bytes)
+        return guarded(tools.read, path, offset, max_bytes)
 
     def write(
         path: Annotated[str, Field(description="File path relative to the workspace root.")],
         content: Annotated[str, Field(description="The complete new content of the file (UTF-8 text).")],
         create_dirs: Annotated[bool, Field(description="Create missing parent directories.")] = True,
     ) -> WriteResult:
-        return tools.write(path, content, create_dirs)
+        return guarded(tools.write, path, content, create_dirs)
 
     def append(
         path: Annotated[str, Field(description="File path relative to the workspace root.")],
         content: Annotated[str, Field(description="Text to add at the end of the file.")],
         create_dirs: Annotated[bool, Field(description="Create missing parent directories.")] = True,
     ) -> WriteResult:
-        return tools.append(path, content, create_dirs)
+        return guarded(tools.append, path, content, create_dirs)
 
     def list_dir(
         path: Annotated[str, Field(description="Directory relative to the workspace root.")] = ".",
@@ -427,10 +517,10 @@ def build_server(options: FilesOptions) -> MCPServer:
         max_entries: Annotated[int, Field(description="Most entries to return.")] = DEFAULT_MAX_ENTRIES,
         include_hidden: Annotated[bool, Field(description="Include names starting with a dot.")] = False,
     ) -> Listing:
-        return tools.list(path, recursive, max_entries, include_hidden)
+        return guarded(tools.list, path, recursive, max_entries, include_hidden)
 
     def stat(path: Annotated[str, Field(description="Path relative to the workspace root.")]) -> FileStat:
-        return tools.stat(path)
+        return guarded(tools.stat, path)
 
     def search(
         pattern: Annotated[str, Field(description="Text to look for (a regular expression when regex is true).")],
@@ -440,7 +530,7 @@ def build_server(options: FilesOptions) -> MCPServer:
         glob: Annotated[str | None, Field(description="Only files whose path matches this glob, e.g. *.py.")] = None,
         max_results: Annotated[int, Field(description="Most matching lines to return.")] = DEFAULT_MAX_RESULTS,
     ) -> SearchResult:
-        return tools.search(pattern, path, regex, case_sensitive, glob, max_results)
+        return guarded(tools.search, pattern, path, regex, case_sensitive, glob, max_results)
 
     cap = f"{options.max_read} bytes"
     server.add_tool(
@@ -466,7 +556,8 @@ def build_server(options: FilesOptions) -> MCPServer:
         list_dir, name="list", title="List a directory", annotations=_READ_ONLY,
         description="List the entries of a directory inside the workspace root: path (relative to the root), "
         "type (file, directory, symlink, other) and size of files. Set recursive for the whole tree; hidden "
-        "names (starting with a dot) are left out unless include_hidden is set.",
+        "names (starting with a dot) are left out unless include_hidden is set. Symbolic links are listed, "
+        "never followed: the files tools refuse paths through them.",
     )
     server.add_tool(
         stat, name="stat", title="File metadata", annotations=_READ_ONLY,
@@ -477,8 +568,8 @@ def build_server(options: FilesOptions) -> MCPServer:
         search, name="search", title="Search file contents", annotations=_READ_ONLY,
         description="Find lines containing a text (or matching a regular expression) in the text files under a "
         "directory of the workspace, like grep -rn. Returns path, line number and line text for each match, "
-        f"up to max_results. Binary files, hidden directories and files over {options.max_search_file} bytes "
-        "are skipped; symbolic links are not followed.",
+        f"up to max_results. Binary files, hidden files and directories, and files over {options.max_search_file} "
+        "bytes are skipped; symbolic links are not followed.",
     )
     return server
 
@@ -513,8 +604,8 @@ def parse_options(argv: Sequence[str] | None = None) -> FilesOptions:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the file tools over stdio until the client closes the connection."""
-    build_server(parse_options(argv)).run("stdio")
-    return 0
+    options = parse_options(argv)
+    return serve_stdio(lambda: build_server(options), "saucer-files")
 
 
 if __name__ == "__main__":

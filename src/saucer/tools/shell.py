@@ -38,11 +38,13 @@ from saucer.tools._common import (
     env_list,
     existing_dir,
     make_server,
+    one_line,
     parse,
     positive_float,
     positive_int,
     relative_to_root,
     resolve_in_root,
+    serve_stdio,
 )
 from saucer.tools.rules import (
     CommandRule,
@@ -327,7 +329,12 @@ def build_server(options: ShellOptions) -> MCPServer:
             dict[str, str] | None, Field(description="Extra environment variables for this command.")
         ] = None,
     ) -> ShellResult:
-        return await run_command(command, options, timeout=timeout, cwd=cwd, env=env)
+        try:
+            return await run_command(command, options, timeout=timeout, cwd=cwd, env=env)
+        except ToolError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one line to the caller, no traceback in the server
+            raise ToolError(one_line(exc)) from None
 
     server.add_tool(
         run,
@@ -387,8 +394,8 @@ def parse_options(argv: Sequence[str] | None = None) -> ShellOptions:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the shell tool over stdio until the client closes the connection."""
-    build_server(parse_options(argv)).run("stdio")
-    return 0
+    options = parse_options(argv)
+    return serve_stdio(lambda: build_server(options), "saucer-shell")
 
 
 if __name__ == "__main__":
