@@ -111,6 +111,13 @@ async def test_deny_and_allow_rules(tmp_path: Path) -> None:
     assert not_allowed.status == ResultStatus.FAILURE and "matches no allow rule" in not_allowed.error
     allowed, = await _run(options, _shell("echo hi; ls"))
     assert allowed.status == ResultStatus.SUCCESS and allowed.result["stdout"].startswith("hi\n")
+    (tmp_path / "keep").write_text("x")
+    for hidden in ("if true; then curl x; fi", "{ curl x; }", "sh -c 'curl x'", "echo $(curl x)", "eval 'curl x'"):
+        refused, = await _run(options, _shell(hidden))
+        assert refused.status == ResultStatus.FAILURE and "deny rule 'curl *'" in refused.error, hidden
+    unknown, = await _run(options, _shell("echo rm keep | sh"))
+    assert unknown.status == ResultStatus.FAILURE and "cannot be checked" in unknown.error
+    assert (tmp_path / "keep").exists()
 
 
 async def test_cwd_stays_in_the_root_and_env_is_passed(tmp_path: Path) -> None:

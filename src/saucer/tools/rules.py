@@ -2,14 +2,24 @@
 
 A rule is a glob (``rm *``, matched with :func:`fnmatch.fnmatchcase`) or, with
 the prefix ``re:``, a regular expression searched in the text
-(``re:^\\s*sudo\\b``). A command line is checked as a whole *and* segment by
-segment, the segments being what the shell may run separately (split on ``;``,
-``&&``, ``||``, ``|``, ``&``, newlines, parentheses and backticks), so
-``cd /tmp && rm -rf x`` and ``echo $(rm -rf x)`` match ``rm *``.
+(``re:^\\s*sudo\\b``). Rules are matched against each program the command
+line runs, found by *parsing* it (:mod:`saucer.tools.shellparse`): every
+simple command in every list, pipeline, ``if``/``for``/``while``/``case``,
+group, subshell, function and command substitution, with quoting and
+assignments resolved, wrappers (``env``, ``sudo``, ``xargs``, ``exec``...)
+unwrapped and ``sh -c``/``eval`` strings parsed in turn. A program is shown
+to a rule as its words joined by spaces, with redirections after them
+(``rm -rf build``, ``echo x > /dev/sda``), and once more with its name
+reduced to the base name (``/bin/rm x`` is also ``rm x``).
+
+A line that cannot be checked (it does not parse, a command name is only
+known at run time, a shell reads commands from standard input) is treated as
+sensitive, and refused when allow or deny rules exist.
 
 These rules are a guard against mistakes and a trigger for asking the user,
-not a security boundary: a shell can always hide a command (``eval``,
-variables, scripts). The sandbox that holds is the files server's root.
+not a security boundary: a script, an interpreter (``python -c``) or a
+program that deletes files itself is not looked into. The boundary that holds
+is the files server's root.
 """
 
 from __future__ import annotations
@@ -19,6 +29,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from saucer.tools.shellparse import CommandLine, Invocation, analyse
 
 __all__ = [
     "CommandRule",
@@ -53,14 +65,9 @@ DEFAULT_SENSITIVE_COMMANDS: tuple[str, ...] = (
     "git push*",
     "git reset --hard*",
     "git clean *",
+    "find *-delete*",
     "re:(^|\\s)>\\s*/dev/sd",
 )
-
-# Operators after which the shell starts a new command; parentheses and
-# backticks start a subshell or a command substitution. Splitting also inside
-# quotes errs on the safe side: deny and sensitive rules match more often and
-# allow rules (which must match every segment) refuse more often.
-_SEPARATORS = re.compile(r"\|\||&&|;|\||&|\n|\(|\)|`")
 
 
 @dataclass(frozen=True)
@@ -96,17 +103,28 @@ def compile_rules(patterns: Iterable[str | CommandRule]) -> tuple[CommandRule, .
 
 
 def split_command_line(command_line: str) -> list[str]:
-    """The separately run commands of ``command_line``, stripped, empty ones dropped."""
-    return [part.strip() for part in _SEPARATORS.split(command_line) if part.strip()]
+    """The programs ``command_line`` runs, as the text rules are matched against (see the module docs)."""
+    return [invocation.text for invocation in analyse(command_line).invocations]
+
+
+def _matching(rules: Iterable[CommandRule], invocations: Iterable[Invocation]) -> tuple[CommandRule, Invocation] | None:
+    candidates = list(invocations)
+    for rule in rules:
+        for invocation in candidates:
+            if rule.matches(invocation.text) or rule.matches(invocation.short):
+                return rule, invocation
+    return None
+
+
+def _deniable(parsed: CommandLine) -> list[Invocation]:
+    # Deny and sensitive rules also look at what a wrapper *might* run.
+    return [*parsed.invocations, *parsed.possible]
 
 
 def first_matching_rule(command_line: str, rules: Iterable[CommandRule]) -> CommandRule | None:
-    """The first rule matching the whole line or any of its segments, or None."""
-    candidates = [command_line.strip(), *split_command_line(command_line)]
-    for rule in rules:
-        if any(rule.matches(text) for text in candidates):
-            return rule
-    return None
+    """The first rule matching any program ``command_line`` runs (or may run, behind a wrapper), or None."""
+    found = _matching(rules, _deniable(analyse(command_line)))
+    return found[0] if found is not None else None
 
 
 def refusal_reason(
@@ -114,21 +132,26 @@ def refusal_reason(
 ) -> str | None:
     """Why the shell must not run ``command_line``, or None when it may.
 
-    A deny rule matching the line or any segment refuses it. When allow rules
-    exist, *every* segment must match one of them, so ``ls; rm x`` is not
-    let through by ``ls *``.
+    A deny rule matching any program the line runs refuses it. When allow
+    rules exist, *every* program it runs must match one of them, so
+    ``ls; rm x`` is not let through by ``ls *``. With either kind of rule, a
+    line that cannot be checked is refused.
     """
     deny_rules = tuple(deny)
     allow_rules = tuple(allow)
-    denied = first_matching_rule(command_line, deny_rules)
+    if not deny_rules and not allow_rules:
+        return None
+    parsed = analyse(command_line)
+    if parsed.unknown:
+        kind = "allow and deny" if deny_rules and allow_rules else "allow" if allow_rules else "deny"
+        return f"command refused: it cannot be checked against the {kind} rules ({parsed.unknown[0]})"
+    denied = _matching(deny_rules, _deniable(parsed))
     if denied is not None:
-        return f"command refused by deny rule '{denied.pattern}'"
-    if allow_rules:
-        segments = split_command_line(command_line) or [command_line.strip()]
-        for segment in segments:
-            if not any(rule.matches(segment) for rule in allow_rules):
-                allowed = ", ".join(f"'{r.pattern}'" for r in allow_rules)
-                return f"command {segment!r} matches no allow rule (allowed: {allowed})"
+        return f"command refused by deny rule '{denied[0].pattern}'"
+    for invocation in parsed.invocations if allow_rules else ():
+        if _matching(allow_rules, [invocation]) is None:
+            allowed = ", ".join(f"'{r.pattern}'" for r in allow_rules)
+            return f"command {invocation.text!r} matches no allow rule (allowed: {allowed})"
     return None
 
 
@@ -174,9 +197,14 @@ def sensitive_reason(tool_name: str, parameters: Mapping[str, Any], rules: Sensi
     if rules.command_patterns and (not rules.command_tools or tool_name in rules.command_tools):
         command_line = parameters.get(rules.command_parameter)
         if isinstance(command_line, str):
-            rule = first_matching_rule(command_line, rules.command_patterns)
-            if rule is not None:
-                return f"command {command_line!r} matches sensitive pattern '{rule.pattern}'"
+            parsed = analyse(command_line)
+            if parsed.unknown:
+                return f"command {command_line!r} cannot be checked against the sensitive patterns: {parsed.unknown[0]}"
+            found = _matching(rules.command_patterns, _deniable(parsed))
+            if found is not None:
+                rule, invocation = found
+                runs = "" if invocation.text == command_line.strip() else f" (it runs {invocation.short!r})"
+                return f"command {command_line!r} matches sensitive pattern '{rule.pattern}'{runs}"
     return None
 
 
