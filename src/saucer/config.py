@@ -54,6 +54,7 @@ __all__ = [
     "LLMSettings",
     "ServiceSettings",
     "DesktopSettings",
+    "ServiceDeviceSettings",
     "SaveExperience",
     "load_settings",
     "DEFAULT_CONFIG_FILE",
@@ -157,8 +158,17 @@ class LLMSettings(_Section):
     system_prompt: str | None = None
 
 
+class ServiceDeviceSettings(_Section):
+    """One ``[service.devices.NAME]`` table: who may register device NAME and who it is shared with."""
+
+    owner: str | None = Field(None, description="The only principal that may register this device id.")
+    principals: list[str] = Field(
+        default_factory=list, description="Principals (token names) that may use the device besides its owner; '*' for all."
+    )
+
+
 class ServiceSettings(_Section):
-    """``saucer serve``: where it listens, which tokens it accepts, how it watches devices."""
+    """``saucer serve``: where it listens, which tokens it accepts, who may use which device, how it watches them."""
 
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
@@ -167,6 +177,12 @@ class ServiceSettings(_Section):
         description="Bearer tokens, each 'name=token' (the name owns the sessions it submits) or a bare token; "
         "SAUCER_SERVICE_TOKENS (name=token,...) adds more.",
     )
+    devices: dict[str, ServiceDeviceSettings] = Field(
+        default_factory=dict,
+        description="Sharing per device id: a device is usable by the principal that registered it, the principals "
+        "listed here, those its owner granted it to through the API, and admins.",
+    )
+    admins: list[str] = Field(default_factory=list, description="Principals that see and use every device.")
     state_dir: Path = Field(Path(".saucer/service"), description="Session records and the server's identity.")
     heartbeat_interval: float = Field(10.0, gt=0, description="Seconds between device heartbeats.")
     missed_heartbeats: int = Field(3, ge=1, description="Heartbeats a device may miss before it is offline.")

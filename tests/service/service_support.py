@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -23,7 +23,37 @@ HERE = Path(__file__).resolve().parent
 ALICE = "alice-token-000000000000"
 BOB = "bob-token-1111111111111111"
 FLEET = "fleet-token-22222222222222"
-TOKENS_ENV = f"alice={ALICE},bob={BOB},fleet={FLEET}"
+OPS = "ops-token-3333333333333333"
+TOKENS_ENV = f"alice={ALICE},bob={BOB},fleet={FLEET},ops={OPS}"
+
+# The fleet's devices (registered with FLEET's token) are shared explicitly with whoever submits to them in
+# the tests; ``ops`` is an admin. A device id not listed here is usable by the token that registered it only.
+FLEET_SHARING: dict[str, list[str]] = {
+    "dev-a": ["alice", "bob"],
+    "dev-b": ["alice", "bob"],
+    "dev-raw": ["alice"],
+    "dev-kill": ["alice"],
+    "dev-frozen": ["alice"],
+    "dev-r": ["alice"],
+    "dev-cancel": ["alice"],
+    "box": ["alice"],
+    "laptop": ["alice"],
+}
+
+
+def sharing_toml(share: dict[str, Any], admins: tuple[str, ...] = ("ops",), tokens: str = "") -> str:
+    """A saucer.toml ``[service]`` section: who may use which device (a list of principals, or a table with
+    ``owner``/``principals``), the admins and, optionally, the tokens."""
+    lines = ["[service]", "admins = [" + ", ".join(f'"{a}"' for a in admins) + "]"]
+    if tokens:
+        lines.append("tokens = [" + ", ".join(f'"{entry}"' for entry in tokens.split(",")) + "]")
+    for device_id, access in share.items():
+        table = access if isinstance(access, dict) else {"principals": access}
+        lines.append(f'[service.devices."{device_id}"]')
+        if table.get("owner"):
+            lines.append(f'owner = "{table["owner"]}"')
+        lines.append("principals = [" + ", ".join(f'"{p}"' for p in table.get("principals", [])) + "]")
+    return "\n".join(lines) + "\n"
 
 
 def free_port() -> int:
@@ -93,8 +123,11 @@ class Processes:
         missed: int = 3,
         max_frame_bytes: int = 64 * 1024,
         extra: tuple[str, ...] = (),
+        share: dict[str, Any] = FLEET_SHARING,
     ) -> Proc:
-        """Start a server on 127.0.0.1:``port`` and wait until /health answers."""
+        """Start a server on 127.0.0.1:``port`` (sharing ``share``) and wait until /health answers."""
+        config = self.logdir / f"server-{len(self.started)}.toml"
+        config.write_text(sharing_toml(share))
         proc = self.spawn(
             "server",
             [
@@ -106,6 +139,7 @@ class Processes:
                 "--missed-heartbeats", str(missed),
                 "--max-frame-bytes", str(max_frame_bytes),
                 "--log-level", "warning",
+                "--config", str(config),
                 *extra,
             ],
             env={"SAUCER_SERVICE_TOKENS": TOKENS_ENV},
@@ -137,8 +171,11 @@ class Processes:
     ) -> Proc:
         """Start ``saucer serve`` (the CLI) on 127.0.0.1:``port`` and wait until /health answers.
 
-        Tokens come from ``SAUCER_SERVICE_TOKENS``, or only from ``config`` when one is given.
+        Tokens and sharing come from ``config``, or else from a config with :data:`FLEET_SHARING` and the tokens.
         """
+        if config is None:
+            config = self.logdir / f"saucer-serve-{len(self.started)}.toml"
+            config.write_text(sharing_toml(FLEET_SHARING, tokens=TOKENS_ENV))
         proc = self.spawn(
             "saucer-serve",
             [
@@ -148,9 +185,9 @@ class Processes:
                 "--store", store_url,
                 "--heartbeat-interval", str(heartbeat),
                 "--log-level", "warning",
-                *(["--config", str(config)] if config is not None else []),
+                "--config", str(config),
             ],
-            env={"SAUCER_SERVICE_TOKENS": "" if config is not None else TOKENS_ENV},
+            env={"SAUCER_SERVICE_TOKENS": ""},
             module="saucer",
         )
         wait_until(lambda: _healthy(port), 20, f"saucer serve on port {port} to answer /health", proc)

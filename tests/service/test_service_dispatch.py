@@ -27,7 +27,12 @@ pytestmark = pytest.mark.anyio
 
 def _config(**overrides: Any) -> ServiceConfig:
     settings: dict[str, Any] = dict(
-        port=0, tokens={"alice": ALICE, "bob": BOB, "fleet": FLEET}, state_dir=None, heartbeat_interval=0.2
+        port=0,
+        tokens={"alice": ALICE, "bob": BOB, "fleet": FLEET},
+        state_dir=None,
+        heartbeat_interval=0.2,
+        # The fleet's devices that alice submits to, shared explicitly.
+        devices={name: {"principals": ["alice"]} for name in ("d1", "secure")},
     )
     settings.update(overrides)
     return ServiceConfig(**settings)

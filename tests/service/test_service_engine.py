@@ -86,7 +86,9 @@ def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(proce
     store_url = f"sqlite:///{tmp_path / 'events.db'}"
     workspace = tmp_path / "workspace"
     config = tmp_path / "saucer.toml"
-    config.write_text(f'[service]\ntokens = ["alice={ALICE}", "bob={BOB}", "fleet={FLEET}"]\n')
+    # The fleet's laptop is shared with alice only: bob can neither see it nor read alice's sessions.
+    config.write_text(f'[service]\ntokens = ["alice={ALICE}", "bob={BOB}", "fleet={FLEET}"]\n'
+                      '[service.devices.laptop]\nprincipals = ["alice"]\n')
     processes.cli_server(port, tmp_path / "state", store_url, config=config)
     processes.cli_device(port, "laptop", workspace)
     wrong = _saucer("device", "--server", f"ws://127.0.0.1:{port}/ws", "--device-id", "intruder", "--token", "x" * 20, "-w", str(workspace))
@@ -120,6 +122,7 @@ def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(proce
         unconfigured = _wait_ended(http, request)["session"]
         assert unconfigured["status"] == "failed" and "SAUCER_LLM_MODEL" in unconfigured["error"]
         assert http.get(f"/api/sessions/{sid}", headers=auth(BOB)).status_code == 404
+        assert http.get("/api/devices", headers=auth(BOB)).json()["devices"] == []
 
     # The sessions' Contexts are in the saucer store under the same ids.
     with open_store(store_url) as store:

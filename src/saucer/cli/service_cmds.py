@@ -49,6 +49,9 @@ SERVE_HELP = "\n\n".join(
         "is durable in the store, so `saucer show SESSION --store URL` prints its timeline. If the server stops or "
         "dies, its unfinished sessions resume from their last committed step when it starts again with the same "
         "--state-dir and store.",
+        "A device is usable by the token that registered it, by the principals it is shared with "
+        "(\\[service.devices.NAME] principals = \\[...] in the config, or PUT /api/devices/ID/grants/PRINCIPAL by its "
+        "owner) and by \\[service] admins; to everyone else it does not exist.",
         "HTTP API (Authorization: Bearer TOKEN): GET /api/devices · POST /api/sessions "
         '{"device_id": ID, "task": {"task": NAME, "steps": \\[{"subtask": TEXT, "commands": \\[...]}]}} '
         "(no steps: the task is a request for the LLM agent) · GET /api/sessions/ID?wait=SECONDS · "
@@ -141,6 +144,7 @@ def register(app: typer.Typer) -> None:
         config: Optional[Path] = cli.ConfigOption,
     ) -> None:
         """Run the service server (see SERVE_HELP)."""
+        from saucer.service.access import AccessPolicy
         from saucer.service.auth import TokenAuthenticator, service_tokens
         from saucer.service.engine_runner import EngineTaskRunner, server_identity
         from saucer.service.server import ServiceConfig, serve
@@ -176,6 +180,8 @@ def register(app: typer.Typer) -> None:
             host=svc.host,
             port=svc.port,
             tokens=tokens,
+            devices={name: access.model_dump() for name, access in svc.devices.items()},
+            admins=svc.admins,
             state_dir=svc.state_dir,
             store_url=settings.store.url,
             heartbeat_interval=svc.heartbeat_interval,
@@ -187,6 +193,10 @@ def register(app: typer.Typer) -> None:
             ssl_keyfile=svc.keyfile,
             log_level=level,
         )
+        try:
+            AccessPolicy(service_config.devices, service_config.admins).check_principals(tokens)
+        except ValueError as exc:
+            raise cli.UserError(escape(str(exc))) from None
         _setup_logging(level)
         runner = EngineTaskRunner(settings, owner=server_identity(svc.state_dir), default_step_timeout=svc.step_timeout)
         scheme = "https" if service_config.tls else "http"

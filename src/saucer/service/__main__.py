@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--certfile", type=Path)
     serve.add_argument("--keyfile", type=Path)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--config", type=Path, help="saucer.toml whose [service] devices and admins say who may use which device"
+    )
 
     device = commands.add_parser("device", help="connect this machine as a device")
     device.add_argument("--server", required=True, help="ws://host:port/ws or wss://...")
@@ -73,10 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
+        from saucer.service.access import AccessPolicy
         from saucer.service.server import ServiceConfig, serve
 
         try:
+            access: dict[str, Any] = {}
+            if args.config is not None:
+                from saucer.config import ConfigError, load_settings
+
+                try:
+                    service = load_settings(args.config).service
+                except ConfigError as exc:
+                    raise ValueError(str(exc)) from None
+                access = {"devices": {k: v.model_dump() for k, v in service.devices.items()}, "admins": service.admins}
             config = ServiceConfig.from_env(
+                **access,
                 host=args.host,
                 port=args.port,
                 state_dir=args.state_dir,
@@ -95,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 from saucer.service.runner import PlanTaskRunner
 
                 runner = PlanTaskRunner(config.step_timeout)
+            AccessPolicy(config.devices, config.admins).check_principals(config.tokens)
             asyncio.run(serve(config, runner=runner))
         except (TokenConfigError, ValueError) as exc:
             print(f"saucer serve: {exc}", file=sys.stderr)

@@ -2,9 +2,11 @@
 
 A connection is authenticated before it is accepted (its *principal* is the
 name of its token) and registers once, as a ``device`` or a ``client``. A
-device id is pinned durably to the principal that first registered it, and
-for the life of a connection the device id is pinned to that connection:
-everything the connection says is said by that device, and nothing else.
+device id is pinned durably to the principal that first registered it (or to
+the owner the configuration names), and for the life of a connection the
+device id is pinned to that connection: everything the connection says is
+said by that device, and nothing else. Who else may see and use a device is
+decided by :mod:`saucer.service.access` (:meth:`DeviceHub.visible`).
 
 A device that sends nothing (heartbeats included) for ``heartbeat_interval *
 missed_heartbeats`` seconds is marked offline, its connection is closed and
@@ -26,6 +28,7 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocket
 
 from saucer.dispatch.websocket import CommandCorrelator, DeviceUnavailable
+from saucer.service.access import AccessPolicy
 from saucer.service.protocol import (
     CommandResultsFrame,
     DeviceInfoRequestFrame,
@@ -94,6 +97,7 @@ class DeviceState:
     last_seen: float = 0.0  # loop time, for liveness
     offline_reason: str | None = None
     online_event: asyncio.Event = field(default_factory=asyncio.Event)
+    grants: set[str] = field(default_factory=set)
 
     @property
     def online(self) -> bool:
@@ -104,6 +108,7 @@ class DeviceState:
         """JSON view for the HTTP API."""
         return {
             "device_id": self.device_id,
+            "owner": self.owner,
             "online": self.online,
             "registered_at": self.registered_at,
             "last_seen_at": self.last_seen_at,
@@ -122,8 +127,10 @@ class DeviceHub:
         heartbeat_interval: float,
         missed_heartbeats: int,
         send_timeout: float = 10.0,
+        policy: AccessPolicy | None = None,
     ) -> None:
         self.store = store
+        self.policy = policy or AccessPolicy()
         self.heartbeat_interval = heartbeat_interval
         self.missed_heartbeats = missed_heartbeats
         self.send_timeout = send_timeout
@@ -169,20 +176,38 @@ class DeviceHub:
         """The device's state, or None if it never registered with this server."""
         return self._devices.get(device_id)
 
-    def devices(self) -> list[DeviceState]:
-        """All devices known to this server process, by id."""
-        return [self._devices[k] for k in sorted(self._devices)]
+    def devices(self, principal: str) -> list[DeviceState]:
+        """The devices known to this server process that ``principal`` may use, by id."""
+        return [self._devices[k] for k in sorted(self._devices) if self.visible(k, principal) is not None]
+
+    def visible(self, device_id: str, principal: str) -> DeviceState | None:
+        """The device if ``principal`` may see and use it; None for an unknown id and for someone else's alike."""
+        state = self._devices.get(device_id)
+        if state is None or not self.policy.may_use(device_id, state.owner, principal, state.grants):
+            return None
+        return state
+
+    async def grant(self, device_id: str, principal: str) -> None:
+        """Share a known device with ``principal`` (durably)."""
+        await self.store.grant_device(device_id, principal)
+        self._devices[device_id].grants.add(principal)
+
+    async def revoke(self, device_id: str, principal: str) -> bool:
+        """Stop sharing a device with ``principal``; sessions already running on it go on."""
+        self._devices[device_id].grants.discard(principal)
+        return await self.store.revoke_device(device_id, principal)
 
     async def register_device(
         self, connection: Connection, device_id: str, info: dict[str, Any], inflight: set[str]
     ) -> DeviceState:
         """Bind ``device_id`` to ``connection``; refuse a device id pinned to another principal."""
-        owner = await self.store.claim_device(device_id, connection.principal)
+        owner = self.policy.pinned_owner(device_id) or await self.store.claim_device(device_id, connection.principal)
         if owner != connection.principal:
             raise ProtocolError(ErrorCode.DEVICE_OWNED, f"device id {device_id!r} is registered to another token")
         state = self._devices.get(device_id)
         if state is None:
             state = self._devices[device_id] = DeviceState(device_id=device_id, owner=owner)
+            state.grants = set(await self.store.device_grants(device_id))
         previous = state.connection
         connection.role, connection.client_id = "device", device_id
         state.connection = connection

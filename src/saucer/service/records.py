@@ -9,7 +9,8 @@ survives SIGKILL) and :class:`MemorySessionRecordStore` (tests, ephemeral server
 
 The store also pins device ids to the principal that first registered them,
 so after a restart another token cannot claim a device and receive the
-commands of the sessions waiting for it.
+commands of the sessions waiting for it, and keeps the grants through which
+an owner shares a device with other principals (:mod:`saucer.service.access`).
 """
 
 from __future__ import annotations
@@ -114,6 +115,18 @@ class SessionRecordStore(Protocol):
         """Pin ``device_id`` to ``owner`` unless already pinned; return the owner it is pinned to."""
         ...
 
+    async def grant_device(self, device_id: str, principal: str) -> None:
+        """Let ``principal`` use ``device_id`` (idempotent)."""
+        ...
+
+    async def revoke_device(self, device_id: str, principal: str) -> bool:
+        """Take back a grant; False when there was none."""
+        ...
+
+    async def device_grants(self, device_id: str) -> list[str]:
+        """The principals ``device_id`` is granted to, sorted."""
+        ...
+
     async def close(self) -> None:
         """Release files and threads."""
         ...
@@ -126,6 +139,7 @@ class MemorySessionRecordStore:
         self._sessions: dict[str, SessionRecord] = {}
         self._steps: dict[str, dict[int, StepRecord]] = {}
         self._devices: dict[str, str] = {}
+        self._grants: dict[str, set[str]] = {}
 
     async def create_session(self, record: SessionRecord) -> None:
         """Record a new session."""
@@ -174,6 +188,21 @@ class MemorySessionRecordStore:
         """First claim wins."""
         return self._devices.setdefault(device_id, owner)
 
+    async def grant_device(self, device_id: str, principal: str) -> None:
+        """Add a grant."""
+        self._grants.setdefault(device_id, set()).add(principal)
+
+    async def revoke_device(self, device_id: str, principal: str) -> bool:
+        """Remove a grant."""
+        granted = self._grants.get(device_id, set())
+        found = principal in granted
+        granted.discard(principal)
+        return found
+
+    async def device_grants(self, device_id: str) -> list[str]:
+        """Grants of a device, sorted."""
+        return sorted(self._grants.get(device_id, set()))
+
     async def close(self) -> None:
         """Nothing to release."""
 
@@ -197,6 +226,11 @@ CREATE TABLE IF NOT EXISTS steps (
 CREATE TABLE IF NOT EXISTS devices (
     device_id TEXT PRIMARY KEY,
     owner     TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS device_grants (
+    device_id TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    PRIMARY KEY (device_id, principal)
 );
 """
 
@@ -321,6 +355,32 @@ class SqliteSessionRecordStore:
             return conn.execute("SELECT owner FROM devices WHERE device_id = ?", (device_id,)).fetchone()[0]
 
         return await self._call(claim)
+
+    async def grant_device(self, device_id: str, principal: str) -> None:
+        """Add a grant, durably."""
+        await self._call(
+            lambda conn: conn.execute(
+                "INSERT OR IGNORE INTO device_grants (device_id, principal) VALUES (?, ?)", (device_id, principal)
+            )
+        )
+
+    async def revoke_device(self, device_id: str, principal: str) -> bool:
+        """Remove a grant, durably."""
+        cursor = await self._call(
+            lambda conn: conn.execute(
+                "DELETE FROM device_grants WHERE device_id = ? AND principal = ?", (device_id, principal)
+            )
+        )
+        return cursor.rowcount > 0
+
+    async def device_grants(self, device_id: str) -> list[str]:
+        """Grants of a device, sorted."""
+        rows = await self._call(
+            lambda conn: conn.execute(
+                "SELECT principal FROM device_grants WHERE device_id = ? ORDER BY principal", (device_id,)
+            ).fetchall()
+        )
+        return [row[0] for row in rows]
 
     async def close(self) -> None:
         """Close the database and stop the worker thread."""

@@ -8,9 +8,8 @@ runs it inside the current event loop (tests, benchmarks).
 HTTP API (``Authorization: Bearer <token>`` on everything but ``/health``)::
 
     GET  /health                          liveness of the server itself
-    GET  /api/devices                     devices known to this server process
-    GET  /api/devices/{id}                one device
-    GET  /api/devices/{id}/info           ask the device for a fresh description
+    GET  /api/devices[/{id}[/info]]       devices this token may use (see :mod:`saucer.service.device_api`)
+    PUT|DELETE /api/devices/{id}/grants/{principal}   share a device (its owner, an admin)
     POST /api/sessions                    {"device_id", "task": TaskSpec} -> 201 {"session_id", ...}
     GET  /api/sessions                    the caller's sessions
     GET  /api/sessions/{id}?wait=S        status, committed steps, outcome (long-poll up to S s)
@@ -18,7 +17,10 @@ HTTP API (``Authorization: Bearer <token>`` on everything but ``/health``)::
     POST /api/sessions/{id}/cancel        cancel a session that has not ended
 
 A session belongs to the principal (token name) that submitted it; another
-principal gets 404 for it, as for an id that never existed. Sessions are
+principal gets 404 for it, as for an id that never existed. A device belongs
+to the principal that registered it and is usable only by it, by the
+principals it is shared with and by admins (:mod:`saucer.service.access`);
+others get 404 for it too. Sessions are
 durable records (:mod:`saucer.service.records`): they never vanish, their
 results stay readable after they end, and after a crash or restart every
 session that had not ended waits for its device and resumes from its last
@@ -52,7 +54,13 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from saucer.dispatch.websocket import DeviceUnavailable, WebSocketCommandDispatcher
+from saucer.service.access import AccessPolicy, DeviceAccess
 from saucer.service.auth import TokenAuthenticator, tokens_from_env
+from saucer.service.device_api import DeviceRoutes, unknown_device_message
+from saucer.service.http import error_response as _error
+from saucer.service.http import float_param as _float_param
+from saucer.service.http import json_response as _json
+from saucer.service.http import unauthorized as _unauthorized
 from saucer.service.hub import Connection, DeviceHub
 from saucer.service.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -104,6 +112,10 @@ class ServiceConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     tokens: dict[str, SecretStr] = Field(default_factory=dict, description="principal name -> bearer token")
+    devices: dict[str, DeviceAccess] = Field(
+        default_factory=dict, description="device id -> who may register it and who it is shared with"
+    )
+    admins: list[str] = Field(default_factory=list, description="principals that see and use every device")
     state_dir: Path | None = Field(default=Path(".saucer/service"), description="None keeps sessions in memory only")
     store_url: str | None = Field(
         default=None,
@@ -204,9 +216,9 @@ class SessionManager:
                 validate(task)
             except ValueError as exc:
                 raise ProtocolError(ErrorCode.INVALID_TASK, str(exc)) from None
-        device = self.hub.get(device_id)
+        device = self.hub.visible(device_id, owner)
         if device is None:
-            raise ProtocolError(ErrorCode.UNKNOWN_DEVICE, f"no device {device_id!r} has registered with this server")
+            raise ProtocolError(ErrorCode.UNKNOWN_DEVICE, unknown_device_message(device_id))
         if not device.online:
             raise ProtocolError(ErrorCode.DEVICE_OFFLINE, f"device {device_id!r} is offline: {device.offline_reason}")
         record = SessionRecord(session_id=uuid.uuid4().hex, owner=owner, device_id=device_id, task=task)
@@ -366,6 +378,8 @@ def create_app(
     (memory if that is None).
     """
     auth = TokenAuthenticator({name: secret.get_secret_value() for name, secret in config.tokens.items()})
+    policy = AccessPolicy(config.devices, config.admins)
+    policy.check_principals(config.tokens)
     owns_store = store is None
     if store is None:
         store = (
@@ -378,6 +392,7 @@ def create_app(
         heartbeat_interval=config.heartbeat_interval,
         missed_heartbeats=config.missed_heartbeats,
         send_timeout=config.send_timeout,
+        policy=policy,
     )
     owns_runner = runner is None
     if runner is None:
@@ -409,9 +424,7 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/health", api.health, methods=["GET"]),
-            Route("/api/devices", api.list_devices, methods=["GET"]),
-            Route("/api/devices/{device_id}", api.get_device, methods=["GET"]),
-            Route("/api/devices/{device_id}/info", api.device_info, methods=["GET"]),
+            *DeviceRoutes(hub, auth, config.tokens).routes(),
             Route("/api/sessions", api.list_sessions, methods=["GET"]),
             Route("/api/sessions", api.submit, methods=["POST"]),
             Route("/api/sessions/{session_id}", api.get_session, methods=["GET"]),
@@ -423,15 +436,6 @@ def create_app(
     )
     app.state.service = state
     return app
-
-
-def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
-
-
-def _error(status: int, code: str, message: str) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return _json({"error": {"code": code, "message": message}}, status, headers)
 
 
 _HTTP_STATUS = {
@@ -456,36 +460,6 @@ class _Api:
     async def health(self, request: Request) -> Response:
         """Unauthenticated: is the server up, and which protocol does it speak."""
         return _json({"status": "ok", "protocol_version": PROTOCOL_VERSION, "instance": self.state.hub.instance})
-
-    async def list_devices(self, request: Request) -> Response:
-        """Devices known to this server process."""
-        if self._principal(request) is None:
-            return _unauthorized()
-        return _json({"devices": [d.describe() for d in self.state.hub.devices()]})
-
-    async def get_device(self, request: Request) -> Response:
-        """One device."""
-        if self._principal(request) is None:
-            return _unauthorized()
-        device = self.state.hub.get(request.path_params["device_id"])
-        if device is None:
-            return _error(404, ErrorCode.UNKNOWN_DEVICE, "no such device")
-        return _json(device.describe())
-
-    async def device_info(self, request: Request) -> Response:
-        """Ask the device itself for a fresh description."""
-        if self._principal(request) is None:
-            return _unauthorized()
-        device_id = request.path_params["device_id"]
-        if self.state.hub.get(device_id) is None:
-            return _error(404, ErrorCode.UNKNOWN_DEVICE, "no such device")
-        try:
-            info = await self.state.hub.request_info(device_id, timeout=_float_param(request, "timeout", 5.0, 60.0))
-        except DeviceUnavailable as exc:
-            return _error(409, ErrorCode.DEVICE_OFFLINE, str(exc))
-        except TimeoutError:
-            return _error(504, "timeout", f"device {device_id!r} did not answer in time")
-        return _json({"device_id": device_id, "info": info})
 
     async def submit(self, request: Request) -> Response:
         """Create a session running a task on a device; the caller owns it."""
@@ -629,9 +603,10 @@ class _Api:
         elif isinstance(frame, TaskFrame):
             await self._task(connection, frame)
         elif isinstance(frame, DeviceInfoRequestFrame):
-            device = hub.get(frame.device_id or connection.client_id or "")
+            device_id = frame.device_id or connection.client_id or ""
+            device = hub.visible(device_id, connection.principal)
             if device is None:
-                raise ProtocolError(ErrorCode.UNKNOWN_DEVICE, f"no device {frame.device_id!r}", frame.request_id)
+                raise ProtocolError(ErrorCode.UNKNOWN_DEVICE, unknown_device_message(device_id), frame.request_id)
             await connection.send(
                 DeviceInfoResponseFrame(request_id=frame.request_id, device_id=device.device_id, info=device.describe())
             )
@@ -677,10 +652,6 @@ class _Api:
         )
 
 
-def _unauthorized() -> Response:
-    return _error(401, ErrorCode.UNAUTHORIZED, "missing or invalid bearer token")
-
-
 def _not_found(session_id: str) -> Response:
     # Same answer for "never existed" and "someone else's": ids are not an oracle.
     return _error(404, "unknown_session", f"no session {session_id!r} for this token")
@@ -697,17 +668,6 @@ def _summary(record: SessionRecord) -> dict[str, Any]:
         "attempts": record.attempts,
         "error": record.error,
     }
-
-
-def _float_param(request: Request, name: str, default: float, maximum: float) -> float:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        return default
-    return max(0.0, min(value, maximum))
 
 
 def _validation_message(exc: ValidationError) -> str:
