@@ -11,6 +11,7 @@ from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.service.auth import TokenAuthenticator, TokenConfigError, default_principal, parse_tokens, service_tokens
 from saucer.service.protocol import (
     PROTOCOL_VERSION,
+    CancelFrame,
     CommandFrame,
     CommandResultsFrame,
     ErrorCode,
@@ -39,6 +40,7 @@ def test_every_frame_type_round_trips() -> None:
         HeartbeatFrame(sent_at=1.5),
         TaskFrame(task=TaskSpec(task="do it", steps=[]), target_device_id="dev-1", request_id="q"),
         CommandFrame(response_id="r", session_id="s", commands=[command], timeout=3),
+        CancelFrame(response_id="r", session_id="s", reason="cancelled by its owner"),
         CommandResultsFrame(prev_response_id="r", session_id="s", results=[Result(status=ResultStatus.SUCCESS, call_id="c")]),
         TaskEndFrame(session_id="s", status="completed", results=[{"a": 1}]),
     ]

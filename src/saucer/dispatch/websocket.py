@@ -12,7 +12,12 @@ device's current connection and waits for the ``command_results`` frame whose
   long for the device to reconnect and answer (a device that reconnects
   without the batch in its ``inflight`` list lost it, so it fails then);
 - **total**: always exactly one Result per Command, in order, keeping call_ids,
-  whatever the device sends.
+  whatever the device sends;
+- **cancel reaches the device**: when the session's owner cancels it
+  (:attr:`WebSocketCommandDispatcher.cancel_reason` set, then the waiting task
+  cancelled), the batch in flight is not just forgotten: a ``cancel`` frame
+  goes to the device, and the task unwinds only once the device has answered
+  the batch (its acknowledgement), has gone, or ``cancel_timeout`` has passed.
 
 Correlation lives in :class:`CommandCorrelator`, shared by the server (which
 feeds it the frames it receives) and the dispatchers (which open batches and
@@ -29,13 +34,23 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from saucer.dispatch.messages import Command, Result
-from saucer.service.protocol import CommandFrame, ErrorCode, ProtocolError, align_results, failure_results
+from saucer.service.protocol import (
+    CancelFrame,
+    CommandFrame,
+    ErrorCode,
+    ProtocolError,
+    align_results,
+    failure_results,
+)
 
 DEFAULT_RECONNECT_GRACE = 0.0
 """Seconds pending commands wait for a lost device to come back; 0 fails them at once."""
 
 DEFAULT_BATCH_TIMEOUT = 300.0
 """Seconds a batch may take when the caller passes ``timeout=None``: a remote wait is never unbounded."""
+
+DEFAULT_CANCEL_TIMEOUT = 10.0
+"""Seconds a cancelled batch waits for the device to acknowledge the cancel."""
 
 
 class DeviceUnavailable(Exception):
@@ -51,7 +66,7 @@ class DeviceLink(Protocol):
         """The id of the device's live connection, waiting up to ``timeout`` s; None if it stays offline."""
         ...
 
-    async def send_frame(self, device_id: str, connection_id: int, frame: CommandFrame) -> None:
+    async def send_frame(self, device_id: str, connection_id: int, frame: CommandFrame | CancelFrame) -> None:
         """Send ``frame`` on that connection; raise :class:`DeviceUnavailable` if it is no longer live."""
         ...
 
@@ -131,6 +146,10 @@ class CommandCorrelator:
         if self._pending.get(batch.response_id) is batch:
             self._finish(batch, failure_results(batch.commands, error), reason)
 
+    def closed_reason(self, response_id: str) -> str | None:
+        """How a recently closed batch ended (``answered``, ``failed``, ``timed out``...), if remembered."""
+        return self._closed.get(response_id)
+
     def discard(self, batch: PendingBatch, reason: str) -> None:
         """Forget ``batch`` without resolving it (its waiter gave up, e.g. on timeout)."""
         if self._pending.get(batch.response_id) is batch:
@@ -197,6 +216,7 @@ class WebSocketCommandDispatcher:
         *,
         reconnect_grace: float = DEFAULT_RECONNECT_GRACE,
         default_timeout: float = DEFAULT_BATCH_TIMEOUT,
+        cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
     ) -> None:
         if reconnect_grace < 0:
             raise ValueError(f"reconnect_grace must be >= 0, got {reconnect_grace}")
@@ -207,6 +227,11 @@ class WebSocketCommandDispatcher:
         self.session_id = session_id
         self.reconnect_grace = reconnect_grace
         self.default_timeout = default_timeout
+        self.cancel_timeout = cancel_timeout
+        #: Set (to why) before cancelling the task that waits on a batch: the device is then told to stop it.
+        self.cancel_reason: str | None = None
+        #: After such a cancel: None when the device acknowledged it (or nothing was running), else what happened.
+        self.cancel_outcome: str | None = None
 
     async def execute_commands(self, commands: Sequence[Command], timeout: float | None = None) -> list[Result]:
         """Send ``commands`` to the device and return exactly one Result per Command, in order."""
@@ -247,5 +272,26 @@ class WebSocketCommandDispatcher:
                 f"(response_id {batch.response_id})",
             )
         except asyncio.CancelledError:
+            if self.cancel_reason is not None and not batch.future.done():
+                await self._cancel_on_device(batch, self.cancel_reason)
             correlator.discard(batch, "cancelled")
             raise
+
+    async def _cancel_on_device(self, batch: PendingBatch, reason: str) -> None:
+        """Tell the device to stop ``batch``; wait for its answer, its loss, or ``cancel_timeout``."""
+        frame = CancelFrame(response_id=batch.response_id, session_id=self.session_id, reason=reason)
+        if batch.connection_id is not None:
+            try:
+                await self.link.send_frame(self.device_id, batch.connection_id, frame)
+            except DeviceUnavailable:
+                pass  # gone: its batches are failed (now or after the grace), which the wait below sees
+        try:
+            await asyncio.wait_for(asyncio.shield(batch.future), self.cancel_timeout)
+        except TimeoutError:
+            self.cancel_outcome = (
+                f"device {self.device_id!r} did not acknowledge the cancel within {self.cancel_timeout:g} s; "
+                "its commands may still be running"
+            )
+            return
+        if self.link.correlator.closed_reason(batch.response_id) != "answered":
+            self.cancel_outcome = f"device {self.device_id!r} went away before acknowledging the cancel"

@@ -12,6 +12,11 @@ wrong number of results produces failure results naming the cause; results
 too large to send become failures too. Nothing is ever left unanswered, the
 defect that made UFO's server wait 100 minutes.
 
+A ``cancel`` frame stops a running batch: its execution is cancelled (for the
+local MCP dispatcher, the tool call is cancelled and the shell server kills
+the command's process group) and the batch is answered right away with
+failures saying it was cancelled; that answer is the server's acknowledgement.
+
 Across reconnects the device keeps:
 
 - the ids of batches still running or answered but not yet delivered; it
@@ -48,6 +53,7 @@ import saucer
 from saucer.dispatch.messages import Command, Result
 from saucer.service.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
+    CancelFrame,
     CommandFrame,
     CommandResultsFrame,
     DeviceInfoRequestFrame,
@@ -147,6 +153,8 @@ class DeviceClient:
         self._last_heard = 0.0
         self._cache: OrderedDict[str, asyncio.Task[list[Result]]] = OrderedDict()
         self._running: dict[str, str] = {}  # response_id -> server instance it came from
+        self._keys: dict[str, str] = {}  # response_id -> key of its execution in the cache
+        self._cancelled: dict[str, str] = {}  # execution key -> why the server cancelled it
         self._outbox: dict[str, str] = {}  # response_id -> encoded command_results, for self.server_instance
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -274,6 +282,8 @@ class DeviceClient:
                 continue
             if isinstance(frame, CommandFrame):
                 self._start(frame)
+            elif isinstance(frame, CancelFrame):
+                self._cancel(frame)
             elif isinstance(frame, HeartbeatAckFrame):
                 pass
             elif isinstance(frame, DeviceInfoRequestFrame):
@@ -298,7 +308,7 @@ class DeviceClient:
         key = _batch_key(frame.commands)
         execution = self._cache.get(key)
         if execution is None:
-            execution = asyncio.create_task(self._execute(frame.commands, frame.timeout))
+            execution = asyncio.create_task(self._execute(frame.commands, frame.timeout, key))
             self._cache[key] = execution
             self._trim_cache()
         else:
@@ -306,6 +316,7 @@ class DeviceClient:
             _log.info("device %s: batch %s repeats a known batch; answering without running it again", self.device_id, frame.response_id)
         assert self.server_instance is not None
         self._running[frame.response_id] = self.server_instance
+        self._keys[frame.response_id] = key
         answer = asyncio.create_task(self._answer(frame, execution, self.server_instance))
         self._tasks.add(answer)
         answer.add_done_callback(self._tasks.discard)
@@ -318,11 +329,27 @@ class DeviceClient:
             if self._cache[key].done():
                 del self._cache[key]
 
-    async def _execute(self, commands: list[Command], timeout: float) -> list[Result]:
+    def _cancel(self, frame: CancelFrame) -> None:
+        """Stop the execution behind batch ``frame.response_id``; its answer (cancelled) acknowledges the cancel."""
+        key = self._keys.get(frame.response_id)
+        execution = self._cache.get(key) if key is not None else None
+        if key is None or execution is None or execution.done():
+            _log.info("device %s: cancel of batch %s: it is no longer running", self.device_id, frame.response_id)
+            return
+        _log.info("device %s: cancelling batch %s (%s)", self.device_id, frame.response_id, frame.reason)
+        self._cancelled[key] = frame.reason
+        execution.cancel()
+
+    async def _execute(self, commands: list[Command], timeout: float, key: str) -> list[Result]:
         source = f"device {self.device_id!r}"
         try:
             async with asyncio.timeout(timeout):
                 results = await self.dispatcher.execute_commands(commands, timeout)
+        except asyncio.CancelledError:
+            reason = self._cancelled.pop(key, None)
+            if reason is None:
+                raise  # the device is stopping
+            return failure_results(commands, f"{source}: the batch was cancelled before it finished ({reason})")
         except TimeoutError:
             return failure_results(commands, f"{source}: commands did not finish within {timeout:g} s")
         except Exception as exc:
@@ -366,6 +393,7 @@ class DeviceClient:
                 self._outbox[frame.response_id] = text  # delivered after re-registering with the same server
         finally:
             self._running.pop(frame.response_id, None)
+            self._keys.pop(frame.response_id, None)
 
     def _describe(self) -> dict[str, Any]:
         return {

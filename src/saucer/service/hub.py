@@ -342,4 +342,5 @@ class DeviceHub:
 
 def _log_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        _log.error("background task failed", exc_info=task.exception())
+        exc = task.exception()
+        _log.warning("background task %s failed: %s: %s", task.get_name(), type(exc).__name__, exc)

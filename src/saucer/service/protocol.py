@@ -12,13 +12,17 @@ Conversation (``→`` client/device to server, ``←`` server to client/device):
     → heartbeat            ← heartbeat_ack
     → task                 ← task_accepted (session_id), later ← task_end
     ← command              → command_results      (prev_response_id = response_id)
+    ← cancel               → command_results      (the cancelled batch's answer; its acknowledgement)
     ← device_info_request  → device_info_response
     ↔ error                (code, message, ref)
 
 A malformed, unknown or misplaced frame is answered with an ``error`` frame
 and the connection stays up. Unlike UFO's AIP, a heartbeat is never an
 acknowledgement of anything else, and every ``command`` gets exactly one
-``command_results`` with one result per command, in order.
+``command_results`` with one result per command, in order. A ``cancel``
+names a ``command`` batch still running: the device stops it (the local tool
+call is cancelled, which ends a shell command's whole process group) and
+answers that batch at once, each of its commands a failure saying so.
 """
 
 from __future__ import annotations
@@ -186,6 +190,15 @@ class CommandFrame(_Frame):
     timeout: float = Field(gt=0)
 
 
+class CancelFrame(_Frame):
+    """Stop the ``command`` batch ``response_id``; answered by that batch's ``command_results``."""
+
+    type: Literal["cancel"] = "cancel"
+    response_id: str = Field(min_length=1)
+    session_id: str
+    reason: str = Field(default="cancelled", max_length=500)
+
+
 class CommandResultsFrame(_Frame):
     """One result per command of the ``command`` frame ``prev_response_id``, in order."""
 
@@ -239,6 +252,7 @@ _FRAME_MODELS = (
     TaskFrame,
     TaskAcceptedFrame,
     CommandFrame,
+    CancelFrame,
     CommandResultsFrame,
     TaskEndFrame,
     DeviceInfoRequestFrame,

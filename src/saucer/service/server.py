@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import ipaddress
 import logging
 import uuid
@@ -103,6 +104,26 @@ WEBSOCKET_PATH = "/ws"
 
 _MAX_LONG_POLL = 60.0
 
+# Set in the task of a WebSocket whose handshake this app refused with a denial response.
+_handshake_refused: contextvars.ContextVar[bool] = contextvars.ContextVar("saucer_handshake_refused", default=False)
+
+
+class _RefusedHandshakeFilter(logging.Filter):
+    """Drops uvicorn's "ASGI callable returned without completing handshake" after a deliberate refusal.
+
+    uvicorn logs it as an ERROR even when the app answered the handshake with
+    a complete denial response (401); the app logs its own one-line warning.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_handshake_refused.get() and "without completing handshake" in str(record.msg))
+
+
+def _quiet_refused_handshakes() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _RefusedHandshakeFilter) for f in logger.filters):
+        logger.addFilter(_RefusedHandshakeFilter())
+
 
 class ServiceConfig(BaseModel):
     """Settings of the service server; :meth:`from_env` fills ``tokens`` from ``SAUCER_SERVICE_TOKENS``."""
@@ -125,6 +146,7 @@ class ServiceConfig(BaseModel):
     missed_heartbeats: int = Field(default=3, ge=1, description="silent intervals before a device is offline")
     reconnect_grace: float = Field(default=0.0, ge=0, description="seconds pending commands wait for a lost device")
     step_timeout: float = Field(default=DEFAULT_STEP_TIMEOUT, gt=0, description="default seconds per command batch")
+    cancel_timeout: float = Field(default=10.0, gt=0, description="seconds a cancel waits for the device's acknowledgement")
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024, description="larger frames get an error")
     register_timeout: float = Field(default=10.0, gt=0, description="seconds a new connection has to register")
     send_timeout: float = Field(default=10.0, gt=0, description="seconds a frame may take to leave")
@@ -175,6 +197,7 @@ class ServiceSession:
         self.task: asyncio.Task[None] | None = None
         self.done = asyncio.Event()
         self.cancel_requested = False
+        self.dispatcher: WebSocketCommandDispatcher | None = None
 
     @property
     def session_id(self) -> str:
@@ -251,6 +274,9 @@ class SessionManager:
         if session is None:
             return await self.store.get_session(session_id)
         session.cancel_requested = True
+        if session.dispatcher is not None:
+            # The runner unwinds only after the device has stopped the batch in flight (or is gone).
+            session.dispatcher.cancel_reason = "cancelled by its owner"
         if session.task is not None and not session.task.done():
             session.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -312,13 +338,16 @@ class SessionManager:
             sid,
             reconnect_grace=self.config.reconnect_grace,
             default_timeout=self.config.step_timeout,
+            cancel_timeout=self.config.cancel_timeout,
         )
+        session.dispatcher = dispatcher
         try:
             outcome = await self.runner.run(sid, session.record.task, dispatcher, recorder)
         except asyncio.CancelledError:
             if not session.cancel_requested:
                 raise  # server shutdown: the record stays "running" and resumes after restart
-            outcome = TaskOutcome(status="cancelled", error="cancelled by its owner")
+            note = f"; {dispatcher.cancel_outcome}" if dispatcher.cancel_outcome else ""
+            outcome = TaskOutcome(status="cancelled", error=f"cancelled by its owner{note}")
         except Exception as exc:
             _log.exception("runner failed for session %s", sid)
             outcome = TaskOutcome(status="failed", error=f"runner error: {type(exc).__name__}: {exc}")
@@ -378,6 +407,7 @@ def create_app(
     (memory if that is None).
     """
     auth = TokenAuthenticator({name: secret.get_secret_value() for name, secret in config.tokens.items()})
+    _quiet_refused_handshakes()
     policy = AccessPolicy(config.devices, config.admins)
     policy.check_principals(config.tokens)
     owns_store = store is None
@@ -549,6 +579,9 @@ class _Api:
         principal = self.state.auth.from_header(websocket.headers.get("authorization"))
         if principal is None:
             # Refused at the handshake with a readable body, before any frame is accepted.
+            _handshake_refused.set(True)
+            peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "an unknown peer"
+            _log.warning("refused a WebSocket connection from %s: missing or invalid bearer token", peer)
             await websocket.send_denial_response(_error(401, ErrorCode.UNAUTHORIZED, "missing or invalid bearer token"))
             return
         await websocket.accept()
@@ -579,8 +612,8 @@ class _Api:
                     if exc.code == ErrorCode.DEVICE_OWNED:
                         reason = "refused: device id owned by another token"
                         await connection.close(1008, "device id owned by another token")
-        except Exception:
-            _log.exception("connection %d (%s) failed", connection.id, connection.client_id)
+        except Exception as exc:  # a dead peer, mostly: one line, not a traceback
+            _log.warning("connection %d (%s) failed: %s: %s", connection.id, connection.client_id, type(exc).__name__, exc)
             reason = "server error on the connection"
         finally:
             self.state.hub.disconnected(connection, reason)
@@ -684,9 +717,11 @@ def _uvicorn_config(app: Starlette, config: ServiceConfig, **overrides: Any) -> 
         ssl_certfile=str(config.ssl_certfile) if config.ssl_certfile else None,
         ssl_keyfile=str(config.ssl_keyfile) if config.ssl_keyfile else None,
         ws_max_size=config.transport_max_frame_bytes,
-        # Liveness is the protocol's heartbeat; one mechanism, one setting.
-        ws_ping_interval=None,
-        ws_ping_timeout=None,
+        # Devices prove they are alive with protocol heartbeats; clients send nothing while they wait for a
+        # task_end, so WebSocket pings find the dead ones. The pong timeout is longer than the heartbeat
+        # window, so a silent device is declared offline by the heartbeat check first, with its reason.
+        ws_ping_interval=config.heartbeat_interval,
+        ws_ping_timeout=config.heartbeat_interval * (config.missed_heartbeats + 1),
         ws_per_message_deflate=config.compression,
         log_level=config.log_level,
         lifespan="on",
