@@ -25,6 +25,7 @@ from enum import Enum
 from typing import Any, Iterable, Mapping
 
 from saucer.context.names import ContextNames
+from saucer.redaction import redact, redact_text
 
 __all__ = [
     "Event",
@@ -116,7 +117,7 @@ _ANY_DEPTH = 1 << 30
 
 
 def to_wire(value: Any, key: str, *, int_keys: bool | int = False) -> Any:
-    """Return a JSON-canonical, independent copy of ``value``.
+    """Return a JSON-canonical, independent copy of ``value``, secrets redacted (:func:`saucer.redaction.redact`).
 
     Tuples become lists, str enums their value. Anything JSON cannot hold
     faithfully (sets, objects, NaN, ints beyond 64 bits, strings that are not
@@ -130,14 +131,14 @@ def to_wire(value: Any, key: str, *, int_keys: bool | int = False) -> Any:
     cls = value.__class__
     if cls is str:
         if value.isascii():
-            return value
+            return redact_text(value)
     elif cls is int:
         if _INT_MIN <= value <= _INT_MAX:
             return value
     elif cls is bool or value is None:
         return value
     depth = _ANY_DEPTH if int_keys is True else int(int_keys)
-    return _to_wire(value, key, "", depth)
+    return redact(_to_wire(value, key, "", depth))
 
 
 def _check_str(value: str, key: str, path: str) -> str:

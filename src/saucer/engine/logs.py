@@ -26,6 +26,8 @@ from typing import IO, Any, Iterator, Mapping
 import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from saucer.redaction import redact, redact_text
+
 __all__ = [
     "StepRecord",
     "RequestLogEntry",
@@ -293,11 +295,12 @@ class SessionLogs:
         return fh
 
     def write_line(self, name: str, text: str | bytes) -> None:
-        """Append one line to ``name``."""
+        """Append one line to ``name`` (secrets redacted)."""
         fh = self._files.get(name) or self._file(name)
         if fh is None:
             return
-        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        text = redact_text(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
+        data = text.encode("utf-8")
         fh.write(data + b"\n")
 
     def write_step(self, record: StepRecord | dict[str, Any]) -> None:
@@ -305,7 +308,7 @@ class SessionLogs:
         if self.path is None:
             return
         data = record.to_dict() if isinstance(record, StepRecord) else record
-        self.write_line(RESPONSE_LOG, dumps(data))
+        self.write_line(RESPONSE_LOG, dumps(redact(data)))
 
     def write_request(self, entry: RequestLogEntry | dict[str, Any]) -> None:
         """One line of ``request.log``."""
@@ -338,7 +341,7 @@ class SessionLogs:
     def write_markdown(self, text: str) -> None:
         """Write ``output.md`` (replacing an older one: it is rendered from the whole log)."""
         if self.path is not None:
-            (self.path / MARKDOWN_LOG).write_text(text, encoding="utf-8")
+            (self.path / MARKDOWN_LOG).write_text(redact_text(text), encoding="utf-8")
 
     def close(self) -> None:
         """Close every open file. Idempotent."""

@@ -16,6 +16,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
+from saucer.redaction import register_secret
+
 TOKENS_ENV = "SAUCER_SERVICE_TOKENS"
 """Environment variable holding the server's tokens (``name=token,name2=token2``)."""
 
@@ -98,6 +100,7 @@ class TokenAuthenticator:
             raise TokenConfigError(
                 f"tokens of {', '.join(sorted(short))} are shorter than {MIN_TOKEN_LENGTH} characters"
             )
+        register_secret(*tokens.values())  # never logged or stored, whatever a device or an endpoint echoes
         # Compare digests so every comparison has the same length.
         self._digests = [(name, hashlib.sha256(token.encode()).digest()) for name, token in tokens.items()]
 

@@ -51,6 +51,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 import saucer
 from saucer.dispatch.messages import Command, Result
+from saucer.redaction import register_secret
 from saucer.service.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     CancelFrame,
@@ -140,6 +141,7 @@ class DeviceClient:
         self.registrations = 0
         self.server_instance: str | None = None
         self._token = token
+        register_secret(token)
         self._backoff = (backoff_initial, backoff_max)
         self._max_failures = max_failures
         self._missed = missed_heartbeats

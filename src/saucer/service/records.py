@@ -22,9 +22,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from saucer.dispatch.messages import Result
+from saucer.redaction import redact
 from saucer.service.protocol import TaskSpec, now
 
 _T = TypeVar("_T")
@@ -57,6 +58,11 @@ class StepRecord(BaseModel):
     results: list[Result] = Field(default_factory=list)
     committed_at: float = Field(default_factory=now)
 
+    @model_serializer(mode="wrap")
+    def _without_secrets(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Stored and served forms alike: tool output may quote a token.
+        return redact(handler(self))
+
 
 class SessionRecord(BaseModel):
     """Everything durable about one service session."""
@@ -74,6 +80,11 @@ class SessionRecord(BaseModel):
     results: list[Any] = Field(default_factory=list)
     attempts: int = 0
     resumed_from_step: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_secrets(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A task that carries a secret literally is stored (and so resumed) with *** in its place.
+        return redact(handler(self))
 
 
 class StepAlreadyCommitted(Exception):

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Sequence
 
+from saucer.redaction import redact
+
 if TYPE_CHECKING:  # at run time it is imported where used: saucer.context imports this module
     from saucer.context.events import Event
 
@@ -524,5 +526,5 @@ def _new_event(
         round=round,
         step=step,
         ops=ops,
-        meta=dict(meta or {}),
+        meta=redact(dict(meta or {})),  # step records carry tool results and errors: no secrets in the log
     )

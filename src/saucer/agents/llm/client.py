@@ -4,8 +4,9 @@ Built on the official ``openai`` package (``AsyncOpenAI``), with saucer's own
 retry loop (the SDK's is turned off) so that the policy is explicit and
 tested: 408, 409, 429, 5xx, timeouts and connection errors are retried with
 exponential backoff (honouring ``Retry-After`` up to ``backoff_max``); other
-errors fail at once. The API key is a :class:`~pydantic.SecretStr`; it is never
-written to a log, a record or an error message.
+errors fail at once. The API key is a :class:`~pydantic.SecretStr`, registered
+with :func:`saucer.redaction.register_secret`: it is never written to a log, a
+record or an error message, even when the endpoint echoes it back.
 
 Settings come from the ``[llm]`` section of the configuration, with
 ``SAUCER_LLM_BASE_URL``, ``SAUCER_LLM_API_KEY`` and ``SAUCER_LLM_MODEL`` filling
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from saucer.agents.llm.logs import RequestLogger
 from saucer.agents.llm.pricing import PriceTable, format_cost
 from saucer.agents.llm.tools import ToolSet
+from saucer.redaction import redact_text, register_secret
 from saucer.engine.errors import LLMUnavailableError
 
 __all__ = [
@@ -298,6 +300,7 @@ class ModelClient:
         http_client: Any = None,
     ) -> None:
         self.settings = settings if isinstance(settings, ModelSettings) else require_model_settings(settings)
+        register_secret(self.settings.secret())
         if not self.settings.model:
             raise ModelNotConfiguredError(_not_configured_message(self.settings))
         self.prices = prices if prices is not None else PriceTable.load(self.settings.price_file)
@@ -334,10 +337,7 @@ class ModelClient:
         await self.aclose()
 
     def _redact(self, text: str) -> str:
-        key = self.settings.secret()
-        if key and len(key) >= 4:
-            text = text.replace(key, "***")
-        return text
+        return redact_text(text)
 
     def backoff_delay(self, retry: int, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (1-based)."""

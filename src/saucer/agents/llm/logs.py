@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from saucer.redaction import redact, redact_text
+
 __all__ = ["JsonlLogger", "RequestLogger", "read_jsonl"]
 
 
@@ -63,8 +65,9 @@ class JsonlLogger:
     def write(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """Write ``record`` (with ``time`` and ``timestamp`` added) as one line; return what was written."""
         now = time.time()
-        full = {"time": datetime.fromtimestamp(now, timezone.utc).isoformat(), "timestamp": now, **record}
-        line = json.dumps(full, ensure_ascii=False, default=_default)
+        full = redact({"time": datetime.fromtimestamp(now, timezone.utc).isoformat(), "timestamp": now, **record})
+        # default= turns objects into text; that text is redacted too.
+        line = redact_text(json.dumps(full, ensure_ascii=False, default=_default))
         with self._lock:
             if self.logger is not None:
                 self.logger.info(line)

@@ -1,0 +1,193 @@
+"""Secrets out of everything saucer logs or stores: one function, :func:`redact`.
+
+It replaces, in strings and in nested dicts and lists:
+
+- every *known secret*: the values given to :func:`register_secret` (the LLM
+  API key, the service's bearer tokens, a device's token) and those of the
+  environment variables in :data:`SECRET_ENV_VARS`;
+- credentials by shape, whoever they belong to: the value of an
+  ``Authorization``/``Proxy-Authorization`` header (``Bearer``, ``Basic``...),
+  ``Bearer <token>``, ``api_key=...``-like assignments and OpenAI-style
+  ``sk-...`` keys;
+- the string value of a dict key that names a credential (``authorization``,
+  ``api_key``, ``x-api-key``, ``access_token``, ``password``...).
+
+It is applied where payloads become durable or are logged: a Context value
+when it is set (so live state and replayed state stay equal), event metadata
+when an event is made, the session's log files, ``request.log``, and the
+service's session records. What the endpoint echoes back, a tool prints, or
+an error message quotes is covered the same way. Secrets shorter than 8
+characters are not registered: replacing them would mangle ordinary text.
+
+This module imports nothing of saucer's, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from typing import Any, TypeVar
+
+__all__ = ["REDACTED", "SECRET_ENV_VARS", "register_secret", "redact", "redact_text"]
+
+REDACTED = "***"
+"""What a secret is replaced with."""
+
+SECRET_ENV_VARS = (
+    "SAUCER_LLM_API_KEY",
+    "SAUCER_LLM__API_KEY",
+    "OPENAI_API_KEY",
+    "SAUCER_SERVICE_TOKEN",
+    "SAUCER_SERVICE_TOKENS",
+)
+"""Environment variables whose values are secrets (``SAUCER_SERVICE_TOKENS`` as ``name=token,...``)."""
+
+_MIN_SECRET = 8
+_T = TypeVar("_T")
+
+_SHAPES = [
+    # Authorization: Bearer xyz / "authorization": "Basic xyz" / Proxy-Authorization=xyz
+    (
+        re.compile(
+            r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token|digest|apikey)\s+)?)"
+            r"([^\s\"',;]+)"
+        ),
+        r"\1" + REDACTED,
+    ),
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1" + REDACTED),
+    (
+        re.compile(
+            r"(?i)\b((?:x-)?api[_-]?key|access[_-]?token|refresh[_-]?token|client[_-]?secret|secret[_-]?key)"
+            r"([\"']?\s*[:=]\s*[\"']?)([^\s\"',;&]{4,})"
+        ),
+        r"\1\2" + REDACTED,
+    ),
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), "sk-" + REDACTED),
+]
+
+def _may_hold_credential(lowered: str) -> bool:
+    # Cheap substring checks before any pattern runs: most strings hold no credential.
+    return (
+        "authoriz" in lowered
+        or "bearer" in lowered
+        or "api" in lowered
+        or "token" in lowered
+        or "secret" in lowered
+        or "sk-" in lowered
+    )
+
+_SECRET_KEYS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "api_key",
+        "apikey",
+        "api-key",
+        "x-api-key",
+        "access_token",
+        "refresh_token",
+        "client_secret",
+        "secret_key",
+        "password",
+        "passwd",
+    }
+)
+
+
+class _Secrets:
+    """The known secret values and one compiled pattern matching any of them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._registered: set[str] = set()
+        self._env: tuple[str | None, ...] = ()
+        self.values: tuple[str, ...] = ()
+        self.pattern: re.Pattern[str] | None = None
+
+    def register(self, values: tuple[str | None, ...]) -> None:
+        """Add ``values`` and read the secret environment variables again."""
+        with self._lock:
+            added = {v for v in values if isinstance(v, str) and len(v) >= _MIN_SECRET} - self._registered
+            env = tuple(os.environ.get(name) for name in SECRET_ENV_VARS)
+            if added or env != self._env:
+                self._registered |= added
+                self._env = env
+                self._compile()
+
+    def _compile(self) -> None:
+        values = set(self._registered)
+        for name, value in zip(SECRET_ENV_VARS, self._env):
+            if not value:
+                continue
+            if name == "SAUCER_SERVICE_TOKENS":
+                values.update(part.partition("=")[2] or part for part in value.split(",") if part.strip())
+            else:
+                values.add(value)
+        values = {v.strip() for v in values if len(v.strip()) >= _MIN_SECRET}
+        # Longest first, so a secret that contains another is replaced whole.
+        ordered = sorted(values, key=len, reverse=True)
+        self.values = tuple(ordered)
+        # Not inside a longer run of letters and digits: a secret is a whole token, never part of a number.
+        alternatives = "|".join(re.escape(v) for v in ordered)
+        self.pattern = re.compile(f"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])") if ordered else None
+
+
+_secrets = _Secrets()
+_secrets.register(())  # the environment as the process starts
+
+
+def register_secret(*values: str | None) -> None:
+    """Treat ``values`` as secrets from now on, in this process (None and short values are ignored).
+
+    The variables of :data:`SECRET_ENV_VARS` are read when this module is
+    imported and again on each call (``register_secret()`` with no value
+    picks up a change of the environment).
+    """
+    _secrets.register(values)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every known secret and every credential-shaped string replaced by ``***``."""
+    for value in _secrets.values:
+        if value in text:
+            assert _secrets.pattern is not None
+            text = _secrets.pattern.sub(REDACTED, text)
+            break
+    if not _may_hold_credential(text.lower()):
+        return text
+    for pattern, replacement in _SHAPES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def redact(value: _T) -> _T:
+    """``value`` with secrets replaced in every string, dict key's value and list item (see the module docs).
+
+    Containers are rebuilt only where something changed; the argument is never modified.
+    """
+    return _redact(value)  # type: ignore[no-any-return]
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        out: dict[Any, Any] | None = None
+        for key, item in value.items():
+            new = (
+                REDACTED
+                if isinstance(item, str) and item and isinstance(key, str) and key.lower() in _SECRET_KEYS
+                else _redact(item)
+            )
+            if new is not item and out is None:
+                out = dict(value)
+            if out is not None:
+                out[key] = new
+        return value if out is None else out
+    if isinstance(value, (list, tuple)):
+        items = [_redact(item) for item in value]
+        if all(new is old for new, old in zip(items, value)):
+            return value
+        return items if isinstance(value, list) else tuple(items)
+    return value

@@ -1,0 +1,81 @@
+"""saucer.redaction: one function that keeps secrets out of what is logged or stored, and where it is applied."""
+
+from __future__ import annotations
+
+import pytest
+
+from saucer.context import Context, ContextNames
+from saucer.redaction import REDACTED, redact, redact_text, register_secret
+from saucer.store import open_store
+
+TOKEN = "tok-" + "7f3a9c" * 4
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Authorization: Bearer abc.def-ghi_123", "Authorization: Bearer ***"),
+        ('{"authorization": "Basic dXNlcjpwYXNzd29yZA=="}', '{"authorization": "Basic ***"}'),
+        ("proxy-authorization=token xyz12345", "proxy-authorization=token ***"),
+        ("curl -H 'Authorization: Bearer eyJhbGciOi.J9'", "curl -H 'Authorization: Bearer ***'"),
+        ("sent bearer abcdefgh12345678", "sent bearer ***"),
+        ("api_key=abcd1234&x=1", "api_key=***&x=1"),
+        ('"x-api-key": "k-123456"', '"x-api-key": "***"'),
+        ("key sk-proj-abcdefghijklmnop0123", "key sk-***"),
+        ("prompt_tokens: 12, a token budget, the bearer of news", "prompt_tokens: 12, a token budget, the bearer of news"),
+    ],
+)
+def test_credentials_are_found_by_their_shape(text: str, expected: str) -> None:
+    assert redact_text(text) == expected
+
+
+def test_registered_and_environment_secrets_are_replaced_as_whole_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    register_secret(TOKEN, None, "short")  # None and short values are ignored
+    assert redact_text(f"echo {TOKEN}; x{TOKEN}y") == f"echo {REDACTED}; x{TOKEN}y"
+    assert redact_text("short stays") == "short stays"
+    monkeypatch.setenv("SAUCER_SERVICE_TOKENS", "ci=env-token-0123456789,bare-token-9876543210")
+    register_secret()  # picks up the environment
+    assert redact_text("a env-token-0123456789 b bare-token-9876543210") == f"a {REDACTED} b {REDACTED}"
+    assert redact_text("1234567890123") == "1234567890123"
+
+
+def test_structures_are_redacted_by_key_and_value_without_touching_the_input() -> None:
+    value = {"headers": {"Authorization": "anything", "Accept": "json"}, "items": [f"t={TOKEN}", 3, None], "password": "p"}
+    out = redact(value)
+    assert out == {"headers": {"Authorization": REDACTED, "Accept": "json"}, "items": [f"t={REDACTED}", 3, None],
+                   "password": REDACTED}
+    assert value["headers"]["Authorization"] == "anything" and value["items"][0] == f"t={TOKEN}"
+    clean = {"a": ["b", {"c": 1}]}
+    assert redact(clean) is clean  # nothing changed: nothing copied
+
+
+def test_the_context_stores_what_it_shows_and_replays_it_the_same(tmp_path) -> None:
+    register_secret(TOKEN)
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    ctx = Context.open(store, "s1")
+    ctx.set(ContextNames.REQUEST, f"deploy with {TOKEN}")
+    ctx.update_vars(set={"headers": {"authorization": f"Bearer {TOKEN}"}})
+    ctx.commit(meta={"results": [{"stdout": f"token={TOKEN}"}]})
+    live = ctx.to_dict()
+    assert live["REQUEST"] == f"deploy with {REDACTED}"
+    ctx.close()
+    again = Context.open(store, "s1", create=False)
+    assert again.to_dict() == live and again.vars["headers"] == {"authorization": REDACTED}
+    [event] = list(store.read("s1"))
+    assert event.meta == {"results": [{"stdout": f"token={REDACTED}"}]}
+    again.close()
+    store.close()
+    assert TOKEN.encode() not in (tmp_path / "s.db").read_bytes()
+
+
+def test_service_records_are_stored_and_served_redacted() -> None:
+    from saucer.dispatch.messages import Result, ResultStatus
+    from saucer.service.protocol import TaskSpec
+    from saucer.service.records import SessionRecord, StepRecord
+
+    register_secret(TOKEN)
+    step = StepRecord(index=0, status="completed", results=[Result(status=ResultStatus.SUCCESS, result=f"x {TOKEN}")])
+    record = SessionRecord(session_id="s", owner="a", device_id="d", task=TaskSpec(task=f"use {TOKEN}"), error=TOKEN)
+    assert TOKEN not in step.model_dump_json() and TOKEN not in str(step.model_dump(mode="json"))
+    assert TOKEN not in record.model_dump_json()
+    assert record.task.task == f"use {TOKEN}"  # the running session still has what it was given
