@@ -1,19 +1,17 @@
-"""End to end: a sensitive command hidden in a compound is refused without a terminal unless --yes."""
+"""End to end: a sensitive command hidden in a compound is refused without a terminal unless --yes.
+
+(Every other form is checked by the rules' table test, which also runs each one through a shell.)
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
 
-FORMS = ["if [ -f v ]; then rm -f v; fi", 'for f in *; do rm "$f"; done', "{ rm v; }"]
-
-
-@pytest.mark.parametrize("form", FORMS)
-def test_run_plan_without_a_terminal_refuses_hidden_rm_unless_yes(run_cli, tmp_path: Path, form: str) -> None:
+def test_run_plan_without_a_terminal_refuses_hidden_rm_unless_yes(run_cli, tmp_path: Path) -> None:
     plan = {"task": "tidy", "steps": [{"subtask": "remove v", "commands": [
-        {"tool_name": "shell.run", "parameters": {"command": form}}]}]}
+        {"tool_name": "shell.run", "parameters": {"command": "if [ -f v ]; then rm -f v; fi"}}]}]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     workspace = tmp_path / "ws"
     workspace.mkdir()
@@ -24,7 +22,6 @@ def test_run_plan_without_a_terminal_refuses_hidden_rm_unless_yes(run_cli, tmp_p
     assert "refused" in refused.stdout + refused.stderr and "rm *" in refused.stdout + refused.stderr
     assert (workspace / "v").read_text() == "keep me\n"
 
-    if form == FORMS[0]:  # (the rules' table test runs every form through a shell)
-        approved = run_cli("run", "--plan", "plan.json", "--workspace", "ws", "--yes")
-        assert approved.returncode == 0, approved.stdout + approved.stderr
-        assert not (workspace / "v").exists()
+    approved = run_cli("run", "--plan", "plan.json", "--workspace", "ws", "--yes")
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    assert not (workspace / "v").exists()

@@ -128,6 +128,7 @@ def test_a_device_is_only_seen_and_used_by_its_owner_those_it_is_shared_with_and
         httpx.Client(base_url=base, headers=auth(BOB), timeout=10) as bob,
     ):
         wait_until(lambda: device_online(port, "alice-box", token=BOB), 20, "the grant to survive the restart")
+        wait_until(lambda: device_online(port, "shared-box", token=BOB), 20, "shared-box to reconnect")
         revoked = alice.delete("/api/devices/alice-box/grants/bob")
         assert revoked.status_code == 200 and revoked.json()["granted"] == []
         assert alice.delete("/api/devices/alice-box/grants/bob").status_code == 404

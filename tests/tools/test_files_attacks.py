@@ -210,6 +210,8 @@ def test_deep_and_long_paths_are_refused_cleanly_and_legit_depth_works(tmp_path:
         tools.write("y" * 300, "x")
     with pytest.raises(ToolError, match="NUL"):
         tools.read("a\x00b")
+    with pytest.raises(ToolError, match="not valid Unicode"):
+        tools.write("a\ud800b", "x")
     deep = "/".join(["d"] * (MAX_DEPTH - 1)) + "/f.txt"
     assert tools.write(deep, "deep\n").created
     assert tools.read(deep).content == "deep\n"

@@ -174,7 +174,10 @@ class SandboxRoot:
             raise SandboxError("a path must be text")
         if "\x00" in text:
             raise SandboxError(f"path {text[:80]!r} contains a NUL byte")
-        size = len(text.encode("utf-8", "surrogateescape"))
+        try:
+            size = len(text.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:
+            raise SandboxError(f"path {_clip(text)!r} is not valid Unicode (it has an unpaired surrogate)") from None
         if size > MAX_PATH_BYTES:
             raise SandboxError(f"path is {size} bytes long; the limit is {MAX_PATH_BYTES}")
         if os.path.isabs(text):
