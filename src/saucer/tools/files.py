@@ -32,12 +32,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Literal
+from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from saucer.tools._common import (
     env_default,
@@ -47,6 +47,16 @@ from saucer.tools._common import (
     parse,
     positive_int,
     serve_stdio,
+)
+from saucer.tools.files_models import (
+    DirEntry,
+    FileContent,
+    FileStat,
+    FileType,
+    Listing,
+    SearchMatch,
+    SearchResult,
+    WriteResult,
 )
 from saucer.tools.sandbox import SandboxError, SandboxPath, SandboxRoot
 
@@ -74,9 +84,6 @@ DEFAULT_MAX_SEARCH_FILE = 2 * 1024 * 1024
 _LINE_PREVIEW = 300
 _BINARY_SNIFF = 8192
 
-FileType = Literal["file", "directory", "symlink", "other"]
-
-
 @dataclass(frozen=True)
 class FilesOptions:
     """The sandbox root and the size caps."""
@@ -102,71 +109,6 @@ class FilesOptions:
         if not real.is_dir():
             raise ValueError(f"sandbox root {str(root)!r} is not a directory")
         return cls(real, max_read, max_write, max_search_file, read_only)
-
-
-class FileContent(BaseModel):
-    """A (possibly partial) read of a text file."""
-
-    path: str
-    content: str
-    offset: int = Field(description="Byte offset where this read started.")
-    bytes_read: int
-    size: int = Field(description="Size of the whole file in bytes.")
-    truncated: bool = Field(description="True when the file goes on after this read; continue at next_offset.")
-    next_offset: int | None = None
-
-
-class WriteResult(BaseModel):
-    """What a write or append did."""
-
-    path: str
-    bytes_written: int
-    size: int = Field(description="Size of the file afterwards, in bytes.")
-    created: bool
-
-
-class DirEntry(BaseModel):
-    """One entry of a directory listing."""
-
-    path: str
-    type: FileType
-    size: int | None = None
-
-
-class Listing(BaseModel):
-    """A directory listing; each directory's entries come sorted by name, parents before children."""
-
-    path: str
-    entries: list[DirEntry]
-    truncated: bool = Field(description="True when there were more than max_entries entries.")
-
-
-class FileStat(BaseModel):
-    """Metadata of one path."""
-
-    path: str
-    type: FileType
-    size: int
-    modified: str = Field(description="Last modification time, ISO 8601 in UTC.")
-    mode: str = Field(description="Permission bits in octal, e.g. 0o644.")
-    is_symlink: bool = Field(description="True when the given path is a symbolic link (inside the root).")
-
-
-class SearchMatch(BaseModel):
-    """One matching line."""
-
-    path: str
-    line: int = Field(description="1-based line number.")
-    text: str = Field(description="The line, cut to 300 characters.")
-
-
-class SearchResult(BaseModel):
-    """Lines matching a search, in path order."""
-
-    matches: list[SearchMatch]
-    files_searched: int
-    files_skipped: int = Field(description="Binary, unreadable or oversized files that were not searched.")
-    truncated: bool = Field(description="True when more than max_results lines matched.")
 
 
 def _type_of(mode: int) -> FileType:

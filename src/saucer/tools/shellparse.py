@@ -85,9 +85,6 @@ _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", 
 _SHELL_OPTIONS_WITH_VALUE = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 _STDIN_SCRIPTS = re.compile(r"^(/dev/stdin|/dev/fd/\d+|/proc/(self|\d+)/fd/\d+|-)$")
 
-# Nodes whose text is data for the command they belong to, not a place where a command can hide.
-_EXPANSIONS = frozenset({"simple_expansion", "expansion", "command_substitution", "process_substitution",
-                         "arithmetic_expansion", "brace_expression"})
 _GLOB = re.compile(r"[*?\[{}]")
 
 
