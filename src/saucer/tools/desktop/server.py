@@ -38,7 +38,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from saucer.tools._common import env_default, make_server, parse, positive_float, positive_int
+from saucer.tools._common import env_default, make_server, parse, positive_float, positive_int, serve_stdio
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.core import Desktop, DesktopOptions
 from saucer.tools.desktop.models import (
@@ -327,11 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     desktop = Desktop(parse_options(argv))
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        build_server(desktop).run("stdio")
+        return serve_stdio(lambda: build_server(desktop), "saucer-desktop")
     finally:
         if not desktop.options.keep_apps:
             desktop.launcher.stop_all()
-    return 0
 
 
 if __name__ == "__main__":
