@@ -148,7 +148,7 @@ async def test_cancel_waits_for_the_device_acknowledgement_or_its_loss(behaviour
         "acknowledges": "cancelled by its owner",
         "ignores": "cancelled by its owner; device 'raw' did not acknowledge the cancel within 0.5 s; "
         "its commands may still be running",
-        "vanishes": "cancelled by its owner; device 'raw' went away before acknowledging the cancel",
+        "vanishes": "cancelled by its owner; device 'raw' went away or refused the cancel without acknowledging it",
     }[behaviour]
     assert answer["error"] == expected
 

@@ -294,4 +294,5 @@ class WebSocketCommandDispatcher:
             )
             return
         if self.link.correlator.closed_reason(batch.response_id) != "answered":
-            self.cancel_outcome = f"device {self.device_id!r} went away before acknowledging the cancel"
+            # Failed rather than answered: the device disconnected, or refused the frame (an older device).
+            self.cancel_outcome = f"device {self.device_id!r} went away or refused the cancel without acknowledging it"
