@@ -60,7 +60,7 @@ def test_the_context_stores_what_it_shows_and_replays_it_the_same(tmp_path) -> N
     assert live["REQUEST"] == f"deploy with {REDACTED}"
     ctx.close()
     again = Context.open(store, "s1", create=False)
-    assert again.to_dict() == live and again.vars["headers"] == {"authorization": REDACTED}
+    assert again.to_dict() == live and again.vars["headers"] == {"authorization": f"Bearer {REDACTED}"}
     [event] = list(store.read("s1"))
     assert event.meta == {"results": [{"stdout": f"token={REDACTED}"}]}
     again.close()
@@ -79,3 +79,19 @@ def test_service_records_are_stored_and_served_redacted() -> None:
     assert TOKEN not in step.model_dump_json() and TOKEN not in str(step.model_dump(mode="json"))
     assert TOKEN not in record.model_dump_json()
     assert record.task.task == f"use {TOKEN}"  # the running session still has what it was given
+
+
+def test_context_values_keep_what_only_looks_like_a_credential(tmp_path) -> None:
+    # A Context value is the user's data: only saucer's own known secrets are
+    # replaced there, never a guess by shape or by key name (nothing is dropped silently).
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    ctx = Context.open(store, "s1")
+    looks_like = {"password": "hunter2-hunter2", "note": "api_key=abcd1234 and sk-" + "a" * 20}
+    ctx.update_vars(set=looks_like)
+    ctx.commit()
+    assert dict(ctx.vars) == looks_like
+    ctx.close()
+    again = Context.open(store, "s1", create=False)
+    assert dict(again.vars) == looks_like
+    again.close()
+    store.close()

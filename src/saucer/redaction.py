@@ -12,12 +12,18 @@ It replaces, in strings and in nested dicts and lists:
 - the string value of a dict key that names a credential (``authorization``,
   ``api_key``, ``x-api-key``, ``access_token``, ``password``...).
 
-It is applied where payloads become durable or are logged: a Context value
-when it is set (so live state and replayed state stay equal), event metadata
+It is applied where payloads become durable or are logged: event metadata
 when an event is made, the session's log files, ``request.log``, and the
 service's session records. What the endpoint echoes back, a tool prints, or
 an error message quotes is covered the same way. Secrets shorter than 8
 characters are not registered: replacing them would mangle ordinary text.
+
+A Context value is different: it is the user's data, and guessing by shape
+would silently change it (a var named ``password``, a string that looks like
+a key). So :func:`redact_known` -- only saucer's own known secrets, never
+shapes -- is applied to a Context value when it is set (live state and
+replayed state stay equal). Values a user means to keep secret belong in
+encrypted keys, not in a guess.
 
 This module imports nothing of saucer's, so every layer may use it.
 """
@@ -29,7 +35,7 @@ import re
 import threading
 from typing import Any, TypeVar
 
-__all__ = ["REDACTED", "SECRET_ENV_VARS", "register_secret", "redact", "redact_text"]
+__all__ = ["REDACTED", "SECRET_ENV_VARS", "register_secret", "redact", "redact_text", "redact_known", "redact_known_text"]
 
 REDACTED = "***"
 """What a secret is replaced with."""
@@ -147,13 +153,28 @@ def register_secret(*values: str | None) -> None:
     _secrets.register(values)
 
 
-def redact_text(text: str) -> str:
-    """``text`` with every known secret and every credential-shaped string replaced by ``***``."""
+def redact_known_text(text: str) -> str:
+    """``text`` with every known secret (never a shape) replaced by ``***``."""
     for value in _secrets.values:
         if value in text:
             assert _secrets.pattern is not None
-            text = _secrets.pattern.sub(REDACTED, text)
-            break
+            return _secrets.pattern.sub(REDACTED, text)
+    return text
+
+
+def redact_known(value: _T) -> _T:
+    """``value`` with every known secret replaced in its strings; shapes and key names are left alone.
+
+    Containers are rebuilt only where something changed; the argument is never modified.
+    """
+    if not _secrets.values:
+        return value
+    return _walk(value, redact_known_text, False)  # type: ignore[no-any-return]
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every known secret and every credential-shaped string replaced by ``***``."""
+    text = redact_known_text(text)
     if not _may_hold_credential(text.lower()):
         return text
     for pattern, replacement in _SHAPES:
@@ -166,19 +187,19 @@ def redact(value: _T) -> _T:
 
     Containers are rebuilt only where something changed; the argument is never modified.
     """
-    return _redact(value)  # type: ignore[no-any-return]
+    return _walk(value, redact_text, True)  # type: ignore[no-any-return]
 
 
-def _redact(value: Any) -> Any:
+def _walk(value: Any, text: Any, by_key: bool) -> Any:
     if isinstance(value, str):
-        return redact_text(value)
+        return text(value)
     if isinstance(value, dict):
         out: dict[Any, Any] | None = None
         for key, item in value.items():
             new = (
                 REDACTED
-                if isinstance(item, str) and item and isinstance(key, str) and key.lower() in _SECRET_KEYS
-                else _redact(item)
+                if by_key and isinstance(item, str) and item and isinstance(key, str) and key.lower() in _SECRET_KEYS
+                else _walk(item, text, by_key)
             )
             if new is not item and out is None:
                 out = dict(value)
@@ -186,7 +207,7 @@ def _redact(value: Any) -> Any:
                 out[key] = new
         return value if out is None else out
     if isinstance(value, (list, tuple)):
-        items = [_redact(item) for item in value]
+        items = [_walk(item, text, by_key) for item in value]
         if all(new is old for new, old in zip(items, value)):
             return value
         return items if isinstance(value, list) else tuple(items)

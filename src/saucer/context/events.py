@@ -25,7 +25,7 @@ from enum import Enum
 from typing import Any, Iterable, Mapping
 
 from saucer.context.names import ContextNames
-from saucer.redaction import redact, redact_text
+from saucer.redaction import redact_known, redact_known_text
 
 __all__ = [
     "Event",
@@ -117,7 +117,7 @@ _ANY_DEPTH = 1 << 30
 
 
 def to_wire(value: Any, key: str, *, int_keys: bool | int = False) -> Any:
-    """Return a JSON-canonical, independent copy of ``value``, secrets redacted (:func:`saucer.redaction.redact`).
+    """Return a JSON-canonical, independent copy of ``value``, saucer's own known secrets redacted (:func:`saucer.redaction.redact_known`).
 
     Tuples become lists, str enums their value. Anything JSON cannot hold
     faithfully (sets, objects, NaN, ints beyond 64 bits, strings that are not
@@ -131,14 +131,14 @@ def to_wire(value: Any, key: str, *, int_keys: bool | int = False) -> Any:
     cls = value.__class__
     if cls is str:
         if value.isascii():
-            return redact_text(value)
+            return redact_known_text(value)
     elif cls is int:
         if _INT_MIN <= value <= _INT_MAX:
             return value
     elif cls is bool or value is None:
         return value
     depth = _ANY_DEPTH if int_keys is True else int(int_keys)
-    return redact(_to_wire(value, key, "", depth))
+    return redact_known(_to_wire(value, key, "", depth))
 
 
 def _check_str(value: str, key: str, path: str) -> str:
