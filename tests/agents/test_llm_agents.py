@@ -45,10 +45,12 @@ def test_single_agent_calls_a_tool_and_finishes(fake: FakeOpenAI, settings: Mode
     assert result.steps == 2 and result.rounds == 1
 
     first, second = fake.requests
-    # what saucer sends: model, system prompt with the tool list, the request, the tool schemas
+    # what saucer sends: model, system prompt naming the tools, the request, the tool schemas, tool_choice, max_tokens
     assert first.json["model"] == "gpt-4o-mini"
+    assert first.json["tool_choice"] == "auto" and first.json["max_tokens"] == 1024
     system, user = first.messages
-    assert system["role"] == "system" and "shell__run (shell.run): Run a shell command" in system["content"]
+    assert system["role"] == "system" and "Tools: files__delete, files__read, shell__run" in system["content"]
+    assert "Run a shell command" not in system["content"]  # descriptions go once, in the tool schemas
     assert user == {"role": "user", "content": "Request: list the files\n\nPrevious subtasks:\n(none)"}
     assert sorted(first.tool_names) == ["files__delete", "files__read", "shell__run"]
     shell = next(t for t in first.json["tools"] if t["function"]["name"] == "shell__run")
@@ -58,7 +60,7 @@ def test_single_agent_calls_a_tool_and_finishes(fake: FakeOpenAI, settings: Mode
     [command] = dispatcher.commands
     assert command.tool_name == "shell.run" and command.parameters == {"cmd": "ls"} and command.tool_type == "action"
     assert second.messages[:2] == first.messages
-    assert second.messages[2]["role"] == "assistant"
+    assert second.messages[2]["role"] == "assistant" and second.messages[2]["content"] == ""  # never null
     assert second.messages[2]["tool_calls"][0]["id"] == "call_ls"
     [tool_msg] = tool_messages(second)
     assert tool_msg["tool_call_id"] == "call_ls"
@@ -77,6 +79,7 @@ def test_cost_per_round_and_per_session_and_request_log(fake: FakeOpenAI, settin
     fake.push(
         fake.tool_calls(("shell.run", {"cmd": "ls"}), usage=(1000, 100)),
         fake.text("done 1", usage=(2000, 200)),
+        fake.tool_calls(("shell.run", {"cmd": "ls"}), usage=(3000, 300)),
         fake.text("done 2", usage=(4000, 400)),
     )
     price = lambda p, c: (p * 0.15 + c * 0.60) / 1e6  # noqa: E731
@@ -86,7 +89,7 @@ def test_cost_per_round_and_per_session_and_request_log(fake: FakeOpenAI, settin
     assert result.status == "finished" and result.rounds == 2
     ctx = session.context
     r0 = price(1000, 100) + price(2000, 200)
-    r1 = price(4000, 400)
+    r1 = price(3000, 300) + price(4000, 400)
     assert ctx.get(ContextNames.ROUND_COST) == {0: pytest.approx(r0), 1: pytest.approx(r1)}
     assert ctx.get(ContextNames.SESSION_COST) == pytest.approx(r0 + r1)
     assert result.cost.per_round == {0: pytest.approx(r0), 1: pytest.approx(r1)}
@@ -95,31 +98,31 @@ def test_cost_per_round_and_per_session_and_request_log(fake: FakeOpenAI, settin
     assert "1. list the files [FINISH] done 1" in fake.requests[2].messages[1]["content"]
 
     lines = read_jsonl(Path(result.log_path) / "request.log")
-    assert len(lines) == 3
+    assert len(lines) == 4
     for line in lines:
         RequestLogEntry.model_validate(line)  # the engine's schema
         assert line["agent"] == "linux" and line["model"] == "gpt-4o-mini" and line["status"] == "ok"
         assert line["prompt"][0]["role"] == "system" and line["latency_ms"] >= 0
-    assert [line["round"] for line in lines] == [0, 0, 1]
-    assert [line["step"] for line in lines] == [1, 2, 1]
-    assert [line["prompt_tokens"] for line in lines] == [1000, 2000, 4000]
-    assert [line["cost"] for line in lines] == [pytest.approx(price(1000, 100)), pytest.approx(price(2000, 200)), pytest.approx(r1)]
+    assert [line["round"] for line in lines] == [0, 0, 1, 1]
+    assert [line["step"] for line in lines] == [1, 2, 1, 2]
+    assert [line["prompt_tokens"] for line in lines] == [1000, 2000, 3000, 4000]
+    assert [line["cost"] for line in lines] == [pytest.approx(price(p, c)) for p, c in ((1000, 100), (2000, 200), (3000, 300), (4000, 400))]
+    assert [(line["max_tokens"], line["tool_choice"]) for line in lines] == [(1024, "auto")] * 4
     assert lines[0]["response"]["tool_calls"][0]["name"] == "shell.run"
     assert lines[1]["response"]["content"] == "done 1"
 
 
 def test_unknown_model_cost_is_reported_unknown(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
-    fake.push(fake.text("hi", usage=(10, 10)))
+    fake.push(fake.tool_calls(("shell.run", {"cmd": "ls"}), usage=(10, 10)), fake.text("hi", usage=(10, 10)))
     session = make_session(tmp_path, ms(settings, model="my-local-llama"))
     result = run(session.run())
     assert result.status == "finished"
     assert result.cost.unknown is True
     assert "unknown" in result.cost.render()
     assert session.context.get(ContextNames.SESSION_COST) == 0.0  # not counted as a known 0 either: flagged unknown
-    [line] = read_jsonl(Path(result.log_path) / "request.log")
-    assert line["cost"] is None and line["cost_text"] == "unknown"
-    [step] = read_step_log(result.log_path)
-    assert step.cost is None
+    lines = read_jsonl(Path(result.log_path) / "request.log")
+    assert [(line["cost"], line["cost_text"]) for line in lines] == [(None, "unknown")] * 2
+    assert [step.cost for step in read_step_log(result.log_path)] == [None, None]
 
 
 def test_repeated_tool_failures_end_in_error(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
@@ -203,7 +206,8 @@ def test_a_refused_sensitive_step_is_not_run_and_the_model_is_told(fake: FakeOpe
     dispatcher = FakeDispatcher()
     interactor = RecordingInteractor(answer=False)
     result = run(make_session(tmp_path, settings, dispatcher=dispatcher, interactor=interactor).run())
-    assert result.status == "finished"
+    # nothing was done, so the answer that follows is not a success
+    assert result.status == "failed" and "nothing was done" in result.reason and "I did not delete it." in result.reason
     assert interactor.asked == [("run files.delete", '{"path": "notes.txt"}')]
     assert dispatcher.commands == []  # never ran
     [msg] = tool_messages(fake.requests[1])
@@ -251,7 +255,8 @@ def test_host_hands_subtasks_to_the_app_agent(fake: FakeOpenAI, settings: ModelS
         fake.text("notes/a.txt holds the notes"),
         # host: second subtask
         fake.tool_calls(("assign_subtask", {"subtask": "count the words"}, "as2")),
-        # app: answers at once
+        # app: one command, then its answer
+        fake.tool_calls(("shell.run", {"cmd": "wc -w notes/a.txt"}, "r2")),
         fake.text("42 words"),
         # host: final answer
         fake.text("The notes have 42 words."),
@@ -260,11 +265,11 @@ def test_host_hands_subtasks_to_the_app_agent(fake: FakeOpenAI, settings: ModelS
     session = make_session(tmp_path, ms(settings, agent="host"), request="how long are my notes?", dispatcher=dispatcher)
     result = run(session.run())
     assert result.status == "finished", result
-    assert result.steps == 6
+    assert result.steps == 7
 
-    host1, app1, app2, host2, app3, host3 = fake.requests
+    host1, app1, app2, host2, app3, app4, host3 = fake.requests
     # the host is offered only assign_subtask, and sees the app agent's tools in its prompt
-    assert host1.tool_names == ["assign_subtask"]
+    assert host1.tool_names == ["assign_subtask"] and host1.json["tool_choice"] == "auto"
     assert "files__read (files.read)" in host1.messages[0]["content"]
     assert "host agent" in host1.messages[0]["content"]
     # the app agent gets the subtask and the host's message, and the real tools
@@ -290,14 +295,15 @@ def test_host_hands_subtasks_to_the_app_agent(fake: FakeOpenAI, settings: ModelS
         ("app", "CONTINUE"),
         ("app", "SUBTASK_FINISH"),
         ("host", "CONTINUE"),
+        ("app", "CONTINUE"),
         ("app", "SUBTASK_FINISH"),
         ("host", "FINISH"),
     ]
     assert steps[1].subtask == "find the notes" and steps[1].next_agent == "app"
     assert steps[2].next_agent == "host" and steps[3].subtask_index == 1
-    assert [c.tool_name for c in dispatcher.commands] == ["files.read"]
+    assert [c.tool_name for c in dispatcher.commands] == ["files.read", "shell.run"]
     agents = [line["agent"] for line in read_jsonl(Path(result.log_path) / "request.log")]
-    assert agents == ["host", "app", "app", "host", "app", "host"]
+    assert agents == ["host", "app", "app", "host", "app", "app", "host"]
 
 
 def test_app_agent_failures_go_back_to_the_host(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
@@ -311,7 +317,8 @@ def test_app_agent_failures_go_back_to_the_host(fake: FakeOpenAI, settings: Mode
         tmp_path, ms(settings, agent="host", max_consecutive_failures=2), dispatcher=FakeDispatcher(outcomes={"files.read": "fail"})
     )
     result = run(session.run())
-    assert result.status == "finished"
+    # no subtask was done, so the host's answer is a failure, not a success
+    assert result.status == "failed" and "no subtask was done" in result.reason, result
     report = tool_messages(fake.requests[3])[0]["content"]
     assert report.startswith("FAIL: 2 consecutive steps failed")
 
@@ -321,9 +328,10 @@ def test_host_invalid_assignment_is_answered_and_retried(fake: FakeOpenAI, setti
         fake.tool_calls(("assign_subtask", {"subtask": ""}, "bad")),
         fake.text("nothing to do"),
     )
-    result = run(make_session(tmp_path, ms(settings, agent="host")).run())
-    assert result.status == "finished"
+    result = run(make_session(tmp_path, ms(settings, agent="host", no_action_retries=0)).run())
     assert tool_messages(fake.requests[1]) == [{"role": "tool", "tool_call_id": "bad", "content": "error: 'subtask' must be a non-empty string"}]
+    # no subtask was ever assigned: the round did nothing
+    assert result.status == "failed" and result.reason.startswith("round 0 no_action: no action:"), result
 
 
 # --------------------------------------------------------------- evaluation
@@ -359,13 +367,14 @@ def test_evaluation_of_rounds_and_session(fake: FakeOpenAI, settings: ModelSetti
 
 
 def test_an_unparseable_or_failing_judge_is_unsure(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
-    fake.push(fake.text("done"), fake.text("I think it went well!"))
+    act = lambda: fake.tool_calls(("shell.run", {"cmd": "ls"}))  # noqa: E731
+    fake.push(act(), fake.text("done"), fake.text("I think it went well!"))
     result = run(make_session(tmp_path, settings, eva_session=True).run())
     [verdict] = list(read_evaluation_log(result.log_path))
     assert verdict.complete == "unsure" and "did not answer with the JSON verdict" in verdict.reason
 
     fake.reset()
-    fake.push(fake.text("done"), fake.error(400, "judge says no"))
+    fake.push(act(), fake.text("done"), fake.error(400, "judge says no"))
     result = run(make_session(tmp_path, settings, eva_session=True, task="again").run())
     [verdict] = list(read_evaluation_log(result.log_path))
     assert verdict.complete == "unsure" and "could not be reached" in verdict.reason and verdict.cost == 0.0
@@ -437,7 +446,7 @@ def test_provider_from_app_settings(fake: FakeOpenAI, tmp_path: Path, no_llm_env
             "llm.api_key": "k",
         }
     )
-    fake.push(fake.text("hello"))
+    fake.push(fake.tool_calls(("shell.run", {"cmd": "echo hello"})), fake.text("hello"))
     session = Session("t", mode="normal", settings=settings, request="hi", agents=create_agent_provider(settings), dispatcher=FakeDispatcher())
     assert run(session.run()).status == "finished"
     assert fake.requests[0].headers["authorization"] == "Bearer k"

@@ -99,7 +99,9 @@ def _fake_openai():
 def test_normal_mode_asks_for_requests_and_n_finishes(tmp_path: Path) -> None:
     FakeOpenAI = _fake_openai()
     with FakeOpenAI() as fake:
-        fake.push(fake.text("Hello! Nothing to do."), fake.text("Still nothing to do."))
+        # each round acts once, then answers (an answer with no action would end the round no_action)
+        look = lambda: fake.tool_calls(("files.list", {"path": "."}))  # noqa: E731
+        fake.push(look(), fake.text("Hello! Nothing to do."), look(), fake.text("Still nothing to do."))
         env = {
             "SAUCER_LLM_BASE_URL": fake.base_url,
             "SAUCER_LLM_MODEL": "fake-model",
@@ -117,4 +119,4 @@ def test_normal_mode_asks_for_requests_and_n_finishes(tmp_path: Path) -> None:
         assert _finish(child) == 0
         assert not list(tmp_path.glob("logs/*/*/experience.json"))
         sent = [r.messages[-1]["content"] for r in fake.requests]
-    assert any("say hello" in m for m in sent[:1]) and any("say it again" in m for m in sent[1:])
+    assert any("say hello" in m for m in sent[:1]) and any("say it again" in m for m in sent[2:3])

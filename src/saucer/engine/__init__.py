@@ -26,7 +26,9 @@ from saucer.engine.agent import (
     ErrorState,
     FailState,
     FinishState,
+    NoActionState,
     PendingState,
+    StopState,
     StateRegistry,
     as_agent_set,
 )

@@ -54,6 +54,8 @@ __all__ = [
     "FinishState",
     "ErrorState",
     "FailState",
+    "NoActionState",
+    "StopState",
     "PendingState",
     "ConfirmState",
     "AgentSet",
@@ -71,6 +73,10 @@ class AgentStatus(str, Enum):
     FAIL = "FAIL"
     PENDING = "PENDING"
     CONFIRM = "CONFIRM"
+    #: The agent was asked to act and did nothing (e.g. a model answered in prose, never calling a tool).
+    NO_ACTION = "NO_ACTION"
+    #: A limit of the agent's own (e.g. a token budget) cut the session short: the round ends ``stopped``.
+    STOP = "STOP"
 
     def __str__(self) -> str:
         return self.value
@@ -392,6 +398,32 @@ class FailState(AgentState):
         return True
 
     def is_subtask_end(self) -> bool:
+        return True
+
+
+@Agent.register_state
+class NoActionState(AgentState):
+    """The agent took no action where one was needed: the round ends ``no_action`` (never ``finished``)."""
+
+    status = AgentStatus.NO_ACTION.value
+
+    async def handle(self, agent: Agent, context: "Context") -> None:
+        return None
+
+    def is_round_end(self) -> bool:
+        return True
+
+
+@Agent.register_state
+class StopState(AgentState):
+    """A limit cut the work short: the round, and so the session, end ``stopped`` (never ``finished``)."""
+
+    status = AgentStatus.STOP.value
+
+    async def handle(self, agent: Agent, context: "Context") -> None:
+        return None
+
+    def is_round_end(self) -> bool:
         return True
 
 

@@ -55,7 +55,8 @@ class RoundStatus:
     FINISHED = "finished"
     FAILED = "failed"
     ERROR = "error"
-    STOPPED = "stopped"  # the session's max_step was reached
+    STOPPED = "stopped"  # a limit was reached: the session's max_step, or an agent's own (token budget)
+    NO_ACTION = "no_action"  # the agent did nothing where an action was needed
 
 
 @dataclass(slots=True)
@@ -88,6 +89,8 @@ _STATUS_OF_STATE = {
     AgentStatus.FINISH.value: RoundStatus.FINISHED,
     AgentStatus.FAIL.value: RoundStatus.FAILED,
     AgentStatus.ERROR.value: RoundStatus.ERROR,
+    AgentStatus.NO_ACTION.value: RoundStatus.NO_ACTION,
+    AgentStatus.STOP.value: RoundStatus.STOPPED,
 }
 
 

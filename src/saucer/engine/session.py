@@ -774,6 +774,9 @@ class Session:
         self._rounds_done += 1
         if not result.ok:
             self._failed_rounds += 1
+            if not self._reason:
+                # The first round that did not finish says why the session did not (e.g. no_action).
+                self._reason = f"round {rnd.id} {result.status}: {result.reason}" if result.reason else ""
         evaluate = self.settings.system.eva_round
         await ctx.acommit_step(
             author="system",

@@ -2,18 +2,28 @@
 
 One engine step of a tool-using agent is one model call:
 
-1. build (or continue) the conversation: system prompt with the tool list,
+1. build (or continue) the conversation: system prompt naming the tools,
    then the request and the previous subtasks;
-2. call the model with the tools of ``TOOL_INFO``;
-3. a reply without tool calls is the final answer → ``FINISH``;
-   otherwise each tool call becomes a :class:`~saucer.dispatch.messages.Command`
+2. call the model with the tools of ``TOOL_INFO`` (short descriptions,
+   ``tool_choice``, ``max_tokens``), the conversation trimmed to fit
+   ``context_window`` (:mod:`saucer.agents.llm.window`); a reply cut off at
+   ``max_tokens`` is asked for once more, shorter, and a second cut-off ends
+   the round in ``ERROR`` -- a cut-off reply is never taken as an answer;
+3. each tool call becomes a :class:`~saucer.dispatch.messages.Command`
    run through ``context.command_dispatcher`` (sensitive tools ask the
    interactor first; a refused call is not run and the model is told
    ``refused by the user``), and each result goes back to the model as a
    ``tool`` message carrying its ``tool_call_id`` → ``CONTINUE``;
-4. ``max_consecutive_failures`` steps in a row whose tool calls all failed,
-   or a model call that fails for good, → ``ERROR``. The session's
-   ``max_step`` bounds the loop in any case.
+4. a reply without tool calls (or a call of ``finish``, offered when
+   ``tool_choice = "required"``) is an answer, judged by what was done:
+   after a successful tool call it is the final answer → ``FINISH``; after
+   tool calls that all failed or were refused → ``FAIL``; before any tool
+   call the model is asked again (``no_action_retries`` times), then →
+   ``NO_ACTION`` (the round ends ``no_action``). Prose never passes for work;
+5. ``max_consecutive_failures`` steps in a row whose tool calls all failed,
+   or a model call that fails for good, → ``ERROR``; the session's
+   ``token_budget`` used up → ``STOP`` (the session ends ``stopped``). The
+   session's ``max_step`` bounds the loop in any case.
 
 The conversation lives in the Context (context variables ``_llm.<agent>.*``,
 hidden from prompt templating by their leading ``_``), appended in each
@@ -27,16 +37,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from saucer.agents.llm.client import ModelCallError, ModelClient, ModelReply, ModelSettings, ToolCall
+from saucer.agents.llm.client import (
+    DEFAULT_CHARS_PER_TOKEN,
+    ModelCallError,
+    ModelClient,
+    ModelReply,
+    ModelSettings,
+    ToolCall,
+)
 from saucer.agents.llm.logs import RequestLogger
 from saucer.agents.llm.prompts import (
     as_text,
+    cut_off_message,
     linux_agent_system_prompt,
+    no_action_message,
     render_template,
     request_message,
     template_variables,
 )
 from saucer.agents.llm.tools import ToolSet, ToolSpec
+from saucer.agents.llm.window import fit_to_window, prompt_budget
 from saucer.context.names import ContextNames
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine.agent import Agent, AgentStatus, ContinueState
@@ -53,6 +73,10 @@ __all__ = [
     "SUBTASK_FINISH",
     "REFUSED",
     "MAX_TOOL_RESULT_CHARS",
+    "FINISH_TOOL",
+    "TOKENS_VAR",
+    "ReplyCutOffError",
+    "TokenBudgetReached",
     "interactor_approver",
     "is_refusal",
 ]
@@ -64,6 +88,32 @@ SUBTASK_FINISH = "SUBTASK_FINISH"
 REFUSED = "refused by the user"
 #: Tool results longer than this are cut (the model sees a note saying so).
 MAX_TOOL_RESULT_CHARS = 16_000
+#: The function an agent calls to end its work when ``tool_choice = "required"`` forbids prose.
+FINISH_TOOL = "finish"
+#: The context variable counting the tokens the session's agents used (for ``token_budget``).
+TOKENS_VAR = "_llm.tokens"
+
+
+class ReplyCutOffError(ModelCallError):
+    """The model's reply was cut off at ``max_tokens`` twice in a row."""
+
+
+class TokenBudgetReached(Exception):
+    """The session's ``token_budget`` is used up: the agent stops (round and session ``stopped``)."""
+
+
+def finish_spec() -> ToolSpec:
+    """The ``finish`` tool (offered with ``tool_choice = "required"``, where the model cannot answer in prose)."""
+    return ToolSpec(
+        name=f"agent.{FINISH_TOOL}",
+        function_name=FINISH_TOOL,
+        description="End your work once the request is done or cannot be done, with a short summary.",
+        parameters={"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]},
+    )
+
+
+def _cost_text(cost: float | None) -> float | str:
+    return "unknown" if cost is None else cost
 
 
 def _clip(text: str, limit: int = MAX_TOOL_RESULT_CHARS) -> str:
@@ -106,7 +156,7 @@ class LLMAgent(Agent):
             if messages:
                 return messages, meta
         messages = initial()
-        meta = {"scope": scope, "failures": 0}
+        meta = {"scope": scope, "failures": 0, "tried": False, "acted": False}
         context.update_vars(set={self._messages_key: messages, self._meta_key: meta})
         return messages, meta
 
@@ -129,7 +179,58 @@ class LLMAgent(Agent):
             sensitive_set = set(sensitive)
         except TypeError:
             sensitive_set = set()
-        return ToolSet.from_tool_info(info, sensitive=sensitive_set)
+        return ToolSet.from_tool_info(
+            info, sensitive=sensitive_set, description_chars=self.settings.tool_description_chars
+        )
+
+    @property
+    def finish_tool(self) -> bool:
+        """Whether the model ends its work with the ``finish`` tool (``tool_choice = "required"``)."""
+        return self.settings.tool_choice == "required"
+
+    def offered(self, tools: ToolSet) -> ToolSet:
+        """What the model is offered: ``tools``, plus ``finish`` when it must always call a tool."""
+        return tools.with_tools(finish_spec()) if self.finish_tool else tools
+
+    @staticmethod
+    def answer_of(reply: ModelReply) -> str | None:
+        """The answer in ``reply``: its text when it called no tool, or ``finish``'s summary; else None."""
+        if not reply.tool_calls:
+            return reply.content or ""
+        if len(reply.tool_calls) == 1 and reply.tool_calls[0].function_name == FINISH_TOOL:
+            summary = reply.tool_calls[0].arguments.get("summary")
+            return summary if isinstance(summary, str) and summary.strip() else (reply.content or "")
+        return None
+
+    def judge_answer(
+        self, context: "Context", messages: list[dict[str, Any]], meta: dict[str, Any], reply: ModelReply
+    ) -> str:
+        """What the answer in ``reply`` means, from what this conversation did (see the module's docstring).
+
+        ``final``: a tool call (a subtask, for the host) succeeded; ``failed``:
+        some were made, none succeeded; ``again``: nothing was tried yet, so
+        the model is reminded (appended to ``messages`` here) and asked again;
+        ``no_action``: still nothing after ``no_action_retries`` reminders.
+        """
+        acted = meta.get("acted")
+        if acted is None:  # a conversation stored before these counters: lenient
+            acted = any(m.get("role") == "tool" for m in messages)
+        if acted:
+            return "final"
+        if meta.get("tried"):
+            return "failed"
+        asked = int(meta.get("no_action", 0))
+        if asked >= self.settings.no_action_retries:
+            return "no_action"
+        meta["no_action"] = asked + 1
+        # A finish call needs its tool message before the next user turn (servers refuse a dangling call).
+        answers = [
+            {"role": "tool", "tool_call_id": call.id, "content": "not finished: nothing has been done yet"}
+            for call in reply.tool_calls
+        ]
+        self._append(context, messages, *answers, {"role": "user", "content": no_action_message()})
+        self.note(asked_again=asked + 1)
+        return "again"
 
     # ------------------------------------------------------------ the model
 
@@ -156,15 +257,66 @@ class LLMAgent(Agent):
     async def call_model(
         self, context: "Context", messages: list[dict[str, Any]], tools: ToolSet | None
     ) -> ModelReply:
-        """One model call; its cost goes to this step (and so to the session and round ledgers)."""
-        reply = await self.client.complete(
-            messages, tools=tools, request_logger=self._logger(context), log_fields=self._log_fields(context)
-        )
+        """One answer of the model; its cost and tokens go to this step (and so to the ledgers).
+
+        A reply cut off at ``max_tokens`` is asked for once more with a note
+        (not kept in the conversation); cut off again, it raises
+        :class:`ReplyCutOffError`. :class:`TokenBudgetReached` when the
+        session's ``token_budget`` is used up before a call.
+        """
+        reply = await self._call(context, messages, tools)
+        if reply.truncated:
+            self.note(cut_off=reply.usage.completion_tokens or True)
+            note = {"role": "user", "content": cut_off_message(self.settings.max_tokens)}
+            reply = await self._call(context, [*messages, note], tools)
+            if reply.truncated:
+                raise ReplyCutOffError(
+                    f"the model's reply was cut off at the token limit twice (finish_reason 'length', "
+                    f"max_tokens {self.settings.max_tokens}); it is not taken as an answer: "
+                    "raise [llm] max_tokens or ask for less per step"
+                )
+        return reply
+
+    def _check_budget(self, context: "Context") -> None:
+        budget = self.settings.token_budget
+        if budget is None:
+            return
+        used = int(context.get_var(TOKENS_VAR, 0) or 0)
+        if used >= budget:
+            raise TokenBudgetReached(
+                f"token budget reached: the session's agents used {used} tokens of the {budget} allowed "
+                "([llm] token_budget)"
+            )
+
+    async def _call(self, context: "Context", messages: list[dict[str, Any]], tools: ToolSet | None) -> ModelReply:
+        self._check_budget(context)
+        sent = messages
+        log_fields = self._log_fields(context)
+        window = self.settings.context_window
+        if window is not None:
+            fitted = fit_to_window(
+                messages,
+                budget=prompt_budget(window, self.settings.max_tokens),
+                chars_per_token=getattr(self.client, "chars_per_token", DEFAULT_CHARS_PER_TOKEN),
+                tool_schemas=tools.schemas() if tools else None,
+            )
+            if fitted.trimmed:
+                sent = fitted.messages
+                trimmed = {"dropped": fitted.dropped, "clipped": fitted.clipped, "fits": fitted.fits}
+                self.note(trimmed=trimmed)
+                log_fields["trimmed"] = trimmed
+        reply = await self.client.complete(sent, tools=tools, request_logger=self._logger(context), log_fields=log_fields)
         self._account(context, reply.cost)
+        if reply.usage.total_tokens:
+            context.incr(TOKENS_VAR, reply.usage.total_tokens)
+        tokens = (self.step.extra.get("tokens") if self.step is not None else None) or {"prompt": 0, "completion": 0}
         self.note(
             model=reply.model,
-            tokens={"prompt": reply.usage.prompt_tokens, "completion": reply.usage.completion_tokens},
-            cost="unknown" if reply.cost is None else reply.cost,
+            tokens={
+                "prompt": tokens["prompt"] + reply.usage.prompt_tokens,
+                "completion": tokens["completion"] + reply.usage.completion_tokens,
+            },
+            cost=_cost_text(self.step.cost if self.step is not None else reply.cost),
         )
         return reply
 
@@ -189,6 +341,12 @@ class LLMAgent(Agent):
         self.round_result = message
         return AgentStatus.ERROR.value
 
+    def _stop(self, reason: str) -> str:
+        """End in STOP (round and session ``stopped``, never ``finished``) with ``reason``."""
+        self.note(stopped=reason)
+        self.round_result = reason
+        return AgentStatus.STOP.value
+
 
 class ToolUsingAgent(LLMAgent):
     """An agent that calls tools until it gives a final answer (one model call per step)."""
@@ -199,8 +357,9 @@ class ToolUsingAgent(LLMAgent):
 
     def initial_messages(self, context: "Context", tools: ToolSet) -> list[dict[str, Any]]:
         """The system prompt and the first user message."""
+        prompt = linux_agent_system_prompt(tools, self.system_extra(context), finish_tool=self.finish_tool)
         return [
-            {"role": "system", "content": linux_agent_system_prompt(tools, self.system_extra(context))},
+            {"role": "system", "content": prompt},
             {
                 "role": "user",
                 "content": request_message(
@@ -222,20 +381,56 @@ class ToolUsingAgent(LLMAgent):
         """Too many failed steps in a row."""
         return self._error(reason)
 
+    async def on_nothing_done(self, context: "Context", content: str) -> str:
+        """The model answered after tool calls that all failed or were refused: the work failed."""
+        reason = f"nothing was done (every tool call failed or was refused); the model said: {content}"
+        self.round_result = reason
+        context.append(
+            ContextNames.PREVIOUS_SUBTASKS,
+            previous_subtask_entry(context, context.get(ContextNames.REQUEST), AgentStatus.FAIL.value, reason, self.name),
+        )
+        return AgentStatus.FAIL.value
+
+    async def on_no_action(self, context: "Context", content: str) -> str:
+        """The model kept answering without calling a tool: the round ends ``no_action``."""
+        reason = no_action_reason(self.settings.no_action_retries, content)
+        self.round_result = reason
+        context.append(
+            ContextNames.PREVIOUS_SUBTASKS,
+            previous_subtask_entry(
+                context, context.get(ContextNames.REQUEST), AgentStatus.NO_ACTION.value, reason, self.name
+            ),
+        )
+        return AgentStatus.NO_ACTION.value
+
     async def act(self, context: "Context") -> str:
-        tools = self.tools(context)
+        tools = self.offered(self.tools(context))
         messages, meta = self._load(context, self.conversation_scope(context), lambda: self.initial_messages(context, tools))
         try:
             reply = await self.call_model(context, messages, tools)
+        except TokenBudgetReached as exc:
+            return self._stop(str(exc))
         except ModelCallError as exc:
             return self._error(str(exc))
         self._append(context, messages, reply.assistant_message())
-        if reply.is_final:
-            content = reply.content or ""
-            self.note(answer=content[:500])
-            return await self.on_final_answer(context, content)
+        answer = self.answer_of(reply)
+        if answer is not None:
+            self.note(answer=answer[:500])
+            verdict = self.judge_answer(context, messages, meta, reply)
+            self._save_meta(context, meta)
+            if verdict == "final":
+                return await self.on_final_answer(context, answer)
+            if verdict == "failed":
+                return await self.on_nothing_done(context, answer)
+            if verdict == "no_action":
+                return await self.on_no_action(context, answer)
+            return AgentStatus.CONTINUE.value
         tool_messages, outcome = await self.run_tool_calls(context, reply.tool_calls, tools)
         self._append(context, messages, *tool_messages)
+        meta["tried"] = True
+        meta.setdefault("acted", False)
+        if outcome == "ok":
+            meta["acted"] = True
         if outcome == "failed":
             meta["failures"] = int(meta.get("failures", 0)) + 1
             meta["last_error"] = tool_messages[-1]["content"][:500] if tool_messages else ""
@@ -282,6 +477,9 @@ class ToolUsingAgent(LLMAgent):
         refused_names: list[str] = []
         for i, call in enumerate(calls):
             spec = tools.resolve(call.function_name)
+            if call.function_name == FINISH_TOOL and self.finish_tool:
+                contents[i] = f"not finished: call {FINISH_TOOL} alone, after the other calls' results"
+                continue
             if spec is None:
                 available = ", ".join(s.function_name for s in tools.specs) or "none"
                 contents[i] = f"error: there is no tool {call.function_name!r}; available tools: {available}"
@@ -341,6 +539,13 @@ class LinuxAgent(ToolUsingAgent):
 
     def __init__(self, name: str = "linux", *, client: ModelClient, settings: ModelSettings | None = None) -> None:
         super().__init__(name, client=client, settings=settings)
+
+
+def no_action_reason(retries: int, content: str) -> str:
+    """The round result of an agent that never called a tool."""
+    asked = f", even after {retries} reminder(s)" if retries else ""
+    said = f": {content[:300]}" if content.strip() else " (an empty reply)"
+    return f"no action: the model answered without calling a tool{asked}{said}"
 
 
 def is_refusal(result: Result) -> bool:

@@ -42,6 +42,10 @@ __all__ = [
     "ModelCallError",
     "Usage",
     "ToolCall",
+    "ToolChoice",
+    "wire_messages",
+    "request_chars",
+    "DEFAULT_CHARS_PER_TOKEN",
     "ModelReply",
     "ModelClient",
     "require_model_settings",
@@ -55,6 +59,10 @@ OPENAI_BASE_URL = "https://api.openai.com/v1"
 _NO_KEY = "not-needed"
 _RETRY_STATUS = frozenset({408, 409, 429})
 _MAX_RETRY_AFTER = 60.0
+#: ``auto`` and ``required`` are sent as they are; ``omit`` sends no ``tool_choice`` (a server that rejects it).
+ToolChoice = Literal["auto", "required", "omit"]
+#: Characters per token assumed until a reply's ``usage`` measures it (low: it over-counts, never under).
+DEFAULT_CHARS_PER_TOKEN = 3.0
 
 
 class ModelSettings(BaseModel):
@@ -66,7 +74,12 @@ class ModelSettings(BaseModel):
     api_key: SecretStr | None = Field(None, description="API key (prefer SAUCER_LLM_API_KEY)")
     model: str | None = Field(None, description="model name, e.g. gpt-4o-mini or llama3.1")
     temperature: float | None = Field(0.0, ge=0.0, le=2.0)
-    max_tokens: int | None = Field(None, gt=0)
+    max_tokens: int | None = Field(1024, gt=0, description="most tokens generated per call (bounds a runaway reply)")
+    tool_choice: ToolChoice = Field("auto", description="sent with the tools: auto, required, or omit (not sent)")
+    context_window: int | None = Field(8192, ge=256, description="tokens the model's context holds; trimmed to fit")
+    token_budget: int | None = Field(None, gt=0, description="most tokens the agents may use in one session")
+    no_action_retries: int = Field(2, ge=0, description="times the agent is asked again after a reply with no tool call")
+    tool_description_chars: int = Field(160, ge=0, description="tool descriptions are cut to this length (0: whole)")
     timeout: float = Field(60.0, gt=0, description="seconds per request attempt")
     max_retries: int = Field(3, ge=0, description="retries after the first attempt")
     backoff_base: float = Field(0.5, ge=0, description="first retry delay in seconds; doubles each retry")
@@ -254,12 +267,18 @@ class ModelReply:
 
     @property
     def is_final(self) -> bool:
-        """A reply without tool calls: the model's final answer."""
+        """A reply without tool calls (whether it is an answer is the agent's call, see ``truncated``)."""
         return not self.tool_calls
+
+    @property
+    def truncated(self) -> bool:
+        """The reply was cut off by ``max_tokens`` (``finish_reason: "length"``): never an answer."""
+        return self.finish_reason == "length"
 
     def assistant_message(self) -> dict[str, Any]:
         """The assistant message to append to the conversation before the tool results."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        # "" rather than null: llama-cpp-python answers HTTP 500 to a tool-call turn whose content is null.
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
         if self.tool_calls:
             message["tool_calls"] = [
                 {
@@ -282,6 +301,29 @@ def _parse_arguments(raw: str | None) -> tuple[dict[str, Any], str | None]:
     if not isinstance(value, dict):
         return {}, f"arguments must be a JSON object, got {type(value).__name__}"
     return value, None
+
+
+def wire_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``messages`` as sent: an assistant turn's null content becomes ``""``.
+
+    Conversations stored before that rule (content null on tool-call turns)
+    are sent right too.
+    """
+    out = []
+    for message in messages:
+        copy = dict(message)
+        if copy.get("role") == "assistant" and copy.get("content") is None:
+            copy["content"] = ""
+        out.append(copy)
+    return out
+
+
+def request_chars(messages: Sequence[Mapping[str, Any]], tool_schemas: Any = None) -> int:
+    """The size of a request's prompt in characters of JSON (what ``chars_per_token`` divides)."""
+    size = len(json.dumps(list(messages), ensure_ascii=False))
+    if tool_schemas:
+        size += len(json.dumps(tool_schemas, ensure_ascii=False))
+    return size
 
 
 Sleep = Callable[[float], Awaitable[Any]]
@@ -308,6 +350,10 @@ class ModelClient:
         self._sleep: Sleep = sleep or asyncio.sleep
         #: Models that refused a temperature (sent without one from then on).
         self._no_temperature: set[str] = set()
+        #: Models that take ``max_completion_tokens`` instead of ``max_tokens``.
+        self._max_tokens_field: dict[str, str] = {}
+        #: Characters of request (messages and tools, as JSON) per prompt token, measured by the last reply.
+        self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
         kwargs: dict[str, Any] = {}
         if http_client is not None:
             kwargs["http_client"] = http_client
@@ -372,18 +418,29 @@ class ModelClient:
         request_logger: RequestLogger | None = None,
         log_fields: Mapping[str, Any] | None = None,
         response_format: Mapping[str, Any] | None = None,
+        tool_choice: ToolChoice | None = None,
     ) -> ModelReply:
-        """One chat completion (with retries). Raises :class:`ModelCallError` when it fails for good."""
+        """One chat completion (with retries). Raises :class:`ModelCallError` when it fails for good.
+
+        With ``tools``, ``tool_choice`` (default: the settings') is sent unless
+        it is ``omit``: some servers (llama-cpp-python) read a missing
+        ``tool_choice`` as ``none`` and never call a tool. ``max_tokens`` is
+        always sent when set (default 1024), as ``max_completion_tokens`` to a
+        model that refuses the older name.
+        """
         s = self.settings
         model_name = model or self.model
-        body: dict[str, Any] = {"model": model_name, "messages": [dict(m) for m in messages]}
+        body: dict[str, Any] = {"model": model_name, "messages": wire_messages(messages)}
         temp = s.temperature if temperature is None else temperature
         if temp is not None and model_name not in self._no_temperature:
             body["temperature"] = temp
         if s.max_tokens is not None:
-            body["max_tokens"] = s.max_tokens
+            body[self._max_tokens_field.get(model_name, "max_tokens")] = s.max_tokens
         if tools:
             body["tools"] = tools.schemas()
+            choice = tool_choice or s.tool_choice
+            if choice != "omit":
+                body["tool_choice"] = choice
         if response_format is not None:
             body["response_format"] = dict(response_format)
         logger = request_logger or self.request_logger
@@ -408,6 +465,13 @@ class ModelClient:
                     errors.append(detail + " (sent again without temperature)")
                     attempt -= 1
                     continue
+                if status == 400 and "max_tokens" in body and "max_completion_tokens" in detail:
+                    # Newer OpenAI models take the limit only under its new name.
+                    self._max_tokens_field[model_name] = "max_completion_tokens"
+                    body["max_completion_tokens"] = body.pop("max_tokens")
+                    errors.append(detail + " (sent again with max_completion_tokens)")
+                    attempt -= 1
+                    continue
             except openai.APITimeoutError:
                 status, retryable, retry_after = None, True, None
                 detail = f"timed out after {s.timeout:g} s"
@@ -426,6 +490,8 @@ class ModelClient:
         except ModelCallError as exc:
             self._log(logger, body, tools, None, started, attempt, errors, log_fields, str(exc))
             raise
+        if reply.usage.prompt_tokens > 0:
+            self.chars_per_token = request_chars(body["messages"], body.get("tools")) / reply.usage.prompt_tokens
         self._log(logger, body, tools, reply, started, attempt, errors, log_fields, None)
         return reply
 
@@ -498,6 +564,8 @@ class ModelClient:
                 "model": body["model"],
                 "base_url": self.settings.effective_base_url,
                 "temperature": body.get("temperature"),
+                "max_tokens": body.get("max_tokens", body.get("max_completion_tokens")),
+                "tool_choice": body.get("tool_choice"),
                 "prompt": body["messages"],
                 "tools": tools.names() if tools else [],
                 "attempts": attempts,

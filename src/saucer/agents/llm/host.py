@@ -23,9 +23,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from saucer.agents.llm.agent import (
+    FINISH_TOOL,
     SUBTASK_FINISH,
     LLMAgent,
+    TokenBudgetReached,
     ToolUsingAgent,
+    no_action_reason,
     previous_subtask_entry,
 )
 from saucer.agents.llm.client import ModelCallError, ModelClient, ModelSettings
@@ -76,11 +79,12 @@ class HostAgent(LLMAgent):
     ) -> None:
         super().__init__(name, client=client, settings=settings)
         self.app_name = app_name
-        self._assign = assign_toolset()
+        self._assign = self.offered(assign_toolset())
 
     def initial_messages(self, context: "Context", tools: ToolSet) -> list[dict[str, Any]]:
+        prompt = host_agent_system_prompt(tools, self.system_extra(context), finish_tool=self.finish_tool)
         return [
-            {"role": "system", "content": host_agent_system_prompt(tools, self.system_extra(context))},
+            {"role": "system", "content": prompt},
             {
                 "role": "user",
                 "content": request_message(
@@ -95,24 +99,40 @@ class HostAgent(LLMAgent):
         messages, meta = self._load(context, scope, lambda: self.initial_messages(context, app_tools))
         pending = meta.pop("pending", None)
         if pending:
-            self._append(context, messages, {"role": "tool", "tool_call_id": pending["call_id"], "content": self._subtask_report(context, pending)})
+            status, report = self._subtask_report(context, pending)
+            meta["acted"] = bool(meta.get("acted")) or status == AgentStatus.FINISH.value
+            self._append(context, messages, {"role": "tool", "tool_call_id": pending["call_id"], "content": report})
         try:
             reply = await self.call_model(context, messages, self._assign)
+        except TokenBudgetReached as exc:
+            self._save_meta(context, meta)
+            return self._stop(str(exc))
         except ModelCallError as exc:
             self._save_meta(context, meta)
             return self._error(str(exc))
         self._append(context, messages, reply.assistant_message())
-        if reply.is_final:
-            content = reply.content or ""
-            self.round_result = content
-            self.note(answer=content[:500])
+        answer = self.answer_of(reply)
+        if answer is not None:
+            self.note(answer=answer[:500])
+            verdict = self.judge_answer(context, messages, meta, reply)
             self._save_meta(context, meta)
-            return AgentStatus.FINISH.value
+            if verdict == "final":
+                self.round_result = answer
+                return AgentStatus.FINISH.value
+            if verdict == "failed":
+                self.round_result = f"no subtask was done; the host agent said: {answer}"
+                return AgentStatus.FAIL.value
+            if verdict == "no_action":
+                self.round_result = no_action_reason(self.settings.no_action_retries, answer)
+                return AgentStatus.NO_ACTION.value
+            return AgentStatus.CONTINUE.value
         chosen = None
         answers: list[dict[str, Any]] = []
         for call in reply.tool_calls:
             problem = None
-            if call.function_name != ASSIGN_TOOL:
+            if call.function_name == FINISH_TOOL and self.finish_tool:
+                problem = f"not finished: call {FINISH_TOOL} alone, after the subtasks are done"
+            elif call.function_name != ASSIGN_TOOL:
                 problem = f"error: there is no tool {call.function_name!r}; use {ASSIGN_TOOL}(subtask, message)"
             elif call.error:
                 problem = f"error: invalid arguments: {call.error}"
@@ -137,6 +157,8 @@ class HostAgent(LLMAgent):
         context.set(ContextNames.SUBTASK, subtask)
         context.set(ContextNames.HOST_MESSAGE, [message] if isinstance(message, str) and message.strip() else [])
         meta["failures"] = 0
+        meta["tried"] = True
+        meta.setdefault("acted", False)
         meta["pending"] = {"call_id": chosen.id, "subtask": subtask}
         self._save_meta(context, meta)
         self.note(assigned=subtask)
@@ -144,12 +166,13 @@ class HostAgent(LLMAgent):
         return AgentStatus.CONTINUE.value
 
     @staticmethod
-    def _subtask_report(context: "Context", pending: dict[str, Any]) -> str:
+    def _subtask_report(context: "Context", pending: dict[str, Any]) -> tuple[str | None, str]:
+        """The app agent's status for the pending subtask, and the text the host reads."""
         previous = context.get(ContextNames.PREVIOUS_SUBTASKS) or []
         last = previous[-1] if previous else None
         if isinstance(last, dict) and last.get("subtask") == pending.get("subtask"):
-            return f"{last.get('status', '')}: {last.get('result', '')}"
-        return "the app agent reported no result for this subtask"
+            return last.get("status"), f"{last.get('status', '')}: {last.get('result', '')}"
+        return None, "the app agent reported no result for this subtask"
 
 
 @HostAgent.register_state
@@ -182,8 +205,9 @@ class AppAgent(ToolUsingAgent):
         }
 
     def initial_messages(self, context: "Context", tools: ToolSet) -> list[dict[str, Any]]:
+        prompt = app_agent_system_prompt(tools, self.system_extra(context), finish_tool=self.finish_tool)
         return [
-            {"role": "system", "content": app_agent_system_prompt(tools, self.system_extra(context))},
+            {"role": "system", "content": prompt},
             {
                 "role": "user",
                 "content": request_message(
@@ -223,3 +247,15 @@ class AppAgent(ToolUsingAgent):
         if back is not None:
             return back
         return self._error(reason)
+
+    async def on_nothing_done(self, context: "Context", content: str) -> str:
+        if self.host_name not in self.peers:
+            return await super().on_nothing_done(context, content)
+        reason = f"nothing was done (every tool call failed or was refused); the app agent said: {content}"
+        return self._report(context, AgentStatus.FAIL.value, reason) or AgentStatus.FAIL.value
+
+    async def on_no_action(self, context: "Context", content: str) -> str:
+        if self.host_name not in self.peers:
+            return await super().on_no_action(context, content)
+        reason = no_action_reason(self.settings.no_action_retries, content)
+        return self._report(context, AgentStatus.NO_ACTION.value, reason) or AgentStatus.NO_ACTION.value

@@ -31,6 +31,8 @@ __all__ = [
     "app_agent_system_prompt",
     "host_agent_system_prompt",
     "judge_system_prompt",
+    "no_action_message",
+    "cut_off_message",
     "request_message",
     "format_previous_subtasks",
 ]
@@ -118,6 +120,7 @@ def template_variables(context: Any) -> dict[str, Any]:
 
 
 def _tool_lines(tools: ToolSet | None) -> str:
+    """One line per tool, for a prompt whose reader is not sent the tools' schemas (the host)."""
     if not tools:
         return "(no tools are available)"
     lines = []
@@ -125,6 +128,17 @@ def _tool_lines(tools: ToolSet | None) -> str:
         flag = " [sensitive: the user is asked before it runs]" if spec.sensitive else ""
         lines.append(f"- {spec.function_name} ({spec.name}): {spec.description}{flag}")
     return "\n".join(lines)
+
+
+def _tool_names(tools: ToolSet | None) -> str:
+    """The tools by name only: their descriptions and schemas go in the request's ``tools``, once."""
+    if not tools:
+        return "(no tools are available)"
+    text = ", ".join(spec.function_name for spec in tools.specs)
+    sensitive = [spec.function_name for spec in tools.specs if spec.sensitive]
+    if sensitive:
+        text += "\nSensitive (the user is asked before they run): " + ", ".join(sensitive)
+    return text
 
 
 def format_previous_subtasks(previous: Any) -> str:
@@ -143,31 +157,44 @@ def format_previous_subtasks(previous: Any) -> str:
     return "\n".join(lines)
 
 
-_LINUX_AGENT = """You are saucer's Linux agent. You carry out the user's request on this machine by calling the tools below, one step at a time.
+_LINUX_AGENT = """You are saucer's Linux agent. You carry out the user's request on this machine by calling tools, one step at a time.
 
 Rules:
-- Call tools to act and to look things up; never invent a tool result.
-- After each tool result, decide the next step. A tool result marked "refused by the user" was not run: do not retry it; find another way or explain.
-- When the request is done (or cannot be done), answer with a short final summary for the user and call no tool. That answer ends your work.
+- Act only by calling tools; never invent a tool result.
+- After each tool result, decide the next step. A result marked "refused by the user" was not run: do not retry it.
+- When the request is done (or cannot be done), {finish} That ends your work.
 
-Tools:
-{tools}"""
+Tools: {tools}"""
 
-_APP_AGENT = """You are saucer's app agent. The host agent gave you one subtask of a larger request. Carry out this subtask only, by calling the tools below.
+_APP_AGENT = """You are saucer's app agent. The host agent gave you one subtask of a larger request. Carry out this subtask only, by calling tools.
 
 Rules:
-- Call tools to act and to look things up; never invent a tool result.
-- A tool result marked "refused by the user" was not run: do not retry it; find another way or explain.
-- When the subtask is done (or cannot be done), answer with a short result for the host agent and call no tool.
+- Act only by calling tools; never invent a tool result.
+- A result marked "refused by the user" was not run: do not retry it.
+- When the subtask is done (or cannot be done), {finish}
 
-Tools:
-{tools}"""
+Tools: {tools}"""
+
+#: How the agent ends its work, by ``tool_choice``: in prose, or (``required``) with the finish tool.
+_FINISH_IN_PROSE = "answer with a short summary and call no tool."
+_FINISH_WITH_TOOL = "call finish with a short summary."
 
 _HOST_AGENT = """You are saucer's host agent. You split the user's request into subtasks and hand them, one at a time, to an app agent that can use these tools:
 {tools}
 
 To hand over the next subtask, call assign_subtask with the subtask and, if useful, a message for the app agent. You will then see its result.
-When the whole request is done (or cannot be done), answer with a short final summary for the user and call no tool."""
+When the whole request is done (or cannot be done), {finish}"""
+
+#: Sent when the model answered without calling a tool before anything was done.
+_NO_ACTION = (
+    "You answered without calling a tool, so nothing has been done yet. "
+    "Carry out the request by calling one of the tools now."
+)
+#: Sent (for one more try) when a reply was cut off at max_tokens.
+_CUT_OFF = (
+    "Your last reply was cut off at the token limit{limit} and was discarded. "
+    "Reply again, shorter: one tool call, or a short answer."
+)
 
 _JUDGE = """You are an evaluator. You judge whether an agent completed the user's request, from the request and a log of the steps it took and the results it saw.
 
@@ -179,19 +206,34 @@ def _with_extra(prompt: str, extra: str | None) -> str:
     return prompt + (f"\n\nAdditional instructions:\n{extra}" if extra else "")
 
 
-def linux_agent_system_prompt(tools: ToolSet | None, extra: str | None = None) -> str:
-    """The single-tier agent's system prompt."""
-    return _with_extra(_LINUX_AGENT.replace("{tools}", _tool_lines(tools)), extra)
+def _fill(template: str, tools: str, finish_tool: bool) -> str:
+    finish = _FINISH_WITH_TOOL if finish_tool else _FINISH_IN_PROSE
+    return template.replace("{finish}", finish).replace("{tools}", tools)
 
 
-def app_agent_system_prompt(tools: ToolSet | None, extra: str | None = None) -> str:
+def linux_agent_system_prompt(tools: ToolSet | None, extra: str | None = None, *, finish_tool: bool = False) -> str:
+    """The single-tier agent's system prompt (the tools by name: their schemas are sent beside it)."""
+    return _with_extra(_fill(_LINUX_AGENT, _tool_names(tools), finish_tool), extra)
+
+
+def app_agent_system_prompt(tools: ToolSet | None, extra: str | None = None, *, finish_tool: bool = False) -> str:
     """The app agent's system prompt."""
-    return _with_extra(_APP_AGENT.replace("{tools}", _tool_lines(tools)), extra)
+    return _with_extra(_fill(_APP_AGENT, _tool_names(tools), finish_tool), extra)
 
 
-def host_agent_system_prompt(tools: ToolSet | None, extra: str | None = None) -> str:
-    """The host agent's system prompt."""
-    return _with_extra(_HOST_AGENT.replace("{tools}", _tool_lines(tools)), extra)
+def host_agent_system_prompt(tools: ToolSet | None, extra: str | None = None, *, finish_tool: bool = False) -> str:
+    """The host agent's system prompt (the app agent's tools with their short descriptions)."""
+    return _with_extra(_fill(_HOST_AGENT, _tool_lines(tools), finish_tool), extra)
+
+
+def no_action_message() -> str:
+    """What the agent is told when it answered without calling a tool and nothing was done yet."""
+    return _NO_ACTION
+
+
+def cut_off_message(max_tokens: int | None) -> str:
+    """What the model is told when its reply was cut off at ``max_tokens``."""
+    return _CUT_OFF.replace("{limit}", f" ({max_tokens} tokens)" if max_tokens else "")
 
 
 def judge_system_prompt() -> str:

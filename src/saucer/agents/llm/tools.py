@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["ToolSpec", "ToolSet", "to_function_name"]
+__all__ = ["ToolSpec", "ToolSet", "to_function_name", "short_description", "compact_schema"]
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_-]")
 _MAX_NAME = 64
@@ -49,6 +49,55 @@ class ToolSpec:
         }
 
 
+def short_description(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, at the end of a sentence when one fits (``limit`` 0: whole).
+
+    Tool descriptions are sent with every call: the built-in tools' full
+    descriptions made most of a ~2,000-token first prompt.
+    """
+    text = " ".join(text.split())
+    if limit <= 0 or len(text) <= limit:
+        return text
+    window = text[: limit + 1]
+    end = max(window.rfind(". "), window.rfind(".\n"), window.rfind("; "))
+    if end >= limit // 3:
+        return text[: end + 1].rstrip(";") if text[end] == "." else text[:end] + "."
+    cut = window.rfind(" ", 0, limit - 1)
+    return text[: cut if cut > 0 else limit - 1].rstrip(",;:") + "…"
+
+
+def compact_schema(schema: Any, limit: int) -> Any:
+    """A JSON schema as the model needs it: no ``title``, short descriptions, ``X or null`` as ``X``.
+
+    The dispatcher still validates arguments against the tool's own schema;
+    this is only what the model reads. ``limit`` 0 keeps descriptions whole.
+    """
+    if isinstance(schema, list):
+        return [compact_schema(item, limit) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key == "description" and isinstance(value, str):
+            out[key] = short_description(value, max(limit // 2, 60) if limit else 0)
+        elif key == "properties" and isinstance(value, Mapping):
+            out[key] = {name: compact_schema(prop, limit) for name, prop in value.items()}
+        else:
+            out[key] = compact_schema(value, limit)
+    options = out.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        # An optional parameter (pydantic's ``X | None = None``): the model may simply leave it out.
+        other = options[0] if options[1] == {"type": "null"} else options[1]
+        del out["anyOf"]
+        if out.get("default", 0) is None:
+            del out["default"]
+        if isinstance(other, Mapping):
+            out = {**other, **out}
+    return out
+
+
 def _schema_of(info: Mapping[str, Any]) -> dict[str, Any]:
     for key in _SCHEMA_KEYS:
         value = info.get(key)
@@ -77,11 +126,14 @@ class ToolSet:
         tool_info: Mapping[str, Any] | None,
         *,
         sensitive: set[str] | frozenset[str] | None = None,
+        description_chars: int = 0,
     ) -> "ToolSet":
         """Tools from ``TOOL_INFO`` (``"server.tool" -> {description, input schema, ...}``).
 
         A tool is sensitive when its info says ``"sensitive": true`` or its
-        name is in ``sensitive``.
+        name is in ``sensitive``. ``description_chars`` > 0 sends short
+        descriptions and compact schemas (:func:`short_description`,
+        :func:`compact_schema`).
         """
         specs: list[ToolSpec] = []
         used: set[str] = set()
@@ -92,13 +144,17 @@ class ToolSet:
             if fn in used:
                 fn = fn[: _MAX_NAME - 9] + "_" + hashlib.sha1(name.encode()).hexdigest()[:8]
             used.add(fn)
-            description = info.get("description") or info.get("title") or name
+            description = str(info.get("description") or info.get("title") or name)
+            parameters = _schema_of(info)
+            if description_chars:
+                description = short_description(description, description_chars)
+                parameters = compact_schema(parameters, description_chars)
             specs.append(
                 ToolSpec(
                     name=name,
                     function_name=fn,
-                    description=str(description),
-                    parameters=_schema_of(info),
+                    description=description,
+                    parameters=parameters,
                     sensitive=bool(info.get("sensitive")) or name in (sensitive or ()),
                     tool_type="data_collection" if info.get("tool_type") == "data_collection" else "action",
                 )
@@ -123,6 +179,10 @@ class ToolSet:
     def get(self, name: str) -> ToolSpec | None:
         """The tool called ``name`` (a saucer name)."""
         return self._by_name.get(name)
+
+    def with_tools(self, *extra: ToolSpec) -> "ToolSet":
+        """This set plus ``extra`` (a function name already offered is not added twice)."""
+        return ToolSet(self.specs + [spec for spec in extra if self.resolve(spec.function_name) is None])
 
     def names(self) -> list[str]:
         """The saucer names of the tools, sorted."""

