@@ -34,6 +34,8 @@ bench: $(VENV)/bin/python
 	$(VENV)/bin/python bench/engine.py
 	$(VENV)/bin/python bench/dispatch.py
 	$(VENV)/bin/python bench/service.py
+	$(VENV)/bin/python scripts/llama_server.py
+	$(VENV)/bin/python bench/llm_server.py
 
 # llama.cpp's llama-server, built from the source in PyPI's llama-cpp-python sdist
 # (needs cmake and a C++ compiler; ~5-8 min once), SmolLM2-135M-Instruct from the

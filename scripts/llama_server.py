@@ -208,12 +208,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(*, ctx_size: int = 4096, threads: int = 2, log_dir: Path | None = None, startup: float = 60.0) -> Iterator[Server]:
+def serve(*, ctx_size: int = 4096, threads: int = 1, log_dir: Path | None = None, startup: float = 60.0) -> Iterator[Server]:
     """Run the cached llama-server with the SmolLM2 model on a free loopback port.
 
     ``--jinja`` and the tool-capable template make llama-server put the
     tools in the prompt and parse tool calls; one slot (``-np 1``) keeps the
-    whole context for one conversation. The process is stopped on exit.
+    whole context for one conversation. One thread: on two cores shared with
+    the test suite (or other work), two threads that wait on each other made
+    calls 4x slower (26 s against 6 s a call, measured). Stopped on exit.
     """
     gaps = missing()
     if gaps:

@@ -217,7 +217,8 @@ class FakeOpenAI:
                     "function": {"name": name.replace(".", "__"), "arguments": args if isinstance(args, str) else json.dumps(args)},
                 }
             )
-        return cls.completion({"role": "assistant", "content": content, "tool_calls": out}, usage=usage, finish_reason="tool_calls", **kw)
+        kw.setdefault("finish_reason", "tool_calls")
+        return cls.completion({"role": "assistant", "content": content, "tool_calls": out}, usage=usage, **kw)
 
     @staticmethod
     def error(status: int, message: str = "", *, headers: dict[str, str] | None = None) -> Scripted:
