@@ -315,3 +315,29 @@ def test_tool_descriptions_are_sent_once_and_short(fake: FakeOpenAI, settings: M
     assert long not in fake.requests[0].messages[0]["content"]  # not repeated in the system prompt
     run(go(ms(settings, tool_description_chars=0)))  # 0: whole
     assert fake.requests[1].json["tools"][0]["function"]["description"] == long
+
+
+def test_a_conversation_stored_by_an_older_saucer_goes_on(fake: FakeOpenAI, settings: ModelSettings) -> None:
+    """No ``tried``/``acted`` in its meta, content null on its tool-call turn: it resumes and its answer counts."""
+    ctx = Context()
+    ctx.set(ContextNames.REQUEST, "list the files")
+    call = {"id": "k1", "type": "function", "function": {"name": "shell__run", "arguments": '{"cmd": "ls"}'}}
+    ctx.update_vars(set={
+        "_llm.linux.messages": [
+            {"role": "system", "content": "old prompt"},
+            {"role": "user", "content": "Request: list the files"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "k1", "content": "a.txt"},
+        ],
+        "_llm.linux.meta": {"scope": {"round": 0}, "failures": 0},
+    })
+    fake.push(fake.text("one file: a.txt"))
+
+    async def go() -> tuple[str, LinuxAgent]:
+        async with ModelClient(settings) as client:
+            agent = LinuxAgent(client=client)
+            return await agent.act(ctx), agent
+
+    status, agent = run(go())
+    assert status == "FINISH" and agent.round_result == "one file: a.txt"
+    assert fake.requests[0].messages[2]["content"] == ""

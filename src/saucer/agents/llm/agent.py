@@ -154,6 +154,9 @@ class LLMAgent(Agent):
         if isinstance(meta, dict) and meta.get("scope") == scope:
             messages = context.get_var(self._messages_key) or []
             if messages:
+                if "acted" not in meta:  # stored before these counters: trust what the conversation shows
+                    had_results = any(m.get("role") == "tool" for m in messages)
+                    meta.update(tried=had_results, acted=had_results)
                 return messages, meta
         messages = initial()
         meta = {"scope": scope, "failures": 0, "tried": False, "acted": False}
@@ -212,10 +215,7 @@ class LLMAgent(Agent):
         the model is reminded (appended to ``messages`` here) and asked again;
         ``no_action``: still nothing after ``no_action_retries`` reminders.
         """
-        acted = meta.get("acted")
-        if acted is None:  # a conversation stored before these counters: lenient
-            acted = any(m.get("role") == "tool" for m in messages)
-        if acted:
+        if meta.get("acted"):
             return "final"
         if meta.get("tried"):
             return "failed"
@@ -368,14 +368,18 @@ class ToolUsingAgent(LLMAgent):
             },
         ]
 
-    async def on_final_answer(self, context: "Context", content: str) -> str:
-        """The model answered without tool calls: record the result and finish."""
-        self.round_result = content
+    def _end_request(self, context: "Context", status: str, result: str) -> str:
+        """End the round's request in ``status``: ``result`` is the round's result and a previous subtask."""
+        self.round_result = result
         context.append(
             ContextNames.PREVIOUS_SUBTASKS,
-            previous_subtask_entry(context, context.get(ContextNames.REQUEST), AgentStatus.FINISH.value, content, self.name),
+            previous_subtask_entry(context, context.get(ContextNames.REQUEST), status, result, self.name),
         )
-        return AgentStatus.FINISH.value
+        return status
+
+    async def on_final_answer(self, context: "Context", content: str) -> str:
+        """The model answered after a tool call succeeded: record the result and finish."""
+        return self._end_request(context, AgentStatus.FINISH.value, content)
 
     async def on_give_up(self, context: "Context", reason: str) -> str:
         """Too many failed steps in a row."""
@@ -383,25 +387,12 @@ class ToolUsingAgent(LLMAgent):
 
     async def on_nothing_done(self, context: "Context", content: str) -> str:
         """The model answered after tool calls that all failed or were refused: the work failed."""
-        reason = f"nothing was done (every tool call failed or was refused); the model said: {content}"
-        self.round_result = reason
-        context.append(
-            ContextNames.PREVIOUS_SUBTASKS,
-            previous_subtask_entry(context, context.get(ContextNames.REQUEST), AgentStatus.FAIL.value, reason, self.name),
-        )
-        return AgentStatus.FAIL.value
+        return self._end_request(context, AgentStatus.FAIL.value, nothing_done_reason("model", content))
 
     async def on_no_action(self, context: "Context", content: str) -> str:
         """The model kept answering without calling a tool: the round ends ``no_action``."""
         reason = no_action_reason(self.settings.no_action_retries, content)
-        self.round_result = reason
-        context.append(
-            ContextNames.PREVIOUS_SUBTASKS,
-            previous_subtask_entry(
-                context, context.get(ContextNames.REQUEST), AgentStatus.NO_ACTION.value, reason, self.name
-            ),
-        )
-        return AgentStatus.NO_ACTION.value
+        return self._end_request(context, AgentStatus.NO_ACTION.value, reason)
 
     async def act(self, context: "Context") -> str:
         tools = self.offered(self.tools(context))
@@ -428,7 +419,6 @@ class ToolUsingAgent(LLMAgent):
         tool_messages, outcome = await self.run_tool_calls(context, reply.tool_calls, tools)
         self._append(context, messages, *tool_messages)
         meta["tried"] = True
-        meta.setdefault("acted", False)
         if outcome == "ok":
             meta["acted"] = True
         if outcome == "failed":
@@ -539,6 +529,11 @@ class LinuxAgent(ToolUsingAgent):
 
     def __init__(self, name: str = "linux", *, client: ModelClient, settings: ModelSettings | None = None) -> None:
         super().__init__(name, client=client, settings=settings)
+
+
+def nothing_done_reason(who: str, content: str) -> str:
+    """The round (or subtask) result of an agent whose every tool call failed or was refused."""
+    return f"nothing was done (every tool call failed or was refused); the {who} said: {content}"
 
 
 def no_action_reason(retries: int, content: str) -> str:

@@ -29,6 +29,7 @@ from saucer.agents.llm.agent import (
     TokenBudgetReached,
     ToolUsingAgent,
     no_action_reason,
+    nothing_done_reason,
     previous_subtask_entry,
 )
 from saucer.agents.llm.client import ModelCallError, ModelClient, ModelSettings
@@ -158,7 +159,6 @@ class HostAgent(LLMAgent):
         context.set(ContextNames.HOST_MESSAGE, [message] if isinstance(message, str) and message.strip() else [])
         meta["failures"] = 0
         meta["tried"] = True
-        meta.setdefault("acted", False)
         meta["pending"] = {"call_id": chosen.id, "subtask": subtask}
         self._save_meta(context, meta)
         self.note(assigned=subtask)
@@ -251,8 +251,7 @@ class AppAgent(ToolUsingAgent):
     async def on_nothing_done(self, context: "Context", content: str) -> str:
         if self.host_name not in self.peers:
             return await super().on_nothing_done(context, content)
-        reason = f"nothing was done (every tool call failed or was refused); the app agent said: {content}"
-        return self._report(context, AgentStatus.FAIL.value, reason) or AgentStatus.FAIL.value
+        return self._report(context, AgentStatus.FAIL.value, nothing_done_reason("app agent", content)) or AgentStatus.FAIL.value
 
     async def on_no_action(self, context: "Context", content: str) -> str:
         if self.host_name not in self.peers:

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-__all__ = ["Fitted", "fit_to_window", "prompt_budget", "estimate_tokens"]
+__all__ = ["Fitted", "fit_to_window", "prompt_budget", "estimate_tokens", "request_chars"]
 
 #: Share of the window kept free for what the estimate cannot see (the chat template's own tokens).
 _MARGIN = 0.05
@@ -64,10 +64,15 @@ def _total(sizes: Sequence[int], fixed: int) -> int:
     return fixed + 2 + sum(sizes) + 2 * max(len(sizes) - 1, 0)
 
 
+def request_chars(messages: Sequence[Mapping[str, Any]], tool_schemas: Any = None) -> int:
+    """A request's prompt in characters of JSON, messages and tools (what a reply's usage calibrates)."""
+    fixed = len(json.dumps(tool_schemas, ensure_ascii=False)) if tool_schemas else 0
+    return _total([_size(m) for m in messages], fixed)
+
+
 def estimate_tokens(messages: Sequence[Mapping[str, Any]], tool_schemas: Any, chars_per_token: float) -> int:
     """Prompt tokens of ``messages`` and ``tool_schemas`` at ``chars_per_token``."""
-    fixed = len(json.dumps(tool_schemas, ensure_ascii=False)) if tool_schemas else 0
-    return math.ceil(_total([_size(m) for m in messages], fixed) / chars_per_token)
+    return math.ceil(request_chars(messages, tool_schemas) / chars_per_token)
 
 
 def _head_end(messages: Sequence[Mapping[str, Any]]) -> int:
