@@ -114,7 +114,7 @@ def test_state_registries_are_per_agent_class() -> None:
 
     assert type(Quiet("q").state_for("FINISH")) is QuietFinish
     assert type(Agent.states.get("FINISH")).__name__ == "FinishState"
-    assert set(AgentStatus.__members__) == {"CONTINUE", "FINISH", "ERROR", "FAIL", "PENDING", "CONFIRM"}
+    assert set(AgentStatus.__members__) == {"CONTINUE", "FINISH", "ERROR", "FAIL", "PENDING", "CONFIRM", "NO_ACTION", "STOP"}
 
 
 def test_step_is_one_atomic_event_with_its_record(settings: Any) -> None:

@@ -75,3 +75,34 @@ def test_a_failed_follower_step_stops_the_session_as_failed(make_settings: Any) 
         {"subtask": "step 0", "status": "finished"},
         {"subtask": "step 1", "status": "failed"},
     ]
+
+
+@pytest.mark.parametrize(
+    "status, round_status, session_status, reason, rounds",
+    [
+        # the next request still runs (like a failed round in normal mode); the session is failed
+        ("NO_ACTION", "no_action", "failed", "round 0 no_action: answered in prose", 2),
+        # a limit: the session stops there
+        ("STOP", "stopped", "stopped", "answered in prose", 1),
+    ],
+)
+def test_an_agent_can_end_a_round_no_action_or_stopped(
+    make_settings: Any, status: str, round_status: str, session_status: str, reason: str, rounds: int
+) -> None:
+    """NO_ACTION and STOP end the round; neither is ever reported as finished."""
+    from saucer.engine import Agent
+
+    class Ends(Agent):
+        async def act(self, context: Context) -> str:
+            self.round_result = "answered in prose"
+            return status
+
+    store = MemoryStore()
+    session = Session(
+        "ends", settings=make_settings(), store=store, agents=Ends("ends"),
+        interactor=NonInteractiveInteractor(requests=["a request", "another request"]),
+    )
+    result = asyncio.run(session.run())
+    assert (result.status, result.reason, result.ok, result.rounds) == (session_status, reason, False, rounds), result
+    ends = [e.meta for e in store.read(session.session_id) if e.meta.get("kind") == "round_end"]
+    assert ends[0]["round_status"] == round_status and ends[0]["reason"] == "answered in prose"
