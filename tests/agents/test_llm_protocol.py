@@ -169,7 +169,7 @@ def test_a_prose_reply_before_any_action_is_asked_again_then_no_action(fake: Fak
     result = run(session.run())
     assert result.status == "failed" and result.rounds == 1, result
     assert result.reason.startswith("round 0 no_action: no action: the model answered without calling a tool")
-    assert "even after 2 reminder(s): Hi." in result.reason
+    assert result.reason.endswith("even after 2 reminder(s): 'Hi.'")  # one line, quoted
     reminders = [m for m in fake.requests[2].messages if m["role"] == "user" and "without calling a tool" in m["content"]]
     assert len(reminders) == 2 and len(fake.requests) == 3
     steps = list(read_step_log(result.log_path))

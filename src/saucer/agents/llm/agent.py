@@ -531,16 +531,23 @@ class LinuxAgent(ToolUsingAgent):
         super().__init__(name, client=client, settings=settings)
 
 
+def _said(content: str, limit: int = 300) -> str:
+    """A model's answer inside a one-line reason (the whole answer is in the conversation and the step log)."""
+    text = " ".join(content.split())
+    if not text:
+        return "(an empty reply)"
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 def nothing_done_reason(who: str, content: str) -> str:
     """The round (or subtask) result of an agent whose every tool call failed or was refused."""
-    return f"nothing was done (every tool call failed or was refused); the {who} said: {content}"
+    return f"nothing was done (every tool call failed or was refused); the {who} said: {_said(content)}"
 
 
 def no_action_reason(retries: int, content: str) -> str:
     """The round result of an agent that never called a tool."""
     asked = f", even after {retries} reminder(s)" if retries else ""
-    said = f": {content[:300]}" if content.strip() else " (an empty reply)"
-    return f"no action: the model answered without calling a tool{asked}{said}"
+    return f"no action: the model answered without calling a tool{asked}: {_said(content)}"
 
 
 def is_refusal(result: Result) -> bool:
