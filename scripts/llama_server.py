@@ -201,6 +201,18 @@ class Server:
             return json.loads(response.read())
 
 
+def _die_with_parent() -> None:
+    # Linux: the server gets SIGTERM when the process that started it dies (a killed test run leaves
+    # no server behind); elsewhere this does nothing.
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -228,7 +240,9 @@ def serve(*, ctx_size: int = 4096, threads: int = 1, log_dir: Path | None = None
         "-c", str(ctx_size), "-np", "1", "-t", str(threads), "--jinja", "--chat-template-file", str(template_path()),
     ]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
     server = Server(f"http://127.0.0.1:{port}/v1", process, log_path)
     try:
         deadline = time.monotonic() + startup
