@@ -33,7 +33,7 @@ from saucer.agents.llm.settings import (
     ModelNotConfiguredError,
     ModelSettings,
     ToolChoice,
-    _not_configured_message,
+    not_configured_message as _not_configured_message,
     require_model_settings,
 )
 from saucer.agents.llm.tools import ToolSet
@@ -52,7 +52,6 @@ __all__ = [
     "ToolCall",
     "ToolChoice",
     "wire_messages",
-    "request_chars",
     "DEFAULT_CHARS_PER_TOKEN",
     "ModelReply",
     "ModelClient",

@@ -23,6 +23,7 @@ __all__ = [
     "ToolChoice",
     "ModelSettings",
     "ModelNotConfiguredError",
+    "not_configured_message",
     "require_model_settings",
 ]
 
@@ -131,7 +132,8 @@ class ModelNotConfiguredError(LLMUnavailableError, ValueError):
     """
 
 
-def _not_configured_message(settings: ModelSettings) -> str:
+def not_configured_message(settings: ModelSettings) -> str:
+    """What to set, in the environment or in ``saucer.toml``, for what ``settings`` lack."""
     missing = []
     if not settings.model:
         missing.append(f"a model name ({ENV_MODEL})")
@@ -158,5 +160,5 @@ def require_model_settings(settings: Any = None, env: Mapping[str, str] | None =
     """The resolved model settings; :class:`ModelNotConfiguredError` naming what to set when incomplete."""
     resolved = ModelSettings.from_settings(settings, env)
     if not resolved.configured:
-        raise ModelNotConfiguredError(_not_configured_message(resolved))
+        raise ModelNotConfiguredError(not_configured_message(resolved))
     return resolved
