@@ -221,6 +221,15 @@ def test_the_token_budget_stops_the_session(fake: FakeOpenAI, settings: ModelSet
     assert ends[-1]["round_status"] == "stopped"
 
 
+def test_a_server_without_usage_still_spends_the_budget(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+    fake.responder = lambda req: act(usage=None).body
+    session = make_session(tmp_path, ms(settings, token_budget=400), max_step=20)
+    result = run(session.run())
+    assert result.status == "stopped" and "token budget reached" in result.reason
+    assert 1 <= len(fake.requests) < 20  # estimated from the request's size, never counted as 0
+    assert list(read_step_log(result.log_path))[0].extra["tokens_estimated"] is True
+
+
 def test_the_token_budget_counts_across_rounds(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
     from saucer.engine.interactor import NonInteractiveInteractor
 

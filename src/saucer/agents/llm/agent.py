@@ -56,7 +56,7 @@ from saucer.agents.llm.prompts import (
     template_variables,
 )
 from saucer.agents.llm.tools import ToolSet, ToolSpec
-from saucer.agents.llm.window import fit_to_window, prompt_budget
+from saucer.agents.llm.window import estimate_tokens, fit_to_window, prompt_budget
 from saucer.context.names import ContextNames
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine.agent import Agent, AgentStatus, ContinueState
@@ -307,8 +307,14 @@ class LLMAgent(Agent):
                 log_fields["trimmed"] = trimmed
         reply = await self.client.complete(sent, tools=tools, request_logger=self._logger(context), log_fields=log_fields)
         self._account(context, reply.cost)
-        if reply.usage.total_tokens:
-            context.incr(TOKENS_VAR, reply.usage.total_tokens)
+        used = reply.usage.total_tokens
+        if not used:
+            # A server that reports no usage still spends tokens: estimate them, so a budget never counts 0.
+            cpt = getattr(self.client, "chars_per_token", DEFAULT_CHARS_PER_TOKEN)
+            used = estimate_tokens(sent, tools.schemas() if tools else None, cpt)
+            used += estimate_tokens([reply.assistant_message()], None, cpt)
+            self.note(tokens_estimated=True)
+        context.incr(TOKENS_VAR, used)
         tokens = (self.step.extra.get("tokens") if self.step is not None else None) or {"prompt": 0, "completion": 0}
         self.note(
             model=reply.model,
