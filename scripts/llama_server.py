@@ -233,12 +233,39 @@ def serve(*, ctx_size: int = 4096, threads: int = 1, log_dir: Path | None = None
     if gaps:
         raise FileNotFoundError(f"missing {', '.join(gaps)}; build them with: {BUILD_COMMAND}")
     port = _free_port()
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="saucer-llama-"))
-    log_path = log_dir / "llama-server.log"
     command = [
         str(server_path()), "-m", str(model_path()), "--host", "127.0.0.1", "--port", str(port),
         "-c", str(ctx_size), "-np", "1", "-t", str(threads), "--jinja", "--chat-template-file", str(template_path()),
     ]
+    with _running(command, port, "/health", log_dir, "llama-server", startup) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def serve_llama_cpp_python(
+    python: str, *, ctx_size: int = 4096, threads: int = 1, log_dir: Path | None = None, startup: float = 120.0
+) -> Iterator[Server]:
+    """Run ``llama-cpp-python``'s own server (``python -m llama_cpp.server``) with the same model.
+
+    ``python`` is an interpreter with ``llama-cpp-python[server]`` installed
+    (not one of saucer's dependencies: it compiles llama.cpp again, ~10 min).
+    ``chatml-function-calling`` is its chat format that reads ``tools``.
+    """
+    if not model_path().is_file():
+        raise FileNotFoundError(f"missing SmolLM2 model ({model_path()}); fetch it with: {BUILD_COMMAND}")
+    port = _free_port()
+    command = [
+        python, "-m", "llama_cpp.server", "--model", str(model_path()), "--host", "127.0.0.1", "--port", str(port),
+        "--n_ctx", str(ctx_size), "--n_threads", str(threads), "--chat_format", "chatml-function-calling",
+    ]
+    with _running(command, port, "/v1/models", log_dir, "llama-cpp-python", startup) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _running(command: list[str], port: int, health: str, log_dir: Path | None, name: str, startup: float) -> Iterator[Server]:
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="saucer-llama-"))
+    log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
@@ -248,15 +275,15 @@ def serve(*, ctx_size: int = 4096, threads: int = 1, log_dir: Path | None = None
         deadline = time.monotonic() + startup
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {process.returncode}: {log_path.read_text()[-2000:]}")
+                raise RuntimeError(f"{name} exited with {process.returncode}: {log_path.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{health}", timeout=2) as response:
                     if response.status == 200:
                         break
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"llama-server did not answer /health within {startup:g} s; log: {log_path}")
+                raise TimeoutError(f"{name} did not answer {health} within {startup:g} s; log: {log_path}")
             time.sleep(0.1)
         yield server
     finally:
