@@ -94,7 +94,6 @@ def test_user_mistakes_are_one_sentence(run_cli, tmp_path: Path) -> None:
 def test_show_follow_prints_new_steps_and_stops_at_the_end(tmp_path: Path) -> None:
     import subprocess
     import sys
-    import time
 
     _make_session(tmp_path)
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SAUCER_")}
@@ -104,13 +103,19 @@ def test_show_follow_prints_new_steps_and_stops_at_the_end(tmp_path: Path) -> No
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
     )
     try:
-        time.sleep(1.5)  # it prints the timeline so far, then waits
+        assert proc.stdout is not None
+        seen = ""
+        while "following s1" not in seen:  # it prints the timeline so far, then waits
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else ""
+            seen += line
         ctx = Context.open(f"sqlite:///{tmp_path}/.saucer/saucer.db", "s1", author="agent:late")
         ctx.update_vars(set={"late": "yes"})
         ctx.commit(step=2)
         ctx.commit(meta={"kind": "session_end", "session_status": "finished"})
         ctx.close()
         out, err = proc.communicate(timeout=30)
+        out = seen + out
     finally:
         proc.kill()
     assert proc.returncode == 0, err

@@ -64,7 +64,7 @@ class UserError(Exception):
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # one line, however long
     raise typer.Exit(code)
 
 
@@ -185,8 +185,8 @@ def show_cmd(
         info = st.session_info(session)
         events = list(st.read(session))
         title = f"session {session} · v{info.version}"
-        if info.parent_id:
-            title += f" · fork of {info.parent_id}@{info.parent_version}"
+        if info.parent_id or info.meta.get("forked_from"):
+            title += f" · fork of {info.parent_id or info.meta['forked_from']}@{info.parent_version or info.meta.get('at')}"
         console.print(view.timeline(events, title, show_all=show_all))
         if follow:
             asyncio.run(_follow(st, session, info.version, interval, show_all))
@@ -286,7 +286,7 @@ def fork_cmd(
 ) -> None:
     """Start a new session from a session's state at a version (its log is referenced, not copied)."""
     with _open_existing_store(store, config) as st:
-        target = new_id or f"{session}-fork-{uuid.uuid4().hex[:6]}"
+        target = new_id or f"{session[:180]}-fork-{uuid.uuid4().hex[:6]}"
         parent = _open_ctx(st, session)
         child = parent.fork(target, at=at)
         version = child.version
@@ -333,6 +333,8 @@ def import_cmd(
         data = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{file}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise UserError(f"{file}: its JSON nests too deeply to be a saucer export") from None
     with open_store(resolve_store_url(store, config)) as st:
         info = import_session(st, data, new_id)
     console.print(f"imported session [bold]{info.session_id}[/] at v{info.version}")

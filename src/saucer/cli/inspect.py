@@ -94,7 +94,9 @@ def session_summary(store: EventStore, info: SessionInfo) -> dict[str, Any]:
         "cost": summary.get("cost", "-"),
         "version": info.version,
         "updated": when(info.updated_at),
-        "parent": f"{info.parent_id}@{info.parent_version}" if info.parent_id else None,
+        # A fork that stands alone (its parent was pruned) keeps its origin in its meta.
+        "parent": f"{info.parent_id}@{info.parent_version}" if info.parent_id
+        else f"{meta['forked_from']}@{meta.get('at')}" if meta.get("forked_from") else None,
     }
 
 

@@ -22,6 +22,7 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, AsyncIterator, Iterator, Literal, Mapping
 
@@ -29,8 +30,10 @@ import orjson
 
 from saucer.context.events import (
     ATOMIC_OPS,
+    STATE_MAX_DEPTH,
     Event,
     State,
+    ValueNotStorableError,
     apply_ops,
     copy_json,
     op_key,
@@ -43,9 +46,12 @@ from saucer.store.base import (
     ConflictError,
     CorruptRecordError,
     EventStore,
+    OutcomeUnknownError,
     ReadOnlyError,
     SessionExistsError,
     Snapshot,
+    StoreError,
+    check_version,
 )
 
 __all__ = ["Context", "Durability"]
@@ -113,6 +119,38 @@ def _member(name: Any) -> ContextNames:
         raise KeyError(f"unknown context name {name!r}; see ContextNames for the valid names") from None
 
 
+def _check_text(value: Any, what: str) -> str:
+    """A string every store can hold (no NUL, valid Unicode), or TypeError/ValueNotStorableError."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if "\x00" in value:
+        raise ValueNotStorableError(what, "", "it contains a NUL character")
+    return to_wire(value, what)
+
+
+def _check_commit_args(author: str, round: Any, step: Any, meta: dict[str, Any] | None) -> None:
+    """Refuse, before anything is sent, what a store could not write for a commit."""
+    _check_text(author, "author")
+    for what, value in (("round", round), ("step", step)):
+        if value is not None:
+            check_version(value, what)
+            to_wire(value, what)  # a 64-bit integer
+    if meta:
+        try:
+            orjson.dumps(meta)  # how the stores encode it
+        except orjson.JSONEncodeError as exc:
+            raise ValueNotStorableError("meta", "", str(exc)) from None
+
+
+def _keep_pending(exc: StoreError, count: int) -> None:
+    """Say, in the store's error, what happened to the pending changes (they are kept)."""
+    if isinstance(exc, OutcomeUnknownError):
+        note = f"this Context keeps its {count} changes pending, and its next commit() writes them only if they were not"
+    else:
+        note = f"this Context keeps its {count} changes pending: commit() again, or rollback() to drop them"
+    exc.args = (f"{exc}; {note}",) + exc.args[1:]
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -152,6 +190,9 @@ class Context:
         self._lock = threading.RLock()
         self._closed = False
         self._committing = False
+        # The event of a commit whose outcome is unknown (the connection broke):
+        # the next commit adopts it if the store has it, instead of writing it twice.
+        self._unknown: Event | None = None
         self.command_dispatcher = None
 
     # ================================================================ opening
@@ -173,9 +214,12 @@ class Context:
     ) -> "Context":
         """Open (or create) a session's Context in ``store`` (an :class:`EventStore` or a URL).
 
-        ``at=VERSION`` gives a read-only Context as it was at that version.
+        ``at=VERSION`` (an int) gives a read-only Context as it was at that
+        version; a version that was pruned raises
+        :class:`~saucer.store.VersionPrunedError` naming the first readable one.
         ``create=False`` raises :class:`~saucer.store.SessionNotFoundError`
-        for an unknown session. ``fence`` is a lease token every commit carries.
+        for an unknown session; a new session's id must follow
+        :func:`~saucer.store.base.check_session_id`. ``fence`` is a lease token every commit carries.
         A snapshot is stored every ``snapshot_every`` events (spaced further
         apart for a state over 64 KB, see :meth:`_snapshot_due`) and on close;
         only the newest ``keep_snapshots`` of the session are kept.
@@ -186,6 +230,9 @@ class Context:
             raise ValueError(f"snapshot_every must be an int >= 1, not {snapshot_every!r}")
         if not isinstance(keep_snapshots, int) or keep_snapshots < 1:
             raise ValueError(f"keep_snapshots must be an int >= 1, not {keep_snapshots!r}")
+        if at is not None:
+            at = check_version(at, "at")
+        _check_text(author, "author")
         ctx = cls()
         if isinstance(store, str):
             from saucer.store import open_store
@@ -210,12 +257,7 @@ class Context:
             ctx._keep_snapshots = keep_snapshots
             ctx._fence = fence
             if at is not None:
-                head = ctx._store.head(session_id)
-                # A session whose old history was pruned reads from its cut on.
-                first = getattr(ctx._store, "first_version", None)
-                lowest = first(session_id) if first is not None else 0
-                if not lowest <= at <= head:
-                    raise ValueError(f"session {session_id!r} has versions {lowest}..{head}, not {at}")
+                ctx._store.check_readable(session_id, at)
                 ctx._read_only = True
             ctx._hydrate(at)
         except BaseException:
@@ -263,6 +305,7 @@ class Context:
         self._version = head
         self._pending = []
         self._step_mark = 0
+        self._unknown = None
 
     def _require_store(self) -> tuple[EventStore, str]:
         if self._store is None or self._session_id is None:
@@ -303,7 +346,7 @@ class Context:
 
     @author.setter
     def author(self, value: str) -> None:
-        self._author = value
+        self._author = _check_text(value, "author")
 
     @property
     def pending(self) -> list[dict[str, Any]]:
@@ -554,7 +597,7 @@ class Context:
         expected_wire = to_wire(expected, label, int_keys=depth)
         new_wire = to_wire(new, label, int_keys=depth)
         with self._lock:
-            if to_wire(self._current(target), label, int_keys=depth) != expected_wire:
+            if to_wire(self._current(target), label, int_keys=depth, max_depth=STATE_MAX_DEPTH) != expected_wire:
                 return False
             self._record([{"op": "cas", **target, "expected": expected_wire, "value": new_wire}])
             return True
@@ -703,6 +746,9 @@ class Context:
         If another writer committed first, a batch of only atomic operations is
         re-based onto the newest version and retried; any other batch raises
         :class:`~saucer.store.ConflictError` naming its keys (call :meth:`reload`).
+        Any other store failure leaves the changes pending (the error says so):
+        the Context stays usable, and its next commit tries again; after a
+        commit whose outcome is unknown it first checks whether they were written.
         """
         with self._lock:
             if not self._commit_needed(meta):
@@ -710,6 +756,9 @@ class Context:
             store, sid = self._require_store()
             author = author or self._author
             round = self._round_id() if round is None else round
+            _check_commit_args(author, round, step, meta)
+            if not self._settle_unknown(meta):
+                return self._version
             for attempt in range(_MAX_REBASES):
                 ops = self._pending
                 try:
@@ -722,6 +771,9 @@ class Context:
                     if delay:
                         time.sleep(delay)
                     self._rebase(ops)
+                except StoreError as exc:
+                    self._commit_failed(exc)
+                    raise
             else:
                 raise ConflictError(sid, self._version, None, ["(too many concurrent writers)"])
             self._written(event)
@@ -751,6 +803,9 @@ class Context:
             store, sid = self._require_store()
             author = author or self._author
             round = self._round_id() if round is None else round
+            _check_commit_args(author, round, step, meta)
+            if not self._settle_unknown(meta):
+                return self._version
             self._committing = True
         try:
             for attempt in range(_MAX_REBASES):
@@ -774,6 +829,9 @@ class Context:
                         await asyncio.sleep(delay)
                     with self._lock:
                         self._rebase(ops)
+                except StoreError as exc:
+                    self._commit_failed(exc)
+                    raise
             else:
                 raise ConflictError(sid, self._version, None, ["(too many concurrent writers)"])
         finally:
@@ -799,13 +857,41 @@ class Context:
         # random, so that one of them gets through.
         return random.uniform(0, 0.0005 * min(attempt, 20)) if attempt >= 2 else 0.0
 
-    def _written(self, event: Event) -> None:
-        """The pending changes are durable as ``event`` (called by the store as soon as they are)."""
+    def _written(self, event: Event, count: int | None = None) -> None:
+        """The pending changes (the first ``count`` of them) are durable as ``event``
+        (called by the store as soon as they are)."""
         with self._lock:
-            self._tail_ops += len(self._pending)
+            count = len(self._pending) if count is None else count
+            self._tail_ops += count
             self._version = event.version
-            self._pending = []
-            self._step_mark = 0
+            self._pending = self._pending[count:]
+            self._step_mark = max(0, self._step_mark - count)
+
+    def _commit_failed(self, exc: StoreError) -> None:
+        """A commit failed with ``exc`` (not a conflict): keep the changes pending and say so."""
+        if isinstance(exc, OutcomeUnknownError) and exc.event is not None:
+            self._unknown = replace(exc.event, ops=copy_json(exc.event.ops))
+        _keep_pending(exc, len(self._pending))
+
+    def _settle_unknown(self, meta: dict[str, Any] | None) -> bool:
+        """After a commit whose outcome was unknown: adopt its event if the store has it.
+
+        Returns whether there is still something to commit.
+        """
+        unknown = self._unknown
+        if unknown is None:
+            return True
+        store, sid = self._require_store()
+        written = next(iter(store.read(sid, unknown.version - 1, unknown.version)), None)  # may raise: try again later
+        self._unknown = None
+        count = len(unknown.ops)
+        if (
+            written is not None
+            and (written.timestamp, written.author, written.ops) == (unknown.timestamp, unknown.author, unknown.ops)
+            and self._pending[:count] == unknown.ops
+        ):
+            self._written(written, count)
+        return bool(self._pending or meta)
 
     def _maybe_snapshot(self) -> None:
         if self._snapshot_due():
@@ -844,7 +930,7 @@ class Context:
                 target = {k: op[k] for k in ("name", "var", "path") if k in op}
                 name = op.get("name")
                 depth = 0 if name is None or "path" in op else _member(name).int_key_depth
-                if to_wire(self._current(target), key, int_keys=depth) != op["expected"]:
+                if to_wire(self._current(target), key, int_keys=depth, max_depth=STATE_MAX_DEPTH) != op["expected"]:
                     self._hydrate()
                     raise ConflictError(sid, base, self._version, [key])
             try:
@@ -1016,6 +1102,9 @@ class Context:
 
         ``key`` is a :class:`ContextNames` member or name, ``vars.NAME`` or a
         context variable's name. Each event names its author, round and step.
+        A pruned session's history starts at its first readable version, with
+        the *base* event that sets the whole state then (author ``system``,
+        ``meta["pruned"]``).
         """
         store, sid = self._require_store()
         events = store.read(sid, 0, self._version)
@@ -1035,7 +1124,11 @@ class Context:
         return f"vars.{key}"
 
     def state_at(self, version: int) -> "Context":
-        """A read-only Context of this session as it was at ``version``."""
+        """A read-only Context of this session as it was at ``version`` (an int).
+
+        :class:`~saucer.store.VersionPrunedError` when that version was pruned
+        (it names the first readable one), never an empty or partial state.
+        """
         store, sid = self._require_store()
         return Context.open(store, sid, at=version)
 
@@ -1043,6 +1136,7 @@ class Context:
         """Keys whose values differ between two versions: ``{key: {"before": a, "after": b}}``.
 
         Context variables appear as ``vars.NAME``; a missing value is None.
+        Both versions must be readable (see :meth:`state_at`).
         """
         a = self.state_at(v1)._plain()
         b = self.state_at(v2)._plain()
@@ -1062,10 +1156,13 @@ class Context:
     def fork(self, new_session_id: str, at: int | None = None, *, author: str | None = None) -> "Context":
         """A writable Context for a new session starting from this one's state at ``at``.
 
-        The new session references this session's log up to ``at``; nothing is copied.
+        The new session references this session's log up to ``at``; nothing is
+        copied (until this session is pruned: then the fork gets its own copy
+        first). A version that was pruned cannot be forked
+        (:class:`~saucer.store.VersionPrunedError`).
         """
         store, sid = self._require_store()
-        at = self._version if at is None else at
+        at = self._version if at is None else check_version(at, "at")
         store.create_session(new_session_id, parent_id=sid, parent_version=at, meta={"forked_from": sid, "at": at})
         child = Context.open(
             store, new_session_id, author=author or self._author, durability=self._durability,

@@ -38,6 +38,8 @@ __all__ = [
     "state_to_wire",
     "op_key",
     "ATOMIC_OPS",
+    "MAX_DEPTH",
+    "STATE_MAX_DEPTH",
 ]
 
 #: Operations whose effect does not depend on reading the value first; a batch
@@ -114,19 +116,30 @@ _INT_MIN = -(2**63)
 _INT_MAX = 2**63 - 1
 #: ``int_keys=True``: int dict keys are allowed at every depth.
 _ANY_DEPTH = 1 << 30
+#: How deeply a value may nest lists and dicts (a scalar is depth 0). Deeper
+#: values are refused when they are written: the JSON encoder of every store
+#: has a recursion limit, and a value it cannot encode must never reach a commit.
+MAX_DEPTH = 100
+#: How deeply a stored value may nest once in the state: a value at
+#: :data:`MAX_DEPTH` appended under ``STRUCTURAL_LOGS[round][subtask]`` (or to a
+#: list) sits up to three levels deeper. Snapshots hold it well within every
+#: encoder's limit.
+STATE_MAX_DEPTH = MAX_DEPTH + 3
 
 
-def to_wire(value: Any, key: str, *, int_keys: bool | int = False) -> Any:
+def to_wire(value: Any, key: str, *, int_keys: bool | int = False, max_depth: int = MAX_DEPTH) -> Any:
     """Return a JSON-canonical, independent copy of ``value``, saucer's own known secrets redacted (:func:`saucer.redaction.redact_known`).
 
     Tuples become lists, str enums their value. Anything JSON cannot hold
     faithfully (sets, objects, NaN, ints beyond 64 bits, strings that are not
-    valid Unicode, int dict keys) raises :class:`ValueNotStorableError`
+    valid Unicode, int dict keys, lists and dicts nested more than
+    :data:`MAX_DEPTH` levels deep) raises :class:`ValueNotStorableError`
     naming ``key`` and the path inside it.
 
     ``int_keys`` allows int dict keys (stored as their decimal strings): ``True``
     at every depth, an int ``n`` in the first ``n`` levels of dicts only (the
-    per-round ledgers need 1, ``STRUCTURAL_LOGS`` 2).
+    per-round ledgers need 1, ``STRUCTURAL_LOGS`` 2). ``max_depth`` is for
+    values read back from a state (:data:`STATE_MAX_DEPTH`).
     """
     cls = value.__class__
     if cls is str:
@@ -138,7 +151,11 @@ def to_wire(value: Any, key: str, *, int_keys: bool | int = False) -> Any:
     elif cls is bool or value is None:
         return value
     depth = _ANY_DEPTH if int_keys is True else int(int_keys)
-    return redact_known(_to_wire(value, key, "", depth))
+    try:
+        return redact_known(_to_wire(value, key, "", depth, max_depth))
+    except _TooDeep as exc:
+        shown = exc.path if len(exc.path) <= 40 else exc.path[:40] + "..."
+        raise ValueNotStorableError(key, shown, f"lists and dicts nest more than {max_depth} levels deep") from None
 
 
 def _check_str(value: str, key: str, path: str) -> str:
@@ -150,7 +167,12 @@ def _check_str(value: str, key: str, path: str) -> str:
     return value
 
 
-def _to_wire(value: Any, key: str, path: str, depth: int) -> Any:
+class _TooDeep(Exception):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def _to_wire(value: Any, key: str, path: str, depth: int, room: int) -> Any:
     if isinstance(value, Enum):
         value = value.value
     if isinstance(value, str):
@@ -166,6 +188,8 @@ def _to_wire(value: Any, key: str, path: str, depth: int) -> Any:
             raise ValueNotStorableError(key, path, f"{value!r} is not a finite number")
         return float(value)
     if isinstance(value, dict):
+        if room <= 0:
+            raise _TooDeep(path)
         out: dict[str, Any] = {}
         for k, v in value.items():
             if isinstance(k, Enum):
@@ -180,10 +204,12 @@ def _to_wire(value: Any, key: str, path: str, depth: int) -> Any:
                 k = str(int(k))
             else:
                 raise ValueNotStorableError(key, path, f"dict key {k!r} is not a string")
-            out[k] = _to_wire(v, key, f"{path}[{k!r}]", depth - 1)
+            out[k] = _to_wire(v, key, f"{path}[{k!r}]", depth - 1, room - 1)
         return out
     if isinstance(value, (list, tuple)):
-        return [_to_wire(v, key, f"{path}[{i}]", depth) for i, v in enumerate(value)]
+        if room <= 0:
+            raise _TooDeep(path)
+        return [_to_wire(v, key, f"{path}[{i}]", depth, room - 1) for i, v in enumerate(value)]
     raise ValueNotStorableError(key, path, f"{type(value).__name__} is not JSON data")
 
 
@@ -204,7 +230,9 @@ def _restore(name: str, wire: Any) -> Any:
 def state_to_wire(state: State) -> dict[str, Any]:
     """Encode a state as JSON data (for snapshots)."""
     return {
-        "names": {k: to_wire(v, k, int_keys=_NAMES[k].int_key_depth) for k, v in state.names.items()},
+        "names": {
+            k: to_wire(v, k, int_keys=_NAMES[k].int_key_depth, max_depth=STATE_MAX_DEPTH) for k, v in state.names.items()
+        },
         "vars": copy_json(state.vars),
     }
 

@@ -3,34 +3,48 @@
 from __future__ import annotations
 
 from saucer.store.base import (
+    SESSION_ID_MAX_LENGTH,
     ConflictError,
     CorruptRecordError,
+    DamagedStoreError,
     EventStore,
     FencedError,
+    InvalidSessionIdError,
     Lease,
     LeaseHeldError,
+    OutcomeUnknownError,
     ReadOnlyError,
     SessionExistsError,
     SessionInfo,
     SessionNotFoundError,
     Snapshot,
     StoreError,
+    VersionNotFoundError,
+    VersionPrunedError,
+    check_session_id,
 )
 
 __all__ = [
     "open_store",
+    "check_session_id",
+    "SESSION_ID_MAX_LENGTH",
     "ConflictError",
     "CorruptRecordError",
+    "DamagedStoreError",
     "EventStore",
     "FencedError",
+    "InvalidSessionIdError",
     "Lease",
     "LeaseHeldError",
+    "OutcomeUnknownError",
     "ReadOnlyError",
     "SessionExistsError",
     "SessionInfo",
     "SessionNotFoundError",
     "Snapshot",
     "StoreError",
+    "VersionNotFoundError",
+    "VersionPrunedError",
 ]
 
 

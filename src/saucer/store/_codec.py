@@ -21,10 +21,18 @@ class DamagedRecord(Exception):
     """A payload that does not decode or whose checksum does not match."""
 
 
-def encode_payload(event: Event) -> tuple[bytes, int]:
-    """The stored payload of an event (ops and meta) and its checksum."""
+def encode_payload(event: Event, owner: str | None = None) -> tuple[bytes, int]:
+    """The stored payload of an event (ops and meta) and its checksum.
+
+    An event stored in the log of another session than its own (``owner``: a
+    fork's copy of its parent's history) also records its own session, so it
+    stays attributed to the session where it was made.
+    """
     # An empty meta is left out: most events have none, and it is per row.
-    payload = orjson.dumps({"ops": event.ops, "meta": event.meta} if event.meta else {"ops": event.ops})
+    data: dict[str, Any] = {"ops": event.ops, "meta": event.meta} if event.meta else {"ops": event.ops}
+    if owner is not None and event.session_id != owner:
+        data["session"] = event.session_id
+    payload = orjson.dumps(data)
     return payload, zlib.crc32(payload)
 
 
@@ -98,7 +106,10 @@ def decode_rows(session_id: str, rows: Sequence[tuple[Any, ...]], head: int | No
                 )
                 return
             raise CorruptRecordError(session_id, version, str(exc)) from None
-        yield Event(session_id, version, ts, author, rnd, step, data["ops"], data.get("meta") or {})
+        origin = data.get("session")
+        yield Event(
+            origin if isinstance(origin, str) else session_id, version, ts, author, rnd, step, data["ops"], data.get("meta") or {}
+        )
 
 
 def quarantine_payload(payload: bytes, reason: str) -> tuple[bytes, int]:

@@ -11,15 +11,24 @@ parent's log instead of copying it (copy-on-write lineage), version checks,
 and polling for :meth:`EventStore.watch`. The shared contract suite in
 ``tests/store`` holds every backend to the same behaviour.
 
-Errors follow PEP 249's shape: everything derives from :class:`StoreError`.
+Errors follow PEP 249's shape: every error that leaves a store derives from
+:class:`StoreError` and says, in one sentence, what happened and what to do.
+Backends translate their driver's errors (``sqlite3``, ``psycopg``) at their
+edge; nothing of a driver leaks out.
+
+Session ids follow one rule, checked wherever a session is made
+(:func:`check_session_id`): 1 to :data:`SESSION_ID_MAX_LENGTH` ASCII letters,
+digits and ``. _ - : @ +``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import operator
+import re
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Sequence
 
@@ -35,8 +44,16 @@ __all__ = [
     "SessionNotFoundError",
     "SessionExistsError",
     "CorruptRecordError",
+    "DamagedStoreError",
+    "InvalidSessionIdError",
+    "OutcomeUnknownError",
     "ReadOnlyError",
     "LeaseHeldError",
+    "VersionNotFoundError",
+    "VersionPrunedError",
+    "SESSION_ID_MAX_LENGTH",
+    "check_session_id",
+    "check_version",
     "SessionInfo",
     "Snapshot",
     "Lease",
@@ -107,6 +124,64 @@ class CorruptRecordError(StoreError):
         super().__init__(f"session {session_id!r}: record at version {version} is damaged ({reason})")
 
 
+class DamagedStoreError(StoreError):
+    """The store's file or database cannot be read at all: not a saucer store, or damaged."""
+
+    def __init__(self, where: str, reason: str, check: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where} is not a readable saucer store ({reason}); check it with: {check}")
+
+
+class InvalidSessionIdError(StoreError, ValueError):
+    """A session id that breaks the rule of :func:`check_session_id`."""
+
+
+class VersionNotFoundError(StoreError, ValueError):
+    """A version a session does not have (beyond its head, or below its first readable version)."""
+
+    def __init__(self, session_id: str, version: int, first: int, head: int, message: str | None = None) -> None:
+        self.session_id = session_id
+        self.version = version
+        self.first = first
+        self.head = head
+        super().__init__(message or f"session {session_id!r} has versions {first}..{head}, not {version}")
+
+
+class VersionPrunedError(VersionNotFoundError):
+    """A version whose history was pruned; ``first`` is the session's first readable version."""
+
+    def __init__(self, session_id: str, version: int, first: int, head: int) -> None:
+        super().__init__(
+            session_id,
+            version,
+            first,
+            head,
+            f"session {session_id!r}: version {version} was pruned; the first readable version is {first} "
+            f"(versions {first}..{head} remain)",
+        )
+
+
+class OutcomeUnknownError(StoreError):
+    """The connection broke while a commit was in flight: it may or may not be written.
+
+    Never retried blindly (that could write it twice): a :class:`~saucer.context.Context`
+    checks at its next commit whether ``version`` holds its event.
+    """
+
+    def __init__(
+        self, session_id: str, version: int, cause: str, where: str = "the store", event: Event | None = None
+    ) -> None:
+        self.session_id = session_id
+        self.version = version
+        #: The event whose commit had this unknown outcome.
+        self.event = event
+        super().__init__(
+            f"session {session_id!r}: the connection to {where} broke while committing version {version}; "
+            f"it may or may not be written (reload to see): {cause}"
+        )
+
+
 class ReadOnlyError(StoreError):
     """A write was attempted on a read-only Context (one opened ``at=`` a version)."""
 
@@ -157,6 +232,50 @@ class Lease:
     expires_at: float
 
 
+#: The longest session id (in characters, all ASCII). It keeps every id well
+#: inside PostgreSQL's NOTIFY payload, file names and one terminal line; the
+#: engine's ids (``<task>-<YYYYmmdd-HHMMSS>-<hex>``) are at most 67.
+SESSION_ID_MAX_LENGTH = 200
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:@+-]+")
+_SESSION_ID_BAD = re.compile(r"[^A-Za-z0-9._:@+-]")
+
+
+def check_session_id(session_id: Any) -> str:
+    """Return ``session_id`` if it is a valid id for a new session, else raise.
+
+    The rule, the same on every backend: 1 to :data:`SESSION_ID_MAX_LENGTH`
+    characters, each an ASCII letter or digit or one of ``. _ - : @ +``.
+    Raises :class:`InvalidSessionIdError` (a ``StoreError`` and a ``ValueError``).
+    """
+    if not isinstance(session_id, str):
+        raise InvalidSessionIdError(f"a session id is a string, not {type(session_id).__name__}")
+    if _SESSION_ID.fullmatch(session_id) and len(session_id) <= SESSION_ID_MAX_LENGTH:
+        return session_id
+    shown = repr(session_id if len(session_id) <= 60 else session_id[:60] + "...")
+    if not session_id:
+        problem = "it is empty"
+    elif len(session_id) > SESSION_ID_MAX_LENGTH:
+        problem = f"it has {len(session_id)} characters"
+    else:
+        bad = _SESSION_ID_BAD.search(session_id)
+        assert bad is not None
+        problem = f"{bad.group()!r} at index {bad.start()} is not allowed"
+    raise InvalidSessionIdError(
+        f"session id {shown} is not valid ({problem}): use 1 to {SESSION_ID_MAX_LENGTH} "
+        "ASCII letters, digits and . _ - : @ +"
+    )
+
+
+def check_version(value: Any, what: str = "version") -> int:
+    """``value`` as an int version; TypeError for anything else (a float, a bool, a string)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {value!r}") from None
+
+
 class EventStore(ABC):
     """An append-only, versioned log of events per session, with snapshots and leases."""
 
@@ -166,7 +285,13 @@ class EventStore(ABC):
 
     @abstractmethod
     def _create(self, info: SessionInfo) -> None:
-        """Insert a session row; raise :class:`SessionExistsError` if the id is taken."""
+        """Insert a session row; raise :class:`SessionExistsError` if the id is taken.
+
+        For a fork, atomically with the insert (against a concurrent prune of
+        the parent): raise :class:`SessionNotFoundError` if the parent is gone
+        and :class:`VersionPrunedError` if the parent's own ``meta["pruned_to"]``
+        is past ``info.parent_version``.
+        """
 
     @abstractmethod
     def _info(self, session_id: str) -> SessionInfo | None:
@@ -261,21 +386,27 @@ class EventStore(ABC):
         parent_version: int | None = None,
         meta: dict[str, Any] | None = None,
     ) -> SessionInfo:
-        """Create an empty session, or a fork of ``parent_id`` at ``parent_version``."""
-        if not session_id or not isinstance(session_id, str):
-            raise ValueError("session id must be a non-empty string")
+        """Create an empty session, or a fork of ``parent_id`` at ``parent_version``.
+
+        ``session_id`` must follow :func:`check_session_id`. A fork records
+        ``forked_from`` and ``at`` in its meta, and reads its parent's log up to
+        ``parent_version`` (nothing is copied); a version of the parent that was
+        pruned cannot be forked (:class:`VersionPrunedError`).
+        """
+        check_session_id(session_id)
         now = time.time()
         version = 0
+        meta = dict(meta or {})
         if parent_id is not None:
             parent = self.session_info(parent_id)
             if parent_version is None:
                 parent_version = parent.version
-            if not 0 <= parent_version <= parent.version:
-                raise ValueError(
-                    f"cannot fork {parent_id!r} at version {parent_version}: it has versions 0..{parent.version}"
-                )
+            parent_version = check_version(parent_version, "parent_version")
+            self._check_readable(parent, parent_version)
             version = parent_version
-        info = SessionInfo(session_id, version, now, now, parent_id, parent_version, dict(meta or {}))
+            meta.setdefault("forked_from", parent_id)
+            meta.setdefault("at", parent_version)
+        info = SessionInfo(session_id, version, now, now, parent_id, parent_version, meta)
         self._create(info)
         return info
 
@@ -299,7 +430,7 @@ class EventStore(ABC):
 
         Refused with :class:`StoreError` while forks of it exist: they read its log.
         """
-        forks = sorted(i.session_id for i in self.sessions() if i.parent_id == session_id)
+        forks = sorted(i.session_id for i in self._forks(session_id))
         if forks:
             raise StoreError(
                 f"session {session_id!r} has forks that read its log ({', '.join(forks)}); delete them first"
@@ -359,16 +490,31 @@ class EventStore(ABC):
             on_written()
 
     def read(self, session_id: str, after: int = 0, upto: int | None = None) -> Iterator[Event]:
-        """Events of the session's whole lineage with ``after < version <= upto``."""
-        info = self.session_info(session_id)
+        """Events of the session's whole lineage with ``after < version <= upto``.
+
+        A pruned session's log starts at its first readable version (whose
+        event sets the whole state then); nothing before it is returned. The
+        events are consecutive: a read that raced with a prune is done again.
+        """
+        after = check_version(after, "after")
+        upto = None if upto is None else check_version(upto, "upto")
+        for _ in range(3):
+            info = self.session_info(session_id)
+            start = max(after + 1, self._first(info))
+            events = list(self._lineage(info, after, upto))
+            if all(event.version == start + i for i, event in enumerate(events)):
+                return iter(events)
+        raise StoreError(f"session {session_id!r}: its log kept changing while being read (a prune?); try again")
+
+    def _lineage(self, info: SessionInfo, after: int, upto: int | None) -> Iterator[Event]:
+        """Own events of ``info``'s session and, below its branch point, its parent's lineage."""
         if info.parent_id is not None and info.parent_version is not None and after < info.parent_version:
             limit = info.parent_version if upto is None else min(upto, info.parent_version)
-            for event in self.read(info.parent_id, after, limit):
-                yield event
+            yield from self._lineage(self.session_info(info.parent_id), after, limit)
             after = info.parent_version
         if upto is not None and upto <= after:
             return
-        yield from self._read(session_id, after, upto)
+        yield from self._read(info.session_id, after, upto)
 
     def latest_snapshot(self, session_id: str, upto: int | None = None) -> Snapshot | None:
         """The newest snapshot usable for the session at or before ``upto`` (own, else its parent's)."""
@@ -399,19 +545,85 @@ class EventStore(ABC):
             if not fresh:
                 await asyncio.sleep(interval)
 
-    # ------------------------------------------------------------ retention
-
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> None:
-        """Primitive of :meth:`prune`, in ONE transaction: delete this session's own
-        events and snapshots below ``cut``, replace its own event at ``cut`` by
-        ``base``, store ``snapshot`` (at ``cut``), and record ``cut`` as
-        ``meta["pruned_to"]``. Does nothing if ``meta["pruned_to"]`` is already
-        at or past ``cut`` (a concurrent prune went further)."""
-        raise NotImplementedError(f"{type(self).__name__} does not support pruning")
+    # ------------------------------------------------------------ versions
 
     def first_version(self, session_id: str) -> int:
         """The oldest version of the session that can still be read (0 unless pruned)."""
-        return int(self.session_info(session_id).meta.get("pruned_to", 0))
+        return self._first(self.session_info(session_id))
+
+    def _first(self, info: SessionInfo) -> int:
+        # A fork that still reads its parent's log reads it from the parent's first version.
+        own = int(info.meta.get("pruned_to", 0))
+        if info.parent_id is None or info.parent_version is None or own > info.parent_version:
+            return own
+        parent = self._info(info.parent_id)
+        return own if parent is None else max(own, self._first(parent))
+
+    def check_readable(self, session_id: str, version: int) -> int:
+        """``version`` if the session can be read at it; else :class:`VersionPrunedError`
+        (below its first readable version) or :class:`VersionNotFoundError` (past its head)."""
+        return self._check_readable(self.session_info(session_id), check_version(version))
+
+    def _check_readable(self, info: SessionInfo, version: int) -> int:
+        first = self._first(info)
+        if version < first and version >= 0:
+            raise VersionPrunedError(info.session_id, version, first, info.version)
+        if not first <= version <= info.version:
+            raise VersionNotFoundError(info.session_id, version, first, info.version)
+        return version
+
+    def _forks(self, session_id: str) -> list[SessionInfo]:
+        """The sessions that read this session's log (its attached forks)."""
+        return [i for i in self.sessions() if i.parent_id == session_id]
+
+    # ------------------------------------------------------------ retention
+
+    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+        """Primitive of :meth:`prune`, in ONE transaction: delete this session's own
+        events and snapshots below ``cut``, replace its own event at ``cut`` by
+        ``base``, store ``snapshot`` (at ``cut``), record ``cut`` as
+        ``meta["pruned_to"]``, and detach the session from its parent (its log no
+        longer reads the parent's). Does nothing if ``meta["pruned_to"]`` is
+        already at or past ``cut`` (a concurrent prune went further).
+
+        Returns False, having changed nothing, if a fork of the session exists
+        (one made since :meth:`prune` materialised the forks).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support pruning")
+
+    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+        """Primitive of :meth:`prune`, in ONE transaction: give the fork ``info`` its
+        own copy of ``events`` (its lineage up to its branch point; each event
+        keeps its own ``session_id``, which reads back as it was), store
+        ``snapshot`` unless it has one at that version, merge ``meta`` into its
+        meta, and detach it from its parent. Returns False, having changed
+        nothing, if the fork is no longer attached as ``info`` says."""
+        raise NotImplementedError(f"{type(self).__name__} does not support pruning")
+
+    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
+        """Primitive of :func:`saucer.store.transfer.import_session`, in ONE
+        transaction: create the session ``info`` (no parent) with ``events`` and
+        ``snapshots``; :class:`SessionExistsError` if the id is taken."""
+        raise NotImplementedError(f"{type(self).__name__} does not support importing")
+
+    def import_log(self, info: SessionInfo, events: list[Event], snapshots: Sequence[Snapshot] = ()) -> None:
+        """Create the session ``info`` (standing alone) with a log checked beforehand, in ONE transaction.
+
+        ``events`` must be consecutive and end at ``info.version``; they start
+        at 1, or at ``info.meta["pruned_to"]`` with a base event that sets the
+        whole state. Used by :func:`saucer.store.transfer.import_session`, which
+        checks each event first. :class:`SessionExistsError` if the id is taken.
+        """
+        check_session_id(info.session_id)
+        first = int(info.meta.get("pruned_to", 0))
+        start = first or 1
+        if info.parent_id is not None or info.parent_version is not None:
+            raise ValueError("an imported session stands alone: it has no parent")
+        if [e.version for e in events] != list(range(start, info.version + 1)) or any(
+            e.session_id != info.session_id for e in events
+        ):
+            raise ValueError(f"the events of {info.session_id!r} must be versions {start}..{info.version} of that session")
+        self._import(info, list(events), list(snapshots))
 
     def prune(self, session_id: str, keep_last: int | None = None, older_than: float | None = None) -> int:
         """Drop old history of a session; return its new first readable version.
@@ -423,58 +635,92 @@ class EventStore(ABC):
         event that sets the whole state as it was then (``meta["pruned"]``
         names the cut), and a snapshot of that state is stored beside it. So
         the remaining log replays on its own, even if snapshots are later
-        dropped. Versions before the cut can no longer be read.
+        dropped. Versions before the cut can no longer be read
+        (:class:`VersionPrunedError`).
 
-        The cut never goes past a version a fork of this session branched at
-        (the fork still reads this log up to there), nor, for a fork, below
-        its own first event.
+        Forks never lose a version: each fork that still reads this session's
+        log first gets its own copy of the events it reads (up to its branch
+        point) and then stands alone (``meta["forked_from"]`` and ``["at"]``
+        still say where it came from). A fork itself is only cut above its
+        branch point; after that it stands alone too.
         """
-        from saucer.context.events import Event
-
         if keep_last is None and older_than is None:
             raise ValueError("prune needs keep_last and/or older_than")
-        if keep_last is not None and keep_last < 0:
+        if keep_last is not None and check_version(keep_last, "keep_last") < 0:
             raise ValueError(f"keep_last must be >= 0, not {keep_last}")
-        if older_than is not None and older_than < 0:
+        if older_than is not None and not older_than >= 0:
             raise ValueError(f"older_than must be >= 0 seconds, not {older_than}")
-        info = self.session_info(session_id)
-        start = max(self.first_version(session_id), info.parent_version or 0)
+        for _ in range(5):
+            info = self.session_info(session_id)
+            cut = self._cut(info, keep_last, older_than)
+            if cut is None:
+                return self._first(info)
+            for fork in self._forks(session_id):
+                self._materialise_fork(fork)
+            base, snapshot = self._base_at(info, cut)
+            if self._prune(session_id, cut, base, snapshot):
+                return self.first_version(session_id)
+        raise StoreError(f"session {session_id!r}: new forks kept appearing while it was pruned; try again")
+
+    def _cut(self, info: SessionInfo, keep_last: int | None, older_than: float | None) -> int | None:
+        """Where a prune of ``info``'s session cuts, or None when there is nothing to drop."""
+        start = self._first(info)
+        if info.parent_id is not None and info.parent_version is not None:
+            start = max(start, info.parent_version)  # a fork is cut only within its own log
         cut = info.version
         if keep_last is not None:
             cut = min(cut, info.version - keep_last)
         if older_than is not None:
             threshold = time.time() - older_than
             old = start
-            for event in self._read(session_id, start, cut):
+            for event in self._read(info.session_id, start, cut):
                 if event.timestamp >= threshold:
                     break
                 old = event.version
             cut = min(cut, old)
-        for child in self.sessions():
-            if child.parent_id == session_id and child.parent_version is not None:
-                cut = min(cut, child.parent_version)
-        if cut <= start:
-            return self.first_version(session_id)
-        original = next(iter(self._read(session_id, cut - 1, cut)), None)
+        return cut if cut > start else None
+
+    def _base_at(self, info: SessionInfo, cut: int) -> tuple[Event, Snapshot]:
+        """The base event that replaces the session's event at ``cut``, and the snapshot beside it."""
+        from saucer.context.events import Event, state_to_wire
+
+        sid = info.session_id
+        original = next(iter(self._read(sid, cut - 1, cut)), None)
         if original is None:
-            raise StoreError(f"session {session_id!r}: cannot prune at version {cut}: its event is missing")
-        before = self._state_at(session_id, info.parent_version) if info.parent_version else None
-        after = self._state_at(session_id, cut)
+            raise StoreError(f"session {sid!r}: cannot prune at version {cut}: its event is missing")
+        wire = state_to_wire(self._state_at(sid, cut))
         base = Event(
-            session_id=session_id,
+            session_id=sid,
             version=cut,
             timestamp=original.timestamp,
             author="system",
             round=original.round,
             step=original.step,
-            ops=_base_ops(before, after),
+            # Sets only: the base replays on its own, from an empty state.
+            ops=[{"op": "set", "name": k, "value": v} for k, v in wire["names"].items()]
+            + [{"op": "set", "var": k, "value": v} for k, v in wire["vars"].items()],
             meta={"pruned": {"upto": cut, "author": original.author}},
         )
-        from saucer.context.events import state_to_wire
+        return base, Snapshot(sid, cut, time.time(), wire)
 
-        snapshot = Snapshot(session_id, cut, time.time(), state_to_wire(after))
-        self._prune(session_id, cut, base, snapshot)
-        return self.first_version(session_id)
+    def _materialise_fork(self, fork: SessionInfo) -> None:
+        """Give a fork its own copy of the parent's lineage it reads, so it stands alone."""
+        assert fork.parent_id is not None and fork.parent_version is not None
+        first = self._first(fork)
+        after = max(first - 1, 0)
+        # The copies keep their own session ids: they stay attributed to where they were made.
+        events = list(self.read(fork.parent_id, after, fork.parent_version))
+        if len(events) != fork.parent_version - after:
+            raise StoreError(
+                f"session {fork.session_id!r}: cannot copy versions {after + 1}..{fork.parent_version} "
+                f"of its parent {fork.parent_id!r} (some are missing); nothing was pruned"
+            )
+        snap = self.latest_snapshot(fork.parent_id, fork.parent_version)
+        own = None if snap is None or snap.version < first else replace(snap, session_id=fork.session_id)
+        meta = {"forked_from": fork.parent_id, "at": fork.parent_version}
+        if first:
+            meta["pruned_to"] = first
+        self._materialise(fork, events, own, meta)
 
     def _state_at(self, session_id: str, version: int) -> Any:
         """The session's materialised state at ``version`` (a :class:`~saucer.context.events.State`)."""
@@ -485,20 +731,6 @@ class EventStore(ABC):
         for event in self.read(session_id, snap.version if snap else 0, version):
             apply_ops(state, event.ops)
         return state
-
-
-def _base_ops(before: Any, after: Any) -> list[dict[str, Any]]:
-    """Operations that turn state ``before`` (None: empty) into state ``after``."""
-    from saucer.context.events import state_to_wire
-
-    wire = state_to_wire(after)
-    ops: list[dict[str, Any]] = []
-    if before is not None:
-        ops += [{"op": "delete", "name": k} for k in before.names if k not in after.names]
-        ops += [{"op": "delete", "var": k} for k in before.vars if k not in after.vars]
-    ops += [{"op": "set", "name": k, "value": v} for k, v in wire["names"].items()]
-    ops += [{"op": "set", "var": k, "value": v} for k, v in wire["vars"].items()]
-    return ops
 
 
 _Event: Any = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
-from typing import Iterator
+from typing import Any, Iterator
 
 from saucer.context.events import Event, copy_json
 from saucer.store.base import (
@@ -23,6 +23,7 @@ from saucer.store.base import (
     SessionInfo,
     SessionNotFoundError,
     Snapshot,
+    VersionPrunedError,
 )
 
 __all__ = ["MemoryStore"]
@@ -57,6 +58,13 @@ class MemoryStore(EventStore):
         with self._d.lock:
             if info.session_id in self._d.infos:
                 raise SessionExistsError(f"session {info.session_id!r} already exists")
+            if info.parent_id is not None:
+                parent = self._d.infos.get(info.parent_id)
+                if parent is None:
+                    raise SessionNotFoundError(info.parent_id)
+                first = int(parent.meta.get("pruned_to", 0))
+                if info.parent_version is not None and info.parent_version < first:
+                    raise VersionPrunedError(info.parent_id, info.parent_version, first, parent.version)
             self._d.infos[info.session_id] = info
             self._d.events[info.session_id] = []
             self._d.snapshots[info.session_id] = {}
@@ -146,18 +154,47 @@ class MemoryStore(EventStore):
             if held is not None and held.token == lease.token and held.owner == lease.owner:
                 self._d.leases[lease.session_id] = replace(held, expires_at=0.0)
 
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> None:
+    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
         d = self._d
         with d.lock:
             info = d.infos.get(session_id)
             if info is None:
                 raise SessionNotFoundError(session_id)
             if info.meta.get("pruned_to", 0) >= cut:
-                return
+                return True
+            if any(i.parent_id == session_id for i in d.infos.values()):
+                return False
             kept = [e for e in d.events.get(session_id, []) if e.version > cut]
             d.events[session_id] = [replace(base, ops=copy_json(base.ops), meta=copy_json(base.meta))] + kept
             snaps = d.snapshots.setdefault(session_id, {})
             for version in [v for v in snaps if v < cut]:
                 del snaps[version]
             snaps[cut] = replace(snapshot, state=copy_json(snapshot.state))
-            d.infos[session_id] = replace(info, meta={**info.meta, "pruned_to": cut})
+            d.infos[session_id] = replace(
+                info, parent_id=None, parent_version=None, meta={**info.meta, "pruned_to": cut}
+            )
+            return True
+
+    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+        d = self._d
+        sid = info.session_id
+        with d.lock:
+            now = d.infos.get(sid)
+            if now is None or (now.parent_id, now.parent_version) != (info.parent_id, info.parent_version):
+                return False
+            copies = [replace(e, ops=copy_json(e.ops), meta=copy_json(e.meta)) for e in events]
+            d.events[sid] = copies + d.events.get(sid, [])
+            if snapshot is not None:
+                d.snapshots.setdefault(sid, {}).setdefault(snapshot.version, replace(snapshot, state=copy_json(snapshot.state)))
+            d.infos[sid] = replace(now, parent_id=None, parent_version=None, meta={**now.meta, **meta})
+            return True
+
+    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
+        d = self._d
+        sid = info.session_id
+        with d.lock:
+            if sid in d.infos:
+                raise SessionExistsError(f"session {sid!r} already exists")
+            d.infos[sid] = replace(info, meta=copy_json(info.meta))
+            d.events[sid] = [replace(e, ops=copy_json(e.ops), meta=copy_json(e.meta)) for e in events]
+            d.snapshots[sid] = {s.version: replace(s, state=copy_json(s.state)) for s in snapshots}

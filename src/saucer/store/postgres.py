@@ -42,6 +42,16 @@ Leases and fencing
     blip would silently drop ownership), cannot name its holder in an error,
     and cannot fence a writer that has already lost it.
 
+Errors and lost connections
+    Every ``psycopg`` error becomes a :class:`~saucer.store.StoreError`. A
+    pooled connection the server has closed meanwhile (a restart,
+    ``pg_terminate_backend``, an idle timeout) is recognised when it is taken
+    from the pool, without a round trip (the server's goodbye is waiting on
+    its socket), and replaced. A read, or any other call that is safe to
+    repeat, whose connection breaks under it is retried once on a fresh
+    connection; an append is not (it might be written twice): it fails with
+    :class:`~saucer.store.OutcomeUnknownError`.
+
 Watching
     :meth:`PostgresStore.watch` ``LISTEN``\\ s on one channel per schema and
     reads a session's new events when a notification names it (with a slow
@@ -51,17 +61,20 @@ Watching
 from __future__ import annotations
 
 import asyncio
+import functools
+import select
 import threading
 import time
 import warnings
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from saucer.context.events import Event
 from saucer.store._codec import (
@@ -80,11 +93,13 @@ from saucer.store.base import (
     FencedError,
     Lease,
     LeaseHeldError,
+    OutcomeUnknownError,
     SessionExistsError,
     SessionInfo,
     SessionNotFoundError,
     Snapshot,
     StoreError,
+    VersionPrunedError,
 )
 
 __all__ = ["PostgresStore", "SCHEMA_VERSION", "DEFAULT_SCHEMA", "split_url"]
@@ -169,6 +184,63 @@ def _quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle pooled connection was closed by the server meanwhile.
+
+    An idle connection has nothing to read, unless the server said goodbye
+    (a termination message, then end of file): only then is it pinged.
+    """
+    try:
+        if not select.select([conn.fileno()], [], [], 0)[0]:
+            return False
+        conn.execute("")
+    except (psycopg.Error, OSError, ValueError):
+        return True
+    return False
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _translated(*, retry: bool) -> Callable[[_F], _F]:
+    """Turn the ``psycopg`` errors escaping a method into :class:`StoreError`.
+
+    ``retry=True`` (reads, and writes that are safe to repeat) runs the method
+    once more, on a fresh connection, when its connection broke under it.
+    """
+
+    def decorate(method: _F) -> _F:
+        @functools.wraps(method)
+        def wrapper(self: "PostgresStore", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except PoolTimeout as exc:
+                raise self._store_error(exc) from exc
+            except psycopg.OperationalError as exc:
+                if not retry:
+                    raise self._store_error(exc) from exc
+                first = exc
+            except psycopg.Error as exc:
+                raise self._store_error(exc) from exc
+            self._drop_broken()  # the others may have been closed too (a server restart): not those again
+            try:
+                return method(self, *args, **kwargs)
+            except psycopg.Error as exc:
+                raise self._store_error(exc, retried=isinstance(exc, psycopg.OperationalError)) from first
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _jsonb(value: Any) -> Jsonb:
+    return Jsonb(value, dumps=lambda obj: orjson.dumps(obj).decode())
+
+
 class PostgresStore(EventStore):
     """Events, snapshots and leases in one PostgreSQL schema, shared by any number of processes."""
 
@@ -214,16 +286,16 @@ class PostgresStore(EventStore):
                 FROM b JOIN up USING (session_id)
                 RETURNING session_id, version
             )
-            SELECT ins.session_id, pg_notify(%s, ins.version || ' ' || ins.session_id) FROM ins
+            SELECT ins.session_id, pg_notify(%s, left(ins.version || ' ' || ins.session_id, 1990)) FROM ins
         """
         try:
             if migrate:
                 self._ensure_schema()
         except psycopg.OperationalError as exc:
-            raise StoreError(f"cannot connect to PostgreSQL at {_display(url)}: {exc}".strip()) from None
+            raise StoreError(f"cannot connect to PostgreSQL at {_display(url)}: {_one_line(exc)}") from None
         except psycopg.Error as exc:
             raise StoreError(
-                f"PostgreSQL at {_display(url)}: cannot create or migrate schema {self.schema!r}: {exc}".strip()
+                f"PostgreSQL at {_display(url)}: cannot create or migrate schema {self.schema!r}: {_one_line(exc)}"
             ) from None
         self._pool: ConnectionPool | None = ConnectionPool(
             self.conninfo,
@@ -246,7 +318,40 @@ class PostgresStore(EventStore):
     def _conn(self) -> Any:
         if self._pool is None:
             raise StoreError(f"store {_display(self.url)} is closed")
-        return self._pool.connection()
+        return self._checked(self._pool)
+
+    @staticmethod
+    @contextmanager
+    def _checked(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
+        """A connection from ``pool`` that the server has not closed meanwhile (see :func:`_closed_by_server`)."""
+        attempts = pool.max_size + 1  # all of them may have been closed at once
+        for attempt in range(attempts):
+            with pool.connection() as conn:
+                if attempt < attempts - 1 and _closed_by_server(conn):
+                    conn.close()  # the pool replaces it
+                    continue
+                yield conn
+                return
+
+    def _drop_broken(self) -> None:
+        """Test the idle pooled connections and drop those that no longer work."""
+        for pool in (self._pool, self._cache_pool):
+            if pool is not None:
+                try:
+                    pool.check()
+                except psycopg.Error:
+                    pass  # the retry says what is wrong
+
+    def _store_error(self, exc: BaseException, *, retried: bool = False) -> StoreError:
+        """The one-sentence :class:`StoreError` for a ``psycopg`` error."""
+        where = f"PostgreSQL at {_display(self.url)}"
+        if isinstance(exc, PoolTimeout):
+            return StoreError(f"cannot get a connection to {where}: {_one_line(exc)}")
+        if retried:
+            return StoreError(f"lost the connection to {where}, and again on a fresh one: {_one_line(exc)}")
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreError(f"lost the connection to {where}: {_one_line(exc)}")
+        return StoreError(f"{where} refused the request: {_one_line(exc)}")
 
     def _cache_conn(self) -> Any:
         """A connection whose COMMITs do not wait for the WAL flush, for snapshot writes.
@@ -270,7 +375,7 @@ class PostgresStore(EventStore):
                         name=f"saucer-cache:{self.schema}",
                         timeout=max(self._connect_timeout, 30.0),
                     )
-        return self._cache_pool.connection()
+        return self._checked(self._cache_pool)
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -283,6 +388,7 @@ class PostgresStore(EventStore):
 
     # ------------------------------------------------------------ migration
 
+    @_translated(retry=True)
     def schema_version(self) -> int:
         """The schema's applied version (0 when saucer has not created it yet)."""
         with self._connect() as conn:
@@ -309,6 +415,7 @@ class PostgresStore(EventStore):
             f"understands ({SCHEMA_VERSION}); upgrade saucer"
         )
 
+    @_translated(retry=True)
     def migrate(self) -> int:
         """Create the schema or bring it up to :data:`SCHEMA_VERSION`; return the version.
 
@@ -343,31 +450,63 @@ class PostgresStore(EventStore):
             meta = orjson.loads(meta)
         return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], dict(meta or {}))
 
-    def _create(self, info: SessionInfo) -> None:
-        with self._conn() as conn:
-            try:
-                conn.execute(
-                    f"INSERT INTO {self._s}.sessions ({self._INFO_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                    (
-                        info.session_id,
-                        info.version,
-                        info.created_at,
-                        info.updated_at,
-                        info.parent_id,
-                        info.parent_version,
-                        Jsonb(info.meta, dumps=lambda obj: orjson.dumps(obj).decode()),
-                    ),
-                )
-            except pg_errors.UniqueViolation:
-                raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+    def _insert_session(self, conn: psycopg.Connection[Any], info: SessionInfo) -> None:
+        conn.execute(
+            f"INSERT INTO {self._s}.sessions ({self._INFO_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (
+                info.session_id,
+                info.version,
+                info.created_at,
+                info.updated_at,
+                info.parent_id,
+                info.parent_version,
+                _jsonb(info.meta),
+            ),
+        )
 
+    def _prune_lock(self, conn: psycopg.Connection[Any], session_id: str, *, shared: bool = False) -> None:
+        """Serialise, per session, prunes and materialisations (exclusive) with the making of its forks (shared)."""
+        kind = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        conn.execute(f"SELECT {kind}(hashtext(%s))", (f"saucer.prune:{self.schema}:{session_id}",))
+
+    @_translated(retry=False)
+    def _create(self, info: SessionInfo) -> None:
+        s = self._s
+        try:
+            with self._conn() as conn, conn.transaction():
+                if info.parent_id is not None:
+                    self._prune_lock(conn, info.parent_id, shared=True)
+                    row = conn.execute(
+                        f"SELECT head, coalesce((meta ->> 'pruned_to')::bigint, 0) FROM {s}.sessions WHERE session_id = %s",
+                        (info.parent_id,),
+                    ).fetchone()
+                    if row is None:
+                        raise SessionNotFoundError(info.parent_id)
+                    if info.parent_version is not None and info.parent_version < row[1]:
+                        raise VersionPrunedError(info.parent_id, info.parent_version, row[1], row[0])
+                self._insert_session(conn, info)
+        except pg_errors.UniqueViolation:
+            raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+
+    @_translated(retry=True)
     def _info(self, session_id: str) -> SessionInfo | None:
+        if "\x00" in session_id:
+            return None  # PostgreSQL text cannot hold NUL, so no session has such an id
         with self._conn() as conn:
             row = conn.execute(
                 f"SELECT {self._INFO_COLUMNS} FROM {self._s}.sessions WHERE session_id = %s", (session_id,)
             ).fetchone()
         return self._row_info(row) if row else None
 
+    @_translated(retry=True)
+    def _forks(self, session_id: str) -> list[SessionInfo]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {self._INFO_COLUMNS} FROM {self._s}.sessions WHERE parent_id = %s", (session_id,)
+            ).fetchall()
+        return [self._row_info(r) for r in rows]
+
+    @_translated(retry=True)
     def sessions(self) -> list[SessionInfo]:
         with self._conn() as conn:
             rows = conn.execute(
@@ -375,6 +514,7 @@ class PostgresStore(EventStore):
             ).fetchall()
         return [self._row_info(r) for r in rows]
 
+    @_translated(retry=True)
     def _delete(self, session_id: str) -> None:
         with self._conn() as conn, conn.transaction():
             for table in ("events", "snapshots", "leases", "sessions"):
@@ -399,12 +539,14 @@ class PostgresStore(EventStore):
     def _group_committer(self) -> GroupCommitter:
         return self._committer
 
+    @_translated(retry=False)
     def _write_one(self, entry: Pending) -> None:
         self._write_batch([entry])
         if entry.error is not None:
             error, entry.error = entry.error, None
             raise error
 
+    @_translated(retry=False)
     def _write_batch(self, entries: list[Pending]) -> None:
         """Write appends in ONE transaction; a refused entry fails only itself.
 
@@ -413,8 +555,8 @@ class PostgresStore(EventStore):
         transaction) when one session has two appends queued at once.
 
         If the connection breaks mid-way, a COMMIT may or may not have
-        happened: those entries get a :class:`StoreError` saying so instead of
-        being retried, which could write them twice.
+        happened: those entries get an :class:`OutcomeUnknownError` saying so
+        instead of being retried, which could write them twice.
         """
         rounds: list[list[Pending]] = [[]]
         seen: list[set[str]] = [set()]
@@ -442,10 +584,8 @@ class PostgresStore(EventStore):
                     raise  # the server refused the statement or transaction: nothing was written
                 for entry in entries:
                     if id(entry) not in settled:
-                        entry.error = StoreError(
-                            f"session {entry.event.session_id!r}: the connection to PostgreSQL broke while "
-                            f"committing version {entry.event.version}; it may or may not be written "
-                            f"(reload to see): {exc}"
+                        entry.error = OutcomeUnknownError(
+                            entry.event.session_id, entry.event.version, _one_line(exc), "PostgreSQL", entry.event
                         )
 
     def _write_round(self, conn: psycopg.Connection[Any], batch: list[Pending], settled: set[int]) -> None:
@@ -493,6 +633,7 @@ class PostgresStore(EventStore):
             else:
                 entry.error = ConflictError(sid, entry.expected, head)
 
+    @_translated(retry=True)
     def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         with self._conn() as conn:
             # One statement, one snapshot: the head tells a damaged *trailing*
@@ -506,6 +647,7 @@ class PostgresStore(EventStore):
         head = rows[0][7] if rows else None
         return decode_rows(session_id, [row[:7] for row in rows], head=head)
 
+    @_translated(retry=True)
     def quarantine_record(self, session_id: str, version: int) -> bool:
         with self._conn() as conn, conn.transaction():
             row = conn.execute(
@@ -527,6 +669,7 @@ class PostgresStore(EventStore):
 
     # ------------------------------------------------------------ snapshots
 
+    @_translated(retry=True)
     def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
         with self._conn() as conn:
             rows = conn.execute(
@@ -536,17 +679,14 @@ class PostgresStore(EventStore):
             ).fetchall()
         return first_good_snapshot(session_id, rows)
 
+    @_translated(retry=True)
     def save_snapshot(self, snapshot: Snapshot) -> None:
-        blob, crc = encode_state(snapshot.state)
         # A snapshot is a cache of the fold: losing the newest one in a crash only
         # means a longer replay, so its COMMIT does not wait for the WAL flush.
         with self._cache_conn() as conn:
-            conn.execute(
-                f"INSERT INTO {self._s}.snapshots (session_id, version, ts, state, crc) VALUES (%s, %s, %s, %s, %s) "
-                "ON CONFLICT (session_id, version) DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc",
-                (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
-            )
+            self._insert_snapshot(conn, snapshot)
 
+    @_translated(retry=True)
     def prune_snapshots(self, session_id: str, keep: int) -> None:
         with self._cache_conn() as conn:
             conn.execute(
@@ -557,14 +697,14 @@ class PostgresStore(EventStore):
 
     # ------------------------------------------------------------ retention
 
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> None:
+    @_translated(retry=True)  # a repeat finds the prune done (or does it)
+    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
         payload, crc = encode_payload(base)
-        blob, state_crc = encode_state(snapshot.state)
         s = self._s
         with self._conn() as conn, conn.transaction():
-            # Prunes of one session take turns; appends go on meanwhile (they only
-            # touch versions above the head, and the head is at or above the cut).
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saucer.prune:{self.schema}:{session_id}",))
+            # Prunes of one session take turns, and no fork of it is made meanwhile;
+            # appends go on (they only touch versions above the head, which is at or above the cut).
+            self._prune_lock(conn, session_id)
             row = conn.execute(
                 f"SELECT coalesce((meta ->> 'pruned_to')::bigint, 0) FROM {s}.sessions WHERE session_id = %s",
                 (session_id,),
@@ -572,7 +712,9 @@ class PostgresStore(EventStore):
             if row is None:
                 raise SessionNotFoundError(session_id)
             if row[0] >= cut:
-                return
+                return True
+            if conn.execute(f"SELECT 1 FROM {s}.sessions WHERE parent_id = %s LIMIT 1", (session_id,)).fetchone():
+                return False
             conn.execute(f"DELETE FROM {s}.events WHERE session_id = %s AND version < %s", (session_id, cut))
             conn.execute(
                 f"UPDATE {s}.events SET ts = %s, author = %s, round = %s, step = %s, payload = %s, crc = %s "
@@ -580,20 +722,72 @@ class PostgresStore(EventStore):
                 (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
             )
             conn.execute(f"DELETE FROM {s}.snapshots WHERE session_id = %s AND version < %s", (session_id, cut))
-            conn.execute(
-                f"INSERT INTO {s}.snapshots (session_id, version, ts, state, crc) VALUES (%s, %s, %s, %s, %s) "
-                "ON CONFLICT (session_id, version) DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc",
-                (session_id, cut, snapshot.timestamp, blob, state_crc),
-            )
+            self._insert_snapshot(conn, snapshot)
             # Last, so that the session row (which every append updates) is locked only briefly.
             conn.execute(
-                f"UPDATE {s}.sessions SET meta = meta || jsonb_build_object('pruned_to', %s::bigint) "
-                "WHERE session_id = %s",
+                f"UPDATE {s}.sessions SET meta = meta || jsonb_build_object('pruned_to', %s::bigint), "
+                "parent_id = NULL, parent_version = NULL WHERE session_id = %s",
                 (cut, session_id),
             )
+        return True
+
+    def _insert_events(self, conn: psycopg.Connection[Any], owner: str, events: list[Event]) -> None:
+        """Insert events into ``owner``'s log (see :func:`encode_payload` for events of another session)."""
+        rows = []
+        for event in events:
+            payload, crc = encode_payload(event, owner)
+            rows.append((owner, event.version, event.timestamp, event.author, event.round, event.step, payload, crc))
+        with conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO {self._s}.events (session_id, version, ts, author, round, step, payload, crc) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                rows,
+            )
+
+    def _insert_snapshot(self, conn: psycopg.Connection[Any], snapshot: Snapshot, *, replace: bool = True) -> None:
+        blob, crc = encode_state(snapshot.state)
+        conflict = "DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc" if replace else "DO NOTHING"
+        conn.execute(
+            f"INSERT INTO {self._s}.snapshots (session_id, version, ts, state, crc) VALUES (%s, %s, %s, %s, %s) "
+            f"ON CONFLICT (session_id, version) {conflict}",
+            (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
+        )
+
+    @_translated(retry=True)  # a repeat finds the fork detached and does nothing
+    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+        s = self._s
+        with self._conn() as conn, conn.transaction():
+            self._prune_lock(conn, info.session_id)  # its attachment only changes under this lock
+            row = conn.execute(
+                f"SELECT parent_id, parent_version FROM {s}.sessions WHERE session_id = %s", (info.session_id,)
+            ).fetchone()
+            if row is None or (row[0], row[1]) != (info.parent_id, info.parent_version):
+                return False
+            self._insert_events(conn, info.session_id, events)
+            if snapshot is not None:
+                self._insert_snapshot(conn, snapshot, replace=False)
+            # Last, so that the session row (which every append updates) is locked only briefly.
+            conn.execute(
+                f"UPDATE {s}.sessions SET parent_id = NULL, parent_version = NULL, meta = meta || %s "
+                "WHERE session_id = %s",
+                (_jsonb(meta), info.session_id),
+            )
+        return True
+
+    @_translated(retry=False)
+    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
+        try:
+            with self._conn() as conn, conn.transaction():
+                self._insert_session(conn, info)
+                self._insert_events(conn, info.session_id, events)
+                for snapshot in snapshots:
+                    self._insert_snapshot(conn, snapshot)
+        except pg_errors.UniqueViolation:
+            raise SessionExistsError(f"session {info.session_id!r} already exists") from None
 
     # --------------------------------------------------------------- leases
 
+    @_translated(retry=True)  # safe to repeat: the same owner's lease is renewed, not taken twice
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
         s = self._s
         with self._conn() as conn:
@@ -624,6 +818,7 @@ class PostgresStore(EventStore):
         # Report the expiry on this machine's clock, so "expires in N s" reads right here.
         raise LeaseHeldError(session_id, held[0], time.time() + (held[1] - held[2]))
 
+    @_translated(retry=True)
     def release_lease(self, lease: Lease) -> None:
         with self._conn() as conn:
             conn.execute(
@@ -638,8 +833,9 @@ class PostgresStore(EventStore):
     ) -> AsyncIterator[Event]:
         """Yield the session's new events as they are committed, woken by NOTIFY.
 
-        Without notifications (no LISTEN possible) it polls every ``interval``
-        seconds; with them it still re-reads every few seconds as a safety net.
+        Without notifications (no LISTEN possible, or the listening connection
+        was lost) it polls every ``interval`` seconds; with them it still
+        re-reads every few seconds as a safety net.
         """
         try:
             listener = await psycopg.AsyncConnection.connect(
@@ -656,8 +852,8 @@ class PostgresStore(EventStore):
                 yield event
             return
         safety = max(interval, 5.0)
+        last = after
         try:
-            last = after
             while True:
                 fresh = await asyncio.to_thread(lambda: list(self.read(session_id, last)))
                 for event in fresh:
@@ -665,9 +861,20 @@ class PostgresStore(EventStore):
                     yield event
                 if fresh:
                     continue
-                async for note in listener.notifies(timeout=safety):
-                    _, _, sid = note.payload.partition(" ")
-                    if sid == session_id:
-                        break
+                try:
+                    async for note in listener.notifies(timeout=safety):
+                        _, _, sid = note.payload.partition(" ")
+                        if sid == session_id:
+                            break
+                except psycopg.Error as exc:
+                    warnings.warn(
+                        f"store {_display(self.url)}: lost the LISTEN connection ({_one_line(exc)}); "
+                        f"watching {session_id!r} by polling",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    break
         finally:
             await listener.close()
+        async for event in super().watch(session_id, last, interval=interval):
+            yield event

@@ -18,17 +18,24 @@ both or neither). A read scans those few rows. For any one session every row of
 ``events`` is older than every row of ``events_recent``: a read takes the
 first, then the second. Versions stay unique because every append checks and
 moves the session's head in the same transaction.
+
+Every ``sqlite3`` error is turned into a :class:`~saucer.store.StoreError` at
+this module's edge: a file that is not a database, or whose pages are
+damaged, is a :class:`~saucer.store.DamagedStoreError` naming the file and the
+command that checks it.
 """
 
 from __future__ import annotations
 
+import functools
+import shlex
 import sqlite3
-from contextlib import contextmanager
 import threading
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 import orjson
 
@@ -45,6 +52,7 @@ from saucer.store._codec import (
 from saucer.store._group import GroupCommitter, Pending
 from saucer.store.base import (
     ConflictError,
+    DamagedStoreError,
     EventStore,
     FencedError,
     Lease,
@@ -54,6 +62,7 @@ from saucer.store.base import (
     SessionNotFoundError,
     Snapshot,
     StoreError,
+    VersionPrunedError,
 )
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION"]
@@ -129,50 +138,100 @@ class _Closed:
         raise StoreError(f"the SQLite store {str(self._path)!r} is closed")
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _translated(method: _F) -> _F:
+    """Turn the ``sqlite3`` errors escaping ``method`` into :class:`StoreError` (one sentence)."""
+
+    @functools.wraps(method)
+    def wrapper(self: "SQLiteStore", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise self._store_error(exc) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
 class SQLiteStore(EventStore):
     """Events, snapshots and leases in one SQLite file."""
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0) -> None:
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
-        self._conn = sqlite3.connect(
-            str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout
-        )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        # Checkpoint the WAL into the database every 256 pages (1 MB) rather
-        # than SQLite's 1000: commits then mostly overwrite WAL space that is
-        # already allocated, and an fdatasync that does not grow the file is
-        # markedly cheaper (it needs no metadata journal commit). The extra
-        # checkpoints cost a few µs per commit on average.
-        self._conn.execute("PRAGMA wal_autocheckpoint=256")
-        # After an unusually large transaction, give the WAL's space back.
-        self._conn.execute("PRAGMA journal_size_limit=4194304")
-        self._migrate()
+        self._conn = _Closed(self.path)  # type: ignore[assignment]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder of the SQLite store {str(self.path)!r}: {exc.strerror or exc}") from None
+        self._open(busy_timeout)
 
-    def _migrate(self) -> None:
+    @_translated
+    def _open(self, busy_timeout: float) -> None:
+        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            # Checkpoint the WAL into the database every 256 pages (1 MB) rather
+            # than SQLite's 1000: commits then mostly overwrite WAL space that is
+            # already allocated, and an fdatasync that does not grow the file is
+            # markedly cheaper (it needs no metadata journal commit). The extra
+            # checkpoints cost a few µs per commit on average.
+            conn.execute("PRAGMA wal_autocheckpoint=256")
+            # After an unusually large transaction, give the WAL's space back.
+            conn.execute("PRAGMA journal_size_limit=4194304")
+            self._conn = conn
+            self._migrate()
+        except BaseException:
+            conn.close()
+            self._conn = _Closed(self.path)  # type: ignore[assignment]
+            raise
+
+    def _store_error(self, exc: sqlite3.Error) -> StoreError:
+        """The one-sentence :class:`StoreError` for a ``sqlite3`` error."""
+        name = getattr(exc, "sqlite_errorname", "") or ""
+        where = str(self.path)
+        if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")) or "malformed" in str(exc) or "not a database" in str(exc):
+            return DamagedStoreError(f"SQLite file {where}", str(exc), f'sqlite3 {shlex.quote(where)} "PRAGMA integrity_check"')
+        if name.startswith("SQLITE_BUSY") or "locked" in str(exc):
+            return StoreError(
+                f"SQLite store {where}: another process kept the database locked for {self._busy_timeout:g}s ({exc}); try again"
+            )
+        return StoreError(f"SQLite store {where}: {exc}")
+
+    @contextmanager
+    def _transaction(self, kind: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        """One transaction: committed if the block succeeds, rolled back if it raises."""
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+            conn = self._conn
+            conn.execute(f"BEGIN {kind}")
             try:
-                for statement in _SCHEMA.strip().split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
-                row = self._conn.execute("SELECT version FROM saucer_schema").fetchone()
-                if row is None:
-                    self._conn.execute("INSERT INTO saucer_schema VALUES (?)", (SCHEMA_VERSION,))
-                elif row[0] > SCHEMA_VERSION:
-                    raise RuntimeError(
-                        f"{self.path}: store schema version {row[0]} is newer than this saucer ({SCHEMA_VERSION}); upgrade saucer"
-                    )
-                elif row[0] < SCHEMA_VERSION:  # the tables above were added by CREATE ... IF NOT EXISTS
-                    self._conn.execute("UPDATE saucer_schema SET version = ?", (SCHEMA_VERSION,))
-                self._recent = self._conn.execute("SELECT count(*) FROM events_recent").fetchone()[0]
-                self._conn.execute("COMMIT")
+                yield conn
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if conn.in_transaction:  # an error may have ended it already (e.g. a damaged page)
+                    conn.execute("ROLLBACK")
                 raise
+            conn.execute("COMMIT")
+
+    @_translated
+    def _migrate(self) -> None:
+        with self._transaction() as conn:
+            for statement in _SCHEMA.strip().split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            row = conn.execute("SELECT version FROM saucer_schema").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO saucer_schema VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path}: store schema version {row[0]} is newer than this saucer ({SCHEMA_VERSION}); upgrade saucer"
+                )
+            elif row[0] < SCHEMA_VERSION:  # the tables above were added by CREATE ... IF NOT EXISTS
+                conn.execute("UPDATE saucer_schema SET version = ?", (SCHEMA_VERSION,))
+            self._recent = conn.execute("SELECT count(*) FROM events_recent").fetchone()[0]
 
     def close(self) -> None:
         with self._lock:
@@ -182,48 +241,70 @@ class SQLiteStore(EventStore):
 
     # ------------------------------------------------------------- sessions
 
+    def _insert_session(self, conn: sqlite3.Connection, info: SessionInfo) -> None:
+        try:
+            conn.execute(
+                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    info.session_id,
+                    info.version,
+                    info.created_at,
+                    info.updated_at,
+                    info.parent_id,
+                    info.parent_version,
+                    orjson.dumps(info.meta).decode(),
+                ),
+            )
+        except sqlite3.IntegrityError:
+            raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+
+    @_translated
     def _create(self, info: SessionInfo) -> None:
-        with self._lock:
-            try:
-                self._conn.execute(
-                    "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        info.session_id,
-                        info.version,
-                        info.created_at,
-                        info.updated_at,
-                        info.parent_id,
-                        info.parent_version,
-                        orjson.dumps(info.meta).decode(),
-                    ),
-                )
-            except sqlite3.IntegrityError:
-                raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+        with self._transaction() as conn:
+            if info.parent_id is not None:
+                row = conn.execute(
+                    "SELECT head, coalesce(json_extract(meta, '$.pruned_to'), 0) FROM sessions WHERE session_id = ?",
+                    (info.parent_id,),
+                ).fetchone()
+                if row is None:
+                    raise SessionNotFoundError(info.parent_id)
+                if info.parent_version is not None and info.parent_version < row[1]:
+                    raise VersionPrunedError(info.parent_id, info.parent_version, row[1], row[0])
+            self._insert_session(conn, info)
 
-    @staticmethod
-    def _row_info(row: tuple[Any, ...]) -> SessionInfo:
-        return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], orjson.loads(row[6]))
+    def _row_info(self, row: tuple[Any, ...]) -> SessionInfo:
+        try:
+            meta = orjson.loads(row[6])
+        except orjson.JSONDecodeError as exc:
+            raise DamagedStoreError(
+                f"SQLite file {self.path}", f"the meta of session {row[0]!r} is not JSON: {exc}",
+                f'sqlite3 {shlex.quote(str(self.path))} "PRAGMA integrity_check"',
+            ) from None
+        return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], meta)
 
+    @_translated
     def _info(self, session_id: str) -> SessionInfo | None:
         with self._lock:
             row = self._conn.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
         return self._row_info(row) if row else None
 
+    @_translated
     def sessions(self) -> list[SessionInfo]:
         with self._lock:
             rows = self._conn.execute("SELECT * FROM sessions ORDER BY updated_at DESC, session_id").fetchall()
         return [self._row_info(r) for r in rows]
 
-    def _delete(self, session_id: str) -> None:
+    @_translated
+    def _forks(self, session_id: str) -> list[SessionInfo]:
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                for table in ("events", "events_recent", "snapshots", "leases", "sessions"):
-                    self._conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+            rows = self._conn.execute("SELECT * FROM sessions WHERE parent_id = ?", (session_id,)).fetchall()
+        return [self._row_info(r) for r in rows]
+
+    @_translated
+    def _delete(self, session_id: str) -> None:
+        with self._transaction() as conn:
+            for table in ("events", "events_recent", "snapshots", "leases", "sessions"):
+                conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
 
     # --------------------------------------------------------------- events
 
@@ -245,42 +326,36 @@ class SQLiteStore(EventStore):
             return self._group_committer().append_async(event, expected_version, fence, on_written)
         return super()._aappend(event, expected_version, fence, on_written)
 
+    @_translated
     def _write_one(self, entry: Pending) -> None:
         """Write one append in its own transaction; raise its error."""
         event = entry.event
-        conn = self._conn
-        with self._lock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if entry.fence is not None:
-                    row = conn.execute(
-                        "SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)
-                    ).fetchone()
-                    if row is None or row[0] != entry.fence:
-                        raise FencedError(
-                            event.session_id, entry.fence, row[0] if row else None, row[1] if row else None
-                        )
-                updated = conn.execute(
-                    "UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ? AND head = ?",
-                    (event.version, event.timestamp, event.session_id, entry.expected),
-                ).rowcount
-                if updated != 1:
-                    row = conn.execute("SELECT head FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
-                    if row is None:
-                        raise SessionNotFoundError(event.session_id)
-                    raise ConflictError(event.session_id, entry.expected, row[0])
-                conn.execute(
-                    "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        event.session_id, event.version, event.timestamp, event.author,
-                        event.round, event.step, entry.payload, entry.crc,
-                    ),
-                )
-                self._fold_if_due(1)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+        with self._transaction() as conn:
+            if entry.fence is not None:
+                row = conn.execute(
+                    "SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)
+                ).fetchone()
+                if row is None or row[0] != entry.fence:
+                    raise FencedError(
+                        event.session_id, entry.fence, row[0] if row else None, row[1] if row else None
+                    )
+            updated = conn.execute(
+                "UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ? AND head = ?",
+                (event.version, event.timestamp, event.session_id, entry.expected),
+            ).rowcount
+            if updated != 1:
+                row = conn.execute("SELECT head FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
+                if row is None:
+                    raise SessionNotFoundError(event.session_id)
+                raise ConflictError(event.session_id, entry.expected, row[0])
+            conn.execute(
+                "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    event.session_id, event.version, event.timestamp, event.author,
+                    event.round, event.step, entry.payload, entry.crc,
+                ),
+            )
+            self._fold_if_due(1)
 
     def migrate(self) -> int:
         """Create or upgrade the schema (done on open too); return its version."""
@@ -297,6 +372,7 @@ class SQLiteStore(EventStore):
                 )
         return committer
 
+    @_translated
     def _write_batch(self, entries: list[Pending]) -> None:
         """Write many appends in ONE transaction; a refused entry fails only itself.
 
@@ -304,46 +380,39 @@ class SQLiteStore(EventStore):
         sessions are read at once, each entry is checked against them in order,
         and the accepted ones are written with two ``executemany`` calls.
         """
-        conn = self._conn
         ids = list({e.event.session_id: None for e in entries})
         fenced = list({e.event.session_id: None for e in entries if e.fence is not None})
         updates: list[tuple[Any, ...]] = []
         rows: list[tuple[Any, ...]] = []
-        with self._lock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                heads: dict[str, int] = dict(
-                    conn.execute(f"SELECT session_id, head FROM sessions WHERE session_id IN ({','.join('?' * len(ids))})", ids)
+        with self._transaction() as conn:
+            heads: dict[str, int] = dict(
+                conn.execute(f"SELECT session_id, head FROM sessions WHERE session_id IN ({','.join('?' * len(ids))})", ids)
+            )
+            leases: dict[str, tuple[int, str]] = {}
+            if fenced:
+                found = conn.execute(
+                    f"SELECT session_id, token, owner FROM leases WHERE session_id IN ({','.join('?' * len(fenced))})",
+                    fenced,
                 )
-                leases: dict[str, tuple[int, str]] = {}
-                if fenced:
-                    found = conn.execute(
-                        f"SELECT session_id, token, owner FROM leases WHERE session_id IN ({','.join('?' * len(fenced))})",
-                        fenced,
-                    )
-                    leases = {sid: (token, owner) for sid, token, owner in found}
-                for entry in entries:
-                    event = entry.event
-                    sid = event.session_id
-                    if entry.fence is not None:
-                        token, owner = leases.get(sid, (None, None))
-                        if token != entry.fence:
-                            entry.error = FencedError(sid, entry.fence, token, owner)
-                            continue
-                    head = heads.get(sid)
-                    if head != entry.expected:
-                        entry.error = SessionNotFoundError(sid) if head is None else ConflictError(sid, entry.expected, head)
+                leases = {sid: (token, owner) for sid, token, owner in found}
+            for entry in entries:
+                event = entry.event
+                sid = event.session_id
+                if entry.fence is not None:
+                    token, owner = leases.get(sid, (None, None))
+                    if token != entry.fence:
+                        entry.error = FencedError(sid, entry.fence, token, owner)
                         continue
-                    heads[sid] = event.version
-                    updates.append((event.version, event.timestamp, sid))
-                    rows.append((sid, event.version, event.timestamp, event.author, event.round, event.step, entry.payload, entry.crc))
-                conn.executemany("UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ?", updates)
-                conn.executemany("INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-                self._fold_if_due(len(rows))
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+                head = heads.get(sid)
+                if head != entry.expected:
+                    entry.error = SessionNotFoundError(sid) if head is None else ConflictError(sid, entry.expected, head)
+                    continue
+                heads[sid] = event.version
+                updates.append((event.version, event.timestamp, sid))
+                rows.append((sid, event.version, event.timestamp, event.author, event.round, event.step, entry.payload, entry.crc))
+            conn.executemany("UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ?", updates)
+            conn.executemany("INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            self._fold_if_due(len(rows))
 
     #: Move ``events_recent`` into ``events`` once this process has added this many rows to it.
     fold_every = 2048
@@ -370,52 +439,44 @@ class SQLiteStore(EventStore):
         finally:
             conn.execute("RELEASE fold")
 
+    @_translated
     def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         args = (session_id, after, upto if upto is not None else 2**62)
         columns = "SELECT version, ts, author, round, step, payload, crc FROM"
         where = "WHERE session_id = ? AND version > ? AND version <= ? ORDER BY version"
-        with self._lock:
-            # One read transaction, so that the head and the rows agree (the
-            # head tells a damaged *trailing* record from one in the middle),
-            # and that no fold moves rows between the two queries.
-            self._conn.execute("BEGIN")
-            try:
-                row = self._conn.execute("SELECT head FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-                rows = self._conn.execute(f"{columns} events {where}", args).fetchall()
-                rows += self._conn.execute(f"{columns} events_recent {where}", args).fetchall()
-            finally:
-                self._conn.execute("COMMIT")
+        # One read transaction, so that the head and the rows agree (the
+        # head tells a damaged *trailing* record from one in the middle),
+        # and that no fold moves rows between the two queries.
+        with self._transaction("DEFERRED") as conn:
+            row = conn.execute("SELECT head FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            rows = conn.execute(f"{columns} events {where}", args).fetchall()
+            rows += conn.execute(f"{columns} events_recent {where}", args).fetchall()
         return decode_rows(session_id, rows, head=row[0] if row else None)
 
+    @_translated
     def quarantine_record(self, session_id: str, version: int) -> bool:
-        conn = self._conn
         replaced = False
-        with self._lock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for table in ("events", "events_recent"):
-                    row = conn.execute(
-                        f"SELECT payload, crc FROM {table} WHERE session_id = ? AND version = ?", (session_id, version)
-                    ).fetchone()
-                    if row is None:
-                        continue
-                    try:
-                        decode_payload(row[0], row[1])
-                    except DamagedRecord as exc:
-                        payload, crc = quarantine_payload(row[0], str(exc))
-                        conn.execute(
-                            f"UPDATE {table} SET payload = ?, crc = ? WHERE session_id = ? AND version = ?",
-                            (payload, crc, session_id, version),
-                        )
-                        replaced = True
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+        with self._transaction() as conn:
+            for table in ("events", "events_recent"):
+                row = conn.execute(
+                    f"SELECT payload, crc FROM {table} WHERE session_id = ? AND version = ?", (session_id, version)
+                ).fetchone()
+                if row is None:
+                    continue
+                try:
+                    decode_payload(row[0], row[1])
+                except DamagedRecord as exc:
+                    payload, crc = quarantine_payload(row[0], str(exc))
+                    conn.execute(
+                        f"UPDATE {table} SET payload = ?, crc = ? WHERE session_id = ? AND version = ?",
+                        (payload, crc, session_id, version),
+                    )
+                    replaced = True
         return replaced
 
     # ------------------------------------------------------------ snapshots
 
+    @_translated
     def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
         with self._lock:
             # Newest first and lazily: usually only the first blob is read; a
@@ -446,6 +507,7 @@ class SQLiteStore(EventStore):
             finally:
                 conn.execute("PRAGMA synchronous=FULL")
 
+    @_translated
     def save_snapshot(self, snapshot: Snapshot) -> None:
         blob, crc = encode_state(snapshot.state)
         with self._unsynced() as conn:
@@ -454,6 +516,7 @@ class SQLiteStore(EventStore):
                 (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
             )
 
+    @_translated
     def prune_snapshots(self, session_id: str, keep: int) -> None:
         with self._unsynced() as conn:
             conn.execute(
@@ -464,31 +527,26 @@ class SQLiteStore(EventStore):
 
     # --------------------------------------------------------------- leases
 
+    @_translated
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
-        conn = self._conn
-        with self._lock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is None:
-                    raise SessionNotFoundError(session_id)
-                now = time.time()
-                row = conn.execute(
-                    "SELECT owner, token, expires_at FROM leases WHERE session_id = ?", (session_id,)
-                ).fetchone()
-                token = row[1] if row else 0
-                if row is not None and row[0] != owner and row[2] > now:
-                    raise LeaseHeldError(session_id, row[0], row[2])
-                if row is None or row[0] != owner or row[2] <= now:
-                    token += 1
-                conn.execute(
-                    "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)", (session_id, owner, token, now + ttl)
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+        with self._transaction() as conn:
+            if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is None:
+                raise SessionNotFoundError(session_id)
+            now = time.time()
+            row = conn.execute(
+                "SELECT owner, token, expires_at FROM leases WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            token = row[1] if row else 0
+            if row is not None and row[0] != owner and row[2] > now:
+                raise LeaseHeldError(session_id, row[0], row[2])
+            if row is None or row[0] != owner or row[2] <= now:
+                token += 1
+            conn.execute(
+                "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)", (session_id, owner, token, now + ttl)
+            )
         return Lease(session_id, owner, token, now + ttl)
 
+    @_translated
     def release_lease(self, lease: Lease) -> None:
         with self._lock:
             self._conn.execute(
@@ -496,38 +554,74 @@ class SQLiteStore(EventStore):
                 (lease.session_id, lease.owner, lease.token),
             )
 
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> None:
+    # ------------------------------------------------------------ retention
+
+    @staticmethod
+    def _insert_events(conn: sqlite3.Connection, owner: str, events: list[Event]) -> None:
+        """Insert old events into ``owner``'s log, straight into ``events`` (they precede every recent row)."""
+        rows = []
+        for event in events:
+            payload, crc = encode_payload(event, owner)
+            rows.append((owner, event.version, event.timestamp, event.author, event.round, event.step, payload, crc))
+        conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+    @staticmethod
+    def _insert_snapshot(conn: sqlite3.Connection, snapshot: Snapshot, verb: str = "INSERT OR REPLACE") -> None:
+        blob, crc = encode_state(snapshot.state)
+        conn.execute(
+            f"{verb} INTO snapshots VALUES (?, ?, ?, ?, ?)",
+            (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
+        )
+
+    @_translated
+    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
         payload, crc = encode_payload(base)
-        blob, state_crc = encode_state(snapshot.state)
-        conn = self._conn
-        with self._lock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = conn.execute(
-                    "SELECT coalesce(json_extract(meta, '$.pruned_to'), 0) FROM sessions WHERE session_id = ?",
-                    (session_id,),
-                ).fetchone()
-                if row is None:
-                    raise SessionNotFoundError(session_id)
-                if row[0] >= cut:
-                    conn.execute("COMMIT")
-                    return
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT coalesce(json_extract(meta, '$.pruned_to'), 0) FROM sessions WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                raise SessionNotFoundError(session_id)
+            if row[0] >= cut:
+                return True
+            if conn.execute("SELECT 1 FROM sessions WHERE parent_id = ? LIMIT 1", (session_id,)).fetchone():
+                return False
+            conn.execute(
+                "UPDATE sessions SET meta = json_set(meta, '$.pruned_to', ?), parent_id = NULL, parent_version = NULL "
+                "WHERE session_id = ?",
+                (cut, session_id),
+            )
+            for table in ("events", "events_recent"):  # the base event is in one of them
+                conn.execute(f"DELETE FROM {table} WHERE session_id = ? AND version < ?", (session_id, cut))
                 conn.execute(
-                    "UPDATE sessions SET meta = json_set(meta, '$.pruned_to', ?) WHERE session_id = ?", (cut, session_id)
+                    f"UPDATE {table} SET ts = ?, author = ?, round = ?, step = ?, payload = ?, crc = ? "
+                    "WHERE session_id = ? AND version = ?",
+                    (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
                 )
-                for table in ("events", "events_recent"):  # the base event is in one of them
-                    conn.execute(f"DELETE FROM {table} WHERE session_id = ? AND version < ?", (session_id, cut))
-                    conn.execute(
-                        f"UPDATE {table} SET ts = ?, author = ?, round = ?, step = ?, payload = ?, crc = ? "
-                        "WHERE session_id = ? AND version = ?",
-                        (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
-                    )
-                conn.execute("DELETE FROM snapshots WHERE session_id = ? AND version < ?", (session_id, cut))
-                conn.execute(
-                    "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?)",
-                    (session_id, cut, snapshot.timestamp, blob, state_crc),
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+            conn.execute("DELETE FROM snapshots WHERE session_id = ? AND version < ?", (session_id, cut))
+            self._insert_snapshot(conn, snapshot)
+        return True
+
+    @_translated
+    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+        with self._transaction() as conn:
+            updated = conn.execute(
+                "UPDATE sessions SET parent_id = NULL, parent_version = NULL, meta = json_patch(meta, ?) "
+                "WHERE session_id = ? AND parent_id = ? AND parent_version = ?",
+                (orjson.dumps(meta).decode(), info.session_id, info.parent_id, info.parent_version),
+            ).rowcount
+            if updated != 1:
+                return False
+            self._insert_events(conn, info.session_id, events)
+            if snapshot is not None:
+                self._insert_snapshot(conn, snapshot, "INSERT OR IGNORE")
+        return True
+
+    @_translated
+    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
+        with self._transaction() as conn:
+            self._insert_session(conn, info)
+            self._insert_events(conn, info.session_id, events)
+            for snapshot in snapshots:
+                self._insert_snapshot(conn, snapshot)

@@ -1,24 +1,49 @@
 """Export a session's whole log and final state as JSON data, and import it back.
 
-An export flattens a fork's lineage, so the file stands on its own.
+An export stands on its own: it flattens a fork's lineage (the parent's events
+up to the branch point come first; ``lineage`` says whose log held which
+versions), and a pruned session's export starts at its first readable version
+with the *base* state there (``base``), which its first event sets.
+
+An import checks every event before it writes anything (each operation's
+shape, target and value, then a replay of the whole log), and then writes the
+session, its events and its snapshots in one transaction: all or nothing.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any, Mapping
 
-from saucer.context.events import Event, State, apply_ops
-from saucer.store.base import EventStore, SessionInfo, StoreError
+from saucer.context.events import Event, State, ValueNotStorableError, apply_ops, state_to_wire, to_wire
+from saucer.context.names import DERIVED_LEDGERS, ContextNames
+from saucer.store.base import EventStore, SessionInfo, Snapshot, check_session_id
 
 __all__ = ["FORMAT", "export_session", "import_session"]
 
-#: Identifies the export format; bumped on incompatible changes.
+#: Identifies the export format; bumped on incompatible changes. (``base`` and
+#: ``lineage`` were added compatibly: an export without them starts at version 1.)
 FORMAT = "saucer.session/1"
+
+_OPS = frozenset({"set", "delete", "incr", "append", "cas"})
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
 def export_session(store: EventStore, session_id: str, state: Mapping[str, Any]) -> dict[str, Any]:
-    """The session's info, every event of its lineage, and ``state`` (its final state)."""
+    """The session's info, every readable event of its lineage, its base state and ``state`` (its final state)."""
     info = store.session_info(session_id)
+    first = store.first_version(session_id)
+    events = list(store.read(session_id))
+    base = State()
+    if first and events:
+        apply_ops(base, events[0].ops)  # the base event sets the whole state at the first version
+    lineage: list[dict[str, Any]] = []
+    for event in events:
+        if lineage and lineage[-1]["session_id"] == event.session_id:
+            lineage[-1]["to"] = event.version
+        else:
+            lineage.append({"session_id": event.session_id, "from": event.version, "to": event.version})
     return {
         "format": FORMAT,
         "session": {
@@ -30,7 +55,9 @@ def export_session(store: EventStore, session_id: str, state: Mapping[str, Any])
             "parent_version": info.parent_version,
             "meta": info.meta,
         },
-        "events": [event.to_dict() for event in store.read(session_id)],
+        "base": {"version": first, "state": state_to_wire(base)},
+        "lineage": lineage,
+        "events": [event.to_dict() for event in events],
         "state": dict(state),
     }
 
@@ -38,49 +65,178 @@ def export_session(store: EventStore, session_id: str, state: Mapping[str, Any])
 def import_session(store: EventStore, data: Mapping[str, Any], session_id: str | None = None) -> SessionInfo:
     """Recreate an exported session (as ``session_id`` if given); return its info.
 
-    Events keep their versions, authors, rounds, steps and timestamps.
-    Raises ValueError naming the field when ``data`` is not an export.
+    Events keep their versions, authors, rounds, steps, timestamps and meta;
+    the new session stands alone (a fork's provenance stays in its meta).
+    Raises ValueError naming the field when ``data`` is not a valid export;
+    nothing is written then.
     """
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
         raise ValueError(f"not a saucer session export (expected \"format\": \"{FORMAT}\")")
     session = data.get("session")
-    events = data.get("events")
+    raw_events = data.get("events")
     if not isinstance(session, Mapping) or not isinstance(session.get("session_id"), str):
         raise ValueError("export field 'session.session_id' is missing or not a string")
-    if not isinstance(events, list):
+    if not isinstance(raw_events, list):
         raise ValueError("export field 'events' must be a list")
-    target = session_id or session["session_id"]
-    meta = dict(session.get("meta") or {})
-    meta["imported_from"] = session["session_id"]
-    parsed: list[Event] = []
+    target = check_session_id(session["session_id"] if session_id is None else session_id)
+    first, base_state = _base(data.get("base"), raw_events)
     state = State()
-    for index, raw in enumerate(events):
+    events: list[Event] = []
+    for index, raw in enumerate(raw_events):
+        event = _event(raw, index, target)
+        expected = (first or 1) + index
+        if event.version != expected:
+            raise ValueError(f"export field 'events[{index}].version' is {event.version}, expected {expected}")
         try:
-            parsed.append(
-                Event(
-                    session_id=target,
-                    version=int(raw["version"]),
-                    timestamp=float(raw["timestamp"]),
-                    author=str(raw["author"]),
-                    round=raw.get("round"),
-                    step=raw.get("step"),
-                    ops=list(raw["ops"]),
-                    meta=dict(raw.get("meta") or {}),
-                )
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"export field 'events[{index}]' is malformed: {exc!s}") from None
-        try:
-            apply_ops(state, parsed[-1].ops)  # refuse what could not be replayed later
+            apply_ops(state, event.ops)  # refuse what could not be replayed later
+            wire = state_to_wire(state)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            raise ValueError(f"export field 'events[{index}].ops' cannot be replayed: {exc!r}") from None
-        if parsed[-1].version != index + 1:
-            raise ValueError(f"export field 'events[{index}].version' is {parsed[-1].version}, expected {index + 1}")
-    store.create_session(target, meta=meta)
-    try:
-        for event in parsed:
-            store._append(event, event.version - 1, None)
-    except (StoreError, ValueError):
-        store.delete_session(target)
-        raise
+            raise ValueError(f"export field 'events[{index}].ops' cannot be replayed: {exc}") from None
+        if index == 0 and first and wire != base_state:
+            raise ValueError(f"export field 'events[0]' (version {first}) does not set the state of 'base.state'")
+        events.append(event)
+    meta = _mapping(session.get("meta") or {}, "session.meta")
+    meta["imported_from"] = session["session_id"]
+    meta.pop("pruned_to", None)
+    if first:
+        meta["pruned_to"] = first
+    now = time.time()
+    head = events[-1].version if events else first
+    snapshots = [Snapshot(target, first, now, base_state)] if first else []
+    if head > first:
+        snapshots.append(Snapshot(target, head, now, state_to_wire(state)))
+    info = SessionInfo(target, head, now, events[-1].timestamp if events else now, None, None, meta)
+    store.import_log(info, events, snapshots)
     return store.session_info(target)
+
+
+def _base(raw: Any, events: list[Any]) -> tuple[int, dict[str, Any]]:
+    """The first version of an export and the state there (wire form)."""
+    empty = state_to_wire(State())
+    if raw is None:
+        # An export written before ``base`` existed: it starts at version 1, or,
+        # for a pruned session, at its base event (which sets the whole state).
+        first_raw = events[0] if events and isinstance(events[0], Mapping) else {}
+        meta = first_raw.get("meta")
+        if not (isinstance(meta, Mapping) and "pruned" in meta):
+            return 0, empty
+        event = _event(first_raw, 0, "import")
+        try:
+            return event.version, state_to_wire(apply_ops(State(), event.ops))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise ValueError(f"export field 'events[0].ops' cannot be replayed: {exc}") from None
+    if not isinstance(raw, Mapping):
+        raise ValueError("export field 'base' must be an object")
+    version = raw.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError("export field 'base.version' must be an int >= 0")
+    state = raw.get("state")
+    if not isinstance(state, Mapping) or set(state) - {"names", "vars"}:
+        raise ValueError("export field 'base.state' must be an object with 'names' and 'vars'")
+    wire = {"names": _mapping(state.get("names") or {}, "base.state.names"), "vars": _mapping(state.get("vars") or {}, "base.state.vars")}
+    if version == 0:
+        if wire != empty:
+            raise ValueError("export field 'base.state' must be empty at version 0")
+        return 0, empty
+    if not events:
+        raise ValueError(f"export field 'events' is empty, but the export starts at version {version}")
+    return version, wire
+
+
+def _mapping(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"export field {field!r} must be an object")
+    return _json(dict(value), field)
+
+
+def _json(value: Any, field: str) -> Any:
+    try:
+        return to_wire(value, field)
+    except ValueNotStorableError as exc:
+        raise ValueError(f"export field '{exc.key}{exc.path}' cannot be stored: {exc.reason}") from None
+
+
+def _event(raw: Any, index: int, target: str) -> Event:
+    """One exported event, checked field by field (and each operation), for session ``target``."""
+    where = f"events[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"export field {where!r} must be an object")
+    version = raw.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"export field '{where}.version' must be an int >= 1")
+    timestamp = raw.get("timestamp")
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
+        raise ValueError(f"export field '{where}.timestamp' must be a finite number")
+    author = raw.get("author")
+    if not isinstance(author, str) or "\x00" in author:
+        raise ValueError(f"export field '{where}.author' must be a string without NUL characters")
+    _json(author, f"{where}.author")
+    for name in ("round", "step"):
+        value = raw.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not _INT_MIN <= value <= _INT_MAX):
+            raise ValueError(f"export field '{where}.{name}' must be a 64-bit int or null")
+    ops = raw.get("ops")
+    if not isinstance(ops, list):
+        raise ValueError(f"export field '{where}.ops' must be a list")
+    return Event(
+        session_id=target,
+        version=version,
+        timestamp=float(timestamp),
+        author=author,
+        round=raw.get("round"),
+        step=raw.get("step"),
+        ops=[_op(op, f"{where}.ops[{i}]") for i, op in enumerate(ops)],
+        meta=_mapping(raw.get("meta") or {}, f"{where}.meta"),
+    )
+
+
+def _op(op: Any, where: str) -> dict[str, Any]:
+    """One operation, checked: its kind, its target (a durable typed name or a var), its path and values."""
+    if not isinstance(op, Mapping):
+        raise ValueError(f"export field {where!r} must be an object")
+    kind = op.get("op")
+    if kind not in _OPS:
+        raise ValueError(f"export field '{where}.op' must be one of {', '.join(sorted(_OPS))}, not {kind!r}")
+    allowed = {"op", "name", "var", "path"} | {"set": {"value"}, "delete": set(), "incr": {"by"}, "append": {"value"}, "cas": {"expected", "value"}}[kind]
+    extra = set(op) - allowed
+    if extra:
+        raise ValueError(f"export field {where!r} has unknown fields: {', '.join(sorted(map(str, extra)))}")
+    out: dict[str, Any] = {"op": kind}
+    if ("name" in op) == ("var" in op):
+        raise ValueError(f"export field {where!r} must have either 'name' or 'var'")
+    member: ContextNames | None = None
+    if "name" in op:
+        name = op["name"]
+        member = ContextNames.__members__.get(name) if isinstance(name, str) else None
+        if member is None or not member.durable or name in DERIVED_LEDGERS:
+            raise ValueError(f"export field '{where}.name' is {name!r}, not a stored ContextNames name")
+        out["name"] = name
+    else:
+        if not isinstance(op["var"], str) or not op["var"]:
+            raise ValueError(f"export field '{where}.var' must be a non-empty string")
+        out["var"] = _json(op["var"], f"{where}.var")
+    if "path" in op:
+        path = op["path"]
+        if not isinstance(path, list) or not path or len(path) > 2 or not all(
+            isinstance(p, (str, int)) and not isinstance(p, bool) for p in path
+        ):
+            raise ValueError(f"export field '{where}.path' must be a list of 1 or 2 keys (strings or ints)")
+        out["path"] = list(path)
+    for field in ("value", "expected"):
+        if field in allowed:
+            if field not in op:
+                raise ValueError(f"export field '{where}.{field}' is missing")
+            out[field] = _json(op[field], f"{where}.{field}")
+    if kind == "incr":
+        by = op.get("by")
+        if isinstance(by, bool) or not isinstance(by, (int, float)) or not math.isfinite(by):
+            raise ValueError(f"export field '{where}.by' must be a finite number")
+        out["by"] = _json(by, f"{where}.by")
+    if member is not None and kind in ("set", "cas") and "path" not in out:
+        try:
+            ok = member.accepts(member.restore(out["value"]))
+        except (TypeError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"export field '{where}.value' is not a {member.value} value")
+    return out
