@@ -578,7 +578,10 @@ def store_prune_cmd(
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
-    """Drop old history; the remaining versions stay readable (a snapshot is kept at the new start)."""
+    """Drop old history; every remaining version stays readable (a snapshot is kept at the new start).
+
+    Forks keep every version too: a fork that still reads the pruned history gets its own copy of it first.
+    """
     if (session is None) == (not all_sessions):
         raise UserError("name one SESSION or pass --all")
     if keep_last is None and older_than is None:
