@@ -51,6 +51,7 @@ from saucer.store.base import (
     SessionExistsError,
     Snapshot,
     StoreError,
+    check_session_id,
     check_version,
 )
 
@@ -232,6 +233,8 @@ class Context:
             raise ValueError(f"keep_snapshots must be an int >= 1, not {keep_snapshots!r}")
         if at is not None:
             at = check_version(at, "at")
+        if not isinstance(session_id, str):
+            check_session_id(session_id)  # raises
         _check_text(author, "author")
         ctx = cls()
         if isinstance(store, str):
@@ -287,12 +290,17 @@ class Context:
             state = State()
         base = snap.version if snap else 0
         seen = base
-        for event in store.read(sid, base, head):
+        events = list(store.read(sid, base, head))
+        if events and events[0].version != base + 1:
+            state = State()  # pruned past the snapshot meanwhile: the log starts with a base event that sets everything
+        for event in events:
             try:
                 apply_ops(state, event.ops)
             except Exception as exc:
                 raise CorruptRecordError(event.session_id, event.version, f"cannot apply its operations: {exc!r}") from None
             seen = event.version
+        if seen < head:
+            store.check_readable(sid, head)  # pruned meanwhile: VersionPrunedError, never a partial state
         if seen < head and upto is None and not self._read_only:
             # The store skipped a damaged trailing record (with a warning). It
             # keeps its version; have the store mark it as an empty event, so

@@ -1,4 +1,5 @@
-"""The event store interface shared by every backend, and its errors.
+"""The event store interface shared by every backend (its rows and errors, from
+:mod:`saucer.store.model`, are re-exported here).
 
 A store keeps, per session, an append-only log of :class:`~saucer.context.events.Event`
 records numbered 1, 2, 3, ... and occasional snapshots of the materialised
@@ -11,28 +12,43 @@ parent's log instead of copying it (copy-on-write lineage), version checks,
 and polling for :meth:`EventStore.watch`. The shared contract suite in
 ``tests/store`` holds every backend to the same behaviour.
 
-Errors follow PEP 249's shape: every error that leaves a store derives from
-:class:`StoreError` and says, in one sentence, what happened and what to do.
-Backends translate their driver's errors (``sqlite3``, ``psycopg``) at their
-edge; nothing of a driver leaks out.
-
+Every error that leaves a store derives from :class:`StoreError`: backends
+translate their driver's errors (``sqlite3``, ``psycopg``) at their edge.
 Session ids follow one rule, checked wherever a session is made
-(:func:`check_session_id`): 1 to :data:`SESSION_ID_MAX_LENGTH` ASCII letters,
-digits and ``. _ - : @ +``.
+(:func:`check_session_id`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import operator
-import re
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Sequence
 
 from saucer.redaction import redact
+from saucer.store.model import (
+    SESSION_ID_MAX_LENGTH,
+    ConflictError,
+    CorruptRecordError,
+    DamagedStoreError,
+    FencedError,
+    InvalidSessionIdError,
+    Lease,
+    LeaseHeldError,
+    OutcomeUnknownError,
+    ReadOnlyError,
+    SessionExistsError,
+    SessionInfo,
+    SessionNotFoundError,
+    Snapshot,
+    StoreError,
+    VersionNotFoundError,
+    VersionPrunedError,
+    check_session_id,
+    check_version,
+)
 
 if TYPE_CHECKING:  # at run time it is imported where used: saucer.context imports this module
     from saucer.context.events import Event
@@ -59,221 +75,6 @@ __all__ = [
     "Lease",
     "EventStore",
 ]
-
-
-class StoreError(Exception):
-    """Base class of every store error."""
-
-
-class ConflictError(StoreError):
-    """Another writer committed first: the commit was based on a stale version.
-
-    ``keys`` names the keys of the refused batch that were plain writes.
-    """
-
-    def __init__(self, session_id: str, expected: int, actual: int | None, keys: Sequence[str] = ()) -> None:
-        self.session_id = session_id
-        self.expected = expected
-        self.actual = actual
-        self.keys = list(keys)
-        detail = f" (keys: {', '.join(self.keys)})" if self.keys else ""
-        super().__init__(
-            f"session {session_id!r}: commit based on version {expected}, but the store is at "
-            f"version {actual}; another writer committed first{detail}. Call reload() and retry."
-        )
-
-
-class FencedError(ConflictError):
-    """A commit carried a lease token that is no longer current (the lease was taken over)."""
-
-    def __init__(self, session_id: str, token: int, current: int | None, holder: str | None) -> None:
-        StoreError.__init__(
-            self,
-            f"session {session_id!r}: commit with lease token {token} refused; the lease is now "
-            f"held by {holder!r} with token {current} (this writer was fenced off)",
-        )
-        self.session_id = session_id
-        self.expected = token
-        self.actual = current
-        self.keys = []
-        self.holder = holder
-
-
-class SessionNotFoundError(StoreError, KeyError):
-    """No session with that id."""
-
-    def __init__(self, session_id: str) -> None:
-        self.session_id = session_id
-        StoreError.__init__(self, f"no session {session_id!r} in this store")
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class SessionExistsError(StoreError):
-    """A session with that id already exists."""
-
-
-class CorruptRecordError(StoreError):
-    """A stored record of one session cannot be read; other sessions are unaffected."""
-
-    def __init__(self, session_id: str, version: int, reason: str) -> None:
-        self.session_id = session_id
-        self.version = version
-        self.reason = reason
-        super().__init__(f"session {session_id!r}: record at version {version} is damaged ({reason})")
-
-
-class DamagedStoreError(StoreError):
-    """The store's file or database cannot be read at all: not a saucer store, or damaged."""
-
-    def __init__(self, where: str, reason: str, check: str) -> None:
-        self.where = where
-        self.reason = reason
-        super().__init__(f"{where} is not a readable saucer store ({reason}); check it with: {check}")
-
-
-class InvalidSessionIdError(StoreError, ValueError):
-    """A session id that breaks the rule of :func:`check_session_id`."""
-
-
-class VersionNotFoundError(StoreError, ValueError):
-    """A version a session does not have (beyond its head, or below its first readable version)."""
-
-    def __init__(self, session_id: str, version: int, first: int, head: int, message: str | None = None) -> None:
-        self.session_id = session_id
-        self.version = version
-        self.first = first
-        self.head = head
-        super().__init__(message or f"session {session_id!r} has versions {first}..{head}, not {version}")
-
-
-class VersionPrunedError(VersionNotFoundError):
-    """A version whose history was pruned; ``first`` is the session's first readable version."""
-
-    def __init__(self, session_id: str, version: int, first: int, head: int) -> None:
-        super().__init__(
-            session_id,
-            version,
-            first,
-            head,
-            f"session {session_id!r}: version {version} was pruned; the first readable version is {first} "
-            f"(versions {first}..{head} remain)",
-        )
-
-
-class OutcomeUnknownError(StoreError):
-    """The connection broke while a commit was in flight: it may or may not be written.
-
-    Never retried blindly (that could write it twice): a :class:`~saucer.context.Context`
-    checks at its next commit whether ``version`` holds its event.
-    """
-
-    def __init__(
-        self, session_id: str, version: int, cause: str, where: str = "the store", event: Event | None = None
-    ) -> None:
-        self.session_id = session_id
-        self.version = version
-        #: The event whose commit had this unknown outcome.
-        self.event = event
-        super().__init__(
-            f"session {session_id!r}: the connection to {where} broke while committing version {version}; "
-            f"it may or may not be written (reload to see): {cause}"
-        )
-
-
-class ReadOnlyError(StoreError):
-    """A write was attempted on a read-only Context (one opened ``at=`` a version)."""
-
-
-class LeaseHeldError(StoreError):
-    """Another worker holds the lease on the session."""
-
-    def __init__(self, session_id: str, holder: str, expires_at: float) -> None:
-        self.session_id = session_id
-        self.holder = holder
-        self.expires_at = expires_at
-        left = max(0.0, expires_at - time.time())
-        super().__init__(
-            f"session {session_id!r} is being run by {holder!r} (lease expires in {left:.1f}s unless renewed)"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """A session's row: its head version and, for a fork, where it branched off."""
-
-    session_id: str
-    version: int
-    created_at: float
-    updated_at: float
-    parent_id: str | None = None
-    parent_version: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The materialised state of a session at ``version`` (wire form)."""
-
-    session_id: str
-    version: int
-    timestamp: float
-    state: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """The right to write a session, until ``expires_at``; ``token`` fences stale holders."""
-
-    session_id: str
-    owner: str
-    token: int
-    expires_at: float
-
-
-#: The longest session id (in characters, all ASCII). It keeps every id well
-#: inside PostgreSQL's NOTIFY payload, file names and one terminal line; the
-#: engine's ids (``<task>-<YYYYmmdd-HHMMSS>-<hex>``) are at most 67.
-SESSION_ID_MAX_LENGTH = 200
-_SESSION_ID = re.compile(r"[A-Za-z0-9._:@+-]+")
-_SESSION_ID_BAD = re.compile(r"[^A-Za-z0-9._:@+-]")
-
-
-def check_session_id(session_id: Any) -> str:
-    """Return ``session_id`` if it is a valid id for a new session, else raise.
-
-    The rule, the same on every backend: 1 to :data:`SESSION_ID_MAX_LENGTH`
-    characters, each an ASCII letter or digit or one of ``. _ - : @ +``.
-    Raises :class:`InvalidSessionIdError` (a ``StoreError`` and a ``ValueError``).
-    """
-    if not isinstance(session_id, str):
-        raise InvalidSessionIdError(f"a session id is a string, not {type(session_id).__name__}")
-    if _SESSION_ID.fullmatch(session_id) and len(session_id) <= SESSION_ID_MAX_LENGTH:
-        return session_id
-    shown = repr(session_id if len(session_id) <= 60 else session_id[:60] + "...")
-    if not session_id:
-        problem = "it is empty"
-    elif len(session_id) > SESSION_ID_MAX_LENGTH:
-        problem = f"it has {len(session_id)} characters"
-    else:
-        bad = _SESSION_ID_BAD.search(session_id)
-        assert bad is not None
-        problem = f"{bad.group()!r} at index {bad.start()} is not allowed"
-    raise InvalidSessionIdError(
-        f"session id {shown} is not valid ({problem}): use 1 to {SESSION_ID_MAX_LENGTH} "
-        "ASCII letters, digits and . _ - : @ +"
-    )
-
-
-def check_version(value: Any, what: str = "version") -> int:
-    """``value`` as an int version; TypeError for anything else (a float, a bool, a string)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, not {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, not {value!r}") from None
 
 
 class EventStore(ABC):
@@ -572,6 +373,17 @@ class EventStore(ABC):
             raise VersionNotFoundError(info.session_id, version, first, info.version)
         return version
 
+    @staticmethod
+    def _check_fork_point(info: SessionInfo, parent: tuple[int, int] | None) -> None:
+        """For a backend's ``_create`` of the fork ``info``, given its parent's ``(head,
+        meta["pruned_to"])`` read in the same transaction (None: no parent)."""
+        assert info.parent_id is not None and info.parent_version is not None
+        if parent is None:
+            raise SessionNotFoundError(info.parent_id)
+        head, first = parent
+        if info.parent_version < first:
+            raise VersionPrunedError(info.parent_id, info.parent_version, first, head)
+
     def _forks(self, session_id: str) -> list[SessionInfo]:
         """The sessions that read this session's log (its attached forks)."""
         return [i for i in self.sessions() if i.parent_id == session_id]
@@ -593,11 +405,10 @@ class EventStore(ABC):
 
     def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
         """Primitive of :meth:`prune`, in ONE transaction: give the fork ``info`` its
-        own copy of ``events`` (its lineage up to its branch point; each event
-        keeps its own ``session_id``, which reads back as it was), store
-        ``snapshot`` unless it has one at that version, merge ``meta`` into its
-        meta, and detach it from its parent. Returns False, having changed
-        nothing, if the fork is no longer attached as ``info`` says."""
+        own copy of ``events`` (its lineage up to its branch point; each keeps,
+        and reads back with, its own ``session_id``), store ``snapshot`` unless it
+        has one there, merge ``meta`` into its meta, and detach it from its parent.
+        False, changing nothing, if it is no longer attached as ``info`` says."""
         raise NotImplementedError(f"{type(self).__name__} does not support pruning")
 
     def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
@@ -607,12 +418,11 @@ class EventStore(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not support importing")
 
     def import_log(self, info: SessionInfo, events: list[Event], snapshots: Sequence[Snapshot] = ()) -> None:
-        """Create the session ``info`` (standing alone) with a log checked beforehand, in ONE transaction.
+        """Create the session ``info`` (standing alone) with a checked log, in ONE transaction
+        (:func:`saucer.store.transfer.import_session` checks each event first).
 
-        ``events`` must be consecutive and end at ``info.version``; they start
-        at 1, or at ``info.meta["pruned_to"]`` with a base event that sets the
-        whole state. Used by :func:`saucer.store.transfer.import_session`, which
-        checks each event first. :class:`SessionExistsError` if the id is taken.
+        ``events`` are consecutive up to ``info.version``, from 1 or from
+        ``info.meta["pruned_to"]`` (a base event). :class:`SessionExistsError` if the id is taken.
         """
         check_session_id(info.session_id)
         first = int(info.meta.get("pruned_to", 0))
@@ -629,20 +439,17 @@ class EventStore(ABC):
         """Drop old history of a session; return its new first readable version.
 
         ``keep_last=N`` keeps the newest N events as they are; ``older_than=S``
-        drops events committed more than S seconds ago. With both, an event is
-        dropped only when both policies allow it. The version at the cut stays
-        readable, and so does every later one: its event is replaced by a *base*
-        event that sets the whole state as it was then (``meta["pruned"]``
-        names the cut), and a snapshot of that state is stored beside it. So
-        the remaining log replays on its own, even if snapshots are later
-        dropped. Versions before the cut can no longer be read
-        (:class:`VersionPrunedError`).
+        drops events committed more than S seconds ago (with both, an event is
+        dropped only when both allow it). The version at the cut and every later
+        one stay readable: the event at the cut is replaced by a *base* event
+        that sets the whole state then (``meta["pruned"]``), with a snapshot
+        beside it, so the remaining log replays on its own. Versions before the
+        cut raise :class:`VersionPrunedError`.
 
         Forks never lose a version: each fork that still reads this session's
-        log first gets its own copy of the events it reads (up to its branch
-        point) and then stands alone (``meta["forked_from"]`` and ``["at"]``
-        still say where it came from). A fork itself is only cut above its
-        branch point; after that it stands alone too.
+        log first gets its own copy of the events it reads, then stands alone
+        (``meta["forked_from"]`` and ``["at"]`` keep its origin). A fork itself
+        is cut only above its branch point; then it stands alone too.
         """
         if keep_last is None and older_than is None:
             raise ValueError("prune needs keep_last and/or older_than")
@@ -728,8 +535,13 @@ class EventStore(ABC):
 
         snap = self.latest_snapshot(session_id, version)
         state = state_from_wire(snap.state) if snap else State()
-        for event in self.read(session_id, snap.version if snap else 0, version):
+        events = list(self.read(session_id, snap.version if snap else 0, version))
+        if events and snap and events[0].version != snap.version + 1:
+            state = State()  # pruned past the snapshot meanwhile: the first event is a base that sets everything
+        for event in events:
             apply_ops(state, event.ops)
+        if (events[-1].version if events else snap.version if snap else 0) != version:
+            self.check_readable(session_id, version)  # pruned meanwhile: VersionPrunedError
         return state
 
 

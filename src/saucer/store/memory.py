@@ -23,7 +23,6 @@ from saucer.store.base import (
     SessionInfo,
     SessionNotFoundError,
     Snapshot,
-    VersionPrunedError,
 )
 
 __all__ = ["MemoryStore"]
@@ -60,11 +59,7 @@ class MemoryStore(EventStore):
                 raise SessionExistsError(f"session {info.session_id!r} already exists")
             if info.parent_id is not None:
                 parent = self._d.infos.get(info.parent_id)
-                if parent is None:
-                    raise SessionNotFoundError(info.parent_id)
-                first = int(parent.meta.get("pruned_to", 0))
-                if info.parent_version is not None and info.parent_version < first:
-                    raise VersionPrunedError(info.parent_id, info.parent_version, first, parent.version)
+                self._check_fork_point(info, parent and (parent.version, int(parent.meta.get("pruned_to", 0))))
             self._d.infos[info.session_id] = info
             self._d.events[info.session_id] = []
             self._d.snapshots[info.session_id] = {}

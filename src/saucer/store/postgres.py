@@ -99,7 +99,6 @@ from saucer.store.base import (
     SessionNotFoundError,
     Snapshot,
     StoreError,
-    VersionPrunedError,
 )
 
 __all__ = ["PostgresStore", "SCHEMA_VERSION", "DEFAULT_SCHEMA", "split_url"]
@@ -480,17 +479,14 @@ class PostgresStore(EventStore):
                         f"SELECT head, coalesce((meta ->> 'pruned_to')::bigint, 0) FROM {s}.sessions WHERE session_id = %s",
                         (info.parent_id,),
                     ).fetchone()
-                    if row is None:
-                        raise SessionNotFoundError(info.parent_id)
-                    if info.parent_version is not None and info.parent_version < row[1]:
-                        raise VersionPrunedError(info.parent_id, info.parent_version, row[1], row[0])
+                    self._check_fork_point(info, row)
                 self._insert_session(conn, info)
         except pg_errors.UniqueViolation:
             raise SessionExistsError(f"session {info.session_id!r} already exists") from None
 
     @_translated(retry=True)
     def _info(self, session_id: str) -> SessionInfo | None:
-        if "\x00" in session_id:
+        if not isinstance(session_id, str) or "\x00" in session_id:
             return None  # PostgreSQL text cannot hold NUL, so no session has such an id
         with self._conn() as conn:
             row = conn.execute(

@@ -62,7 +62,6 @@ from saucer.store.base import (
     SessionNotFoundError,
     Snapshot,
     StoreError,
-    VersionPrunedError,
 )
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION"]
@@ -266,10 +265,7 @@ class SQLiteStore(EventStore):
                     "SELECT head, coalesce(json_extract(meta, '$.pruned_to'), 0) FROM sessions WHERE session_id = ?",
                     (info.parent_id,),
                 ).fetchone()
-                if row is None:
-                    raise SessionNotFoundError(info.parent_id)
-                if info.parent_version is not None and info.parent_version < row[1]:
-                    raise VersionPrunedError(info.parent_id, info.parent_version, row[1], row[0])
+                self._check_fork_point(info, row)
             self._insert_session(conn, info)
 
     def _row_info(self, row: tuple[Any, ...]) -> SessionInfo:

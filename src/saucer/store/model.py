@@ -1,0 +1,254 @@
+"""What every event store holds and says: its rows (sessions, snapshots, leases),
+its errors, and the rules for what it accepts as session ids and versions.
+
+Errors follow PEP 249's shape: every error that leaves a store derives from
+:class:`StoreError` and says, in one sentence, what happened and what to do.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # at run time it is imported where used: saucer.context imports this package
+    from saucer.context.events import Event
+
+__all__ = [
+    "StoreError",
+    "ConflictError",
+    "FencedError",
+    "SessionNotFoundError",
+    "SessionExistsError",
+    "CorruptRecordError",
+    "DamagedStoreError",
+    "InvalidSessionIdError",
+    "OutcomeUnknownError",
+    "ReadOnlyError",
+    "LeaseHeldError",
+    "VersionNotFoundError",
+    "VersionPrunedError",
+    "SESSION_ID_MAX_LENGTH",
+    "check_session_id",
+    "check_version",
+    "SessionInfo",
+    "Snapshot",
+    "Lease",
+]
+
+
+class StoreError(Exception):
+    """Base class of every store error."""
+
+
+class ConflictError(StoreError):
+    """Another writer committed first: the commit was based on a stale version.
+
+    ``keys`` names the keys of the refused batch that were plain writes.
+    """
+
+    def __init__(self, session_id: str, expected: int, actual: int | None, keys: Sequence[str] = ()) -> None:
+        self.session_id = session_id
+        self.expected = expected
+        self.actual = actual
+        self.keys = list(keys)
+        detail = f" (keys: {', '.join(self.keys)})" if self.keys else ""
+        super().__init__(
+            f"session {session_id!r}: commit based on version {expected}, but the store is at "
+            f"version {actual}; another writer committed first{detail}. Call reload() and retry."
+        )
+
+
+class FencedError(ConflictError):
+    """A commit carried a lease token that is no longer current (the lease was taken over)."""
+
+    def __init__(self, session_id: str, token: int, current: int | None, holder: str | None) -> None:
+        StoreError.__init__(
+            self,
+            f"session {session_id!r}: commit with lease token {token} refused; the lease is now "
+            f"held by {holder!r} with token {current} (this writer was fenced off)",
+        )
+        self.session_id = session_id
+        self.expected = token
+        self.actual = current
+        self.keys = []
+        self.holder = holder
+
+
+class SessionNotFoundError(StoreError, KeyError):
+    """No session with that id."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        StoreError.__init__(self, f"no session {session_id!r} in this store")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class SessionExistsError(StoreError):
+    """A session with that id already exists."""
+
+
+class CorruptRecordError(StoreError):
+    """A stored record of one session cannot be read; other sessions are unaffected."""
+
+    def __init__(self, session_id: str, version: int, reason: str) -> None:
+        self.session_id = session_id
+        self.version = version
+        self.reason = reason
+        super().__init__(f"session {session_id!r}: record at version {version} is damaged ({reason})")
+
+
+class DamagedStoreError(StoreError):
+    """The store's file or database cannot be read at all: not a saucer store, or damaged."""
+
+    def __init__(self, where: str, reason: str, check: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where} is not a readable saucer store ({reason}); check it with: {check}")
+
+
+class InvalidSessionIdError(StoreError, ValueError):
+    """A session id that breaks the rule of :func:`check_session_id`."""
+
+
+class VersionNotFoundError(StoreError, ValueError):
+    """A version a session does not have (beyond its head, or below its first readable version)."""
+
+    def __init__(self, session_id: str, version: int, first: int, head: int, message: str | None = None) -> None:
+        self.session_id = session_id
+        self.version = version
+        self.first = first
+        self.head = head
+        super().__init__(message or f"session {session_id!r} has versions {first}..{head}, not {version}")
+
+
+class VersionPrunedError(VersionNotFoundError):
+    """A version whose history was pruned; ``first`` is the session's first readable version."""
+
+    def __init__(self, session_id: str, version: int, first: int, head: int) -> None:
+        super().__init__(
+            session_id,
+            version,
+            first,
+            head,
+            f"session {session_id!r}: version {version} was pruned; the first readable version is {first} "
+            f"(versions {first}..{head} remain)",
+        )
+
+
+class OutcomeUnknownError(StoreError):
+    """The connection broke while a commit was in flight: it may or may not be written.
+
+    Never retried blindly (that could write it twice): a :class:`~saucer.context.Context`
+    checks at its next commit whether ``version`` holds its event.
+    """
+
+    def __init__(
+        self, session_id: str, version: int, cause: str, where: str = "the store", event: Event | None = None
+    ) -> None:
+        self.session_id = session_id
+        self.version = version
+        #: The event whose commit had this unknown outcome.
+        self.event = event
+        super().__init__(
+            f"session {session_id!r}: the connection to {where} broke while committing version {version}; "
+            f"it may or may not be written (reload to see): {cause}"
+        )
+
+
+class ReadOnlyError(StoreError):
+    """A write was attempted on a read-only Context (one opened ``at=`` a version)."""
+
+
+class LeaseHeldError(StoreError):
+    """Another worker holds the lease on the session."""
+
+    def __init__(self, session_id: str, holder: str, expires_at: float) -> None:
+        self.session_id = session_id
+        self.holder = holder
+        self.expires_at = expires_at
+        left = max(0.0, expires_at - time.time())
+        super().__init__(
+            f"session {session_id!r} is being run by {holder!r} (lease expires in {left:.1f}s unless renewed)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session's row: its head version and, for a fork, where it branched off."""
+
+    session_id: str
+    version: int
+    created_at: float
+    updated_at: float
+    parent_id: str | None = None
+    parent_version: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The materialised state of a session at ``version`` (wire form)."""
+
+    session_id: str
+    version: int
+    timestamp: float
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The right to write a session, until ``expires_at``; ``token`` fences stale holders."""
+
+    session_id: str
+    owner: str
+    token: int
+    expires_at: float
+
+
+#: The longest session id (in characters, all ASCII). It keeps every id well
+#: inside PostgreSQL's NOTIFY payload, file names and one terminal line; the
+#: engine's ids (``<task>-<YYYYmmdd-HHMMSS>-<hex>``) are at most 67.
+SESSION_ID_MAX_LENGTH = 200
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:@+-]+")
+_SESSION_ID_BAD = re.compile(r"[^A-Za-z0-9._:@+-]")
+
+
+def check_session_id(session_id: Any) -> str:
+    """Return ``session_id`` if it is a valid id for a new session, else raise.
+
+    The rule, the same on every backend: 1 to :data:`SESSION_ID_MAX_LENGTH`
+    characters, each an ASCII letter or digit or one of ``. _ - : @ +``.
+    Raises :class:`InvalidSessionIdError` (a ``StoreError`` and a ``ValueError``).
+    """
+    if not isinstance(session_id, str):
+        raise InvalidSessionIdError(f"a session id is a string, not {type(session_id).__name__}")
+    if _SESSION_ID.fullmatch(session_id) and len(session_id) <= SESSION_ID_MAX_LENGTH:
+        return session_id
+    shown = repr(session_id if len(session_id) <= 60 else session_id[:60] + "...")
+    if not session_id:
+        problem = "it is empty"
+    elif len(session_id) > SESSION_ID_MAX_LENGTH:
+        problem = f"it has {len(session_id)} characters"
+    else:
+        bad = _SESSION_ID_BAD.search(session_id)
+        assert bad is not None
+        problem = f"{bad.group()!r} at index {bad.start()} is not allowed"
+    raise InvalidSessionIdError(
+        f"session id {shown} is not valid ({problem}): use 1 to {SESSION_ID_MAX_LENGTH} "
+        "ASCII letters, digits and . _ - : @ +"
+    )
+
+
+def check_version(value: Any, what: str = "version") -> int:
+    """``value`` as an int version; TypeError for anything else (a float, a bool, a string)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {value!r}") from None
