@@ -227,3 +227,31 @@ def test_psycopg_errors_never_leak(store: Any) -> None:
             call()
         assert not isinstance(caught.value, psycopg.Error) and "\n" not in str(caught.value)
     assert store.head("s") == 0
+
+
+@pg
+def test_an_engine_session_goes_on_when_its_connections_are_dropped(
+    pg_app: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from saucer.config import load_settings
+    from saucer.engine import Agent, AgentSet, AgentStatus, Session
+
+    class Dropper(Agent):
+        """Each step drops every connection of the store (from another connection), then goes on."""
+
+        async def act(self, context: Context) -> AgentStatus:
+            n = context.incr("steps")
+            await asyncio.to_thread(_terminate, *pg_app)  # the engine commits this step next, on its way on
+            return AgentStatus.FINISH if n >= 4 else AgentStatus.CONTINUE
+
+    url, _ = pg_app
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(
+        overrides={"store.url": url, "logs.root": str(tmp_path / "logs"), "system.save_experience": "always_not"}
+    )
+    result = asyncio.run(
+        Session("drops", settings=settings, store=url, request="go on", agents=AgentSet([Dropper("d")]), session_id="drops-1").run()
+    )
+    assert result.status == "finished" and result.steps == 4, result
+    with open_store(url) as store:
+        assert Context.open(store, "drops-1").get_var("steps") == 4

@@ -367,7 +367,7 @@ class EventStore(ABC):
 
     def _check_readable(self, info: SessionInfo, version: int) -> int:
         first = self._first(info)
-        if version < first and version >= 0:
+        if 0 <= version < first:
             raise VersionPrunedError(info.session_id, version, first, info.version)
         if not first <= version <= info.version:
             raise VersionNotFoundError(info.session_id, version, first, info.version)
