@@ -38,6 +38,7 @@ def test_prune_keeps_every_fork_readable(run_cli, tmp_path: Path) -> None:
     history = run_cli("history", "C", "--json", check=True).stdout
     out = run_cli("store", "prune", "A", "--keep-last", "2", check=True).stdout
     assert "versions before 8 dropped (v8..v10 remain)" in out
+    assert "fork B now holds its own copy of the history it reads (up to v6)" in out
     for (sid, v), shown in before.items():
         assert run_cli("state", sid, "--at", str(v), "--json", check=True).stdout == shown
     assert json.loads(before[("B", 2)])["vars"] == {"i": 2}

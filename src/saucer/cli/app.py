@@ -591,11 +591,15 @@ def store_prune_cmd(
         targets = [session] if session is not None else [i.session_id for i in st.sessions()]
         for sid in targets:
             before = st.first_version(sid)
+            forks = [i for i in st.sessions() if i.parent_id == sid]
             first = st.prune(sid, keep_last=keep_last, older_than=seconds)
             if first > before:
                 console.print(f"{sid}: versions before {first} dropped (v{first}..v{st.head(sid)} remain)")
             else:
                 console.print(f"{sid}: nothing to prune (v{first}..v{st.head(sid)} remain)")
+            for fork in forks:
+                if st.session_info(fork.session_id).parent_id is None:
+                    console.print(f"  fork {fork.session_id} now holds its own copy of the history it reads (up to v{fork.parent_version})")
 
 
 @store_app.command("delete")
