@@ -65,6 +65,9 @@ class CountingStore(EventStore):
     def release_lease(self, lease: Lease) -> None:
         self.inner.release_lease(lease)
 
+    def lease_of(self, session_id: str) -> Lease | None:
+        return self.inner.lease_of(session_id)
+
     def close(self) -> None:
         self.inner.close()
 

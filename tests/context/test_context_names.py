@@ -20,7 +20,7 @@ TABLE: dict[str, tuple[Any, Any, bool]] = {
     "HOST_MESSAGE": (list, [], True),
     "ROUND_RESULT": (str, "", True),
     "SESSION_COST": (float, 0.0, True),
-    "ROUND_COST": (dict[int, float], {}, True),
+    "ROUND_COST": (dict[int, float | None], {}, True),  # None: the round's cost is unknown
     "CURRENT_ROUND_COST": (float, 0.0, True),
     "SESSION_STEP": (int, 0, True),
     "ROUND_STEP": (dict[int, int], {}, True),

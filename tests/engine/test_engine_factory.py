@@ -21,6 +21,8 @@ from saucer.engine import (
     SessionPool,
     load_plan,
 )
+from saucer.engine.plan import plan_identity
+from saucer.engine.status import stored_status
 from saucer.store.memory import MemoryStore
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plans"
@@ -118,7 +120,7 @@ def test_plan_file_errors(tmp_path: Path) -> None:
         load_plan(tmp_path / "broken.json")
 
 
-def test_batch_normal_tracks_progress_and_skips_finished_plans_on_rerun(make_settings: Any, tmp_path: Path) -> None:
+def test_batch_normal_keeps_its_status_in_the_store_and_reruns_what_is_left(make_settings: Any, tmp_path: Path) -> None:
     settings = make_settings()
     folder = tmp_path / "plans"
     _write(folder / "a.json", command_plan(2, task="a"))
@@ -128,21 +130,48 @@ def test_batch_normal_tracks_progress_and_skips_finished_plans_on_rerun(make_set
     factory, _, store = _factory(settings, dispatcher=dispatcher)
     sessions = factory.create_session("nightly", "batch_normal", folder)
     assert [s.mode for s in sessions] == ["batch_normal"] * 3
+    # A plan's session id comes from its identity: resolved path + content hash.
+    assert [s.session_id for s in sessions] == [plan_identity(folder / f"{n}.json").session_id() for n in "abc"]
+    assert factory.last_batch is not None and len(factory.last_batch.new) == 3
     results = asyncio.run(SessionPool(sessions, 2).run_all())
     assert [r.status for r in results] == ["finished", "failed", "finished"]
-    status_file = tmp_path / "logs" / "nightly" / "tasks_status.json"
-    status = json.loads(status_file.read_text())
-    assert {k: v["status"] for k, v in status.items()} == {"a.json": "finished", "b.json": "failed", "c.json": "finished"}
-    assert status["a.json"]["session_id"] == sessions[0].session_id
-    # Re-run: only the failed plan runs again, as a new session.
+    assert not list(tmp_path.rglob("tasks_status.json"))  # the status lives in the store
+    # Re-run: finished plans are skipped (and say so); the failed plan retries its failed step.
     dispatcher.fail.clear()
+    dispatcher.ran.clear()
     again = factory.create_session("nightly", "batch_normal", folder)
-    assert len(again) == 1 and again[0].plan_file.endswith("b.json")
-    assert again[0].session_id != sessions[1].session_id
+    assert [s.session_id for s in again] == [sessions[1].session_id]
+    report = factory.last_batch
+    assert [(Path(path).name, why) for path, _, why in report.skipped] == [("a.json", "already finished"), ("c.json", "already finished")]
+    assert [(Path(path).name, before) for path, _, before in report.continued] == [("b.json", "failed")]
+    assert "3 plan(s)" in report.lines()[0] and "1 to continue, 2 skipped" in report.lines()[0]
     [rerun] = asyncio.run(SessionPool(again).run_all())
-    assert rerun.status == "finished"
-    assert json.loads(status_file.read_text())["b.json"]["status"] == "finished"
+    assert rerun.status == "finished" and rerun.session_id == sessions[1].session_id
+    assert [c.parameters["i"] for c in dispatcher.ran] == [1]  # only the failed step ran again
     assert factory.create_session("nightly", "batch_normal", folder) == []
+    assert len(factory.last_batch.skipped) == 3
+    # An edited plan is another plan; so is a folder of the same name elsewhere.
+    _write(folder / "a.json", command_plan(3, task="a"))
+    _write(tmp_path / "elsewhere" / "plans" / "c.json", command_plan(1, task="c"))
+    [edited] = factory.create_session("nightly", "batch_normal", folder)
+    assert edited.plan_file.endswith("a.json") and edited.session_id != sessions[0].session_id
+    [other] = factory.create_session("nightly", "batch_normal", tmp_path / "elsewhere" / "plans")
+    assert other.session_id != sessions[2].session_id
+
+
+def test_batch_normal_continues_a_stopped_plan(make_settings: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "plans"
+    _write(folder / "a.json", command_plan(3, task="a"))
+    factory, dispatcher, store = _factory(make_settings(**{"system.max_round": 2}))
+    [first] = factory.create_session("nightly", "batch_normal", folder)
+    result = asyncio.run(first.run())
+    assert (result.status, result.reason, result.rounds) == ("stopped", "max_round (2) reached", 2)
+    [again] = factory.create_session("nightly", "batch_normal", folder)
+    assert again.session_id == first.session_id
+    assert factory.last_batch.continued == [(str(folder / "a.json"), first.session_id, "stopped")]
+    result = asyncio.run(again.run())
+    assert (result.status, result.rounds, result.steps) == ("finished", 3, 3)
+    assert [c.parameters["i"] for c in dispatcher.ran] == [0, 1, 2]  # nothing ran twice, nothing was skipped
 
 
 class DyingDispatcher(FakeDispatcher):
@@ -172,15 +201,15 @@ def test_batch_normal_resumes_a_plan_whose_run_was_interrupted(make_settings: An
     [first] = factory.create_session("nightly", "batch_normal", folder)
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(first.run())
-    status = json.loads((tmp_path / "logs" / "nightly" / "tasks_status.json").read_text())
-    assert status["a.json"]["status"] == "running"
+    assert stored_status(store, first.session_id).status == "interrupted"  # no end event, no live runner
     [resumed] = factory.create_session("nightly", "batch_normal", folder)
     assert resumed.session_id == first.session_id
+    assert factory.last_batch.continued == [(str(folder / "a.json"), first.session_id, "interrupted")]
     result = asyncio.run(resumed.run())
     assert result.status == "finished" and result.rounds == 3 and result.steps == 3
     # Step 1 was in flight when the run died: it runs again (at-least-once); step 0 does not.
     assert [c.parameters["i"] for c in dispatcher.ran] == [0, 1, 1, 2]
-    assert json.loads((tmp_path / "logs" / "nightly" / "tasks_status.json").read_text())["a.json"]["status"] == "finished"
+    assert stored_status(store, first.session_id).status == "finished"
 
 
 def test_batch_normal_plan_without_steps_is_a_request(make_settings: Any, tmp_path: Path) -> None:

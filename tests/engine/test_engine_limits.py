@@ -18,10 +18,11 @@ from saucer.store.memory import MemoryStore
     [
         (50, None, 4, 4, "finished", "4 round(s) finished"),  # default max_round: every plan step runs
         (2, None, 2, 2, "stopped", "max_step (2) reached"),  # steps remain: stopped
-        (4, None, 4, 4, "finished", "max_step (4) reached"),  # the limit falls on the last step
-        (50, 3, 3, 3, "finished", "max_round (3) reached"),  # explicitly fewer rounds
+        (4, None, 4, 4, "finished", "max_step (4) reached"),  # the limit falls on the last step: nothing left
+        (50, 3, 3, 3, "stopped", "max_round (3) reached"),  # plan steps left: any limit stops, never "finished"
         (2, 3, 2, 2, "stopped", "max_step (2) reached"),
-        (3, 2, 2, 2, "finished", "max_round (2) reached"),
+        (3, 2, 2, 2, "stopped", "max_round (2) reached"),
+        (50, 4, 4, 4, "finished", "max_round (4) reached"),
     ],
 )
 def test_follower_limits(make_settings: Any, max_step: int, max_round: int | None, rounds: int, steps: int, status: str, reason: str) -> None:
@@ -38,29 +39,36 @@ def test_follower_limits(make_settings: Any, max_step: int, max_round: int | Non
 
 
 @pytest.mark.parametrize(
-    "max_step, max_round, rounds, steps, status, round_steps",
+    "requests, max_step, max_round, rounds, steps, status, round_steps, last_round",
     [
-        (50, None, 3, 9, "finished", {0: 3, 1: 3, 2: 3}),
-        (5, None, 2, 5, "stopped", {0: 3, 1: 2}),  # stops inside round 1
-        (6, None, 2, 6, "finished", {0: 3, 1: 3}),  # the limit falls on a round's end
-        (50, 2, 2, 6, "finished", {0: 3, 1: 3}),
-        (5, 1, 1, 3, "finished", {0: 3}),
-        (2, 1, 1, 2, "stopped", {0: 2}),
+        ("abc", 50, None, 3, 9, "finished", {0: 3, 1: 3, 2: 3}, "finished"),
+        ("abc", 5, None, 2, 5, "stopped", {0: 3, 1: 2}, "stopped"),  # stops inside round 1
+        ("abc", 6, None, 2, 6, "stopped", {0: 3, 1: 3}, "finished"),  # at a round's end, with a request left
+        ("ab", 6, None, 2, 6, "finished", {0: 3, 1: 3}, "finished"),  # at a round's end, nothing left
+        ("abc", 50, 2, 2, 6, "stopped", {0: 3, 1: 3}, "finished"),
+        ("ab", 50, 2, 2, 6, "finished", {0: 3, 1: 3}, "finished"),
+        ("abc", 5, 1, 1, 3, "stopped", {0: 3}, "finished"),
+        ("abc", 2, 1, 1, 2, "stopped", {0: 2}, "stopped"),
     ],
 )
-def test_normal_mode_limits(make_settings: Any, max_step: int, max_round: int | None, rounds: int, steps: int, status: str, round_steps: dict[int, int]) -> None:
+def test_normal_mode_limits(
+    make_settings: Any, requests: str, max_step: int, max_round: int | None, rounds: int, steps: int, status: str,
+    round_steps: dict[int, int], last_round: str,
+) -> None:
     settings = make_settings(**{"system.max_step": max_step, "system.max_round": max_round})
     store = MemoryStore()
     session = Session(
         "limits", settings=settings, store=store, agents=ScriptedAgent("worker", steps=3),
-        interactor=NonInteractiveInteractor(requests=["a", "b", "c"]),
+        interactor=NonInteractiveInteractor(requests=list(requests)),
     )
     result = asyncio.run(session.run())
     assert (result.rounds, result.steps, result.status) == (rounds, steps, status), result
+    if status == "stopped":
+        assert result.reason.startswith(("max_step", "max_round")) and result.reason.endswith("reached")
     ctx = Context.open(store, session.session_id, create=False)
     assert ctx.get(ContextNames.ROUND_STEP) == round_steps
     ends = [e.meta["round_status"] for e in store.read(session.session_id) if e.meta.get("kind") == "round_end"]
-    assert ends[-1] == ("stopped" if status == "stopped" else "finished")
+    assert ends[-1] == last_round
 
 
 def test_a_failed_follower_step_stops_the_session_as_failed(make_settings: Any) -> None:

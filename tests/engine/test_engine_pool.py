@@ -45,7 +45,7 @@ def test_pool_of_20_at_concurrency_4_with_2_failures(make_settings: Any, tmp_pat
             Session(f"pool-{i}", mode="follower", settings=settings, store=store, plan=plan, session_id=f"pool-{i}",
                     dispatcher=FakeDispatcher(fail=("broken",), delay=0.003))
         )
-    # Session 13 cannot even start: another runner holds its lease.
+    # Session 13 is not this pool's to run: another runner holds its lease.
     store.create_session("pool-13", meta={"task": "pool-13", "mode": "follower"})
     store.acquire_lease("pool-13", "elsewhere:1:abc", 60)
     sessions[13] = Session.resume("pool-13", store=store, settings=settings, dispatcher=FakeDispatcher())
@@ -58,8 +58,9 @@ def test_pool_of_20_at_concurrency_4_with_2_failures(make_settings: Any, tmp_pat
     statuses = [r.status for r in results]
     assert statuses.count("finished") == 18
     assert statuses[7] == "failed" and "broken failure" in results[7].reason
-    assert statuses[13] == "error" and "elsewhere:1:abc" in results[13].error
-    assert pool.counts() == {"finished": 18, "failed": 1, "error": 1}
+    assert statuses[13] == "skipped" and "claimed by another run" in results[13].reason
+    assert "elsewhere:1:abc" in results[13].reason
+    assert pool.counts() == {"finished": 18, "failed": 1, "skipped": 1}
     assert probe.peak == 4  # concurrent, and never more than 4 at once
     assert len(probe.ended) == 20
     for r in results:
@@ -69,7 +70,7 @@ def test_pool_of_20_at_concurrency_4_with_2_failures(make_settings: Any, tmp_pat
     table = io.StringIO()
     Console(file=table, width=200).print(pool.summary_table())
     text = table.getvalue()
-    assert "20 session(s): error 1, failed 1, finished 18" in text and "pool-13" in text
+    assert "20 session(s): failed 1, finished 18, skipped 1" in text and "pool-13" in text
     assert "20/20" in out.getvalue()  # the progress bar reached the end
     store.close()
 

@@ -83,6 +83,38 @@ def test_sessions_most_recently_updated_first(store: EventStore) -> None:
     assert listed[0].updated_at > listed[1].updated_at
 
 
+def test_find_sessions_by_prefix_most_recent_first(store: EventStore) -> None:
+    for sid in ("run-a1", "run-a2", "run-b1", "Run-a3", "r%n_x", "other"):
+        store.create_session(sid)
+        time.sleep(0.002)
+    store.append("run-a1", 0, _set("x", 1), author="t")  # now the most recently updated
+    ids = lambda infos: [i.session_id for i in infos]  # noqa: E731
+    assert ids(store.find_sessions("run-a")) == ["run-a1", "run-a2"]  # case-sensitive, newest first
+    assert ids(store.find_sessions("run-")) == ["run-a1", "run-b1", "run-a2"]
+    assert ids(store.find_sessions("r%")) == ["r%n_x"]  # no pattern characters
+    assert ids(store.find_sessions("r_")) == []
+    assert ids(store.find_sessions("run-a1")) == ["run-a1"] and store.find_sessions("nope") == []
+    assert ids(store.find_sessions(limit=1)) == ["run-a1"]  # the last updated session
+    assert ids(store.find_sessions()) == ids(store.sessions())
+    assert store.find_sessions("run", limit=0) == []
+
+
+def test_lease_of_tells_a_live_runner_from_a_gone_one(store: EventStore) -> None:
+    store.create_session("s")
+    assert store.lease_of("s") is None and store.lease_of("ghost") is None
+    lease = store.acquire_lease("s", "worker-1", ttl=30)
+    seen = store.lease_of("s")
+    assert seen is not None and (seen.owner, seen.token) == ("worker-1", lease.token)
+    assert abs(seen.expires_at - lease.expires_at) < 5 and seen.expires_at > time.time() + 20
+    store.release_lease(lease)
+    released = store.lease_of("s")
+    assert released is not None and released.expires_at <= time.time()
+    short = store.acquire_lease("s", "worker-2", ttl=0.05)
+    time.sleep(0.1)
+    expired = store.lease_of("s")
+    assert expired is not None and expired.token == short.token and expired.expires_at <= time.time()
+
+
 def test_a_session_with_forks_cannot_be_deleted(store: EventStore) -> None:
     store.create_session("parent")
     _fill(store, "parent", 3)

@@ -40,16 +40,40 @@ def _dead(pid: int) -> bool:
 
 
 async def test_exit_code_stdout_and_stderr(tmp_path: Path) -> None:
-    [ok, failing] = await _run(
+    [ok, failing, after] = await _run(
         ShellOptions.create(tmp_path),
         _shell("echo out; echo err >&2; pwd"),
-        _shell("exit 3"),
+        _shell("echo partial; echo oops >&2; exit 3"),
+        _shell("echo never"),
     )
     assert ok.status == ResultStatus.SUCCESS and ok.namespace == "shell"
     assert ok.result["exit_code"] == 0 and ok.result["stderr"] == "err\n"
     assert ok.result["stdout"] == f"out\n{tmp_path.resolve()}\n" and ok.result["cwd"] == "."
-    # A non-zero exit code is data, not a tool error.
-    assert failing.status == ResultStatus.SUCCESS and failing.result["exit_code"] == 3
+    # A non-zero exit code is a failed result (as UFO's shell tool: success = returncode == 0),
+    # and its exit code and output are still there as data.
+    assert failing.status == ResultStatus.FAILURE and failing.namespace == "shell"
+    assert failing.result["exit_code"] == 3
+    assert failing.result["stdout"] == "partial\n" and failing.result["stderr"] == "oops\n"
+    assert "command exited with code 3 (expected 0)" in failing.error and "oops" in failing.error
+    assert after.status == ResultStatus.SKIPPED  # the batch stops at the failure
+
+
+async def test_expect_exit_declares_the_exit_codes_that_succeed(tmp_path: Path) -> None:
+    [grep_miss, listed, unexpected, signalled] = await _run(
+        ShellOptions.create(tmp_path),
+        _shell("grep -q nothing /dev/null", expect_exit=[0, 1]),
+        _shell("exit 2", expect_exit=[2]),
+        _shell("exit 0", expect_exit=[1]),
+        _shell("kill -9 $$", expect_exit=[0]),
+    )
+    assert grep_miss.status == ResultStatus.SUCCESS and grep_miss.result["exit_code"] == 1
+    assert listed.status == ResultStatus.SUCCESS and listed.result["exit_code"] == 2
+    assert unexpected.status == ResultStatus.FAILURE and "exited with code 0 (expected 1)" in unexpected.error
+    assert signalled.status == ResultStatus.SKIPPED  # the batch stopped at the previous failure
+    [killed] = await _run(ShellOptions.create(tmp_path), _shell("kill -9 $$"))
+    assert killed.status == ResultStatus.FAILURE and killed.result["exit_code"] == -9
+    [bad] = await _run(ShellOptions.create(tmp_path), _shell("true", expect_exit="0"))
+    assert bad.status == ResultStatus.FAILURE and "expect_exit" in bad.error
 
 
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:

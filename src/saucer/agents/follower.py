@@ -48,7 +48,8 @@ class FollowerAgent(Agent):
         context.append(ContextNames.PREVIOUS_SUBTASKS, {"subtask": step.subtask, "status": status})
         if failed:
             command, result = failed[0]
-            self.round_result = f"{command.tool_name} {result.status.value}: {result.error or result.result}"
+            detail = str(result.error or result.result or "").strip().splitlines()
+            self.round_result = f"{command.tool_name} {result.status.value}: {detail[0] if detail else 'no detail'}"
             return AgentStatus.FAIL
         self.round_result = f"{len(results)} command(s) succeeded"
         return AgentStatus.FINISH

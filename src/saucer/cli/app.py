@@ -2,35 +2,44 @@
 
 Every command prints one clear sentence and exits non-zero on a user mistake
 (bad path, unknown session, malformed file); tracebacks are for bugs only.
+Every command that takes a session accepts its whole id, a unique prefix of
+it, or ``last`` (the most recently updated session). What is printed is what
+is stored: values are never read as markup, and output to a pipe is not wrapped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import os
+import shlex
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
 from saucer import __version__
 from saucer.cli import inspect as view
-from saucer.context import Context
-from saucer.store import (
-    ConflictError,
-    CorruptRecordError,
-    EventStore,
-    LeaseHeldError,
-    SessionExistsError,
-    SessionNotFoundError,
-    StoreError,
-    open_store,
+from saucer.cli import running, service_cmds
+from saucer.cli.common import (
+    ConfigOption,
+    StoreOption,
+    UserError,
+    console,
+    err,
+    friendly,
+    open_ctx,
+    open_existing_store,
+    program_name,
+    resolve_session,
+    resolve_store_url,
+    store_flag,
 )
+from saucer.cli.output import print_json, styled
+from saucer.context import Context, ContextNames
+from saucer.context.events import op_key
+from saucer.store import EventStore, open_store
 
 app = typer.Typer(
     name="saucer",
@@ -43,97 +52,7 @@ app = typer.Typer(
 store_app = typer.Typer(help="Maintain the event store: migrate, prune, delete.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
 
-console = Console()
-err = Console(stderr=True)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-DEFAULT_STORE = "sqlite:///.saucer/saucer.db"
-
-StoreOption = typer.Option(
-    None,
-    "--store",
-    help="Store URL (memory://, sqlite:///path.db, postgresql://...). Default: store.url from saucer.toml, else sqlite:///.saucer/saucer.db.",
-    envvar="SAUCER_STORE_URL",
-)
-ConfigOption = typer.Option(None, "--config", help="Settings file (default: ./saucer.toml when present).")
-
-
-class UserError(Exception):
-    """A mistake of the user's, reported as one sentence and exit code 2."""
-
-
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # one line, however long
-    raise typer.Exit(code)
-
-
-def friendly(fn: F) -> F:
-    """Turn expected errors into one clear sentence and a non-zero exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except SessionNotFoundError as exc:
-            _fail(f"{exc}. List sessions with: saucer sessions")
-        except (UserError, SessionExistsError, LeaseHeldError, ConflictError, CorruptRecordError) as exc:
-            _fail(str(exc))
-        except _user_errors() as exc:
-            _fail(str(exc))
-        except FileNotFoundError as exc:
-            _fail(f"no such file: {exc.filename or exc}")
-        except ValueError as exc:  # bad values the user gave (versions, URLs, files); other errors are bugs
-            _fail(str(exc.args[0]) if exc.args else str(exc))
-        except StoreError as exc:
-            _fail(f"store error: {exc}")
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors of the engine and the settings that describe a user's mistake."""
-    from saucer.config import ConfigError
-    from saucer.engine.errors import EngineError
-
-    return (ConfigError, EngineError)
-
-
-def _settings(config: Optional[Path], overrides: dict[str, Any] | None = None) -> Any:
-    from saucer.config import load_settings
-
-    return load_settings(config_file=config, overrides=overrides or {})
-
-
-def resolve_store_url(store: Optional[str], config: Optional[Path] = None) -> str:
-    """``--store`` wins, then the settings (file, environment), then the default SQLite file."""
-    if store:
-        return store
-    try:
-        return str(_settings(config).store.url)
-    except ImportError:  # settings module not available in a minimal install
-        return DEFAULT_STORE
-
-
-def _open_existing_store(store: Optional[str], config: Optional[Path] = None) -> EventStore:
-    url = resolve_store_url(store, config)
-    if url.startswith("sqlite:///"):
-        from saucer.store.sqlite import path_from_url
-
-        path = path_from_url(url)
-        if not path.exists():
-            raise UserError(f"no saucer store at {path} yet; run a session first (saucer demo) or pass --store URL")
-    return open_store(url)
-
-
-def _open_ctx(store: EventStore, session_id: str, at: Optional[int] = None) -> Context:
-    if at is None:
-        return Context.open(store, session_id, create=False, at=store.head(session_id))
-    return Context.open(store, session_id, create=False, at=at)
+SessionArgument = typer.Argument(..., help="Session id, a unique prefix of one, or 'last' (the most recently updated).")
 
 
 def _version_callback(value: bool) -> None:
@@ -159,66 +78,101 @@ def sessions_cmd(
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
-    """List sessions: id, task, mode, status, rounds, steps, cost, last update."""
-    with _open_existing_store(store, config) as st:
+    """List sessions: id, task, mode, status, rounds, steps, cost, last update (newest first).
+
+    A session whose runner vanished (crash, kill, Ctrl-C) is 'interrupted';
+    a cost that could not be priced is 'unknown' (null in JSON).
+    """
+    with open_existing_store(store, config) as st:
         rows = [view.session_summary(st, info) for info in st.sessions()]
     if as_json:
-        view.print_json(console, rows)
+        print_json(rows)
     elif not rows:
-        console.print("no sessions yet; start one with: saucer demo")
+        console.print(f"no sessions yet; start one with: {program_name()} demo")
     else:
-        console.print(view.sessions_table(rows))
+        table = view.sessions_table(rows)
+        console.print(table, width=view.fitting_width(console, table))
 
 
 @app.command("show")
 @friendly
 def show_cmd(
-    session: str = typer.Argument(..., help="Session id."),
+    session: str = SessionArgument,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep watching and print new steps as they commit (Ctrl-C stops)."),
     interval: float = typer.Option(0.5, "--interval", help="Polling interval in seconds for --follow."),
     show_all: bool = typer.Option(False, "--all", "-a", help="Also list the engine's counter and log updates of each step."),
+    as_json: bool = typer.Option(False, "--json", help="Print the timeline as JSON: the session, its rounds and every event."),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Timeline of a session: rounds → steps → agent, state, commands, results, cost and Context changes."""
-    with _open_existing_store(store, config) as st:
-        info = st.session_info(session)
-        events = list(st.read(session))
-        title = f"session {session} · v{info.version}"
+    with open_existing_store(store, config) as st:
+        sid = resolve_session(st, session)
+        info = st.session_info(sid)
+        events = list(st.read(sid))
+        summary = view.session_summary(st, info)
+        if as_json:
+            print_json({"session": summary, **view.timeline_data(events)})
+            return
+        title = f"session {sid} · v{info.version} · {summary['status']}"
         if info.parent_id or info.meta.get("forked_from"):
             title += f" · fork of {info.parent_id or info.meta['forked_from']}@{info.parent_version or info.meta.get('at')}"
         console.print(view.timeline(events, title, show_all=show_all))
+        if summary["status"] == "interrupted":
+            console.print(f"its runner is gone; continue it with: {program_name()} resume {shlex.quote(sid)}{store_flag(store)}")
         if follow:
-            asyncio.run(_follow(st, session, info.version, interval, show_all))
+            asyncio.run(_follow(st, sid, info.version, interval, show_all))
 
 
 async def _follow(store: EventStore, session: str, after: int, interval: float, show_all: bool) -> None:
-    console.print(f"[dim]following {session} from v{after}; Ctrl-C to stop[/]")
+    console.print(styled((f"following {session} from v{after}; Ctrl-C to stop", "dim")))
     try:
         async for event in store.watch(session, after, interval=interval):
             console.print(view.timeline([event], f"v{event.version}", show_all=show_all))
             if event.meta.get("kind") == "session_end":
-                console.print(f"[dim]session {event.meta['session_status']}[/]")
+                console.print(styled((f"session {event.meta['session_status']}", "dim")))
                 return
     except asyncio.CancelledError:  # Ctrl-C
         return
 
 
+def _known_key(events: list[Any], key: str) -> None:
+    """Refuse a ``--key`` that is neither a Context name nor a variable this session ever set."""
+    from saucer.dispatch.toolcheck import close_names
+
+    names = [m.value for m in ContextNames]
+    if key in names:
+        return
+    seen = sorted({op["var"] for e in events for op in e.ops if "var" in op})
+    bare = key.removeprefix("vars.")
+    if bare in seen:
+        return
+    guesses = close_names(key, names + seen + [f"vars.{v}" for v in seen])
+    hint = f"did you mean {' or '.join(guesses)}?" if guesses else "the names are ContextNames (e.g. REQUEST) and vars.NAME"
+    raise UserError(
+        f"unknown key {key!r}: not a Context name, and this session never set a context variable {bare!r}; {hint}"
+    )
+
+
 @app.command("history")
 @friendly
 def history_cmd(
-    session: str = typer.Argument(..., help="Session id."),
+    session: str = SessionArgument,
     key: Optional[str] = typer.Option(None, "--key", help="Only changes to this name (e.g. REQUEST) or context variable (vars.NAME or NAME)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON events."),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Every change with its version, time, author, round and step."""
-    with _open_existing_store(store, config) as st:
-        ctx = _open_ctx(st, session)
-        events = ctx.history(key)
+    with open_existing_store(store, config) as st:
+        ctx = open_ctx(st, resolve_session(st, session))
+        events = ctx.history()
+    if key is not None:
+        _known_key(events, key)
+        wanted = Context.history_key(key)
+        events = [e for e in events if any(op_key(op) == wanted for op in e.ops)]
     if as_json:
-        view.print_json(console, [e.to_dict() for e in events])
+        print_json([e.to_dict() for e in events])
     else:
         console.print(view.history_table(events, key))
 
@@ -236,28 +190,28 @@ def _state_data(ctx: Context) -> dict[str, Any]:
 @app.command("state")
 @friendly
 def state_cmd(
-    session: str = typer.Argument(..., help="Session id."),
+    session: str = SessionArgument,
     at: Optional[int] = typer.Option(None, "--at", help="Version to show (default: the latest)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """The Context of a session as it is now, or as it was at a version (time travel)."""
-    with _open_existing_store(store, config) as st:
-        ctx = _open_ctx(st, session, at)
+    with open_existing_store(store, config) as st:
+        ctx = open_ctx(st, resolve_session(st, session), at)
         data = _state_data(ctx)
     if as_json:
-        view.print_json(console, data)
+        print_json(data)
         return
     flat = dict(data["names"])
     flat.update({f"vars.{k}": v for k, v in data["vars"].items()})
-    console.print(view.state_table(flat, f"session {session} at v{data['version']} (empty values hidden)"))
+    console.print(view.state_table(flat, f"session {data['session_id']} at v{data['version']} (empty values hidden)"))
 
 
 @app.command("diff")
 @friendly
 def diff_cmd(
-    session: str = typer.Argument(..., help="Session id."),
+    session: str = SessionArgument,
     v1: int = typer.Argument(..., help="Older version."),
     v2: int = typer.Argument(..., help="Newer version."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -265,10 +219,10 @@ def diff_cmd(
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """What changed in the Context between two versions."""
-    with _open_existing_store(store, config) as st:
-        changes = _open_ctx(st, session).diff(v1, v2)
+    with open_existing_store(store, config) as st:
+        changes = open_ctx(st, resolve_session(st, session)).diff(v1, v2)
     if as_json:
-        view.print_json(console, changes)
+        print_json(changes)
     elif not changes:
         console.print(f"no differences between v{v1} and v{v2}")
     else:
@@ -278,28 +232,42 @@ def diff_cmd(
 @app.command("fork")
 @friendly
 def fork_cmd(
-    session: str = typer.Argument(..., help="Session id to fork."),
+    session: str = typer.Argument(..., help="Session to fork: its id, a unique prefix of one, or 'last'."),
     at: Optional[int] = typer.Option(None, "--at", help="Version to fork at (default: the latest)."),
     new_id: Optional[str] = typer.Option(None, "--as", help="Id of the new session (default: generated)."),
+    workspace: Optional[Path] = typer.Option(
+        None, "--workspace", "-w", help="The fork's own directory for the built-in tools (default: its parent's)."
+    ),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
-    """Start a new session from a session's state at a version (its log is referenced, not copied)."""
-    with _open_existing_store(store, config) as st:
-        target = new_id or f"{session[:180]}-fork-{uuid.uuid4().hex[:6]}"
-        parent = _open_ctx(st, session)
+    """Start a new session from a session's state at a version (its log is referenced, not copied).
+
+    A resumed fork writes its own log folder; with --workspace its tools act
+    in their own directory instead of the parent's.
+    """
+    with open_existing_store(store, config) as st:
+        sid = resolve_session(st, session)
+        target = new_id or f"{sid[:180]}-fork-{uuid.uuid4().hex[:6]}"
+        parent = open_ctx(st, sid)
         child = parent.fork(target, at=at)
         version = child.version
+        if workspace is not None:
+            workspace.mkdir(parents=True, exist_ok=True)
+            child.commit(author="user", meta={"kind": "fork", "workspace": str(workspace.resolve())})
         child.close()
-    console.print(f"forked {session} at v{version} as [bold]{target}[/]")
-    flag = f" --store {store}" if store else ""
-    console.print(f"  inspect it: {program_name()} state {target}{flag}", highlight=False, soft_wrap=True)
+    console.print(styled(f"forked {sid} at v{version} as ", (target, "bold")))
+    if workspace is not None:
+        console.print(f"  its tools act in: {workspace.resolve()}")
+    flag = store_flag(store)
+    console.print(f"  inspect it: {program_name()} state {shlex.quote(target)}{flag}")
+    console.print(f"  run it: {program_name()} resume {shlex.quote(target)}{flag}")
 
 
 @app.command("export")
 @friendly
 def export_cmd(
-    session: str = typer.Argument(..., help="Session id."),
+    session: str = SessionArgument,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of standard output."),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
@@ -307,15 +275,16 @@ def export_cmd(
     """Export a session's whole log and final state as JSON."""
     from saucer.store.transfer import export_session
 
-    with _open_existing_store(store, config) as st:
-        ctx = _open_ctx(st, session)
-        data = export_session(st, session, _state_data(ctx))
+    with open_existing_store(store, config) as st:
+        sid = resolve_session(st, session)
+        ctx = open_ctx(st, sid)
+        data = export_session(st, sid, _state_data(ctx))
     text = json.dumps(data, indent=2, default=str)
     if output is None:
         sys.stdout.write(text + "\n")
     else:
         output.write_text(text + "\n", encoding="utf-8")
-        err.print(f"exported {session} ({len(data['events'])} events) to {output}")
+        err.print(f"exported {sid} ({len(data['events'])} events) to {output}")
 
 
 @app.command("import")
@@ -337,206 +306,14 @@ def import_cmd(
         raise UserError(f"{file}: its JSON nests too deeply to be a saucer export") from None
     with open_store(resolve_store_url(store, config)) as st:
         info = import_session(st, data, new_id)
-    console.print(f"imported session [bold]{info.session_id}[/] at v{info.version}")
+    console.print(styled("imported session ", (info.session_id, "bold"), f" at v{info.version}"))
 
 
 # ================================================================= running
 
-ModeOption = typer.Option(
-    None,
-    "--mode",
-    help="normal (a request, answered by the LLM agent), follower (a plan), batch_normal (a folder of plans) "
-    "or service (through saucer serve). Default: follower for a plan file, batch_normal for a folder, normal for a request.",
-)
-
-
-def _run_settings(config: Optional[Path], store: Optional[str], **flags: Any) -> Any:
-    overrides: dict[str, Any] = {"store.url": store}
-    overrides.update({k: v for k, v in flags.items() if v is not None})
-    return _settings(config, overrides)
-
-
-def _print_result(result: Any) -> None:
-    style = "green" if result.ok else "red"
-    console.print(
-        f"[{style}]session {result.session_id}: {result.status}[/]"
-        + (f" ({result.reason})" if result.reason else ""),
-        highlight=False,
-    )
-    console.print(result.cost.render())
-    if result.log_path:
-        console.print(f"logs: {result.log_path}")
-    if getattr(result, "experience_path", None):
-        console.print(f"experience saved as a replayable plan: {result.experience_path}")
-
-
-async def _run_sessions(sessions: list[Any], concurrency: int) -> list[Any]:
-    from saucer.engine.pool import SessionPool
-
-    if len(sessions) == 1:
-        return [await sessions[0].run()]
-    pool = SessionPool(sessions, max_concurrency=concurrency, progress=True, console=console)
-    results = await pool.run_all()
-    console.print(pool.summary_table())
-    return results
-
-
-def _factory(settings: Any, yes: bool, workspace: Optional[Path], show_session: bool = False) -> Any:
-    from saucer.cli.interactor import RichInteractor
-    from saucer.cli.progress import StepPrinter
-    from saucer.engine.factory import SessionFactory
-
-    return SessionFactory(
-        settings,
-        interactor=RichInteractor(err, assume_yes=yes),
-        observer=StepPrinter(console, show_session=show_session),
-        workspace=workspace,
-    )
-
-
-def _exit_for(results: list[Any]) -> None:
-    if not all(r.ok for r in results):
-        raise typer.Exit(1)
-
-
-@app.command("run")
-@friendly
-def run_cmd(
-    request: Optional[str] = typer.Option(None, "--request", "-r", help="What the agents should do, in plain language (normal mode)."),
-    plan: Optional[Path] = typer.Option(None, "--plan", "-p", help="A plan JSON file, or a folder of them."),
-    mode: Optional[str] = ModeOption,
-    task: Optional[str] = typer.Option(None, "--task", help="Task name (default: the plan's task, or 'request')."),
-    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Directory the built-in shell and files tools act in (default: the current directory)."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
-    concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Sessions run at once for a folder of plans."),
-    max_step: Optional[int] = typer.Option(None, "--max-step", min=1, help="Override system.max_step."),
-    max_round: Optional[int] = typer.Option(None, "--max-round", min=1, help="Override system.max_round."),
-    durability: Optional[str] = typer.Option(None, "--durability", help="step (default), strict or exit."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
-) -> None:
-    """Run a session: a request in plain language, a plan, or a folder of plans."""
-    if request is not None and plan is not None:
-        raise UserError("give --request TEXT or --plan FILE|DIR, not both")
-    if request is None and plan is None and mode != "normal":
-        raise UserError("give either --request TEXT or --plan FILE|DIR")
-    if plan is not None and not plan.exists():
-        raise UserError(f"no such plan file or folder: {plan}")
-    mode = mode or ("normal" if plan is None else "batch_normal" if plan.is_dir() else "follower")
-    settings = _run_settings(
-        config, store, **{"system.max_step": max_step, "system.max_round": max_round, "store.durability": durability}
-    )
-    if mode == "normal":
-        from saucer.agents.llm import require_model_settings
-
-        require_model_settings(settings)
-        if request is None:
-            from saucer.cli.interactor import stdin_is_terminal
-
-            if not stdin_is_terminal():
-                raise UserError("normal mode needs a request: pass --request TEXT (there is no terminal to ask)")
-    if mode == "service":
-        raise UserError("service-mode sessions run on a server: start it with saucer serve and submit tasks to it")
-    if workspace is not None:
-        workspace.mkdir(parents=True, exist_ok=True)
-    name = task or ("request" if plan is None else None)
-    with _factory(settings, yes, workspace, show_session=plan is not None and plan.is_dir()) as factory:
-        if name is None:
-            from saucer.engine.plan import load_plan
-
-            name = load_plan(plan).task if plan.is_file() else plan.name  # type: ignore[union-attr]
-        sessions = factory.create_session(name, mode, plan=plan, request=request or "")
-        results = asyncio.run(_run_sessions(sessions, concurrency))
-    if len(results) == 1:
-        _print_result(results[0])
-        _print_next_steps(results[0].session_id, store)
-    _exit_for(results)
-
-
-def _shortest(path: Path) -> str:
-    relative = os.path.relpath(path)
-    return relative if not relative.startswith("..") else str(path)
-
-
-def program_name() -> str:
-    """How the user can run saucer again: ``saucer`` when that is on PATH, else a path that works from here."""
-    import shutil
-
-    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
-    if Path(argv0).name != "saucer":  # python -m saucer
-        return f"{_shortest(Path(sys.executable).absolute())} -m saucer"
-    found = shutil.which("saucer")
-    if found and Path(found).resolve() == Path(argv0).resolve():
-        return "saucer"
-    return _shortest(Path(argv0).absolute())
-
-
-def _print_next_steps(session_id: str, store: Optional[str], at: int = 3) -> None:
-    prog = program_name()
-    flag = f" --store {store}" if store else ""
-    console.print("\n[bold]next[/] (each works as printed):")
-    for comment, command in (
-        ("the timeline: rounds, steps, commands, results", f"show {session_id}"),
-        ("every change with its version, author, round and step", f"history {session_id}"),
-        (f"time travel: the Context as it was at version {at}", f"state {session_id} --at {at}"),
-        ("what changed between two versions", f"diff {session_id} {at} {at + 3}"),
-        ("branch off a new session from that version", f"fork {session_id} --at {at}"),
-        ("continue at the first uncommitted step", f"resume {session_id}"),
-    ):
-        console.print(f"  [dim]# {comment}[/]")
-        console.print(f"  {prog} {command}{flag}", highlight=False, soft_wrap=True)
-
-
-@app.command("resume")
-@friendly
-def resume_cmd(
-    session: str = typer.Argument(..., help="Session id."),
-    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Tools directory (default: the session's own)."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
-) -> None:
-    """Continue a session at its first uncommitted step (a finished session just reports its result)."""
-    settings = _run_settings(config, store)
-    with _open_existing_store(store, config):
-        pass  # a clear error when there is no store yet
-    with _factory(settings, yes, workspace) as factory:
-        factory.store.session_info(session)  # SessionNotFoundError before anything starts
-        kw = {"workspace": workspace} if workspace is not None else {}
-        result = asyncio.run(factory.resume_session(session, **kw).run())
-    _print_result(result)
-    _exit_for([result])
-
-
-@app.command("demo")
-@friendly
-def demo_cmd(
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
-) -> None:
-    """Run the shipped demo: a plan that builds, edits and searches a small project with the built-in tools.
-
-    No network and no API key needed. It ends with the session's timeline and
-    the commands to resume, inspect and time-travel it.
-    """
-    from importlib.resources import files
-
-    plan_path = Path(str(files("saucer.cli") / "demo_plan.json"))
-    settings = _run_settings(config, store)
-    run_id = uuid.uuid4().hex[:6]
-    workspace = Path(".saucer") / "demo" / run_id
-    workspace.mkdir(parents=True, exist_ok=True)
-    console.rule("[bold]saucer demo")
-    console.print(f"plan: {plan_path.name} · workspace: {workspace} · store: {settings.store.url}\n")
-    with _factory(settings, True, workspace) as factory:
-        sessions = factory.create_session("demo", "follower", plan=plan_path, session_id=f"demo-{run_id}")
-        result = asyncio.run(sessions[0].run())
-        events = list(factory.store.read(result.session_id))
-    console.print()
-    console.print(view.timeline(events, f"session {result.session_id} · v{result.version}"))
-    _print_result(result)
-    _print_next_steps(result.session_id, store)
-    _exit_for([result])
+app.command("run")(running.run_cmd)
+app.command("resume")(running.resume_cmd)
+app.command("demo")(running.demo_cmd)
 
 
 # ================================================================== store
@@ -571,7 +348,7 @@ def store_migrate_cmd(store: Optional[str] = StoreOption, config: Optional[Path]
 @store_app.command("prune")
 @friendly
 def store_prune_cmd(
-    session: Optional[str] = typer.Argument(None, help="Session id (or --all)."),
+    session: Optional[str] = typer.Argument(None, help="Session id, a unique prefix of one, or 'last' (or --all)."),
     all_sessions: bool = typer.Option(False, "--all", help="Prune every session."),
     keep_last: Optional[int] = typer.Option(None, "--keep-last", min=0, help="Keep the newest N versions of each session."),
     older_than: Optional[str] = typer.Option(None, "--older-than", help="Drop versions committed longer ago than this (90s, 15m, 12h, 7d, 2w)."),
@@ -587,8 +364,8 @@ def store_prune_cmd(
     if keep_last is None and older_than is None:
         raise UserError("say what to keep: --keep-last N and/or --older-than DURATION")
     seconds = parse_duration(older_than) if older_than is not None else None
-    with _open_existing_store(store, config) as st:
-        targets = [session] if session is not None else [i.session_id for i in st.sessions()]
+    with open_existing_store(store, config) as st:
+        targets = [resolve_session(st, session)] if session is not None else [i.session_id for i in st.sessions()]
         for sid in targets:
             before = st.first_version(sid)
             forks = [i for i in st.sessions() if i.parent_id == sid]
@@ -605,7 +382,7 @@ def store_prune_cmd(
 @store_app.command("delete")
 @friendly
 def store_delete_cmd(
-    session: str = typer.Argument(..., help="Session id."),
+    session: str = SessionArgument,
     yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
@@ -613,18 +390,17 @@ def store_delete_cmd(
     """Remove a session completely: its events, snapshots and lease."""
     from saucer.cli.interactor import stdin_is_terminal
 
-    with _open_existing_store(store, config) as st:
-        info = st.session_info(session)
+    with open_existing_store(store, config) as st:
+        sid = resolve_session(st, session)
+        info = st.session_info(sid)
         if not yes:
             if not stdin_is_terminal():
-                raise UserError(f"deleting {session!r} cannot be undone: pass --yes to confirm")
-            if not typer.confirm(f"delete session {session} and its {info.version} versions?", default=False):
+                raise UserError(f"deleting {sid!r} cannot be undone: pass --yes to confirm")
+            if not typer.confirm(f"delete session {sid} and its {info.version} versions?", default=False):
                 raise typer.Exit(1)
-        st.delete_session(session)
-    console.print(f"deleted session {session}")
+        st.delete_session(sid)
+    console.print(f"deleted session {sid}")
 
-
-from saucer.cli import service_cmds  # noqa: E402  (it registers onto the app defined above)
 
 service_cmds.register(app)
 

@@ -1,6 +1,8 @@
 """Rendering of sessions for the terminal: listings, timelines, history, state and diffs.
 
 Pure presentation over the store and the Context; no command-line parsing here.
+Every stored value goes into a :class:`rich.text.Text` (or a plain string
+cell), never through rich markup, so it is printed as it is stored.
 """
 
 from __future__ import annotations
@@ -10,19 +12,21 @@ from typing import Any, Iterable, Mapping
 
 import orjson
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
 from saucer.context import Context, Event
 from saucer.context.events import op_key
+from saucer.engine.status import ENDED, stored_status
 from saucer.store.base import EventStore, SessionInfo
 
 __all__ = [
     "session_summary",
     "sessions_table",
     "timeline",
+    "timeline_data",
     "history_table",
     "state_table",
     "diff_table",
@@ -73,57 +77,74 @@ def describe_op(op: Mapping[str, Any]) -> str:
 
 
 def session_summary(store: EventStore, info: SessionInfo) -> dict[str, Any]:
-    """Columns of the sessions table, from the session row and its last event."""
+    """Columns of the sessions table, from the session row, its last event and its lease.
+
+    ``status`` is ``interrupted`` for a session whose runner vanished (see
+    :mod:`saucer.engine.status`); ``cost`` is None when it is unknown.
+    """
     meta = dict(info.meta)
-    last: Event | None = None
-    if info.version:
-        events = list(store.read(info.session_id, info.version - 1, info.version))
-        last = events[-1] if events else None
-    status = meta.get("status", "-")
-    summary = dict(meta.get("summary") or {})
-    if last is not None:
-        status = last.meta.get("session_status", status)
-        summary.update(last.meta.get("summary") or {})
+    state = stored_status(store, info)
+    summary = state.summary
+    cost = summary.get("cost")
     return {
         "id": info.session_id,
         "task": meta.get("task", "-"),
         "mode": meta.get("mode", "-"),
-        "status": summary.get("status", status),
-        "rounds": summary.get("rounds", "-"),
-        "steps": summary.get("steps", "-"),
-        "cost": summary.get("cost", "-"),
+        "status": state.status,
+        "rounds": summary.get("rounds"),
+        "steps": summary.get("steps"),
+        "cost": cost if isinstance(cost, (int, float)) else None,
         "version": info.version,
         "updated": when(info.updated_at),
         # A fork that stands alone (its parent was pruned) keeps its origin in its meta.
         "parent": f"{info.parent_id}@{info.parent_version}" if info.parent_id
         else f"{meta['forked_from']}@{meta.get('at')}" if meta.get("forked_from") else None,
+        "runner": state.holder,
     }
 
 
+def _cost_text(row: Mapping[str, Any]) -> str:
+    if row.get("cost") is not None:
+        return f"{row['cost']:.4f}"
+    return "unknown" if row.get("status") in ENDED else "-"  # an ended session without a cost could not be priced
+
+
+def _count(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
 def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
-    """The ``saucer sessions`` table."""
-    # A light box keeps nine columns readable in an 80-column terminal.
+    """The ``saucer sessions`` table; ids are never wrapped or cut (print it with :func:`fitting_width`)."""
+    # A light box keeps the columns readable in an 80-column terminal.
     table = Table(title="sessions", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    table.add_column("id", overflow="fold", min_width=12, max_width=24)
-    table.add_column("task", overflow="fold", min_width=6, max_width=10)
+    table.add_column("id", no_wrap=True, overflow="ignore")
+    table.add_column("task", overflow="fold", min_width=6, max_width=16)
     for column in ("mode", "status", "rounds", "steps", "cost", "updated"):
         table.add_column(column, no_wrap=True)
     for row in rows:
-        cost = row["cost"]
         table.add_row(
-            row["id"] + (f" (fork of {row['parent']})" if row.get("parent") else ""),
-            str(row["task"]),
-            str(row["mode"]),
-            str(row["status"]),
-            str(row["rounds"]),
-            str(row["steps"]),
-            f"{cost:.4f}" if isinstance(cost, (int, float)) else str(cost),
-            row["updated"][5:16],
+            Text(row["id"]),
+            Text(str(row["task"])),
+            Text(str(row["mode"])),
+            Text(str(row["status"])),
+            Text(_count(row["rounds"])),
+            Text(_count(row["steps"])),
+            Text(_cost_text(row)),
+            Text(row["updated"][5:16]),
         )
+        if row.get("parent"):
+            table.add_row(Text(f"  fork of {row['parent']}", style="dim"))
     return table
 
 
+def fitting_width(console: Any, renderable: Any) -> int:
+    """The console's width, or more when ``renderable`` needs more (so nothing is cut; the terminal wraps)."""
+    needed = console.measure(renderable, options=console.options.update(width=10_000)).maximum
+    return max(console.width, needed)
+
+
 def _commands_text(meta: Mapping[str, Any]) -> list[Text]:
+    """One line per command of a step: tool, parameters, status and the result or error."""
     lines: list[Text] = []
     commands = meta.get("commands") or []
     results = meta.get("results") or []
@@ -236,7 +257,9 @@ def timeline(events: list[Event], title: str, *, show_all: bool = False) -> Tree
             head.append(f" [{meta['state']}]", style="magenta")
         if meta.get("status"):
             head.append(f" → {meta['status']}")
-        if isinstance(meta.get("cost"), (int, float)) and meta["cost"]:
+        if "cost" in meta and meta["cost"] is None:
+            head.append(" cost unknown", style="yellow")
+        elif isinstance(meta.get("cost"), (int, float)) and meta["cost"]:
             head.append(f" cost {meta['cost']:.4f}", style="yellow")
         head.append(f"  {when(event.timestamp)}", style="dim")
         parts = [head]
@@ -253,9 +276,61 @@ def timeline(events: list[Event], title: str, *, show_all: bool = False) -> Tree
     return tree
 
 
+def _cells(*values: str) -> list[Text]:
+    return [Text(v) for v in values]
+
+
+_EVENT_FIELDS = (
+    "agent", "state", "status", "next_agent", "next_state", "subtask", "plan_index", "error", "request",
+    "round_status", "session_status", "reason", "scope", "verdict", "summary", "continues",
+)
+
+
+def timeline_data(events: list[Event]) -> dict[str, Any]:
+    """The timeline as data (``saucer show --json``): every event in order, and a summary per round.
+
+    An event has its version, time, author, round, step and kind, what the
+    engine recorded (agent, state, status, subtask, commands each with its
+    result, cost — None when unknown —, error...) and its Context operations.
+    """
+    items: list[dict[str, Any]] = []
+    rounds: dict[int, dict[str, Any]] = {}
+    for event in events:
+        meta = event.meta
+        kind = meta.get("kind") or ("step" if event.step is not None else "change")
+        item: dict[str, Any] = {
+            "version": event.version,
+            "time": event.timestamp,
+            "author": event.author,
+            "round": event.round,
+            "step": event.step,
+            "kind": kind,
+        }
+        item.update({name: meta[name] for name in _EVENT_FIELDS if name in meta})
+        if "cost" in meta:
+            item["cost"] = meta["cost"]
+        results = meta.get("results") or []
+        if meta.get("commands"):
+            item["commands"] = [
+                {**command, "result": results[i] if i < len(results) else None}
+                for i, command in enumerate(meta["commands"])
+            ]
+        item["ops"] = event.ops
+        items.append(item)
+        if event.round is not None:
+            entry = rounds.setdefault(event.round, {"round": event.round, "request": None, "status": None, "steps": 0})
+            if kind == "round_start":
+                entry["request"] = meta.get("request")
+            elif kind == "step":
+                entry["steps"] += 1
+            elif kind == "round_end":
+                entry["status"] = meta.get("round_status")
+    return {"rounds": list(rounds.values()), "events": items}
+
+
 def history_table(events: Iterable[Event], key: str | None) -> Table:
     """Every change (optionally only to ``key``) with version, time, author, round, step."""
-    table = Table(title=f"history of {key}" if key else "history", title_justify="left")
+    table = Table(title=Text(f"history of {key}" if key else "history"), title_justify="left")
     for column in ("version", "time", "author", "round", "step", "change"):
         table.add_column(column, overflow="fold")
     wanted = None if key is None else Context.history_key(key)
@@ -264,25 +339,27 @@ def history_table(events: Iterable[Event], key: str | None) -> Table:
             if wanted is not None and op_key(op) != wanted:
                 continue
             table.add_row(
-                str(event.version),
-                when(event.timestamp),
-                event.author,
-                "-" if event.round is None else str(event.round),
-                "-" if event.step is None else str(event.step),
-                describe_op(op),
+                *_cells(
+                    str(event.version),
+                    when(event.timestamp),
+                    event.author,
+                    "-" if event.round is None else str(event.round),
+                    "-" if event.step is None else str(event.step),
+                    describe_op(op),
+                )
             )
     return table
 
 
 def state_table(state: Mapping[str, Any], title: str) -> Table:
     """The non-empty values of a state (names and ``vars.*``)."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=Text(title), title_justify="left")
     table.add_column("key", no_wrap=True)
     table.add_column("value", overflow="fold")
     for key, value in state.items():
         if value in (None, "", [], {}, 0, 0.0) and not key.startswith("vars."):
             continue
-        table.add_row(key, short(value, 200))
+        table.add_row(*_cells(key, short(value, 200)))
     return table
 
 
@@ -293,10 +370,5 @@ def diff_table(diff: Mapping[str, Mapping[str, Any]], v1: int, v2: int) -> Table
     table.add_column(f"v{v1}", overflow="fold")
     table.add_column(f"v{v2}", overflow="fold")
     for key, change in diff.items():
-        table.add_row(key, short(change["before"], 80), short(change["after"], 80))
+        table.add_row(*_cells(key, short(change["before"], 80), short(change["after"], 80)))
     return table
-
-
-def print_json(console: Console, data: Any) -> None:
-    """Print JSON data (indented) without rich markup interpretation."""
-    console.print_json(orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS, default=str).decode())

@@ -7,9 +7,13 @@ these documented defaults apply:
 ``first_request``                 None: no request (pass ``--request`` or ``--plan``)
 ``new_request``                   None: finish the session
 ``experience_asker``              do not save (``--yes``: save)
+``batch_experience_asker``        not asked: a pool treats ``ask`` as ``auto``
 ``question_asker``                empty answer
-``sensitive_step_asker``          refuse (``--yes``: approve)
+``sensitive_step_asker``          refuse (``--yes``: approve); the failed result says to pass ``--yes``
 ================================  =============================================
+
+Panels show an agent's question or a command's parameters exactly as they
+are (rich ``Text``, never markup).
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import sys
 from typing import Callable
 
 from rich.console import Console
-from rich.markup import escape
 from rich.panel import Panel
 from rich.prompt import Confirm, Prompt
+from rich.text import Text
 
 __all__ = ["RichInteractor", "stdin_is_terminal"]
 
@@ -59,8 +63,9 @@ class RichInteractor:
         """Whether questions are actually asked."""
         return bool(self._interactive())
 
-    def _panel(self, text: str, title: str, style: str = "cyan") -> None:
-        self.console.print(Panel(text, title=title, border_style=style, expand=False))
+    def _panel(self, text: str | Text, title: str, style: str = "cyan") -> None:
+        body = text if isinstance(text, Text) else Text(text)
+        self.console.print(Panel(body, title=Text(title), border_style=style, expand=False))
 
     def first_request(self) -> str | None:
         """The session's first request (None without a terminal)."""
@@ -89,11 +94,21 @@ class RichInteractor:
         self._panel("Save this session as a replayable plan (experience)?", "experience")
         return Confirm.ask("save", default=False, console=self.console)
 
+    def batch_experience_asker(self, count: int) -> bool:
+        """Asked once for a pool: whether to save each of its sessions that succeeds as a replayable plan."""
+        if not self.interactive:
+            return self.assume_yes
+        self._panel(
+            f"Save each of the {count} sessions of this batch that succeeds as a replayable plan (experience)?",
+            "experience",
+        )
+        return Confirm.ask("save", default=False, console=self.console)
+
     def question_asker(self, question: str, index: int = 0) -> str:
         """An agent's question to the user; the answer text."""
         if not self.interactive:
             return ""
-        self._panel(escape(question), f"question {index + 1}", "yellow")
+        self._panel(question, f"question {index + 1}", "yellow")
         return Prompt.ask("[bold]answer[/]", console=self.console, default="")
 
     def sensitive_step_asker(self, action: str, target: str = "") -> bool:
@@ -102,6 +117,15 @@ class RichInteractor:
             return True
         if not self.interactive:
             return False
-        text = f"[bold]{escape(action)}[/]" + (f"\n{escape(target)}" if target else "")
-        self._panel(text + "\n\nThis step is marked sensitive. Run it?", "confirm", "red")
+        text = Text(action, style="bold")
+        if target:
+            text.append("\n" + target)
+        text.append("\n\nThis step is marked sensitive. Run it?")
+        self._panel(text, "confirm", "red")
         return Confirm.ask("run it", default=False, console=self.console)
+
+    def refusal_reason(self) -> str | None:
+        """Why a sensitive step was refused, when no one was asked (None: the user said no)."""
+        if self.assume_yes or self.interactive:
+            return None
+        return "there is no terminal to ask for approval; run it again with --yes to approve sensitive steps"

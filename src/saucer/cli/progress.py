@@ -3,7 +3,8 @@
 One line per committed step — round, step, agent and state, the last command
 and its status, running cost — so the output reads the same in a terminal, a
 pipe or a CI log. Pools add a progress bar with per-session status (see
-:class:`saucer.engine.pool.SessionPool`).
+:class:`saucer.engine.pool.SessionPool`). Every value is printed as it is
+stored (rich ``Text``, never markup).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from saucer.cli.inspect import short
 
@@ -26,48 +27,62 @@ class StepPrinter:
     def __init__(self, console: Console, *, show_session: bool = False) -> None:
         self.console = console
         self.show_session = show_session
-        self._cost: dict[str, float] = {}
+        self._cost: dict[str, float | None] = {}
 
-    def _prefix(self, session: Any) -> str:
-        return f"[dim]{escape(session.session_id)}[/] " if self.show_session else ""
+    def _line(self, session: Any) -> Text:
+        line = Text()
+        if self.show_session:
+            line.append(session.session_id, style="dim")
+            line.append(" ")
+        return line
 
     def on_session_start(self, session: Any) -> None:
-        what = "resuming" if getattr(session, "_resuming", False) else "running"
-        self.console.print(
-            f"{self._prefix(session)}[bold]{what}[/] session [bold cyan]{escape(session.session_id)}[/] "
-            f"({escape(session.mode)} mode, task {escape(session.task)!r})"
-        )
+        what = "resuming" if getattr(session, "resumed", False) else "running"
+        line = self._line(session)
+        line.append(what, style="bold")
+        line.append(" session ")
+        line.append(session.session_id, style="bold cyan")
+        line.append(f" ({session.mode} mode, task {session.task!r})")
+        self.console.print(line)
 
     def on_round_start(self, session: Any, round: Any) -> None:
         request = getattr(round, "request", "") or ""
-        self.console.print(
-            f"{self._prefix(session)}[cyan]round {getattr(round, 'id', '?')}[/]"
-            + (f": {escape(short(request, 90))}" if request else "")
-        )
+        line = self._line(session)
+        line.append(f"round {getattr(round, 'id', '?')}", style="cyan")
+        if request:
+            line.append(f": {short(request, 90)}")
+        self.console.print(line)
 
     def on_step(self, session: Any, record: Any) -> None:
-        if record.cost:
-            self._cost[session.session_id] = self._cost.get(session.session_id, 0.0) + record.cost
-        line = f"{self._prefix(session)}  step {record.session_step} [magenta]{escape(record.agent)}[/]/{escape(record.state)}"
+        sid = session.session_id
+        if record.cost is None:
+            self._cost[sid] = None
+        elif record.cost and self._cost.get(sid, 0.0) is not None:
+            self._cost[sid] = (self._cost.get(sid) or 0.0) + record.cost
+        line = self._line(session)
+        line.append(f"  step {record.session_step} ")
+        line.append(record.agent, style="magenta")
+        line.append(f"/{record.state}")
         if record.commands:
             last = record.commands[-1]
-            status = record.results[-1].get("status", "-") if record.results else "-"
-            style = _STATUS_STYLE.get(status, "")
-            line += f"  {escape(str(last.get('tool_name', '?')))} [{style}]{escape(str(status))}[/]"
-            if status == "failure" and record.results[-1].get("error"):
-                line += f" [dim]{escape(short(record.results[-1]['error'], 80))}[/]"
+            status = str(record.results[-1].get("status", "-")) if record.results else "-"
+            line.append(f"  {last.get('tool_name', '?')} ")
+            line.append(status, style=_STATUS_STYLE.get(status, ""))
+            error = str(record.results[-1].get("error") or "").strip()
+            if status == "failure" and error:
+                line.append(f" {short(error.splitlines()[0], 100)}", style="dim")
         elif record.subtask:
-            line += f"  {escape(short(record.subtask, 60))}"
+            line.append(f"  {short(record.subtask, 60)}")
         if record.error:
-            line += f"  [red]{escape(short(record.error, 80))}[/]"
-        cost = self._cost.get(session.session_id)
-        if cost:
-            line += f"  [yellow]cost {cost:.4f}[/]"
+            line.append(f"  {short(record.error, 80)}", style="red")
+        if sid in self._cost:
+            cost = self._cost[sid]
+            line.append("  cost unknown" if cost is None else f"  cost {cost:.4f}", style="yellow")
         self.console.print(line)
 
     def on_session_end(self, session: Any, result: Any) -> None:
-        style = "green" if result.ok else "red"
-        self.console.print(
-            f"{self._prefix(session)}[{style}]session {escape(result.session_id)} {escape(str(result.status))}[/]"
-            + (f": {escape(result.reason)}" if result.reason and not result.ok else "")
-        )
+        line = self._line(session)
+        line.append(f"session {result.session_id} {result.status}", style="green" if result.ok else "red")
+        if result.reason and not result.ok:
+            line.append(f": {short(result.reason, 200)}")
+        self.console.print(line)

@@ -20,7 +20,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import typer
-from rich.markup import escape
 
 __all__ = ["register", "websocket_url", "NO_TOKEN_MESSAGE"]
 
@@ -102,9 +101,7 @@ def register(app: typer.Typer) -> None:
     """Add ``serve`` and ``device`` to ``app`` (the ``saucer`` command line); a second call does nothing."""
     if any(command.name in ("serve", "device") for command in app.registered_commands):
         return
-    # Imported here, not at the top: app.py imports this module, and by the time
-    # it calls register() everything below is defined.
-    from saucer.cli import app as cli
+    from saucer.cli import common as cli
 
     @app.command("serve", help=SERVE_HELP)
     @cli.friendly
@@ -150,7 +147,7 @@ def register(app: typer.Typer) -> None:
         from saucer.service.server import ServiceConfig, serve
 
         level = _log_level(log_level)
-        settings = cli._settings(
+        settings = cli.settings_for(
             config,
             {
                 "store.url": store,
@@ -169,7 +166,7 @@ def register(app: typer.Typer) -> None:
         svc = settings.service
         tokens = service_tokens(secret.get_secret_value() for secret in svc.tokens)
         if not tokens:
-            raise cli.UserError(escape(NO_TOKEN_MESSAGE))  # printed as rich markup
+            raise cli.UserError(NO_TOKEN_MESSAGE)
         TokenAuthenticator(tokens)  # too-short tokens are refused before anything starts
         for path, flag in ((svc.certfile, "--certfile"), (svc.keyfile, "--keyfile")):
             if path is not None and not Path(path).is_file():
@@ -265,7 +262,7 @@ def register(app: typer.Typer) -> None:
             if not cafile.is_file():
                 raise cli.UserError(f"--cafile {cafile} is not a file")
             context = ssl.create_default_context(cafile=str(cafile))
-        settings = cli._settings(config)
+        settings = cli.settings_for(config)
         where = (workspace or Path.cwd()).expanduser()
         if not settings.mcp.servers:
             where.mkdir(parents=True, exist_ok=True)
@@ -285,7 +282,7 @@ def register(app: typer.Typer) -> None:
                 )
             )
         except DeviceError as exc:
-            cli._fail(str(exc), 3)
+            cli.fail(str(exc), 3)
 
 
 async def _run_device(
@@ -316,7 +313,7 @@ async def _run_device(
     async with LocalCommandDispatcher.from_config(servers, assume_yes=assume_yes) as dispatcher:
         failed = await dispatcher.start()
         for name, reason in failed.items():
-            cli.err.print(f"[yellow]warning:[/] tool server {name!r} did not start: {reason}", highlight=False)
+            cli.err.print(f"warning: tool server {name!r} did not start: {reason}")
         tools = await dispatcher.list_tools()
         info: dict[str, Any] = {"tools_count": len(tools)}
         if not settings.mcp.servers:
@@ -325,7 +322,7 @@ async def _run_device(
         if compact is not None:
             info["tools"] = compact
         else:
-            cli.err.print("[yellow]warning:[/] the tool list is too large to send; LLM sessions on this device will see no tools")
+            cli.err.print("warning: the tool list is too large to send; LLM sessions on this device will see no tools")
         cli.err.print(
             f"saucer device {device_id} → {url} · tools: {', '.join(sorted(tools)) or 'none'}"
             + (f" · workspace: {info['workspace']}" if "workspace" in info else ""),

@@ -48,7 +48,7 @@ def _restore_weaving(value: Any) -> Any:
 
 
 def _restore_float_ledger(value: Any) -> Any:
-    return _int_keys(value, float)
+    return _int_keys(value, lambda v: None if v is None else float(v))
 
 
 # name -> (type, default factory or value, durable, type check, restore)
@@ -62,6 +62,11 @@ def _is_int(v: Any) -> bool:
 
 def _is_float(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_cost(v: Any) -> bool:
+    # A round's cost: a number, or None when some of it could not be priced (unknown, never 0).
+    return v is None or _is_float(v)
 
 
 def _is_str(v: Any) -> bool:
@@ -130,7 +135,7 @@ _SPECS: dict[str, _Spec] = {
     "HOST_MESSAGE": (list, list, True, _is_list, None),
     "ROUND_RESULT": (str, "", True, _is_str, None),
     "SESSION_COST": (float, 0.0, True, _is_float, float),
-    "ROUND_COST": (dict[int, float], dict, True, _is_ledger(_is_float), _restore_float_ledger),
+    "ROUND_COST": (dict[int, float | None], dict, True, _is_ledger(_is_cost), _restore_float_ledger),
     "CURRENT_ROUND_COST": (float, 0.0, True, _is_float, float),
     "SESSION_STEP": (int, 0, True, _is_int, None),
     "ROUND_STEP": (dict[int, int], dict, True, _is_ledger(_is_int), _int_keys),

@@ -29,8 +29,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-from jsonschema.exceptions import best_match
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
@@ -41,6 +39,7 @@ from saucer.dispatch._connection import ServerConnection, ServerStartError, desc
 from saucer.dispatch.base import BatchCommandDispatcher
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.dispatch.servers import MCPServerConfig, default_servers
+from saucer.dispatch.toolcheck import parameter_problem, schema_validator
 from saucer.tools.rules import SensitivityRules, compile_rules
 from saucer.tools.rules import sensitive_reason as _rule_reason
 
@@ -54,7 +53,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Approver = Callable[[Command], Awaitable[bool]]
+Approver = Callable[[Command], Awaitable[bool | str]]
+"""Decides on a sensitive command: True runs it; False, or a sentence saying why, refuses it."""
 ServerSpec = MCPServerConfig | Mapping[str, Any] | MCPServer | Server[Any]
 
 _CONFIGS = TypeAdapter(dict[str, MCPServerConfig])
@@ -298,25 +298,13 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
     def _parameter_error(self, conn: ServerConnection, tool: str, parameters: dict[str, Any]) -> str | None:
         """What is wrong with ``parameters`` according to the tool's input schema, or None."""
         key = (conn.name, conn.generation, tool)
-        validator = self._validators.get(key)
-        if validator is None:
-            schema = conn.tools[tool].input_schema
-            try:
-                cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-                cls.check_schema(schema)
-                validator = cls(schema)
-            except jsonschema.SchemaError as exc:
+        if key not in self._validators:
+            validator = schema_validator(conn.tools[tool].input_schema)
+            if validator is None:
                 # The server's schema is broken; the server still validates, so do not block the call.
-                logger.warning("tool %s.%s has an invalid input schema: %s", conn.name, tool, exc.message)
-                validator = False
+                logger.warning("tool %s.%s has an invalid input schema; parameters are not checked", conn.name, tool)
             self._validators[key] = validator
-        if validator is False:
-            return None
-        error = best_match(validator.iter_errors(parameters))
-        if error is None:
-            return None
-        where = "/".join(str(part) for part in error.absolute_path)
-        return f"{error.message}" + (f" (at {where!r})" if where else "")
+        return parameter_problem(self._validators[key], parameters)
 
     async def sensitive_reason(self, command: Command) -> str | None:
         """Why ``command`` needs approval, or None (also None when its tool cannot be resolved)."""
@@ -343,6 +331,8 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
                 return f"refused: the approver failed for tool {qualified!r} ({reason}): {describe_exception(exc)}"
         if approved is True:
             return None
+        if isinstance(approved, str) and approved:
+            return f"refused: tool {qualified!r} ({reason}): {approved}"
         return f"refused by the user: tool {qualified!r} ({reason})"
 
     # -- execution ------------------------------------------------------------------
@@ -384,7 +374,14 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
                 return Result.failure(command, error, namespace)
             return Result.failure(command, f"tool {qualified!r} failed: {describe_exception(exc)}", namespace)
         if outcome.is_error:
-            return Result.failure(command, f"tool {qualified!r} failed: {_error_text(outcome)}", namespace)
+            # A failed call keeps its data (e.g. a command's exit code, stdout and stderr).
+            return Result(
+                status=ResultStatus.FAILURE,
+                result=outcome.structured_content,
+                error=f"tool {qualified!r} failed: {_error_text(outcome)}",
+                namespace=namespace,
+                call_id=command.call_id,
+            )
         return Result(
             status=ResultStatus.SUCCESS, result=_payload(outcome), namespace=namespace, call_id=command.call_id
         )

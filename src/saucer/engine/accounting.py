@@ -14,17 +14,25 @@ class Limits:
 
     ``max_step`` caps the steps of the whole session (``SESSION_STEP``, as in
     UFO); ``max_round`` caps its rounds (None: no limit; in follower mode
-    every plan step runs unless ``max_round`` is set lower).
+    every plan step runs unless ``max_round`` is set lower). When a stopped
+    session is continued, the limits count from where it stopped
+    (``step_base``, ``round_base``).
     """
 
     max_step: int = 50
     max_round: int | None = None
+    step_base: int = 0
+    round_base: int = 0
 
     def step_reached(self, session_step: int) -> bool:
-        return session_step >= self.max_step
+        return session_step - self.step_base >= self.max_step
 
     def round_reached(self, rounds: int) -> bool:
-        return self.max_round is not None and rounds >= self.max_round
+        return self.max_round is not None and rounds - self.round_base >= self.max_round
+
+    def from_here(self, session_step: int, rounds: int) -> "Limits":
+        """The same limits, counted from ``session_step`` steps and ``rounds`` rounds."""
+        return Limits(self.max_step, self.max_round, session_step, rounds)
 
 
 @dataclass(slots=True)
@@ -32,38 +40,47 @@ class CostSummary:
     """What a session cost, split into agent steps, evaluation and experience saving.
 
     ``unknown`` is True when some cost could not be priced (e.g. a model
-    missing from the price table); ``total`` then covers only the known part.
+    missing from the price table): the total is then unknown (``None`` in
+    :meth:`to_dict`, ``unknown`` in :meth:`render`), never a number that
+    looks complete; ``known`` is the part that could be priced.
+    ``per_round`` holds every round that ran: 0.0 when it was free, None
+    when its cost is unknown.
     """
 
     steps: float = 0.0
     evaluation: float = 0.0
     experience: float = 0.0
-    per_round: dict[int, float] = field(default_factory=dict)
+    per_round: dict[int, float | None] = field(default_factory=dict)
     unknown: bool = False
 
     @property
-    def total(self) -> float:
+    def known(self) -> float:
+        """The priced part: steps + evaluation + experience."""
         return self.steps + self.evaluation + self.experience
+
+    @property
+    def total(self) -> float | None:
+        """The whole cost, or None when some of it is unknown."""
+        return None if self.unknown else self.known
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "steps": round(self.steps, 6),
             "evaluation": round(self.evaluation, 6),
             "experience": round(self.experience, 6),
-            "total": round(self.total, 6),
-            "per_round": {str(k): round(v, 6) for k, v in self.per_round.items()},
+            "total": None if self.unknown else round(self.known, 6),
+            "per_round": {str(k): None if v is None else round(v, 6) for k, v in self.per_round.items()},
             "unknown": self.unknown,
         }
 
     def render(self) -> str:
         """One line for the terminal."""
-        text = (
-            f"cost: steps ${self.steps:.4f} + evaluation ${self.evaluation:.4f} "
-            f"+ experience ${self.experience:.4f} = ${self.total:.4f}"
+        parts = (
+            f"steps ${self.steps:.4f} + evaluation ${self.evaluation:.4f} + experience ${self.experience:.4f}"
         )
         if self.unknown:
-            text += " (some costs are unknown and not included)"
-        return text
+            return f"cost: unknown (a model without a price was used; the priced part is {parts} = ${self.known:.4f})"
+        return f"cost: {parts} = ${self.known:.4f}"
 
     def __str__(self) -> str:
         return self.render()

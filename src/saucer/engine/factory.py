@@ -13,10 +13,16 @@ Modes (UFO's names):
     ``system.max_round`` is lower; text steps need the LLM agent (an error
     naming the step when there is none).
 ``batch_normal``
-    A folder of plans, one session each, progress in
-    ``<logs.root>/<task>/tasks_status.json``. A re-run skips finished plans and
-    resumes the session of a plan whose run was interrupted. A plan's command
-    steps run offline; a plan without steps is its ``task`` as a request.
+    A folder of plans, one session each. A plan's identity is its resolved
+    path and the hash of its content (:func:`~saucer.engine.plan.plan_identity`);
+    its session's id is derived from it, so the batch's status lives in the
+    store: a re-run skips finished plans, continues stopped and interrupted
+    ones, retries the failed step of failed ones, and leaves alone a plan
+    another runner is running. Creating the session (or taking its lease, to
+    continue one) is the per-plan claim: of two runs over one folder, only one
+    runs each plan; the other reports it ``skipped``. :attr:`SessionFactory.last_batch`
+    says what was skipped and why. A plan's command steps run offline; a plan
+    without steps is its ``task`` as a request.
 ``service``
     Commands run on a remote device; ``saucer serve`` creates these sessions
     with a remote dispatcher (``remote_dispatcher_factory``). Without one,
@@ -29,12 +35,10 @@ with it; pass ``dispatcher_factory`` (or ``dispatcher=`` per session) to use ano
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from saucer.config import Settings, load_settings
 from saucer.dispatch.messages import Command, Result
@@ -47,12 +51,19 @@ from saucer.engine.errors import (
     ServiceModeError,
 )
 from saucer.engine.interactor import interactor_approver
-from saucer.engine.logs import log_dir_for
-from saucer.engine.plan import TASKS_STATUS_FILE, Plan, load_plan, load_plan_folder, parse_plan
-from saucer.engine.session import Session, SessionResult, new_session_id
+from saucer.engine.plan import (
+    Plan,
+    check_plan_tools,
+    load_plan,
+    load_plan_folder,
+    load_plan_folder_with_identity,
+    parse_plan,
+)
+from saucer.engine.session import Session, SessionStatus, new_session_id
+from saucer.engine.status import INTERRUPTED, stored_status
 from saucer.store import EventStore, open_store
 
-__all__ = ["SessionFactory", "MODES", "BatchTracker", "current_platform", "local_dispatcher_factory"]
+__all__ = ["SessionFactory", "MODES", "BatchReport", "current_platform", "local_dispatcher_factory"]
 
 MODES = ("normal", "follower", "batch_normal", "service")
 SUPPORTED_PLATFORMS = ("linux",)
@@ -114,42 +125,31 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
     return make
 
 
-class BatchTracker:
-    """``tasks_status.json``: per plan file, its status and session id (written atomically)."""
+@dataclass
+class BatchReport:
+    """What a ``batch_normal`` folder holds: plans to run, to continue, and skipped (with why)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.data: dict[str, dict[str, Any]] = {}
-        if path.exists():
-            try:
-                loaded = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise PlanError(f"{path} is damaged ({exc}); delete it to start the batch over") from None
-            if isinstance(loaded, dict):
-                self.data = {k: v for k, v in loaded.items() if isinstance(v, dict)}
+    folder: str
+    plans: int = 0
+    new: list[str] = field(default_factory=list)
+    #: (plan file, session id, its status before: stopped, interrupted, failed or error)
+    continued: list[tuple[str, str, str]] = field(default_factory=list)
+    #: (plan file, session id, why it is skipped)
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)
 
-    def status(self, plan_name: str) -> dict[str, Any]:
-        return self.data.get(plan_name, {})
-
-    def mark(self, plan_name: str, **fields: Any) -> None:
-        entry = self.data.setdefault(plan_name, {})
-        entry.update(fields, updated=time.time())
-        self._write()
-
-    def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
-
-    def hooks(self, plan_name: str) -> tuple[Callable[..., None], Callable[..., None]]:
-        def on_start(session: Session) -> None:
-            self.mark(plan_name, status="running", session_id=session.session_id)
-
-        def on_end(session: Session, result: SessionResult) -> None:
-            self.mark(plan_name, status=result.status, session_id=session.session_id, reason=result.reason)
-
-        return on_start, on_end
+    def lines(self) -> list[str]:
+        """Sentences for the user: how many plans, what is skipped and why, what is continued."""
+        out = [
+            f"{self.plans} plan(s) in {self.folder}: {len(self.new)} to run, {len(self.continued)} to continue, "
+            f"{len(self.skipped)} skipped"
+        ]
+        out += [f"  skipped {path}: {why} (session {sid})" for path, sid, why in self.skipped]
+        verbs = {"stopped": "continuing", INTERRUPTED: "resuming", "failed": "retrying the failed step of"}
+        out += [
+            f"  {verbs.get(before, 'retrying the failed step of')} {path} ({before}, session {sid})"
+            for path, sid, before in self.continued
+        ]
+        return out
 
 
 class SessionFactory:
@@ -186,6 +186,8 @@ class SessionFactory:
         self.observer = observer
         self.evaluator = evaluator
         self.workspace = workspace
+        #: What the last ``batch_normal`` creation found (None before one).
+        self.last_batch: BatchReport | None = None
 
     # ------------------------------------------------------------- resources
 
@@ -283,6 +285,35 @@ class SessionFactory:
         kw.setdefault("evaluator", self.evaluator)
         return Session.resume(session_id, store=self.store, settings=self.settings, **kw)
 
+    async def check_plans(self, sessions: Sequence[Session]) -> None:
+        """Check the command steps of the sessions' plans against their dispatcher's tools, before any runs.
+
+        One dispatcher per mode is asked for its tool list (the first
+        session's; that session keeps it for its run). Raises
+        :class:`PlanError` naming the plan file, the step, the tool and the
+        closest known names; a dispatcher that cannot list its tools is not
+        checked. On error every dispatcher opened here is closed again.
+        """
+        groups: dict[str, list[Session]] = {}
+        for session in sessions:
+            plan = session.plan
+            if plan is not None and len(plan.text_steps()) < len(plan.steps):
+                groups.setdefault(session.mode, []).append(session)
+        opened: list[Session] = []
+        try:
+            for group in groups.values():
+                opened.append(group[0])
+                tools = await group[0].tools()
+                if not tools:
+                    continue
+                for session in group:
+                    assert session.plan is not None
+                    check_plan_tools(session.plan, tools, session.plan_file or f"the plan of task {session.task!r}")
+        except BaseException:
+            for session in opened:
+                await session.discard()
+            raise
+
     def _dispatcher_for_mode(self, mode: str | None) -> Callable[[Session], Any]:
         if mode == "service" and self.remote_dispatcher_factory is not None:
             return self.remote_dispatcher_factory
@@ -353,19 +384,24 @@ class SessionFactory:
     def _batch(self, task: str, plan: Any, **kw: Any) -> list[Session]:
         if plan is None or isinstance(plan, (Plan, Mapping)) or not Path(plan).is_dir():
             raise ModeError("batch_normal mode needs a folder of plans")
-        plans = load_plan_folder(Path(plan))
-        tracker = BatchTracker(log_dir_for(self.settings.logs.root, task, "x").parent / TASKS_STATUS_FILE)
+        plans = load_plan_folder_with_identity(Path(plan))
+        report = self.last_batch = BatchReport(str(plan), len(plans))
         sessions: list[Session] = []
-        for i, (path, p) in enumerate(plans):
-            name = path.name
-            entry = tracker.status(name)
-            if entry.get("status") == "finished":
+        for i, (path, p, identity) in enumerate(plans):
+            sid = identity.session_id()
+            state = stored_status(self.store, sid) if self.store.exists(sid) else None
+            if state is not None and state.status == SessionStatus.FINISHED:
+                report.skipped.append((str(path), sid, "already finished"))
+                continue
+            if state is not None and state.holder is not None:
+                report.skipped.append((str(path), sid, f"being run by {state.holder}"))
                 continue
             agents = kw.get("agents") or self._needs_llm(p, str(path))
             extra = {k: v for k, v in kw.items() if k not in ("session_id", "agents", "request", "plan", "plan_file")}
-            previous = entry.get("session_id")
-            if entry.get("status") == "running" and previous and self.store.exists(previous):
-                session = self.resume_session(previous, agents=agents, **extra)
+            if state is not None:
+                retry = state.status in (SessionStatus.FAILED, SessionStatus.ERROR)
+                session = self.resume_session(sid, agents=agents, retry_failed=retry, **extra)
+                report.continued.append((str(path), sid, state.status))
             else:
                 extra.setdefault("id", i)
                 session = self._session(
@@ -374,13 +410,11 @@ class SessionFactory:
                     plan=p,
                     plan_file=str(path),
                     agents=agents,
-                    session_id=new_session_id(path.stem),
+                    session_id=sid,
                     ask_new_requests=False,
                     **extra,
                 )
-            on_start, on_end = tracker.hooks(name)
-            session.add_start_hook(on_start)
-            session.add_end_hook(on_end)
+                report.new.append(str(path))
             sessions.append(session)
         return sessions
 

@@ -14,6 +14,13 @@ method                     non-interactive answer
 ``sensitive_step_asker``   ``assume_yes`` (False unless ``--yes``)
 =========================  ===========================================
 
+Optional extras an interactor may have: ``interactive`` (False: nobody can
+answer, so a pool treats ``save_experience = "ask"`` as ``auto``),
+``batch_experience_asker(count)`` (the one question a pool asks instead of
+asking each session) and ``refusal_reason()`` (why a sensitive step was
+refused, e.g. "no terminal to ask; pass --yes"), which the dispatcher puts
+in the failed result.
+
 Methods may be plain or ``async``. An interactor whose plain methods block
 (reading a terminal) sets ``blocking = True`` so the engine calls them in a
 worker thread and other sessions keep running.
@@ -64,6 +71,11 @@ class NonInteractiveInteractor:
         self.assume_yes = assume_yes
         self._requests: deque[str] = deque(requests)
 
+    @property
+    def interactive(self) -> bool:
+        """Whether it would still give a request (while queued requests remain); it never asks anyone."""
+        return bool(self._requests)
+
     def first_request(self) -> str | None:
         return self._requests.popleft() if self._requests else None
 
@@ -71,6 +83,9 @@ class NonInteractiveInteractor:
         return self._requests.popleft() if self._requests else None
 
     def experience_asker(self) -> bool:
+        return False
+
+    def batch_experience_asker(self, count: int) -> bool:
         return False
 
     def question_asker(self, question: str, index: int) -> str:
@@ -101,18 +116,23 @@ async def ask(interactor: Any, method: str, *args: Any) -> Any:
     return result
 
 
-def interactor_approver(interactor: Any) -> Callable[[Any], Awaitable[bool]]:
+def interactor_approver(interactor: Any) -> Callable[[Any], Awaitable[bool | str]]:
     """An ``approver`` for sensitive commands that asks ``interactor.sensitive_step_asker``.
 
     The question names the tool (``run server.tool``) and shows its parameters;
     no interactor means the non-interactive default (refuse unless ``assume_yes``).
+    A refusal is ``False``, or the interactor's ``refusal_reason()`` when it has
+    one (the dispatcher puts it in the failed result).
     """
 
-    async def approve(command: Any) -> bool:
+    async def approve(command: Any) -> bool | str:
         try:
             target = json.dumps(command.parameters, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             target = repr(command.parameters)
-        return bool(await ask(interactor, "sensitive_step_asker", f"run {command.tool_name}", target[:2000]))
+        if await ask(interactor, "sensitive_step_asker", f"run {command.tool_name}", target[:2000]):
+            return True
+        explain = getattr(interactor, "refusal_reason", None)
+        return (explain() if callable(explain) else None) or False
 
     return approve

@@ -20,32 +20,60 @@ the field (``plan.json: steps[1].commands[0].tool_name: field required``).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Union
+from typing import Annotated, Any, Iterable, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from saucer.dispatch.messages import Command
+from saucer.dispatch.toolcheck import command_problem
 from saucer.engine.errors import PlanError
+from saucer.engine.logs import slug
 
-__all__ = ["Plan", "PlanStep", "PlanCommand", "load_plan", "load_plan_folder", "parse_plan", "plan_from_rounds", "TASKS_STATUS_FILE"]
-
-TASKS_STATUS_FILE = "tasks_status.json"
+__all__ = [
+    "Plan",
+    "PlanStep",
+    "PlanCommand",
+    "load_plan",
+    "load_plan_folder",
+    "parse_plan",
+    "plan_from_rounds",
+    "check_plan_tools",
+    "PlanIdentity",
+    "plan_identity",
+    "load_plan_folder_with_identity",
+]
 
 
 class PlanCommand(BaseModel):
-    """One command of a plan step."""
+    """One command of a plan step.
+
+    ``expect_exit`` (e.g. ``[0, 1]``) lists the exit codes that count as
+    success for a tool that runs a process (the built-in ``shell.run``); it is
+    passed to the tool as its ``expect_exit`` parameter. Any other exit code
+    makes the command a failed result.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     tool_name: str = Field(min_length=1)
     parameters: dict[str, Any] = Field(default_factory=dict)
     tool_type: Literal["action", "data_collection"] = "action"
+    expect_exit: list[int] | None = None
+
+    def call_parameters(self) -> dict[str, Any]:
+        """The parameters the tool receives (``expect_exit`` included when declared)."""
+        if self.expect_exit is None:
+            return self.parameters
+        return {**self.parameters, "expect_exit": self.expect_exit}
 
     def to_command(self) -> Command:
         """A fresh :class:`Command` (new call id) for one execution."""
-        return Command(tool_name=self.tool_name, parameters=self.parameters, tool_type=self.tool_type)
+        return Command(tool_name=self.tool_name, parameters=self.call_parameters(), tool_type=self.tool_type)
 
 
 class PlanStep(BaseModel):
@@ -131,35 +159,102 @@ def parse_plan(data: Any, source: str = "plan") -> Plan:
         raise PlanError(f"{source}: {_problems(exc)}") from None
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Read and validate a plan file."""
-    p = Path(path)
+def _read_plan_file(p: Path) -> bytes:
     try:
-        raw = p.read_text(encoding="utf-8")
+        return p.read_bytes()
     except FileNotFoundError:
         raise PlanError(f"plan file {p} does not exist") from None
     except IsADirectoryError:
         raise PlanError(f"{p} is a folder; a plan is a JSON file (batch_normal mode takes a folder)") from None
+
+
+def _parse_plan_bytes(raw: bytes, p: Path) -> Plan:
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise PlanError(f"plan file {p} is not UTF-8 text") from None
     try:
-        data = json.loads(raw)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PlanError(f"plan file {p} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     return parse_plan(data, str(p))
 
 
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file."""
+    p = Path(path)
+    return _parse_plan_bytes(_read_plan_file(p), p)
+
+
+@dataclass(frozen=True)
+class PlanIdentity:
+    """What makes a plan *the same plan*: its resolved path and the hash of its content.
+
+    Editing a plan, or moving it, makes it another plan; two folders with the
+    same name hold different plans. ``key`` is one string for both (a
+    SHA-256), usable as a store key or a queue item id.
+    """
+
+    path: str
+    sha256: str
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(f"{self.path}\0{self.sha256}".encode()).hexdigest()
+
+    def session_id(self) -> str:
+        """The id of the batch session that runs this plan: ``<file stem>-<12 hex of the key>``."""
+        return f"{slug(Path(self.path).stem, 40)}-{self.key[:12]}"
+
+
+def plan_identity(path: str | Path, content: bytes | None = None) -> PlanIdentity:
+    """The identity of the plan file at ``path`` (``content``: its bytes, when already read)."""
+    p = Path(path)
+    data = _read_plan_file(p) if content is None else content
+    return PlanIdentity(os.path.realpath(p), hashlib.sha256(data).hexdigest())
+
+
 def load_plan_folder(folder: str | Path) -> list[tuple[Path, Plan]]:
-    """Every ``*.json`` plan of a folder, sorted by name (``tasks_status.json`` excluded)."""
+    """Every ``*.json`` plan of a folder, sorted by name."""
+    return [(path, plan) for path, plan, _ in load_plan_folder_with_identity(folder)]
+
+
+def load_plan_folder_with_identity(folder: str | Path) -> list[tuple[Path, Plan, PlanIdentity]]:
+    """Every ``*.json`` plan of a folder, sorted by name, with its identity (from the same bytes)."""
     p = Path(folder)
     if not p.exists():
         raise PlanError(f"plan folder {p} does not exist")
     if not p.is_dir():
         raise PlanError(f"{p} is not a folder of plans")
-    files = sorted(f for f in p.glob("*.json") if f.name != TASKS_STATUS_FILE)
+    files = sorted(p.glob("*.json"))
     if not files:
         raise PlanError(f"plan folder {p} has no *.json plans")
-    return [(f, load_plan(f)) for f in files]
+    out = []
+    for f in files:
+        raw = _read_plan_file(f)
+        out.append((f, _parse_plan_bytes(raw, f), plan_identity(f, raw)))
+    return out
+
+
+def check_plan_tools(plan: Plan, tools: Mapping[str, Any], source: str = "plan") -> None:
+    """Check every command of ``plan`` against a dispatcher's tool list (``list_tools()``) before it runs.
+
+    :class:`PlanError` names ``source``, the step and the command, and the
+    closest known tool names: ``plan.json: steps[1].commands[0]: unknown tool
+    'frobnicate' (closest: files.read)``. Text steps are for an LLM agent and
+    are not checked.
+    """
+    problems = []
+    for i, step in enumerate(plan.steps):
+        if isinstance(step, str):
+            continue
+        for j, command in enumerate(step.commands):
+            problem = command_problem(command.tool_name, command.call_parameters(), tools)
+            if problem is not None:
+                problems.append(f"steps[{i}].commands[{j}]: {problem}")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise PlanError(f"{source}: {'; '.join(problems[:3])}{more}")
 
 
 def plan_from_rounds(task: str, rounds: list[tuple[str, list[dict[str, Any]]]]) -> Plan:

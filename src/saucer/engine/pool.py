@@ -1,7 +1,10 @@
 """``SessionPool``: run many sessions concurrently, each isolated from the others.
 
 A session that fails, or whose run raises, becomes an ``error`` result; the
-others carry on. Results come back in the order the sessions were given.
+others carry on. A session another runner claimed first (it created the
+session, or holds its lease) is not run: its result is ``skipped``. A pool
+never stops a session to ask ``save_experience``: it asks once, before it
+starts. Results come back in the order the sessions were given.
 With ``progress=True`` a rich progress bar shows how many sessions are done;
 :meth:`SessionPool.summary_table` renders the results.
 """
@@ -14,8 +17,10 @@ from collections import Counter
 from typing import Any, Iterable, Sequence
 
 from saucer.engine.accounting import CostSummary
+from saucer.engine.interactor import ask
 from saucer.engine.observer import CompositeObserver, ObserverCaller
 from saucer.engine.session import Session, SessionResult, SessionStatus
+from saucer.store import LeaseHeldError, SessionExistsError
 
 __all__ = ["SessionPool"]
 
@@ -69,6 +74,7 @@ class SessionPool:
     async def run_all(self) -> list[SessionResult]:
         """Run every session; return their results in order (never raises for a session's failure)."""
         started = time.perf_counter()
+        await self._decide_experience()
         bar = _ProgressObserver(len(self.sessions), self.console) if self.progress else None
         extra = [o for o in (self.observer, bar) if o is not None]
         if extra:
@@ -92,12 +98,40 @@ class SessionPool:
         self.wall_time = time.perf_counter() - started
         return self.results
 
+    async def _decide_experience(self) -> None:
+        """``save_experience = "ask"`` is asked once for the whole pool, before it starts.
+
+        No session of a pool stops to ask on its own. Without anyone to ask
+        (an interactor that is not interactive) it is treated as ``auto``.
+        """
+        asking = [s for s in self.sessions if (s.save_experience or s.settings.system.save_experience) == "ask"]
+        if len(self.sessions) < 2 or not asking:
+            return
+        interactor = asking[0].interactor
+        if interactor is not None and getattr(interactor, "interactive", True):
+            method = "batch_experience_asker" if hasattr(interactor, "batch_experience_asker") else "experience_asker"
+            args = (len(asking),) if method == "batch_experience_asker" else ()
+            decision = "always" if await ask(interactor, method, *args) else "always_not"
+        else:
+            decision = "auto"
+        for session in asking:
+            session.save_experience = decision
+
     @staticmethod
     async def _run_one(session: Session) -> SessionResult:
         try:
             return await session.run()
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
+        except (SessionExistsError, LeaseHeldError) as exc:
+            # Another runner claimed the session first (created it, or holds its lease): not ours to run.
+            result = SessionResult(
+                session_id=session.session_id,
+                task=session.task,
+                mode=session.mode,
+                status=SessionStatus.SKIPPED,
+                reason=f"claimed by another run ({exc})",
+            )
         except Exception as exc:  # noqa: BLE001 - one session's crash never stops the others
             result = SessionResult(
                 session_id=session.session_id,
@@ -108,11 +142,11 @@ class SessionPool:
                 error=f"{type(exc).__name__}: {exc}",
                 cost=CostSummary(),
             )
-            try:
-                await session._notify("on_session_end", session, result)
-            except Exception:  # noqa: BLE001
-                pass
-            return result
+        try:
+            await session._notify("on_session_end", session, result)
+        except Exception:  # noqa: BLE001
+            pass
+        return result
 
     def counts(self) -> dict[str, int]:
         """How many sessions ended in each status."""
@@ -121,19 +155,23 @@ class SessionPool:
     def summary_table(self, results: Sequence[SessionResult] | None = None) -> Any:
         """A rich Table: session, status, rounds, steps, cost, reason."""
         from rich.table import Table
+        from rich.text import Text
 
         rows = self.results if results is None else results
-        table = Table(title=f"{len(rows)} session(s): " + ", ".join(f"{k} {v}" for k, v in sorted(Counter(r.status for r in rows).items())))
-        for column in ("session", "status", "rounds", "steps", "cost", "reason"):
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(Counter(r.status for r in rows).items()))
+        table = Table(title=Text(f"{len(rows)} session(s): {counts}"))
+        table.add_column("session", no_wrap=True)
+        for column in ("status", "rounds", "steps", "cost", "reason"):
             table.add_column(column, overflow="fold")
-        style = {"finished": "green", "failed": "red", "error": "red", "stopped": "yellow"}
+        style = {"finished": "green", "failed": "red", "error": "red", "stopped": "yellow", "skipped": "dim"}
         for r in rows:
+            # Text cells: a reason or an id is shown as it is, never read as markup.
             table.add_row(
-                r.session_id,
-                f"[{style.get(r.status, '')}]{r.status}[/]" if r.status in style else r.status,
-                str(r.rounds),
-                str(r.steps),
-                f"{r.cost.total:.4f}" + ("?" if r.cost.unknown else ""),
-                (r.error or r.reason or "")[:120],
+                Text(r.session_id),
+                Text(r.status, style=style.get(r.status, "")),
+                Text(str(r.rounds)),
+                Text(str(r.steps)),
+                Text("unknown" if r.cost.unknown else f"{r.cost.known:.4f}"),
+                Text((r.error or r.reason or "").splitlines()[0][:120] if (r.error or r.reason) else ""),
             )
         return table

@@ -121,7 +121,9 @@ class Round:
         self.graph: TransitionGraph | None = graph
         self.turns = 0
         self.steps = 0
-        self.cost: float | None = 0.0
+        #: The round's cost so far (from its ledger entry when resumed); None once some of it is unknown.
+        ledger = session.context.get(ContextNames.ROUND_COST) if session.context is not None else {}
+        self.cost: float | None = ledger.get(round_id, 0.0)
         self.terminated: str | None = None
         initial = start_agent or (graph.initial_agent if graph is not None else agents.initial)
         if initial not in agents.by_name:
@@ -202,13 +204,15 @@ class Round:
             ctx.incr(_SESSION_STEP)
             ctx.incr(_ROUND_STEP)
             cost = record.cost
-            if cost is None:
+            if cost is None:  # unknown: the round's ledger entry becomes None and stays so
+                if self.cost is not None:
+                    ctx.update_dict(ContextNames.ROUND_COST, {rid: None})
                 self.cost = None
                 session._unknown_cost = True
             elif cost:
                 ctx.incr(_SESSION_COST, cost)
-                ctx.incr(_ROUND_COST, cost)
                 if self.cost is not None:
+                    ctx.incr(_ROUND_COST, cost)
                     self.cost += cost
             if next_state.is_subtask_end():
                 ctx.incr(_ROUND_SUBTASKS)

@@ -38,6 +38,7 @@ import asyncio
 import inspect
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -50,6 +51,7 @@ import orjson
 from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
 from saucer.engine.accounting import CostSummary, Limits
+from saucer.engine.cursor import continue_cursor, last_cursor, retry_cursor
 from saucer.engine.agent import Agent, AgentSet, as_agent_set
 from saucer.engine.errors import (
     EngineError,
@@ -85,10 +87,12 @@ class SessionStatus:
     """How a session ended (``session_status`` in the last event's meta)."""
 
     RUNNING = "running"
-    FINISHED = "finished"  # every round finished (or max_round was reached)
+    FINISHED = "finished"  # every round finished and no work is left
     FAILED = "failed"  # a round failed (an agent gave up, a command failed in follower mode)
     ERROR = "error"  # an exception: a crashed step, a bad graph, a missing LLM agent...
-    STOPPED = "stopped"  # max_step was reached with work left
+    STOPPED = "stopped"  # a limit (max_step, max_round) cut it short with work left; resume continues it
+    INTERRUPTED = "interrupted"  # never stored: derived when read, for a session whose runner vanished
+    SKIPPED = "skipped"  # never stored: a pool did not run it, another runner had claimed it
 
 
 @dataclass
@@ -149,27 +153,24 @@ def _jsonable(value: Any) -> Any:
     return orjson.loads(orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS))
 
 
-def _last_cursor(store: EventStore, session_id: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """The newest engine cursor of the session (its lineage, for forks) and its event's meta."""
-    version = store.head(session_id)
-    while version > 0:
-        low = max(0, version - 16)
-        for event in reversed(list(store.read(session_id, low, version))):
-            cursor = event.meta.get("cursor")
-            if isinstance(cursor, dict):
-                return cursor, event.meta
-        version = low
-    return None, {}
-
-
 def _session_meta(store: EventStore, session_id: str) -> dict[str, Any]:
-    """The creation meta of a session, looking through forks to the original."""
+    """The creation meta of a session, looking through forks to the original.
+
+    A fork's own first event may give it its own workspace (``saucer fork --workspace``).
+    """
     info = store.session_info(session_id)
+    workspace = None
+    if info.parent_id is not None and info.parent_version is not None:
+        first = next(iter(store.read(session_id, info.parent_version, info.parent_version + 1)), None)
+        workspace = first.meta.get("workspace") if first is not None else None
     seen = 0
     while "mode" not in info.meta and info.parent_id is not None and seen < 100:
         info = store.session_info(info.parent_id)
         seen += 1
-    return dict(info.meta)
+    meta = dict(info.meta)
+    if workspace:
+        meta["workspace"] = workspace
+    return meta
 
 
 class Session:
@@ -219,6 +220,8 @@ class Session:
         self.evaluator = evaluator
         self.experience_saver = experience_saver
         self.lease_wait = lease_wait
+        #: Overrides ``system.save_experience`` for this session (a pool decides once for all its sessions).
+        self.save_experience: str | None = None
         self.limits = Limits(self.settings.system.max_step, self.settings.system.max_round)
         #: Stop after a failed round (default: yes, except in normal mode).
         self.stop_on_failure = stop_on_failure if stop_on_failure is not None else mode != "normal"
@@ -234,6 +237,7 @@ class Session:
         self._dispatcher_factory = dispatcher_factory
         self._owns_dispatcher = False
         self._entered_dispatcher: Any = None
+        self._dispatcher_opened = False
         self._store_spec = store if store is not None else self.settings.store.url
         self.store: EventStore | None = None
         self._owns_store = False
@@ -246,6 +250,7 @@ class Session:
         self._renewer: asyncio.Task[None] | None = None
         self._notify = ObserverCaller(observer)
         self._resuming = False
+        self._retry_failed = False
         self._start_hooks: list[Callable[..., Any]] = []
         self._end_hooks: list[Callable[..., Any]] = []
         self._closers: list[Callable[[], Awaitable[Any]]] = []
@@ -273,6 +278,11 @@ class Session:
         self._phase = "new"
         self.result: SessionResult | None = None
 
+    @property
+    def resumed(self) -> bool:
+        """True for a session made by :meth:`resume` (it continues a stored session)."""
+        return self._resuming
+
     # ================================================================= hooks
 
     def add_start_hook(self, hook: Callable[["Session"], Any]) -> None:
@@ -296,6 +306,7 @@ class Session:
         *,
         store: EventStore | str | None = None,
         settings: Settings | None = None,
+        retry_failed: bool = False,
         **kwargs: Any,
     ) -> "Session":
         """A Session that continues ``session_id`` at its first uncommitted step when :meth:`run`.
@@ -303,6 +314,12 @@ class Session:
         Task, mode, request and plan come from the stored session; pass the
         same kind of ``agents``/``dispatcher`` the first run had.
         ``lease_wait=SECONDS`` waits that long for a dead runner's lease to expire.
+
+        A session that a limit stopped continues where the limit cut it, with
+        a fresh budget of ``max_step`` steps and ``max_round`` rounds. A
+        finished session only reports its result; so does a failed one,
+        unless ``retry_failed``: then its failed step runs again (the failed
+        attempt stays in the log) and the session goes on from there.
         """
         settings = settings if settings is not None else load_settings()
         spec = store if store is not None else settings.store.url
@@ -331,6 +348,7 @@ class Session:
             **kwargs,
         )
         session._resuming = True
+        session._retry_failed = retry_failed
         return session
 
     # =================================================================== run
@@ -404,16 +422,28 @@ class Session:
                 return
 
     def _note_limits(self) -> None:
+        """A limit ended the loop: ``stopped`` when work was left, else just the reason."""
         if self._finish_flag or self._error or self._stopped:
             return
         if self.limits.round_reached(self._rounds_done):
-            self._reason = f"max_round ({self.limits.max_round}) reached"
+            limit = f"max_round ({self.limits.max_round}) reached"
+        elif self.limits.step_reached(self.session_step):
+            limit = f"max_step ({self.limits.max_step}) reached"
+        else:
             return
-        if self.limits.step_reached(self.session_step):
-            if self.plan is not None and self._next_plan_index < len(self.plan.steps):
-                self._stopped = f"max_step ({self.limits.max_step}) reached"
-            else:
-                self._reason = f"max_step ({self.limits.max_step}) reached"
+        if self._work_left():
+            self._stopped = limit
+        else:
+            self._reason = limit
+
+    def _work_left(self) -> bool:
+        """Whether another round would have run without the limit."""
+        if self.plan is not None and self.plan.steps:
+            return self._next_plan_index < len(self.plan.steps)
+        if self._requests_taken == 0:
+            return True
+        # A request-driven session goes on while its user can give more requests.
+        return self.ask_new_requests and bool(getattr(self.interactor, "interactive", True))
 
     async def next_request(self) -> str | None:
         """The request of the next round, or None when there is no more work."""
@@ -463,6 +493,7 @@ class Session:
             step = self.plan.steps[plan_index]
         agents = self._agents_for(step)
         ctx.set(ContextNames.CURRENT_ROUND_ID, round_id)
+        ctx.set(ContextNames.CURRENT_ROUND_COST, 0.0)  # every round that runs has a ledger entry, even a free one
         ctx.set(ContextNames.REQUEST, request)
         ctx.set(ContextNames.SUBTASK, "")
         rnd = Round(self, round_id, request, agents, plan_index=plan_index, plan_step=step)
@@ -534,27 +565,42 @@ class Session:
             create=False,
             fence=self.lease.token,
         )
-        cursor, cursor_meta = _last_cursor(store, sid) if self._resuming else (None, {})
+        cursor, cursor_meta = last_cursor(store, sid) if self._resuming else (None, {})
+        continued = None
         if cursor is not None and cursor.get("phase") == "end":
-            self.result = self._stored_result(cursor_meta)
-            return
+            ended = cursor_meta.get("session_status")
+            if ended == SessionStatus.STOPPED:
+                continued = "stopped"
+                cursor, _ = continue_cursor(store, sid)
+            elif self._retry_failed and ended in (SessionStatus.FAILED, SessionStatus.ERROR):
+                continued = "retry_failed"
+                cursor, _ = retry_cursor(store, sid)
+            else:
+                self.result = self._stored_result(cursor_meta)
+                return
         self._open_logs(ctx)
         await self._attach_dispatcher(ctx)
         tool_info = await self._tool_info()
         if cursor is not None:
             self._apply_cursor(cursor)
         self.session_step = ctx.get(ContextNames.SESSION_STEP)
+        if continued == "stopped":  # a fresh budget, counted from here
+            self.limits = self.limits.from_here(self.session_step, self._rounds_done)
         if self.logs.path is not None:
             ctx.set(ContextNames.LOG_PATH, str(self.logs.path))
         if tool_info:
             ctx.set(ContextNames.TOOL_INFO, tool_info)
         if self._resuming:
+            resumed_at = dict(cursor) if cursor is not None else self._cursor("start", None, None)
+            resumed_at.update(self._limit_bases())
             meta = {
                 "kind": "session_resume",
                 "owner": self.owner,
                 "session_status": SessionStatus.RUNNING,
-                "cursor": cursor if cursor is not None else self._cursor("start", None, None),
+                "cursor": resumed_at,
             }
+            if continued is not None:
+                meta["continues"] = continued
         else:
             ctx.set(ContextNames.ID, int(self.id))
             ctx.set(ContextNames.MODE, self.mode)
@@ -599,6 +645,9 @@ class Session:
         self._error = cursor.get("error")
         self._stopped = cursor.get("stopped")
         self._reason = cursor.get("reason") or ""
+        base = cursor.get("limit_base")
+        if isinstance(base, dict):
+            self.limits = self.limits.from_here(int(base.get("steps") or 0), int(base.get("rounds") or 0))
         phase = cursor.get("phase")
         round_id = cursor.get("round")
         plan_index = cursor.get("plan_index")
@@ -649,9 +698,17 @@ class Session:
             cursor["unknown_cost"] = True
         if self._error is not None or self._stopped is not None or self._reason:
             cursor.update(error=self._error, stopped=self._stopped, reason=self._reason)
+        cursor.update(self._limit_bases())
         if extra:
             cursor.update(extra)
         return cursor
+
+    def _limit_bases(self) -> dict[str, Any]:
+        """Where the limits count from, when a stopped session was continued (nothing otherwise)."""
+        limits = self.limits
+        if not (limits.step_base or limits.round_base):
+            return {}
+        return {"limit_base": {"steps": limits.step_base, "rounds": limits.round_base}}
 
     def _open_logs(self, ctx: Context) -> None:
         cfg = self.settings.logs
@@ -659,13 +716,21 @@ class Session:
             self.logs = SessionLogs.disabled()
         else:
             previous = ctx.get(ContextNames.LOG_PATH) if self._resuming else ""
-            if previous:
+            if previous and not self._logs_of_another_session(previous):
                 self.logs = SessionLogs.reopen(previous)
             else:
                 self.logs = SessionLogs.create(cfg.root, self.task, self.session_id)
         ctx.set(ContextNames.LOGGER, self.logs.logger(TEXT_LOG))
         ctx.set(ContextNames.REQUEST_LOGGER, self.logs.logger(REQUEST_LOG))
         ctx.set(ContextNames.EVALUATION_LOGGER, self.logs.logger(EVALUATION_LOG))
+
+    def _logs_of_another_session(self, path: str) -> bool:
+        """True when ``path`` is the log folder a fork inherited from its parent (a fork writes its own)."""
+        assert self.store is not None
+        if self.store.session_info(self.session_id).parent_id is None:
+            return False
+        own = re.escape(slug(self.session_id, 120))
+        return re.fullmatch(rf"{own}(-\d+)?", Path(path).name) is None
 
     @property
     def log_path(self) -> Path | None:
@@ -674,7 +739,14 @@ class Session:
 
     # ============================================================ dispatcher
 
-    async def _attach_dispatcher(self, ctx: Context) -> None:
+    async def open_dispatcher(self) -> Any:
+        """The session's dispatcher, made from its factory (and entered) on the first call.
+
+        A dispatcher the session made is closed when the session ends, or by
+        :meth:`discard` if it never runs.
+        """
+        if self._dispatcher_opened:
+            return self._dispatcher
         dispatcher = self._dispatcher
         if dispatcher is None and self._dispatcher_factory is not None:
             dispatcher = self._dispatcher_factory(self)
@@ -687,7 +759,20 @@ class Session:
             if entered is not None:
                 dispatcher = entered
         self._dispatcher = dispatcher
-        ctx.attach_command_dispatcher(dispatcher)
+        self._dispatcher_opened = True
+        return dispatcher
+
+    async def tools(self) -> dict[str, Any]:
+        """The tools the session's dispatcher offers, keyed ``server.tool`` ({} when it cannot list them)."""
+        await self.open_dispatcher()
+        return await self._tool_info()
+
+    async def discard(self) -> None:
+        """Close what a session that will not run has opened (its dispatcher)."""
+        await self._close_dispatcher()
+
+    async def _attach_dispatcher(self, ctx: Context) -> None:
+        ctx.attach_command_dispatcher(await self.open_dispatcher())
 
     async def _tool_info(self) -> dict[str, Any]:
         fn = getattr(self._dispatcher, "list_tools", None)
@@ -876,7 +961,7 @@ class Session:
             "status": status,
             "rounds": self._rounds_done,
             "steps": self.session_step,
-            "cost": round(cost.total, 6),
+            "cost": None if cost.unknown else round(cost.known, 6),
             "reason": reason,
         }
         meta = {
@@ -970,7 +1055,7 @@ class Session:
             steps=cost_data.get("steps", 0.0),
             evaluation=cost_data.get("evaluation", 0.0),
             experience=cost_data.get("experience", 0.0),
-            per_round={int(k): v for k, v in (cost_data.get("per_round") or {}).items()},
+            per_round={int(k): v for k, v in (cost_data.get("per_round") or {}).items()},  # None: unknown
             unknown=bool(cost_data.get("unknown")),
         )
         return SessionResult(
@@ -992,15 +1077,17 @@ class Session:
     # ============================================================ experience
 
     async def _maybe_save_experience(self, status: str) -> str | None:
-        mode = self.settings.system.save_experience
+        mode = self.save_experience or self.settings.system.save_experience
         if status != SessionStatus.FINISHED or mode == "always_not":
+            return None
+        session_verdicts = [e for e in self._evaluations if e.scope == "session"]
+        judged = session_verdicts[-1:] or self._evaluations  # the session's verdict, else every round's
+        if any(v.complete == "no" for v in judged):
+            return None  # an evaluation says the task is not done: never a good plan
+        if mode == "auto" and session_verdicts and session_verdicts[-1].complete != "yes":
             return None
         if mode == "ask" and not await ask(self.interactor, "experience_asker"):
             return None
-        if mode == "auto":
-            verdicts = [e for e in self._evaluations if e.scope == "session"]
-            if verdicts and verdicts[-1].complete != "yes":
-                return None
         plan = self.experience_plan()
         if not plan.steps:
             return None
@@ -1054,12 +1141,7 @@ class Session:
             # Not awaited: awaiting here would swallow a cancellation aimed at this task.
             renewer.cancel()
             self._renewer = None
-        if self._entered_dispatcher is not None:
-            try:
-                await self._entered_dispatcher.__aexit__(None, None, None)
-            except Exception as exc:  # noqa: BLE001
-                _log.warning("session %s: closing the dispatcher failed: %s", self.session_id, exc)
-            self._entered_dispatcher = None
+        await self._close_dispatcher()
         for closer in self._closers:
             try:
                 await closer()
@@ -1083,6 +1165,14 @@ class Session:
         self.logs.close()
         if self._owns_store and self.store is not None:
             self.store.close()
+
+    async def _close_dispatcher(self) -> None:
+        if self._entered_dispatcher is not None:
+            try:
+                await self._entered_dispatcher.__aexit__(None, None, None)
+            except Exception as exc:  # noqa: BLE001
+                _log.warning("session %s: closing the dispatcher failed: %s", self.session_id, exc)
+            self._entered_dispatcher = None
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r} task={self.task!r} mode={self.mode}>"

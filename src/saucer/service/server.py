@@ -54,6 +54,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from saucer.dispatch.toolcheck import command_problem
 from saucer.dispatch.websocket import DeviceUnavailable, WebSocketCommandDispatcher
 from saucer.service.access import AccessPolicy, DeviceAccess
 from saucer.service.auth import TokenAuthenticator, tokens_from_env
@@ -244,6 +245,9 @@ class SessionManager:
             raise ProtocolError(ErrorCode.UNKNOWN_DEVICE, unknown_device_message(device_id))
         if not device.online:
             raise ProtocolError(ErrorCode.DEVICE_OFFLINE, f"device {device_id!r} is offline: {device.offline_reason}")
+        problem = _tool_problem(task, getattr(device, "info", {}).get("tools"))
+        if problem is not None:
+            raise ProtocolError(ErrorCode.INVALID_TASK, f"{problem} (tools of device {device_id!r})")
         record = SessionRecord(session_id=uuid.uuid4().hex, owner=owner, device_id=device_id, task=task)
         await self.store.create_session(record)
         session = ServiceSession(record, submitter)
@@ -701,6 +705,18 @@ def _summary(record: SessionRecord) -> dict[str, Any]:
         "attempts": record.attempts,
         "error": record.error,
     }
+
+
+def _tool_problem(task: TaskSpec, tools: Any) -> str | None:
+    """The first command of ``task`` the device's tools cannot run, or None (also when it sent no tool list)."""
+    if not isinstance(tools, dict):
+        return None
+    for i, step in enumerate(task.steps):
+        for j, command in enumerate(step.commands):
+            problem = command_problem(command.tool_name, command.parameters, tools)
+            if problem is not None:
+                return f"task.steps.{i}.commands.{j}: {problem}"
+    return None
 
 
 def _validation_message(exc: ValidationError) -> str:

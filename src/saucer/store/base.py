@@ -126,6 +126,23 @@ class EventStore(ABC):
     def sessions(self) -> list[SessionInfo]:
         """Every session, most recently updated first (ties by session id)."""
 
+    def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
+        """Sessions whose id starts with ``prefix`` (case-sensitive), most recently updated first.
+
+        ``limit`` caps how many come back; ``find_sessions(limit=1)`` is the
+        most recently updated session. Backends with an index override this.
+        """
+        found = [info for info in self.sessions() if info.session_id.startswith(prefix)]
+        return found if limit is None else found[: max(0, limit)]
+
+    @abstractmethod
+    def lease_of(self, session_id: str) -> Lease | None:
+        """The session's current lease row, or None if no runner ever took one.
+
+        ``expires_at`` is on this machine's clock; a released lease expires at 0.
+        Readers use it to tell a live runner from one that vanished.
+        """
+
     @abstractmethod
     def _delete(self, session_id: str) -> None:
         """Remove the session's row, events, snapshots and lease (no error if it is gone)."""

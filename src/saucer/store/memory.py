@@ -122,6 +122,10 @@ class MemoryStore(EventStore):
             infos = list(self._d.infos.values())
         return sorted(infos, key=lambda i: (-i.updated_at, i.session_id))
 
+    def lease_of(self, session_id: str) -> Lease | None:
+        with self._d.lock:
+            return self._d.leases.get(session_id)
+
     def _delete(self, session_id: str) -> None:
         with self._d.lock:
             for table in (self._d.infos, self._d.events, self._d.snapshots, self._d.leases, self._d.tokens):

@@ -511,6 +511,28 @@ class PostgresStore(EventStore):
         return [self._row_info(r) for r in rows]
 
     @_translated(retry=True)
+    def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {self._INFO_COLUMNS} FROM {self._s}.sessions WHERE left(session_id, %s) = %s "
+                "ORDER BY updated_at DESC, session_id LIMIT %s",
+                (len(prefix), prefix, limit if limit is None else max(0, limit)),
+            ).fetchall()
+        return [self._row_info(r) for r in rows]
+
+    @_translated(retry=True)
+    def lease_of(self, session_id: str) -> Lease | None:
+        with self._conn() as conn:
+            row = conn.execute(
+                f"SELECT owner, token, expires_at, {_NOW} FROM {self._s}.leases WHERE session_id = %s", (session_id,)
+            ).fetchone()
+        if row is None:
+            return None
+        # The server's clock decides expiry; report it on this machine's clock.
+        expires = 0.0 if row[2] <= 0 else time.time() + (row[2] - row[3])
+        return Lease(session_id, row[0], int(row[1]), expires)
+
+    @_translated(retry=True)
     def _delete(self, session_id: str) -> None:
         with self._conn() as conn, conn.transaction():
             for table in ("events", "snapshots", "leases", "sessions"):

@@ -291,6 +291,23 @@ class SQLiteStore(EventStore):
         return [self._row_info(r) for r in rows]
 
     @_translated
+    def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT * FROM sessions WHERE substr(session_id, 1, ?) = ? ORDER BY updated_at DESC, session_id LIMIT ?",
+                (len(prefix), prefix, -1 if limit is None else max(0, limit)),
+            ).fetchall()
+        return [self._row_info(r) for r in rows]
+
+    @_translated
+    def lease_of(self, session_id: str) -> Lease | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT owner, token, expires_at FROM leases WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        return Lease(session_id, row[0], row[1], row[2]) if row else None
+
+    @_translated
     def _forks(self, session_id: str) -> list[SessionInfo]:
         with self._lock:
             rows = self._conn.execute("SELECT * FROM sessions WHERE parent_id = ?", (session_id,)).fetchall()

@@ -7,6 +7,9 @@ Commands run through ``/bin/sh -c`` in their own process group, with an
 asyncio subprocess so the server keeps answering while they run. On timeout
 the whole group is terminated (SIGTERM, then SIGKILL). Output beyond
 ``--max-output`` bytes per stream is dropped and reported as truncated.
+An exit code outside ``expect_exit`` (default ``[0]``) makes the call a tool
+error (``isError``) that still carries the exit code, stdout and stderr as
+structured content, so a failing command is a failed result, never a success.
 Allow/deny rules (see :mod:`saucer.tools.rules`) are checked before running;
 a refused command is a tool error naming the rule. Which commands need the
 user's approval is decided on the client side by the dispatcher, with
@@ -29,7 +32,7 @@ from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from saucer.tools._common import (
@@ -59,6 +62,8 @@ __all__ = [
     "ShellOptions",
     "ShellResult",
     "run_command",
+    "shell_call_result",
+    "DEFAULT_EXPECT_EXIT",
     "build_server",
     "parse_options",
     "main",
@@ -70,6 +75,8 @@ __all__ = [
 DEFAULT_MAX_OUTPUT = 64 * 1024
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_TIMEOUT = 600.0
+#: Exit codes that count as success unless a call says otherwise.
+DEFAULT_EXPECT_EXIT = (0,)
 # Time a timed-out process group gets between SIGTERM and SIGKILL.
 _KILL_GRACE = 1.0
 # Time to collect the last output once the group is dead; a daemon that left
@@ -286,6 +293,24 @@ async def run_command(
     )
 
 
+def shell_call_result(result: ShellResult, expect_exit: Sequence[int] | None = None) -> CallToolResult:
+    """The MCP result of a finished command: a tool error when its exit code is not expected.
+
+    Either way the structured content is the whole :class:`ShellResult`, so the
+    exit code, stdout and stderr of a failed command stay available as data.
+    """
+    expected = tuple(DEFAULT_EXPECT_EXIT if expect_exit is None else expect_exit)
+    data = result.model_dump(mode="json")
+    if result.exit_code in expected:
+        return CallToolResult(content=[TextContent(type="text", text=result.model_dump_json(indent=2))], structured_content=data)
+    wanted = ", ".join(map(str, expected)) or "none"
+    text = f"command exited with code {result.exit_code} (expected {wanted})"
+    for name, value in (("stdout", result.stdout), ("stderr", result.stderr)):
+        if value:
+            text += f"\n--- {name} ---\n{value[-2000:].rstrip()}"
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data, is_error=True)
+
+
 def _describe(options: ShellOptions) -> str:
     rules = []
     if options.allow:
@@ -300,7 +325,9 @@ def _describe(options: ShellOptions) -> str:
         f"Each of stdout and stderr is capped at {options.max_output} bytes (the result says when it was "
         f"truncated); prefer commands with short output (e.g. pipe through head or grep). "
         f"The command is killed with its child processes after `timeout` seconds (default {options.timeout:g}, "
-        f"at most {options.max_timeout:g}). A non-zero exit code is returned as data, not as an error. "
+        f"at most {options.max_timeout:g}). An exit code outside `expect_exit` (default [0]) makes the call fail; "
+        "its exit code, stdout and stderr are returned either way (e.g. `grep` exits 1 when nothing matches: "
+        "pass expect_exit [0, 1] when that is fine). "
         "A background job must redirect its output (`job > job.log 2>&1 &`), otherwise it is stopped "
         "when the command exits. "
         + " ".join(rules)
@@ -328,13 +355,18 @@ def build_server(options: ShellOptions) -> MCPServer:
         env: Annotated[
             dict[str, str] | None, Field(description="Extra environment variables for this command.")
         ] = None,
-    ) -> ShellResult:
+        expect_exit: Annotated[
+            list[int] | None,
+            Field(description="Exit codes that count as success (default [0]); any other makes the call fail."),
+        ] = None,
+    ) -> Annotated[CallToolResult, ShellResult]:
         try:
-            return await run_command(command, options, timeout=timeout, cwd=cwd, env=env)
+            finished = await run_command(command, options, timeout=timeout, cwd=cwd, env=env)
         except ToolError:
             raise
         except Exception as exc:  # noqa: BLE001 - one line to the caller, no traceback in the server
             raise ToolError(one_line(exc)) from None
+        return shell_call_result(finished, expect_exit)
 
     server.add_tool(
         run,

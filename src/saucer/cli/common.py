@@ -1,0 +1,191 @@
+"""What every ``saucer`` command shares: the consoles, the error contract, settings, stores and session names.
+
+A user mistake is one sentence on stderr and a non-zero exit code, printed
+literally (never read as markup) and never wrapped.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+import typer
+
+from saucer.cli.output import make_console, styled
+from saucer.context import Context
+from saucer.store import (
+    ConflictError,
+    CorruptRecordError,
+    EventStore,
+    LeaseHeldError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StoreError,
+    open_store,
+)
+
+__all__ = [
+    "console",
+    "err",
+    "UserError",
+    "fail",
+    "friendly",
+    "settings_for",
+    "resolve_store_url",
+    "open_existing_store",
+    "open_ctx",
+    "resolve_session",
+    "program_name",
+    "store_flag",
+    "StoreOption",
+    "ConfigOption",
+    "DEFAULT_STORE",
+    "LAST",
+]
+
+console = make_console()
+err = make_console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_STORE = "sqlite:///.saucer/saucer.db"
+#: The session name that means "the most recently updated session".
+LAST = "last"
+
+StoreOption = typer.Option(
+    None,
+    "--store",
+    help="Store URL (memory://, sqlite:///path.db, postgresql://...). Default: store.url from saucer.toml, else sqlite:///.saucer/saucer.db.",
+    envvar="SAUCER_STORE_URL",
+)
+ConfigOption = typer.Option(None, "--config", help="Settings file (default: ./saucer.toml when present).")
+
+
+class UserError(Exception):
+    """A mistake of the user's, reported as one sentence and exit code 2."""
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print ``error: MESSAGE`` on stderr, exactly as given, and exit with ``code``."""
+    err.print(styled(("error:", "bold red"), " ", message), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def friendly(fn: F) -> F:
+    """Turn expected errors into one clear sentence and a non-zero exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except SessionNotFoundError as exc:
+            fail(f"{exc}. List sessions with: {program_name()} sessions")
+        except (UserError, SessionExistsError, LeaseHeldError, ConflictError, CorruptRecordError) as exc:
+            fail(str(exc))
+        except _user_errors() as exc:
+            fail(str(exc))
+        except FileNotFoundError as exc:
+            fail(f"no such file: {exc.filename or exc}")
+        except ValueError as exc:  # bad values the user gave (versions, URLs, files); other errors are bugs
+            fail(str(exc.args[0]) if exc.args else str(exc))
+        except StoreError as exc:
+            fail(f"store error: {exc}")
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors of the engine and the settings that describe a user's mistake."""
+    from saucer.config import ConfigError
+    from saucer.engine.errors import EngineError
+
+    return (ConfigError, EngineError)
+
+
+def settings_for(config: Optional[Path], overrides: dict[str, Any] | None = None) -> Any:
+    """The settings: defaults < ``saucer.toml`` (or ``config``) < ``SAUCER_*`` < ``overrides``."""
+    from saucer.config import load_settings
+
+    return load_settings(config_file=config, overrides=overrides or {})
+
+
+def resolve_store_url(store: Optional[str], config: Optional[Path] = None) -> str:
+    """``--store`` wins, then the settings (file, environment), then the default SQLite file."""
+    if store:
+        return store
+    return str(settings_for(config).store.url)
+
+
+def open_existing_store(store: Optional[str], config: Optional[Path] = None) -> EventStore:
+    """The store, with a clear error when the default SQLite file does not exist yet."""
+    url = resolve_store_url(store, config)
+    if url.startswith("sqlite:///"):
+        from saucer.store.sqlite import path_from_url
+
+        path = path_from_url(url)
+        if not path.exists():
+            raise UserError(f"no saucer store at {path} yet; run a session first ({program_name()} demo) or pass --store URL")
+    return open_store(url)
+
+
+def open_ctx(store: EventStore, session_id: str, at: Optional[int] = None) -> Context:
+    """A read-only Context of the session at its head, or at version ``at``."""
+    return Context.open(store, session_id, create=False, at=store.head(session_id) if at is None else at)
+
+
+def resolve_session(store: EventStore, name: str) -> str:
+    """The whole id a user means: an id, a unique prefix of one, or ``last`` (the most recently updated).
+
+    An exact id always wins (a session may be called ``last``). Otherwise
+    :class:`SessionNotFoundError`, or :class:`UserError` listing the sessions
+    a prefix could mean.
+    """
+    if store.exists(name):
+        return name
+    if name == LAST:
+        found = store.find_sessions(limit=1)
+        if not found:
+            raise UserError(f"there are no sessions yet, so {LAST!r} names none; start one with: {program_name()} demo")
+        return found[0].session_id
+    if name:
+        matches = store.find_sessions(name, limit=6)
+        if len(matches) == 1:
+            return matches[0].session_id
+        if matches:
+            shown = ", ".join(m.session_id for m in matches[:5]) + (", ..." if len(matches) > 5 else "")
+            raise UserError(f"{name!r} is the start of several session ids ({shown}); give more of it")
+    raise SessionNotFoundError(name)
+
+
+def _shortest(path: Path) -> str:
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else str(path)
+
+
+def program_name() -> str:
+    """How the user can run saucer again: ``saucer`` when that is on PATH, else a path that works from here."""
+    import shutil
+
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if Path(argv0).name != "saucer":  # python -m saucer
+        return f"{_shortest(Path(sys.executable).absolute())} -m saucer"
+    found = shutil.which("saucer")
+    if found and Path(found).resolve() == Path(argv0).resolve():
+        return "saucer"
+    return _shortest(Path(argv0).absolute())
+
+
+def store_flag(store: Optional[str]) -> str:
+    """`` --store URL`` to repeat in a printed command (quoted for a shell), or nothing."""
+    if not store:
+        return ""
+    import shlex
+
+    return f" --store {shlex.quote(store)}"

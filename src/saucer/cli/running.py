@@ -1,0 +1,286 @@
+"""``saucer run``, ``saucer resume`` and ``saucer demo``: sessions run from the command line.
+
+Plans are checked against the tools before anything runs. After a run, the
+commands printed as "next" are computed from that session and work as
+printed. Ctrl-C prints the exact command that continues the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import typer
+from rich.rule import Rule
+
+from saucer.cli import inspect as view
+from saucer.cli.common import (
+    ConfigOption,
+    StoreOption,
+    UserError,
+    console,
+    err,
+    fail,
+    friendly,
+    open_existing_store,
+    program_name,
+    resolve_session,
+    settings_for,
+    store_flag,
+)
+from saucer.cli.output import styled
+from saucer.store import EventStore
+
+__all__ = ["run_cmd", "resume_cmd", "demo_cmd"]
+
+ModeOption = typer.Option(
+    None,
+    "--mode",
+    help="normal (a request, answered by the LLM agent), follower (a plan), batch_normal (a folder of plans) "
+    "or service (through saucer serve). Default: follower for a plan file, batch_normal for a folder, normal for a request.",
+)
+
+_ENDED_BADLY = ("failed", "error")
+
+
+def _run_settings(config: Optional[Path], store: Optional[str], **flags: Any) -> Any:
+    overrides: dict[str, Any] = {"store.url": store}
+    overrides.update({k: v for k, v in flags.items() if v is not None})
+    return settings_for(config, overrides)
+
+
+def _factory(settings: Any, yes: bool, workspace: Optional[Path], show_session: bool = False) -> Any:
+    from saucer.cli.interactor import RichInteractor
+    from saucer.cli.progress import StepPrinter
+    from saucer.engine.factory import SessionFactory
+
+    return SessionFactory(
+        settings,
+        interactor=RichInteractor(err, assume_yes=yes),
+        observer=StepPrinter(console, show_session=show_session),
+        workspace=workspace,
+    )
+
+
+async def _run_sessions(factory: Any, sessions: list[Any], concurrency: int, pooled: bool) -> list[Any]:
+    """Check every plan against the tools, then run the sessions (a pool for a batch)."""
+    from saucer.engine.pool import SessionPool
+
+    await factory.check_plans(sessions)
+    if factory.last_batch is not None:
+        for line in factory.last_batch.lines():
+            console.print(line)
+    if not sessions:
+        return []
+    if len(sessions) == 1 and not pooled:
+        return [await sessions[0].run()]
+    pool = SessionPool(sessions, max_concurrency=concurrency, progress=True, console=console)
+    results = await pool.run_all()
+    console.print(pool.summary_table())
+    return results
+
+
+def _print_result(result: Any) -> None:
+    line = styled((f"session {result.session_id}: {result.status}", "green" if result.ok else "red"))
+    if result.reason:
+        line.append(f" ({result.reason})")
+    console.print(line)
+    console.print(result.cost.render())
+    if result.log_path:
+        console.print(f"logs: {result.log_path}")
+    if getattr(result, "experience_path", None):
+        console.print(f"experience saved as a replayable plan: {result.experience_path}")
+
+
+def _exit_for(results: Sequence[Any]) -> None:
+    if not all(r.ok or r.status == "skipped" for r in results):
+        raise typer.Exit(1)
+
+
+def _next_steps(store: EventStore, session_id: str, status: str, flag: str) -> list[tuple[str, str]]:
+    """(what it does, command) pairs that work on this session as it is now."""
+    events = list(store.read(session_id))
+    head = events[-1].version if events else 0
+    steps = [e.version for e in events if e.meta.get("kind") == "step"]
+    sid = shlex.quote(session_id)
+    pairs = [
+        ("the timeline: rounds, steps, commands, results", f"show {sid}"),
+        ("every change with its version, author, round and step", f"history {sid}"),
+    ]
+    if steps:
+        at = steps[0]
+        pairs.append((f"time travel: the Context as it was after the first step (version {at})", f"state {sid} --at {at}"))
+        if head > at:
+            pairs.append((f"what changed from version {at} to the last one ({head})", f"diff {sid} {at} {head}"))
+        pairs.append((f"branch off a new session from version {at}", f"fork {sid} --at {at}"))
+    if status in _ENDED_BADLY:
+        pairs.append(("run the failed step again, then go on", f"resume --retry-failed {sid}"))
+    elif status == "stopped":
+        pairs.append(("continue where the limit stopped it", f"resume {sid}"))
+    return [(comment, f"{program_name()} {command}{flag}") for comment, command in pairs]
+
+
+def _print_next_steps(store: EventStore, result: Any, store_option: Optional[str]) -> None:
+    console.print()
+    console.print(styled(("next", "bold"), " (each works as printed):"))
+    for comment, command in _next_steps(store, result.session_id, result.status, store_flag(store_option)):
+        console.print(styled((f"  # {comment}", "dim")))
+        console.print(f"  {command}")
+
+
+def _interrupted(store: EventStore, session_ids: Sequence[str], store_option: Optional[str], yes: bool, batch: bool) -> None:
+    """Ctrl-C: say exactly how to continue, and exit 130."""
+    if batch:
+        again = shlex.join([*shlex.split(program_name()), *sys.argv[1:]])
+        fail(f"interrupted; run the same command again to continue the batch: {again}", 130)
+    started = [sid for sid in session_ids if store.exists(sid)]
+    if not started:
+        fail("interrupted before the session started; there is nothing to resume", 130)
+    flags = (" --yes" if yes else "") + store_flag(store_option)
+    fail(f"interrupted; continue with: {program_name()} resume {shlex.quote(started[0])}{flags}", 130)
+
+
+@friendly
+def run_cmd(
+    request: Optional[str] = typer.Option(None, "--request", "-r", help="What the agents should do, in plain language (normal mode)."),
+    plan: Optional[Path] = typer.Option(None, "--plan", "-p", help="A plan JSON file, or a folder of them."),
+    mode: Optional[str] = ModeOption,
+    task: Optional[str] = typer.Option(None, "--task", help="Task name (default: the plan's task, or 'request')."),
+    session_id: Optional[str] = typer.Option(None, "--session-id", help="Id of the new session (default: generated). Not for a folder of plans."),
+    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Directory the built-in shell and files tools act in (default: the current directory)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
+    concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Sessions run at once for a folder of plans."),
+    max_step: Optional[int] = typer.Option(None, "--max-step", min=1, help="Override system.max_step."),
+    max_round: Optional[int] = typer.Option(None, "--max-round", min=1, help="Override system.max_round."),
+    durability: Optional[str] = typer.Option(None, "--durability", help="step (default), strict or exit."),
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Run a session: a request in plain language, a plan, or a folder of plans.
+
+    Every command of a plan is checked against the tools before anything runs.
+    A folder of plans skips the plans that already finished, continues the
+    stopped and interrupted ones and retries the failed step of failed ones;
+    two runs over one folder never run a plan twice.
+    """
+    if request is not None and plan is not None:
+        raise UserError("give --request TEXT or --plan FILE|DIR, not both")
+    if request is None and plan is None and mode != "normal":
+        raise UserError("give either --request TEXT or --plan FILE|DIR")
+    if plan is not None and not plan.exists():
+        raise UserError(f"no such plan file or folder: {plan}")
+    mode = mode or ("normal" if plan is None else "batch_normal" if plan.is_dir() else "follower")
+    if session_id is not None and plan is not None and plan.is_dir():
+        raise UserError("--session-id names one session; a folder of plans runs one session per plan, with ids made from the plans")
+    settings = _run_settings(
+        config, store, **{"system.max_step": max_step, "system.max_round": max_round, "store.durability": durability}
+    )
+    if mode == "normal":
+        from saucer.agents.llm import require_model_settings
+
+        require_model_settings(settings)
+        if request is None:
+            from saucer.cli.interactor import stdin_is_terminal
+
+            if not stdin_is_terminal():
+                raise UserError("normal mode needs a request: pass --request TEXT (there is no terminal to ask)")
+    if mode == "service":
+        raise UserError("service-mode sessions run on a server: start it with saucer serve and submit tasks to it")
+    if workspace is not None:
+        workspace.mkdir(parents=True, exist_ok=True)
+    name = task or ("request" if plan is None else None)
+    with _factory(settings, yes, workspace, show_session=plan is not None and plan.is_dir()) as factory:
+        if session_id is not None and factory.store.exists(session_id):
+            raise UserError(
+                f"session {session_id!r} already exists; continue it with: "
+                f"{program_name()} resume {shlex.quote(session_id)}{store_flag(store)}"
+            )
+        if name is None:
+            from saucer.engine.plan import load_plan
+
+            name = load_plan(plan).task if plan.is_file() else plan.name  # type: ignore[union-attr]
+        extra = {"session_id": session_id} if session_id is not None else {}
+        sessions = factory.create_session(name, mode, plan=plan, request=request or "", **extra)
+        batch = mode == "batch_normal"
+        try:
+            results = asyncio.run(_run_sessions(factory, sessions, concurrency, pooled=batch))
+        except KeyboardInterrupt:
+            _interrupted(factory.store, [s.session_id for s in sessions], store, yes, batch)
+        if len(results) == 1 and not batch:
+            _print_result(results[0])
+            _print_next_steps(factory.store, results[0], store)
+    _exit_for(results)
+
+
+@friendly
+def resume_cmd(
+    session: str = typer.Argument(..., help="Session id, a unique prefix of one, or 'last'."),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="For a failed session: run its failed step again (the failed attempt stays in the log), then go on."
+    ),
+    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Tools directory (default: the session's own)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Continue a session at its first uncommitted step.
+
+    An interrupted session continues where its runner vanished; a session a
+    limit stopped continues with a fresh budget of max_step and max_round.
+    A finished session only reports its result, and so does a failed one
+    unless --retry-failed.
+    """
+    settings = _run_settings(config, store)
+    with open_existing_store(store, config) as st:
+        sid = resolve_session(st, session)
+    with _factory(settings, yes, workspace) as factory:
+        kw: dict[str, Any] = {"workspace": workspace} if workspace is not None else {}
+        resumed = factory.resume_session(sid, retry_failed=retry_failed, **kw)
+        try:
+            result = asyncio.run(resumed.run())
+        except KeyboardInterrupt:
+            _interrupted(factory.store, [sid], store, yes, batch=False)
+        _print_result(result)
+        again = f"{program_name()} resume{{}} {shlex.quote(sid)}{store_flag(store)}"
+        if result.status in _ENDED_BADLY and not retry_failed:
+            console.print("run the failed step again with: " + again.format(" --retry-failed"))
+        elif result.status == "stopped":
+            console.print("continue it with: " + again.format(""))
+    _exit_for([result])
+
+
+@friendly
+def demo_cmd(
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Run the shipped demo: a plan that builds, edits and searches a small project with the built-in tools.
+
+    No network and no API key needed. It ends with the session's timeline and
+    the commands to inspect, time-travel and fork it.
+    """
+    from importlib.resources import files
+
+    plan_path = Path(str(files("saucer.cli") / "demo_plan.json"))
+    settings = _run_settings(config, store)
+    run_id = uuid.uuid4().hex[:6]
+    workspace = Path(".saucer") / "demo" / run_id
+    workspace.mkdir(parents=True, exist_ok=True)
+    console.print(Rule(styled(("saucer demo", "bold"))), width=min(console.width, 80))
+    console.print(f"plan: {plan_path.name} · workspace: {workspace} · store: {settings.store.url}\n")
+    with _factory(settings, True, workspace) as factory:
+        sessions = factory.create_session("demo", "follower", plan=plan_path, session_id=f"demo-{run_id}")
+        try:
+            [result] = asyncio.run(_run_sessions(factory, sessions, 1, pooled=False))
+        except KeyboardInterrupt:
+            _interrupted(factory.store, [sessions[0].session_id], store, True, batch=False)
+        events = list(factory.store.read(result.session_id))
+        console.print()
+        console.print(view.timeline(events, f"session {result.session_id} · v{result.version}"))
+        _print_result(result)
+        _print_next_steps(factory.store, result, store)
+    _exit_for([result])

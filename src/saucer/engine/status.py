@@ -1,0 +1,59 @@
+"""A stored session's status, as readers see it.
+
+An engine session records ``running`` while it runs and its final status in
+its last event (``session_end``). A session whose runner vanished (a crash, a
+kill, Ctrl-C) has no end event; it is *interrupted* once its runner's lease
+has expired. That is derived here, when the session is read, and never
+written: the log only ever says what a runner actually did.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from saucer.store import EventStore, SessionInfo
+
+__all__ = ["StoredStatus", "stored_status", "INTERRUPTED", "ENDED"]
+
+#: A session without an end event whose runner's lease has expired.
+INTERRUPTED = "interrupted"
+#: Statuses of a session that has an end event.
+ENDED = frozenset({"finished", "failed", "error", "stopped"})
+
+
+@dataclass(frozen=True)
+class StoredStatus:
+    """What a stored session's last event and lease say about it."""
+
+    status: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    holder: str | None = None  # the runner holding a live lease, while running
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+
+def stored_status(store: EventStore, info: SessionInfo | str) -> StoredStatus:
+    """The status of a session (``-`` for a session the engine did not create)."""
+    if isinstance(info, str):
+        info = store.session_info(info)
+    summary: dict[str, Any] = dict(info.meta.get("summary") or {})
+    status = info.meta.get("status")
+    if info.version:
+        last = next(iter(store.read(info.session_id, info.version - 1, info.version)), None)
+        if last is not None:
+            summary.update(last.meta.get("summary") or {})
+            status = last.meta.get("session_status", status)
+            if (last.meta.get("cost_summary") or {}).get("unknown") and "cost" in summary:
+                summary["cost"] = None  # older ends stored the known part as the total
+    if status is None:
+        return StoredStatus("-", summary)
+    if status in ENDED:
+        return StoredStatus(str(status), summary)
+    lease = store.lease_of(info.session_id)
+    if lease is not None and lease.expires_at > time.time():
+        return StoredStatus(str(status), summary, lease.owner)
+    return StoredStatus(INTERRUPTED, summary)
