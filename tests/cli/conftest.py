@@ -13,22 +13,26 @@ import pytest
 SAUCER = [sys.executable, "-m", "saucer"]
 
 
-def _env() -> dict[str, str]:
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a CLI run: no SAUCER_* settings of the caller's, no colour, 200 columns."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     env["COLUMNS"] = "200"
     env["NO_COLOR"] = "1"
+    env.update(extra or {})
     return env
 
 
 @pytest.fixture
 def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run ``saucer ARGS`` in a fresh directory with no standard input."""
+    """Run ``saucer ARGS`` in a fresh directory with no standard input (``env``: extra variables)."""
 
-    def run(*args: str, timeout: float = 60, cwd: Path | None = None, check: bool | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, timeout: float = 60, cwd: Path | None = None, check: bool | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [*SAUCER, *args],
             cwd=cwd or tmp_path,
-            env=_env(),
+            env=cli_env(env),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,

@@ -66,6 +66,9 @@ def test_without_a_terminal_sensitive_steps_are_refused_unless_yes(run_cli, tmp_
     workspace = _prepare(tmp_path)
     refused = run_cli("run", "--plan", "plan.json", "--workspace", "ws")
     assert refused.returncode == 1 and "refused" in refused.stdout
+    # Nobody was asked, so it does not say "refused by the user": it says how to approve.
+    assert "refused by the user" not in refused.stdout
+    assert "there is no terminal to ask for approval; run it again with --yes" in refused.stdout
     assert (workspace / "junk.txt").exists()
     run_cli("run", "--plan", "plan.json", "--workspace", "ws", "--yes", check=True)
     assert not (workspace / "junk.txt").exists()

@@ -112,6 +112,26 @@ def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(proce
         assert read["result"]["content"] == "hello" and count["result"]["stdout"].strip() == "5"
         assert [r["call_id"] for r in body["steps"][1]["results"]] == [f"{sid}.1.0", f"{sid}.1.1"]
 
+        # A plan is checked against the device's tools before anything runs: 422 naming the step and the tool.
+        for command, message in (
+            ({"tool_name": "frobnicate"}, "unknown tool 'frobnicate'"),
+            ({"tool_name": "file.write", "parameters": {"path": "x", "content": "y"}}, "(closest: files.write"),
+            ({"tool_name": "files.write", "parameters": {"path": "x"}}, "'content' is a required property"),
+        ):
+            steps = [{"subtask": "ok", "commands": [_shell("echo ran > ran.txt")]}, {"subtask": "bad", "commands": [command]}]
+            refused = http.post("/api/sessions", json={"device_id": "laptop", "task": {"task": "bad", "steps": steps}})
+            error = refused.json()["error"]
+            assert refused.status_code == 422 and error["code"] == "invalid_task", refused.text
+            assert error["message"].startswith("task.steps.1.commands.0: ") and message in error["message"], error
+            assert "'laptop'" in error["message"]
+        assert not (workspace / "ran.txt").exists()  # nothing ran
+        # A command that exits non-zero on the device is a failed result, and fails its session.
+        exit3 = _submit(http, "laptop", {"task": "exit3", "steps": [{"subtask": "x", "commands": [_shell("echo out; exit 3")]}]})
+        ended = _wait_ended(http, exit3)
+        assert ended["session"]["status"] == "failed" and "exited with code 3" in ended["session"]["error"]
+        [result] = ended["steps"][0]["results"]
+        assert result["status"] == "failure" and result["result"]["exit_code"] == 3 and result["result"]["stdout"] == "out\n"
+
         # A failing command fails its session with the step and the tool's error.
         failing = _submit(http, "laptop", {"task": "missing", "steps": [{"subtask": "read", "commands": [{"tool_name": "files.read", "parameters": {"path": "nope.txt"}}]}]})
         failed = _wait_ended(http, failing)["session"]

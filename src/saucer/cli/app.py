@@ -90,8 +90,7 @@ def sessions_cmd(
     elif not rows:
         console.print(f"no sessions yet; start one with: {program_name()} demo")
     else:
-        table = view.sessions_table(rows)
-        console.print(table, width=view.fitting_width(console, table))
+        view.print_uncut(console, view.sessions_table(rows))
 
 
 @app.command("show")
@@ -147,7 +146,8 @@ def _known_key(events: list[Any], key: str) -> None:
     bare = key.removeprefix("vars.")
     if bare in seen:
         return
-    guesses = close_names(key, names + seen + [f"vars.{v}" for v in seen])
+    same = [n for n in names if n.lower() == key.lower()]  # REQUEST for request
+    guesses = same or close_names(key, names + seen + [f"vars.{v}" for v in seen])
     hint = f"did you mean {' or '.join(guesses)}?" if guesses else "the names are ContextNames (e.g. REQUEST) and vars.NAME"
     raise UserError(
         f"unknown key {key!r}: not a Context name, and this session never set a context variable {bare!r}; {hint}"

@@ -19,7 +19,6 @@ from rich.tree import Tree
 
 from saucer.context import Context, Event
 from saucer.context.events import op_key
-from saucer.engine.status import ENDED, stored_status
 from saucer.store.base import EventStore, SessionInfo
 
 __all__ = [
@@ -82,6 +81,8 @@ def session_summary(store: EventStore, info: SessionInfo) -> dict[str, Any]:
     ``status`` is ``interrupted`` for a session whose runner vanished (see
     :mod:`saucer.engine.status`); ``cost`` is None when it is unknown.
     """
+    from saucer.engine.status import stored_status  # here: the engine is not needed for the other views
+
     meta = dict(info.meta)
     state = stored_status(store, info)
     summary = state.summary
@@ -106,7 +107,10 @@ def session_summary(store: EventStore, info: SessionInfo) -> dict[str, Any]:
 def _cost_text(row: Mapping[str, Any]) -> str:
     if row.get("cost") is not None:
         return f"{row['cost']:.4f}"
-    return "unknown" if row.get("status") in ENDED else "-"  # an ended session without a cost could not be priced
+    from saucer.engine.status import ENDED
+
+    # An ended session without a cost could not be priced; a running one has no total yet.
+    return "unknown" if row.get("status") in ENDED else "-"
 
 
 def _count(value: Any) -> str:
@@ -114,11 +118,11 @@ def _count(value: Any) -> str:
 
 
 def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
-    """The ``saucer sessions`` table; ids are never wrapped or cut (print it with :func:`fitting_width`)."""
+    """The ``saucer sessions`` table; ids are never wrapped or cut (print it with :func:`print_uncut`)."""
     # A light box keeps the columns readable in an 80-column terminal.
     table = Table(title="sessions", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("id", no_wrap=True, overflow="ignore")
-    table.add_column("task", overflow="fold", min_width=6, max_width=16)
+    table.add_column("task", overflow="fold", min_width=6)
     for column in ("mode", "status", "rounds", "steps", "cost", "updated"):
         table.add_column(column, no_wrap=True)
     for row in rows:
@@ -137,10 +141,18 @@ def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
     return table
 
 
-def fitting_width(console: Any, renderable: Any) -> int:
-    """The console's width, or more when ``renderable`` needs more (so nothing is cut; the terminal wraps)."""
+def print_uncut(console: Any, renderable: Any) -> None:
+    """Print ``renderable`` at the console's width, or wider when it needs more: nothing is cut (the terminal wraps)."""
     needed = console.measure(renderable, options=console.options.update(width=10_000)).maximum
-    return max(console.width, needed)
+    width, height = console.size
+    if needed <= width:
+        console.print(renderable)
+        return
+    console.size = (needed, height)  # Console.print(width=...) can only narrow the output
+    try:
+        console.print(renderable)
+    finally:
+        console.size = (width, height)
 
 
 def _commands_text(meta: Mapping[str, Any]) -> list[Text]:

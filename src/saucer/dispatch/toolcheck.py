@@ -18,9 +18,6 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema
-from jsonschema.exceptions import best_match
-
 __all__ = ["command_problem", "resolve_tool", "schema_validator", "parameter_problem", "close_names"]
 
 
@@ -51,6 +48,8 @@ def schema_validator(schema: Any) -> Any:
     """A JSON Schema validator for ``schema``; None when the schema itself is invalid (nothing to check)."""
     if not isinstance(schema, Mapping):
         return None
+    import jsonschema  # here: it takes a third of a second to import, and listing sessions needs none of it
+
     try:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         cls.check_schema(schema)
@@ -63,6 +62,8 @@ def parameter_problem(validator: Any, parameters: Mapping[str, Any]) -> str | No
     """What is wrong with ``parameters`` according to ``validator`` (None: nothing, or no validator)."""
     if validator is None:
         return None
+    from jsonschema.exceptions import best_match
+
     error = best_match(validator.iter_errors(dict(parameters)))
     if error is None:
         return None

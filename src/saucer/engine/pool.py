@@ -165,13 +165,15 @@ class SessionPool:
             table.add_column(column, overflow="fold")
         style = {"finished": "green", "failed": "red", "error": "red", "stopped": "yellow", "skipped": "dim"}
         for r in rows:
+            ran = r.status != SessionStatus.SKIPPED
+            reason = (r.error or r.reason or "").strip()
             # Text cells: a reason or an id is shown as it is, never read as markup.
             table.add_row(
                 Text(r.session_id),
                 Text(r.status, style=style.get(r.status, "")),
-                Text(str(r.rounds)),
-                Text(str(r.steps)),
-                Text("unknown" if r.cost.unknown else f"{r.cost.known:.4f}"),
-                Text((r.error or r.reason or "").splitlines()[0][:120] if (r.error or r.reason) else ""),
+                Text(str(r.rounds) if ran else "-"),
+                Text(str(r.steps) if ran else "-"),
+                Text("-" if not ran else "unknown" if r.cost.unknown else f"{r.cost.known:.4f}"),
+                Text(reason.splitlines()[0][:160] if reason else ""),
             )
         return table

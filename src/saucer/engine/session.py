@@ -556,6 +556,17 @@ class Session:
             store.create_session(sid, meta=self._creation_meta())
         self.lease = await self._acquire_lease()
         self._lease_renewed = time.monotonic()
+        # Where to continue, read under the lease and before anything is written
+        # (a session with no failed step to retry is an error that changes nothing).
+        cursor, cursor_meta = last_cursor(store, sid) if self._resuming else (None, {})
+        continued = None
+        ended = cursor_meta.get("session_status") if cursor is not None and cursor.get("phase") == "end" else None
+        if ended == SessionStatus.STOPPED:
+            continued = "stopped"
+            cursor, _ = continue_cursor(store, sid)
+        elif ended in (SessionStatus.FAILED, SessionStatus.ERROR) and self._retry_failed:
+            continued = "retry_failed"
+            cursor, _ = retry_cursor(store, sid)
         self.context = ctx = Context.open(
             store,
             sid,
@@ -565,19 +576,9 @@ class Session:
             create=False,
             fence=self.lease.token,
         )
-        cursor, cursor_meta = last_cursor(store, sid) if self._resuming else (None, {})
-        continued = None
-        if cursor is not None and cursor.get("phase") == "end":
-            ended = cursor_meta.get("session_status")
-            if ended == SessionStatus.STOPPED:
-                continued = "stopped"
-                cursor, _ = continue_cursor(store, sid)
-            elif self._retry_failed and ended in (SessionStatus.FAILED, SessionStatus.ERROR):
-                continued = "retry_failed"
-                cursor, _ = retry_cursor(store, sid)
-            else:
-                self.result = self._stored_result(cursor_meta)
-                return
+        if ended is not None and continued is None:
+            self.result = self._stored_result(cursor_meta)
+            return
         self._open_logs(ctx)
         await self._attach_dispatcher(ctx)
         tool_info = await self._tool_info()
