@@ -30,7 +30,7 @@ def _plan(tmp_path: Path) -> None:
 def _context_session(tmp_path: Path) -> None:
     ctx = Context.open(f"sqlite:///{tmp_path}/.saucer/saucer.db", "ctx", author="agent:[b]writer[/b]")
     ctx.set(ContextNames.REQUEST, MARK)
-    ctx.update_vars(set={"note": MARK, "long": LONG})
+    ctx.update_vars(set={"note": MARK, "long": LONG, "esc": "clear\x1b[2Jscreen\x07"})
     ctx.commit(meta={"agent": "[b]writer[/b]", "state": "CONTINUE"})
     ctx.update_vars(set={"note": "[/]"})
     ctx.commit()
@@ -66,6 +66,11 @@ def test_markup_like_text_is_printed_byte_for_byte_by_every_command(run_cli, tmp
     diff = run_cli("diff", "ctx", "1", "2", check=True).stdout
     assert MARK in diff and "[/]" in diff
     assert json.loads(run_cli("export", "ctx", check=True).stdout)["state"]["vars"]["note"] == "[/]"
+    # Control characters are shown as escapes: stored data never drives the terminal.
+    for args in (("state", "ctx"), ("history", "ctx"), ("show", "ctx")):
+        out = run_cli(*args, check=True).stdout
+        assert "clear\\x1b[2Jscreen\\x07" in out and "\x1b" not in out and "\x07" not in out, args
+    assert json.loads(run_cli("state", "ctx", "--json", check=True).stdout)["vars"]["esc"] == "clear\x1b[2Jscreen\x07"
 
     # Error messages quote what the user typed, literally.
     unknown = run_cli("history", "mk", "--key", "[bold]x[/bold]")

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import typer
 
-from saucer.cli.output import make_console, styled
+from saucer.cli.output import make_console, styled, visible
 from saucer.context import Context
 from saucer.store import (
     ConflictError,
@@ -70,7 +70,7 @@ class UserError(Exception):
 
 def fail(message: str, code: int = 2) -> None:
     """Print ``error: MESSAGE`` on stderr, exactly as given, and exit with ``code``."""
-    err.print(styled(("error:", "bold red"), " ", message), soft_wrap=True)
+    err.print(styled(("error:", "bold red"), " ", visible(message, lines=True)), soft_wrap=True)
     raise typer.Exit(code)
 
 

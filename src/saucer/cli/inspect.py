@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from saucer.cli.output import visible
 from saucer.context import Context, Event
 from saucer.context.events import op_key
 from saucer.store.base import EventStore, SessionInfo
@@ -52,7 +53,7 @@ def short(value: Any, width: int = 60) -> str:
             text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
         except TypeError:
             text = repr(value)
-    text = text.replace("\n", "\\n")
+    text = visible(text)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -127,8 +128,8 @@ def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
         table.add_column(column, no_wrap=True)
     for row in rows:
         table.add_row(
-            Text(row["id"]),
-            Text(str(row["task"])),
+            Text(visible(row["id"])),
+            Text(visible(str(row["task"]))),
             Text(str(row["mode"])),
             Text(str(row["status"])),
             Text(_count(row["rounds"])),
@@ -164,7 +165,7 @@ def _commands_text(meta: Mapping[str, Any]) -> list[Text]:
         result = results[index] if index < len(results) else {}
         status = str(result.get("status", "-"))
         line = Text("  → ")
-        line.append(str(command.get("tool_name", "?")), style="bold")
+        line.append(visible(str(command.get("tool_name", "?"))), style="bold")
         line.append(f"({short(command.get('parameters', {}), 50)}) ")
         line.append(status, style=_STATUS_STYLE.get(status, ""))
         detail = result.get("error") or result.get("result")
@@ -264,11 +265,11 @@ def timeline(events: list[Event], title: str, *, show_all: bool = False) -> Tree
         head = Text(f"v{event.version} ", style="dim")
         if event.step is not None:
             head.append(f"step {meta.get('session_step', event.step)} ", style="bold")
-        head.append(str(meta.get("agent") or event.author))
+        head.append(visible(str(meta.get("agent") or event.author)))
         if meta.get("state"):
-            head.append(f" [{meta['state']}]", style="magenta")
+            head.append(f" [{visible(str(meta['state']))}]", style="magenta")
         if meta.get("status"):
-            head.append(f" → {meta['status']}")
+            head.append(f" → {visible(str(meta['status']))}")
         if "cost" in meta and meta["cost"] is None:
             head.append(" cost unknown", style="yellow")
         elif isinstance(meta.get("cost"), (int, float)) and meta["cost"]:
@@ -281,7 +282,7 @@ def timeline(events: list[Event], title: str, *, show_all: bool = False) -> Tree
         if changes is not None:
             parts.append(changes)
         if meta.get("error"):
-            parts.append(Text(f"  error: {meta['error']}", style="red"))
+            parts.append(Text(f"  error: {visible(str(meta['error']))}", style="red"))
         branch.add(Group(*parts))
     if not events:
         tree.add(Text("(no events yet)", style="dim"))
@@ -289,7 +290,7 @@ def timeline(events: list[Event], title: str, *, show_all: bool = False) -> Tree
 
 
 def _cells(*values: str) -> list[Text]:
-    return [Text(v) for v in values]
+    return [Text(visible(v)) for v in values]
 
 
 _EVENT_FIELDS = (

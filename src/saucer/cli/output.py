@@ -16,10 +16,15 @@ import orjson
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["make_console", "print_json", "styled", "PIPE_WIDTH"]
+__all__ = ["make_console", "print_json", "styled", "visible", "PIPE_WIDTH"]
 
 #: Width used when the output is not a terminal: wide enough that nothing wraps.
 PIPE_WIDTH = 100_000
+
+# Control characters (newline and escape included) would move the cursor or
+# recolour the terminal: they are shown as escapes, e.g. "\x1b[2J" as \x1b[2J.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)] if c != 0x09}
+_CONTROLS.update({0x0A: "\\n", 0x0D: "\\r"})
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -29,6 +34,15 @@ def make_console(*, stderr: bool = False) -> Console:
     if not console.is_terminal:
         console = Console(**options, width=PIPE_WIDTH, soft_wrap=True)
     return console
+
+
+_CONTROLS_BUT_NEWLINE = {**_CONTROLS, 0x0A: None}
+del _CONTROLS_BUT_NEWLINE[0x0A]
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    """``text`` with control characters as escapes (``\\x1b``, and ``\\n`` unless ``lines``); the rest as it is."""
+    return text.translate(_CONTROLS_BUT_NEWLINE if lines else _CONTROLS)
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from saucer.cli.inspect import short
+from saucer.cli.output import visible
 
 __all__ = ["StepPrinter"]
 
@@ -32,7 +33,7 @@ class StepPrinter:
     def _line(self, session: Any) -> Text:
         line = Text()
         if self.show_session:
-            line.append(session.session_id, style="dim")
+            line.append(visible(session.session_id), style="dim")
             line.append(" ")
         return line
 
@@ -41,7 +42,7 @@ class StepPrinter:
         line = self._line(session)
         line.append(what, style="bold")
         line.append(" session ")
-        line.append(session.session_id, style="bold cyan")
+        line.append(visible(session.session_id), style="bold cyan")
         line.append(f" ({session.mode} mode, task {session.task!r})")
         self.console.print(line)
 
@@ -61,12 +62,12 @@ class StepPrinter:
             self._cost[sid] = (self._cost.get(sid) or 0.0) + record.cost
         line = self._line(session)
         line.append(f"  step {record.session_step} ")
-        line.append(record.agent, style="magenta")
-        line.append(f"/{record.state}")
+        line.append(visible(record.agent), style="magenta")
+        line.append(f"/{visible(record.state)}")
         if record.commands:
             last = record.commands[-1]
             status = str(record.results[-1].get("status", "-")) if record.results else "-"
-            line.append(f"  {last.get('tool_name', '?')} ")
+            line.append(f"  {visible(str(last.get('tool_name', '?')))} ")
             line.append(status, style=_STATUS_STYLE.get(status, ""))
             error = str(record.results[-1].get("error") or "").strip()
             if status == "failure" and error:
@@ -82,7 +83,7 @@ class StepPrinter:
 
     def on_session_end(self, session: Any, result: Any) -> None:
         line = self._line(session)
-        line.append(f"session {result.session_id} {result.status}", style="green" if result.ok else "red")
+        line.append(f"session {visible(result.session_id)} {result.status}", style="green" if result.ok else "red")
         if result.reason and not result.ok:
             line.append(f": {short(result.reason, 200)}")
         self.console.print(line)

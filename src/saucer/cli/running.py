@@ -32,7 +32,7 @@ from saucer.cli.common import (
     settings_for,
     store_flag,
 )
-from saucer.cli.output import styled
+from saucer.cli.output import styled, visible
 from saucer.store import EventStore
 
 __all__ = ["run_cmd", "resume_cmd", "demo_cmd"]
@@ -85,9 +85,9 @@ async def _run_sessions(factory: Any, sessions: list[Any], concurrency: int, poo
 
 
 def _print_result(result: Any) -> None:
-    line = styled((f"session {result.session_id}: {result.status}", "green" if result.ok else "red"))
+    line = styled((f"session {visible(result.session_id)}: {result.status}", "green" if result.ok else "red"))
     if result.reason:
-        line.append(f" ({result.reason})")
+        line.append(f" ({visible(result.reason)})")
     console.print(line)
     console.print(result.cost.render())
     if result.log_path:
@@ -237,6 +237,8 @@ def resume_cmd(
     settings = _run_settings(config, store)
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
+    if workspace is not None:
+        workspace.mkdir(parents=True, exist_ok=True)
     with _factory(settings, yes, workspace) as factory:
         kw: dict[str, Any] = {"workspace": workspace} if workspace is not None else {}
         resumed = factory.resume_session(sid, retry_failed=retry_failed, **kw)
