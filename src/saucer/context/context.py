@@ -67,7 +67,7 @@ _DICT_NAMES = frozenset(
     m.value for m in ContextNames if m.type is dict or getattr(m.type, "__origin__", None) is dict
 )
 _INT_NAMES = frozenset(m.value for m in ContextNames if m.type is int or m.type == dict[int, int])
-_FLOAT_NAMES = frozenset(m.value for m in ContextNames if m.type is float or m.type == dict[int, float])
+_FLOAT_NAMES = frozenset(m.value for m in ContextNames if m.type is float or m.type in (dict[int, float], dict[int, float | None]))
 #: Snapshots up to this size are taken every ``snapshot_every`` events, whatever the tail.
 _SMALL_SNAPSHOT = 64 * 1024
 #: Rough stored size of one operation, to weigh a tail against a snapshot.
