@@ -207,7 +207,7 @@ def _changes(event: Event, show_all: bool) -> Text | None:
         text += f" (+{len(shown) - limit} more)"
     if hidden:
         text += f"{'; ' if shown else ''}+{hidden} counter/log update{'s' if hidden != 1 else ''}"
-    return Text("  changes: " + text, style="green")
+    return Text("  changes: " + visible(text), style="green")
 
 
 def _system_line(event: Event) -> Text | None:

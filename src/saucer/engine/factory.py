@@ -51,6 +51,7 @@ from saucer.engine.errors import (
     ServiceModeError,
 )
 from saucer.engine.interactor import interactor_approver
+from saucer.engine.logs import log_dir_for
 from saucer.engine.plan import (
     Plan,
     check_plan_tools,
@@ -144,7 +145,7 @@ class BatchReport:
             f"{len(self.skipped)} skipped"
         ]
         out += [f"  skipped {path}: {why} (session {sid})" for path, sid, why in self.skipped]
-        verbs = {"stopped": "continuing", INTERRUPTED: "resuming", "failed": "retrying the failed step of"}
+        verbs = {SessionStatus.STOPPED: "continuing", INTERRUPTED: "resuming"}  # else failed or error
         out += [
             f"  {verbs.get(before, 'retrying the failed step of')} {path} ({before}, session {sid})"
             for path, sid, before in self.continued
