@@ -76,7 +76,7 @@ from saucer.engine.observer import ObserverCaller
 from saucer.engine.plan import Plan, PlanStep, parse_plan, plan_from_rounds
 from saucer.engine.round import Round, RoundResult, RoundStatus
 from saucer.store import EventStore, LeaseHeldError, StoreError, open_store
-from saucer.store.base import Lease
+from saucer.store.base import Lease, SessionInfo
 
 __all__ = ["Session", "SessionResult", "SessionStatus", "new_session_id", "lease_owner"]
 
@@ -153,6 +153,14 @@ def _jsonable(value: Any) -> Any:
     return orjson.loads(orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS))
 
 
+def _fork_origin(info: SessionInfo) -> tuple[str | None, int | None]:
+    """The session a fork branched from and where: its parent, or (once it stands alone) its meta."""
+    if info.parent_id is not None:
+        return info.parent_id, info.parent_version
+    at = info.meta.get("at")
+    return info.meta.get("forked_from"), at if isinstance(at, int) else None
+
+
 def _session_meta(store: EventStore, session_id: str) -> dict[str, Any]:
     """The creation meta of a session, looking through forks to the original.
 
@@ -160,12 +168,14 @@ def _session_meta(store: EventStore, session_id: str) -> dict[str, Any]:
     """
     info = store.session_info(session_id)
     workspace = None
-    if info.parent_id is not None and info.parent_version is not None:
-        first = next(iter(store.read(session_id, info.parent_version, info.parent_version + 1)), None)
+    origin, at = _fork_origin(info)
+    if origin is not None and at is not None:
+        first = next(iter(store.read(session_id, at, at + 1)), None)
         workspace = first.meta.get("workspace") if first is not None else None
     seen = 0
-    while "mode" not in info.meta and info.parent_id is not None and seen < 100:
-        info = store.session_info(info.parent_id)
+    while "mode" not in info.meta and origin is not None and store.exists(origin) and seen < 100:
+        info = store.session_info(origin)
+        origin, _ = _fork_origin(info)
         seen += 1
     meta = dict(info.meta)
     if workspace:
@@ -728,7 +738,7 @@ class Session:
     def _logs_of_another_session(self, path: str) -> bool:
         """True when ``path`` is the log folder a fork inherited from its parent (a fork writes its own)."""
         assert self.store is not None
-        if self.store.session_info(self.session_id).parent_id is None:
+        if _fork_origin(self.store.session_info(self.session_id))[0] is None:
             return False
         own = re.escape(slug(self.session_id, 120))
         return re.fullmatch(rf"{own}(-\d+)?", Path(path).name) is None
