@@ -127,8 +127,9 @@ def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
     for column in ("mode", "status", "rounds", "steps", "cost", "updated"):
         table.add_column(column, no_wrap=True)
     for row in rows:
+        fork = f" (fork of {row['parent']})" if row.get("parent") else ""
         table.add_row(
-            Text(visible(row["id"])),
+            Text(visible(row["id"]) + fork),
             Text(visible(str(row["task"]))),
             Text(str(row["mode"])),
             Text(str(row["status"])),
@@ -137,8 +138,6 @@ def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
             Text(_cost_text(row)),
             Text(row["updated"][5:16]),
         )
-        if row.get("parent"):
-            table.add_row(Text(f"  fork of {row['parent']}", style="dim"))
     return table
 
 
