@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from saucer.context import Context, ContextNames
+from saucer.context import Context, ContextNames, prune
 from saucer.store import (
     ConflictError,
     CorruptRecordError,
@@ -584,7 +584,7 @@ def test_versions_before_a_prune_cannot_be_opened(db_url: str) -> None:
     for i in range(10):
         ctx.update_vars(set={"i": i})
         ctx.commit()
-    ctx.store.prune("s", keep_last=3)  # type: ignore[union-attr]
+    prune(ctx.store, "s", keep_last=3)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="7..10"):
         Context.open(ctx.store, "s", at=3)  # type: ignore[arg-type]
     assert Context.open(ctx.store, "s", at=7).get_var("i") == 6  # type: ignore[arg-type]

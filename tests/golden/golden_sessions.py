@@ -1,7 +1,7 @@
 """The sessions of the golden stores: what ``make_golden.py`` writes into each store.
 
-Everything goes through saucer's public API (``Context``, the store's
-``prune``/``acquire_lease``, ``saucer run --plan``), except the damage done to
+Everything goes through saucer's public API (``Context``, ``saucer.context.prune``,
+the store's ``acquire_lease``, ``saucer run --plan``), except the damage done to
 two records, which no API can do (see ``damaged``).
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import golden_format as gf
 
-from saucer.context import Context, ContextNames as N
+from saucer.context import Context, ContextNames as N, prune
 from saucer.context.names import WeavingMode
 from saucer.store import EventStore, open_store
 
@@ -275,7 +275,7 @@ def pruned(store: EventStore, rec: Recorder) -> None:
     for i in range(1, 11):
         twice.update_vars(set={"i": i, f"only{i}": i} if i < 3 else {"i": i})
         rec.commit(twice, round=1, step=i)
-    assert store.prune("pruned-twice", keep_last=6) == 4
+    assert prune(store, "pruned-twice", keep_last=6) == 4
     twice.reload()
     for i in range(11, 13):
         twice.update_vars(set={"i": i})
@@ -284,8 +284,8 @@ def pruned(store: EventStore, rec: Recorder) -> None:
 
 
 def prune_now(store: EventStore) -> None:
-    assert store.prune("pruned", keep_last=6) == 8  # the fork at 10 does not hold it back
-    assert store.prune("pruned-twice", keep_last=3) == 9
+    assert prune(store, "pruned", keep_last=6) == 8  # the fork at 10 does not hold it back
+    assert prune(store, "pruned-twice", keep_last=3) == 9
 
 
 def leases(store: EventStore, rec: Recorder) -> None:

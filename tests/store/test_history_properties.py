@@ -30,9 +30,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from saucer.context import Context, ContextNames
+from saucer.context import Context, ContextNames, prune
 from saucer.store import EventStore, StoreError, VersionPrunedError, open_store
-from saucer.store.transfer import export_session, import_session
+from saucer.context.transfer import export_session, import_session
 
 # Few examples with many steps each: every step checks every version of every
 # session, so the cost is in the checks, and long sequences find more.
@@ -183,7 +183,7 @@ class HistoryMachine(RuleBasedStateMachine):
         start = self._start(m)
         keep_last = data.draw(st.integers(0, m.head - start), label="keep_last")  # the last one cuts nothing
         cut = m.head - keep_last
-        first = self.store.prune(sid, keep_last=keep_last)
+        first = prune(self.store, sid, keep_last=keep_last)
         if cut <= start:
             assert first == m.first
             return

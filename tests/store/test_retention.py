@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from saucer.context import Context
+from saucer.context import Context, prune
 from saucer.store import EventStore, StoreError, VersionNotFoundError, VersionPrunedError, open_store
 
 
@@ -40,7 +40,7 @@ def store(store_url: str) -> Any:
 def test_keep_last_keeps_every_remaining_version_readable(store: EventStore) -> None:
     ctx = _fill(store, "s", 20, snapshot_every=7)
     before = _states(store, "s", range(0, 21))
-    assert store.prune("s", keep_last=5) == 15
+    assert prune(store, "s", keep_last=5) == 15
     assert store.first_version("s") == 15
     events = list(store.read("s"))
     assert [e.version for e in events] == list(range(15, 21))
@@ -60,7 +60,7 @@ def test_keep_last_keeps_every_remaining_version_readable(store: EventStore) -> 
 def test_a_snapshot_is_kept_at_the_new_start(store: EventStore) -> None:
     _fill(store, "s", 10, snapshot_every=1000).close()
     store.prune_snapshots("s", 0)
-    assert store.prune("s", keep_last=3) == 7
+    assert prune(store, "s", keep_last=3) == 7
     snap = store.latest_snapshot("s", 7)
     assert snap is not None and snap.version == 7
     assert store.latest_snapshot("s", 6) is None
@@ -74,10 +74,10 @@ def test_older_than_and_both_policies(store: EventStore) -> None:
         ctx.commit()
     before = _states(store, "s", range(0, 11))
     # Both policies: an event goes only when both allow it.
-    assert store.prune("s", keep_last=8, older_than=0.2) == 2
-    assert store.prune("s", older_than=0.2) == 6
-    assert store.prune("s", older_than=0.2) == 6  # nothing more is old enough
-    assert store.prune("s", keep_last=100) == 6  # never goes back
+    assert prune(store, "s", keep_last=8, older_than=0.2) == 2
+    assert prune(store, "s", older_than=0.2) == 6
+    assert prune(store, "s", older_than=0.2) == 6  # nothing more is old enough
+    assert prune(store, "s", keep_last=100) == 6  # never goes back
     assert _states(store, "s", range(6, 11)) == {v: before[v] for v in range(6, 11)}
     ctx.close()
 
@@ -104,7 +104,7 @@ def test_pruning_a_parent_never_changes_what_its_forks_read(store: EventStore) -
     before = {sid: (_readable(store, sid), _log(store, sid)) for sid in ("A", "B", "C")}
     b_diff, c_history = b.diff(2, 7), Context.open(store, "C").history()
 
-    assert store.prune("A", keep_last=2) == 8
+    assert prune(store, "A", keep_last=2) == 8
     assert _readable(store, "A") == {v: before["A"][0][v] for v in range(8, 11)}
     for sid in ("B", "C"):
         assert (_readable(store, sid), _log(store, sid)) == before[sid]
@@ -124,7 +124,7 @@ def test_pruning_a_parent_never_changes_what_its_forks_read(store: EventStore) -
 
 def test_a_pruned_version_is_an_error_naming_the_first_readable_one(store: EventStore) -> None:
     _fill(store, "s", 10).close()
-    store.prune("s", keep_last=3)
+    prune(store, "s", keep_last=3)
     for call in (
         lambda: Context.open(store, "s", at=2),
         lambda: Context.open(store, "s").state_at(6),
@@ -144,7 +144,7 @@ def test_a_pruned_version_is_an_error_naming_the_first_readable_one(store: Event
 
 def test_a_fork_of_a_pruned_session_starts_where_its_parent_does(store: EventStore) -> None:
     _fill(store, "s", 10).close()
-    store.prune("s", keep_last=4)
+    prune(store, "s", keep_last=4)
     before = _readable(store, "s")
     child = Context.open(store, "s").fork("child", at=8)
     assert store.first_version("child") == 6
@@ -152,7 +152,7 @@ def test_a_fork_of_a_pruned_session_starts_where_its_parent_does(store: EventSto
     with pytest.raises(VersionPrunedError, match="first readable version is 6"):
         Context.open(store, "child", at=5)
     # Pruning the parent again gives the fork its own copy from its first version on.
-    store.prune("s", keep_last=0)
+    prune(store, "s", keep_last=0)
     assert store.first_version("child") == 6 and store.session_info("child").parent_id is None
     assert _readable(store, "child") == {v: before[v] for v in range(6, 9)}
     assert [e.version for e in store.read("child")] == [6, 7, 8]
@@ -169,9 +169,9 @@ def test_pruning_a_fork_keeps_its_own_forks_and_cuts_only_its_own_log(store: Eve
     late = Context.open(store, "child").fork("late", at=7)
     before = {sid: _readable(store, sid) for sid in ("parent", "child", "grandchild", "late")}
 
-    assert store.prune("child", keep_last=20) == 0  # nothing to drop
-    assert store.prune("child", keep_last=8) == 0  # a fork is cut only above its branch point
-    assert store.prune("child", keep_last=2) == 7
+    assert prune(store, "child", keep_last=20) == 0  # nothing to drop
+    assert prune(store, "child", keep_last=8) == 0  # a fork is cut only above its branch point
+    assert prune(store, "child", keep_last=2) == 7
     assert store.session_info("child").parent_id is None  # its log now replays on its own
     store.prune_snapshots("child", 0)
     assert _readable(store, "child") == {v: before["child"][v] for v in range(7, 10)}
@@ -179,7 +179,7 @@ def test_pruning_a_fork_keeps_its_own_forks_and_cuts_only_its_own_log(store: Eve
         assert _readable(store, sid) == before[sid]
         assert store.session_info(sid).parent_id is None
     assert _readable(store, "parent") == before["parent"]  # untouched
-    store.prune("parent", keep_last=0)
+    prune(store, "parent", keep_last=0)
     assert {sid: _readable(store, sid) for sid in ("grandchild", "late")} == {
         sid: before[sid] for sid in ("grandchild", "late")
     }
@@ -203,7 +203,7 @@ def test_a_fork_made_while_its_parent_is_pruned_is_never_left_reading_a_gap(stor
     type(store)._materialise = materialise_then_fork  # type: ignore[method-assign]
     try:
         store.create_session("early", parent_id="s", parent_version=3)
-        assert store.prune("s", keep_last=5) == 25
+        assert prune(store, "s", keep_last=5) == 25
     finally:
         type(store)._materialise = original  # type: ignore[method-assign]
     for sid in ["early", *made]:
@@ -215,11 +215,11 @@ def test_a_fork_made_while_its_parent_is_pruned_is_never_left_reading_a_gap(stor
 def test_prune_arguments(store: EventStore) -> None:
     _fill(store, "s", 3).close()
     with pytest.raises(ValueError):
-        store.prune("s")
+        prune(store, "s")
     with pytest.raises(ValueError):
-        store.prune("s", keep_last=-1)
-    assert store.prune("s", keep_last=3) == 0  # nothing to drop
-    assert store.prune("s", keep_last=0) == 3  # only the head is left, as a base event
+        prune(store, "s", keep_last=-1)
+    assert prune(store, "s", keep_last=3) == 0  # nothing to drop
+    assert prune(store, "s", keep_last=0) == 3  # only the head is left, as a base event
     assert [e.version for e in store.read("s")] == [3]
     assert _plain(Context.open(store, "s"))["vars.n"] == 3
 
@@ -240,7 +240,7 @@ def test_pruning_while_a_writer_commits(store: EventStore) -> None:
     thread.start()
     starts = []
     while not done.is_set():
-        starts.append(store.prune("s", keep_last=3))
+        starts.append(prune(store, "s", keep_last=3))
         time.sleep(0.005)
     thread.join()
     assert starts == sorted(starts)  # never goes back

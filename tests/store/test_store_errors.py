@@ -29,7 +29,7 @@ from saucer.store import (
     StoreError,
     open_store,
 )
-from saucer.store.transfer import export_session, import_session
+from saucer.context.transfer import export_session, import_session
 
 
 @pytest.fixture

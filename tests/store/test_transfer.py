@@ -9,9 +9,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from saucer.context import Context, ContextNames
+from saucer.context import Context, ContextNames, prune
 from saucer.store import EventStore, InvalidSessionIdError, SessionExistsError, open_store
-from saucer.store.transfer import export_session, import_session
+from saucer.context.transfer import export_session, import_session
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_plain_pruned_forked_and_empty_sessions_round_trip(store: EventStore) ->
     assert data["lineage"] == [{"session_id": "plain", "from": 1, "to": 5}, {"session_id": "fork", "from": 6, "to": 6}]
     assert store.session_info("fork2").meta["forked_from"] == "plain"
 
-    store.prune("plain", keep_last=3)  # "fork" gets its own copy
+    prune(store, "plain", keep_last=3)  # "fork" gets its own copy
     data = _round_trip(store, "plain", "pruned2")
     assert data["base"]["version"] == 6 and data["events"][0]["meta"]["pruned"]["upto"] == 6
     assert data["base"]["state"]["vars"]["i"] == 5
@@ -77,7 +77,7 @@ def test_plain_pruned_forked_and_empty_sessions_round_trip(store: EventStore) ->
 
     Context.open(store, "empty").close()
     _round_trip(store, "empty", "empty2")
-    store.prune("pruned2", keep_last=0)  # only a base event left
+    prune(store, "pruned2", keep_last=0)  # only a base event left
     _round_trip(store, "pruned2", "pruned3")
     # A fork of a pruned session starts where its parent does.
     Context.open(store, "pruned3").fork("late-fork", at=9).close()
@@ -86,7 +86,7 @@ def test_plain_pruned_forked_and_empty_sessions_round_trip(store: EventStore) ->
 
 def test_an_export_written_before_base_existed_still_imports(store: EventStore) -> None:
     _fill(store, "s", 6).close()
-    store.prune("s", keep_last=2)
+    prune(store, "s", keep_last=2)
     data = export_session(store, "s", {})
     del data["base"], data["lineage"]
     import_session(store, data, "old")
@@ -136,7 +136,7 @@ def test_an_import_checks_everything_before_it_writes_anything(store: EventStore
     with pytest.raises(InvalidSessionIdError):
         import_session(store, good, "bad id")
     # Pruned exports: the base event must set the base state.
-    store.prune("s", keep_last=2)
+    prune(store, "s", keep_last=2)
     pruned = json.loads(json.dumps(export_session(store, "s", {})))
     with pytest.raises(ValueError, match="does not set the state of 'base.state'"):
         import_session(store, _bad(pruned, lambda d: d["base"]["state"]["vars"].update(i=99)), "copy")

@@ -37,7 +37,7 @@ from saucer.cli.common import (
     store_flag,
 )
 from saucer.cli.output import print_json, styled
-from saucer.context import Context, ContextNames
+from saucer.context import Context, ContextNames, prune
 from saucer.context.events import op_key
 from saucer.store import EventStore, open_store
 
@@ -273,7 +273,7 @@ def export_cmd(
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Export a session's whole log and final state as JSON."""
-    from saucer.store.transfer import export_session
+    from saucer.context.transfer import export_session
 
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
@@ -296,7 +296,7 @@ def import_cmd(
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Import a session exported with saucer export."""
-    from saucer.store.transfer import import_session
+    from saucer.context.transfer import import_session
 
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
@@ -369,7 +369,7 @@ def store_prune_cmd(
         for sid in targets:
             before = st.first_version(sid)
             forks = [i for i in st.sessions() if i.parent_id == sid]
-            first = st.prune(sid, keep_last=keep_last, older_than=seconds)
+            first = prune(st, sid, keep_last=keep_last, older_than=seconds)
             if first > before:
                 console.print(f"{sid}: versions before {first} dropped (v{first}..v{st.head(sid)} remain)")
             else:

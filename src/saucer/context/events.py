@@ -1,7 +1,8 @@
-"""Events, operations, the wire form of values, and the one fold.
+"""Operations, the wire form of values, and the one fold.
 
-An :class:`Event` is one committed change to a session: a list of operations
-plus who made it and when. Operations are plain JSON dicts::
+An :class:`~saucer.store.model.Event` (defined by the store, re-exported here)
+is one committed change to a session: a list of operations plus who made it
+and when. Operations are plain JSON dicts::
 
     {"op": "set",    "name": "REQUEST", "value": "open notepad"}
     {"op": "set",    "name": "ROUND_COST", "path": [3], "value": 0.25}
@@ -26,6 +27,7 @@ from typing import Any, Iterable, Mapping
 
 from saucer.context.names import ContextNames
 from saucer.redaction import redact_known, redact_known_text
+from saucer.store.model import Event, copy_json, op_key
 
 __all__ = [
     "Event",
@@ -58,43 +60,6 @@ class ValueNotStorableError(TypeError):
         self.reason = reason
         where = f"{key}{path}" if path else key
         super().__init__(f"value for {where!s} cannot be stored: {reason}")
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One committed, attributable change to a session's Context."""
-
-    session_id: str
-    version: int
-    timestamp: float
-    author: str
-    round: int | None
-    step: int | None
-    ops: list[dict[str, Any]]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def keys(self) -> list[str]:
-        """The names and vars this event touches (vars prefixed with ``vars.``)."""
-        return [op_key(op) for op in self.ops]
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of this event."""
-        return {
-            "session_id": self.session_id,
-            "version": self.version,
-            "timestamp": self.timestamp,
-            "author": self.author,
-            "round": self.round,
-            "step": self.step,
-            "ops": self.ops,
-            "meta": self.meta,
-        }
-
-
-def op_key(op: Mapping[str, Any]) -> str:
-    """The display key of an operation: the typed name, or ``vars.<key>``."""
-    name = op.get("name")
-    return name if name is not None else f"vars.{op['var']}"
 
 
 @dataclass(slots=True)
@@ -211,16 +176,6 @@ def _to_wire(value: Any, key: str, path: str, depth: int, room: int) -> Any:
             raise _TooDeep(path)
         return [_to_wire(v, key, f"{path}[{i}]", depth, room - 1) for i, v in enumerate(value)]
     raise ValueNotStorableError(key, path, f"{type(value).__name__} is not JSON data")
-
-
-def copy_json(value: Any) -> Any:
-    """Deep-copy JSON data (dicts, lists, scalars); much faster than ``copy.deepcopy``."""
-    cls = value.__class__
-    if cls is dict:
-        return {k: copy_json(v) for k, v in value.items()}
-    if cls is list:
-        return [copy_json(v) for v in value]
-    return value
 
 
 def _restore(name: str, wire: Any) -> Any:

@@ -13,8 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import orjson
 
-from saucer.context.events import Event
-from saucer.store.base import CorruptRecordError, Snapshot
+from saucer.store.model import CorruptRecordError, Event, Snapshot
 
 
 class DamagedRecord(Exception):

@@ -42,8 +42,8 @@ import warnings
 from collections import deque
 from typing import Any, Callable
 
-from saucer.context.events import Event
 from saucer.store._codec import encode_payload
+from saucer.store.model import Event
 
 __all__ = ["Pending", "GroupCommitter"]
 

@@ -1,16 +1,18 @@
-"""The event store interface shared by every backend (its rows and errors, from
-:mod:`saucer.store.model`, are re-exported here).
+"""The event store interface shared by every backend (its records and errors,
+from :mod:`saucer.store.model`, are re-exported here).
 
-A store keeps, per session, an append-only log of :class:`~saucer.context.events.Event`
+A store keeps, per session, an append-only log of :class:`~saucer.store.model.Event`
 records numbered 1, 2, 3, ... and occasional snapshots of the materialised
-state. It knows nothing about the Context beyond that.
+state. It knows nothing about the Context beyond that: operations and states
+are JSON data it stores and returns as they are.
 
 Backends implement a handful of primitives on *their own* rows
 (``_create``, ``_info``, ``_append``, ``_read``, ``_snapshot``, ...). The public
 methods here add what is the same everywhere: forks that reference their
 parent's log instead of copying it (copy-on-write lineage), version checks,
-and polling for :meth:`EventStore.watch`. The shared contract suite in
-``tests/store`` holds every backend to the same behaviour.
+and polling for :meth:`EventStore.watch`. What a backend may leave out is
+declared in :attr:`EventStore.features`, never guessed. The contract suite
+:mod:`saucer.store.testing` holds every backend to the same behaviour.
 
 Every error that leaves a store derives from :class:`StoreError`: backends
 translate their driver's errors (``sqlite3``, ``psycopg``) at their edge.
@@ -25,7 +27,8 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Sequence
+from enum import StrEnum
+from typing import Any, AsyncIterator, Callable, ClassVar, Iterator, Sequence
 
 from saucer.redaction import redact
 from saucer.store.model import (
@@ -33,10 +36,12 @@ from saucer.store.model import (
     ConflictError,
     CorruptRecordError,
     DamagedStoreError,
+    Event,
     FencedError,
     InvalidSessionIdError,
     Lease,
     LeaseHeldError,
+    NotSupportedError,
     OutcomeUnknownError,
     ReadOnlyError,
     SessionExistsError,
@@ -50,9 +55,6 @@ from saucer.store.model import (
     check_version,
 )
 
-if TYPE_CHECKING:  # at run time it is imported where used: saucer.context imports this module
-    from saucer.context.events import Event
-
 __all__ = [
     "StoreError",
     "ConflictError",
@@ -65,6 +67,7 @@ __all__ = [
     "OutcomeUnknownError",
     "ReadOnlyError",
     "LeaseHeldError",
+    "NotSupportedError",
     "VersionNotFoundError",
     "VersionPrunedError",
     "SESSION_ID_MAX_LENGTH",
@@ -73,14 +76,40 @@ __all__ = [
     "SessionInfo",
     "Snapshot",
     "Lease",
+    "Event",
+    "Feature",
     "EventStore",
 ]
+
+
+class Feature(StrEnum):
+    """What a backend may leave out; each backend declares what it has in :attr:`EventStore.features`.
+
+    A method of a feature the backend does not declare raises
+    :class:`NotSupportedError` (or, for the caches, says it did nothing); the
+    contract suite :mod:`saucer.store.testing` checks each declared feature
+    and the refusal of the others.
+    """
+
+    #: :meth:`EventStore.replace_history`: prune a session's old history (and give its forks their copies).
+    REPLACE_HISTORY = "replace_history"
+    #: :meth:`EventStore.import_log`: create a session with a whole log at once.
+    IMPORT = "import"
+    #: :meth:`EventStore.prune_snapshots` drops old snapshots (without it they are all kept).
+    SNAPSHOT_PRUNING = "snapshot_pruning"
+    #: :meth:`EventStore.quarantine_record` replaces a damaged record (a store whose
+    #: records cannot be damaged, such as memory, needs not).
+    QUARANTINE = "quarantine"
+    #: Concurrent appends of one process share one transaction (``_group_committer()``).
+    GROUP_COMMIT = "group_commit"
 
 
 class EventStore(ABC):
     """An append-only, versioned log of events per session, with snapshots and leases."""
 
     url: str = ""
+    #: The optional features this backend has (see :class:`Feature`).
+    features: ClassVar[frozenset[Feature]] = frozenset()
 
     # ------------------------------------------------------------ primitives
 
@@ -164,7 +193,7 @@ class EventStore(ABC):
 
         Snapshots are a cache of the fold (hydrate needs only the newest), so
         pruning never loses data; it bounds the space a large state takes.
-        The default keeps everything; backends override it.
+        A backend without :attr:`Feature.SNAPSHOT_PRUNING` keeps everything.
         """
 
     def quarantine_record(self, session_id: str, version: int) -> bool:
@@ -174,7 +203,8 @@ class EventStore(ABC):
         that the record does not become a fatal damaged record in the middle
         once newer events follow it. The replacement's ``meta`` keeps the
         reason and the original bytes. Returns True when a record was replaced;
-        False when it is readable, absent, or the backend cannot do it.
+        False when it is readable, absent, or the backend has no
+        :attr:`Feature.QUARANTINE` (its records cannot be damaged).
         """
         return False
 
@@ -407,125 +437,61 @@ class EventStore(ABC):
 
     # ------------------------------------------------------------ retention
 
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
-        """Primitive of :meth:`prune`, in ONE transaction: delete this session's own
-        events and snapshots below ``cut``, replace its own event at ``cut`` by
-        ``base``, store ``snapshot`` (at ``cut``), record ``cut`` as
-        ``meta["pruned_to"]``, and detach the session from its parent (its log no
-        longer reads the parent's). Does nothing if ``meta["pruned_to"]`` is
-        already at or past ``cut`` (a concurrent prune went further).
+    def replace_history(self, session_id: str, cut: int, base_ops: list[dict[str, Any]], state: dict[str, Any]) -> int:
+        """Cut the session's log at ``cut``; return its first readable version afterwards.
 
-        Returns False, having changed nothing, if a fork of the session exists
-        (one made since :meth:`prune` materialised the forks).
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not support pruning")
-
-    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
-        """Primitive of :meth:`prune`, in ONE transaction: give the fork ``info`` its
-        own copy of ``events`` (its lineage up to its branch point; each keeps,
-        and reads back with, its own ``session_id``), store ``snapshot`` unless it
-        has one there, merge ``meta`` into its meta, and detach it from its parent.
-        False, changing nothing, if it is no longer attached as ``info`` says."""
-        raise NotImplementedError(f"{type(self).__name__} does not support pruning")
-
-    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
-        """Primitive of :func:`saucer.store.transfer.import_session`, in ONE
-        transaction: create the session ``info`` (no parent) with ``events`` and
-        ``snapshots``; :class:`SessionExistsError` if the id is taken."""
-        raise NotImplementedError(f"{type(self).__name__} does not support importing")
-
-    def import_log(self, info: SessionInfo, events: list[Event], snapshots: Sequence[Snapshot] = ()) -> None:
-        """Create the session ``info`` (standing alone) with a checked log, in ONE transaction
-        (:func:`saucer.store.transfer.import_session` checks each event first).
-
-        ``events`` are consecutive up to ``info.version``, from 1 or from
-        ``info.meta["pruned_to"]`` (a base event). :class:`SessionExistsError` if the id is taken.
-        """
-        check_session_id(info.session_id)
-        first = int(info.meta.get("pruned_to", 0))
-        start = first or 1
-        if info.parent_id is not None or info.parent_version is not None:
-            raise ValueError("an imported session stands alone: it has no parent")
-        if [e.version for e in events] != list(range(start, info.version + 1)) or any(
-            e.session_id != info.session_id for e in events
-        ):
-            raise ValueError(f"the events of {info.session_id!r} must be versions {start}..{info.version} of that session")
-        self._import(info, list(events), list(snapshots))
-
-    def prune(self, session_id: str, keep_last: int | None = None, older_than: float | None = None) -> int:
-        """Drop old history of a session; return its new first readable version.
-
-        ``keep_last=N`` keeps the newest N events as they are; ``older_than=S``
-        drops events committed more than S seconds ago (with both, an event is
-        dropped only when both allow it). The version at the cut and every later
-        one stay readable: the event at the cut is replaced by a *base* event
-        that sets the whole state then (``meta["pruned"]``), with a snapshot
-        beside it, so the remaining log replays on its own. Versions before the
-        cut raise :class:`VersionPrunedError`.
+        The primitive of :func:`saucer.context.prune`, which picks the cut and
+        folds the state there (a store does not interpret states). ``base_ops``
+        set that whole state from an empty one; ``state`` is its wire form.
+        Atomically, the session's own events and snapshots below ``cut`` go,
+        its event at ``cut`` becomes a *base* event made of ``base_ops``
+        (author ``system``, ``meta["pruned"]`` naming the original author), a
+        snapshot of ``state`` is stored at ``cut``, and ``cut`` becomes its first
+        readable version: that version and every later one read as before.
 
         Forks never lose a version: each fork that still reads this session's
         log first gets its own copy of the events it reads, then stands alone
         (``meta["forked_from"]`` and ``["at"]`` keep its origin). A fork itself
-        is cut only above its branch point; then it stands alone too.
+        is cut only above its branch point; then it stands alone too. A cut at
+        or below the first readable version changes nothing (a concurrent
+        prune went further). :class:`NotSupportedError` unless the backend
+        declares :attr:`Feature.REPLACE_HISTORY`.
         """
-        if keep_last is None and older_than is None:
-            raise ValueError("prune needs keep_last and/or older_than")
-        if keep_last is not None and check_version(keep_last, "keep_last") < 0:
-            raise ValueError(f"keep_last must be >= 0, not {keep_last}")
-        if older_than is not None and not older_than >= 0:
-            raise ValueError(f"older_than must be >= 0 seconds, not {older_than}")
+        self._require(Feature.REPLACE_HISTORY, "replace history (prune)")
+        cut = check_version(cut, "cut")
         for _ in range(5):
             info = self.session_info(session_id)
-            cut = self._cut(info, keep_last, older_than)
-            if cut is None:
-                return self._first(info)
+            first = self._first(info)
+            if cut <= first:
+                return first
+            if cut > info.version:
+                raise VersionNotFoundError(session_id, cut, first, info.version)
+            if info.parent_id is not None and info.parent_version is not None and cut <= info.parent_version:
+                raise ValueError(
+                    f"session {session_id!r} is a fork of {info.parent_id!r} at version {info.parent_version}: "
+                    f"it is cut only above that version, not at {cut}"
+                )
             for fork in self._forks(session_id):
                 self._materialise_fork(fork)
-            base, snapshot = self._base_at(info, cut)
-            if self._prune(session_id, cut, base, snapshot):
+            if self._prune(session_id, cut, self._base_event(info, cut, base_ops), Snapshot(session_id, cut, time.time(), state)):
                 return self.first_version(session_id)
         raise StoreError(f"session {session_id!r}: new forks kept appearing while it was pruned; try again")
 
-    def _cut(self, info: SessionInfo, keep_last: int | None, older_than: float | None) -> int | None:
-        """Where a prune of ``info``'s session cuts, or None when there is nothing to drop."""
-        start = self._first(info)
-        if info.parent_id is not None and info.parent_version is not None:
-            start = max(start, info.parent_version)  # a fork is cut only within its own log
-        cut = info.version
-        if keep_last is not None:
-            cut = min(cut, info.version - keep_last)
-        if older_than is not None:
-            threshold = time.time() - older_than
-            old = start
-            for event in self._read(info.session_id, start, cut):
-                if event.timestamp >= threshold:
-                    break
-                old = event.version
-            cut = min(cut, old)
-        return cut if cut > start else None
-
-    def _base_at(self, info: SessionInfo, cut: int) -> tuple[Event, Snapshot]:
-        """The base event that replaces the session's event at ``cut``, and the snapshot beside it."""
-        from saucer.context.events import Event, state_to_wire
-
-        sid = info.session_id
-        original = next(iter(self._read(sid, cut - 1, cut)), None)
+    def _base_event(self, info: SessionInfo, cut: int, ops: list[dict[str, Any]]) -> Event:
+        """The base event that replaces the session's own event at ``cut`` (its time, round and step stay)."""
+        original = next(iter(self._read(info.session_id, cut - 1, cut)), None)
         if original is None:
-            raise StoreError(f"session {sid!r}: cannot prune at version {cut}: its event is missing")
-        wire = state_to_wire(self._state_at(sid, cut))
-        base = Event(
-            session_id=sid,
+            raise StoreError(f"session {info.session_id!r}: cannot prune at version {cut}: its event is missing")
+        return Event(
+            session_id=info.session_id,
             version=cut,
             timestamp=original.timestamp,
             author="system",
             round=original.round,
             step=original.step,
-            # Sets only: the base replays on its own, from an empty state.
-            ops=[{"op": "set", "name": k, "value": v} for k, v in wire["names"].items()]
-            + [{"op": "set", "var": k, "value": v} for k, v in wire["vars"].items()],
+            ops=ops,
             meta={"pruned": {"upto": cut, "author": original.author}},
         )
-        return base, Snapshot(sid, cut, time.time(), wire)
 
     def _materialise_fork(self, fork: SessionInfo) -> None:
         """Give a fork its own copy of the parent's lineage it reads, so it stands alone."""
@@ -546,23 +512,56 @@ class EventStore(ABC):
             meta["pruned_to"] = first
         self._materialise(fork, events, own, meta)
 
-    def _state_at(self, session_id: str, version: int) -> Any:
-        """The session's materialised state at ``version`` (a :class:`~saucer.context.events.State`)."""
-        from saucer.context.events import State, apply_ops, state_from_wire
+    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+        """Primitive of :meth:`replace_history`, in ONE transaction: delete this
+        session's own events and snapshots below ``cut``, replace its own event at
+        ``cut`` by ``base``, store ``snapshot`` (at ``cut``), record ``cut`` as
+        ``meta["pruned_to"]``, and detach the session from its parent (its log no
+        longer reads the parent's). Does nothing if ``meta["pruned_to"]`` is
+        already at or past ``cut`` (a concurrent prune went further).
 
-        snap = self.latest_snapshot(session_id, version)
-        state = state_from_wire(snap.state) if snap else State()
-        events = list(self.read(session_id, snap.version if snap else 0, version))
-        if events and snap and events[0].version != snap.version + 1:
-            state = State()  # pruned past the snapshot meanwhile: the first event is a base that sets everything
-        for event in events:
-            apply_ops(state, event.ops)
-        if (events[-1].version if events else snap.version if snap else 0) != version:
-            self.check_readable(session_id, version)  # pruned meanwhile: VersionPrunedError
-        return state
+        Returns False, having changed nothing, if a fork of the session exists
+        (one made since :meth:`replace_history` materialised the forks).
+        """
+        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REPLACE_HISTORY} yet lacks _prune")
 
+    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+        """Primitive of :meth:`replace_history`, in ONE transaction: give the fork ``info`` its
+        own copy of ``events`` (its lineage up to its branch point; each keeps,
+        and reads back with, its own ``session_id``), store ``snapshot`` unless it
+        has one there, merge ``meta`` into its meta, and detach it from its parent.
+        False, changing nothing, if it is no longer attached as ``info`` says."""
+        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REPLACE_HISTORY} yet lacks _materialise")
 
-_Event: Any = None
+    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
+        """Primitive of :meth:`import_log`, in ONE transaction: create the session
+        ``info`` (no parent) with ``events`` and ``snapshots``;
+        :class:`SessionExistsError` if the id is taken."""
+        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.IMPORT} yet lacks _import")
+
+    def import_log(self, info: SessionInfo, events: list[Event], snapshots: Sequence[Snapshot] = ()) -> None:
+        """Create the session ``info`` (standing alone) with a checked log, in ONE transaction
+        (:func:`saucer.context.transfer.import_session` checks each event first).
+
+        ``events`` are consecutive up to ``info.version``, from 1 or from
+        ``info.meta["pruned_to"]`` (a base event). :class:`SessionExistsError` if the id is taken;
+        :class:`NotSupportedError` unless the backend declares :attr:`Feature.IMPORT`.
+        """
+        self._require(Feature.IMPORT, "import a session")
+        check_session_id(info.session_id)
+        first = int(info.meta.get("pruned_to", 0))
+        start = first or 1
+        if info.parent_id is not None or info.parent_version is not None:
+            raise ValueError("an imported session stands alone: it has no parent")
+        if [e.version for e in events] != list(range(start, info.version + 1)) or any(
+            e.session_id != info.session_id for e in events
+        ):
+            raise ValueError(f"the events of {info.session_id!r} must be versions {start}..{info.version} of that session")
+        self._import(info, list(events), list(snapshots))
+
+    def _require(self, feature: Feature, what: str) -> None:
+        if feature not in self.features:
+            raise NotSupportedError(f"{type(self).__name__} cannot {what}: it does not have the feature {feature.value!r}")
 
 
 def _new_event(
@@ -574,12 +573,7 @@ def _new_event(
     step: int | None,
     meta: dict[str, Any] | None,
 ) -> Event:
-    global _Event
-    if _Event is None:
-        from saucer.context.events import Event  # here: saucer.context imports this module
-
-        _Event = Event
-    return _Event(
+    return Event(
         session_id=session_id,
         version=expected_version + 1,
         timestamp=time.time(),

@@ -12,10 +12,10 @@ import time
 from dataclasses import replace
 from typing import Any, Iterator
 
-from saucer.context.events import Event, copy_json
 from saucer.store.base import (
     ConflictError,
     EventStore,
+    Feature,
     FencedError,
     Lease,
     LeaseHeldError,
@@ -24,6 +24,7 @@ from saucer.store.base import (
     SessionNotFoundError,
     Snapshot,
 )
+from saucer.store.model import Event, copy_json
 
 __all__ = ["MemoryStore"]
 
@@ -44,6 +45,9 @@ _SHARED_LOCK = threading.Lock()
 
 class MemoryStore(EventStore):
     """Keeps events and snapshots in memory; ``name`` shares them within the process."""
+
+    # No QUARANTINE (its records cannot be damaged) and no GROUP_COMMIT (nothing to flush).
+    features = frozenset({Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING})
 
     def __init__(self, name: str | None = None) -> None:
         self.url = f"memory://{name or ''}"

@@ -1,5 +1,11 @@
-"""What every event store holds and says: its rows (sessions, snapshots, leases),
-its errors, and the rules for what it accepts as session ids and versions.
+"""What every event store holds and says: its records (events, snapshots,
+sessions, leases), its errors, and the rules for what it accepts as session ids
+and versions.
+
+An :class:`Event` is one committed change to a session: a list of operations
+(plain JSON dicts, see :mod:`saucer.context.events` for their vocabulary) plus
+who made it and when. The store keeps operations and snapshot states as JSON
+data it does not interpret; the Context above it gives them their meaning.
 
 Errors follow PEP 249's shape: every error that leaves a store derives from
 :class:`StoreError` and says, in one sentence, what happened and what to do.
@@ -11,12 +17,12 @@ import operator
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
-
-if TYPE_CHECKING:  # at run time it is imported where used: saucer.context imports this package
-    from saucer.context.events import Event
+from typing import Any, Mapping, Sequence
 
 __all__ = [
+    "Event",
+    "copy_json",
+    "op_key",
     "StoreError",
     "ConflictError",
     "FencedError",
@@ -28,6 +34,7 @@ __all__ = [
     "OutcomeUnknownError",
     "ReadOnlyError",
     "LeaseHeldError",
+    "NotSupportedError",
     "VersionNotFoundError",
     "VersionPrunedError",
     "SESSION_ID_MAX_LENGTH",
@@ -160,6 +167,10 @@ class OutcomeUnknownError(StoreError):
         )
 
 
+class NotSupportedError(StoreError):
+    """The backend does not have this optional feature (see ``EventStore.features``)."""
+
+
 class ReadOnlyError(StoreError):
     """A write was attempted on a read-only Context (one opened ``at=`` a version)."""
 
@@ -175,6 +186,53 @@ class LeaseHeldError(StoreError):
         super().__init__(
             f"session {session_id!r} is being run by {holder!r} (lease expires in {left:.1f}s unless renewed)"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One committed, attributable change to a session's Context."""
+
+    session_id: str
+    version: int
+    timestamp: float
+    author: str
+    round: int | None
+    step: int | None
+    ops: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def keys(self) -> list[str]:
+        """The names and vars this event touches (vars prefixed with ``vars.``)."""
+        return [op_key(op) for op in self.ops]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of this event."""
+        return {
+            "session_id": self.session_id,
+            "version": self.version,
+            "timestamp": self.timestamp,
+            "author": self.author,
+            "round": self.round,
+            "step": self.step,
+            "ops": self.ops,
+            "meta": self.meta,
+        }
+
+
+def op_key(op: Mapping[str, Any]) -> str:
+    """The display key of an operation: the typed name, or ``vars.<key>``."""
+    name = op.get("name")
+    return name if name is not None else f"vars.{op['var']}"
+
+
+def copy_json(value: Any) -> Any:
+    """Deep-copy JSON data (dicts, lists, scalars); much faster than ``copy.deepcopy``."""
+    cls = value.__class__
+    if cls is dict:
+        return {k: copy_json(v) for k, v in value.items()}
+    if cls is list:
+        return [copy_json(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,6 @@ from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from saucer.context.events import Event
 from saucer.store._codec import (
     DamagedRecord,
     decode_payload,
@@ -90,6 +89,7 @@ from saucer.store._group import GroupCommitter, Pending
 from saucer.store.base import (
     ConflictError,
     EventStore,
+    Feature,
     FencedError,
     Lease,
     LeaseHeldError,
@@ -100,6 +100,7 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
+from saucer.store.model import Event
 
 __all__ = ["PostgresStore", "SCHEMA_VERSION", "DEFAULT_SCHEMA", "split_url"]
 
@@ -242,6 +243,10 @@ def _jsonb(value: Any) -> Jsonb:
 
 class PostgresStore(EventStore):
     """Events, snapshots and leases in one PostgreSQL schema, shared by any number of processes."""
+
+    features = frozenset(
+        {Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.QUARANTINE, Feature.GROUP_COMMIT}
+    )
 
     #: Concurrent appends of this process share one statement and COMMIT; False gives each its own.
     group_commit: bool = True

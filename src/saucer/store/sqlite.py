@@ -39,7 +39,6 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 import orjson
 
-from saucer.context.events import Event
 from saucer.store._codec import (
     DamagedRecord,
     decode_payload,
@@ -54,6 +53,7 @@ from saucer.store.base import (
     ConflictError,
     DamagedStoreError,
     EventStore,
+    Feature,
     FencedError,
     Lease,
     LeaseHeldError,
@@ -63,6 +63,7 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
+from saucer.store.model import Event
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION"]
 
@@ -155,6 +156,10 @@ def _translated(method: _F) -> _F:
 
 class SQLiteStore(EventStore):
     """Events, snapshots and leases in one SQLite file."""
+
+    features = frozenset(
+        {Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.QUARANTINE, Feature.GROUP_COMMIT}
+    )
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0) -> None:
         self.path = Path(path)

@@ -7,7 +7,11 @@ with the *base* state there (``base``), which its first event sets.
 
 An import checks every event before it writes anything (each operation's
 shape, target and value, then a replay of the whole log), and then writes the
-session, its events and its snapshots in one transaction: all or nothing.
+session, its events and its snapshots in one transaction: all or nothing
+(:meth:`~saucer.store.EventStore.import_log`).
+
+This lives beside the Context, not in the store: checking an export means
+folding its events and knowing the typed names, which a store never does.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any, Mapping
 
 from saucer.context.events import Event, State, ValueNotStorableError, apply_ops, state_to_wire, to_wire
 from saucer.context.names import DERIVED_LEDGERS, ContextNames
-from saucer.store.base import EventStore, SessionInfo, Snapshot, check_session_id
+from saucer.store.base import EventStore
+from saucer.store.model import SessionInfo, Snapshot, check_session_id
 
 __all__ = ["FORMAT", "export_session", "import_session"]
 
