@@ -17,7 +17,17 @@ import logging
 from enum import Enum
 from typing import Any, Callable
 
-__all__ = ["ContextNames", "WeavingMode", "DERIVED_LEDGERS"]
+__all__ = [
+    "ContextNames",
+    "WeavingMode",
+    "DERIVED_LEDGERS",
+    "lookup",
+    "NUMBER_NAMES",
+    "INT_NAMES",
+    "FLOAT_NAMES",
+    "LIST_NAMES",
+    "DICT_NAMES",
+]
 
 
 class WeavingMode(str, Enum):
@@ -255,3 +265,24 @@ DERIVED_LEDGERS: dict[str, str] = {
     "CURRENT_ROUND_COST": "ROUND_COST",
     "CURRENT_ROUND_SUBTASK_AMOUNT": "ROUND_SUBTASK_AMOUNT",
 }
+
+
+def lookup(name: Any) -> ContextNames:
+    """The member for ``name`` (a member or its name); KeyError naming it when there is none."""
+    try:
+        return _BY_KEY[name]
+    except (KeyError, TypeError):
+        raise KeyError(f"unknown context name {name!r}; see ContextNames for the valid names") from None
+
+
+# A str-valued Enum member hashes and compares as its value, so these work for members and names.
+_BY_KEY: dict[str, ContextNames] = {m.value: m for m in ContextNames}
+
+#: Names by the kind of value they hold, for the checks of the atomic operations.
+NUMBER_NAMES = frozenset(m.value for m in ContextNames if m.type in (int, float))
+INT_NAMES = frozenset(m.value for m in ContextNames if m.type is int or m.type == dict[int, int])
+FLOAT_NAMES = frozenset(
+    m.value for m in ContextNames if m.type is float or m.type in (dict[int, float], dict[int, float | None])
+)
+LIST_NAMES = frozenset(m.value for m in ContextNames if m.type is list)
+DICT_NAMES = frozenset(m.value for m in ContextNames if m.type is dict or getattr(m.type, "__origin__", None) is dict)

@@ -1,0 +1,289 @@
+"""Reading and writing a Context: typed names, context variables, atomic operations.
+
+Every write becomes an operation (see :mod:`saucer.context.events`), applied
+at once through the one fold and, on a Context bound to a store, kept pending
+until the next commit. Values are checked and normalised when they are
+written: a wrong type is a ``TypeError``, a value that cannot be stored is a
+:class:`~saucer.context.events.ValueNotStorableError` naming the key and the
+path inside it, so a commit never meets either.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from saucer.context.commit import Durable
+from saucer.context.events import apply_ops, copy_json, to_wire
+from saucer.context.names import (
+    DERIVED_LEDGERS,
+    DICT_NAMES,
+    FLOAT_NAMES,
+    INT_NAMES,
+    LIST_NAMES,
+    NUMBER_NAMES,
+    ContextNames,
+    lookup,
+)
+
+__all__ = ["TypedAccess"]
+
+_MISSING: Any = object()
+
+# get() is the hottest call of the runtime: one dict lookup tells it what a
+# name is. kind 0: durable, stored as is; 1: derived from a per-round ledger;
+# 2: runtime-only. Works for members and plain strings (a str-valued Enum
+# hashes and compares as its value).
+_DURABLE, _DERIVED, _RUNTIME = 0, 1, 2
+_GET_SPEC: dict[str, tuple[int, str, Any]] = {}
+for _m in ContextNames:
+    if _m.derived:
+        _GET_SPEC[_m.value] = (_DERIVED, DERIVED_LEDGERS[_m.value], _m.default_value)
+    elif not _m.durable:
+        _GET_SPEC[_m.value] = (_RUNTIME, _m.value, None)
+    else:
+        _d = _m.default_value
+        # Mutable defaults are produced fresh on each read (their type is the factory).
+        _GET_SPEC[_m.value] = (_DURABLE, _m.value, _d.__class__ if _d.__class__ in (list, dict) else _d)
+del _m, _d
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _wrong_type(member: ContextNames, value: Any) -> TypeError:
+    return TypeError(f"{member.value} expects {_type_name(member.type)}, got {type(value).__name__}")
+
+
+class TypedAccess(Durable):
+    """``get``/``set`` of typed names, context variables, and the atomic operations."""
+
+    # ================================================================= reads
+
+    def get(self, name: ContextNames | str, default: Any = None) -> Any:
+        """The value of ``name``; its default when unset (``default`` if that is None).
+
+        Never writes. Containers are returned as copies, so mutating the
+        result does not change the Context.
+        """
+        try:
+            kind, key, fallback = _GET_SPEC[name]
+        except (KeyError, TypeError):
+            raise KeyError(f"unknown context name {name!r}; see ContextNames for the valid names") from None
+        if kind == _DURABLE:
+            value = self._state.names.get(key, fallback)
+            cls = value.__class__
+            if cls is dict or cls is list:
+                return copy_json(value)
+            if value is list or value is dict:
+                return value()
+            return default if value is None else value
+        if kind == _DERIVED:
+            names = self._state.names
+            entries = names.get(key)
+            if entries:
+                value = entries.get(names.get("CURRENT_ROUND_ID", 0))
+                if value is not None:
+                    return value
+            return fallback
+        value = self._runtime.get(key)
+        return default if value is None else value
+
+    @property
+    def vars(self) -> Mapping[str, Any]:
+        """The free-form context variables (a read-only copy)."""
+        return MappingProxyType(copy_json(self._state.vars))
+
+    def get_var(self, key: str, default: Any = None) -> Any:
+        """One context variable, or ``default`` when it is not set."""
+        value = self._state.vars.get(key, _MISSING)
+        if value is _MISSING:
+            return default
+        return copy_json(value)
+
+    # ================================================================ writes
+
+    def _record(self, ops: list[dict[str, Any]]) -> None:
+        """Apply ``ops`` now and keep them pending (committed at once with ``strict``)."""
+        with self._lock:
+            self._check_writable()
+            apply_ops(self._state, ops)
+            if self._store is not None:
+                self._pending.extend(ops)
+                if self._durability == "strict":
+                    self.commit()
+
+    def _set_op(self, member: ContextNames, value: Any, round_id: int) -> dict[str, Any]:
+        """The operation that sets a durable name (derived names write their ledger entry)."""
+        key = member._value_
+        if not member.accepts(value):
+            raise TypeError(
+                f"{key} expects {_type_name(member.type)}, got {type(value).__name__}: {value!r:.80}"
+            )
+        ledger = DERIVED_LEDGERS.get(key)
+        if ledger is not None:
+            if key == "CURRENT_ROUND_COST":
+                value = float(value)
+            return {"op": "set", "name": ledger, "path": [round_id], "value": to_wire(value, key)}
+        return {"op": "set", "name": key, "value": to_wire(value, key, int_keys=member.int_key_depth)}
+
+    def set(self, name: ContextNames | str, value: Any) -> None:
+        """Set a typed name; KeyError for an unknown name, TypeError for a wrong type.
+
+        The value is copied and normalised now: changing it afterwards does not
+        change the Context, and a value that cannot be stored is refused here
+        (:class:`ValueNotStorableError`, naming the key and the path inside it).
+        """
+        member = lookup(name)
+        if not member.durable:
+            if not member.accepts(value):
+                raise _wrong_type(member, value)
+            self._check_writable()
+            self._runtime[member.value] = value
+            return
+        self._record([self._set_op(member, value, self._round_id())])
+
+    def update_dict(self, name: ContextNames | str | Mapping[Any, Any], value: Mapping[Any, Any] | None = None) -> None:
+        """UFO's two forms: ``update_dict(name, {...})`` merges into a dict-valued name;
+        ``update_dict({name: value, ...})`` sets several names at once (one change:
+        every value is checked before any is written)."""
+        if value is None and isinstance(name, Mapping):
+            self._set_many(name)
+            return
+        member = lookup(name)
+        if member.value not in DICT_NAMES:
+            raise TypeError(f"update_dict({member.value}, ...) needs a dict-valued name; {member.value} is {_type_name(member.type)}")
+        if not isinstance(value, Mapping):
+            raise TypeError(f"update_dict({member.value}, ...) needs a dict, got {type(value).__name__}")
+        merged = self.get(member)
+        merged.update(value)
+        self.set(member, merged)
+
+    def _set_many(self, values: Mapping[Any, Any]) -> None:
+        """``update_dict({name: value, ...})``: every value checked, then all set as one change."""
+        members = [(lookup(k), v) for k, v in values.items()]
+        # Round id first, so derived names land in the right round's ledger.
+        members.sort(key=lambda mv: mv[0] is not ContextNames.CURRENT_ROUND_ID)
+        round_id = self._round_id()
+        ops: list[dict[str, Any]] = []
+        runtime: list[tuple[ContextNames, Any]] = []
+        for member, v in members:
+            if not member.durable:
+                if not member.accepts(v):
+                    raise _wrong_type(member, v)
+                runtime.append((member, v))
+                continue
+            ops.append(self._set_op(member, v, round_id))
+            if member is ContextNames.CURRENT_ROUND_ID:
+                round_id = v
+        self._check_writable()
+        for member, v in runtime:
+            self._runtime[member.value] = v
+        if ops:
+            self._record(ops)
+
+    def update_vars(self, set: Mapping[str, Any] | None = None, delete: list[str] | tuple[str, ...] = ()) -> None:
+        """Delete then set context variables, as one change."""
+        if isinstance(delete, str):
+            raise TypeError("update_vars(delete=...) takes a list of variable names, not a str")
+        if set is not None and not isinstance(set, Mapping):
+            raise TypeError(f"update_vars(set=...) takes a dict of variables, not {type(set).__name__}")
+        delete = delete or ()
+        ops: list[dict[str, Any]] = []
+        for key in delete:
+            self._check_var_key(key)
+            ops.append({"op": "delete", "var": key})
+        for key, value in (set or {}).items():
+            self._check_var_key(key)
+            ops.append({"op": "set", "var": key, "value": to_wire(value, f"vars.{key}")})
+        if ops:
+            self._record(ops)
+
+    @staticmethod
+    def _check_var_key(key: Any) -> None:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"context variable names are non-empty strings, not {key!r}")
+        to_wire(key, "vars")  # a name that JSON cannot hold is refused too
+
+    def delete_var(self, key: str) -> None:
+        """Delete one context variable (no error if it is not set)."""
+        self.update_vars(delete=[key])
+
+    # ========================================================== atomic ops
+
+    def _target(self, key: ContextNames | str) -> tuple[dict[str, Any], str]:
+        """The op target for ``key`` and its display label.
+
+        A :class:`ContextNames` member targets the typed name (a derived
+        ``CURRENT_ROUND_*`` name its ledger entry for the current round); a
+        plain string targets a context variable.
+        """
+        if isinstance(key, ContextNames):
+            if not key.durable:
+                raise TypeError(f"{key.value} is runtime-only; atomic operations need a durable name")
+            ledger = DERIVED_LEDGERS.get(key.value)
+            if ledger is not None:
+                return {"name": ledger, "path": [self._round_id()]}, key.value
+            return {"name": key.value}, key.value
+        self._check_var_key(key)
+        return {"var": key}, f"vars.{key}"
+
+    def incr(self, key: ContextNames | str, by: int | float = 1) -> int | float:
+        """Atomically add ``by`` to a number (a var, or a numeric typed name); return the new value.
+
+        Increments re-base onto concurrent writers at commit, so none is lost.
+        """
+        if isinstance(by, bool) or not isinstance(by, (int, float)):
+            raise TypeError(f"incr: 'by' must be a number, got {type(by).__name__}")
+        target, label = self._target(key)
+        name = target.get("name")
+        if name is not None:
+            if name not in NUMBER_NAMES and "path" not in target:
+                raise TypeError(f"incr needs a numeric name; {name} is {_type_name(lookup(name).type)}")
+            if name in INT_NAMES and not isinstance(by, int):
+                raise TypeError(f"incr: {label} is an int; 'by' must be an int, not {by!r}")
+            if name in FLOAT_NAMES:
+                by = float(by)  # keeps a float ledger float, live and on replay
+        with self._lock:
+            current = self._current(target)
+            if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
+                raise TypeError(f"incr: {label} holds {type(current).__name__}, not a number")
+            to_wire((current or 0) + by, label)  # refuses a result JSON cannot hold (inf, > 64 bits)
+            to_wire(by, label)
+            self._record([{"op": "incr", **target, "by": by}])
+            return self._current(target)
+
+    def append(self, key: ContextNames | str, value: Any) -> None:
+        """Atomically append ``value`` to a list (a var, or a list-valued typed name)."""
+        target, label = self._target(key)
+        if "name" in target and target["name"] not in LIST_NAMES:
+            raise TypeError(f"append needs a list-valued name; {label} is not a list")
+        wire = to_wire(value, label)
+        with self._lock:
+            current = self._current(target)
+            if current is not None and not isinstance(current, list):
+                raise TypeError(f"append: {label} holds {type(current).__name__}, not a list")
+            self._record([{"op": "append", **target, "value": wire}])
+
+    def compare_and_set(self, key: ContextNames | str, expected: Any, new: Any) -> bool:
+        """Set ``key`` to ``new`` only if it currently equals ``expected``; return whether it did.
+
+        The check is repeated against the newest version if another writer
+        committed first; if it no longer holds, :meth:`commit` raises ConflictError.
+        """
+        target, label = self._target(key)
+        depth = 0
+        if isinstance(key, ContextNames):
+            if not key.accepts(new):
+                raise TypeError(f"{label} expects {_type_name(key.type)}, got {type(new).__name__}")
+            if key.value in FLOAT_NAMES and new is not None:
+                new = float(new)
+            depth = key.int_key_depth
+        expected_wire = to_wire(expected, label, int_keys=depth)
+        new_wire = to_wire(new, label, int_keys=depth)
+        with self._lock:
+            if self._current_wire(target, label, depth) != expected_wire:
+                return False
+            self._record([{"op": "cas", **target, "expected": expected_wire, "value": new_wire}])
+            return True

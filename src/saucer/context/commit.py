@@ -1,0 +1,387 @@
+"""Committing a Context's pending changes: one event per commit, retried on conflict.
+
+:meth:`Durable.commit` (threads) and :meth:`Durable.acommit` (coroutines)
+write the pending operations as ONE event based on the version the Context
+has seen. Both run the same retry core, :meth:`Durable._attempts`, which
+decides everything: a conflict whose batch holds only atomic operations
+(``incr``, ``append``, compare-and-set) is re-based onto the newest version
+and tried again, with a random back-off once writers keep colliding; any
+other conflict, and any other store error, is raised with the changes kept
+pending. The two differ only in how they append and how they wait.
+
+After a commit whose outcome is unknown (the connection broke in flight), the
+next commit first checks whether the store has its event, and adopts it
+rather than writing it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Generator, Iterator, Self
+
+import orjson
+
+from saucer.context.core import check_text
+from saucer.context.events import ATOMIC_OPS, Event, ValueNotStorableError, apply_ops, copy_json, op_key, to_wire
+from saucer.context.names import lookup
+from saucer.context.snapshots import Snapshots
+from saucer.store.base import EventStore
+from saucer.store.model import ConflictError, OutcomeUnknownError, StoreError, check_version
+
+__all__ = ["Durable"]
+
+#: How many times a commit re-bases an atomic-only batch before giving up.
+_MAX_REBASES = 200
+
+
+@dataclass(frozen=True, slots=True)
+class _Append:
+    """Retry core -> driver: append ``ops`` as one event based on ``version``."""
+
+    ops: list[dict[str, Any]]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Wait:
+    """Retry core -> driver: back off for ``seconds`` before the next attempt."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Commit:
+    """What one commit writes besides its operations, and where."""
+
+    store: EventStore
+    session_id: str
+    author: str
+    round: int | None
+    step: int | None
+    meta: dict[str, Any] | None
+
+
+def _check_commit_args(author: str, round: Any, step: Any, meta: dict[str, Any] | None) -> None:
+    """Refuse, before anything is sent, what a store could not write for a commit."""
+    check_text(author, "author")
+    for what, value in (("round", round), ("step", step)):
+        if value is not None:
+            check_version(value, what)
+            to_wire(value, what)  # a 64-bit integer
+    if meta:
+        try:
+            orjson.dumps(meta)  # how the stores encode it
+        except orjson.JSONEncodeError as exc:
+            raise ValueNotStorableError("meta", "", str(exc)) from None
+
+
+def _keep_pending(exc: StoreError, count: int) -> None:
+    """Say, in the store's error, what happened to the pending changes (they are kept)."""
+    if isinstance(exc, OutcomeUnknownError):
+        note = f"this Context keeps its {count} changes pending, and its next commit() writes them only if they were not"
+    else:
+        note = f"this Context keeps its {count} changes pending: commit() again, or rollback() to drop them"
+    exc.args = (f"{exc}; {note}",) + exc.args[1:]
+
+
+class Durable(Snapshots):
+    """Commits, steps and rollback: how pending changes become durable events."""
+
+    # ============================================================== commits
+
+    def commit(
+        self,
+        *,
+        author: str | None = None,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> int:
+        """Write the pending changes as ONE event; return the new version.
+
+        If another writer committed first, a batch of only atomic operations is
+        re-based onto the newest version and retried; any other batch raises
+        :class:`~saucer.store.ConflictError` naming its keys (call :meth:`reload`).
+        Any other store failure leaves the changes pending (the error says so):
+        the Context stays usable, and its next commit tries again; after a
+        commit whose outcome is unknown it first checks whether they were written.
+        """
+        with self._lock:
+            job = self._begin(author, round, step, meta)
+            if job is None:
+                return self._version
+            attempts = self._attempts(job.session_id)
+            try:
+                action = next(attempts)
+                while True:
+                    if isinstance(action, _Wait):
+                        time.sleep(action.seconds)
+                        action = next(attempts)
+                        continue
+                    try:
+                        event = job.store.append(
+                            job.session_id, action.version, action.ops, author=job.author,
+                            round=job.round, step=job.step, meta=job.meta, fence=self._fence,
+                        )
+                    except StoreError as exc:
+                        action = attempts.throw(exc)
+                    else:
+                        self._written(event)
+                        action = next(attempts)
+            except StopIteration:
+                pass
+            self._maybe_snapshot()
+            return self._version
+
+    async def acommit(
+        self,
+        *,
+        author: str | None = None,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> int:
+        """:meth:`commit` for coroutines: the same event, durable when it returns.
+
+        The commits of the sessions of one event loop that are made at the same
+        time share one transaction and fsync (see ``saucer.store``), without a
+        thread per session; the engine commits its steps this way. The Context
+        refuses changes while the commit is in flight. If the awaiting task is
+        cancelled, the changes are either still pending (nothing was written)
+        or committed, as the Context's version then says.
+        """
+        with self._lock:
+            job = self._begin(author, round, step, meta)
+            if job is None:
+                return self._version
+            self._committing = True
+        try:
+            attempts = self._attempts(job.session_id)
+            try:
+                action = next(attempts)
+                while True:
+                    if isinstance(action, _Wait):
+                        await asyncio.sleep(action.seconds)
+                        action = next(attempts)
+                        continue
+                    try:
+                        # The store calls _written as soon as the event is durable,
+                        # even if this task is cancelled while it waits.
+                        await job.store.aappend(
+                            job.session_id, action.version, action.ops, author=job.author,
+                            round=job.round, step=job.step, meta=job.meta, fence=self._fence, on_written=self._written,
+                        )
+                    except StoreError as exc:
+                        action = attempts.throw(exc)
+                    else:
+                        action = next(attempts)
+            except StopIteration:
+                pass
+        finally:
+            self._committing = False
+        with self._lock:
+            self._maybe_snapshot()
+            return self._version
+
+    def _begin(self, author: str | None, round: int | None, step: int | None, meta: dict[str, Any] | None) -> _Commit | None:
+        """Under the lock: what a commit writes, or None when there is nothing to write."""
+        if self._store is None:
+            return None
+        self._check_writable()
+        if not (self._pending or meta):
+            return None
+        store, sid = self._require_store()
+        author = author or self._author
+        round = self._round_id() if round is None else round
+        _check_commit_args(author, round, step, meta)
+        if not self._settle_unknown(meta):
+            return None
+        return _Commit(store, sid, author, round, step, meta)
+
+    def _attempts(self, session_id: str) -> Generator[_Append | _Wait, None, None]:
+        """The retry core of :meth:`commit` and :meth:`acommit`: what to do next.
+
+        Each :class:`_Append` asks the caller to append the pending operations;
+        the caller resumes the core with ``next()`` once the event is written
+        (and reported to :meth:`_written`), or throws the store's error into it.
+        Each :class:`_Wait` asks it to back off first. The core returns when the
+        changes are written and raises what cannot be retried.
+        """
+        for attempt in range(_MAX_REBASES):
+            ops = self._pending
+            try:
+                yield _Append(ops, self._version)
+                return
+            except ConflictError as exc:
+                delay = self._before_retry(exc, ops, attempt)
+            except StoreError as exc:
+                self._commit_failed(exc)
+                raise
+            if delay:
+                yield _Wait(delay)
+            with self._lock:
+                self._rebase(ops)
+        raise ConflictError(session_id, self._version, None, ["(too many concurrent writers)"])
+
+    def _before_retry(self, exc: ConflictError, ops: list[dict[str, Any]], attempt: int) -> float:
+        """After a conflict: raise unless the batch can be re-based; return how long to back off."""
+        if exc.__class__ is not ConflictError:
+            raise exc  # fenced off: retrying cannot help
+        plain = [op_key(op) for op in ops if op["op"] not in ATOMIC_OPS and op["op"] != "cas"]
+        if plain:
+            raise ConflictError(exc.session_id, self._version, exc.actual, sorted(set(plain))) from None
+        # Several writers hammer the same session: back off a little, at
+        # random, so that one of them gets through.
+        return random.uniform(0, 0.0005 * min(attempt, 20)) if attempt >= 2 else 0.0
+
+    def _rebase(self, ops: list[dict[str, Any]]) -> None:
+        """Re-hydrate at the newest version and re-apply ``ops`` (atomic/cas only) on top.
+
+        Each compare-and-set is checked again, in order, against the state the
+        operations before it produce; if one no longer holds, or an operation no
+        longer applies (another writer changed the value's type), the batch is
+        dropped and :class:`ConflictError` names the key.
+        """
+        base = self._version
+        self._hydrate()
+        sid = self._session_id or ""
+        for op in ops:
+            key = op_key(op)
+            if op["op"] == "cas":
+                target = {k: op[k] for k in ("name", "var", "path") if k in op}
+                name = op.get("name")
+                depth = 0 if name is None or "path" in op else lookup(name).int_key_depth
+                if self._current_wire(target, key, depth) != op["expected"]:
+                    self._hydrate()
+                    raise ConflictError(sid, base, self._version, [key])
+            try:
+                apply_ops(self._state, [op])
+            except Exception:
+                self._hydrate()
+                raise ConflictError(sid, base, self._version, [key]) from None
+        self._pending = ops
+
+    def _written(self, event: Event, count: int | None = None) -> None:
+        """The pending changes (the first ``count`` of them) are durable as ``event``
+        (called by the store as soon as they are)."""
+        with self._lock:
+            count = len(self._pending) if count is None else count
+            self._tail_ops += count
+            self._version = event.version
+            self._pending = self._pending[count:]
+            self._step_mark = max(0, self._step_mark - count)
+
+    def _commit_failed(self, exc: StoreError) -> None:
+        """A commit failed with ``exc`` (not a conflict): keep the changes pending and say so."""
+        if isinstance(exc, OutcomeUnknownError) and exc.event is not None:
+            self._unknown = replace(exc.event, ops=copy_json(exc.event.ops))
+        _keep_pending(exc, len(self._pending))
+
+    def _settle_unknown(self, meta: dict[str, Any] | None) -> bool:
+        """After a commit whose outcome was unknown: adopt its event if the store has it.
+
+        Returns whether there is still something to commit.
+        """
+        unknown = self._unknown
+        if unknown is None:
+            return True
+        store, sid = self._require_store()
+        written = next(iter(store.read(sid, unknown.version - 1, unknown.version)), None)  # may raise: try again later
+        self._unknown = None
+        count = len(unknown.ops)
+        if (
+            written is not None
+            and (written.timestamp, written.author, written.ops) == (unknown.timestamp, unknown.author, unknown.ops)
+            and self._pending[:count] == unknown.ops
+        ):
+            self._written(written, count)
+        return bool(self._pending or meta)
+
+    # ================================================================ steps
+
+    def commit_step(
+        self,
+        *,
+        author: str | None = None,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> int:
+        """Commit at a step boundary unless durability is ``exit`` (then changes wait for close)."""
+        if self._durability == "exit" and self._store is not None:
+            self._step_mark = len(self._pending)
+            return self._version
+        return self.commit(author=author, round=round, step=step, meta=meta)
+
+    async def acommit_step(
+        self,
+        *,
+        author: str | None = None,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> int:
+        """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
+        if self._durability == "exit" and self._store is not None:
+            self._step_mark = len(self._pending)
+            return self._version
+        return await self.acommit(author=author, round=round, step=step, meta=meta)
+
+    @contextmanager
+    def step(
+        self,
+        *,
+        author: str | None = None,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Iterator[Self]:
+        """Group changes into one atomic step: committed together on success, discarded on error.
+
+        With durability ``exit`` a successful step stays pending until close;
+        ``strict`` commits each change as it is made, so there is nothing left
+        to discard when the step fails.
+        """
+        if self._store is None:
+            saved = self._copy_state()
+            try:
+                yield self
+            except BaseException:
+                self._state = saved
+                raise
+            return
+        if self._pending and self._durability != "exit":
+            raise RuntimeError("uncommitted changes before the step; commit() them first")
+        mark = len(self._pending)
+        try:
+            yield self
+        except BaseException:
+            self._discard_after(mark)
+            raise
+        self.commit_step(author=author, round=round, step=step, meta=meta)
+
+    def _discard_after(self, mark: int) -> None:
+        """Drop the pending operations after ``mark``: back to the committed state plus the rest."""
+        with self._lock:
+            kept = self._pending[:mark]
+            self._hydrate(self._version)
+            if kept:
+                apply_ops(self._state, kept)
+                self._pending = kept
+                self._step_mark = len(kept)
+
+    def rollback(self) -> None:
+        """Discard uncommitted changes and return to the last committed state."""
+        with self._lock:
+            if self._store is None:
+                raise RuntimeError("a detached Context has no committed state to roll back to")
+            self._hydrate(self._version if self._read_only else None)
+
+    def reload(self) -> None:
+        """Discard uncommitted changes and load the newest committed version."""
+        with self._lock:
+            self._hydrate(self._version if self._read_only else None)
