@@ -12,7 +12,8 @@ import pytest
 
 from saucer.context import Context
 from saucer.store import LeaseHeldError, StoreError, open_store
-from saucer.store.postgres import SCHEMA_VERSION, PostgresStore, _display, split_url
+from saucer.store._postgres_conn import display_url as _display
+from saucer.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
 
 pg = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 

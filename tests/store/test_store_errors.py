@@ -187,7 +187,7 @@ def test_pooled_connections_closed_by_the_server_are_replaced(pg_app: tuple[str,
 
 @pg
 def test_a_read_whose_connection_breaks_is_retried_once(pg_app: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import saucer.store.postgres as pgstore
+    import saucer.store._postgres_conn as pgconn
 
     url, app = pg_app
     with open_store(url) as store:
@@ -195,7 +195,7 @@ def test_a_read_whose_connection_breaks_is_retried_once(pg_app: tuple[str, str],
         ctx.incr("n")
         ctx.commit()
         # Without the check on taking a connection, the break is met mid-call.
-        monkeypatch.setattr(pgstore, "_closed_by_server", lambda conn: False)
+        monkeypatch.setattr(pgconn, "closed_by_server", lambda conn: False)
         _terminate(url, app)
         assert store.session_info("s").version == 1  # retried on a fresh connection
         _terminate(url, app)

@@ -27,7 +27,6 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from functools import partial
-from enum import StrEnum
 from typing import Any, AsyncIterator, Callable, ClassVar, Iterator, Sequence
 
 from saucer.redaction import redact
@@ -37,6 +36,7 @@ from saucer.store.model import (
     CorruptRecordError,
     DamagedStoreError,
     Event,
+    Feature,
     FencedError,
     InvalidSessionIdError,
     Lease,
@@ -80,28 +80,6 @@ __all__ = [
     "Feature",
     "EventStore",
 ]
-
-
-class Feature(StrEnum):
-    """What a backend may leave out; each backend declares what it has in :attr:`EventStore.features`.
-
-    A method of a feature the backend does not declare raises
-    :class:`NotSupportedError` (or, for the caches, says it did nothing); the
-    contract suite :mod:`saucer.store.testing` checks each declared feature
-    and the refusal of the others.
-    """
-
-    #: :meth:`EventStore.replace_history`: prune a session's old history (and give its forks their copies).
-    REPLACE_HISTORY = "replace_history"
-    #: :meth:`EventStore.import_log`: create a session with a whole log at once.
-    IMPORT = "import"
-    #: :meth:`EventStore.prune_snapshots` drops old snapshots (without it they are all kept).
-    SNAPSHOT_PRUNING = "snapshot_pruning"
-    #: :meth:`EventStore.quarantine_record` replaces a damaged record (a store whose
-    #: records cannot be damaged, such as memory, needs not).
-    QUARANTINE = "quarantine"
-    #: Concurrent appends of one process share one transaction (``_group_committer()``).
-    GROUP_COMMIT = "group_commit"
 
 
 class EventStore(ABC):

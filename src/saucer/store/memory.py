@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator
 
@@ -30,6 +31,8 @@ __all__ = ["MemoryStore"]
 
 
 class _Data:
+    """The tables of one store (shared by the stores opened with the same name)."""
+
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.infos: dict[str, SessionInfo] = {}
@@ -57,23 +60,32 @@ class MemoryStore(EventStore):
         else:
             self._d = _Data()
 
-    def _create(self, info: SessionInfo) -> None:
+    @contextmanager
+    def _transaction(self) -> Iterator[_Data]:
+        """The tables, held alone: what a block changes is seen whole or not at all.
+
+        Every method checks all it needs before it changes anything, so a
+        block that raises has changed nothing (no rollback is needed).
+        """
         with self._d.lock:
-            if info.session_id in self._d.infos:
+            yield self._d
+
+    def _create(self, info: SessionInfo) -> None:
+        with self._transaction() as d:
+            if info.session_id in d.infos:
                 raise SessionExistsError(f"session {info.session_id!r} already exists")
             if info.parent_id is not None:
-                parent = self._d.infos.get(info.parent_id)
+                parent = d.infos.get(info.parent_id)
                 self._check_fork_point(info, parent and (parent.version, int(parent.meta.get("pruned_to", 0))))
-            self._d.infos[info.session_id] = info
-            self._d.events[info.session_id] = []
-            self._d.snapshots[info.session_id] = {}
+            d.infos[info.session_id] = info
+            d.events[info.session_id] = []
+            d.snapshots[info.session_id] = {}
 
     def _info(self, session_id: str) -> SessionInfo | None:
-        return self._d.infos.get(session_id)
+        return self._d.infos.get(session_id)  # one dict lookup: atomic without the lock
 
     def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
-        d = self._d
-        with d.lock:
+        with self._transaction() as d:
             info = d.infos.get(event.session_id)
             if info is None:
                 raise SessionNotFoundError(event.session_id)
@@ -90,8 +102,8 @@ class MemoryStore(EventStore):
             d.infos[event.session_id] = replace(info, version=event.version, updated_at=event.timestamp)
 
     def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
-        with self._d.lock:
-            events = self._d.events.get(session_id) or []
+        with self._transaction() as d:
+            events = d.events.get(session_id) or []
             # Own versions are consecutive, so the range is a slice (no scan).
             first = events[0].version if events else 0
             start = max(0, after + 1 - first)
@@ -101,8 +113,8 @@ class MemoryStore(EventStore):
             yield replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta))
 
     def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
-        with self._d.lock:
-            snaps = self._d.snapshots.get(session_id, {})
+        with self._transaction() as d:
+            snaps = d.snapshots.get(session_id, {})
             versions = [v for v in snaps if upto is None or v <= upto]
             if not versions:
                 return None
@@ -111,34 +123,33 @@ class MemoryStore(EventStore):
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
         copy = replace(snapshot, state=copy_json(snapshot.state))
-        with self._d.lock:
-            self._d.snapshots.setdefault(snapshot.session_id, {})[snapshot.version] = copy
+        with self._transaction() as d:
+            d.snapshots.setdefault(snapshot.session_id, {})[snapshot.version] = copy
 
     def prune_snapshots(self, session_id: str, keep: int) -> None:
-        with self._d.lock:
-            snaps = self._d.snapshots.get(session_id)
+        with self._transaction() as d:
+            snaps = d.snapshots.get(session_id)
             if snaps:
                 for version in sorted(snaps, reverse=True)[max(0, keep):]:
                     del snaps[version]
 
     def sessions(self) -> list[SessionInfo]:
-        with self._d.lock:
-            infos = list(self._d.infos.values())
+        with self._transaction() as d:
+            infos = list(d.infos.values())
         return sorted(infos, key=lambda i: (-i.updated_at, i.session_id))
 
     def lease_of(self, session_id: str) -> Lease | None:
-        with self._d.lock:
-            return self._d.leases.get(session_id)
+        with self._transaction() as d:
+            return d.leases.get(session_id)
 
     def _delete(self, session_id: str) -> None:
-        with self._d.lock:
-            for table in (self._d.infos, self._d.events, self._d.snapshots, self._d.leases, self._d.tokens):
+        with self._transaction() as d:
+            for table in (d.infos, d.events, d.snapshots, d.leases, d.tokens):
                 table.pop(session_id, None)
 
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
-        d = self._d
         now = time.time()
-        with d.lock:
+        with self._transaction() as d:
             self.session_info(session_id)
             held = d.leases.get(session_id)
             if held is not None and held.owner != owner and held.expires_at > now:
@@ -152,14 +163,13 @@ class MemoryStore(EventStore):
             return lease
 
     def release_lease(self, lease: Lease) -> None:
-        with self._d.lock:
-            held = self._d.leases.get(lease.session_id)
+        with self._transaction() as d:
+            held = d.leases.get(lease.session_id)
             if held is not None and held.token == lease.token and held.owner == lease.owner:
-                self._d.leases[lease.session_id] = replace(held, expires_at=0.0)
+                d.leases[lease.session_id] = replace(held, expires_at=0.0)
 
     def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
-        d = self._d
-        with d.lock:
+        with self._transaction() as d:
             info = d.infos.get(session_id)
             if info is None:
                 raise SessionNotFoundError(session_id)
@@ -179,9 +189,8 @@ class MemoryStore(EventStore):
             return True
 
     def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
-        d = self._d
         sid = info.session_id
-        with d.lock:
+        with self._transaction() as d:
             now = d.infos.get(sid)
             if now is None or (now.parent_id, now.parent_version) != (info.parent_id, info.parent_version):
                 return False
@@ -193,9 +202,8 @@ class MemoryStore(EventStore):
             return True
 
     def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
-        d = self._d
         sid = info.session_id
-        with d.lock:
+        with self._transaction() as d:
             if sid in d.infos:
                 raise SessionExistsError(f"session {sid!r} already exists")
             d.infos[sid] = replace(info, meta=copy_json(info.meta))

@@ -1,6 +1,6 @@
 """What every event store holds and says: its records (events, snapshots,
-sessions, leases), its errors, and the rules for what it accepts as session ids
-and versions.
+sessions, leases), the optional features a backend declares, its errors, and
+the rules for what it accepts as session ids and versions.
 
 An :class:`Event` is one committed change to a session: a list of operations
 (plain JSON dicts, see :mod:`saucer.context.events` for their vocabulary) plus
@@ -17,10 +17,12 @@ import operator
 import re
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Mapping, Sequence
 
 __all__ = [
     "Event",
+    "Feature",
     "copy_json",
     "op_key",
     "StoreError",
@@ -44,6 +46,28 @@ __all__ = [
     "Snapshot",
     "Lease",
 ]
+
+
+class Feature(StrEnum):
+    """What a backend may leave out; each backend declares what it has in :attr:`EventStore.features`.
+
+    A method of a feature the backend does not declare raises
+    :class:`NotSupportedError` (or, for the caches, says it did nothing); the
+    contract suite :mod:`saucer.store.testing` checks each declared feature
+    and the refusal of the others.
+    """
+
+    #: :meth:`EventStore.replace_history`: prune a session's old history (and give its forks their copies).
+    REPLACE_HISTORY = "replace_history"
+    #: :meth:`EventStore.import_log`: create a session with a whole log at once.
+    IMPORT = "import"
+    #: :meth:`EventStore.prune_snapshots` drops old snapshots (without it they are all kept).
+    SNAPSHOT_PRUNING = "snapshot_pruning"
+    #: :meth:`EventStore.quarantine_record` replaces a damaged record (a store whose
+    #: records cannot be damaged, such as memory, needs not).
+    QUARANTINE = "quarantine"
+    #: Concurrent appends of one process share one transaction (``_group_committer()``).
+    GROUP_COMMIT = "group_commit"
 
 
 class StoreError(Exception):

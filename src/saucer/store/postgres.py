@@ -7,6 +7,11 @@ migrates itself: the ``saucer_schema`` table records each applied version,
 migrate``), and opening a store does it automatically the first time. Concurrent
 migrators serialise on a transaction-level advisory lock.
 
+This module is the store's logic; ``_postgres_conn`` holds the URL, the
+schema's migrations and the connection pools, and ``_postgres_sql`` the
+statements worth a name (the append statement, session rows, the rewrites of
+history for a prune).
+
 Appends
     One statement per batch checks and writes everything: it updates each
     session's head only where it still equals the version the commit was based
@@ -62,35 +67,38 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import select
-import threading
 import time
 import warnings
-from contextlib import contextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, TypeVar
 
-import orjson
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from saucer.store._codec import (
     DamagedRecord,
     decode_payload,
     decode_rows,
-    encode_payload,
-    encode_state,
     first_good_snapshot,
     quarantine_payload,
 )
 from saucer.store._group import GroupCommitter, Pending
+from saucer.store._postgres_conn import (
+    DEFAULT_SCHEMA,
+    SCHEMA_VERSION,
+    Connections,
+    applied_version,
+    display_url,
+    ensure_schema,
+    one_line,
+    quote,
+    split_url,
+)
+from saucer.store._postgres_conn import migrate as migrate_schema
+from saucer.store._postgres_sql import INFO_COLUMNS, Statements, row_info
 from saucer.store.base import (
-    ConflictError,
     EventStore,
     Feature,
-    FencedError,
     Lease,
     LeaseHeldError,
     OutcomeUnknownError,
@@ -104,103 +112,7 @@ from saucer.store.model import Event
 
 __all__ = ["PostgresStore", "SCHEMA_VERSION", "DEFAULT_SCHEMA", "split_url"]
 
-DEFAULT_SCHEMA = "saucer"
-
-#: Each entry migrates the schema from version N to N + 1 (``{s}`` is the quoted schema).
-_MIGRATIONS: list[list[str]] = [
-    [
-        """CREATE TABLE {s}.sessions (
-            session_id     text PRIMARY KEY,
-            head           bigint NOT NULL,
-            created_at     double precision NOT NULL,
-            updated_at     double precision NOT NULL,
-            parent_id      text,
-            parent_version bigint,
-            meta           jsonb NOT NULL DEFAULT '{{}}'
-        )""",
-        "CREATE INDEX sessions_updated_at ON {s}.sessions (updated_at DESC)",
-        """CREATE TABLE {s}.events (
-            session_id text NOT NULL,
-            version    bigint NOT NULL,
-            ts         double precision NOT NULL,
-            author     text NOT NULL,
-            round      bigint,
-            step       bigint,
-            payload    bytea NOT NULL,
-            crc        bigint,
-            PRIMARY KEY (session_id, version)
-        )""",
-        """CREATE TABLE {s}.snapshots (
-            session_id text NOT NULL,
-            version    bigint NOT NULL,
-            ts         double precision NOT NULL,
-            state      bytea NOT NULL,
-            crc        bigint,
-            PRIMARY KEY (session_id, version)
-        )""",
-        """CREATE TABLE {s}.leases (
-            session_id text PRIMARY KEY REFERENCES {s}.sessions (session_id) ON DELETE CASCADE,
-            owner      text NOT NULL,
-            token      bigint NOT NULL,
-            expires_at double precision NOT NULL
-        )""",
-    ],
-]
-
-#: The schema version this saucer writes and reads.
-SCHEMA_VERSION = len(_MIGRATIONS)
-
 _NOW = "extract(epoch FROM clock_timestamp())::double precision"
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``postgresql://...?schema=NAME&sslmode=...`` -> (conninfo without ``schema``, schema name)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgresql", "postgres"):
-        raise ValueError(f"not a PostgreSQL store URL: {url!r} (expected postgresql://user@host:port/db)")
-    schema = DEFAULT_SCHEMA
-    rest: list[tuple[str, str]] = []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key == "schema":
-            schema = value
-        else:
-            rest.append((key, value))
-    if not schema or "\x00" in schema or len(schema.encode()) > 63:
-        raise ValueError(f"PostgreSQL store URL {_display(url)!r}: schema must be a name of 1 to 63 bytes")
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment)), schema
-
-
-def _display(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    netloc = f"{userinfo.partition(':')[0]}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
-def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
-    """Whether an idle pooled connection was closed by the server meanwhile.
-
-    An idle connection has nothing to read, unless the server said goodbye
-    (a termination message, then end of file): only then is it pinged.
-    """
-    try:
-        if not select.select([conn.fileno()], [], [], 0)[0]:
-            return False
-        conn.execute("")
-    except (psycopg.Error, OSError, ValueError):
-        return True
-    return False
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -219,26 +131,22 @@ def _translated(*, retry: bool) -> Callable[[_F], _F]:
             try:
                 return method(self, *args, **kwargs)
             except PoolTimeout as exc:
-                raise self._store_error(exc) from exc
+                raise self._db.error(exc) from exc
             except psycopg.OperationalError as exc:
                 if not retry:
-                    raise self._store_error(exc) from exc
+                    raise self._db.error(exc) from exc
                 first = exc
             except psycopg.Error as exc:
-                raise self._store_error(exc) from exc
-            self._drop_broken()  # the others may have been closed too (a server restart): not those again
+                raise self._db.error(exc) from exc
+            self._db.drop_broken()  # the others may have been closed too (a server restart): not those again
             try:
                 return method(self, *args, **kwargs)
             except psycopg.Error as exc:
-                raise self._store_error(exc, retried=isinstance(exc, psycopg.OperationalError)) from first
+                raise self._db.error(exc, retried=isinstance(exc, psycopg.OperationalError)) from first
 
         return wrapper  # type: ignore[return-value]
 
     return decorate
-
-
-def _jsonb(value: Any) -> Jsonb:
-    return Jsonb(value, dumps=lambda obj: orjson.dumps(obj).decode())
 
 
 class PostgresStore(EventStore):
@@ -262,162 +170,30 @@ class PostgresStore(EventStore):
         self.url = url
         self.conninfo, self.schema = split_url(url)
         self.channel = f"saucer_{self.schema}"[:63]
-        self._connect_timeout = connect_timeout
-        s = _quote(self.schema)
-        self._s = s
-        self._sql_append = f"""
-            WITH b AS (
-                SELECT * FROM unnest(%b::text[], %b::bigint[], %b::double precision[], %b::text[],
-                                     %b::bigint[], %b::bigint[], %b::bytea[], %b::bigint[], %b::bigint[])
-                    AS b(session_id, expected, ts, author, round, step, payload, crc, fence)
-            ),
-            lk AS (
-                SELECT l.session_id, l.token FROM {s}.leases l
-                WHERE l.session_id IN (SELECT session_id FROM b WHERE fence IS NOT NULL)
-                FOR SHARE
-            ),
-            up AS (
-                UPDATE {s}.sessions s SET head = b.expected + 1, updated_at = b.ts
-                FROM b
-                WHERE s.session_id = b.session_id AND s.head = b.expected
-                  AND (b.fence IS NULL OR EXISTS (
-                        SELECT 1 FROM lk WHERE lk.session_id = b.session_id AND lk.token = b.fence))
-                RETURNING s.session_id
-            ),
-            ins AS (
-                INSERT INTO {s}.events (session_id, version, ts, author, round, step, payload, crc)
-                SELECT b.session_id, b.expected + 1, b.ts, b.author, b.round, b.step, b.payload, b.crc
-                FROM b JOIN up USING (session_id)
-                RETURNING session_id, version
-            )
-            SELECT ins.session_id, pg_notify(%s, left(ins.version || ' ' || ins.session_id, 1990)) FROM ins
-        """
+        self._s = quote(self.schema)
+        self._sql = Statements(self.schema, self.channel)
         try:
-            if migrate:
-                self._ensure_schema()
+            if migrate:  # before the pools exist: a server that cannot be reached leaves nothing behind
+                ensure_schema(self.conninfo, self.schema, connect_timeout)
         except psycopg.OperationalError as exc:
-            raise StoreError(f"cannot connect to PostgreSQL at {_display(url)}: {_one_line(exc)}") from None
+            raise StoreError(f"cannot connect to PostgreSQL at {display_url(url)}: {one_line(exc)}") from None
         except psycopg.Error as exc:
             raise StoreError(
-                f"PostgreSQL at {_display(url)}: cannot create or migrate schema {self.schema!r}: {_one_line(exc)}"
+                f"PostgreSQL at {display_url(url)}: cannot create or migrate schema {self.schema!r}: {one_line(exc)}"
             ) from None
-        self._pool: ConnectionPool | None = ConnectionPool(
-            self.conninfo,
-            min_size=1,
-            max_size=max(1, pool_size),
-            kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout))},
-            open=True,
-            name=f"saucer:{self.schema}",
-            timeout=max(connect_timeout, 30.0),
-        )
+        self._db = Connections(url, self.conninfo, self.schema, pool_size=pool_size, connect_timeout=connect_timeout)
         self._committer = GroupCommitter(self._write_batch, self._write_one)
-        self._cache_pool: ConnectionPool | None = None
-        self._cache_lock = threading.Lock()
-
-    # ------------------------------------------------------------ plumbing
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.conninfo, autocommit=True, connect_timeout=max(1, int(self._connect_timeout)))
-
-    def _conn(self) -> Any:
-        if self._pool is None:
-            raise StoreError(f"store {_display(self.url)} is closed")
-        return self._checked(self._pool)
-
-    @staticmethod
-    @contextmanager
-    def _checked(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
-        """A connection from ``pool`` that the server has not closed meanwhile (see :func:`_closed_by_server`)."""
-        attempts = pool.max_size + 1  # all of them may have been closed at once
-        for attempt in range(attempts):
-            with pool.connection() as conn:
-                if attempt < attempts - 1 and _closed_by_server(conn):
-                    conn.close()  # the pool replaces it
-                    continue
-                yield conn
-                return
-
-    def _drop_broken(self) -> None:
-        """Test the idle pooled connections and drop those that no longer work."""
-        for pool in (self._pool, self._cache_pool):
-            if pool is not None:
-                try:
-                    pool.check()
-                except psycopg.Error:
-                    pass  # the retry says what is wrong
-
-    def _store_error(self, exc: BaseException, *, retried: bool = False) -> StoreError:
-        """The one-sentence :class:`StoreError` for a ``psycopg`` error."""
-        where = f"PostgreSQL at {_display(self.url)}"
-        if isinstance(exc, PoolTimeout):
-            return StoreError(f"cannot get a connection to {where}: {_one_line(exc)}")
-        if retried:
-            return StoreError(f"lost the connection to {where}, and again on a fresh one: {_one_line(exc)}")
-        if isinstance(exc, psycopg.OperationalError):
-            return StoreError(f"lost the connection to {where}: {_one_line(exc)}")
-        return StoreError(f"{where} refused the request: {_one_line(exc)}")
-
-    def _cache_conn(self) -> Any:
-        """A connection whose COMMITs do not wait for the WAL flush, for snapshot writes.
-
-        A snapshot is a cache of the fold: losing the newest one in a crash only
-        means a longer replay (events are always written durably), so there is
-        no reason to make a committing session wait for its fsync.
-        """
-        if self._cache_pool is None:
-            with self._cache_lock:
-                if self._cache_pool is None:
-                    if self._pool is None:
-                        raise StoreError(f"store {_display(self.url)} is closed")
-                    self._cache_pool = ConnectionPool(
-                        self.conninfo,
-                        min_size=1,
-                        max_size=4,
-                        kwargs={"autocommit": True, "connect_timeout": max(1, int(self._connect_timeout))},
-                        configure=lambda conn: conn.execute("SET synchronous_commit = off"),
-                        open=True,
-                        name=f"saucer-cache:{self.schema}",
-                        timeout=max(self._connect_timeout, 30.0),
-                    )
-        return self._checked(self._cache_pool)
 
     def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
-        with self._cache_lock:
-            cache, self._cache_pool = self._cache_pool, None
-        if cache is not None:
-            cache.close()
+        self._db.close()
 
     # ------------------------------------------------------------ migration
 
     @_translated(retry=True)
     def schema_version(self) -> int:
         """The schema's applied version (0 when saucer has not created it yet)."""
-        with self._connect() as conn:
-            return self._applied_version(conn)
-
-    def _applied_version(self, conn: psycopg.Connection[Any]) -> int:
-        try:
-            row = conn.execute(f"SELECT max(version) FROM {self._s}.saucer_schema").fetchone()
-        except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
-            return 0
-        return int(row[0] or 0) if row else 0
-
-    def _ensure_schema(self) -> None:
-        with self._connect() as conn:
-            current = self._applied_version(conn)
-        if current > SCHEMA_VERSION:
-            raise StoreError(self._too_new(current))
-        if current < SCHEMA_VERSION:
-            self.migrate()
-
-    def _too_new(self, version: int) -> str:
-        return (
-            f"PostgreSQL schema {self.schema!r} is at version {version}, newer than this saucer "
-            f"understands ({SCHEMA_VERSION}); upgrade saucer"
-        )
+        with self._db.connect() as conn:
+            return applied_version(conn, self.schema)
 
     @_translated(retry=True)
     def migrate(self) -> int:
@@ -425,67 +201,24 @@ class PostgresStore(EventStore):
 
         Safe to run from many processes at once and again and again.
         """
-        s = self._s
-        with self._connect() as conn:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saucer.migrate:{self.schema}",))
-                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-                conn.execute(
-                    f"CREATE TABLE IF NOT EXISTS {s}.saucer_schema ("
-                    "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-                )
-                current = self._applied_version(conn)
-                if current > SCHEMA_VERSION:
-                    raise StoreError(self._too_new(current))
-                for version in range(current + 1, SCHEMA_VERSION + 1):
-                    for statement in _MIGRATIONS[version - 1]:
-                        conn.execute(statement.format(s=s))
-                    conn.execute(f"INSERT INTO {s}.saucer_schema (version) VALUES (%s)", (version,))
-        return SCHEMA_VERSION
+        with self._db.connect() as conn:
+            return migrate_schema(conn, self.schema)
 
     # ------------------------------------------------------------- sessions
-
-    _INFO_COLUMNS = "session_id, head, created_at, updated_at, parent_id, parent_version, meta"
-
-    @staticmethod
-    def _row_info(row: Sequence[Any]) -> SessionInfo:
-        meta = row[6]
-        if isinstance(meta, (str, bytes)):
-            meta = orjson.loads(meta)
-        return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], dict(meta or {}))
-
-    def _insert_session(self, conn: psycopg.Connection[Any], info: SessionInfo) -> None:
-        conn.execute(
-            f"INSERT INTO {self._s}.sessions ({self._INFO_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (
-                info.session_id,
-                info.version,
-                info.created_at,
-                info.updated_at,
-                info.parent_id,
-                info.parent_version,
-                _jsonb(info.meta),
-            ),
-        )
-
-    def _prune_lock(self, conn: psycopg.Connection[Any], session_id: str, *, shared: bool = False) -> None:
-        """Serialise, per session, prunes and materialisations (exclusive) with the making of its forks (shared)."""
-        kind = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-        conn.execute(f"SELECT {kind}(hashtext(%s))", (f"saucer.prune:{self.schema}:{session_id}",))
 
     @_translated(retry=False)
     def _create(self, info: SessionInfo) -> None:
         s = self._s
         try:
-            with self._conn() as conn, conn.transaction():
+            with self._db.transaction() as conn:
                 if info.parent_id is not None:
-                    self._prune_lock(conn, info.parent_id, shared=True)
+                    self._sql.prune_lock(conn, info.parent_id, shared=True)
                     row = conn.execute(
                         f"SELECT head, coalesce((meta ->> 'pruned_to')::bigint, 0) FROM {s}.sessions WHERE session_id = %s",
                         (info.parent_id,),
                     ).fetchone()
                     self._check_fork_point(info, row)
-                self._insert_session(conn, info)
+                self._sql.insert_session(conn, info)
         except pg_errors.UniqueViolation:
             raise SessionExistsError(f"session {info.session_id!r} already exists") from None
 
@@ -493,41 +226,41 @@ class PostgresStore(EventStore):
     def _info(self, session_id: str) -> SessionInfo | None:
         if not isinstance(session_id, str) or "\x00" in session_id:
             return None  # PostgreSQL text cannot hold NUL, so no session has such an id
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             row = conn.execute(
-                f"SELECT {self._INFO_COLUMNS} FROM {self._s}.sessions WHERE session_id = %s", (session_id,)
+                f"SELECT {INFO_COLUMNS} FROM {self._s}.sessions WHERE session_id = %s", (session_id,)
             ).fetchone()
-        return self._row_info(row) if row else None
+        return row_info(row) if row else None
 
     @_translated(retry=True)
     def _forks(self, session_id: str) -> list[SessionInfo]:
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             rows = conn.execute(
-                f"SELECT {self._INFO_COLUMNS} FROM {self._s}.sessions WHERE parent_id = %s", (session_id,)
+                f"SELECT {INFO_COLUMNS} FROM {self._s}.sessions WHERE parent_id = %s", (session_id,)
             ).fetchall()
-        return [self._row_info(r) for r in rows]
+        return [row_info(r) for r in rows]
 
     @_translated(retry=True)
     def sessions(self) -> list[SessionInfo]:
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             rows = conn.execute(
-                f"SELECT {self._INFO_COLUMNS} FROM {self._s}.sessions ORDER BY updated_at DESC, session_id"
+                f"SELECT {INFO_COLUMNS} FROM {self._s}.sessions ORDER BY updated_at DESC, session_id"
             ).fetchall()
-        return [self._row_info(r) for r in rows]
+        return [row_info(r) for r in rows]
 
     @_translated(retry=True)
     def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             rows = conn.execute(
-                f"SELECT {self._INFO_COLUMNS} FROM {self._s}.sessions WHERE left(session_id, %s) = %s "
+                f"SELECT {INFO_COLUMNS} FROM {self._s}.sessions WHERE left(session_id, %s) = %s "
                 "ORDER BY updated_at DESC, session_id LIMIT %s",
                 (len(prefix), prefix, limit if limit is None else max(0, limit)),
             ).fetchall()
-        return [self._row_info(r) for r in rows]
+        return [row_info(r) for r in rows]
 
     @_translated(retry=True)
     def lease_of(self, session_id: str) -> Lease | None:
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             row = conn.execute(
                 f"SELECT owner, token, expires_at, {_NOW} FROM {self._s}.leases WHERE session_id = %s", (session_id,)
             ).fetchone()
@@ -539,7 +272,7 @@ class PostgresStore(EventStore):
 
     @_translated(retry=True)
     def _delete(self, session_id: str) -> None:
-        with self._conn() as conn, conn.transaction():
+        with self._db.transaction() as conn:
             for table in ("events", "snapshots", "leases", "sessions"):
                 conn.execute(f"DELETE FROM {self._s}.{table} WHERE session_id = %s", (session_id,))
 
@@ -594,71 +327,26 @@ class PostgresStore(EventStore):
             rounds[i].append(entry)
             seen[i].add(sid)
         settled: set[int] = set()  # entries whose outcome is certain
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             try:
                 if len(rounds) == 1:
-                    self._write_round(conn, rounds[0], settled)
+                    self._sql.write_round(conn, rounds[0], settled)
                 else:
                     with conn.transaction():
                         for batch in rounds:
-                            self._write_round(conn, batch, set())
+                            self._sql.write_round(conn, batch, set())
             except psycopg.Error as exc:
                 if not conn.broken:
                     raise  # the server refused the statement or transaction: nothing was written
                 for entry in entries:
                     if id(entry) not in settled:
                         entry.error = OutcomeUnknownError(
-                            entry.event.session_id, entry.event.version, _one_line(exc), "PostgreSQL", entry.event
+                            entry.event.session_id, entry.event.version, one_line(exc), "PostgreSQL", entry.event
                         )
-
-    def _write_round(self, conn: psycopg.Connection[Any], batch: list[Pending], settled: set[int]) -> None:
-        events = [e.event for e in batch]
-        done = conn.execute(
-            self._sql_append,
-            (
-                [e.session_id for e in events],
-                [e.expected for e in batch],
-                [e.timestamp for e in events],
-                [e.author for e in events],
-                [e.round for e in events],
-                [e.step for e in events],
-                [e.payload for e in batch],
-                [e.crc for e in batch],
-                [e.fence for e in batch],
-                self.channel,
-            ),
-        ).fetchall()
-        ok = {row[0] for row in done}
-        refused = [e for e in batch if e.event.session_id not in ok]
-        for entry in refused:
-            # Certainly not written; _refuse() says why when it can.
-            entry.error = ConflictError(entry.event.session_id, entry.expected, None)
-        settled.update(id(e) for e in batch)
-        if refused:
-            self._refuse(conn, refused)
-
-    def _refuse(self, conn: psycopg.Connection[Any], entries: list[Pending]) -> None:
-        """Set the error of each entry the append statement did not write."""
-        rows = conn.execute(
-            f"SELECT s.session_id, s.head, l.token, l.owner FROM {self._s}.sessions s "
-            f"LEFT JOIN {self._s}.leases l ON l.session_id = s.session_id WHERE s.session_id = ANY(%s)",
-            ([e.event.session_id for e in entries],),
-        ).fetchall()
-        found = {row[0]: row[1:] for row in rows}
-        for entry in entries:
-            sid = entry.event.session_id
-            if sid not in found:
-                entry.error = SessionNotFoundError(sid)
-                continue
-            head, token, owner = found[sid]
-            if entry.fence is not None and token != entry.fence:
-                entry.error = FencedError(sid, entry.fence, token, owner)
-            else:
-                entry.error = ConflictError(sid, entry.expected, head)
 
     @_translated(retry=True)
     def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             # One statement, one snapshot: the head tells a damaged *trailing*
             # record from one in the middle, so it must agree with the rows.
             rows = conn.execute(
@@ -672,7 +360,7 @@ class PostgresStore(EventStore):
 
     @_translated(retry=True)
     def quarantine_record(self, session_id: str, version: int) -> bool:
-        with self._conn() as conn, conn.transaction():
+        with self._db.transaction() as conn:
             row = conn.execute(
                 f"SELECT payload, crc FROM {self._s}.events WHERE session_id = %s AND version = %s FOR UPDATE",
                 (session_id, version),
@@ -694,7 +382,7 @@ class PostgresStore(EventStore):
 
     @_translated(retry=True)
     def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             rows = conn.execute(
                 f"SELECT version, ts, state, crc FROM {self._s}.snapshots WHERE session_id = %s AND version <= %s "
                 "ORDER BY version DESC LIMIT 3",
@@ -706,12 +394,12 @@ class PostgresStore(EventStore):
     def save_snapshot(self, snapshot: Snapshot) -> None:
         # A snapshot is a cache of the fold: losing the newest one in a crash only
         # means a longer replay, so its COMMIT does not wait for the WAL flush.
-        with self._cache_conn() as conn:
-            self._insert_snapshot(conn, snapshot)
+        with self._db.cache_conn() as conn:
+            self._sql.insert_snapshot(conn, snapshot)
 
     @_translated(retry=True)
     def prune_snapshots(self, session_id: str, keep: int) -> None:
-        with self._cache_conn() as conn:
+        with self._db.cache_conn() as conn:
             conn.execute(
                 f"DELETE FROM {self._s}.snapshots WHERE session_id = %(sid)s AND version NOT IN ("
                 f"SELECT version FROM {self._s}.snapshots WHERE session_id = %(sid)s ORDER BY version DESC LIMIT %(keep)s)",
@@ -722,89 +410,22 @@ class PostgresStore(EventStore):
 
     @_translated(retry=True)  # a repeat finds the prune done (or does it)
     def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
-        payload, crc = encode_payload(base)
-        s = self._s
-        with self._conn() as conn, conn.transaction():
-            # Prunes of one session take turns, and no fork of it is made meanwhile;
-            # appends go on (they only touch versions above the head, which is at or above the cut).
-            self._prune_lock(conn, session_id)
-            row = conn.execute(
-                f"SELECT coalesce((meta ->> 'pruned_to')::bigint, 0) FROM {s}.sessions WHERE session_id = %s",
-                (session_id,),
-            ).fetchone()
-            if row is None:
-                raise SessionNotFoundError(session_id)
-            if row[0] >= cut:
-                return True
-            if conn.execute(f"SELECT 1 FROM {s}.sessions WHERE parent_id = %s LIMIT 1", (session_id,)).fetchone():
-                return False
-            conn.execute(f"DELETE FROM {s}.events WHERE session_id = %s AND version < %s", (session_id, cut))
-            conn.execute(
-                f"UPDATE {s}.events SET ts = %s, author = %s, round = %s, step = %s, payload = %s, crc = %s "
-                "WHERE session_id = %s AND version = %s",
-                (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
-            )
-            conn.execute(f"DELETE FROM {s}.snapshots WHERE session_id = %s AND version < %s", (session_id, cut))
-            self._insert_snapshot(conn, snapshot)
-            # Last, so that the session row (which every append updates) is locked only briefly.
-            conn.execute(
-                f"UPDATE {s}.sessions SET meta = meta || jsonb_build_object('pruned_to', %s::bigint), "
-                "parent_id = NULL, parent_version = NULL WHERE session_id = %s",
-                (cut, session_id),
-            )
-        return True
-
-    def _insert_events(self, conn: psycopg.Connection[Any], owner: str, events: list[Event]) -> None:
-        """Insert events into ``owner``'s log (see :func:`encode_payload` for events of another session)."""
-        rows = []
-        for event in events:
-            payload, crc = encode_payload(event, owner)
-            rows.append((owner, event.version, event.timestamp, event.author, event.round, event.step, payload, crc))
-        with conn.cursor() as cur:
-            cur.executemany(
-                f"INSERT INTO {self._s}.events (session_id, version, ts, author, round, step, payload, crc) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                rows,
-            )
-
-    def _insert_snapshot(self, conn: psycopg.Connection[Any], snapshot: Snapshot, *, replace: bool = True) -> None:
-        blob, crc = encode_state(snapshot.state)
-        conflict = "DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc" if replace else "DO NOTHING"
-        conn.execute(
-            f"INSERT INTO {self._s}.snapshots (session_id, version, ts, state, crc) VALUES (%s, %s, %s, %s, %s) "
-            f"ON CONFLICT (session_id, version) {conflict}",
-            (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
-        )
+        with self._db.transaction() as conn:
+            return self._sql.replace_below(conn, session_id, cut, base, snapshot)
 
     @_translated(retry=True)  # a repeat finds the fork detached and does nothing
     def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
-        s = self._s
-        with self._conn() as conn, conn.transaction():
-            self._prune_lock(conn, info.session_id)  # its attachment only changes under this lock
-            row = conn.execute(
-                f"SELECT parent_id, parent_version FROM {s}.sessions WHERE session_id = %s", (info.session_id,)
-            ).fetchone()
-            if row is None or (row[0], row[1]) != (info.parent_id, info.parent_version):
-                return False
-            self._insert_events(conn, info.session_id, events)
-            if snapshot is not None:
-                self._insert_snapshot(conn, snapshot, replace=False)
-            # Last, so that the session row (which every append updates) is locked only briefly.
-            conn.execute(
-                f"UPDATE {s}.sessions SET parent_id = NULL, parent_version = NULL, meta = meta || %s "
-                "WHERE session_id = %s",
-                (_jsonb(meta), info.session_id),
-            )
-        return True
+        with self._db.transaction() as conn:
+            return self._sql.detach_fork(conn, info, events, snapshot, meta)
 
     @_translated(retry=False)
     def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
         try:
-            with self._conn() as conn, conn.transaction():
-                self._insert_session(conn, info)
-                self._insert_events(conn, info.session_id, events)
+            with self._db.transaction() as conn:
+                self._sql.insert_session(conn, info)
+                self._sql.insert_events(conn, info.session_id, events)
                 for snapshot in snapshots:
-                    self._insert_snapshot(conn, snapshot)
+                    self._sql.insert_snapshot(conn, snapshot)
         except pg_errors.UniqueViolation:
             raise SessionExistsError(f"session {info.session_id!r} already exists") from None
 
@@ -813,7 +434,7 @@ class PostgresStore(EventStore):
     @_translated(retry=True)  # safe to repeat: the same owner's lease is renewed, not taken twice
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
         s = self._s
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             try:
                 row = conn.execute(
                     f"""
@@ -843,7 +464,7 @@ class PostgresStore(EventStore):
 
     @_translated(retry=True)
     def release_lease(self, lease: Lease) -> None:
-        with self._conn() as conn:
+        with self._db.conn() as conn:
             conn.execute(
                 f"UPDATE {self._s}.leases SET expires_at = 0 WHERE session_id = %s AND owner = %s AND token = %s",
                 (lease.session_id, lease.owner, lease.token),
@@ -861,13 +482,11 @@ class PostgresStore(EventStore):
         re-reads every few seconds as a safety net.
         """
         try:
-            listener = await psycopg.AsyncConnection.connect(
-                self.conninfo, autocommit=True, connect_timeout=max(1, int(self._connect_timeout))
-            )
-            await listener.execute(f"LISTEN {_quote(self.channel)}")
+            listener = await self._db.aconnect()
+            await listener.execute(f"LISTEN {quote(self.channel)}")
         except psycopg.Error as exc:
             warnings.warn(
-                f"store {_display(self.url)}: cannot LISTEN ({exc}); watching {session_id!r} by polling",
+                f"store {display_url(self.url)}: cannot LISTEN ({exc}); watching {session_id!r} by polling",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -891,7 +510,7 @@ class PostgresStore(EventStore):
                             break
                 except psycopg.Error as exc:
                     warnings.warn(
-                        f"store {_display(self.url)}: lost the LISTEN connection ({_one_line(exc)}); "
+                        f"store {display_url(self.url)}: lost the LISTEN connection ({one_line(exc)}); "
                         f"watching {session_id!r} by polling",
                         RuntimeWarning,
                         stacklevel=2,

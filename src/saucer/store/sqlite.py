@@ -22,13 +22,14 @@ moves the session's head in the same transaction.
 Every ``sqlite3`` error is turned into a :class:`~saucer.store.StoreError` at
 this module's edge: a file that is not a database, or whose pages are
 damaged, is a :class:`~saucer.store.DamagedStoreError` naming the file and the
-command that checks it.
+command that checks it. ``_sqlite_schema`` holds the tables, their upgrade and
+those messages; ``_sqlite_sql`` the statements that rewrite history for a prune.
+Every transaction goes through :meth:`SQLiteStore._transaction`.
 """
 
 from __future__ import annotations
 
 import functools
-import shlex
 import sqlite3
 import threading
 import time
@@ -43,21 +44,21 @@ from saucer.store._codec import (
     DamagedRecord,
     decode_payload,
     decode_rows,
-    encode_payload,
     encode_state,
     first_good_snapshot,
     quarantine_payload,
 )
 from saucer.store._group import GroupCommitter, Pending
+from saucer.store._sqlite_schema import SCHEMA_VERSION, Closed, connect, damaged, path_from_url, store_error
+from saucer.store._sqlite_schema import migrate as migrate_schema
+from saucer.store._sqlite_sql import detach_fork, insert_events, insert_session, insert_snapshot, replace_below
 from saucer.store.base import (
     ConflictError,
-    DamagedStoreError,
     EventStore,
     Feature,
     FencedError,
     Lease,
     LeaseHeldError,
-    SessionExistsError,
     SessionInfo,
     SessionNotFoundError,
     Snapshot,
@@ -65,78 +66,7 @@ from saucer.store.base import (
 )
 from saucer.store.model import Event
 
-__all__ = ["SQLiteStore", "SCHEMA_VERSION"]
-
-SCHEMA_VERSION = 2  # 2: events_recent
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS saucer_schema (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    session_id     TEXT PRIMARY KEY,
-    head           INTEGER NOT NULL,
-    created_at     REAL NOT NULL,
-    updated_at     REAL NOT NULL,
-    parent_id      TEXT,
-    parent_version INTEGER,
-    meta           TEXT NOT NULL DEFAULT '{}'
-);
-CREATE TABLE IF NOT EXISTS events (
-    session_id TEXT NOT NULL,
-    version    INTEGER NOT NULL,
-    ts         REAL NOT NULL,
-    author     TEXT NOT NULL,
-    round      INTEGER,
-    step       INTEGER,
-    payload    BLOB NOT NULL,
-    crc        INTEGER,
-    PRIMARY KEY (session_id, version)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS events_recent (
-    session_id TEXT NOT NULL,
-    version    INTEGER NOT NULL,
-    ts         REAL NOT NULL,
-    author     TEXT NOT NULL,
-    round      INTEGER,
-    step       INTEGER,
-    payload    BLOB NOT NULL,
-    crc        INTEGER
-);
-CREATE TABLE IF NOT EXISTS snapshots (
-    session_id TEXT NOT NULL,
-    version    INTEGER NOT NULL,
-    ts         REAL NOT NULL,
-    state      BLOB NOT NULL,
-    crc        INTEGER,
-    PRIMARY KEY (session_id, version)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS leases (
-    session_id TEXT PRIMARY KEY,
-    owner      TEXT NOT NULL,
-    token      INTEGER NOT NULL,
-    expires_at REAL NOT NULL
-);
-"""
-
-
-def path_from_url(url: str) -> Path:
-    """``sqlite:///a/b.db`` -> ``a/b.db``; ``sqlite:////tmp/x.db`` -> ``/tmp/x.db``."""
-    if not url.startswith("sqlite:///"):
-        raise ValueError(f"not an SQLite store URL: {url!r} (expected sqlite:///relative/path.db or sqlite:////abs/path.db)")
-    rest = url[len("sqlite:///"):]
-    if not rest:
-        raise ValueError(f"SQLite store URL {url!r} names no file")
-    return Path(rest)
-
-
-class _Closed:
-    """Stands in for the connection after close(), so a late call says why it fails."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-
-    def __getattr__(self, name: str) -> Any:
-        raise StoreError(f"the SQLite store {str(self._path)!r} is closed")
-
+__all__ = ["SQLiteStore", "SCHEMA_VERSION", "path_from_url"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -149,7 +79,7 @@ def _translated(method: _F) -> _F:
         try:
             return method(self, *args, **kwargs)
         except sqlite3.Error as exc:
-            raise self._store_error(exc) from exc
+            raise store_error(exc, self.path, self._busy_timeout) from exc
 
     return wrapper  # type: ignore[return-value]
 
@@ -166,7 +96,8 @@ class SQLiteStore(EventStore):
         self.url = f"sqlite:///{self.path}"
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
-        self._conn = _Closed(self.path)  # type: ignore[assignment]
+        self._conn = Closed(self.path)  # type: ignore[assignment]
+        self._committer = GroupCommitter(self._write_batch, self._write_one)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -175,36 +106,12 @@ class SQLiteStore(EventStore):
 
     @_translated
     def _open(self, busy_timeout: float) -> None:
-        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+        self._conn = connect(self.path, busy_timeout)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            # Checkpoint the WAL into the database every 256 pages (1 MB) rather
-            # than SQLite's 1000: commits then mostly overwrite WAL space that is
-            # already allocated, and an fdatasync that does not grow the file is
-            # markedly cheaper (it needs no metadata journal commit). The extra
-            # checkpoints cost a few µs per commit on average.
-            conn.execute("PRAGMA wal_autocheckpoint=256")
-            # After an unusually large transaction, give the WAL's space back.
-            conn.execute("PRAGMA journal_size_limit=4194304")
-            self._conn = conn
-            self._migrate()
+            self.migrate()
         except BaseException:
-            conn.close()
-            self._conn = _Closed(self.path)  # type: ignore[assignment]
+            self.close()
             raise
-
-    def _store_error(self, exc: sqlite3.Error) -> StoreError:
-        """The one-sentence :class:`StoreError` for a ``sqlite3`` error."""
-        name = getattr(exc, "sqlite_errorname", "") or ""
-        where = str(self.path)
-        if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")) or "malformed" in str(exc) or "not a database" in str(exc):
-            return DamagedStoreError(f"SQLite file {where}", str(exc), f'sqlite3 {shlex.quote(where)} "PRAGMA integrity_check"')
-        if name.startswith("SQLITE_BUSY") or "locked" in str(exc):
-            return StoreError(
-                f"SQLite store {where}: another process kept the database locked for {self._busy_timeout:g}s ({exc}); try again"
-            )
-        return StoreError(f"SQLite store {where}: {exc}")
 
     @contextmanager
     def _transaction(self, kind: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
@@ -220,47 +127,13 @@ class SQLiteStore(EventStore):
                 raise
             conn.execute("COMMIT")
 
-    @_translated
-    def _migrate(self) -> None:
-        with self._transaction() as conn:
-            for statement in _SCHEMA.strip().split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            row = conn.execute("SELECT version FROM saucer_schema").fetchone()
-            if row is None:
-                conn.execute("INSERT INTO saucer_schema VALUES (?)", (SCHEMA_VERSION,))
-            elif row[0] > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path}: store schema version {row[0]} is newer than this saucer ({SCHEMA_VERSION}); upgrade saucer"
-                )
-            elif row[0] < SCHEMA_VERSION:  # the tables above were added by CREATE ... IF NOT EXISTS
-                conn.execute("UPDATE saucer_schema SET version = ?", (SCHEMA_VERSION,))
-            self._recent = conn.execute("SELECT count(*) FROM events_recent").fetchone()[0]
-
     def close(self) -> None:
         with self._lock:
             if isinstance(self._conn, sqlite3.Connection):
                 self._conn.close()
-                self._conn = _Closed(self.path)  # type: ignore[assignment]
+                self._conn = Closed(self.path)  # type: ignore[assignment]
 
     # ------------------------------------------------------------- sessions
-
-    def _insert_session(self, conn: sqlite3.Connection, info: SessionInfo) -> None:
-        try:
-            conn.execute(
-                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    info.session_id,
-                    info.version,
-                    info.created_at,
-                    info.updated_at,
-                    info.parent_id,
-                    info.parent_version,
-                    orjson.dumps(info.meta).decode(),
-                ),
-            )
-        except sqlite3.IntegrityError:
-            raise SessionExistsError(f"session {info.session_id!r} already exists") from None
 
     @_translated
     def _create(self, info: SessionInfo) -> None:
@@ -271,16 +144,13 @@ class SQLiteStore(EventStore):
                     (info.parent_id,),
                 ).fetchone()
                 self._check_fork_point(info, row)
-            self._insert_session(conn, info)
+            insert_session(conn, info)
 
     def _row_info(self, row: tuple[Any, ...]) -> SessionInfo:
         try:
             meta = orjson.loads(row[6])
         except orjson.JSONDecodeError as exc:
-            raise DamagedStoreError(
-                f"SQLite file {self.path}", f"the meta of session {row[0]!r} is not JSON: {exc}",
-                f'sqlite3 {shlex.quote(str(self.path))} "PRAGMA integrity_check"',
-            ) from None
+            raise damaged(self.path, f"the meta of session {row[0]!r} is not JSON: {exc}") from None
         return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], meta)
 
     @_translated
@@ -375,20 +245,16 @@ class SQLiteStore(EventStore):
             )
             self._fold_if_due(1)
 
+    @_translated
     def migrate(self) -> int:
         """Create or upgrade the schema (done on open too); return its version."""
-        self._migrate()
+        with self._transaction() as conn:
+            migrate_schema(conn, self.path)
+            self._recent = conn.execute("SELECT count(*) FROM events_recent").fetchone()[0]
         return SCHEMA_VERSION
 
     def _group_committer(self) -> GroupCommitter:
-        committer = self.__dict__.get("_committer")
-        if committer is None:
-            with self._lock:
-                committer = self.__dict__.setdefault(
-                    "_committer",
-                    GroupCommitter(self._write_batch, self._write_one),
-                )
-        return committer
+        return self._committer
 
     @_translated
     def _write_batch(self, entries: list[Pending]) -> None:
@@ -574,72 +440,20 @@ class SQLiteStore(EventStore):
 
     # ------------------------------------------------------------ retention
 
-    @staticmethod
-    def _insert_events(conn: sqlite3.Connection, owner: str, events: list[Event]) -> None:
-        """Insert old events into ``owner``'s log, straight into ``events`` (they precede every recent row)."""
-        rows = []
-        for event in events:
-            payload, crc = encode_payload(event, owner)
-            rows.append((owner, event.version, event.timestamp, event.author, event.round, event.step, payload, crc))
-        conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-
-    @staticmethod
-    def _insert_snapshot(conn: sqlite3.Connection, snapshot: Snapshot, verb: str = "INSERT OR REPLACE") -> None:
-        blob, crc = encode_state(snapshot.state)
-        conn.execute(
-            f"{verb} INTO snapshots VALUES (?, ?, ?, ?, ?)",
-            (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
-        )
-
     @_translated
     def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
-        payload, crc = encode_payload(base)
         with self._transaction() as conn:
-            row = conn.execute(
-                "SELECT coalesce(json_extract(meta, '$.pruned_to'), 0) FROM sessions WHERE session_id = ?",
-                (session_id,),
-            ).fetchone()
-            if row is None:
-                raise SessionNotFoundError(session_id)
-            if row[0] >= cut:
-                return True
-            if conn.execute("SELECT 1 FROM sessions WHERE parent_id = ? LIMIT 1", (session_id,)).fetchone():
-                return False
-            conn.execute(
-                "UPDATE sessions SET meta = json_set(meta, '$.pruned_to', ?), parent_id = NULL, parent_version = NULL "
-                "WHERE session_id = ?",
-                (cut, session_id),
-            )
-            for table in ("events", "events_recent"):  # the base event is in one of them
-                conn.execute(f"DELETE FROM {table} WHERE session_id = ? AND version < ?", (session_id, cut))
-                conn.execute(
-                    f"UPDATE {table} SET ts = ?, author = ?, round = ?, step = ?, payload = ?, crc = ? "
-                    "WHERE session_id = ? AND version = ?",
-                    (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
-                )
-            conn.execute("DELETE FROM snapshots WHERE session_id = ? AND version < ?", (session_id, cut))
-            self._insert_snapshot(conn, snapshot)
-        return True
+            return replace_below(conn, session_id, cut, base, snapshot)
 
     @_translated
     def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
         with self._transaction() as conn:
-            updated = conn.execute(
-                "UPDATE sessions SET parent_id = NULL, parent_version = NULL, meta = json_patch(meta, ?) "
-                "WHERE session_id = ? AND parent_id = ? AND parent_version = ?",
-                (orjson.dumps(meta).decode(), info.session_id, info.parent_id, info.parent_version),
-            ).rowcount
-            if updated != 1:
-                return False
-            self._insert_events(conn, info.session_id, events)
-            if snapshot is not None:
-                self._insert_snapshot(conn, snapshot, "INSERT OR IGNORE")
-        return True
+            return detach_fork(conn, info, events, snapshot, meta)
 
     @_translated
     def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
         with self._transaction() as conn:
-            self._insert_session(conn, info)
-            self._insert_events(conn, info.session_id, events)
+            insert_session(conn, info)
+            insert_events(conn, info.session_id, events)
             for snapshot in snapshots:
-                self._insert_snapshot(conn, snapshot)
+                insert_snapshot(conn, snapshot)

@@ -1,0 +1,237 @@
+"""The statements of the PostgreSQL store that deserve a name, run on a
+connection (and inside the transaction) its caller holds.
+
+The append statement checks and writes a whole batch of appends at once: it
+moves each session's head only where it still equals the version the commit
+was based on (and, for a leased writer, only where its lease token is still
+current, the lease row locked ``FOR SHARE`` meanwhile), inserts the events of
+exactly those sessions, and ``NOTIFY``\\ s watchers. The rest writes session
+rows, copied events and snapshots, and rewrites a session's history for a
+prune (:meth:`Statements.replace_below`) or a fork that must stand alone
+(:meth:`Statements.detach_fork`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import orjson
+import psycopg
+from psycopg.types.json import Jsonb
+
+from saucer.store._codec import encode_payload, encode_state
+from saucer.store._group import Pending
+from saucer.store._postgres_conn import quote
+from saucer.store.model import (
+    ConflictError,
+    Event,
+    FencedError,
+    SessionInfo,
+    SessionNotFoundError,
+    Snapshot,
+)
+
+__all__ = ["Statements", "INFO_COLUMNS", "row_info"]
+
+#: The columns of a session row, in :class:`SessionInfo`'s order.
+INFO_COLUMNS = "session_id, head, created_at, updated_at, parent_id, parent_version, meta"
+
+
+def row_info(row: Sequence[Any]) -> SessionInfo:
+    """A session row (:data:`INFO_COLUMNS`) as a :class:`SessionInfo`."""
+    meta = row[6]
+    if isinstance(meta, (str, bytes)):
+        meta = orjson.loads(meta)
+    return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], dict(meta or {}))
+
+
+def _jsonb(value: Any) -> Jsonb:
+    return Jsonb(value, dumps=lambda obj: orjson.dumps(obj).decode())
+
+
+class Statements:
+    """The statements of one schema; ``channel`` is where appends are announced."""
+
+    def __init__(self, schema: str, channel: str) -> None:
+        self.schema = schema
+        self.channel = channel
+        s = self._s = quote(schema)
+        self._append = f"""
+            WITH b AS (
+                SELECT * FROM unnest(%b::text[], %b::bigint[], %b::double precision[], %b::text[],
+                                     %b::bigint[], %b::bigint[], %b::bytea[], %b::bigint[], %b::bigint[])
+                    AS b(session_id, expected, ts, author, round, step, payload, crc, fence)
+            ),
+            lk AS (
+                SELECT l.session_id, l.token FROM {s}.leases l
+                WHERE l.session_id IN (SELECT session_id FROM b WHERE fence IS NOT NULL)
+                FOR SHARE
+            ),
+            up AS (
+                UPDATE {s}.sessions s SET head = b.expected + 1, updated_at = b.ts
+                FROM b
+                WHERE s.session_id = b.session_id AND s.head = b.expected
+                  AND (b.fence IS NULL OR EXISTS (
+                        SELECT 1 FROM lk WHERE lk.session_id = b.session_id AND lk.token = b.fence))
+                RETURNING s.session_id
+            ),
+            ins AS (
+                INSERT INTO {s}.events (session_id, version, ts, author, round, step, payload, crc)
+                SELECT b.session_id, b.expected + 1, b.ts, b.author, b.round, b.step, b.payload, b.crc
+                FROM b JOIN up USING (session_id)
+                RETURNING session_id, version
+            )
+            SELECT ins.session_id, pg_notify(%s, left(ins.version || ' ' || ins.session_id, 1990)) FROM ins
+        """
+
+    # --------------------------------------------------------------- appends
+
+    def write_round(self, conn: psycopg.Connection[Any], batch: list[Pending], settled: set[int]) -> None:
+        """Run the append statement for ``batch`` (at most one entry per session).
+
+        Each entry it did not write gets its error; every entry goes into
+        ``settled`` (its outcome is certain) once the statement has returned.
+        """
+        events = [e.event for e in batch]
+        done = conn.execute(
+            self._append,
+            (
+                [e.session_id for e in events],
+                [e.expected for e in batch],
+                [e.timestamp for e in events],
+                [e.author for e in events],
+                [e.round for e in events],
+                [e.step for e in events],
+                [e.payload for e in batch],
+                [e.crc for e in batch],
+                [e.fence for e in batch],
+                self.channel,
+            ),
+        ).fetchall()
+        ok = {row[0] for row in done}
+        refused = [e for e in batch if e.event.session_id not in ok]
+        for entry in refused:
+            # Certainly not written; _refuse() says why when it can.
+            entry.error = ConflictError(entry.event.session_id, entry.expected, None)
+        settled.update(id(e) for e in batch)
+        if refused:
+            self._refuse(conn, refused)
+
+    def _refuse(self, conn: psycopg.Connection[Any], entries: list[Pending]) -> None:
+        """Set the error of each entry the append statement did not write."""
+        rows = conn.execute(
+            f"SELECT s.session_id, s.head, l.token, l.owner FROM {self._s}.sessions s "
+            f"LEFT JOIN {self._s}.leases l ON l.session_id = s.session_id WHERE s.session_id = ANY(%s)",
+            ([e.event.session_id for e in entries],),
+        ).fetchall()
+        found = {row[0]: row[1:] for row in rows}
+        for entry in entries:
+            sid = entry.event.session_id
+            if sid not in found:
+                entry.error = SessionNotFoundError(sid)
+                continue
+            head, token, owner = found[sid]
+            if entry.fence is not None and token != entry.fence:
+                entry.error = FencedError(sid, entry.fence, token, owner)
+            else:
+                entry.error = ConflictError(sid, entry.expected, head)
+
+    # ------------------------------------------------------------------ rows
+
+    def insert_session(self, conn: psycopg.Connection[Any], info: SessionInfo) -> None:
+        conn.execute(
+            f"INSERT INTO {self._s}.sessions ({INFO_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (
+                info.session_id,
+                info.version,
+                info.created_at,
+                info.updated_at,
+                info.parent_id,
+                info.parent_version,
+                _jsonb(info.meta),
+            ),
+        )
+
+    def insert_events(self, conn: psycopg.Connection[Any], owner: str, events: list[Event]) -> None:
+        """Insert events into ``owner``'s log (see :func:`encode_payload` for events of another session)."""
+        rows = []
+        for event in events:
+            payload, crc = encode_payload(event, owner)
+            rows.append((owner, event.version, event.timestamp, event.author, event.round, event.step, payload, crc))
+        with conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO {self._s}.events (session_id, version, ts, author, round, step, payload, crc) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                rows,
+            )
+
+    def insert_snapshot(self, conn: psycopg.Connection[Any], snapshot: Snapshot, *, replace: bool = True) -> None:
+        blob, crc = encode_state(snapshot.state)
+        conflict = "DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc" if replace else "DO NOTHING"
+        conn.execute(
+            f"INSERT INTO {self._s}.snapshots (session_id, version, ts, state, crc) VALUES (%s, %s, %s, %s, %s) "
+            f"ON CONFLICT (session_id, version) {conflict}",
+            (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
+        )
+
+    def prune_lock(self, conn: psycopg.Connection[Any], session_id: str, *, shared: bool = False) -> None:
+        """Serialise, per session, prunes and materialisations (exclusive) with the making of its forks (shared)."""
+        kind = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        conn.execute(f"SELECT {kind}(hashtext(%s))", (f"saucer.prune:{self.schema}:{session_id}",))
+
+    # --------------------------------------------------------------- history
+
+    def replace_below(self, conn: psycopg.Connection[Any], session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+        """The body of ``EventStore._prune``, in the caller's transaction."""
+        payload, crc = encode_payload(base)
+        s = self._s
+        # Prunes of one session take turns, and no fork of it is made meanwhile;
+        # appends go on (they only touch versions above the head, which is at or above the cut).
+        self.prune_lock(conn, session_id)
+        row = conn.execute(
+            f"SELECT coalesce((meta ->> 'pruned_to')::bigint, 0) FROM {s}.sessions WHERE session_id = %s",
+            (session_id,),
+        ).fetchone()
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        if row[0] >= cut:
+            return True
+        if conn.execute(f"SELECT 1 FROM {s}.sessions WHERE parent_id = %s LIMIT 1", (session_id,)).fetchone():
+            return False
+        conn.execute(f"DELETE FROM {s}.events WHERE session_id = %s AND version < %s", (session_id, cut))
+        conn.execute(
+            f"UPDATE {s}.events SET ts = %s, author = %s, round = %s, step = %s, payload = %s, crc = %s "
+            "WHERE session_id = %s AND version = %s",
+            (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
+        )
+        conn.execute(f"DELETE FROM {s}.snapshots WHERE session_id = %s AND version < %s", (session_id, cut))
+        self.insert_snapshot(conn, snapshot)
+        # Last, so that the session row (which every append updates) is locked only briefly.
+        conn.execute(
+            f"UPDATE {s}.sessions SET meta = meta || jsonb_build_object('pruned_to', %s::bigint), "
+            "parent_id = NULL, parent_version = NULL WHERE session_id = %s",
+            (cut, session_id),
+        )
+        return True
+
+    def detach_fork(
+        self, conn: psycopg.Connection[Any], info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
+    ) -> bool:
+        """The body of ``EventStore._materialise``, in the caller's transaction."""
+        s = self._s
+        self.prune_lock(conn, info.session_id)  # its attachment only changes under this lock
+        row = conn.execute(
+            f"SELECT parent_id, parent_version FROM {s}.sessions WHERE session_id = %s", (info.session_id,)
+        ).fetchone()
+        if row is None or (row[0], row[1]) != (info.parent_id, info.parent_version):
+            return False
+        self.insert_events(conn, info.session_id, events)
+        if snapshot is not None:
+            self.insert_snapshot(conn, snapshot, replace=False)
+        # Last, so that the session row (which every append updates) is locked only briefly.
+        conn.execute(
+            f"UPDATE {s}.sessions SET parent_id = NULL, parent_version = NULL, meta = meta || %s "
+            "WHERE session_id = %s",
+            (_jsonb(meta), info.session_id),
+        )
+        return True

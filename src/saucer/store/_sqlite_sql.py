@@ -1,0 +1,98 @@
+"""Statements of the SQLite store that rewrite or copy whole parts of a log,
+run inside the caller's transaction: session rows, copied events and
+snapshots, and the rewrites of history for a prune (:func:`replace_below`)
+and for a fork that must stand alone (:func:`detach_fork`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import orjson
+
+from saucer.store._codec import encode_payload, encode_state
+from saucer.store.model import Event, SessionExistsError, SessionInfo, SessionNotFoundError, Snapshot
+
+__all__ = ["detach_fork", "insert_events", "insert_session", "insert_snapshot", "replace_below"]
+
+
+def insert_session(conn: sqlite3.Connection, info: SessionInfo) -> None:
+    """Insert a session row; :class:`SessionExistsError` if the id is taken."""
+    try:
+        conn.execute(
+            "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                info.session_id,
+                info.version,
+                info.created_at,
+                info.updated_at,
+                info.parent_id,
+                info.parent_version,
+                orjson.dumps(info.meta).decode(),
+            ),
+        )
+    except sqlite3.IntegrityError:
+        raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+
+
+def insert_events(conn: sqlite3.Connection, owner: str, events: list[Event]) -> None:
+    """Insert old events into ``owner``'s log, straight into ``events`` (they precede every recent row)."""
+    rows = []
+    for event in events:
+        payload, crc = encode_payload(event, owner)
+        rows.append((owner, event.version, event.timestamp, event.author, event.round, event.step, payload, crc))
+    conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def insert_snapshot(conn: sqlite3.Connection, snapshot: Snapshot, verb: str = "INSERT OR REPLACE") -> None:
+    blob, crc = encode_state(snapshot.state)
+    conn.execute(
+        f"{verb} INTO snapshots VALUES (?, ?, ?, ?, ?)",
+        (snapshot.session_id, snapshot.version, snapshot.timestamp, blob, crc),
+    )
+
+
+def replace_below(conn: sqlite3.Connection, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+    """The body of ``EventStore._prune``, in the caller's transaction."""
+    payload, crc = encode_payload(base)
+    row = conn.execute(
+        "SELECT coalesce(json_extract(meta, '$.pruned_to'), 0) FROM sessions WHERE session_id = ?",
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        raise SessionNotFoundError(session_id)
+    if row[0] >= cut:
+        return True
+    if conn.execute("SELECT 1 FROM sessions WHERE parent_id = ? LIMIT 1", (session_id,)).fetchone():
+        return False
+    conn.execute(
+        "UPDATE sessions SET meta = json_set(meta, '$.pruned_to', ?), parent_id = NULL, parent_version = NULL "
+        "WHERE session_id = ?",
+        (cut, session_id),
+    )
+    for table in ("events", "events_recent"):  # the base event is in one of them
+        conn.execute(f"DELETE FROM {table} WHERE session_id = ? AND version < ?", (session_id, cut))
+        conn.execute(
+            f"UPDATE {table} SET ts = ?, author = ?, round = ?, step = ?, payload = ?, crc = ? "
+            "WHERE session_id = ? AND version = ?",
+            (base.timestamp, base.author, base.round, base.step, payload, crc, session_id, cut),
+        )
+    conn.execute("DELETE FROM snapshots WHERE session_id = ? AND version < ?", (session_id, cut))
+    insert_snapshot(conn, snapshot)
+    return True
+
+
+def detach_fork(conn: sqlite3.Connection, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+    """The body of ``EventStore._materialise``, in the caller's transaction."""
+    updated = conn.execute(
+        "UPDATE sessions SET parent_id = NULL, parent_version = NULL, meta = json_patch(meta, ?) "
+        "WHERE session_id = ? AND parent_id = ? AND parent_version = ?",
+        (orjson.dumps(meta).decode(), info.session_id, info.parent_id, info.parent_version),
+    ).rowcount
+    if updated != 1:
+        return False
+    insert_events(conn, info.session_id, events)
+    if snapshot is not None:
+        insert_snapshot(conn, snapshot, "INSERT OR IGNORE")
+    return True
