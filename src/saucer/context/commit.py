@@ -312,8 +312,7 @@ class Durable(Snapshots):
         meta: dict[str, Any] | None = None,
     ) -> int:
         """Commit at a step boundary unless durability is ``exit`` (then changes wait for close)."""
-        if self._durability == "exit" and self._store is not None:
-            self._step_mark = len(self._pending)
+        if self._step_waits_for_close():
             return self._version
         return self.commit(author=author, round=round, step=step, meta=meta)
 
@@ -326,10 +325,16 @@ class Durable(Snapshots):
         meta: dict[str, Any] | None = None,
     ) -> int:
         """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
-        if self._durability == "exit" and self._store is not None:
-            self._step_mark = len(self._pending)
+        if self._step_waits_for_close():
             return self._version
         return await self.acommit(author=author, round=round, step=step, meta=meta)
+
+    def _step_waits_for_close(self) -> bool:
+        """With durability ``exit``, a finished step stays pending until close: mark where it ends."""
+        if self._durability == "exit" and self._store is not None:
+            self._step_mark = len(self._pending)
+            return True
+        return False
 
     @contextmanager
     def step(
