@@ -38,7 +38,8 @@ __all__ = ["Durable"]
 _MAX_REBASES = 200
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass costs about 0.1 µs more per field to make, on every commit.
+@dataclass(slots=True)
 class _Append:
     """Retry core -> driver: append ``ops`` as one event based on ``version``."""
 
@@ -46,14 +47,14 @@ class _Append:
     version: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Wait:
     """Retry core -> driver: back off for ``seconds`` before the next attempt."""
 
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Commit:
     """What one commit writes besides its operations, and where."""
 
