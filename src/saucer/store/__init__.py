@@ -63,6 +63,8 @@ def open_store(url: str) -> EventStore:
     """
     if not isinstance(url, str):
         raise TypeError(f"store URL must be a string, not {type(url).__name__}")
+    # Each backend is imported when its URL is opened: psycopg (or sqlite3) costs
+    # start-up time that a process using another backend should not pay.
     if url.startswith("memory://"):
         from saucer.store.memory import MemoryStore
 
