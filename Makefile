@@ -31,9 +31,12 @@ bench: $(VENV)/bin/python
 	rm -f $(STAMP)
 	$(VENV)/bin/python bench/context_store.py
 	$(VENV)/bin/python bench/concurrency.py
+	$(VENV)/bin/python bench/encryption.py
 	$(VENV)/bin/python bench/engine.py
 	$(VENV)/bin/python bench/dispatch.py
 	$(VENV)/bin/python bench/service.py
+	$(VENV)/bin/python bench/queue.py
+	$(VENV)/bin/python bench/ui.py
 	$(VENV)/bin/python scripts/llama_server.py
 	$(VENV)/bin/python bench/llm_server.py
 

@@ -6,7 +6,9 @@ Starts a private virtual desktop (Xvfb 1280x800x24, D-Bus, AT-SPI), launches
 gnome-calculator through the desktop server and times each call as a session
 makes it: ``LocalCommandDispatcher.execute_commands`` on the stdio server
 (``--in-process`` builds the server in this process instead, which leaves
-out the MCP stdio hop). Prints p50 and p99 in milliseconds per call.
+out the MCP stdio hop). Prints p50 and p99 in milliseconds per call, and the
+cost of one look at the desktop as ``system.save_ui_tree`` and the operator
+agent take it before a step (a tree and a screenshot).
 
 Needs the Debian packages xvfb, at-spi2-core, dbus and gnome-calculator.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -22,7 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from saucer.agents.operator import summarize_tree
 from saucer.dispatch import Command, DesktopServer, LocalCommandDispatcher, default_servers
+from saucer.engine.uitree import look
 from saucer.tools.desktop.server import Desktop, DesktopOptions, build_server
 from saucer.tools.desktop.virtual import VirtualDesktop, missing_packages
 
@@ -64,6 +69,24 @@ async def _measure(dispatcher: LocalCommandDispatcher, iterations: int) -> list[
         ("press_keys Escape", "press_keys", {"keys": "Escape"}, "XTEST key"),
     ]
     rows = []
+    # One look as save_ui_tree takes it before a step, and as the operator agent takes it (tree returned).
+    for label, kwargs, note in [
+        ("save_ui_tree look (tree + screenshot)", {"save_tree": True}, "2 calls, both saved"),
+        ("operator look (tree returned + shot)", {"save_tree": False, "include_tree": True}, "before each model call"),
+    ]:
+        samples = []
+        for i in range(iterations + 3):
+            started = time.perf_counter()
+            view = await look(dispatcher, f"bench-{i % 5}", **kwargs)
+            if view.errors:
+                raise SystemExit(f"look failed: {view.errors}")
+            if i >= 3:
+                samples.append(time.perf_counter() - started)
+        rows.append((label, samples, note))
+    view = await look(dispatcher, "bench-summary", save_tree=False, include_tree=True)
+    summary = summarize_tree(view.tree["tree"] if view.tree else None)
+    print(f"operator tree summary of the calculator: {summary.count(chr(10)) + 1} lines, {len(summary)} characters "
+          f"(the tree as JSON: {len(json.dumps(view.tree))} characters)")
     for label, tool, parameters, note in cases:
         samples = []
         for i in range(iterations + 3):

@@ -1,7 +1,8 @@
-"""Engine benchmark: overhead per step, and 1,000 follower sessions through one pool.
+"""Engine benchmark: overhead per step, 1,000 follower sessions through one pool, and session start-up.
 
-    .venv/bin/python bench/engine.py            # every scenario, one table
+    .venv/bin/python bench/engine.py            # every scenario: the step table, then the start-up table
     .venv/bin/python bench/engine.py --quick    # smaller counts (a smoke run)
+    .venv/bin/python bench/engine.py --startup  # the start-up table only (see bench/_startup.py)
 
 Each scenario runs in its own child process (``--one NAME``) so its peak
 memory (``ru_maxrss``) is its own; the parent prints one table of medians,
@@ -26,6 +27,12 @@ Scenarios
                 through one ``SessionPool`` (concurrency 4), in-memory store, logs on.
 ``pool-sqlite`` the same on one SQLite store.
 
+Start-up (``bench/_startup.py``): ``python -c pass``, ``saucer --help`` and a
+one-step ``saucer run --plan`` as whole processes, before (``mcp.isolate``:
+stdio tool servers) and after (in-process); in-process session start; four
+one-second plans with concurrency 4; 1,000 one-step sessions on the built-in
+tools. Printed with PASS/MISS against the issue's targets.
+
 Peers (LangGraph, Burr) are run side by side when importable in this
 interpreter (``make bench`` installs them); otherwise the figures quoted in the
 issue are printed, marked as quoted.
@@ -46,6 +53,13 @@ import time
 import tracemalloc
 from pathlib import Path
 from typing import Any, Callable
+
+# bench/ comes first on sys.path when a script here runs, and bench/queue.py would then shadow the
+# standard library's queue (which the MCP SDK imports when the in-process tools start): look here last.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
+
+from _startup import STARTUP_SCENARIOS, report, run_startup  # noqa: E402
 
 SCENARIOS = ["loop", "loop-nostruct", "context-only", "snap100", "sessions", "sqlite-loop", "pool-memory", "pool-sqlite"]
 
@@ -236,6 +250,8 @@ def run_one(name: str, n: int, trace: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         os.chdir(tmp)
+        if name in STARTUP_SCENARIOS:
+            return run_startup(name, quick=n < 10000)
         runner = RUNNERS[name]
         out = runner(tmp, n, trace) if name.startswith("pool") else runner(tmp, n)
     out["peak_rss_mb"] = _rss_mb()
@@ -286,7 +302,8 @@ def _peers(n: int) -> list[tuple[str, str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1,000 steps / 100 pool sessions instead of 10,000 / 1,000")
-    parser.add_argument("--one", choices=SCENARIOS, help=argparse.SUPPRESS)
+    parser.add_argument("--startup", action="store_true", help="only the session start-up figures")
+    parser.add_argument("--one", choices=SCENARIOS + STARTUP_SCENARIOS, help=argparse.SUPPRESS)
     parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("-n", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--repeat", type=int, default=3, help="runs per scenario; the table shows medians (default 3)")
@@ -309,6 +326,12 @@ def main() -> int:
 
     from rich.console import Console
     from rich.table import Table
+
+    console = Console(width=160)
+    if args.startup:
+        with tempfile.TemporaryDirectory() as d:
+            report(child, Path(d), env, max(1, args.repeat), console)
+        return 0
 
     def median_of(name: str) -> dict[str, Any]:
         runs = [child(name) for _ in range(max(1, args.repeat))]
@@ -352,7 +375,6 @@ def main() -> int:
     row(f"{results['pool-sqlite']['sessions']:,} follower sessions, pool(4), SQLite", results["pool-sqlite"], heaps["pool-sqlite"])
     for label, figure in _peers(min(n, 1000)):
         table.add_row(label, "", "", "", figure, "", "", "", "")
-    console = Console(width=160)
     console.print(table)
     own = loop["best_us_per_step"] - ctx_only["best_us_per_step"]
     console.print(
@@ -360,6 +382,8 @@ def main() -> int:
         f"Context calls alone {ctx_only['best_us_per_step']:.1f} µs; target: under 50 µs per step in total. "
         f"Medians are over {max(1, args.repeat)} runs; load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs."
     )
+    with tempfile.TemporaryDirectory() as d:
+        report(child, Path(d), env, max(1, args.repeat), console)
     return 0
 
 

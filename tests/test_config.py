@@ -120,3 +120,15 @@ def test_settings_model_is_typed_and_validates_assignment() -> None:
     assert isinstance(s, Settings)
     with pytest.raises(ValueError):
         s.system.max_step = "x"  # type: ignore[assignment]
+
+
+def test_mcp_isolate_from_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().mcp.isolate is False  # the built-in tools run in-process by default
+    (tmp_path / "saucer.toml").write_text('[mcp]\nisolate = ["shell"]\n')
+    assert load_settings().mcp.isolate == ["shell"]
+    monkeypatch.setenv("SAUCER_MCP__ISOLATE", "true")
+    assert load_settings().mcp.isolate is True
+    (tmp_path / "saucer.toml").write_text('[mcp]\nisolate = ["time"]\n')
+    monkeypatch.delenv("SAUCER_MCP__ISOLATE")
+    with pytest.raises(ConfigError, match=r"mcp\.isolate.*'shell' or 'files' \(got 'time'\)"):
+        load_settings()

@@ -13,31 +13,30 @@ the test switches ``SAUCER_TEST_*``) are not settings and are ignored.
 
 Unknown keys and values of the wrong type are a :class:`ConfigError` whose
 message names the key and where it came from (the file, the variable or the
-override). Example ``saucer.toml``::
-
-    [system]
-    max_step = 30
-    max_round = 5
-    save_experience = "always_not"
-
-    [store]
-    url = "sqlite:///.saucer/saucer.db"
-    durability = "step"
-
-    [mcp.servers.files]
-    command = "python"
-    args = ["-m", "saucer.tools.files"]
+override). Example ``saucer.toml``: ``[system]`` ``max_step = 30``, ``[store]``
+``url = "sqlite:///.saucer/saucer.db"``; every key is in the README's Configuration table.
 """
 
 from __future__ import annotations
 
 import contextvars
+import difflib
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -50,9 +49,12 @@ __all__ = [
     "SystemSettings",
     "StoreSettings",
     "MCPSettings",
+    "MCPServerConfig",
+    "AgentsSettings",
     "LogsSettings",
     "LLMSettings",
     "ServiceSettings",
+    "QueueSettings",
     "DesktopSettings",
     "ServiceDeviceSettings",
     "SaveExperience",
@@ -96,7 +98,12 @@ class SystemSettings(_Section):
     )
     experience_dir: Path | None = Field(None, description="Where experience plans go (default: the session's log folder).")
     log_to_markdown: bool = Field(True, description="Write output.md next to the logs when a session ends.")
-    save_ui_tree: bool = Field(False, description="Accepted for compatibility; not used yet (the desktop server's ui_tree saves trees with save_as).")
+    save_ui_tree: bool = Field(
+        False,
+        description="Before each step, save the focused window's UI tree and a screenshot (desktop.ui_tree, "
+        "desktop.screenshot) as the step's artifacts, listed in its record and by saucer show; starts the "
+        "built-in desktop server.",
+    )
     sleep_time: float = Field(0.0, ge=0, description="Seconds to wait between steps (asyncio.sleep, never blocking).")
 
 
@@ -107,26 +114,186 @@ class StoreSettings(_Section):
     durability: Literal["step", "strict", "exit"] = "step"
     snapshot_every: int = Field(100, ge=1)
     lease_ttl: float = Field(30.0, gt=0, description="Seconds a runner's lease on a session lasts unless renewed.")
+    encrypt: list[str] = Field(
+        default_factory=list,
+        description="Names and vars.KEY patterns (fnmatch) whose values are encrypted at rest, e.g. ['vars.api_*', 'REQUEST'].",
+    )
+    key_file: str | None = Field(
+        None, description="File holding the store key (base64 of 32 bytes); SAUCER_STORE_KEY wins over it. Never in the store."
+    )
 
 
-def _mcp_server_model() -> Any:
-    """The dispatcher's server model (``saucer.dispatch.servers.MCPServerConfig``) when installed."""
-    try:
-        from saucer.dispatch.servers import MCPServerConfig
-    except ImportError:
-        return None
-    return MCPServerConfig
+# The shell's command rules (saucer.tools.rules) read the same two forms; config imports nothing of
+# saucer, so the check of a pattern's form is here, where a bad table is reported with its key.
+_REGEX_PREFIX = "re:"
 
 
-_ServerModel = _mcp_server_model()
-#: One ``[mcp.servers.NAME]`` table: the dispatcher's model, or a free-form table without it.
-MCPServerEntry: Any = _ServerModel if _ServerModel is not None else dict[str, Any]
+def _check_command_pattern(pattern: str) -> None:
+    """A ValueError naming ``pattern`` when it is empty or its ``re:`` expression does not compile."""
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise ValueError(f"a command rule must be a non-empty string, got {pattern!r}")
+    if pattern.startswith(_REGEX_PREFIX):
+        try:
+            re.compile(pattern[len(_REGEX_PREFIX) :])
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression in rule '{pattern}': {exc}") from exc
+
+
+MCPTransport = Literal["stdio", "http", "inprocess"]
+#: Seconds one command may take on an MCP server unless its table says otherwise.
+DEFAULT_MCP_TIMEOUT = 30.0
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+# The key that selects each transport, and the keys only that transport accepts.
+_SELECTOR: dict[str, MCPTransport] = {"command": "stdio", "url": "http", "import_path": "inprocess"}
+_OWN_FIELDS: dict[MCPTransport, tuple[str, ...]] = {
+    "stdio": ("command", "args", "env", "cwd", "stderr"),
+    "http": ("url", "headers"),
+    "inprocess": ("import_path", "options"),
+}
+
+
+class MCPServerConfig(BaseModel):
+    """How to reach one MCP server, its per-command timeout and which of its tools need approval."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    transport: MCPTransport = Field(
+        description="stdio, http (streamable HTTP) or inprocess; inferred from command, url or import_path."
+    )
+    # stdio
+    command: str | None = Field(None, min_length=1, description="Executable of a stdio server.")
+    args: list[str] = Field(default_factory=list, description="Arguments of the stdio server.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment variables, added to a minimal inherited set (HOME, PATH, USER, ...).",
+    )
+    cwd: Path | None = Field(None, description="Working directory of the stdio server.")
+    stderr: Literal["inherit", "discard"] | Path = Field(
+        "inherit", description="Where the stdio server's stderr goes: inherit, discard, or a file to append to."
+    )
+    # streamable HTTP
+    url: str | None = Field(None, description="Endpoint of a streamable HTTP server, e.g. http://127.0.0.1:8000/mcp.")
+    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with every request.")
+    # in-process
+    import_path: str | None = Field(None, description="'module:attribute': an MCPServer, a Server or a function returning one.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of an import_path function.")
+    # all transports
+    timeout: float = Field(DEFAULT_MCP_TIMEOUT, gt=0, description="Seconds one command may take on this server.")
+    startup_timeout: float = Field(30.0, gt=0, description="Seconds the server may take to start and answer.")
+    sensitive_tools: list[str] = Field(
+        default_factory=list, description="Tools of this server (bare names) that need the user's approval."
+    )
+    sensitive_commands: list[str] = Field(
+        default_factory=list,
+        description="Glob or 're:' patterns; a call whose string 'command' parameter matches needs approval.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_transport(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("transport") is not None:
+            return data
+        present = [key for key in _SELECTOR if data.get(key) is not None]
+        if not present:
+            message = "a server needs one of 'command' (stdio), 'url' (streamable HTTP) or 'import_path' (in-process)"
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                # Likely a typo of the selecting key: name it, since nothing else will be checked.
+                hints = []
+                for key in unknown:
+                    close = difflib.get_close_matches(str(key), list(cls.model_fields), n=1)
+                    hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                message = f"unknown field {', '.join(hints)}; {message}"
+            raise ValueError(message)
+        if len(present) > 1:
+            raise ValueError(f"give only one of 'command', 'url' or 'import_path', not {' and '.join(present)}")
+        return {**data, "transport": _SELECTOR[present[0]]}
+
+    @model_validator(mode="after")
+    def _check_transport_fields(self) -> "MCPServerConfig":
+        needed = next(key for key, kind in _SELECTOR.items() if kind == self.transport)
+        if getattr(self, needed) is None:
+            raise ValueError(f"field {needed!r} is required for a {self.transport} server")
+        for kind, fields in _OWN_FIELDS.items():
+            if kind == self.transport:
+                continue
+            for name in fields:
+                # A default value is no claim (a full dump carries every field), anything else is.
+                default = type(self).model_fields[name].get_default(call_default_factory=True)
+                if getattr(self, name) != default:
+                    raise ValueError(f"field {name!r} applies to {kind} servers, not to this {self.transport} server")
+        return self
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value
+
+    @field_validator("import_path")
+    @classmethod
+    def _check_import_path(cls, value: str | None) -> str | None:
+        if value is not None and not _IMPORT_PATH.match(value):
+            raise ValueError(f"must look like 'package.module:attribute', got {value!r}")
+        return value
+
+    @field_validator("sensitive_commands")
+    @classmethod
+    def _check_patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            _check_command_pattern(pattern)
+        return value
+
+    @field_validator("sensitive_tools")
+    @classmethod
+    def _check_tool_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name.strip():
+                raise ValueError("tool names must not be empty")
+        return value
 
 
 class MCPSettings(_Section):
     """MCP servers the local dispatcher starts (empty: the built-in Linux tools)."""
 
-    servers: dict[str, MCPServerEntry] = Field(default_factory=dict)
+    servers: dict[str, MCPServerConfig] = Field(default_factory=dict)
+    isolate: bool | list[Literal["shell", "files"]] = Field(False, description="true or [shell, files]: stdio processes")
+
+
+_COMPONENT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+
+
+class AgentsSettings(_Section):
+    """The agents and evaluator the engine runs, each named by ``package.module:attribute``.
+
+    The engine names only their protocols (``Agent``, ``Evaluator``, ``AgentProvider``) and loads
+    what is named here when a session first needs it; saucer's own are the defaults.
+    """
+
+    follower: str = Field(
+        "saucer.agents.follower:FollowerAgent",
+        pattern=_COMPONENT_PATH,
+        description="Agent class, called with no arguments, that runs the command steps of a plan.",
+    )
+    evaluator: str = Field(
+        "saucer.agents.evaluator:RuleEvaluator",
+        pattern=_COMPONENT_PATH,
+        description="Evaluator class, called with no arguments, that judges sessions and rounds "
+        "(system.eva_session, system.eva_round) when the session's agents bring none.",
+    )
+    provider: str = Field(
+        "saucer.agents.llm:create_agent_provider",
+        pattern=_COMPONENT_PATH,
+        description="Function called with the settings that returns the LLM agents for requests.",
+    )
+    operator: str = Field(
+        "saucer.agents.operator:create_operator_provider",
+        pattern=_COMPONENT_PATH,
+        description="Function called with the settings and mode=operator|normal_operator that returns "
+        "the computer-use agent of the operator modes.",
+    )
 
 
 class LogsSettings(_Section):
@@ -233,6 +400,19 @@ class DesktopSettings(_Section):
     )
 
 
+class QueueSettings(_Section):
+    """The job queue (``saucer worker``, ``saucer run --queue``): PostgreSQL stores only. Times in seconds."""
+
+    name: str = Field("sessions", min_length=1, max_length=100, description="Queue used by run --queue and taken from by workers.")
+    priority: int = Field(0, description="Priority of queued jobs; a higher one is taken first.")
+    concurrency: int = Field(4, ge=1, description="Sessions one worker runs at once.")
+    limits: dict[str, int] = Field(default_factory=dict, description="Most sessions of a queue running at once over all workers.")
+    job_timeout: float | None = Field(None, gt=0, description="How long one job may run before it is stopped and failed.")
+    heartbeat: float = Field(10.0, gt=0, description="Time between a worker's heartbeats.")
+    stalled_after: float = Field(30.0, gt=0, description="Silence after which a worker is dead and its jobs go back.")
+    shutdown_timeout: float = Field(30.0, ge=0, description="On SIGTERM, how long sessions run on before they are handed back.")
+
+
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("saucer_config_file", default=None)
 
 
@@ -297,10 +477,12 @@ class Settings(BaseSettings):
     system: SystemSettings = Field(default_factory=SystemSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     mcp: MCPSettings = Field(default_factory=MCPSettings)
+    agents: AgentsSettings = Field(default_factory=AgentsSettings)
     logs: LogsSettings = Field(default_factory=LogsSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     desktop: DesktopSettings = Field(default_factory=DesktopSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
 
     _config_file: Path | None = PrivateAttr(None)
 

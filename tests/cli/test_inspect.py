@@ -120,3 +120,23 @@ def test_show_follow_prints_new_steps_and_stops_at_the_end(tmp_path: Path) -> No
         proc.kill()
     assert proc.returncode == 0, err
     assert "vars.late = yes" in out and "session finished" in out
+
+
+def test_show_lists_the_artifacts_of_each_step_literally(run_cli, tmp_path: Path) -> None:
+    """save_ui_tree's entries: a markup-like path and an error with control characters are shown as stored."""
+    ctx = Context.open(f"sqlite:///{tmp_path}/.saucer/saucer.db", "ui", author="follower", meta={"task": "t", "mode": "follower"})
+    ctx.set(ContextNames.CURRENT_ROUND_ID, 0)
+    ctx.commit(step=0)
+    artifacts = [
+        {"kind": "ui_tree", "path": "/art/[bold]step[/bold]-0001-tree.json", "app": "calc", "nodes": 95},
+        {"kind": "screenshot", "error": "no display\x1b[2J [red]here[/red]"},
+    ]
+    ctx.update_vars(set={"x": 1})
+    ctx.commit(step=1, meta={"kind": "step", "agent": "follower", "state": "CONTINUE", "session_step": 1,
+                             "artifacts": artifacts})
+    ctx.close()
+    shown = run_cli("show", "ui", check=True).stdout
+    assert "ui tree: /art/[bold]step[/bold]-0001-tree.json (95 elements)" in shown
+    assert "screenshot: not saved: no display\\x1b[2J [red]here[/red]" in shown and "\x1b[2J" not in shown
+    events = json.loads(run_cli("show", "ui", "--json", check=True).stdout)["events"]
+    assert [e.get("artifacts") for e in events] == [None, artifacts]

@@ -31,9 +31,48 @@ def test_demo_does_real_work_and_prints_commands_that_work(run_cli, tmp_path: Pa
     suggested = [line.strip() for line in out.splitlines() if f" {sid}" in line and not line.strip().startswith("#")]
     suggested = [line for line in suggested if " saucer " in f" {line} " or line.split()[0].endswith("saucer")]
     assert len(suggested) >= 5, out
+    viewer = [line for line in suggested if " ui " in line]
+    assert len(viewer) == 1 and "--open" in viewer[0], out
     for line in suggested:  # exactly as printed, through a shell
+        if line in viewer:
+            _serves_the_session(line, sid, tmp_path)
+            continue
         result = subprocess.run(line, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert result.returncode == 0, (line, result.stdout, result.stderr)
+
+
+def _serves_the_session(line: str, sid: str, cwd: Path) -> None:
+    """The printed ``saucer ui`` command keeps serving: it must show the session's page, then stop on Ctrl-C."""
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:  # a free port, so that a viewer already on 8766 does not answer instead
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
+    env["BROWSER"] = "true"  # --open runs the `true` command instead of a browser
+    proc = subprocess.Popen(f"exec {line} --port {port}", shell=True, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/sessions/{sid}"
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                page = httpx.get(url, timeout=5)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.2)
+        assert page.status_code == 200 and sid in page.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and url in err, err
 
 
 def test_run_plan_then_inspect_and_resume(run_cli, tmp_path: Path) -> None:

@@ -589,3 +589,16 @@ def test_versions_before_a_prune_cannot_be_opened(db_url: str) -> None:
         Context.open(ctx.store, "s", at=3)  # type: ignore[arg-type]
     assert Context.open(ctx.store, "s", at=7).get_var("i") == 6  # type: ignore[arg-type]
     ctx.close()
+
+
+def test_abort_discards_the_unfinished_step_and_closes(db_url: str) -> None:
+    """What a runner does with a session it must leave mid-step (the engine after a lost lease)."""
+    ctx = Context.open(db_url, "s", durability="exit")
+    with ctx.step():
+        ctx.update_vars(set={"done": 1})
+    ctx.update_vars(set={"half": 1})
+    ctx.abort()
+    ctx.abort()  # a second abort (or close) changes nothing
+    again = Context.open(db_url, "s")
+    assert dict(again.vars) == {"done": 1}
+    again.close()

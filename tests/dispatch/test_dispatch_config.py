@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from saucer.dispatch import LocalCommandDispatcher, MCPServerConfig, default_servers
+from saucer.dispatch.servers import configured_servers
 from saucer.tools.rules import DEFAULT_SENSITIVE_COMMANDS
 
 
@@ -71,7 +72,8 @@ def test_configs_are_immutable() -> None:
 
 
 def test_default_servers_run_the_builtin_tools_in_the_workspace(tmp_path: Path) -> None:
-    servers = default_servers(tmp_path, shell_deny=["curl *"])
+    # Isolated: each built-in server is its own stdio process (in-process is the default, tested below).
+    servers = default_servers(tmp_path, shell_deny=["curl *"], isolate=True)
     assert set(servers) == {"shell", "files"}
     shell, files = servers["shell"], servers["files"]
     assert shell.transport == files.transport == "stdio"
@@ -86,3 +88,36 @@ def test_default_servers_run_the_builtin_tools_in_the_workspace(tmp_path: Path) 
     max_timeout = float(shell.args[shell.args.index("--max-timeout") + 1])
     assert shell.timeout > max_timeout
     assert default_servers(tmp_path, sensitive_commands=[])["shell"].sensitive_commands == []
+
+
+def test_default_servers_run_in_process_with_the_same_options(tmp_path: Path) -> None:
+    isolated = default_servers(tmp_path, shell_deny=["curl *"], isolate=True)
+    servers = default_servers(tmp_path, shell_deny=["curl *"])
+    shell, files = servers["shell"], servers["files"]
+    assert shell.transport == files.transport == "inprocess"
+    assert shell.import_path == "saucer.tools.shell:create_server"
+    assert files.import_path == "saucer.tools.files:create_server"
+    root = str(tmp_path.resolve())
+    assert shell.options["root"] == files.options["root"] == root
+    assert shell.options["deny"] == ["curl *"]
+    # What the dispatcher enforces is the same either way: timeouts and the sensitive patterns.
+    assert (shell.timeout, shell.sensitive_commands) == (isolated["shell"].timeout, isolated["shell"].sensitive_commands)
+    assert files.timeout == isolated["files"].timeout
+    assert shell.options["max_timeout"] == float(isolated["shell"].args[isolated["shell"].args.index("--max-timeout") + 1])
+    # One server can be isolated while the other stays in-process.
+    mixed = default_servers(tmp_path, isolate=["shell"])
+    assert (mixed["shell"].transport, mixed["files"].transport) == ("stdio", "inprocess")
+
+
+def test_isolate_names_only_builtin_servers(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="isolate names built-in servers .*not 'desktop'"):
+        default_servers(tmp_path, isolate=["desktop"])
+    with pytest.raises(ValueError, match="not 'time'"):
+        configured_servers({"time": MCPServerConfig(command="mcp-server-time")}, tmp_path, isolate=["time"])
+
+
+def test_options_belong_to_in_process_servers() -> None:
+    with pytest.raises(ValidationError, match="'options' applies to inprocess servers"):
+        MCPServerConfig(command="x", options={"root": "."})
+    config = MCPServerConfig(import_path="saucer.tools.files:create_server", options={"root": "."})
+    assert config.transport == "inprocess"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,58 @@ def test_follower_plan_through_the_real_built_in_tools(make_settings: Any, tmp_p
     last = [e for e in store.read(session.session_id) if e.meta.get("kind") == "step"][-1]
     assert last.meta["results"][0]["status"] == "success"
     assert "replayed by saucer" in json.dumps(last.meta["results"][0])
+
+
+@pytest.mark.parametrize("isolate", [False, True, ["shell"]], ids=["inprocess", "isolated", "shell-isolated"])
+def test_mcp_isolate_decides_where_the_built_in_tools_run(make_settings: Any, tmp_path: Path, isolate: Any) -> None:
+    pytest.importorskip("saucer.dispatch.local", reason="the local MCP dispatcher is not installed yet")
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    store = MemoryStore()
+    factory = SessionFactory(make_settings(**{"mcp.isolate": isolate}), store=store, workspace=workspace)
+    plan = {"task": "where", "steps": [{"subtask": "parent", "commands": [
+        {"tool_name": "shell.run", "parameters": {"command": "echo $PPID"}}]}]}
+    [session] = factory.create_session("where", "follower", plan)
+    result = asyncio.run(session.run())
+    assert result.status == "finished", result
+    [step] = [e for e in store.read(session.session_id) if e.meta.get("kind") == "step"]
+    parent = int(step.meta["results"][0]["result"]["stdout"])
+    # In-process, the shell's commands are children of this process; isolated, of the shell server.
+    assert (parent == os.getpid()) is (isolate is False)
+
+
+def test_mcp_isolate_accepts_only_built_in_server_names(make_settings: Any) -> None:
+    from saucer.config import ConfigError
+
+    assert make_settings(**{"mcp.isolate": ["files"]}).mcp.isolate == ["files"]
+    with pytest.raises(ConfigError, match="mcp.isolate"):
+        make_settings(**{"mcp.isolate": ["desktop"]})
+
+
+def test_a_pool_starts_each_tool_server_once_for_all_its_sessions(make_settings: Any, tmp_path: Path) -> None:
+    pytest.importorskip("saucer.dispatch.local", reason="the local MCP dispatcher is not installed yet")
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    store = MemoryStore()
+    # Isolated, so each shell server is a process whose id the commands can see ($PPID).
+    factory = SessionFactory(make_settings(**{"mcp.isolate": True}), store=store, workspace=workspace)
+    plan = {"task": "who", "steps": [{"subtask": "parent", "commands": [
+        {"tool_name": "shell.run", "parameters": {"command": "echo $PPID"}}]}]}
+    sessions = [s for i in range(4) for s in factory.create_session(f"who{i}", "follower", plan)]
+    results = asyncio.run(SessionPool(sessions, max_concurrency=2).run_all())
+    assert [r.status for r in results] == ["finished"] * 4
+    parents = set()
+    for session in sessions:
+        [step] = [e for e in store.read(session.session_id) if e.meta.get("kind") == "step"]
+        parents.add(int(step.meta["results"][0]["result"]["stdout"]))
+    [server] = parents  # one shell server for the four sessions
+    assert server != os.getpid()
+    # The pool stopped it when it ended.
+    assert not Path(f"/proc/{server}").exists() or _state(server) == "Z"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

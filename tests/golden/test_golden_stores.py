@@ -103,7 +103,30 @@ def _new_name_default(key: str, value: Any) -> bool:
     return gf.difference(value, gf.encode(default)) is None
 
 
+def _through_registry(ctx: Context, expected: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``expected`` with the names renamed since the label was written under their new
+    names, and those retired since taken out (they must be in ``ctx.retired``), through
+    the registry the code reads with (``names.RENAMED`` / ``RETIRED``)."""
+    mapped: dict[str, Any] = {}
+    for key, value in expected.items():
+        name = key.removeprefix("names.")
+        if not key.startswith("names.") or name in ContextNames.__members__ and name not in names_module.RETIRED:
+            mapped[key] = value
+            continue
+        current = names_module.stored_name(name)
+        if current is None:
+            unset = value in (None, "", 0, [], {}, {"$items": []})  # the old name's default: never written
+            if name not in ctx.retired and not unset:
+                return mapped, f"retired name {name} is not kept in Context.retired"
+            continue
+        mapped[f"names.{current}"] = value
+    return mapped, None
+
+
 def _state_problem(ctx: Context, expected: dict[str, Any]) -> str | None:
+    expected, problem = _through_registry(ctx, expected)
+    if problem:
+        return problem
     actual = gf.flat_state(ctx)
     for key in actual.keys() - expected.keys():
         if _new_name_default(key, actual[key]):

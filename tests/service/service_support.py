@@ -193,8 +193,11 @@ class Processes:
         wait_until(lambda: _healthy(port), 20, f"saucer serve on port {port} to answer /health", proc)
         return proc
 
-    def cli_device(self, port: int, device_id: str, workspace: Path, token: str = FLEET, *, yes: bool = True) -> Proc:
-        """Start ``saucer device`` (the CLI, built-in tools in ``workspace``); wait until it is online."""
+    def cli_device(
+        self, port: int, device_id: str, workspace: Path, token: str = FLEET, *, yes: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        """Start ``saucer device`` (the CLI, built-in tools in ``workspace``, ``env`` added); wait until it is online."""
         proc = self.spawn(
             f"saucer-device-{device_id}",
             [
@@ -206,7 +209,7 @@ class Processes:
                 "--backoff-max", "0.5",
                 *(["--yes"] if yes else []),
             ],
-            env={"SAUCER_SERVICE_TOKEN": token},
+            env={"SAUCER_SERVICE_TOKEN": token, **(env or {})},
             module="saucer",
         )
         wait_until(lambda: device_online(port, device_id), 30, f"device {device_id} to register", proc)

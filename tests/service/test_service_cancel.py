@@ -42,7 +42,9 @@ def test_cancel_kills_the_running_shell_command_on_the_device_within_a_second_an
 ) -> None:
     port, workspace = free_port(), tmp_path / "workspace"
     processes.cli_server(port, tmp_path / "state", f"sqlite:///{tmp_path / 'events.db'}")
-    device = processes.cli_device(port, "dev-cancel", workspace)
+    # Isolated: the end of this test is about the stdio shell server seeing its client die (in-process, the
+    # tools die with the device; tests/dispatch/test_inprocess_tools.py checks their commands die too).
+    device = processes.cli_device(port, "dev-cancel", workspace, env={"SAUCER_MCP__ISOLATE": "true"})
     plan = {"task": "long", "timeout": 120, "steps": [{"subtask": "wait", "commands": [
         {"tool_name": "shell.run", "parameters": {"command": "echo $$ > pgid.txt; sleep 30", "timeout": 120}}]}]}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth(ALICE), timeout=30) as http:

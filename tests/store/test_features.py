@@ -43,5 +43,5 @@ def test_what_is_not_declared_is_refused_in_one_sentence() -> None:
 def test_the_backends_declare_what_they_have(store_url: str) -> None:
     with open_store(store_url) as store:
         durable = {Feature.QUARANTINE, Feature.GROUP_COMMIT} if not store_url.startswith("memory") else set()
-        assert store.features == {Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING} | durable
+        assert store.features == {Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.REWRITE} | durable
         assert (Feature.GROUP_COMMIT in store.features) == hasattr(store, "_group_committer")

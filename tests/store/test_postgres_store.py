@@ -61,7 +61,7 @@ def test_the_schema_is_created_on_first_use_and_versioned(store_url: str) -> Non
             )
         }
     assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
-    assert tables == {"saucer_schema", "sessions", "events", "snapshots", "leases"}
+    assert tables == {"saucer_schema", "saucer_format", "sessions", "events", "snapshots", "leases"}
 
 
 @pg

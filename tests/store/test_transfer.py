@@ -93,6 +93,34 @@ def test_an_export_written_before_base_existed_still_imports(store: EventStore) 
     assert _readable(store, "old") == _readable(store, "s")
 
 
+def test_an_export_written_before_a_rename_or_a_retirement_still_imports(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from saucer.context import events as events_module
+    from saucer.context import names as names_module
+
+    ctx = Context.open(store, "named")
+    ctx.set(ContextNames.REQUEST, "open notepad")
+    ctx.set(ContextNames.LOG_PATH, "/tmp/logs")
+    ctx.commit()
+    ctx.close()
+    data = export_session(store, "named", {})
+    for op in data["events"][0]["ops"]:
+        if op.get("name") == "REQUEST":
+            op["name"] = "USER_REQUEST"  # what the older saucer called it
+    monkeypatch.setitem(names_module.RENAMED, "USER_REQUEST", "REQUEST")
+    monkeypatch.delitem(events_module._NAMES, "LOG_PATH")  # this saucer retired LOG_PATH
+    monkeypatch.delitem(names_module._BY_KEY, "LOG_PATH")
+    monkeypatch.setitem(names_module.RETIRED, "LOG_PATH", "retired")
+    import_session(store, data, "named-copy")
+    copy_ctx = Context.open(store, "named-copy")
+    assert copy_ctx.get(ContextNames.REQUEST) == "open notepad"
+    assert copy_ctx.retired == {"LOG_PATH": "/tmp/logs"}
+    monkeypatch.delitem(names_module.RENAMED, "USER_REQUEST")
+    with pytest.raises(ValueError, match="'USER_REQUEST', not a stored ContextNames name"):
+        import_session(store, data, "named-copy-2")
+
+
 def _bad(data: dict[str, Any], change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
     out = copy.deepcopy(data)
     change(out)

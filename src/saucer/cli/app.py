@@ -21,7 +21,7 @@ import typer
 
 from saucer import __version__
 from saucer.cli import inspect as view
-from saucer.cli import running, service_cmds
+from saucer.cli import queue_cmds, running, service_cmds, store_cmds, ui_cmd
 from saucer.cli.common import (
     ConfigOption,
     StoreOption,
@@ -30,6 +30,7 @@ from saucer.cli.common import (
     err,
     friendly,
     open_ctx,
+    open_configured_store,
     open_existing_store,
     program_name,
     resolve_session,
@@ -49,7 +50,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-store_app = typer.Typer(help="Maintain the event store: migrate, prune, delete.", no_args_is_help=True)
+store_app = typer.Typer(help="Maintain the event store: migrate, rekey, prune, delete.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
 
 SessionArgument = typer.Argument(..., help="Session id, a unique prefix of one, or 'last' (the most recently updated).")
@@ -84,7 +85,7 @@ def sessions_cmd(
     a cost that could not be priced is 'unknown' (null in JSON).
     """
     with open_existing_store(store, config) as st:
-        rows = [view.session_summary(st, info) for info in st.sessions()]
+        rows = [view.summary_of(head) for head in st.session_heads()]
     if as_json:
         print_json(rows)
     elif not rows:
@@ -184,7 +185,10 @@ def _state_data(ctx: Context) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         names = ctx.to_dict(ensure_serializable=True)
     names.pop("_vars", None)
-    return {"session_id": ctx.session_id, "version": ctx.version, "names": names, "vars": dict(ctx.vars)}
+    data = {"session_id": ctx.session_id, "version": ctx.version, "names": names, "vars": dict(ctx.vars)}
+    if ctx.retired:  # names retired since the session stored them (saucer.context.names.RETIRED)
+        data["retired"] = dict(ctx.retired)
+    return data
 
 
 @app.command("state")
@@ -205,6 +209,7 @@ def state_cmd(
         return
     flat = dict(data["names"])
     flat.update({f"vars.{k}": v for k, v in data["vars"].items()})
+    flat.update({f"{k} (retired)": v for k, v in data.get("retired", {}).items()})
     console.print(view.state_table(flat, f"session {data['session_id']} at v{data['version']} (empty values hidden)"))
 
 
@@ -269,16 +274,30 @@ def fork_cmd(
 def export_cmd(
     session: str = SessionArgument,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of standard output."),
+    decrypt: bool = typer.Option(
+        False, "--decrypt", help="Write values encrypted at rest in plain text (needs the store key); by default they stay encrypted."
+    ),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
-    """Export a session's whole log and final state as JSON."""
+    """Export a session's whole log and final state as JSON.
+
+    Values encrypted at rest (store.encrypt) stay encrypted in the export, and
+    read as <encrypted> in its state, unless --decrypt.
+    """
     from saucer.context.transfer import export_session
 
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
-        ctx = open_ctx(st, sid)
-        data = export_session(st, sid, _state_data(ctx))
+        # Without --decrypt, the records as the backend holds them: sealed values stay sealed.
+        source = st if decrypt else getattr(st, "inner", st)
+        ctx = open_ctx(source, sid)
+        if decrypt and ctx.encrypted:
+            raise UserError(
+                f"--decrypt needs the store key ({', '.join(sorted(ctx.encrypted))} are encrypted): "
+                "set SAUCER_STORE_KEY or store.key_file"
+            )
+        data = export_session(source, sid, _state_data(ctx))
     text = json.dumps(data, indent=2, default=str)
     if output is None:
         sys.stdout.write(text + "\n")
@@ -304,7 +323,7 @@ def import_cmd(
         raise UserError(f"{file}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise UserError(f"{file}: its JSON nests too deeply to be a saucer export") from None
-    with open_store(resolve_store_url(store, config)) as st:
+    with open_configured_store(store, config) as st:
         info = import_session(st, data, new_id)
     console.print(styled("imported session ", (info.session_id, "bold"), f" at v{info.version}"))
 
@@ -314,6 +333,7 @@ def import_cmd(
 app.command("run")(running.run_cmd)
 app.command("resume")(running.resume_cmd)
 app.command("demo")(running.demo_cmd)
+app.command("ui")(ui_cmd.ui_cmd)
 
 
 # ================================================================== store
@@ -333,16 +353,6 @@ def parse_duration(text: str) -> float:
     if value < 0:
         raise UserError(f"--older-than {text!r} must not be negative")
     return value * _DURATION_UNITS[unit]
-
-
-@store_app.command("migrate")
-@friendly
-def store_migrate_cmd(store: Optional[str] = StoreOption, config: Optional[Path] = ConfigOption) -> None:
-    """Create or upgrade the store's schema (opening a store does it too; this makes it explicit)."""
-    url = resolve_store_url(store, config)
-    with open_store(url) as st:
-        version = st.migrate()
-    console.print(f"store {url} is at schema version {version}" if version is not None else f"store {url} needs no schema")
 
 
 @store_app.command("prune")
@@ -403,6 +413,8 @@ def store_delete_cmd(
 
 
 service_cmds.register(app)
+store_cmds.register(store_app)
+queue_cmds.register(app)
 
 
 def main() -> None:

@@ -123,6 +123,13 @@ def resolve_store_url(store: Optional[str], config: Optional[Path] = None) -> st
     return str(settings_for(config).store.url)
 
 
+def open_configured_store(store: Optional[str], config: Optional[Path] = None) -> EventStore:
+    """The store of ``--store`` or the settings, with their ``store.encrypt`` and ``store.key_file``."""
+    settings = settings_for(config)
+    url = store or str(settings.store.url)
+    return open_store(url, encrypt=settings.store.encrypt, key_file=settings.store.key_file)
+
+
 def open_existing_store(store: Optional[str], config: Optional[Path] = None) -> EventStore:
     """The store, with a clear error when the default SQLite file does not exist yet."""
     url = resolve_store_url(store, config)
@@ -132,7 +139,7 @@ def open_existing_store(store: Optional[str], config: Optional[Path] = None) -> 
         path = path_from_url(url)
         if not path.exists():
             raise UserError(f"no saucer store at {path} yet; run a session first ({program_name()} demo) or pass --store URL")
-    return open_store(url)
+    return open_configured_store(url, config)
 
 
 def open_ctx(store: EventStore, session_id: str, at: Optional[int] = None) -> Context:

@@ -20,10 +20,12 @@ from rich.tree import Tree
 from saucer.cli.output import visible
 from saucer.context import Context, Event
 from saucer.context.events import op_key
-from saucer.store.base import EventStore, SessionInfo
+from saucer.context.names import RENAMED, RETIRED, stored_name
+from saucer.store import EventStore, SessionHead, SessionInfo
 
 __all__ = [
     "session_summary",
+    "summary_of",
     "sessions_table",
     "timeline",
     "timeline_data",
@@ -60,6 +62,11 @@ def short(value: Any, width: int = 60) -> str:
 def describe_op(op: Mapping[str, Any]) -> str:
     """One operation in words, e.g. ``REQUEST = "open notepad"`` or ``vars.n += 1``."""
     key = op_key(op)
+    name = op.get("name")
+    if name is not None and name in RETIRED:
+        key += " (retired)"
+    elif name is not None and name in RENAMED:
+        key += f" (now {stored_name(name)})"
     if op.get("path"):
         key += "".join(f"[{p!r}]" for p in op["path"])
     kind = op["op"]
@@ -73,6 +80,8 @@ def describe_op(op: Mapping[str, Any]) -> str:
         return f"{key} += [{short(op['value'])}]"
     if kind == "cas":
         return f"{key} = {short(op['value'])} (was {short(op['expected'])})"
+    if kind == "sealed":
+        return f"{key} = <encrypted>"
     return f"{kind} {key}"
 
 
@@ -82,26 +91,19 @@ def session_summary(store: EventStore, info: SessionInfo) -> dict[str, Any]:
     ``status`` is ``interrupted`` for a session whose runner vanished (see
     :mod:`saucer.engine.status`); ``cost`` is None when it is unknown.
     """
-    from saucer.engine.status import stored_status  # here: the engine is not needed for the other views
+    return summary_of(SessionHead(info, store.last_event(info), store.lease_of(info.session_id)))
 
-    meta = dict(info.meta)
-    state = stored_status(store, info)
-    summary = state.summary
-    cost = summary.get("cost")
+
+def summary_of(head: SessionHead) -> dict[str, Any]:
+    """:func:`session_summary` of a row of :meth:`EventStore.session_heads` (no reads)."""
+    from saucer.engine.overview import session_row  # here: the engine is not needed for the other views
+
+    row = session_row(head)
     return {
-        "id": info.session_id,
-        "task": meta.get("task", "-"),
-        "mode": meta.get("mode", "-"),
-        "status": state.status,
-        "rounds": summary.get("rounds"),
-        "steps": summary.get("steps"),
-        "cost": cost if isinstance(cost, (int, float)) else None,
-        "version": info.version,
-        "updated": when(info.updated_at),
-        # A fork that stands alone (its parent was pruned) keeps its origin in its meta.
-        "parent": f"{info.parent_id}@{info.parent_version}" if info.parent_id
-        else f"{meta['forked_from']}@{meta.get('at')}" if meta.get("forked_from") else None,
-        "runner": state.holder,
+        **{k: row[k] for k in ("id", "task", "mode", "status", "rounds", "steps", "cost", "version")},
+        "updated": when(row["updated_at"]),
+        "parent": row["parent"],
+        "runner": row["runner"],
     }
 
 
@@ -170,6 +172,28 @@ def _commands_text(meta: Mapping[str, Any]) -> list[Text]:
         detail = result.get("error") or result.get("result")
         if detail not in (None, ""):
             line.append(f"  {short(detail, 70)}", style="dim")
+        lines.append(line)
+    return lines
+
+
+def _artifacts_text(meta: Mapping[str, Any]) -> list[Text]:
+    """One line per artifact saved before a step (``system.save_ui_tree``, operator modes): its file, or why not."""
+    lines: list[Text] = []
+    for entry in meta.get("artifacts") or []:
+        if not isinstance(entry, Mapping):
+            continue
+        kind = str(entry.get("kind", "artifact")).replace("_", " ")
+        line = Text(f"  {visible(kind)}: ")
+        if entry.get("error"):
+            line.append(f"not saved: {short(entry['error'], 100)}", style="yellow")
+        elif entry.get("path"):
+            line.append(visible(str(entry["path"])))
+            if entry.get("nodes") is not None:
+                line.append(f" ({visible(str(entry['nodes']))} elements)", style="dim")
+            elif entry.get("width") is not None:
+                line.append(f" ({visible(str(entry['width']))}x{visible(str(entry.get('height')))})", style="dim")
+        else:
+            line.append(f"read, not saved ({visible(str(entry.get('nodes', '?')))} elements)", style="dim")
         lines.append(line)
     return lines
 
@@ -277,6 +301,7 @@ def timeline(events: list[Event], title: str, *, show_all: bool = False) -> Tree
         parts = [head]
         if meta.get("subtask"):
             parts.append(Text(f"  subtask: {short(meta['subtask'], 80)}"))
+        parts.extend(_artifacts_text(meta))
         parts.extend(_commands_text(meta))
         if changes is not None:
             parts.append(changes)
@@ -292,52 +317,11 @@ def _cells(*values: str) -> list[Text]:
     return [Text(visible(v)) for v in values]
 
 
-_EVENT_FIELDS = (
-    "agent", "state", "status", "next_agent", "next_state", "subtask", "plan_index", "error", "request",
-    "round_status", "session_status", "reason", "scope", "verdict", "summary", "continues",
-)
-
-
 def timeline_data(events: list[Event]) -> dict[str, Any]:
-    """The timeline as data (``saucer show --json``): every event in order, and a summary per round.
+    """The timeline as data (``saucer show --json``); see :func:`saucer.engine.overview.timeline_data`."""
+    from saucer.engine.overview import timeline_data as data
 
-    An event has its version, time, author, round, step and kind, what the
-    engine recorded (agent, state, status, subtask, commands each with its
-    result, cost — None when unknown —, error...) and its Context operations.
-    """
-    items: list[dict[str, Any]] = []
-    rounds: dict[int, dict[str, Any]] = {}
-    for event in events:
-        meta = event.meta
-        kind = meta.get("kind") or ("step" if event.step is not None else "change")
-        item: dict[str, Any] = {
-            "version": event.version,
-            "time": event.timestamp,
-            "author": event.author,
-            "round": event.round,
-            "step": event.step,
-            "kind": kind,
-        }
-        item.update({name: meta[name] for name in _EVENT_FIELDS if name in meta})
-        if "cost" in meta:
-            item["cost"] = meta["cost"]
-        results = meta.get("results") or []
-        if meta.get("commands"):
-            item["commands"] = [
-                {**command, "result": results[i] if i < len(results) else None}
-                for i, command in enumerate(meta["commands"])
-            ]
-        item["ops"] = event.ops
-        items.append(item)
-        if event.round is not None:
-            entry = rounds.setdefault(event.round, {"round": event.round, "request": None, "status": None, "steps": 0})
-            if kind == "round_start":
-                entry["request"] = meta.get("request")
-            elif kind == "step":
-                entry["steps"] += 1
-            elif kind == "round_end":
-                entry["status"] = meta.get("round_status")
-    return {"rounds": list(rounds.values()), "events": items}
+    return data(events)
 
 
 def history_table(events: Iterable[Event], key: str | None) -> Table:

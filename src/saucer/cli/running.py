@@ -33,6 +33,7 @@ from saucer.cli.common import (
     store_flag,
 )
 from saucer.cli.output import styled, visible
+from saucer.cli.ui_cmd import ui_command
 from saucer.store import EventStore
 
 __all__ = ["run_cmd", "resume_cmd", "demo_cmd"]
@@ -40,8 +41,10 @@ __all__ = ["run_cmd", "resume_cmd", "demo_cmd"]
 ModeOption = typer.Option(
     None,
     "--mode",
-    help="normal (a request, answered by the LLM agent), follower (a plan), batch_normal (a folder of plans) "
-    "or service (through saucer serve). Default: follower for a plan file, batch_normal for a folder, normal for a request.",
+    help="normal (a request, answered by the LLM agent), follower (a plan), batch_normal (a folder of plans), "
+    "operator (a request carried out on the X11 desktop by a model that sees screenshots), normal_operator "
+    "(operator with the shell and files tools too) or service (through saucer serve). "
+    "Default: follower for a plan file, batch_normal for a folder, normal for a request.",
 )
 
 _ENDED_BADLY = ("failed", "error")
@@ -67,7 +70,14 @@ def _factory(settings: Any, yes: bool, workspace: Optional[Path], show_session: 
 
 
 async def _run_sessions(factory: Any, sessions: list[Any], concurrency: int, pooled: bool) -> list[Any]:
-    """Check every plan against the tools, then run the sessions (a pool for a batch)."""
+    """Check every plan against the tools, then run the sessions (a pool for a batch), on one set of tool servers."""
+    from saucer.dispatch.shared import share_tool_servers
+
+    async with share_tool_servers():
+        return await _check_and_run(factory, sessions, concurrency, pooled)
+
+
+async def _check_and_run(factory: Any, sessions: list[Any], concurrency: int, pooled: bool) -> list[Any]:
     from saucer.engine.pool import SessionPool
 
     await factory.check_plans(sessions)
@@ -157,10 +167,18 @@ def run_cmd(
     max_step: Optional[int] = typer.Option(None, "--max-step", min=1, help="Override system.max_step."),
     max_round: Optional[int] = typer.Option(None, "--max-round", min=1, help="Override system.max_round."),
     durability: Optional[str] = typer.Option(None, "--durability", help="step (default), strict or exit."),
+    queue: bool = typer.Option(False, "--queue", help="Put the sessions on the queue for saucer worker processes (PostgreSQL stores), once per plan."),
+    wait: bool = typer.Option(False, "--wait", help="With --queue: show their progress until all have ended."),
+    priority: Optional[int] = typer.Option(None, "--priority", help="With --queue: the jobs' priority (higher first). Default: queue.priority."),
+    queue_name: Optional[str] = typer.Option(None, "--queue-name", help="With --queue: the queue to use. Default: queue.name."),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Run a session: a request in plain language, a plan, or a folder of plans.
+
+    With --queue the sessions go on the store's queue instead, for saucer
+    worker processes on any hosts; a plan already queued, running or finished
+    is not queued again.
 
     Every command of a plan is checked against the tools before anything runs.
     A folder of plans skips the plans that already finished, continues the
@@ -176,9 +194,21 @@ def run_cmd(
     mode = mode or ("normal" if plan is None else "batch_normal" if plan.is_dir() else "follower")
     if session_id is not None and plan is not None and plan.is_dir():
         raise UserError("--session-id names one session; a folder of plans runs one session per plan, with ids made from the plans")
-    settings = _run_settings(
-        config, store, **{"system.max_step": max_step, "system.max_round": max_round, "store.durability": durability}
-    )
+    flags = {"system.max_step": max_step, "system.max_round": max_round, "store.durability": durability}
+    settings = _run_settings(config, store, **flags)
+    if queue or wait or priority is not None or queue_name is not None:
+        if not queue:
+            raise UserError("--wait, --priority and --queue-name go with --queue")
+        from saucer.cli.queue_cmds import queued_run
+
+        return queued_run(settings, plan=plan, request=request, task=task, session_id=session_id, workspace=workspace, yes=yes,
+                          wait=wait, priority=priority, queue_name=queue_name, overrides=flags, store_option=store)
+    if mode in ("operator", "normal_operator"):
+        from saucer.agents.llm import require_model_settings
+
+        require_model_settings(settings)
+        if request is None or plan is not None:
+            raise UserError(f"{mode} mode needs --request TEXT (a plan of desktop commands runs in follower mode)")
     if mode == "normal":
         from saucer.agents.llm import require_model_settings
 
@@ -285,4 +315,6 @@ def demo_cmd(
         console.print(view.timeline(events, f"session {result.session_id} · v{result.version}"))
         _print_result(result)
         _print_next_steps(factory.store, result, store)
+    console.print(styled(("  # browse it in the web viewer (Ctrl-C stops the viewer)", "dim")))
+    console.print(f"  {ui_command(program_name(), store_flag(store), result.session_id)}")
     _exit_for([result])

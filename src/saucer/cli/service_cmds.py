@@ -305,7 +305,7 @@ async def _run_device(
     if settings.desktop.enabled:
         artifacts = settings.desktop.artifacts_dir or workspace / "artifacts"
         desktop = DesktopServer(artifacts=artifacts, display=settings.desktop.display)
-    servers = configured_servers(settings.mcp.servers, workspace, desktop=desktop)
+    servers = configured_servers(settings.mcp.servers, workspace, desktop=desktop, isolate=settings.mcp.isolate)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -95,6 +95,21 @@ class TypedAccess(Durable):
         """The free-form context variables (a read-only copy)."""
         return MappingProxyType(copy_json(self._state.vars))
 
+    @property
+    def retired(self) -> Mapping[str, Any]:
+        """Values of names retired since this session stored them (a read-only copy, wire form).
+
+        See :data:`~saucer.context.names.RETIRED`: they stay readable in
+        history and time travel, and are no longer part of the typed state.
+        """
+        return MappingProxyType(copy_json(self._state.retired))
+
+    @property
+    def encrypted(self) -> frozenset[str]:
+        """Targets (``REQUEST``, ``vars.api_key``) encrypted at rest that were read without
+        the store key: they read as ``"<encrypted>"`` (see :mod:`saucer.store.crypto`)."""
+        return frozenset(self._state.opaque)
+
     def get_var(self, key: str, default: Any = None) -> Any:
         """One context variable, or ``default`` when it is not set."""
         value = self._state.vars.get(key, _MISSING)

@@ -30,7 +30,7 @@ from saucer.context.events import ATOMIC_OPS, Event, ValueNotStorableError, appl
 from saucer.context.names import lookup
 from saucer.context.snapshots import Snapshots
 from saucer.store.base import EventStore
-from saucer.store.model import ConflictError, OutcomeUnknownError, StoreError, check_version
+from saucer.store.model import ConflictError, FencedError, OutcomeUnknownError, StoreError, check_version
 
 __all__ = ["Durable"]
 
@@ -217,6 +217,8 @@ class Durable(Snapshots):
             try:
                 yield _Append(ops, self._version)
                 return
+            except FencedError:
+                raise  # another runner holds the session: retrying cannot help
             except ConflictError as exc:
                 delay = self._before_retry(exc, ops, attempt)
             except StoreError as exc:
@@ -230,8 +232,6 @@ class Durable(Snapshots):
 
     def _before_retry(self, exc: ConflictError, ops: list[dict[str, Any]], attempt: int) -> float:
         """After a conflict: raise unless the batch can be re-based; return how long to back off."""
-        if exc.__class__ is not ConflictError:
-            raise exc  # fenced off: retrying cannot help
         plain = [op_key(op) for op in ops if op["op"] not in ATOMIC_OPS and op["op"] != "cas"]
         if plain:
             raise ConflictError(exc.session_id, self._version, exc.actual, sorted(set(plain))) from None

@@ -65,9 +65,15 @@ class Context(UfoCompat, HistoryQueries):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None and self._store is not None and not self._read_only and not self._closed:
-            # An exception discards the unfinished step (with ``exit``, the
-            # steps finished before it are still committed by close()).
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+    def abort(self) -> None:
+        """Discard the unfinished step, then :meth:`close` (with ``exit``, the steps finished before
+        it are still committed). What leaving a ``with`` block on an exception does."""
+        if self._store is not None and not self._read_only and not self._closed:
             try:
                 self._discard_after(self._step_mark)
             except Exception:

@@ -262,11 +262,14 @@ class ContextCore:
         return State(
             names={k: copy_json(v) for k, v in self._state.names.items()},
             vars=copy_json(self._state.vars),
+            retired=copy_json(self._state.retired),
+            opaque=set(self._state.opaque),
         )
 
     def _plain(self) -> dict[str, Any]:
-        """Committed durable values as JSON data (names that were written, and vars)."""
+        """Committed durable values as JSON data (names that were written, vars, and retired names)."""
         wire = state_to_wire(self._state)
         out = dict(wire["names"])
         out.update({f"vars.{k}": v for k, v in wire["vars"].items()})
+        out.update({f"retired.{k}": v for k, v in wire.get("retired", {}).items()})
         return out

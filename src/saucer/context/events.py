@@ -10,6 +10,12 @@ and when. Operations are plain JSON dicts::
     {"op": "incr",   "var": "retries", "by": 1}
     {"op": "append", "name": "PREVIOUS_SUBTASKS", "value": "open file"}
     {"op": "cas",    "var": "status", "expected": "idle", "value": "busy"}
+    {"op": "sealed", "var": "api_key", "sealed": "..."}
+
+``sealed`` is an operation whose values are encrypted at rest
+(:mod:`saucer.store.crypto`) and that was read without the key: its target
+reads as ``"<encrypted>"``, and the state remembers that it holds such
+placeholders (:attr:`State.opaque`), so it is never written back as data.
 
 ``name`` targets a typed :class:`~saucer.context.names.ContextNames` entry,
 ``var`` a free-form context variable. Values in operations are always in
@@ -25,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Mapping
 
-from saucer.context.names import ContextNames
+from saucer.context.names import ContextNames, stored_name
 from saucer.redaction import redact_known, redact_known_text
 from saucer.store.model import Event, copy_json, op_key
 
@@ -40,6 +46,7 @@ __all__ = [
     "state_to_wire",
     "op_key",
     "ATOMIC_OPS",
+    "ENCRYPTED",
     "MAX_DEPTH",
     "STATE_MAX_DEPTH",
 ]
@@ -48,7 +55,12 @@ __all__ = [
 #: made only of these can be re-based on a newer version without a conflict.
 ATOMIC_OPS = frozenset({"incr", "append"})
 
-_NAMES = ContextNames.__members__
+#: The current names (a plain dict: a test stands in for a later saucer by
+#: taking a name out, as a retirement would).
+_NAMES: dict[str, ContextNames] = dict(ContextNames.__members__)
+
+#: What a value sealed at rest reads as without the store key.
+ENCRYPTED = "<encrypted>"
 
 
 class ValueNotStorableError(TypeError):
@@ -67,11 +79,18 @@ class State:
     """Materialised durable state: typed names that were written, and vars.
 
     Typed values are held in their declared types (int round ids are ints);
-    unset names read as their default.
+    unset names read as their default. ``retired`` keeps the values of names
+    retired since they were stored (:data:`~saucer.context.names.RETIRED`),
+    in wire form, for history and time travel only.
+    A state with :attr:`opaque` targets must not be stored (snapshot, prune base).
     """
 
     names: dict[str, Any] = field(default_factory=dict)
     vars: dict[str, Any] = field(default_factory=dict)
+    retired: dict[str, Any] = field(default_factory=dict)
+    #: Targets (``REQUEST``, ``vars.api_key``) whose values were sealed and read
+    #: without the key: they hold :data:`ENCRYPTED`, not their values.
+    opaque: set[str] = field(default_factory=set)
 
 
 # ---------------------------------------------------------------- wire form
@@ -183,21 +202,45 @@ def _restore(name: str, wire: Any) -> Any:
 
 
 def state_to_wire(state: State) -> dict[str, Any]:
-    """Encode a state as JSON data (for snapshots)."""
-    return {
+    """Encode a state as JSON data (for snapshots); retired names' values under ``"retired"``."""
+    wire = {
         "names": {
             k: to_wire(v, k, int_keys=_NAMES[k].int_key_depth, max_depth=STATE_MAX_DEPTH) for k, v in state.names.items()
         },
         "vars": copy_json(state.vars),
     }
+    if state.retired:
+        wire["retired"] = copy_json(state.retired)
+    return wire
 
 
 def state_from_wire(data: Mapping[str, Any]) -> State:
-    """Decode a snapshot written by :func:`state_to_wire`."""
-    return State(
-        names={k: _restore(k, v) for k, v in data.get("names", {}).items() if k in _NAMES},
-        vars=copy_json(dict(data.get("vars", {}))),
-    )
+    """Decode a snapshot written by :func:`state_to_wire` (by this saucer or an older one).
+
+    A renamed name is read under its new name, a retired one is kept aside in
+    ``retired``; a name that is neither raises
+    :class:`~saucer.context.names.UnknownStoredNameError` (never dropped silently).
+    """
+    state = State(vars=copy_json(dict(data.get("vars", {}))), retired=copy_json(dict(data.get("retired", {}))))
+    sealed = data.get("sealed") or {}  # values sealed at rest, read without the key
+    for k in sealed.get("vars") or {}:
+        state.vars[k] = ENCRYPTED
+        state.opaque.add(f"vars.{k}")
+    for k in sealed.get("names") or {}:
+        current = stored_name(k) if k not in _NAMES else k
+        if current is not None:
+            state.names[current] = ENCRYPTED
+            state.opaque.add(current)
+    for k, v in data.get("names", {}).items():
+        if k in _NAMES:
+            state.names[k] = _restore(k, v)
+            continue
+        current = stored_name(k)
+        if current is None:
+            state.retired[k] = copy_json(v)
+        else:
+            state.names[current] = _restore(current, v)
+    return state
 
 
 # --------------------------------------------------------------------- fold
@@ -206,7 +249,12 @@ def state_from_wire(data: Mapping[str, Any]) -> State:
 def _container(state: State, op: Mapping[str, Any]) -> tuple[dict[str, Any], str, bool]:
     name = op.get("name")
     if name is not None:
-        return state.names, name, True
+        if name in _NAMES:
+            return state.names, name, True
+        current = stored_name(name)  # written by an older saucer: renamed, retired, or an error
+        if current is None:
+            return state.retired, name, False
+        return state.names, current, True
     return state.vars, op["var"], False
 
 
@@ -282,6 +330,13 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]]) -> State:
                 if seq is None:
                     seq = root[key] = _default_for(key, typed) or []
             seq.append(copy_json(op["value"]))
+        elif kind == "sealed":  # encrypted at rest, read without the key
+            if path:
+                parent, last = _walk(root, key, path, typed)
+                parent[last] = ENCRYPTED
+            else:
+                root[key] = ENCRYPTED
+            state.opaque.add(key if typed else op_key(op))
         else:
             raise ValueError(f"unknown operation {kind!r}")
     return state

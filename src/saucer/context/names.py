@@ -4,6 +4,10 @@ Every name declares a Python type, a default and whether it is *durable*
 (stored in events and snapshots) or *runtime-only* (loggers, window handles,
 the task graph object: kept in memory, never stored).
 
+Stored data outlives the code: a name that is renamed or retired goes into
+:data:`RENAMED` or :data:`RETIRED` (never just deleted), so the sessions that
+wrote it keep opening (:func:`stored_name`).
+
 Durable values are stored in a JSON *wire form*. Each name knows how to turn a
 wire value back into its declared type (:meth:`ContextNames.restore`), which is
 how integer round ids survive storage: ``{"3": 0.5}`` on the wire is
@@ -21,7 +25,11 @@ __all__ = [
     "ContextNames",
     "WeavingMode",
     "DERIVED_LEDGERS",
+    "RENAMED",
+    "RETIRED",
+    "UnknownStoredNameError",
     "lookup",
+    "stored_name",
     "NUMBER_NAMES",
     "INT_NAMES",
     "FLOAT_NAMES",
@@ -286,3 +294,47 @@ FLOAT_NAMES = frozenset(
 )
 LIST_NAMES = frozenset(m.value for m in ContextNames if m.type is list)
 DICT_NAMES = frozenset(m.value for m in ContextNames if m.type is dict or getattr(m.type, "__origin__", None) is dict)
+
+
+# ------------------------------------------------------- renamed and retired
+
+#: Names renamed since a saucer stored them: ``old name -> new name``. Events
+#: and snapshots holding the old name are read under the new one (a rename
+#: keeps the type; chains such as ``A -> B -> C`` are followed).
+RENAMED: dict[str, str] = {}
+
+#: Names retired from :class:`ContextNames`: ``name -> why`` (a sentence for
+#: readers). Their stored values stay in the log: ``history`` lists them, a
+#: state at a version keeps them aside as *retired* (``Context.retired``,
+#: ``saucer state`` shows them so), and opening a session that wrote one never
+#: fails. They are not in ``to_dict()``, and can no longer be written.
+RETIRED: dict[str, str] = {}
+
+
+class UnknownStoredNameError(KeyError):
+    """A stored operation or snapshot names a typed name this code does not know."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"stored name {name!r} is not a ContextNames member; if it was renamed or retired, "
+            "record it in saucer.context.names.RENAMED or RETIRED"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def stored_name(name: str) -> str | None:
+    """The current name a stored typed name is read under: itself, its new name
+    if it was renamed, or None if it was retired. :class:`UnknownStoredNameError`
+    for a name that is none of these."""
+    seen = 0
+    while name not in _BY_KEY:
+        if name in RETIRED:
+            return None
+        new = RENAMED.get(name)
+        if new is None or seen > len(RENAMED):
+            raise UnknownStoredNameError(name)
+        name, seen = new, seen + 1
+    return name

@@ -16,7 +16,7 @@ from typing import Any
 from saucer.context.events import state_to_wire
 from saucer.context.replay import replay
 from saucer.store.base import EventStore
-from saucer.store.model import SessionInfo, check_version
+from saucer.store.model import SessionInfo, StoreKeyError, check_version
 
 __all__ = ["prune", "base_ops"]
 
@@ -47,15 +47,24 @@ def prune(store: EventStore, session_id: str, keep_last: int | None = None, olde
     cut = _cut(store, info, keep_last, older_than)
     if cut is None:
         return store.first_version(session_id)
-    wire = state_to_wire(replay(store, session_id, cut).state)
+    state = replay(store, session_id, cut).state
+    if state.opaque:
+        raise StoreKeyError(
+            f"session {session_id!r}: cannot prune without the store key ({', '.join(sorted(state.opaque))} "
+            "are encrypted at rest); set SAUCER_STORE_KEY or store.key_file"
+        )
+    wire = state_to_wire(state)
     return store.replace_history(session_id, cut, base_ops(wire), wire)
 
 
 def base_ops(wire: dict[str, Any]) -> list[dict[str, Any]]:
     """The operations of a base event: sets only, so that it replays on its own, from an empty state."""
-    return [{"op": "set", "name": k, "value": v} for k, v in wire["names"].items()] + [
-        {"op": "set", "var": k, "value": v} for k, v in wire["vars"].items()
-    ]
+    return (
+        [{"op": "set", "name": k, "value": v} for k, v in wire["names"].items()]
+        + [{"op": "set", "var": k, "value": v} for k, v in wire["vars"].items()]
+        # A retired name's value stays in history: the fold keeps it aside again.
+        + [{"op": "set", "name": k, "value": v} for k, v in wire.get("retired", {}).items()]
+    )
 
 
 def _cut(store: EventStore, info: SessionInfo, keep_last: int | None, older_than: float | None) -> int | None:

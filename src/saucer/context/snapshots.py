@@ -15,7 +15,7 @@ import orjson
 
 from saucer.context.core import ContextCore
 from saucer.context.events import state_to_wire
-from saucer.store.model import Snapshot
+from saucer.store.model import Snapshot, StoreKeyError
 
 __all__ = ["Snapshots"]
 
@@ -40,6 +40,11 @@ class Snapshots(ContextCore):
             store, sid = self._require_store()
             if self._pending:
                 raise RuntimeError("commit() pending changes before taking a snapshot")
+            if self._state.opaque:
+                raise StoreKeyError(
+                    f"session {self._session_id!r}: no snapshot without the store key: "
+                    f"{', '.join(sorted(self._state.opaque))} read as <encrypted>"
+                )
             wire = state_to_wire(self._state)
             self._snapshot_bytes = len(orjson.dumps(wire))
             self._tail_ops = 0
@@ -52,7 +57,7 @@ class Snapshots(ContextCore):
             return self._version
 
     def _maybe_snapshot(self) -> None:
-        if self._snapshot_due():
+        if self._snapshot_due() and not self._state.opaque:
             self._auto_snapshot()
 
     def _snapshot_due(self) -> bool:
@@ -72,6 +77,8 @@ class Snapshots(ContextCore):
         return self._tail_ops * _OP_BYTES * 2 >= self._snapshot_bytes
 
     def _auto_snapshot(self) -> None:
+        if self._state.opaque:
+            return  # read without the store key: its placeholders are not data to store
         # The event is committed already: a snapshot that cannot be written
         # costs a longer replay later, it must not make the commit look failed.
         try:

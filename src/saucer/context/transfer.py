@@ -21,7 +21,7 @@ import time
 from typing import Any, Mapping
 
 from saucer.context.events import Event, State, ValueNotStorableError, apply_ops, state_to_wire, to_wire
-from saucer.context.names import DERIVED_LEDGERS, ContextNames
+from saucer.context.names import DERIVED_LEDGERS, RETIRED, ContextNames, UnknownStoredNameError, stored_name
 from saucer.store.base import EventStore
 from saucer.store.model import SessionInfo, Snapshot, check_session_id
 
@@ -200,6 +200,11 @@ def _op(op: Any, where: str) -> dict[str, Any]:
     if not isinstance(op, Mapping):
         raise ValueError(f"export field {where!r} must be an object")
     kind = op.get("op")
+    if kind == "sealed":
+        raise ValueError(
+            f"export field {where!r} holds a value encrypted at rest (bound to its session and key); "
+            "import an export written with saucer export --decrypt"
+        )
     if kind not in _OPS:
         raise ValueError(f"export field '{where}.op' must be one of {', '.join(sorted(_OPS))}, not {kind!r}")
     allowed = {"op", "name", "var", "path"} | {"set": {"value"}, "delete": set(), "incr": {"by"}, "append": {"value"}, "cas": {"expected", "value"}}[kind]
@@ -212,10 +217,17 @@ def _op(op: Any, where: str) -> dict[str, Any]:
     member: ContextNames | None = None
     if "name" in op:
         name = op["name"]
-        member = ContextNames.__members__.get(name) if isinstance(name, str) else None
-        if member is None or not member.durable or name in DERIVED_LEDGERS:
+        try:  # an export written before a rename or a retirement: its name as it reads today
+            current = stored_name(name) if isinstance(name, str) and name not in ContextNames.__members__ else name
+        except UnknownStoredNameError:
+            current = None
+        member = ContextNames.__members__.get(current) if isinstance(current, str) else None
+        if current is None and isinstance(name, str) and name in RETIRED:
+            out["name"] = name  # kept in the log as it was: it reads as retired
+        elif member is None or not member.durable or current in DERIVED_LEDGERS:
             raise ValueError(f"export field '{where}.name' is {name!r}, not a stored ContextNames name")
-        out["name"] = name
+        else:
+            out["name"] = current
     else:
         if not isinstance(op["var"], str) or not op["var"]:
             raise ValueError(f"export field '{where}.var' must be a non-empty string")

@@ -10,11 +10,12 @@ to close. Other tasks only send requests through it, which the SDK allows.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -50,7 +51,9 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+@functools.cache
 def _client_info() -> Implementation:
+    # Cached: reading the package metadata costs milliseconds, and every connection sends it.
     try:
         own = version("saucer")
     except PackageNotFoundError:
@@ -106,8 +109,12 @@ def _stderr_sink(config: MCPServerConfig, stack: AsyncExitStack) -> TextIO:
     return stack.enter_context(open(os.devnull, "w"))
 
 
-def load_server_object(import_path: str) -> MCPServer | Server[Any]:
-    """The MCPServer (or low-level Server) named by ``'package.module:attribute'``."""
+def load_server_object(import_path: str, options: Mapping[str, Any] | None = None) -> MCPServer | Server[Any]:
+    """The MCPServer (or low-level Server) named by ``'package.module:attribute'``.
+
+    When the attribute is a function instead, the server is what it returns,
+    called with ``options`` as keyword arguments (a fresh server each time).
+    """
     module_name, _, attribute = import_path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
@@ -120,10 +127,20 @@ def load_server_object(import_path: str) -> MCPServer | Server[Any]:
         except AttributeError as exc:
             message = f"import_path {import_path!r}: module {module_name!r} has no attribute {attribute!r}"
             raise ServerStartError(message) from exc
-    if not isinstance(obj, MCPServer | Server):
-        kind = type(obj).__name__
-        raise ServerStartError(f"import_path {import_path!r} names a {kind}, not an MCPServer or Server")
-    return obj
+    if isinstance(obj, MCPServer | Server):
+        if options:
+            raise ServerStartError(f"import_path {import_path!r} names a server object, which takes no options")
+        return obj
+    if callable(obj) and not isinstance(obj, type):
+        try:
+            obj = obj(**(options or {}))
+        except Exception as exc:  # noqa: BLE001 - a factory's failure is a start failure naming it
+            raise ServerStartError(f"{import_path}(**options) failed: {describe_exception(exc)}") from exc
+        if isinstance(obj, MCPServer | Server):
+            return obj
+        raise ServerStartError(f"{import_path}() returned a {type(obj).__name__}, not an MCPServer or Server")
+    kind = type(obj).__name__
+    raise ServerStartError(f"import_path {import_path!r} names a {kind}, not an MCPServer, a Server or a function")
 
 
 class ServerConnection:
@@ -164,7 +181,7 @@ class ServerConnection:
         if self.instance is not None:
             return self.instance
         assert config.import_path is not None
-        return load_server_object(config.import_path)
+        return load_server_object(config.import_path, config.options)
 
     async def _own(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
         """Owner task: open the session, publish it, keep it open until ``stop`` is set."""

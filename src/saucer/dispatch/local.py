@@ -39,6 +39,7 @@ from saucer.dispatch._connection import ServerConnection, ServerStartError, desc
 from saucer.dispatch.base import BatchCommandDispatcher
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.dispatch.servers import MCPServerConfig, default_servers
+from saucer.dispatch.shared import SharedServers, current_shared_servers
 from saucer.dispatch.toolcheck import parameter_problem, schema_validator
 from saucer.tools.rules import SensitivityRules, compile_rules
 from saucer.tools.rules import sensitive_reason as _rule_reason
@@ -108,8 +109,14 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
         sensitive_commands: Iterable[str] = (),
         parallel_data_collection: bool = False,
         validate_parameters: bool = True,
+        shared: SharedServers | None = None,
     ) -> None:
         """Dispatch to ``servers`` (name → config, config table, or a live MCPServer/Server to run in-process).
+
+        Made inside :func:`~saucer.dispatch.shared.share_tool_servers` (or
+        given ``shared``), the dispatcher borrows one connection per server
+        name and configuration from that scope, shared with the other
+        dispatchers made there, and leaves it open when it closes.
 
         ``sensitive_tools`` are added to each server's own list: a qualified
         name (``server.tool``) marks that tool, a bare name marks the tool of
@@ -132,9 +139,22 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
                 tables[name] = spec
         # Validated together so a pydantic error's location names the server and the field.
         configs.update(_CONFIGS.validate_python(tables))
-        self._connections = {
-            name: ServerConnection(name, configs[name], instances.get(name)) for name in servers
-        }
+        shared = shared if shared is not None else current_shared_servers()
+        self._connections: dict[str, ServerConnection] = {}
+        #: The connections this dispatcher closes (not those borrowed from a shared scope).
+        self._owned: list[ServerConnection] = []
+        for name in servers:
+            config, instance = configs[name], instances.get(name)
+
+            def make(name: str = name, config: MCPServerConfig = config, instance: Any = instance) -> ServerConnection:
+                return ServerConnection(name, config, instance)
+
+            if shared is not None:
+                key = (name, config.model_dump_json(), id(instance) if instance is not None else None)
+                self._connections[name] = shared.connection(key, make)
+            else:
+                self._connections[name] = make()
+                self._owned.append(self._connections[name])
         self.approver = approver
         self.assume_yes = assume_yes
         self.parallel_data_collection = parallel_data_collection
@@ -185,9 +205,9 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close every session and stop every server; the dispatcher cannot be used afterwards."""
+        """Close every session and stop every server it owns (not shared ones); it cannot be used afterwards."""
         self._closed = True
-        await asyncio.gather(*(conn.close() for conn in self._connections.values()))
+        await asyncio.gather(*(conn.close() for conn in self._owned))
 
     async def start(self) -> dict[str, str]:
         """Start every server now (instead of on first use); return the ones that failed, with the cause."""

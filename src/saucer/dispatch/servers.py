@@ -17,141 +17,45 @@ explicit ``transport``)::
     timeout = 5
     sensitive_tools = ["delete_everything"]
 
+    [mcp.servers.scratch]         # in-process, made by a function called with these options
+    import_path = "saucer.tools.shell:create_server"
+    options = { root = "/tmp/scratch", deny = ["curl *"] }
+
+The built-in ``shell`` and ``files`` servers run in-process by default
+(:func:`default_servers`); ``isolate`` runs them as their own stdio processes.
+
 Unknown keys, values of the wrong type and keys that belong to another
 transport are validation errors naming the field.
 """
 
 from __future__ import annotations
 
-import difflib
-import re
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
+# The model of one server table is a setting: it lives in saucer.config (which imports nothing of
+# saucer) and is named here too, where the dispatcher's users have always found it.
+from saucer.config import DEFAULT_MCP_TIMEOUT as DEFAULT_TIMEOUT
+from saucer.config import MCPServerConfig
+from saucer.config import MCPTransport as Transport
 from saucer.tools.desktop import DEFAULT_SENSITIVE_TOOLS, desktop_environment
-from saucer.tools.rules import DEFAULT_SENSITIVE_COMMANDS, CommandRule
+from saucer.tools.rules import DEFAULT_SENSITIVE_COMMANDS
 
-__all__ = ["MCPServerConfig", "Transport", "DesktopServer", "default_servers", "configured_servers", "DEFAULT_TIMEOUT"]
+__all__ = [
+    "MCPServerConfig",
+    "Transport",
+    "DesktopServer",
+    "default_servers",
+    "configured_servers",
+    "isolated_names",
+    "BUILTIN_SERVERS",
+    "DEFAULT_TIMEOUT",
+]
 
-Transport = Literal["stdio", "http", "inprocess"]
-DEFAULT_TIMEOUT = 30.0
-
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-# The key that selects each transport, and the keys only that transport accepts.
-_SELECTOR: dict[str, Transport] = {"command": "stdio", "url": "http", "import_path": "inprocess"}
-_OWN_FIELDS: dict[Transport, tuple[str, ...]] = {
-    "stdio": ("command", "args", "env", "cwd", "stderr"),
-    "http": ("url", "headers"),
-    "inprocess": ("import_path",),
-}
-
-
-class MCPServerConfig(BaseModel):
-    """How to reach one MCP server, its per-command timeout and which of its tools need approval."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    transport: Transport = Field(
-        description="stdio, http (streamable HTTP) or inprocess; inferred from command, url or import_path."
-    )
-    # stdio
-    command: str | None = Field(None, min_length=1, description="Executable of a stdio server.")
-    args: list[str] = Field(default_factory=list, description="Arguments of the stdio server.")
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        description="Extra environment variables, added to a minimal inherited set (HOME, PATH, USER, ...).",
-    )
-    cwd: Path | None = Field(None, description="Working directory of the stdio server.")
-    stderr: Literal["inherit", "discard"] | Path = Field(
-        "inherit", description="Where the stdio server's stderr goes: inherit, discard, or a file to append to."
-    )
-    # streamable HTTP
-    url: str | None = Field(None, description="Endpoint of a streamable HTTP server, e.g. http://127.0.0.1:8000/mcp.")
-    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with every request.")
-    # in-process
-    import_path: str | None = Field(
-        None, description="'package.module:attribute' naming an MCPServer (or low-level Server) object."
-    )
-    # all transports
-    timeout: float = Field(DEFAULT_TIMEOUT, gt=0, description="Seconds one command may take on this server.")
-    startup_timeout: float = Field(30.0, gt=0, description="Seconds the server may take to start and answer.")
-    sensitive_tools: list[str] = Field(
-        default_factory=list, description="Tools of this server (bare names) that need the user's approval."
-    )
-    sensitive_commands: list[str] = Field(
-        default_factory=list,
-        description="Glob or 're:' patterns; a call whose string 'command' parameter matches needs approval.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _infer_transport(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("transport") is not None:
-            return data
-        present = [key for key in _SELECTOR if data.get(key) is not None]
-        if not present:
-            message = "a server needs one of 'command' (stdio), 'url' (streamable HTTP) or 'import_path' (in-process)"
-            unknown = [key for key in data if key not in cls.model_fields]
-            if unknown:
-                # Likely a typo of the selecting key: name it, since nothing else will be checked.
-                hints = []
-                for key in unknown:
-                    close = difflib.get_close_matches(str(key), list(cls.model_fields), n=1)
-                    hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-                message = f"unknown field {', '.join(hints)}; {message}"
-            raise ValueError(message)
-        if len(present) > 1:
-            raise ValueError(f"give only one of 'command', 'url' or 'import_path', not {' and '.join(present)}")
-        return {**data, "transport": _SELECTOR[present[0]]}
-
-    @model_validator(mode="after")
-    def _check_transport_fields(self) -> "MCPServerConfig":
-        needed = next(key for key, kind in _SELECTOR.items() if kind == self.transport)
-        if getattr(self, needed) is None:
-            raise ValueError(f"field {needed!r} is required for a {self.transport} server")
-        for kind, fields in _OWN_FIELDS.items():
-            if kind == self.transport:
-                continue
-            for name in fields:
-                # A default value is no claim (a full dump carries every field), anything else is.
-                default = type(self).model_fields[name].get_default(call_default_factory=True)
-                if getattr(self, name) != default:
-                    raise ValueError(f"field {name!r} applies to {kind} servers, not to this {self.transport} server")
-        return self
-
-    @field_validator("url")
-    @classmethod
-    def _check_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
-        return value
-
-    @field_validator("import_path")
-    @classmethod
-    def _check_import_path(cls, value: str | None) -> str | None:
-        if value is not None and not _IMPORT_PATH.match(value):
-            raise ValueError(f"must look like 'package.module:attribute', got {value!r}")
-        return value
-
-    @field_validator("sensitive_commands")
-    @classmethod
-    def _check_patterns(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            CommandRule.compile(pattern)  # a ValueError names the pattern
-        return value
-
-    @field_validator("sensitive_tools")
-    @classmethod
-    def _check_tool_names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not name.strip():
-                raise ValueError("tool names must not be empty")
-        return value
+#: The built-in servers that can run in-process (``desktop`` always runs as its own process).
+BUILTIN_SERVERS = ("shell", "files")
 
 
 @dataclass(frozen=True)
@@ -183,6 +87,25 @@ class DesktopServer:
         )
 
 
+def isolated_names(isolate: bool | Iterable[str]) -> frozenset[str]:
+    """The built-in servers ``isolate`` asks to run as their own processes (``True``: all of them).
+
+    A ValueError names anything that is not a built-in server.
+    """
+    if isinstance(isolate, bool):
+        return frozenset(BUILTIN_SERVERS) if isolate else frozenset()
+    if isinstance(isolate, str):
+        isolate = [isolate]
+    names = frozenset(isolate)
+    unknown = sorted(names - set(BUILTIN_SERVERS))
+    if unknown:
+        raise ValueError(
+            f"isolate names built-in servers ({', '.join(BUILTIN_SERVERS)}), not {', '.join(map(repr, unknown))}; "
+            "desktop always runs as its own process, a server of [mcp.servers] the way its table says"
+        )
+    return names
+
+
 def default_servers(
     workspace: Path,
     *,
@@ -193,18 +116,27 @@ def default_servers(
     max_output: int = 64 * 1024,
     max_read: int = 256 * 1024,
     desktop: DesktopServer | None = None,
+    isolate: bool | Iterable[str] = False,
 ) -> dict[str, MCPServerConfig]:
-    """The built-in ``shell`` and ``files`` servers, both rooted at ``workspace`` (stdio, this Python),
-    and the ``desktop`` server when ``desktop`` is given (:meth:`DesktopServer.config`).
+    """The built-in ``shell`` and ``files`` servers, both rooted at ``workspace``, and the ``desktop``
+    server when ``desktop`` is given (:meth:`DesktopServer.config`, always its own process).
 
-    They run as ``python -P -m saucer.tools.NAME``: ``-P`` keeps the workspace
-    (their working directory) off ``sys.path``, so files in it cannot shadow
-    saucer's modules.
+    By default ``shell`` and ``files`` run in-process: ``import_path`` names
+    their ``create_server`` and ``options`` carry what the command line would,
+    so a session starts without starting a process. Their blocking work runs
+    in worker threads and a call's timeout applies as over stdio; the shell's
+    commands start from the same minimal environment a stdio server gets.
+
+    ``isolate`` (``True``, or the names of the servers to isolate) runs them
+    as their own stdio processes instead, ``python -P -m saucer.tools.NAME``:
+    ``-P`` keeps the workspace (their working directory) off ``sys.path``, so
+    files in it cannot shadow saucer's modules.
 
     ``sensitive_commands`` defaults to :data:`saucer.tools.rules.DEFAULT_SENSITIVE_COMMANDS`
     (``rm *``, ``sudo *``, ...); pass ``[]`` to ask about nothing.
     """
     root = Path(workspace).expanduser().resolve()
+    isolated = isolated_names(isolate)
     shell_args = ["-P", "-m", "saucer.tools.shell", "--root", str(root), "--timeout", f"{shell_timeout:g}",
                   "--max-timeout", f"{max(shell_timeout, 600.0):g}", "--max-output", str(max_output)]
     for pattern in shell_allow or ():
@@ -212,19 +144,28 @@ def default_servers(
     for pattern in shell_deny or ():
         shell_args += ["--deny", pattern]
     patterns = list(DEFAULT_SENSITIVE_COMMANDS) if sensitive_commands is None else list(sensitive_commands)
+    # A command may ask for up to max_timeout; the dispatcher must wait at least that long.
+    shell_limits = {"timeout": max(shell_timeout, 600.0) + 10.0, "sensitive_commands": patterns}
+    shell_options = {
+        "root": str(root), "timeout": shell_timeout, "max_timeout": max(shell_timeout, 600.0),
+        "max_output": max_output, "allow": list(shell_allow or ()), "deny": list(shell_deny or ()),
+    }
     servers = {
-        "shell": MCPServerConfig(
-            command=sys.executable,
-            args=shell_args,
-            cwd=root,
-            # A command may ask for up to --max-timeout; the dispatcher must wait at least that long.
-            timeout=max(shell_timeout, 600.0) + 10.0,
-            sensitive_commands=patterns,
+        "shell": (
+            MCPServerConfig(command=sys.executable, args=shell_args, cwd=root, **shell_limits)
+            if "shell" in isolated
+            else MCPServerConfig(import_path="saucer.tools.shell:create_server", options=shell_options, **shell_limits)
         ),
-        "files": MCPServerConfig(
-            command=sys.executable,
-            args=["-P", "-m", "saucer.tools.files", "--root", str(root), "--max-read", str(max_read)],
-            cwd=root,
+        "files": (
+            MCPServerConfig(
+                command=sys.executable,
+                args=["-P", "-m", "saucer.tools.files", "--root", str(root), "--max-read", str(max_read)],
+                cwd=root,
+            )
+            if "files" in isolated
+            else MCPServerConfig(
+                import_path="saucer.tools.files:create_server", options={"root": str(root), "max_read": max_read}
+            )
         ),
     }
     if desktop is not None:
@@ -233,13 +174,19 @@ def default_servers(
 
 
 def configured_servers(
-    configured: Mapping[str, MCPServerConfig], workspace: Path, *, desktop: DesktopServer | None = None
+    configured: Mapping[str, MCPServerConfig],
+    workspace: Path,
+    *,
+    desktop: DesktopServer | None = None,
+    isolate: bool | Iterable[str] = False,
 ) -> dict[str, MCPServerConfig]:
     """The servers a session or a device uses: the ``[mcp.servers]`` tables, or when there are none the
-    built-in ``shell`` and ``files`` in ``workspace``; plus the ``desktop`` server when ``desktop`` is given
-    and no table is named ``desktop``."""
+    built-in ``shell`` and ``files`` in ``workspace`` (in-process unless ``isolate``d, see
+    :func:`default_servers`); plus the ``desktop`` server when ``desktop`` is given and no table is
+    named ``desktop``."""
+    isolated_names(isolate)  # a wrong name is an error even when [mcp.servers] replaces the built-ins
     if not configured:
-        return default_servers(workspace, desktop=desktop)
+        return default_servers(workspace, desktop=desktop, isolate=isolate)
     servers = dict(configured)
     if desktop is not None and "desktop" not in servers:
         servers["desktop"] = desktop.config(workspace)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from saucer.dispatch.messages import Command, Result
-from saucer.service.protocol import (
+from saucer.dispatch.wire import (
     CancelFrame,
     CommandFrame,
     ErrorCode,

@@ -12,8 +12,6 @@ Public API (stable for the CLI, the service and the LLM agents)::
     )
 """
 
-import saucer.context  # noqa: F401 - keeps the context/store import order sound
-
 from saucer.engine.accounting import CostSummary, Limits
 from saucer.engine.agent import (
     Agent,

@@ -196,6 +196,9 @@ class Agent:
     states: ClassVar[StateRegistry] = StateRegistry("Agent")
     #: The state an agent starts each round in.
     initial_status: ClassVar[str] = AgentStatus.CONTINUE.value
+    #: True for an agent that saves what it sees of the desktop itself: ``system.save_ui_tree`` then
+    #: takes no second look before its steps (the operator agent).
+    looks_at_desktop: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -11,19 +11,154 @@ resume start from an older cursor instead, without rewriting anything:
 - retrying a **failed** session (``resume --retry-failed``) starts from the
   cursor before its failed step, so that step runs again; the failed attempt
   stays in the log.
+
+A cursor is a typed record, :class:`ResumePoint`: where (phase, round, plan
+step, agent, state) and the session's :class:`Progress` (its counters and
+verdict so far). It is stored as a small dict in the event's meta, counters at
+zero left out since it rides on every step's event. Its format has a version
+(``v``); version 1, the first, is written without it, so every cursor stored
+so far is version 1. A cursor of a newer version than this saucer knows is an
+:class:`~saucer.engine.errors.EngineError`, never a guess.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
 
-from saucer.context.events import Event
+from saucer.engine.accounting import Limits
 from saucer.engine.errors import EngineError
-from saucer.store import EventStore
+from saucer.store import Event, EventStore, SessionInfo
 
-__all__ = ["Cursor", "last_cursor", "continue_cursor", "retry_cursor"]
+__all__ = [
+    "CURSOR_VERSION",
+    "Progress",
+    "ResumePoint",
+    "Cursor",
+    "cursor_meta",
+    "last_cursor",
+    "continue_cursor",
+    "retry_cursor",
+    "fork_origin",
+    "stored_session_meta",
+]
 
-Cursor = tuple[dict[str, Any] | None, dict[str, Any]]
+CURSOR_VERSION = 1
+"""The format of the cursors this saucer writes (and the newest it reads)."""
+
+
+@dataclass(slots=True)
+class Progress:
+    """A session's counters and verdict so far: what every cursor carries besides its position."""
+
+    rounds: int = 0
+    failed: int = 0
+    requests: int = 0
+    eval_cost: float = 0.0
+    exp_cost: float = 0.0
+    unknown_cost: bool = False
+    error: str | None = None
+    stopped: str | None = None
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class ResumePoint:
+    """Where a stored session continues, and its progress there (see the module docs)."""
+
+    phase: str
+    round: int | None = None
+    plan_index: int | None = None
+    agent: str | None = None
+    state: str | None = None
+    progress: Progress = field(default_factory=Progress)
+    #: Where the limits count from, when a stopped session was continued (steps, rounds).
+    limit_base: tuple[int, int] | None = None
+    #: For a round's end: whether its evaluation is committed (None: not said).
+    evaluated: bool | None = None
+    version: int = CURSOR_VERSION
+
+    @classmethod
+    def from_meta(cls, data: Mapping[str, Any]) -> "ResumePoint":
+        """Read a stored cursor (any version up to :data:`CURSOR_VERSION`)."""
+        version = data.get("v", 1)
+        if not isinstance(version, int) or version < 1 or version > CURSOR_VERSION:
+            raise EngineError(
+                f"the session's resume cursor has format version {version!r}; this saucer reads up to "
+                f"{CURSOR_VERSION}: resume it with the saucer that wrote it"
+            )
+        base = data.get("limit_base")
+        evaluated = data.get("evaluated")
+        return cls(
+            phase=data.get("phase") or "start",
+            round=_int_or_none(data.get("round")),
+            plan_index=_int_or_none(data.get("plan_index")),
+            agent=data.get("agent"),
+            state=data.get("state"),
+            progress=Progress(
+                rounds=int(data.get("rounds") or 0),
+                failed=int(data.get("failed") or 0),
+                requests=int(data.get("requests") or 0),
+                eval_cost=float(data.get("eval_cost") or 0.0),
+                exp_cost=float(data.get("exp_cost") or 0.0),
+                unknown_cost=bool(data.get("unknown_cost")),
+                error=data.get("error"),
+                stopped=data.get("stopped"),
+                reason=data.get("reason") or "",
+            ),
+            limit_base=(int(base.get("steps") or 0), int(base.get("rounds") or 0)) if isinstance(base, dict) else None,
+            evaluated=evaluated if isinstance(evaluated, bool) else None,
+            version=version,
+        )
+
+    def to_meta(self) -> dict[str, Any]:
+        """The stored form (what :func:`cursor_meta` writes)."""
+        extra: dict[str, Any] = {} if self.evaluated is None else {"evaluated": self.evaluated}
+        limits = Limits(step_base=self.limit_base[0], round_base=self.limit_base[1]) if self.limit_base else Limits()
+        return cursor_meta(self.phase, self.round, self.plan_index, self.agent, self.state, self.progress, limits, **extra)
+
+
+def cursor_meta(
+    phase: str,
+    round_id: int | None,
+    plan_index: int | None,
+    agent: str | None,
+    state: str | None,
+    progress: Progress,
+    limits: Limits,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A cursor as stored in an event's meta: position, non-zero counters, the limits' base."""
+    cursor: dict[str, Any] = {"phase": phase, "round": round_id, "plan_index": plan_index, "agent": agent, "state": state}
+    if CURSOR_VERSION != 1:  # version 1 is the one stored without "v"
+        cursor["v"] = CURSOR_VERSION
+    # Counters at zero are left out (the cursor rides on every step's event).
+    if progress.rounds:
+        cursor["rounds"] = progress.rounds
+    if progress.failed:
+        cursor["failed"] = progress.failed
+    if progress.requests:
+        cursor["requests"] = progress.requests
+    if progress.eval_cost:
+        cursor["eval_cost"] = progress.eval_cost
+    if progress.exp_cost:
+        cursor["exp_cost"] = progress.exp_cost
+    if progress.unknown_cost:
+        cursor["unknown_cost"] = True
+    if progress.error is not None or progress.stopped is not None or progress.reason:
+        cursor.update(error=progress.error, stopped=progress.stopped, reason=progress.reason)
+    if limits.step_base or limits.round_base:
+        cursor["limit_base"] = {"steps": limits.step_base, "rounds": limits.round_base}
+    if extra:
+        cursor.update(extra)
+    return cursor
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+Cursor = tuple[ResumePoint | None, dict[str, Any]]
 """A cursor and the meta of the event that carries it (``(None, {})``: none)."""
 
 _FAILED_STATES = frozenset({"FAIL", "ERROR"})
@@ -38,9 +173,9 @@ def _backwards(store: EventStore, session_id: str, chunk: int = 16) -> Iterator[
         version = low
 
 
-def _cursor_of(event: Event) -> dict[str, Any] | None:
+def _cursor_of(event: Event) -> ResumePoint | None:
     cursor = event.meta.get("cursor")
-    return cursor if isinstance(cursor, dict) else None
+    return ResumePoint.from_meta(cursor) if isinstance(cursor, dict) else None
 
 
 def last_cursor(store: EventStore, session_id: str) -> Cursor:
@@ -100,3 +235,33 @@ def retry_cursor(store: EventStore, session_id: str) -> Cursor:
         if cursor is not None:
             return cursor, event.meta
     raise EngineError(f"session {session_id!r} has no failed step to run again")
+
+
+def fork_origin(info: SessionInfo) -> tuple[str | None, int | None]:
+    """The session a fork branched from and where: its parent, or (once it stands alone) its meta."""
+    if info.parent_id is not None:
+        return info.parent_id, info.parent_version
+    at = info.meta.get("at")
+    return info.meta.get("forked_from"), at if isinstance(at, int) else None
+
+
+def stored_session_meta(store: EventStore, session_id: str) -> dict[str, Any]:
+    """The creation meta of a session (task, mode, plan...), looking through forks to the original.
+
+    A fork's own first event may give it its own workspace (``saucer fork --workspace``).
+    """
+    info = store.session_info(session_id)
+    workspace = None
+    origin, at = fork_origin(info)
+    if origin is not None and at is not None:
+        first = next(iter(store.read(session_id, at, at + 1)), None)
+        workspace = first.meta.get("workspace") if first is not None else None
+    seen = 0
+    while "mode" not in info.meta and origin is not None and store.exists(origin) and seen < 100:
+        info = store.session_info(origin)
+        origin, _ = fork_origin(info)
+        seen += 1
+    meta = dict(info.meta)
+    if workspace:
+        meta["workspace"] = workspace
+    return meta

@@ -3,9 +3,9 @@
 Modes (UFO's names):
 
 ``normal``
-    Requests in plain language, answered by the LLM agents of
-    ``saucer.agents.llm`` (``create_agent_provider(settings)``). Until that
-    module is installed and configured, asking for this mode raises
+    Requests in plain language, answered by the LLM agents the settings'
+    ``agents.provider`` names (``saucer.agents.llm:create_agent_provider`` by
+    default). Until it is installed and configured, asking for this mode raises
     :class:`~saucer.engine.errors.LLMUnavailableError` saying what to set.
 ``follower``
     A plan file (or a folder: one session per plan). Command steps run offline
@@ -23,14 +23,23 @@ Modes (UFO's names):
     runs each plan; the other reports it ``skipped``. :attr:`SessionFactory.last_batch`
     says what was skipped and why. A plan's command steps run offline; a plan
     without steps is its ``task`` as a request.
+``operator`` and ``normal_operator``
+    A request carried out on this machine's X11 desktop by a computer-use
+    agent (``saucer.agents.operator``): each step the model sees a
+    screenshot and the UI tree and answers with ``desktop`` tool calls
+    (``normal_operator``: the shell and files tools too). The built-in
+    desktop server is added to these sessions' tools whatever
+    ``[desktop] enabled`` says. Needs the ``[llm]`` settings, with a model
+    that takes images.
 ``service``
     Commands run on a remote device; ``saucer serve`` creates these sessions
     with a remote dispatcher (``remote_dispatcher_factory``). Without one,
     :class:`~saucer.engine.errors.ServiceModeError`.
 
 The dispatcher for real runs is ``saucer.dispatch.local.LocalCommandDispatcher``
-(``mcp.servers`` or the built-in Linux tools), created per session and closed
-with it; pass ``dispatcher_factory`` (or ``dispatcher=`` per session) to use another.
+(``mcp.servers`` or the built-in Linux tools, in-process unless ``mcp.isolate``),
+created per session and closed with it; pass ``dispatcher_factory`` (or
+``dispatcher=`` per session) to use another.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from typing import Any, Callable, Mapping, Sequence
 from saucer.config import Settings, load_settings
 from saucer.dispatch.messages import Command, Result
 from saucer.dispatch.servers import DesktopServer, configured_servers
+from saucer.engine.components import create_agent_provider, create_operator_provider
 from saucer.engine.errors import (
     LLMUnavailableError,
     ModeError,
@@ -66,14 +76,10 @@ from saucer.store import EventStore, open_store
 
 __all__ = ["SessionFactory", "MODES", "BatchReport", "current_platform", "local_dispatcher_factory"]
 
-MODES = ("normal", "follower", "batch_normal", "service")
+MODES = ("normal", "follower", "batch_normal", "service", "operator", "normal_operator")
+#: Request modes whose agent drives the desktop (the desktop server is always added to their tools).
+OPERATOR_MODES = ("operator", "normal_operator")
 SUPPORTED_PLATFORMS = ("linux",)
-
-_LLM_SETTINGS_HINT = (
-    "set [llm] base_url, model and api_key in saucer.toml "
-    "(or SAUCER_LLM_BASE_URL, SAUCER_LLM_MODEL, SAUCER_LLM_API_KEY)"
-)
-
 
 def current_platform() -> str:
     """``linux``, ``windows``, ``darwin`` or ``sys.platform``."""
@@ -98,9 +104,11 @@ class _UnavailableDispatcher:
 
 
 def _desktop_server(settings: Settings, session: Session) -> DesktopServer | None:
-    """The built-in desktop server when ``[desktop] enabled`` (added to ``mcp.servers`` too, unless they have a
-    ``desktop``); its artifacts go to ``desktop.artifacts_dir``, else to the session's log folder."""
-    if not settings.desktop.enabled:
+    """The built-in desktop server when ``[desktop] enabled``, ``system.save_ui_tree`` or an operator mode
+    (added to ``mcp.servers`` too, unless they have a ``desktop``); its artifacts go to
+    ``desktop.artifacts_dir``, else to the session's log folder."""
+    wanted = settings.desktop.enabled or settings.system.save_ui_tree or session.mode in OPERATOR_MODES
+    if not wanted:
         return None
     artifacts = settings.desktop.artifacts_dir or log_dir_for(settings.logs.root, session.task, session.session_id) / "artifacts"
     return DesktopServer(artifacts=Path(artifacts), display=settings.desktop.display)
@@ -115,7 +123,9 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
         except ImportError as exc:
             return _UnavailableDispatcher(f"the local command dispatcher is not available ({exc})")
         where = Path(getattr(session, "workspace", None) or workspace or Path.cwd())
-        servers = configured_servers(settings.mcp.servers, where, desktop=_desktop_server(settings, session))
+        servers = configured_servers(
+            settings.mcp.servers, where, desktop=_desktop_server(settings, session), isolate=settings.mcp.isolate
+        )
         interactor = getattr(session, "interactor", None)
         return local.LocalCommandDispatcher.from_config(
             servers,
@@ -157,8 +167,8 @@ class SessionFactory:
     """Creates sessions for every mode and resumes them.
 
     ``agents`` is an :class:`~saucer.engine.agent.AgentProvider` for requests
-    (default: ``saucer.agents.llm.create_agent_provider(settings)`` when
-    available). ``dispatcher_factory(session)`` makes each session's
+    (default: the one ``agents.provider`` of the settings names, saucer's LLM
+    agents unless set otherwise). ``dispatcher_factory(session)`` makes each session's
     dispatcher (default: :func:`local_dispatcher_factory`).
     ``remote_dispatcher_factory(session)`` enables service mode.
     """
@@ -189,6 +199,7 @@ class SessionFactory:
         self.workspace = workspace
         #: What the last ``batch_normal`` creation found (None before one).
         self.last_batch: BatchReport | None = None
+        self._operators: dict[str, Any] = {}
 
     # ------------------------------------------------------------- resources
 
@@ -196,7 +207,8 @@ class SessionFactory:
     def store(self) -> EventStore:
         """The shared store of this factory's sessions (opened on first use)."""
         if self._store is None:
-            self._store = open_store(str(self._store_spec))
+            store = self.settings.store
+            self._store = open_store(str(self._store_spec), encrypt=store.encrypt, key_file=store.key_file)
             self._owns_store = True
         return self._store
 
@@ -212,32 +224,30 @@ class SessionFactory:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def agent_provider(self) -> Any:
-        """The provider for requests; :class:`LLMUnavailableError` (saying what to set) when there is none."""
+    def agent_provider(self, mode: str = "normal") -> Any:
+        """The provider for requests; :class:`LLMUnavailableError` (saying what to set) when there is none.
+
+        Default: the one ``agents.provider`` of the settings names
+        (:func:`~saucer.engine.components.create_agent_provider`); ``mode`` ``operator`` or
+        ``normal_operator`` gives the computer-use agent ``agents.operator`` names (unless the
+        factory was given ``agents``).
+        """
         if self._agents is not None:
             return self._agents
-        try:
-            from saucer.agents import llm  # type: ignore[attr-defined]
-        except ImportError as exc:
-            missing = getattr(exc, "name", None)
-            if missing in ("saucer.agents.llm", None) and "saucer.agents" in str(exc):
-                raise LLMUnavailableError(
-                    "this request needs an LLM agent, but the LLM agent (saucer.agents.llm) is not available "
-                    f"in this installation; once it is, {_LLM_SETTINGS_HINT}"
-                ) from None
-            raise LLMUnavailableError(f"the LLM agent could not be loaded ({exc}); {_LLM_SETTINGS_HINT}") from None
-        create = getattr(llm, "create_agent_provider", None)
-        if create is None:
-            raise LLMUnavailableError("saucer.agents.llm has no create_agent_provider(settings); the LLM agent is not available")
-        try:
-            self._agents = create(self.settings)
-        except ValueError as exc:  # the model is not configured: the message says what to set
-            raise LLMUnavailableError(str(exc)) from exc
+        if mode in OPERATOR_MODES:
+            return self._operator_provider(mode)
+        self._agents = create_agent_provider(self.settings)
         return self._agents
+
+    def _operator_provider(self, mode: str) -> Any:
+        provider = self._operators.get(mode)
+        if provider is None:
+            provider = self._operators[mode] = create_operator_provider(self.settings, mode)
+        return provider
 
     def _lazy_agents(self) -> Callable[[Session], Any]:
         def provide(session: Session) -> Any:
-            provider = self.agent_provider()
+            provider = self.agent_provider(session.mode)
             if callable(provider) and not hasattr(provider, "agents"):
                 return provider(session)
             return provider
@@ -271,6 +281,11 @@ class SessionFactory:
                 raise ModeError("normal mode takes a request, not a plan (use follower or batch_normal for plans)")
             agents = kw.pop("agents", None) or self.agent_provider()
             return [self._session(task, "normal", request=request, agents=agents, **kw)]
+        if mode in OPERATOR_MODES:
+            if plan is not None:
+                raise ModeError(f"{mode} mode takes a request, not a plan (a plan of desktop commands runs in follower mode)")
+            agents = kw.pop("agents", None) or self.agent_provider(mode)
+            return [self._session(task, mode, request=request, agents=agents, **kw)]
         if mode == "follower":
             return self._follower(task, plan, request, **kw)
         if mode == "batch_normal":

@@ -97,6 +97,9 @@ class StepRecord:
     timings: dict[str, float] = field(default_factory=dict)
     version: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: What was saved of the desktop before the step (``system.save_ui_tree``, operator modes): one dict per
+    #: file, ``kind`` (``ui_tree`` or ``screenshot``) and ``path``, or ``error`` when it could not be taken.
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a plain dict (no copies of nested values)."""
@@ -133,6 +136,8 @@ class StepRecord:
             meta["error"] = self.error
         if self.extra:
             meta["extra"] = self.extra
+        if self.artifacts:
+            meta["artifacts"] = self.artifacts
         return meta
 
     @classmethod
@@ -371,6 +376,14 @@ def render_markdown(title: str, records: list[StepRecord], summary: dict[str, An
         if rec.cost:
             head += f" (cost {rec.cost:.4f})"
         lines.append(head)
+        for art in rec.artifacts:
+            what = "UI tree" if art.get("kind") == "ui_tree" else str(art.get("kind", "artifact"))
+            if art.get("error"):
+                lines.append(f"  - {what} before the step: not saved ({str(art['error'])[:200]})")
+            elif art.get("path") and art.get("kind") == "screenshot":
+                lines.append(f"  - {what} before the step: ![{what} before step {rec.session_step}](<{art['path']}>)")
+            elif art.get("path"):
+                lines.append(f"  - {what} before the step: [{art.get('nodes', '?')} elements](<{art['path']}>)")
         for i, cmd in enumerate(rec.commands):
             res = rec.results[i] if i < len(rec.results) else {}
             status = res.get("status", "-")

@@ -4,7 +4,10 @@ A session that fails, or whose run raises, becomes an ``error`` result; the
 others carry on. A session another runner claimed first (it created the
 session, or holds its lease) is not run: its result is ``skipped``. A pool
 never stops a session to ask ``save_experience``: it asks once, before it
-starts. Results come back in the order the sessions were given.
+starts. Results come back in the order the sessions were given. The
+sessions' local dispatchers share their tool servers (one per server and
+configuration for the whole pool, see :mod:`saucer.dispatch.shared`), so a
+pool of 1,000 sessions starts each server once.
 With ``progress=True`` a rich progress bar shows how many sessions are done;
 :meth:`SessionPool.summary_table` renders the results.
 """
@@ -16,9 +19,9 @@ import time
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
+from saucer.dispatch.shared import share_tool_servers
 from saucer.engine.accounting import CostSummary
 from saucer.engine.interactor import ask
-from saucer.engine.observer import CompositeObserver, ObserverCaller
 from saucer.engine.session import Session, SessionResult, SessionStatus
 from saucer.store import LeaseHeldError, SessionExistsError
 
@@ -79,7 +82,7 @@ class SessionPool:
         extra = [o for o in (self.observer, bar) if o is not None]
         if extra:
             for session in self.sessions:
-                session._notify = ObserverCaller(CompositeObserver([session.observer, *extra]))
+                session.add_observers(*extra)
         results: list[SessionResult | None] = [None] * len(self.sessions)
         work = iter(enumerate(self.sessions))
 
@@ -90,7 +93,8 @@ class SessionPool:
         if bar is not None:
             bar.progress.start()
         try:
-            await asyncio.gather(*(worker() for _ in range(min(self.max_concurrency, len(self.sessions)))))
+            async with share_tool_servers():
+                await asyncio.gather(*(worker() for _ in range(min(self.max_concurrency, len(self.sessions)))))
         finally:
             if bar is not None:
                 bar.progress.stop()
@@ -143,7 +147,7 @@ class SessionPool:
                 cost=CostSummary(),
             )
         try:
-            await session._notify("on_session_end", session, result)
+            await session.notify("on_session_end", session, result)
         except Exception:  # noqa: BLE001
             pass
         return result

@@ -2,7 +2,8 @@
 
 Each step::
 
-    handle (agent.state.handle)  →  choose next state and agent (states or graph)
+    [system.save_ui_tree: the desktop's UI tree and a screenshot, saved as the step's artifacts]
+      →  handle (agent.state.handle)  →  choose next state and agent (states or graph)
       →  ledger (SESSION_STEP, ROUND_STEP, cost, subtasks) + structural log entry
       →  ONE commit: the step's Context changes + its StepRecord + the cursor
       →  response.log line, observer.on_step
@@ -11,6 +12,9 @@ So after a crash either all of a step is in the store (its changes, its cost,
 its record and where to continue) or none of it. The round ends when the
 current state's ``is_round_end()`` holds, when the graph terminates, when
 the session's ``max_step`` is reached, or on an error.
+
+A round talks to its session only through :class:`RoundHost`, the session's
+small public interface for rounds.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from saucer.context.names import ContextNames
+from saucer.engine.accounting import Limits
 from saucer.engine.agent import Agent, AgentSet, AgentState, AgentStatus
 from saucer.engine.errors import GraphError
-from saucer.engine.logs import StepRecord
+from saucer.engine.logs import SessionLogs, StepRecord
 from saucer.engine.routing import (
     AgentTarget,
     RevertToInitiator,
@@ -32,12 +37,14 @@ from saucer.engine.routing import (
     Terminate,
     TransitionGraph,
 )
+from saucer.engine.uitree import artifact_name, look
 
 if TYPE_CHECKING:
+    from saucer.config import Settings
+    from saucer.context import Context
     from saucer.engine.plan import PlanStep
-    from saucer.engine.session import Session
 
-__all__ = ["Round", "RoundResult", "RoundStatus"]
+__all__ = ["Round", "RoundResult", "RoundStatus", "RoundHost"]
 
 _SESSION_STEP = ContextNames.SESSION_STEP
 _ROUND_STEP = ContextNames.CURRENT_ROUND_STEP
@@ -94,12 +101,42 @@ _STATUS_OF_STATE = {
 }
 
 
+class RoundHost(Protocol):
+    """What a round needs of its session; :class:`~saucer.engine.session.Session` provides it."""
+
+    session_id: str
+    settings: "Settings"
+    context: "Context"
+    logs: SessionLogs
+    limits: Limits
+    interactor: Any
+    #: Steps of the whole session committed so far.
+    session_step: int
+    #: Fill ``STRUCTURAL_LOGS`` with one entry per step.
+    structural_logs: bool
+
+    def check_lease(self) -> None:
+        """Before each step: raise if this runner lost its lease on the session."""
+
+    def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> dict[str, Any]:
+        """The resume cursor a step's commit carries: the agent and state that act next."""
+        ...
+
+    def note_unknown_cost(self) -> None:
+        """Some cost of this session could not be priced."""
+
+    async def step_committed(
+        self, rnd: "Round", agent: Agent, record: StepRecord, *, subtask_end: bool = False, failed: bool = False
+    ) -> None:
+        """A step's commit is in the store: count it, log it, tell the observer."""
+
+
 class Round:
     """One request's worth of steps. Created by :meth:`Session.create_new_round`."""
 
     def __init__(
         self,
-        session: "Session",
+        session: RoundHost,
         round_id: int,
         request: str,
         agents: AgentSet,
@@ -152,112 +189,106 @@ class Round:
     async def run(self) -> RoundResult:
         """Step until the round ends; return how it ended."""
         session = self.session
-        ctx = session.context
-        logs = session.logs
-        notify = session._notify
-        has_on_step = notify.has("on_step")
         limits = session.limits
         sleep_time = session.settings.system.sleep_time
+        save_ui_tree = session.settings.system.save_ui_tree
         agent = self.agent
         state = agent.state
-        rid = self.id
-        sid = session.session_id
-        plan_index = self.plan_index
-        subtask_amount = ctx.current_round_subtask_amount
-        round_step = ctx.current_round_step
-        reason = ""
-        while True:
-            if state.is_round_end():
-                break
-            if self.terminated is not None:
-                break
+        round_step = session.context.current_round_step
+        subtask_index = session.context.current_round_subtask_amount
+        while not state.is_round_end() and self.terminated is None:
             if limits.step_reached(session.session_step):
-                return await self._end(RoundStatus.STOPPED, f"max_step ({limits.max_step}) reached")
-            session._check_lease()
+                return self._end(RoundStatus.STOPPED, f"max_step ({limits.max_step}) reached")
+            session.check_lease()
             round_step += 1
-            session_step = session.session_step + 1
-            state_name = state.name()
             record = StepRecord(
-                sid, rid, round_step, session_step, agent.name, state_name,
-                subtask_index=subtask_amount, plan_index=plan_index, started_at=_now(),
+                session.session_id, self.id, round_step, session.session_step + 1, agent.name, state.name(),
+                subtask_index=subtask_index, plan_index=self.plan_index, started_at=_now(),
             )
-            agent.step = record
+            if save_ui_tree and not agent.looks_at_desktop:
+                # What the step starts from, saved before it acts (an agent that looks itself saves its own).
+                dispatcher = getattr(session.context, "command_dispatcher", None)
+                view = await look(dispatcher, artifact_name(record.session_step))
+                record.artifacts = view.artifacts()
             t0 = _perf()
             try:
-                await state.handle(agent, ctx)
-                t1 = _perf()
-                record.status = agent.status
-                if not record.subtask:
-                    record.subtask = ctx.get(_SUBTASK)
-                next_state = state.next_state(agent)
-                next_agent, next_state = self._route(agent, next_state, record)
+                next_agent, next_state = await self._handle(agent, state, record)
             except (asyncio.CancelledError, KeyboardInterrupt):
-                agent.step = None
                 raise
             except Exception as exc:  # noqa: BLE001 - one failed step fails this round, not the process
-                agent.step = None
                 return await self._step_failed(agent, record, exc, t0)
-            agent.step = None
-            record.next_agent = next_agent.name
-            record.next_state = next_state.name()
-            # The round's ledger, in the same commit as the step.
-            ctx.incr(_SESSION_STEP)
-            ctx.incr(_ROUND_STEP)
-            cost = record.cost
-            if cost is None:  # unknown: the round's ledger entry becomes None and stays so
-                if self.cost is not None:
-                    ctx.update_dict(ContextNames.ROUND_COST, {rid: None})
-                self.cost = None
-                session._unknown_cost = True
-            elif cost:
-                ctx.incr(_SESSION_COST, cost)
-                if self.cost is not None:
-                    ctx.incr(_ROUND_COST, cost)
-                    self.cost += cost
-            if next_state.is_subtask_end():
-                ctx.incr(_ROUND_SUBTASKS)
-            if session.structural_logs:
-                ctx.add_to_structural_logs(_structural_entry(record))
-            meta = record.to_meta()
-            meta["kind"] = "step"
-            meta["session_status"] = "running"
-            meta["cursor"] = session._cursor("step", rid, plan_index, next_agent.name, record.next_state)
-            t2 = _perf()
-            record.version = await ctx.acommit_step(author=agent.name, round=rid, step=session_step, meta=meta)
-            t3 = _perf()
-            record.timings = {
-                "handle_ms": (t1 - t0) * 1000.0,
-                "commit_ms": (t3 - t2) * 1000.0,
-                "total_ms": (t3 - t0) * 1000.0,
-            }
-            session.session_step = session_step
-            self.steps += 1
-            if next_state.is_subtask_end():
-                subtask_amount += 1
-                session._subtask_end(self, agent)
-            if session._run_rounds and record.commands:
-                session._remember_commands(record)
-            logs.write_step(record)
-            if has_on_step:
-                await notify("on_step", session, record)
+            t1 = _perf()
+            subtask_end = next_state.is_subtask_end()
+            self._charge(record, subtask_end)
+            await self._commit(agent, record, next_agent, t0, t1)
+            await session.step_committed(self, agent, record, subtask_end=subtask_end)
+            if subtask_end:
+                subtask_index += 1
             # Apply the decision only now that it is committed.
-            if next_agent is not agent:
-                agent = next_agent
+            agent = self.agent = next_agent
             agent.set_state(next_state)
             state = next_state
-            self.agent = agent
             if sleep_time:
                 await asyncio.sleep(sleep_time)
-            elif not (session_step & 31):
+            elif not (record.session_step & 31):
                 await asyncio.sleep(0)  # let other sessions of a pool run
         if self.terminated is not None:
-            return await self._end(RoundStatus.FINISHED, self.terminated)
+            return self._end(RoundStatus.FINISHED, self.terminated)
         status = _STATUS_OF_STATE.get(state.name(), RoundStatus.FINISHED)
-        if agent.round_result:
-            reason = agent.round_result
-        elif status != RoundStatus.FINISHED:
-            reason = f"agent {agent.name!r} ended in state {state.name()}"
-        return await self._end(status, reason)
+        reason = agent.round_result or (
+            f"agent {agent.name!r} ended in state {state.name()}" if status != RoundStatus.FINISHED else ""
+        )
+        return self._end(status, reason)
+
+    async def _handle(self, agent: Agent, state: AgentState, record: StepRecord) -> tuple[Agent, AgentState]:
+        """Run the step (the agent's ``record`` while it acts) and decide who acts next, in which state."""
+        agent.step = record
+        try:
+            await state.handle(agent, self.session.context)
+            record.status = agent.status
+            if not record.subtask:
+                record.subtask = self.session.context.get(_SUBTASK)
+            next_agent, next_state = self._route(agent, state.next_state(agent), record)
+        finally:
+            agent.step = None
+        record.next_agent = next_agent.name
+        record.next_state = next_state.name()
+        return next_agent, next_state
+
+    def _charge(self, record: StepRecord, subtask_end: bool) -> None:
+        """The step's share of the ledger (steps, cost, subtasks, structural log), in its commit."""
+        ctx = self.session.context
+        ctx.incr(_SESSION_STEP)
+        ctx.incr(_ROUND_STEP)
+        cost = record.cost
+        if cost is None:  # unknown: the round's ledger entry becomes None and stays so
+            if self.cost is not None:
+                ctx.update_dict(ContextNames.ROUND_COST, {self.id: None})
+            self.cost = None
+            self.session.note_unknown_cost()
+        elif cost:
+            ctx.incr(_SESSION_COST, cost)
+            if self.cost is not None:
+                ctx.incr(_ROUND_COST, cost)
+                self.cost += cost
+        if subtask_end:
+            ctx.incr(_ROUND_SUBTASKS)
+        if self.session.structural_logs:
+            ctx.add_to_structural_logs(_structural_entry(record))
+
+    async def _commit(self, agent: Agent, record: StepRecord, next_agent: Agent, t0: float, t1: float) -> None:
+        """ONE commit: the step's Context changes, its record and the cursor (who acts next)."""
+        meta = record.to_meta()
+        meta["kind"] = "step"
+        meta["session_status"] = "running"
+        meta["cursor"] = self.session.step_cursor(self.id, self.plan_index, next_agent.name, record.next_state or "")
+        t2 = _perf()
+        record.version = await self.session.context.acommit_step(
+            author=agent.name, round=self.id, step=record.session_step, meta=meta
+        )
+        t3 = _perf()
+        record.timings = {"handle_ms": (t1 - t0) * 1000.0, "commit_ms": (t3 - t2) * 1000.0, "total_ms": (t3 - t0) * 1000.0}
+        self.steps += 1
 
     def _route(self, agent: Agent, next_state: AgentState, record: StepRecord) -> tuple[Agent, AgentState]:
         """The agent and state of the next step."""
@@ -312,17 +343,15 @@ class Round:
         meta = record.to_meta()
         meta["kind"] = "step"
         meta["session_status"] = "running"
-        meta["cursor"] = session._cursor("step", self.id, self.plan_index, agent.name, error_state.name())
+        meta["cursor"] = session.step_cursor(self.id, self.plan_index, agent.name, error_state.name())
         record.version = await ctx.acommit_step(author=agent.name, round=self.id, step=record.session_step, meta=meta)
         record.timings = {"total_ms": (_perf() - t0) * 1000.0}
-        session.session_step = record.session_step
         self.steps += 1
         agent.set_state(error_state)
-        session.logs.write_step(record)
-        await session._notify("on_step", session, record)
-        return await self._end(RoundStatus.ERROR, f"step {record.step} of agent {agent.name!r} failed", error=message)
+        await session.step_committed(self, agent, record, failed=True)
+        return self._end(RoundStatus.ERROR, f"step {record.step} of agent {agent.name!r} failed", error=message)
 
-    async def _end(self, status: str, reason: str, error: str | None = None) -> RoundResult:
+    def _end(self, status: str, reason: str, error: str | None = None) -> RoundResult:
         return RoundResult(self.id, status, self.steps, self.cost, reason, error)
 
 

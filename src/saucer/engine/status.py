@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from saucer.store import EventStore, SessionInfo
+from saucer.store import EventStore, SessionHead, SessionInfo
 
-__all__ = ["StoredStatus", "stored_status", "INTERRUPTED", "ENDED"]
+__all__ = ["StoredStatus", "stored_status", "status_of", "INTERRUPTED", "ENDED"]
 
 #: A session without an end event whose runner's lease has expired.
 INTERRUPTED = "interrupted"
@@ -40,20 +40,30 @@ def stored_status(store: EventStore, info: SessionInfo | str) -> StoredStatus:
     """The status of a session (``-`` for a session the engine did not create)."""
     if isinstance(info, str):
         info = store.session_info(info)
+    last = next(iter(store.read(info.session_id, info.version - 1, info.version)), None) if info.version else None
+    status = info.meta.get("status")
+    if last is not None:
+        status = last.meta.get("session_status", status)
+    lease = None if status is None or status in ENDED else store.lease_of(info.session_id)
+    return status_of(SessionHead(info, last, lease))
+
+
+def status_of(head: SessionHead, now: float | None = None) -> StoredStatus:
+    """The status of a session from its row, its newest event and its lease (no reads):
+    what :func:`stored_status` says, for a listing made by :meth:`EventStore.session_heads`."""
+    info, last = head.info, head.last
     summary: dict[str, Any] = dict(info.meta.get("summary") or {})
     status = info.meta.get("status")
-    if info.version:
-        last = next(iter(store.read(info.session_id, info.version - 1, info.version)), None)
-        if last is not None:
-            summary.update(last.meta.get("summary") or {})
-            status = last.meta.get("session_status", status)
-            if (last.meta.get("cost_summary") or {}).get("unknown") and "cost" in summary:
-                summary["cost"] = None  # older ends stored the known part as the total
+    if last is not None:
+        summary.update(last.meta.get("summary") or {})
+        status = last.meta.get("session_status", status)
+        if (last.meta.get("cost_summary") or {}).get("unknown") and "cost" in summary:
+            summary["cost"] = None  # older ends stored the known part as the total
     if status is None:
         return StoredStatus("-", summary)
     if status in ENDED:
         return StoredStatus(str(status), summary)
-    lease = store.lease_of(info.session_id)
-    if lease is not None and lease.expires_at > time.time():
+    lease = head.lease
+    if lease is not None and lease.expires_at > (time.time() if now is None else now):
         return StoredStatus(str(status), summary, lease.owner)
     return StoredStatus(INTERRUPTED, summary)

@@ -1,7 +1,10 @@
 """Service mode: sessions run on a server, their commands on devices connected over WebSocket.
 
-- :mod:`saucer.service.protocol` — the wire frames (``parse_frame``, ``encode_frame``);
+- :mod:`saucer.service.protocol` — the wire frames (``parse_frame``, ``encode_frame``); those the
+  dispatcher itself sends and reads are :mod:`saucer.dispatch.wire`;
 - :mod:`saucer.service.server` — ``ServiceConfig``, ``create_app``, ``serve``, ``running_server``;
+  its parts: :mod:`~saucer.service.settings` (``ServiceConfig``), :mod:`~saucer.service.sessions`
+  (``SessionManager``), :mod:`~saucer.service.api` (HTTP handlers and the WebSocket endpoint);
 - :mod:`saucer.service.device` — ``run_device`` / ``DeviceClient``;
 - :mod:`saucer.service.runner` — the ``TaskRunner`` seam and the plain ``PlanTaskRunner``;
 - :mod:`saucer.service.engine_runner` — ``EngineTaskRunner``, the default: sessions as engine Sessions;

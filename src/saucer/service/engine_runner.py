@@ -233,7 +233,9 @@ class EngineTaskRunner:
         self.settings = settings
         spec = store if store is not None else settings.store.url
         self._owns_store = not isinstance(spec, EventStore)
-        self.store: EventStore = open_store(spec) if isinstance(spec, str) else spec
+        self.store: EventStore = (
+            open_store(spec, encrypt=settings.store.encrypt, key_file=settings.store.key_file) if isinstance(spec, str) else spec
+        )
         self.owner = owner or f"saucer-serve:{uuid.uuid4().hex}"
         self.default_step_timeout = default_step_timeout
         #: How long a resume waits for a lease held by another owner (a dead server's) to expire.

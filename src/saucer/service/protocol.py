@@ -33,50 +33,54 @@ from typing import Annotated, Any, Literal, Union
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from saucer.dispatch.messages import Command, Result, ResultStatus
+# The frames the dispatcher itself sends and reads live with it; they are part of this protocol too.
 
-PROTOCOL_VERSION = 1
-"""Version of this wire protocol; a peer speaking another version is refused."""
+from saucer.dispatch.wire import (
+    PROTOCOL_VERSION,
+    BaseFrame,
+    CancelFrame,
+    CommandFrame,
+    CommandResultsFrame,
+    ErrorCode,
+    ProtocolError,
+    align_results,
+    failure_results,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "ErrorCode",
+    "ProtocolError",
+    "PlanCommand",
+    "PlanStep",
+    "TaskSpec",
+    "BaseFrame",
+    "RegisterFrame",
+    "RegisteredFrame",
+    "HeartbeatFrame",
+    "HeartbeatAckFrame",
+    "TaskFrame",
+    "TaskAcceptedFrame",
+    "CommandFrame",
+    "CancelFrame",
+    "CommandResultsFrame",
+    "TaskEndFrame",
+    "DeviceInfoRequestFrame",
+    "DeviceInfoResponseFrame",
+    "ErrorFrame",
+    "Frame",
+    "FRAME_TYPES",
+    "frame_size",
+    "parse_frame",
+    "encode_frame",
+    "align_results",
+    "failure_results",
+    "now",
+]
 
 DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
 """Default largest frame (in UTF-8 bytes) a peer accepts."""
-
-
-class ErrorCode:
-    """The ``code`` values of ``error`` frames and :class:`ProtocolError`."""
-
-    FRAME_TOO_LARGE = "frame_too_large"
-    MALFORMED_JSON = "malformed_json"
-    NOT_AN_OBJECT = "not_an_object"
-    MISSING_TYPE = "missing_type"
-    UNKNOWN_TYPE = "unknown_type"
-    INVALID_FRAME = "invalid_frame"
-    UNSUPPORTED_VERSION = "unsupported_version"
-    UNEXPECTED_FRAME = "unexpected_frame"
-    NOT_REGISTERED = "not_registered"
-    ALREADY_REGISTERED = "already_registered"
-    UNAUTHORIZED = "unauthorized"
-    DEVICE_OWNED = "device_owned"
-    UNKNOWN_RESPONSE = "unknown_response"
-    SESSION_MISMATCH = "session_mismatch"
-    RESULTS_MISMATCH = "results_mismatch"
-    UNKNOWN_DEVICE = "unknown_device"
-    DEVICE_OFFLINE = "device_offline"
-    INVALID_TASK = "invalid_task"
-    SUPERSEDED = "superseded"
-    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
-    SHUTTING_DOWN = "shutting_down"
-    INTERNAL = "internal_error"
-
-
-class ProtocolError(Exception):
-    """A frame that cannot be accepted; ``code`` is one of :class:`ErrorCode`."""
-
-    def __init__(self, code: str, message: str, ref: str | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.ref = ref
 
 
 # --------------------------------------------------------------------------- tasks
@@ -115,13 +119,7 @@ class TaskSpec(BaseModel):
 # -------------------------------------------------------------------------- frames
 
 
-class _Frame(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    protocol_version: int = PROTOCOL_VERSION
-
-
-class RegisterFrame(_Frame):
+class RegisterFrame(BaseFrame):
     """First frame of a connection: who is speaking and in which role.
 
     ``inflight`` lists the ``response_id`` s a reconnecting device is still
@@ -137,7 +135,7 @@ class RegisterFrame(_Frame):
     inflight: list[str] = Field(default_factory=list, max_length=10_000)
 
 
-class RegisteredFrame(_Frame):
+class RegisteredFrame(BaseFrame):
     """The server accepted a registration."""
 
     type: Literal["registered"] = "registered"
@@ -148,21 +146,21 @@ class RegisteredFrame(_Frame):
     max_frame_bytes: int
 
 
-class HeartbeatFrame(_Frame):
+class HeartbeatFrame(BaseFrame):
     """Liveness signal from a device or client; answered by ``heartbeat_ack``."""
 
     type: Literal["heartbeat"] = "heartbeat"
     sent_at: float | None = None
 
 
-class HeartbeatAckFrame(_Frame):
+class HeartbeatAckFrame(BaseFrame):
     """Answer to a heartbeat; acknowledges nothing else."""
 
     type: Literal["heartbeat_ack"] = "heartbeat_ack"
     sent_at: float | None = None
 
 
-class TaskFrame(_Frame):
+class TaskFrame(BaseFrame):
     """Ask the server to run ``task`` on ``target_device_id`` (a device: itself by default)."""
 
     type: Literal["task"] = "task"
@@ -171,7 +169,7 @@ class TaskFrame(_Frame):
     request_id: str | None = Field(default=None, max_length=200)
 
 
-class TaskAcceptedFrame(_Frame):
+class TaskAcceptedFrame(BaseFrame):
     """A task became session ``session_id``, owned by the submitter."""
 
     type: Literal["task_accepted"] = "task_accepted"
@@ -180,35 +178,7 @@ class TaskAcceptedFrame(_Frame):
     request_id: str | None = None
 
 
-class CommandFrame(_Frame):
-    """A batch of commands for a device; answered by one ``command_results``."""
-
-    type: Literal["command"] = "command"
-    response_id: str = Field(min_length=1)
-    session_id: str
-    commands: list[Command]
-    timeout: float = Field(gt=0)
-
-
-class CancelFrame(_Frame):
-    """Stop the ``command`` batch ``response_id``; answered by that batch's ``command_results``."""
-
-    type: Literal["cancel"] = "cancel"
-    response_id: str = Field(min_length=1)
-    session_id: str
-    reason: str = Field(default="cancelled", max_length=500)
-
-
-class CommandResultsFrame(_Frame):
-    """One result per command of the ``command`` frame ``prev_response_id``, in order."""
-
-    type: Literal["command_results"] = "command_results"
-    prev_response_id: str = Field(min_length=1)
-    session_id: str
-    results: list[Result]
-
-
-class TaskEndFrame(_Frame):
+class TaskEndFrame(BaseFrame):
     """A session ended; sent to the connection that submitted it, if still there."""
 
     type: Literal["task_end"] = "task_end"
@@ -218,7 +188,7 @@ class TaskEndFrame(_Frame):
     error: str | None = None
 
 
-class DeviceInfoRequestFrame(_Frame):
+class DeviceInfoRequestFrame(BaseFrame):
     """Ask for a device's description (server → device, or client → server)."""
 
     type: Literal["device_info_request"] = "device_info_request"
@@ -226,7 +196,7 @@ class DeviceInfoRequestFrame(_Frame):
     device_id: str | None = None
 
 
-class DeviceInfoResponseFrame(_Frame):
+class DeviceInfoResponseFrame(BaseFrame):
     """A device's description, answering ``device_info_request`` ``request_id``."""
 
     type: Literal["device_info_response"] = "device_info_response"
@@ -235,7 +205,7 @@ class DeviceInfoResponseFrame(_Frame):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
-class ErrorFrame(_Frame):
+class ErrorFrame(BaseFrame):
     """Something the peer sent was refused; ``ref`` names the id it refers to."""
 
     type: Literal["error"] = "error"
@@ -316,48 +286,6 @@ def parse_frame(data: bytes | str, *, max_bytes: int | None = DEFAULT_MAX_FRAME_
 def encode_frame(frame: BaseModel) -> str:
     """Serialise a frame to JSON text; fields that are None are left out."""
     return frame.model_dump_json(exclude_none=True)
-
-
-def align_results(commands: list[Command], results: list[Result], *, source: str) -> tuple[list[Result], list[str]]:
-    """Return exactly one result per command, in order, plus a list of problems found.
-
-    Results are matched by ``call_id`` when they carry one, by position
-    otherwise; a command left without a result gets a failure naming
-    ``source``. This is what makes "one Result per Command" hold even when the
-    other side misbehaves.
-    """
-    problems: list[str] = []
-    if len(results) == len(commands) and all(r.call_id in (None, c.call_id) for c, r in zip(commands, results)):
-        aligned = [r if r.call_id == c.call_id else r.model_copy(update={"call_id": c.call_id}) for c, r in zip(commands, results)]
-        return aligned, problems
-    if len(results) != len(commands):
-        problems.append(f"{source} returned {len(results)} results for {len(commands)} commands")
-    by_id: dict[str, list[Result]] = {}
-    anonymous: list[Result] = []
-    for result in results:
-        if result.call_id is None:
-            anonymous.append(result)
-        else:
-            by_id.setdefault(result.call_id, []).append(result)
-    aligned = []
-    for command in commands:
-        matches = by_id.get(command.call_id)
-        if matches:
-            aligned.append(matches.pop(0))
-        elif anonymous:
-            aligned.append(anonymous.pop(0).model_copy(update={"call_id": command.call_id}))
-        else:
-            problems.append(f"no result for call_id {command.call_id}")
-            aligned.append(Result.failure(command, f"{source} returned no result for this command"))
-    stray = [cid for cid, left in by_id.items() for _ in left]
-    if stray:
-        problems.append(f"results for unknown call_ids: {', '.join(stray[:5])}")
-    return aligned, problems
-
-
-def failure_results(commands: list[Command], error: str) -> list[Result]:
-    """One failure result per command, all with the same cause."""
-    return [Result(status=ResultStatus.FAILURE, error=error, call_id=c.call_id) for c in commands]
 
 
 def now() -> float:

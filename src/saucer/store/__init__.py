@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from typing import Sequence
+
 from saucer.store.base import (
     SESSION_ID_MAX_LENGTH,
     ConflictError,
@@ -11,6 +14,8 @@ from saucer.store.base import (
     EventStore,
     Feature,
     FencedError,
+    FormatTooNewError,
+    StoreKeyError,
     InvalidSessionIdError,
     Lease,
     LeaseHeldError,
@@ -26,6 +31,7 @@ from saucer.store.base import (
     VersionPrunedError,
     check_session_id,
 )
+from saucer.store.model import SessionHead
 
 __all__ = [
     "open_store",
@@ -38,6 +44,8 @@ __all__ = [
     "EventStore",
     "Feature",
     "FencedError",
+    "FormatTooNewError",
+    "StoreKeyError",
     "InvalidSessionIdError",
     "Lease",
     "LeaseHeldError",
@@ -45,6 +53,7 @@ __all__ = [
     "OutcomeUnknownError",
     "ReadOnlyError",
     "SessionExistsError",
+    "SessionHead",
     "SessionInfo",
     "SessionNotFoundError",
     "Snapshot",
@@ -54,13 +63,32 @@ __all__ = [
 ]
 
 
-def open_store(url: str) -> EventStore:
+def open_store(url: str, *, encrypt: Sequence[str] = (), key_file: str | os.PathLike[str] | None = None) -> EventStore:
     """Open an event store by URL.
 
     - ``memory://`` (private) or ``memory://NAME`` (shared within the process)
     - ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``
     - ``postgresql://user@host:port/db`` (optionally ``?schema=NAME``)
+
+    ``encrypt`` (``store.encrypt``) lists the names and ``vars.*`` keys whose
+    values are encrypted at rest; the key comes from ``SAUCER_STORE_KEY`` or
+    ``key_file`` (:mod:`saucer.store.crypto`). With a key or patterns, the
+    store is a :class:`~saucer.store.sealed.SealedStore` over the backend.
     """
+    backend = _open_backend(url)
+    if not encrypt and key_file is None and not os.environ.get("SAUCER_STORE_KEY"):
+        return backend
+    try:
+        from saucer.store.crypto import Sealer, load_key
+        from saucer.store.sealed import SealedStore
+
+        return SealedStore(backend, Sealer(list(encrypt), load_key(key_file)))
+    except BaseException:
+        backend.close()
+        raise
+
+
+def _open_backend(url: str) -> EventStore:
     if not isinstance(url, str):
         raise TypeError(f"store URL must be a string, not {type(url).__name__}")
     # Each backend is imported when its URL is opened: psycopg (or sqlite3) costs

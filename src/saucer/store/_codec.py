@@ -1,7 +1,9 @@
 """Encoding of event payloads and snapshots, shared by the durable backends.
 
 Each record carries a CRC32 of its payload so a torn or altered record is
-recognised as damaged instead of being folded into the state.
+recognised as damaged instead of being folded into the state, and the format
+version it was written in (``"v"``): older records are upcast on read
+(:mod:`saucer.store.upcast`), newer ones refused.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import orjson
 
 from saucer.store.model import CorruptRecordError, Event, Snapshot
+from saucer.store.upcast import FORMAT_VERSION, record_format, upcast_event, upcast_snapshot
 
 
 class DamagedRecord(Exception):
@@ -28,15 +31,18 @@ def encode_payload(event: Event, owner: str | None = None) -> tuple[bytes, int]:
     stays attributed to the session where it was made.
     """
     # An empty meta is left out: most events have none, and it is per row.
-    data: dict[str, Any] = {"ops": event.ops, "meta": event.meta} if event.meta else {"ops": event.ops}
+    data: dict[str, Any] = {"v": FORMAT_VERSION, "ops": event.ops}
+    if event.meta:
+        data["meta"] = event.meta
     if owner is not None and event.session_id != owner:
         data["session"] = event.session_id
     payload = orjson.dumps(data)
     return payload, zlib.crc32(payload)
 
 
-def decode_payload(payload: bytes, crc: int | None) -> dict[str, Any]:
-    """Decode a payload, raising :class:`DamagedRecord` when it is unreadable."""
+def decode_payload(payload: bytes, crc: int | None, what: str = "an event") -> dict[str, Any]:
+    """Decode a payload into the current format, raising :class:`DamagedRecord` when it
+    is unreadable and :class:`FormatTooNewError` when it is newer than this code."""
     payload = bytes(payload)
     if crc is not None and zlib.crc32(payload) != crc:
         raise DamagedRecord("checksum mismatch")
@@ -46,7 +52,25 @@ def decode_payload(payload: bytes, crc: int | None) -> dict[str, Any]:
         raise DamagedRecord(f"undecodable payload: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("ops"), list):
         raise DamagedRecord("payload has no operation list")
-    return data
+    try:
+        return upcast_event(data, what)
+    except ValueError as exc:
+        raise DamagedRecord(str(exc)) from None
+
+
+def payload_format(payload: bytes) -> int:
+    """The format version a stored payload or snapshot was written in (for ``saucer store migrate``)."""
+    blob = bytes(payload)
+    if blob[:1] != b"{":
+        try:
+            blob = zlib.decompress(blob)
+        except zlib.error as exc:
+            raise DamagedRecord(f"undecodable record: {exc}") from None
+    try:
+        data = orjson.loads(blob)
+        return record_format(data) if isinstance(data, dict) else 1
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise DamagedRecord(f"undecodable record: {exc}") from None
 
 
 #: Snapshots larger than this are stored zlib-compressed. A snapshot holds the
@@ -57,14 +81,16 @@ _COMPRESS_OVER = 4096
 
 def encode_state(state: dict[str, Any]) -> tuple[bytes, int]:
     """The stored form of a snapshot's state and its checksum (of the stored bytes)."""
-    blob = orjson.dumps(state)
+    blob = orjson.dumps({"v": FORMAT_VERSION, **state})
     if len(blob) > _COMPRESS_OVER:
         blob = zlib.compress(blob, 1)
     return blob, zlib.crc32(blob)
 
 
-def decode_state(blob: bytes, crc: int | None) -> dict[str, Any]:
-    """Decode a snapshot, raising :class:`DamagedRecord` when it is unreadable."""
+def decode_state(blob: bytes, crc: int | None, what: str = "a snapshot") -> dict[str, Any]:
+    """Decode a snapshot's state (current format, without its ``"v"``), raising
+    :class:`DamagedRecord` when it is unreadable and :class:`FormatTooNewError`
+    when it is newer than this code."""
     blob = bytes(blob)
     if crc is not None and zlib.crc32(blob) != crc:
         raise DamagedRecord("checksum mismatch")
@@ -79,6 +105,11 @@ def decode_state(blob: bytes, crc: int | None) -> dict[str, Any]:
         raise DamagedRecord(f"undecodable snapshot: {exc}") from None
     if not isinstance(data, dict):
         raise DamagedRecord("snapshot is not an object")
+    try:
+        data = upcast_snapshot(data, what)
+    except ValueError as exc:
+        raise DamagedRecord(str(exc)) from None
+    data.pop("v", None)  # a fresh object: the version is the record's, not the state's
     return data
 
 
@@ -94,7 +125,7 @@ def decode_rows(session_id: str, rows: Sequence[tuple[Any, ...]], head: int | No
     last = len(rows) - 1
     for index, (version, ts, author, rnd, step, payload, crc) in enumerate(rows):
         try:
-            data = decode_payload(payload, crc)
+            data = decode_payload(payload, crc, f"session {session_id!r}: the event at version {version}")
         except DamagedRecord as exc:
             trailing = version == head if head is not None else index == last
             if trailing:
@@ -111,11 +142,26 @@ def decode_rows(session_id: str, rows: Sequence[tuple[Any, ...]], head: int | No
         )
 
 
+def head_event(session_id: str, version: int, row: Sequence[Any]) -> Event | None:
+    """The newest event of a session from its row ``(ts, author, round, step, payload, crc)``;
+    None when the record is damaged (a listing shows no last event for it, silently)."""
+    ts, author, rnd, step, payload, crc = row
+    try:
+        data = decode_payload(payload, crc)
+    except DamagedRecord:
+        return None
+    origin = data.get("session")
+    return Event(
+        origin if isinstance(origin, str) else session_id, version, ts, author, rnd, step, data["ops"], data.get("meta") or {}
+    )
+
+
 def quarantine_payload(payload: bytes, reason: str) -> tuple[bytes, int]:
     """The payload that replaces a damaged record: no operations; the reason
     and the original bytes (base64) in ``meta``, for forensics."""
     replacement = orjson.dumps(
         {
+            "v": FORMAT_VERSION,
             "ops": [],
             "meta": {
                 "damaged": reason,
@@ -130,7 +176,7 @@ def first_good_snapshot(session_id: str, rows: Iterable[tuple[Any, ...]]) -> Sna
     """The newest readable snapshot; a damaged one falls back to an older one (or none)."""
     for version, ts, blob, crc in rows:
         try:
-            return Snapshot(session_id, version, ts, decode_state(blob, crc))
+            return Snapshot(session_id, version, ts, decode_state(blob, crc, f"session {session_id!r}: the snapshot at version {version}"))
         except DamagedRecord as exc:
             warnings.warn(
                 f"session {session_id!r}: ignoring damaged snapshot at version {version} ({exc})",
@@ -138,3 +184,14 @@ def first_good_snapshot(session_id: str, rows: Iterable[tuple[Any, ...]]) -> Sna
                 stacklevel=3,
             )
     return None
+
+
+def formats_of(rows: Iterable[tuple[Any, ...]]) -> dict[int, int]:
+    """``{version: format}`` of stored ``(version, payload or snapshot)`` rows; damaged ones are left out."""
+    out: dict[int, int] = {}
+    for version, blob in rows:
+        try:
+            out[version] = payload_format(blob)
+        except DamagedRecord:
+            continue
+    return out

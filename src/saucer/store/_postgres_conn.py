@@ -3,7 +3,8 @@ migrations, and pools of connections that the server may close under them.
 
 A store URL is ``postgresql://user@host:port/db?schema=NAME``; the schema
 (``saucer`` by default) is created and migrated by saucer: ``saucer_schema``
-records each applied version, and concurrent migrators serialise on a
+records each applied version, ``saucer_format`` the newest record format the
+schema holds (a newer one than this code reads is refused), and concurrent migrators serialise on a
 transaction-level advisory lock. Every message names the server by its URL
 without the password (:func:`display_url`).
 
@@ -26,7 +27,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from saucer.store.model import StoreError
+from saucer.store.model import FormatTooNewError, StoreError
+from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -39,6 +41,7 @@ __all__ = [
     "migrate",
     "one_line",
     "quote",
+    "record_format",
     "split_url",
     "too_new",
 ]
@@ -82,6 +85,12 @@ _MIGRATIONS: list[list[str]] = [
             owner      text NOT NULL,
             token      bigint NOT NULL,
             expires_at double precision NOT NULL
+        )""",
+    ],
+    [  # 2: the newest record format the schema holds (saucer.store.upcast)
+        """CREATE TABLE {s}.saucer_format (
+            one    boolean PRIMARY KEY DEFAULT true CHECK (one),
+            newest integer NOT NULL
         )""",
     ],
 ]
@@ -169,6 +178,7 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> int:
             for statement in _MIGRATIONS[version - 1]:
                 conn.execute(statement.format(s=s))
             conn.execute(f"INSERT INTO {s}.saucer_schema (version) VALUES (%s)", (version,))
+        record_format(conn, schema)
     return SCHEMA_VERSION
 
 
@@ -180,6 +190,24 @@ def ensure_schema(conninfo: str, schema: str, connect_timeout: float) -> None:
             raise StoreError(too_new(schema, current))
         if current < SCHEMA_VERSION:
             migrate(conn, schema)
+        else:
+            record_format(conn, schema)
+
+
+def record_format(conn: psycopg.Connection[Any], schema: str) -> int:
+    """Refuse a schema holding records newer than :data:`~saucer.store.upcast.FORMAT_VERSION`,
+    else record that version as seen (this code writes nothing older); return it."""
+    s = quote(schema)
+    row = conn.execute(f"SELECT newest FROM {s}.saucer_format").fetchone()
+    if row is not None and row[0] > FORMAT_VERSION:
+        raise FormatTooNewError(f"PostgreSQL schema {schema!r}", row[0], FORMAT_VERSION)
+    if row is None or row[0] < FORMAT_VERSION:
+        conn.execute(
+            f"INSERT INTO {s}.saucer_format (newest) VALUES (%s) "
+            f"ON CONFLICT (one) DO UPDATE SET newest = greatest({s}.saucer_format.newest, excluded.newest)",
+            (FORMAT_VERSION,),
+        )
+    return FORMAT_VERSION
 
 
 def _connect(conninfo: str, connect_timeout: float) -> psycopg.Connection[Any]:

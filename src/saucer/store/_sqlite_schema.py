@@ -3,7 +3,9 @@ connection needs, what a URL names, and what its errors say.
 
 A store is one file in WAL mode with ``synchronous=FULL``. Its schema version
 is in ``saucer_schema``; an older file is upgraded in place when it is opened
-(the tables added since are created), a newer one is refused. Every
+(the tables added since are created), a newer one is refused. The newest
+record format the file holds is in ``saucer_format``; a file with records
+newer than this code reads is refused too. Every
 ``sqlite3`` error becomes one sentence (:func:`store_error`): a file that is
 not a database, or whose pages are damaged, is a
 :class:`~saucer.store.DamagedStoreError` naming the file and the command that
@@ -17,14 +19,16 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from saucer.store.model import DamagedStoreError, StoreError
+from saucer.store.model import DamagedStoreError, FormatTooNewError, StoreError
+from saucer.store.upcast import FORMAT_VERSION
 
-__all__ = ["SCHEMA_VERSION", "Closed", "connect", "damaged", "migrate", "path_from_url", "store_error"]
+__all__ = ["SCHEMA_VERSION", "Closed", "connect", "damaged", "migrate", "path_from_url", "record_format", "store_error"]
 
-SCHEMA_VERSION = 2  # 2: events_recent
+SCHEMA_VERSION = 3  # 2: events_recent; 3: saucer_format
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS saucer_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS saucer_format (one INTEGER PRIMARY KEY CHECK (one = 1), newest INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     session_id     TEXT PRIMARY KEY,
     head           INTEGER NOT NULL,
@@ -124,6 +128,23 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
         raise StoreError(f"{path}: store schema version {row[0]} is newer than this saucer ({SCHEMA_VERSION}); upgrade saucer")
     elif row[0] < SCHEMA_VERSION:  # the tables above were added by CREATE ... IF NOT EXISTS
         conn.execute("UPDATE saucer_schema SET version = ?", (SCHEMA_VERSION,))
+    record_format(conn, str(path))
+
+
+def record_format(conn: sqlite3.Connection, where: str) -> int:
+    """Inside a write transaction: refuse a store holding records newer than
+    :data:`~saucer.store.upcast.FORMAT_VERSION`, else record that version as
+    seen (this code writes nothing older); return the newest format recorded."""
+    row = conn.execute("SELECT newest FROM saucer_format").fetchone()
+    if row is not None and row[0] > FORMAT_VERSION:
+        raise FormatTooNewError(f"the SQLite store {where}", row[0], FORMAT_VERSION)
+    if row is None or row[0] < FORMAT_VERSION:
+        conn.execute(
+            "INSERT INTO saucer_format (one, newest) VALUES (1, ?) "
+            "ON CONFLICT (one) DO UPDATE SET newest = max(newest, excluded.newest)",
+            (FORMAT_VERSION,),
+        )
+    return FORMAT_VERSION
 
 
 def damaged(path: Path, reason: str) -> DamagedStoreError:

@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 
 from saucer.store._codec import encode_payload, encode_state
-from saucer.store.model import Event, SessionExistsError, SessionInfo, SessionNotFoundError, Snapshot
+from saucer.store.model import Event, SessionExistsError, SessionInfo, SessionNotFoundError, Snapshot, StoreError
 
-__all__ = ["detach_fork", "insert_events", "insert_session", "insert_snapshot", "replace_below"]
+__all__ = ["detach_fork", "insert_events", "insert_session", "insert_snapshot", "replace_below", "rewrite_rows"]
 
 
 def insert_session(conn: sqlite3.Connection, info: SessionInfo) -> None:
@@ -96,3 +96,17 @@ def detach_fork(conn: sqlite3.Connection, info: SessionInfo, events: list[Event]
     if snapshot is not None:
         insert_snapshot(conn, snapshot, "INSERT OR IGNORE")
     return True
+
+
+def rewrite_rows(conn: sqlite3.Connection, session_id: str, events: list[Event]) -> None:
+    """The body of ``EventStore._rewrite``: new payloads for own events (in either table)."""
+    rows = []
+    for event in events:
+        payload, crc = encode_payload(event, session_id)
+        rows.append((payload, crc, session_id, event.version))
+    found = 0
+    for table in ("events", "events_recent"):
+        for row in rows:
+            found += conn.execute(f"UPDATE {table} SET payload = ?, crc = ? WHERE session_id = ? AND version = ?", row).rowcount
+    if found != len(rows):
+        raise StoreError(f"session {session_id!r}: some of the events to rewrite are not in its own log; nothing was rewritten")

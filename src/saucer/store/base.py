@@ -16,8 +16,7 @@ declared in :attr:`EventStore.features`, never guessed. The contract suite
 
 Every error that leaves a store derives from :class:`StoreError`: backends
 translate their driver's errors (``sqlite3``, ``psycopg``) at their edge.
-Session ids follow one rule, checked wherever a session is made
-(:func:`check_session_id`).
+Session ids follow one rule, checked wherever a session is made (:func:`check_session_id`).
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ from functools import partial
 from typing import Any, AsyncIterator, Callable, ClassVar, Iterator, Sequence
 
 from saucer.redaction import redact
+from saucer.store.listing import SessionListing
+from saucer.store.upcast import FORMAT_VERSION
 from saucer.store.model import (
     SESSION_ID_MAX_LENGTH,
     ConflictError,
@@ -38,6 +39,8 @@ from saucer.store.model import (
     Event,
     Feature,
     FencedError,
+    FormatTooNewError,
+    StoreKeyError,
     InvalidSessionIdError,
     Lease,
     LeaseHeldError,
@@ -59,6 +62,8 @@ __all__ = [
     "StoreError",
     "ConflictError",
     "FencedError",
+    "FormatTooNewError",
+    "StoreKeyError",
     "SessionNotFoundError",
     "SessionExistsError",
     "CorruptRecordError",
@@ -82,7 +87,7 @@ __all__ = [
 ]
 
 
-class EventStore(ABC):
+class EventStore(SessionListing, ABC):
     """An append-only, versioned log of events per session, with snapshots and leases."""
 
     url: str = ""
@@ -192,6 +197,11 @@ class EventStore(ABC):
         Opening a store migrates it already; this is for ``saucer store migrate``.
         """
         return None
+
+    def format_version(self) -> int:
+        """The newest record format this store holds (:mod:`saucer.store.upcast`); a store
+        holding newer records than this code reads is refused when opened."""
+        return FORMAT_VERSION
 
     def close(self) -> None:
         """Release connections. Idempotent."""
@@ -536,6 +546,33 @@ class EventStore(ABC):
         ):
             raise ValueError(f"the events of {info.session_id!r} must be versions {start}..{info.version} of that session")
         self._import(info, list(events), list(snapshots))
+
+    # ------------------------------------------------------------- rewrite
+    def record_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+        """``({version: format}, {snapshot version: format})`` of this session's *own*
+        stored records (damaged ones left out); needs :attr:`Feature.REWRITE`."""
+        self._require(Feature.REWRITE, "report record formats")
+        self.session_info(session_id)
+        return self._formats(session_id)
+
+    def rewrite_events(self, session_id: str, events: Sequence[Event]) -> None:
+        """Store ``events`` again, in the current format, in place of this session's own
+        events at the same versions, in ONE transaction; needs :attr:`Feature.REWRITE`.
+        The caller promises the same meaning (an upcast record, a value sealed with
+        another key); only the payload (ops and meta) is written."""
+        self._require(Feature.REWRITE, "rewrite events")
+        info = self.session_info(session_id)
+        low = info.parent_version or 0
+        if bad := [e.version for e in events if not low < e.version <= info.version]:
+            raise ValueError(f"session {session_id!r} has no own events at versions {bad} to rewrite")
+        if events:
+            self._rewrite(session_id, list(events))
+
+    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _formats")
+
+    def _rewrite(self, session_id: str, events: list[Event]) -> None:
+        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _rewrite")
 
     def _require(self, feature: Feature, what: str) -> None:
         if feature not in self.features:

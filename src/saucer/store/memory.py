@@ -23,8 +23,10 @@ from saucer.store.base import (
     SessionInfo,
     SessionNotFoundError,
     Snapshot,
+    StoreError,
 )
 from saucer.store.model import Event, copy_json
+from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["MemoryStore"]
 
@@ -58,7 +60,7 @@ class MemoryStore(EventStore):
     """Keeps events and snapshots in memory; ``name`` shares them within the process."""
 
     # No QUARANTINE (its records cannot be damaged) and no GROUP_COMMIT (nothing to flush).
-    features = frozenset({Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING})
+    features = frozenset({Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.REWRITE})
 
     def __init__(self, name: str | None = None) -> None:
         self.url = f"memory://{name or ''}"
@@ -117,6 +119,24 @@ class MemoryStore(EventStore):
             chosen = events[start:stop]
         for event in chosen:
             yield replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta))
+
+    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+        # Nothing outlives the process: every record is in this code's format.
+        with self._transaction() as d:
+            events = [e.version for e in d.events.get(session_id) or []]
+            snaps = list(d.snapshots.get(session_id) or {})
+        return dict.fromkeys(events, FORMAT_VERSION), dict.fromkeys(snaps, FORMAT_VERSION)
+
+    def _rewrite(self, session_id: str, events: list[Event]) -> None:
+        with self._transaction() as d:
+            log = d.events.get(session_id) or []
+            first = log[0].version if log else 0
+            for event in events:
+                index = event.version - first
+                if not 0 <= index < len(log) or log[index].version != event.version:
+                    raise StoreError(f"session {session_id!r} has no own event at version {event.version} to rewrite")
+            for event in events:
+                log[event.version - first] = replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta))
 
     def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
         with self._transaction() as d:

@@ -32,6 +32,8 @@ __all__ = [
     "SessionExistsError",
     "CorruptRecordError",
     "DamagedStoreError",
+    "FormatTooNewError",
+    "StoreKeyError",
     "InvalidSessionIdError",
     "OutcomeUnknownError",
     "ReadOnlyError",
@@ -45,6 +47,7 @@ __all__ = [
     "SessionInfo",
     "Snapshot",
     "Lease",
+    "SessionHead",
 ]
 
 
@@ -68,6 +71,9 @@ class Feature(StrEnum):
     QUARANTINE = "quarantine"
     #: Concurrent appends of one process share one transaction (``_group_committer()``).
     GROUP_COMMIT = "group_commit"
+    #: :meth:`EventStore.rewrite_events` and :meth:`EventStore.record_formats`: stored records
+    #: are rewritten in place (``saucer store migrate --rewrite``, ``saucer store rekey``).
+    REWRITE = "rewrite"
 
 
 class StoreError(Exception):
@@ -195,6 +201,24 @@ class NotSupportedError(StoreError):
     """The backend does not have this optional feature (see ``EventStore.features``)."""
 
 
+class FormatTooNewError(StoreError):
+    """A record or a store written in a newer format than this saucer reads."""
+
+    def __init__(self, what: str, found: int, supported: int) -> None:
+        self.what = what
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"{what} is in record format version {found}, newer than this saucer reads "
+            f"(up to version {supported}); upgrade saucer to read it"
+        )
+
+
+class StoreKeyError(StoreError):
+    """The store key is missing, malformed, or not the one a value was sealed with
+    (values encrypted at rest: :mod:`saucer.store.crypto`)."""
+
+
 class ReadOnlyError(StoreError):
     """A write was attempted on a read-only Context (one opened ``at=`` a version)."""
 
@@ -290,6 +314,19 @@ class Lease:
     owner: str
     token: int
     expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHead:
+    """A session's row with its newest event and its lease: what a listing of sessions shows.
+
+    ``last`` is None for a session without events, or whose newest record is
+    damaged (see :meth:`EventStore.session_heads`).
+    """
+
+    info: SessionInfo
+    last: Event | None
+    lease: Lease | None
 
 
 #: The longest session id (in characters, all ASCII). It keeps every id well

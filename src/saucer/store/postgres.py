@@ -69,7 +69,7 @@ import asyncio
 import functools
 import time
 import warnings
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -78,8 +78,11 @@ from psycopg_pool import PoolTimeout
 from saucer.store._codec import (
     DamagedRecord,
     decode_payload,
+    head_event,
     decode_rows,
+    encode_payload,
     first_good_snapshot,
+    formats_of,
     quarantine_payload,
 )
 from saucer.store._group import GroupCommitter, Pending
@@ -108,7 +111,8 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
-from saucer.store.model import Event
+from saucer.store.model import Event, SessionHead
+from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["PostgresStore", "SCHEMA_VERSION", "DEFAULT_SCHEMA", "split_url"]
 
@@ -153,7 +157,10 @@ class PostgresStore(EventStore):
     """Events, snapshots and leases in one PostgreSQL schema, shared by any number of processes."""
 
     features = frozenset(
-        {Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.QUARANTINE, Feature.GROUP_COMMIT}
+        {
+            Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.QUARANTINE,
+            Feature.GROUP_COMMIT, Feature.REWRITE,
+        }
     )
 
     #: Concurrent appends of this process share one statement and COMMIT; False gives each its own.
@@ -204,6 +211,12 @@ class PostgresStore(EventStore):
         with self._db.connect() as conn:
             return migrate_schema(conn, self.schema)
 
+    @_translated(retry=True)
+    def format_version(self) -> int:
+        with self._db.conn() as conn:
+            row = conn.execute(f"SELECT newest FROM {self._s}.saucer_format").fetchone()
+        return int(row[0]) if row else FORMAT_VERSION
+
     # ------------------------------------------------------------- sessions
 
     @_translated(retry=False)
@@ -247,6 +260,32 @@ class PostgresStore(EventStore):
                 f"SELECT {INFO_COLUMNS} FROM {self._s}.sessions ORDER BY updated_at DESC, session_id"
             ).fetchall()
         return [row_info(r) for r in rows]
+
+    @_translated(retry=True)
+    def session_heads(self, session_ids: Iterable[str] | None = None) -> list[SessionHead]:
+        # One statement: each session's row, the event at its head and its lease.
+        s = self._s
+        where = "" if session_ids is None else "WHERE s.session_id = ANY(%s) "
+        with self._db.conn() as conn:
+            rows = conn.execute(
+                f"SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, s.meta, "
+                f"e.ts, e.author, e.round, e.step, e.payload, e.crc, l.owner, l.token, l.expires_at, {_NOW} "
+                f"FROM {s}.sessions s LEFT JOIN {s}.events e ON e.session_id = s.session_id AND e.version = s.head "
+                f"LEFT JOIN {s}.leases l ON l.session_id = s.session_id {where}ORDER BY s.updated_at DESC, s.session_id",
+                () if session_ids is None else ([sid for sid in session_ids if "\x00" not in sid],),
+            ).fetchall()
+        now = time.time()
+        heads = []
+        for row in rows:
+            info = row_info(row[:7])
+            lease = None
+            if row[13] is not None:  # expiry on this machine's clock, as lease_of reports it
+                lease = Lease(info.session_id, row[13], int(row[14]), 0.0 if row[15] <= 0 else now + (row[15] - row[16]))
+            if row[11] is None:  # no events, or a fork whose head is in its parent's log
+                heads.append(SessionHead(info, self.last_event(info) if info.version else None, lease))
+                continue
+            heads.append(SessionHead(info, head_event(info.session_id, info.version, row[7:13]), lease))
+        return heads
 
     @_translated(retry=True)
     def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
@@ -357,6 +396,32 @@ class PostgresStore(EventStore):
             ).fetchall()
         head = rows[0][7] if rows else None
         return decode_rows(session_id, [row[:7] for row in rows], head=head)
+
+    @_translated(retry=True)
+    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+        with self._db.conn() as conn:
+            rows = conn.execute(f"SELECT version, payload FROM {self._s}.events WHERE session_id = %s", (session_id,)).fetchall()
+            snaps = conn.execute(f"SELECT version, state FROM {self._s}.snapshots WHERE session_id = %s", (session_id,)).fetchall()
+        return formats_of(rows), formats_of(snaps)
+
+    @_translated(retry=False)
+    def _rewrite(self, session_id: str, events: list[Event]) -> None:
+        rows = []
+        for event in events:
+            payload, crc = encode_payload(event, session_id)
+            rows.append((payload, crc, session_id, event.version))
+        with self._db.transaction() as conn:
+            with conn.cursor() as cur:
+                found = 0
+                for row in rows:
+                    cur.execute(
+                        f"UPDATE {self._s}.events SET payload = %s, crc = %s WHERE session_id = %s AND version = %s", row
+                    )
+                    found += cur.rowcount
+            if found != len(rows):
+                raise StoreError(
+                    f"session {session_id!r}: some of the events to rewrite are not in its own log; nothing was rewritten"
+                )
 
     @_translated(retry=True)
     def quarantine_record(self, session_id: str, version: int) -> bool:

@@ -36,14 +36,16 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Iterator, TypeVar
 
 import orjson
 
 from saucer.store._codec import (
     DamagedRecord,
     decode_payload,
+    head_event,
     decode_rows,
+    formats_of,
     encode_state,
     first_good_snapshot,
     quarantine_payload,
@@ -51,7 +53,14 @@ from saucer.store._codec import (
 from saucer.store._group import GroupCommitter, Pending
 from saucer.store._sqlite_schema import SCHEMA_VERSION, Closed, connect, damaged, path_from_url, store_error
 from saucer.store._sqlite_schema import migrate as migrate_schema
-from saucer.store._sqlite_sql import detach_fork, insert_events, insert_session, insert_snapshot, replace_below
+from saucer.store._sqlite_sql import (
+    detach_fork,
+    insert_events,
+    insert_session,
+    insert_snapshot,
+    replace_below,
+    rewrite_rows,
+)
 from saucer.store.base import (
     ConflictError,
     EventStore,
@@ -64,9 +73,22 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
-from saucer.store.model import Event
+from saucer.store.model import Event, SessionHead
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION", "path_from_url"]
+
+_HEADS = """
+SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, s.meta,
+       coalesce(e.ts, r.ts), coalesce(e.author, r.author), coalesce(e.round, r.round),
+       coalesce(e.step, r.step), coalesce(e.payload, r.payload), coalesce(e.crc, r.crc),
+       l.owner, l.token, l.expires_at
+FROM sessions s
+LEFT JOIN events e ON e.session_id = s.session_id AND e.version = s.head
+LEFT JOIN events_recent r ON e.session_id IS NULL AND r.session_id = s.session_id AND r.version = s.head
+LEFT JOIN leases l ON l.session_id = s.session_id
+{where}
+ORDER BY s.updated_at DESC, s.session_id
+"""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -88,7 +110,10 @@ class SQLiteStore(EventStore):
     """Events, snapshots and leases in one SQLite file."""
 
     features = frozenset(
-        {Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.QUARANTINE, Feature.GROUP_COMMIT}
+        {
+            Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.QUARANTINE,
+            Feature.GROUP_COMMIT, Feature.REWRITE,
+        }
     )
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0) -> None:
@@ -164,6 +189,25 @@ class SQLiteStore(EventStore):
         with self._lock:
             rows = self._conn.execute("SELECT * FROM sessions ORDER BY updated_at DESC, session_id").fetchall()
         return [self._row_info(r) for r in rows]
+
+    @_translated
+    def session_heads(self, session_ids: Iterable[str] | None = None) -> list[SessionHead]:
+        # One read transaction: each session's row, the event at its head
+        # (from either event table) and its lease.
+        with self._transaction("DEFERRED") as conn:
+            if session_ids is None:
+                rows = conn.execute(_HEADS.format(where="")).fetchall()
+            else:
+                ids = orjson.dumps(list(session_ids)).decode()
+                rows = conn.execute(_HEADS.format(where="WHERE s.session_id IN (SELECT value FROM json_each(?))"), (ids,)).fetchall()
+        return [self._head(row) for row in rows]
+
+    def _head(self, row: tuple[Any, ...]) -> SessionHead:
+        info = self._row_info(row[:7])
+        lease = Lease(info.session_id, row[13], row[14], row[15]) if row[13] is not None else None
+        if row[11] is None:  # no events, or a fork whose head is in its parent's log
+            return SessionHead(info, self.last_event(info) if info.version else None, lease)
+        return SessionHead(info, head_event(info.session_id, info.version, row[7:13]), lease)
 
     @_translated
     def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
@@ -253,6 +297,12 @@ class SQLiteStore(EventStore):
             self._recent = conn.execute("SELECT count(*) FROM events_recent").fetchone()[0]
         return SCHEMA_VERSION
 
+    @_translated
+    def format_version(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT newest FROM saucer_format").fetchone()
+        return int(row[0])
+
     def _group_committer(self) -> GroupCommitter:
         return self._committer
 
@@ -336,6 +386,22 @@ class SQLiteStore(EventStore):
             rows = conn.execute(f"{columns} events {where}", args).fetchall()
             rows += conn.execute(f"{columns} events_recent {where}", args).fetchall()
         return decode_rows(session_id, rows, head=row[0] if row else None)
+
+    @_translated
+    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+        with self._transaction("DEFERRED") as conn:
+            rows = conn.execute(
+                "SELECT version, payload FROM events WHERE session_id = ? UNION ALL "
+                "SELECT version, payload FROM events_recent WHERE session_id = ?",
+                (session_id, session_id),
+            ).fetchall()
+            snaps = conn.execute("SELECT version, state FROM snapshots WHERE session_id = ?", (session_id,)).fetchall()
+        return formats_of(rows), formats_of(snaps)
+
+    @_translated
+    def _rewrite(self, session_id: str, events: list[Event]) -> None:
+        with self._transaction() as conn:
+            rewrite_rows(conn, session_id, events)
 
     @_translated
     def quarantine_record(self, session_id: str, version: int) -> bool:

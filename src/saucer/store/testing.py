@@ -157,6 +157,30 @@ class EventStoreContract:
         expired = store.lease_of("s")
         assert expired is not None and expired.token == short.token and expired.expires_at <= time.time()
 
+    def test_session_heads_are_rows_with_their_newest_event_and_lease(self, store: EventStore) -> None:
+        store.create_session("empty")
+        time.sleep(0.002)
+        store.create_session("p")
+        _fill(store, "p", 3)
+        store.append("p", 3, _set("done", True), author="engine", round=2, step=5, meta={"kind": "session_end", "n": [1]})
+        time.sleep(0.002)
+        store.create_session("f", parent_id="p", parent_version=2)  # its head is in its parent's log
+        lease = store.acquire_lease("p", "runner", ttl=30)
+        heads = store.session_heads()
+        assert [h.info for h in heads] == store.sessions()
+        by_id = {h.info.session_id: h for h in heads}
+        assert by_id["empty"].last is None and by_id["empty"].lease is None
+        last = by_id["p"].last
+        assert last == next(store.read("p", 3)) and last is not None
+        assert (last.version, last.author, last.round, last.step, last.meta) == (4, "engine", 2, 5, {"kind": "session_end", "n": [1]})
+        held = by_id["p"].lease
+        assert held is not None and (held.owner, held.token) == ("runner", lease.token) and held.expires_at > time.time() + 20
+        assert by_id["f"].last == next(store.read("p", 1, 2)) and by_id["f"].lease is None
+        some = store.session_heads(["f", "ghost", "empty"])
+        assert [h.info.session_id for h in some] == ["f", "empty"] and some[0] == by_id["f"]
+        assert store.session_heads([]) == []
+        assert [i.session_id for i in store.forks("p")] == ["f"] and store.forks("f") == []
+
     def test_a_session_with_forks_cannot_be_deleted(self, store: EventStore) -> None:
         store.create_session("parent")
         _fill(store, "parent", 3)
@@ -491,3 +515,38 @@ class EventStoreContract:
         assert store.latest_snapshot("imp").version == 3  # type: ignore[union-attr]
         with pytest.raises(SessionExistsError):
             store.import_log(info, events, snapshots)
+
+    # ------------------------------------------------- optional: rewrite
+
+    def test_rewrite_events_in_place_and_report_formats(self, store: EventStore) -> None:
+        from dataclasses import replace
+
+        from saucer.store.upcast import FORMAT_VERSION
+
+        store.create_session("rw")
+        for v in (1, 2, 3):
+            store.append("rw", v - 1, _set("i", v), author="a", round=1, step=v)
+        store.save_snapshot(Snapshot("rw", 2, time.time(), {"names": {}, "vars": {"i": 2}}))
+        store.create_session("rw-fork", parent_id="rw", parent_version=2)
+        store.append("rw-fork", 2, _set("f", 1), author="b")
+        if Feature.REWRITE not in store.features:
+            with pytest.raises(NotSupportedError):
+                store.record_formats("rw")
+            with pytest.raises(NotSupportedError):
+                store.rewrite_events("rw", [])
+            return
+        events, snaps = store.record_formats("rw")
+        assert set(events) == {1, 2, 3} and set(snaps) == {2}
+        assert set(events.values()) | set(snaps.values()) <= set(range(1, FORMAT_VERSION + 1))
+        assert set(store.record_formats("rw-fork")[0]) == {3}  # own events only
+        old = list(store.read("rw"))
+        store.rewrite_events("rw", [replace(old[1], ops=_set("i", 20))])
+        after = list(store.read("rw"))
+        assert [e.ops for e in after] == [_set("i", 1), _set("i", 20), _set("i", 3)]
+        assert (after[1].author, after[1].timestamp, after[1].step) == (old[1].author, old[1].timestamp, old[1].step)
+        assert store.head("rw") == 3
+        with pytest.raises(ValueError, match="no own events at versions"):
+            store.rewrite_events("rw-fork", [replace(old[0], session_id="rw-fork")])  # the parent's, not its own
+        with pytest.raises(ValueError):
+            store.rewrite_events("rw", [replace(old[0], version=4)])
+        assert [e.ops for e in store.read("rw")] == [e.ops for e in after]  # nothing changed

@@ -4,7 +4,10 @@ Run them over stdio with ``python -m saucer.tools.shell``,
 ``python -m saucer.tools.files`` and ``python -m saucer.tools.desktop``
 (``--help`` lists the options), or build them in-process with
 :func:`saucer.tools.shell.build_server`, :func:`saucer.tools.files.build_server`
-and :func:`saucer.tools.desktop.server.build_server`. :mod:`saucer.tools.sandbox`
+and :func:`saucer.tools.desktop.server.build_server`. The dispatcher runs
+``shell`` and ``files`` in-process by default through their ``create_server``
+(the command line's options as keyword arguments); their blocking work runs
+in daemon worker threads (:func:`saucer.tools._common.offload`). :mod:`saucer.tools.sandbox`
 resolves the files tools' paths from a descriptor of their root;
 :mod:`saucer.tools.rules` holds the allow/deny and sensitivity rules shared
 with the dispatcher, decided on the parse of :mod:`saucer.tools.shellparse`.

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
+import threading
+import json
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,7 +30,9 @@ __all__ = [
     "positive_int",
     "positive_float",
     "make_server",
+    "built_once",
     "guarded",
+    "offload",
     "serve_stdio",
     "parse",
 ]
@@ -90,8 +97,105 @@ def positive_float(text: str) -> float:
 
 
 def make_server(name: str, instructions: str) -> MCPServer:
-    """An MCPServer that logs warnings only, so a stdio server's stderr stays quiet."""
-    return MCPServer(name, instructions=instructions, log_level="WARNING", warn_on_duplicate_tools=True)
+    """An MCPServer that logs warnings only, so a stdio server's stderr stays quiet.
+
+    MCPServer configures the root logger when it is built (a rich handler, if
+    none is installed yet); an in-process server must not change its host's
+    logging, so the root logger's handlers and level are put back afterwards.
+    """
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        return MCPServer(name, instructions=instructions, log_level="WARNING", warn_on_duplicate_tools=True)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+_BUILT: OrderedDict[str, MCPServer] = OrderedDict()
+_BUILT_LOCK = threading.Lock()
+_BUILT_KEEP = 32
+
+
+def built_once(kind: str, options: dict[str, Any], build: Callable[[], MCPServer]) -> MCPServer:
+    """The server ``build()`` makes for ``options``, built once and reused while it is among the last 32.
+
+    Building registers each tool's argument and result models, tens of
+    milliseconds; an in-process server is stateless between calls and serves
+    many clients at once, so sessions with the same options share one. A
+    server pushed out is dropped by the cache only: whoever still uses it
+    keeps it, and its resources are released when it is garbage.
+    """
+    key = kind + json.dumps(options, sort_keys=True, default=str)
+    with _BUILT_LOCK:
+        server = _BUILT.get(key)
+        if server is not None:
+            _BUILT.move_to_end(key)
+            return server
+    server = build()
+    with _BUILT_LOCK:
+        server = _BUILT.setdefault(key, server)
+        _BUILT.move_to_end(key)
+        while len(_BUILT) > _BUILT_KEEP:
+            _BUILT.popitem(last=False)
+    return server
+
+
+class _DaemonWorkers:
+    """Worker threads that are daemons, so a call that never returns cannot keep the process alive.
+
+    ``asyncio.to_thread`` and anyio's worker threads are joined when the
+    interpreter exits: one hung file operation of an in-process server would
+    hang its host at exit. Idle workers are reused; at most ``limit`` run,
+    further calls wait for one to be free (their caller's timeout still applies).
+    """
+
+    def __init__(self, limit: int = 32) -> None:
+        self.limit = limit
+        self._jobs: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._ready = threading.Condition(threading.Lock())
+        self._workers = 0
+        self._idle = 0
+
+    def submit(self, function: Callable[..., _T], args: tuple[Any, ...]) -> Future[_T]:
+        future: Future[_T] = Future()
+        with self._ready:
+            self._jobs.append((future, function, args))
+            # A waiting worker counts as idle until it has taken a job, so this never under-counts.
+            if len(self._jobs) > self._idle and self._workers < self.limit:
+                self._workers += 1
+                threading.Thread(target=self._work, name="saucer-tool-worker", daemon=True).start()
+            self._ready.notify()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._jobs:
+                    self._idle += 1
+                    self._ready.wait()
+                    self._idle -= 1
+                future, function, args = self._jobs.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function(*args))
+                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
+                    future.set_exception(exc)
+            del future, function, args
+
+
+_WORKERS = _DaemonWorkers()
+
+
+async def offload(function: Callable[..., _T], *args: Any) -> _T:
+    """``function(*args)`` in a daemon worker thread, awaited without blocking the event loop.
+
+    Blocking tool work (file system calls, parsing a hostile command line)
+    runs here so an in-process server never stalls its host's loop. A caller
+    that is cancelled (a timeout) stops waiting; a call that already started
+    finishes on its own.
+    """
+    return await asyncio.wrap_future(_WORKERS.submit(function, args))
 
 
 def existing_dir(text: str) -> Path:

@@ -13,8 +13,10 @@ has more than one hard link is refused (another link may be outside the root).
 Paths are limited to 4096 bytes and 256 components.
 
 Reads are capped (``--max-read``) and page with ``offset``; writes are capped
-(``--max-write``). The tool functions are synchronous: MCPServer runs them in
-a worker thread, so a long search never blocks the server's event loop. Every
+(``--max-write``). The file operations are synchronous and run in daemon worker
+threads (:func:`saucer.tools._common.offload`), so a long search never blocks
+the server's event loop -- the host's loop when the server runs in-process --
+and a call that never returns cannot keep the process from exiting. Every
 failure, expected or not, is a tool error of one line; nothing is raised into
 the server.
 """
@@ -42,8 +44,10 @@ from pydantic import Field
 from saucer.tools._common import (
     env_default,
     existing_dir,
+    built_once,
     guarded,
     make_server,
+    offload,
     parse,
     positive_int,
     serve_stdio,
@@ -71,6 +75,7 @@ __all__ = [
     "SearchResult",
     "FileTools",
     "build_server",
+    "create_server",
     "parse_options",
     "main",
 ]
@@ -432,39 +437,39 @@ def build_server(options: FilesOptions) -> MCPServer:
     root = options.root
     server = make_server("saucer-files", instructions=f"Reads and writes files inside the workspace {root}.")
 
-    def read(
+    async def read(
         path: Annotated[str, Field(description="File path relative to the workspace root.")],
         offset: Annotated[int, Field(description="Byte offset to start at (use next_offset to continue).")] = 0,
         max_bytes: Annotated[int | None, Field(description="Most bytes to return (the server caps it).")] = None,
     ) -> FileContent:
-        return guarded(tools.read, path, offset, max_bytes)
+        return await offload(guarded, tools.read, path, offset, max_bytes)
 
-    def write(
+    async def write(
         path: Annotated[str, Field(description="File path relative to the workspace root.")],
         content: Annotated[str, Field(description="The complete new content of the file (UTF-8 text).")],
         create_dirs: Annotated[bool, Field(description="Create missing parent directories.")] = True,
     ) -> WriteResult:
-        return guarded(tools.write, path, content, create_dirs)
+        return await offload(guarded, tools.write, path, content, create_dirs)
 
-    def append(
+    async def append(
         path: Annotated[str, Field(description="File path relative to the workspace root.")],
         content: Annotated[str, Field(description="Text to add at the end of the file.")],
         create_dirs: Annotated[bool, Field(description="Create missing parent directories.")] = True,
     ) -> WriteResult:
-        return guarded(tools.append, path, content, create_dirs)
+        return await offload(guarded, tools.append, path, content, create_dirs)
 
-    def list_dir(
+    async def list_dir(
         path: Annotated[str, Field(description="Directory relative to the workspace root.")] = ".",
         recursive: Annotated[bool, Field(description="List the whole tree below the directory.")] = False,
         max_entries: Annotated[int, Field(description="Most entries to return.")] = DEFAULT_MAX_ENTRIES,
         include_hidden: Annotated[bool, Field(description="Include names starting with a dot.")] = False,
     ) -> Listing:
-        return guarded(tools.list, path, recursive, max_entries, include_hidden)
+        return await offload(guarded, tools.list, path, recursive, max_entries, include_hidden)
 
-    def stat(path: Annotated[str, Field(description="Path relative to the workspace root.")]) -> FileStat:
-        return guarded(tools.stat, path)
+    async def stat(path: Annotated[str, Field(description="Path relative to the workspace root.")]) -> FileStat:
+        return await offload(guarded, tools.stat, path)
 
-    def search(
+    async def search(
         pattern: Annotated[str, Field(description="Text to look for (a regular expression when regex is true).")],
         path: Annotated[str, Field(description="File or directory to search, relative to the root.")] = ".",
         regex: Annotated[bool, Field(description="Treat pattern as a Python regular expression.")] = False,
@@ -472,7 +477,7 @@ def build_server(options: FilesOptions) -> MCPServer:
         glob: Annotated[str | None, Field(description="Only files whose path matches this glob, e.g. *.py.")] = None,
         max_results: Annotated[int, Field(description="Most matching lines to return.")] = DEFAULT_MAX_RESULTS,
     ) -> SearchResult:
-        return guarded(tools.search, pattern, path, regex, case_sensitive, glob, max_results)
+        return await offload(guarded, tools.search, pattern, path, regex, case_sensitive, glob, max_results)
 
     cap = f"{options.max_read} bytes"
     server.add_tool(
@@ -514,6 +519,24 @@ def build_server(options: FilesOptions) -> MCPServer:
         "bytes are skipped; symbolic links are not followed.",
     )
     return server
+
+
+def create_server(
+    root: str | os.PathLike[str] = ".",
+    *,
+    max_read: int = DEFAULT_MAX_READ,
+    max_write: int = DEFAULT_MAX_WRITE,
+    read_only: bool = False,
+) -> MCPServer:
+    """The files server to run in-process, from keyword options (an ``import_path`` factory).
+
+    The options are those of the command line. Servers are built once per
+    options and shared (:func:`saucer.tools._common.built_once`); the root's
+    descriptor is closed when its server is garbage.
+    """
+    options = FilesOptions.create(root, max_read=max_read, max_write=max_write, read_only=read_only)
+    return built_once("files", {"root": str(options.root), "max_read": max_read, "max_write": max_write,
+                                "read_only": read_only}, lambda: build_server(options))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -25,8 +25,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -40,7 +40,9 @@ from saucer.tools._common import (
     env_default,
     env_list,
     existing_dir,
+    built_once,
     make_server,
+    offload,
     one_line,
     parse,
     positive_float,
@@ -49,6 +51,7 @@ from saucer.tools._common import (
     resolve_in_root,
     serve_stdio,
 )
+from saucer.tools._orphans import forget_group, watch_group
 from saucer.tools.rules import (
     CommandRule,
     SensitivityRules,
@@ -65,6 +68,7 @@ __all__ = [
     "shell_call_result",
     "DEFAULT_EXPECT_EXIT",
     "build_server",
+    "create_server",
     "parse_options",
     "main",
     "is_sensitive",
@@ -96,6 +100,8 @@ class ShellOptions:
     timeout: float = DEFAULT_TIMEOUT
     max_timeout: float = DEFAULT_MAX_TIMEOUT
     shell: str = "/bin/sh"
+    #: The environment commands start from (plus a call's ``env``); None: this process's environment.
+    env: Mapping[str, str] | None = field(default=None, hash=False)
 
     @classmethod
     def create(
@@ -108,6 +114,7 @@ class ShellOptions:
         timeout: float = DEFAULT_TIMEOUT,
         max_timeout: float = DEFAULT_MAX_TIMEOUT,
         shell: str = "/bin/sh",
+        env: Mapping[str, str] | None = None,
     ) -> "ShellOptions":
         """Options with ``root`` resolved and the rules compiled."""
         return cls(
@@ -118,6 +125,7 @@ class ShellOptions:
             timeout=timeout,
             max_timeout=max(max_timeout, timeout),
             shell=shell,
+            env=None if env is None else dict(env),
         )
 
 
@@ -197,15 +205,10 @@ def _format_partial(name: str, buffer: _CappedBuffer, limit: int = 2000) -> str:
     return f"\n--- {name} (last {len(shown)} characters) ---\n{shown}"
 
 
-async def run_command(
-    command: str,
-    options: ShellOptions,
-    *,
-    timeout: float | None = None,
-    cwd: str | None = None,
-    env: dict[str, str] | None = None,
-) -> ShellResult:
-    """Run ``command`` under ``options``; raise :class:`ToolError` when it is refused or times out."""
+def _prepare(
+    command: str, options: ShellOptions, timeout: float | None, cwd: str | None, env: dict[str, str] | None
+) -> tuple[float, Path, dict[str, str]]:
+    """The time limit, working directory and environment of a command that may run; ToolError when it may not."""
     if not command.strip():
         raise ToolError("command is empty")
     reason = refusal_reason(command, options.allow, options.deny)
@@ -221,13 +224,30 @@ async def run_command(
         raise ToolError(f"cwd refused: {exc}") from exc
     if not workdir.is_dir():
         raise ToolError(f"cwd {cwd!r} is not a directory")
-    child_env = dict(os.environ)
+    child_env = dict(os.environ if options.env is None else options.env)
     if env:
         bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:
             raise ToolError(f"env values must be strings (bad keys: {bad})")
         child_env.update(env)
+    return limit, workdir, child_env
 
+
+async def run_command(
+    command: str,
+    options: ShellOptions,
+    *,
+    timeout: float | None = None,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+) -> ShellResult:
+    """Run ``command`` under ``options``; raise :class:`ToolError` when it is refused or times out.
+
+    The checks before the start (parsing the line against the rules, resolving
+    ``cwd``) run in a worker thread: a hostile line costs that thread, never
+    the event loop of the server, which may be its host's own loop.
+    """
+    limit, workdir, child_env = await offload(_prepare, command, options, timeout, cwd, env)
     started = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -243,6 +263,7 @@ async def run_command(
         )
     except OSError as exc:
         raise ToolError(f"could not start {options.shell}: {exc}") from exc
+    watch_group(proc.pid)  # stopped even if this process is killed outright (see saucer.tools._orphans)
     assert proc.stdout is not None and proc.stderr is not None
     out, err = _CappedBuffer(options.max_output), _CappedBuffer(options.max_output)
     readers = [asyncio.create_task(out.drain(proc.stdout)), asyncio.create_task(err.drain(proc.stderr))]
@@ -267,6 +288,7 @@ async def run_command(
         await asyncio.gather(*readers, return_exceptions=True)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), _DRAIN_GRACE)  # reap it and close its transport
+        forget_group(proc.pid)
     duration = time.monotonic() - started
     if timed_out:
         raise ToolError(
@@ -376,6 +398,43 @@ def build_server(options: ShellOptions) -> MCPServer:
         annotations=ToolAnnotations(title="Run a shell command", destructive_hint=True, open_world_hint=True),
     )
     return server
+
+
+def create_server(
+    root: str | os.PathLike[str] = ".",
+    *,
+    allow: Sequence[str] = (),
+    deny: Sequence[str] = (),
+    max_output: int = DEFAULT_MAX_OUTPUT,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_timeout: float = DEFAULT_MAX_TIMEOUT,
+    shell: str = "/bin/sh",
+    env: Mapping[str, str] | None = None,
+) -> MCPServer:
+    """The shell server to run in-process, from keyword options (an ``import_path`` factory).
+
+    The options are those of the command line. Commands start from ``env``,
+    by default the minimal environment a stdio server gets (HOME, PATH, USER,
+    ...; the MCP SDK's ``get_default_environment``), never the whole
+    environment of the host process, which may hold its secrets. Servers are
+    built once per options and shared (:func:`saucer.tools._common.built_once`).
+    """
+    if env is None:
+        from mcp.client.stdio import get_default_environment
+
+        env = get_default_environment()
+        # A stdio server is a Python started without any LC_* or LANG: it coerces the C locale to
+        # C.UTF-8 (PEP 538) and its commands inherit that. Give in-process commands the same.
+        env.setdefault("LC_CTYPE", "C.UTF-8")
+    if not os.path.isdir(root):
+        raise ValueError(f"shell root {os.fspath(root)!r} is not a directory")
+    options = ShellOptions.create(
+        root, allow=allow, deny=deny, max_output=max_output, timeout=timeout, max_timeout=max_timeout,
+        shell=shell, env=env,
+    )
+    given = {"root": str(options.root), "allow": list(allow), "deny": list(deny), "max_output": max_output,
+             "timeout": timeout, "max_timeout": max_timeout, "shell": shell, "env": env}
+    return built_once("shell", given, lambda: build_server(options))
 
 
 def _parser() -> argparse.ArgumentParser:

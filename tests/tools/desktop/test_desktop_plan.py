@@ -25,11 +25,15 @@ ROOT = Path(__file__).resolve().parents[3]
 PLAN = ROOT / "examples" / "plans" / "desktop-calculator.json"
 
 
-def _run(virtual_desktop: VirtualDesktop, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _saucer(virtual_desktop: VirtualDesktop, cwd: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
-    env.update(virtual_desktop.env, SAUCER_DESKTOP__ENABLED="true", COLUMNS="200", NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "saucer", "run", "--plan", str(PLAN), "--workspace", "ws", *args],
+    env.update(virtual_desktop.env, SAUCER_DESKTOP__ENABLED="true", COLUMNS="200", NO_COLOR="1", **env_extra)
+    return subprocess.run([sys.executable, "-m", "saucer", *args],
                           cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=110)
+
+
+def _run(virtual_desktop: VirtualDesktop, cwd: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    return _saucer(virtual_desktop, cwd, "run", "--plan", str(PLAN), "--workspace", "ws", *args, **env_extra)
 
 
 def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -94,3 +98,41 @@ def test_the_readme_shows_the_example_plan() -> None:
     readme = (ROOT / "README.md").read_text()
     [block] = re.findall(r"drives GNOME Calculator offline\n.*?```json\n(.*?)```", readme, re.S)
     assert json.loads(block) == json.loads(PLAN.read_text())
+
+
+def test_save_ui_tree_stores_a_tree_and_a_screenshot_before_each_step(virtual_desktop: VirtualDesktop, tmp_path: Path) -> None:
+    """system.save_ui_tree: one tree (or why there is none) and one screenshot per step, in the step's record and
+    in saucer show; the plan's own commands are unchanged."""
+    proc = _run(virtual_desktop, tmp_path, "--yes", SAUCER_SYSTEM__SAVE_UI_TREE="true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [log_dir] = (tmp_path / "logs").glob("*/*")
+    steps = [json.loads(line) for line in (log_dir / "response.log").read_text().splitlines()]
+    assert len(steps) == 4
+    assert [[c["tool_name"] for c in step["commands"]] for step in steps][0] == ["desktop.launch"]
+    trees = []
+    for step in steps:
+        [tree] = [a for a in step["artifacts"] if a["kind"] == "ui_tree"]
+        [shot] = [a for a in step["artifacts"] if a["kind"] == "screenshot"]
+        prefix = f"step-{step['session_step']:04d}"
+        assert Path(shot["path"]) == log_dir / "artifacts" / f"{prefix}-screen.png"
+        assert Image.open(shot["path"]).size == (1280, 800)
+        trees.append(tree)
+    # Before the first step the calculator is not running yet: the record says why there is no tree (no
+    # application on the bus, or no focused window when an earlier test left a helper like a portal running).
+    assert trees[0]["error"].startswith("tool 'desktop.ui_tree' failed") and "path" not in trees[0]
+    for step, tree in zip(steps[1:], trees[1:]):
+        assert Path(tree["path"]) == log_dir / "artifacts" / f"step-{step['session_step']:04d}-tree.json"
+        saved = json.loads(Path(tree["path"]).read_text())
+        assert saved["app"] == tree["app"] == "gnome-calculator" and saved["node_count"] == tree["nodes"] > 20
+    labels = {n["name"] for n in _nodes(json.loads(Path(trees[1]["path"]).read_text())["tree"]) if n["role"] == "label"}
+    assert {"2", "+", "3", "="} <= labels  # what the clicks of step 3 were chosen from
+
+    show = _saucer(virtual_desktop, tmp_path, "show", "last")
+    assert show.returncode == 0, show.stderr
+    for tree in trees[1:]:
+        assert f"ui tree: {tree['path']} ({tree['nodes']} elements)" in show.stdout
+    assert show.stdout.count("screenshot: ") == 4 and "(1280x800)" in show.stdout
+    assert "ui tree: not saved: " in show.stdout
+    data = json.loads(_saucer(virtual_desktop, tmp_path, "show", "last", "--json").stdout)
+    listed = [e["artifacts"] for e in data["events"] if e["kind"] == "step"]
+    assert listed == [step["artifacts"] for step in steps]

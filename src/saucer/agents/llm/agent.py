@@ -288,9 +288,13 @@ class LLMAgent(Agent):
                 "([llm] token_budget)"
             )
 
+    def outgoing(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation as this call sends it (an operator attaches the screenshot); default: as kept."""
+        return messages
+
     async def _call(self, context: "Context", messages: list[dict[str, Any]], tools: ToolSet | None) -> ModelReply:
         self._check_budget(context)
-        sent = messages
+        sent = messages = self.outgoing(messages)
         log_fields = self._log_fields(context)
         window = self.settings.context_window
         if window is not None:
@@ -383,6 +387,9 @@ class ToolUsingAgent(LLMAgent):
         )
         return status
 
+    async def before_model_call(self, context: "Context", messages: list[dict[str, Any]]) -> None:
+        """Called in each step before the model is asked (an operator appends what it sees); default: nothing."""
+
     async def on_final_answer(self, context: "Context", content: str) -> str:
         """The model answered after a tool call succeeded: record the result and finish."""
         return self._end_request(context, AgentStatus.FINISH.value, content)
@@ -404,6 +411,7 @@ class ToolUsingAgent(LLMAgent):
         tools = self.offered(self.tools(context))
         messages, meta = self._load(context, self.conversation_scope(context), lambda: self.initial_messages(context, tools))
         try:
+            await self.before_model_call(context, messages)
             reply = await self.call_model(context, messages, tools)
         except TokenBudgetReached as exc:
             return self._stop(str(exc))

@@ -37,7 +37,7 @@ from saucer.agents.llm.settings import (
     require_model_settings,
 )
 from saucer.agents.llm.tools import ToolSet
-from saucer.agents.llm.window import request_chars
+from saucer.agents.llm.window import request_chars, without_images
 from saucer.redaction import redact_text, register_secret
 
 __all__ = [
@@ -431,7 +431,7 @@ class ModelClient:
                 "temperature": body.get("temperature"),
                 "max_tokens": body.get("max_tokens", body.get("max_completion_tokens")),
                 "tool_choice": body.get("tool_choice"),
-                "prompt": body["messages"],
+                "prompt": [without_images(m) for m in body["messages"]],  # a screenshot's base64 is not log text
                 "tools": tools.names() if tools else [],
                 "attempts": attempts,
                 "errors": errors,

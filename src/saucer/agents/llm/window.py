@@ -16,7 +16,8 @@ the prompt plus the reply (``max_tokens``) fit in the window:
 
 Tokens are estimated from characters: the size of the request as JSON divided
 by the characters per token the last reply's ``usage`` measured (3 until a
-reply has measured it, which over-counts for English and JSON).
+reply has measured it, which over-counts for English and JSON). An image part
+(an operator's screenshot) counts as ``IMAGE_CHARS``, whatever its base64 length.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-__all__ = ["Fitted", "fit_to_window", "prompt_budget", "estimate_tokens", "request_chars"]
+__all__ = ["Fitted", "fit_to_window", "prompt_budget", "estimate_tokens", "request_chars", "without_images", "IMAGE_CHARS"]
 
 #: Share of the window kept free for what the estimate cannot see (the chat template's own tokens).
 _MARGIN = 0.05
+#: What one image in a message counts as, in characters (~1,000 tokens: a screen-sized image at high detail).
+IMAGE_CHARS = 3000
 #: A kept tool result is never cut below this many characters.
 _MIN_TOOL_CHARS = 300
 
@@ -55,8 +58,28 @@ def prompt_budget(context_window: int, max_tokens: int | None) -> int:
     return max(1, int((context_window - reply) * (1 - _MARGIN)))
 
 
+def without_images(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``message`` with each image part's data replaced by a note of its size (for sizes and logs)."""
+    content = message.get("content")
+    if not isinstance(content, list) or not any(_is_image(part) for part in content):
+        return message
+    parts = [
+        {"type": "image_url", "image_url": {"url": f"[image: {len(str(part['image_url'].get('url', '')))} characters]"}}
+        if _is_image(part) else part
+        for part in content
+    ]
+    return {**message, "content": parts}
+
+
+def _is_image(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") == "image_url" and isinstance(part.get("image_url"), Mapping)
+
+
 def _size(message: Mapping[str, Any]) -> int:
-    return len(json.dumps(message, ensure_ascii=False))
+    # An image costs the model a fixed number of tokens, not its base64 length.
+    content = message.get("content")
+    images = sum(1 for part in content if _is_image(part)) if isinstance(content, list) else 0
+    return len(json.dumps(without_images(message), ensure_ascii=False)) + images * IMAGE_CHARS
 
 
 def _total(sizes: Sequence[int], fixed: int) -> int:

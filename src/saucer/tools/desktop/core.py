@@ -50,7 +50,10 @@ _POLL = 0.1
 _SEARCH_TEXT = 1000
 # Largest scaled screenshot (8K UHD); scaling up a whole large screen would take gigabytes.
 _MAX_PIXELS = 7680 * 4320
-_X11_ONLY_GRACE = 1.0
+# Seconds a program whose window X11 shows may take to appear on the accessibility bus before launch calls it
+# ready anyway (a toolkit without accessibility never does). GTK 4 registers within a second on an idle machine,
+# but took more than one on a loaded one: a plan's next ui_tree(app=...) then found no such application.
+_X11_ONLY_GRACE = 5.0
 
 
 @dataclass(frozen=True)
@@ -436,8 +439,9 @@ class Desktop:
                 if found == "x11":
                     # A window that X11 knows of, but no accessible application (yet): give the
                     # toolkit a moment to register on the bus before calling it ready.
-                    x_only_since = x_only_since or time.monotonic()
-                    result.ready = time.monotonic() - x_only_since >= _X11_ONLY_GRACE
+                    now = time.monotonic()
+                    x_only_since = x_only_since or now
+                    result.ready = now - x_only_since >= _X11_ONLY_GRACE or now >= deadline
                 code = proc.poll()
                 if result.ready or code is not None or time.monotonic() >= deadline:
                     break
@@ -452,6 +456,9 @@ class Desktop:
                                    "was already running (see windows and ui_tree)")
             elif not result.ready:
                 result.note = f"no window of the program appeared within {wait:g} s"
+            elif x_only_since is not None and result.app is None:
+                result.note = ("its window is shown, but the program is not on the accessibility bus (its toolkit may "
+                               "not support AT-SPI): use screenshots, clicks at x, y and keys")
             return result
 
     async def _look_for_windows(self, result: LaunchResult) -> str | None:

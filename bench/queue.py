@@ -1,0 +1,209 @@
+"""Queue benchmark: 1,000 follower sessions through 1, 2 and 4 worker processes, beside the same batch in one process.
+
+    .venv/bin/python bench/queue.py                       # needs SAUCER_TEST_POSTGRES_URL (or --postgres-url)
+    .venv/bin/python bench/queue.py --sessions 200        # a smaller run
+
+Every session is the same follower plan (3 command steps, an in-process tool
+that answers at once, as in bench/engine.py's pool scenarios), on one
+PostgreSQL store, a fresh schema per scenario (dropped afterwards):
+
+``one process``   the 1,000 sessions through one ``SessionPool`` (concurrency 4): no queue.
+``N workers``     the 1,000 jobs put on the queue (``QueueClient.enqueue``, one
+                  claim + defer each), then N ``run_worker`` processes of 4 slots
+                  each take them. Workers are started and registered first; the
+                  wall time runs from the first enqueue to the last job done.
+
+Printed: sessions per second, and the queue's overhead per job: the
+1-worker run's wall time minus the one-process run's, over the sessions
+(the same concurrency, so what is left is what the queue adds: the enqueue,
+the fetch, the job's status writes and the worker's own session lookups).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's folder comes first on sys.path, where this file would hide the standard
+# library's queue module (imported by asyncio and psycopg): take the folder off before anything imports it.
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+PLAN = {
+    "task": "bench",
+    "steps": [
+        {"subtask": f"step {i}", "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}", "content": "x"}}]}
+        for i in range(3)
+    ],
+}
+
+
+class _Tool:
+    """An in-process tool answering at once."""
+
+    async def execute_commands(self, commands: list[Any], timeout: float | None = None) -> list[Any]:
+        from saucer.dispatch.messages import Result, ResultStatus
+
+        return [Result(status=ResultStatus.SUCCESS, result="ok", call_id=c.call_id) for c in commands]
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        return [{"name": "files.write"}]
+
+
+def _settings(url: str, logs: Path) -> Any:
+    from saucer.config import load_settings
+
+    return load_settings(
+        overrides={
+            "store.url": url,
+            "logs.root": str(logs),
+            "system.save_experience": "always_not",
+            "system.log_to_markdown": False,
+            "queue.heartbeat": 2.0,
+        }
+    )
+
+
+def _schema_url(base: str) -> tuple[str, str]:
+    schema = "bq_" + uuid.uuid4().hex[:10]
+    return f"{base}{'&' if '?' in base else '?'}schema={schema}", schema
+
+
+def _drop(base: str, schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(base, autocommit=True) as conn:
+        for name in (schema, f"{schema}_queue"):
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def one_process(url: str, logs: Path, sessions: int) -> float:
+    from saucer.engine import Session, SessionPool
+    from saucer.store import open_store
+
+    settings = _settings(url, logs)
+    store = open_store(url)
+    tool = _Tool()
+    items = [Session("bench", mode="follower", settings=settings, store=store, plan=PLAN, dispatcher=tool) for _ in range(sessions)]
+    t = time.perf_counter()
+    results = asyncio.run(SessionPool(items, max_concurrency=4).run_all())
+    wall = time.perf_counter() - t
+    store.close()
+    assert all(r.ok for r in results)
+    return wall
+
+
+def _worker_main(url: str, logs: str) -> None:
+    from saucer.queue import run_worker
+
+    asyncio.run(run_worker(_settings(url, Path(logs)), concurrency=4, dispatcher_factory=lambda session: _Tool()))
+
+
+async def _registered(client: Any) -> int:
+    async with client.pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM procrastinate_workers")
+        return int((await cur.fetchone())[0])
+
+
+async def _done(client: Any) -> tuple[int, int]:
+    async with client.pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status = 'failed') FROM procrastinate_jobs")
+        done, failed = await cur.fetchone()
+        return int(done), int(failed)
+
+
+def through_queue(url: str, logs: Path, sessions: int, workers: int) -> tuple[float, float]:
+    """(wall seconds from the first enqueue to the last job done, seconds spent enqueueing)."""
+    from saucer.queue import JobSpec, QueueClient, migrate_queue, queue_location
+    from saucer.store import open_store
+
+    settings = _settings(url, logs)
+    open_store(url).close()  # the store's schema
+    migrate_queue(queue_location(url))
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--worker", url, str(logs)], stdin=subprocess.DEVNULL)
+        for _ in range(workers)
+    ]
+    specs = [
+        JobSpec(f"bench-{i}", f"bench-{i:05d}", "plan", "bench", {"session_id": f"bench-{i:05d}", "task": "bench", "mode": "follower", "plan": PLAN})
+        for i in range(sessions)
+    ]
+
+    async def run() -> tuple[float, float]:
+        async with QueueClient(settings) as client:
+            while await _registered(client) < workers:
+                await asyncio.sleep(0.1)
+            t = time.perf_counter()
+            await client.enqueue(specs)
+            enqueued = time.perf_counter() - t
+            while True:
+                done, failed = await _done(client)
+                if done + failed >= sessions:
+                    assert failed == 0, f"{failed} jobs failed"
+                    return time.perf_counter() - t, enqueued
+                await asyncio.sleep(0.05)
+
+    try:
+        return asyncio.run(run())
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4])
+    parser.add_argument("--postgres-url", default=os.environ.get("SAUCER_TEST_POSTGRES_URL"))
+    parser.add_argument("--worker", nargs=2, metavar=("URL", "LOGS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker_main(*args.worker)
+        return 0
+    if not args.postgres_url:
+        print("bench/queue.py skipped: the queue needs PostgreSQL; set SAUCER_TEST_POSTGRES_URL or pass --postgres-url")
+        return 0
+    n = args.sessions
+    print(f"{n} follower sessions (3 steps each, an instant in-process tool), PostgreSQL store, 4 sessions at once per process")
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start\n")
+    print(f"{'run':40} {'wall s':>8} {'sessions/s':>11} {'enqueue ms/job':>15}", flush=True)
+    rows = []
+
+    def row(name: str, wall: float, enqueue: float | None) -> None:
+        rows.append((name, wall, enqueue))
+        print(f"{name:40} {wall:8.2f} {n / wall:11.1f} {'' if enqueue is None else f'{enqueue / n * 1000:15.2f}'}", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url, schema = _schema_url(args.postgres_url)
+        try:
+            base = one_process(url, Path(tmp) / "logs0", n)
+        finally:
+            _drop(args.postgres_url, schema)
+        row("one process (SessionPool, no queue)", base, None)
+        for w in args.workers:
+            url, schema = _schema_url(args.postgres_url)
+            try:
+                wall, enqueue = through_queue(url, Path(tmp) / f"logs{w}", n, w)
+            finally:
+                _drop(args.postgres_url, schema)
+            row(f"queue, {w} worker process{'es' if w > 1 else ''}", wall, enqueue)
+    one_worker = next((wall for name, wall, _ in rows if name.startswith("queue, 1 ")), None)
+    if one_worker is not None:
+        print(f"\nqueue overhead per job (1 worker minus one process, same concurrency): {(one_worker - base) / n * 1000:.1f} ms")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine moves these figures)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""``saucer store migrate`` (schema, ``--check``, ``--rewrite``) and ``saucer store rekey``.
+
+``register(store_app)`` adds both to the ``saucer store`` group.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from saucer.cli.common import (
+    ConfigOption,
+    StoreOption,
+    UserError,
+    console,
+    err,
+    friendly,
+    open_configured_store,
+    resolve_store_url,
+    settings_for,
+)
+
+__all__ = ["register"]
+
+
+def register(store_app: typer.Typer) -> None:
+    """Add ``migrate`` and ``rekey`` to ``store_app``."""
+    store_app.command("migrate")(store_migrate_cmd)
+    store_app.command("rekey")(store_rekey_cmd)
+
+
+@friendly
+def store_migrate_cmd(
+    check: bool = typer.Option(False, "--check", help="Report which sessions hold which record format versions; change nothing."),
+    rewrite: bool = typer.Option(
+        False, "--rewrite", help="Rewrite records older than the newest format in it (optional, resumable: run it again after an interruption)."
+    ),
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Create or upgrade the store's schema (opening a store does it too; this makes it explicit).
+
+    Old records never need a rewrite to be read: they are upcast when read.
+    --check lists, per session, how many events and snapshots are in each
+    record format version; --rewrite stores the old ones again in the newest.
+    """
+    from saucer.store.maintenance import format_census, rewrite_old_records
+    from saucer.store.upcast import FORMAT_VERSION
+
+    if check and rewrite:
+        raise UserError("pass --check or --rewrite, not both")
+    url = resolve_store_url(store, config)
+    with open_configured_store(store, config) as st:
+        version = st.migrate()
+        console.print(f"store {url} is at schema version {version}" if version is not None else f"store {url} needs no schema")
+        if url.split(":", 1)[0].lower() in ("postgresql", "postgres"):
+            from saucer.cli.queue_cmds import migrate_queue_line
+
+            console.print(migrate_queue_line(url))
+        if check:
+            census = format_census(st)
+            old = [c for c in census if c.old]
+            for c in census:
+                events = ", ".join(f"v{v}: {n}" for v, n in sorted(c.events.items())) or "none"
+                snaps = ", ".join(f"v{v}: {n}" for v, n in sorted(c.snapshots.items())) or "none"
+                console.print(f"{c.session_id}: events {events}; snapshots {snaps}", markup=False, highlight=False)
+            console.print(
+                f"record format {FORMAT_VERSION} is the newest; {len(old)} of {len(census)} sessions hold older records"
+                + (" (saucer store migrate --rewrite rewrites them; reading never needs it)" if old else "")
+            )
+        elif rewrite:
+            failed: list[str] = []
+
+            def skipped(sid: str, exc: Exception) -> None:
+                failed.append(sid)
+                err.print(f"{sid}: left as it is ({exc})", markup=False, highlight=False)
+
+            total = rewrite_old_records(
+                st,
+                progress=lambda sid, n: n and console.print(f"{sid}: {n} records rewritten", markup=False, highlight=False),
+                on_error=skipped,
+            )
+            console.print(f"{total} records rewritten in record format {FORMAT_VERSION}")
+            if failed:
+                raise UserError(f"{len(failed)} sessions could not be read and were left as they are: {', '.join(failed)}")
+
+
+@friendly
+def store_rekey_cmd(
+    new_key_file: Path = typer.Option(
+        ..., "--new-key-file", help="File with the new key (base64 of 32 bytes); created with a fresh key if it does not exist."
+    ),
+    store: Optional[str] = StoreOption,
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Re-encrypt every value encrypted at rest with a new key.
+
+    The current key comes from SAUCER_STORE_KEY or store.key_file. Resumable:
+    an interrupted rekey is finished by running it again with the same keys.
+    Afterwards, point SAUCER_STORE_KEY or store.key_file at the new key.
+    """
+    from saucer.store.crypto import load_key, new_key
+    from saucer.store.maintenance import rekey
+
+    settings = settings_for(config)
+    old = load_key(settings.store.key_file)
+    if old is None:
+        raise UserError("saucer store rekey needs the current key: set SAUCER_STORE_KEY or store.key_file")
+    if not new_key_file.exists():
+        fd = os.open(new_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(new_key() + "\n")
+        console.print(f"wrote a new key to {new_key_file} (keep it apart from the store)", markup=False, highlight=False)
+    new = load_key(new_key_file, env={})
+    assert new is not None
+    with open_configured_store(store, config) as st:
+        report = rekey(st, old, new)
+    console.print(
+        f"re-encrypted {report.values} values in {report.events} events and {report.snapshots} snapshots "
+        f"of {report.sessions} sessions; from now on use the key in {new_key_file}",
+        markup=False,
+        highlight=False,
+    )

@@ -1,0 +1,125 @@
+"""``saucer ui``: the read-only web viewer of a store's sessions (see :mod:`saucer.ui`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from pathlib import Path
+from typing import Optional
+from urllib.parse import quote
+
+import typer
+
+from saucer.cli.common import (
+    ConfigOption,
+    StoreOption,
+    UserError,
+    err,
+    friendly,
+    open_existing_store,
+    resolve_session,
+    resolve_store_url,
+)
+
+__all__ = ["ui_cmd", "DEFAULT_PORT", "ui_command"]
+
+DEFAULT_PORT = 8766
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only (127.0.0.0/8, ::1, localhost)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def ui_command(program: str, store_flag: str, session: str | None = None) -> str:
+    """The command line that opens the viewer in a browser (on ``session``'s page when given)."""
+    target = f" {shlex.quote(session)}" if session is not None else ""
+    return f"{program} ui{target} --open{store_flag}"
+
+
+@friendly
+def ui_cmd(
+    session: Optional[str] = typer.Argument(
+        None, help="Open this session's page (its id, a unique prefix, or 'last') instead of the sessions table."
+    ),
+    store: Optional[str] = StoreOption,
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to listen on. Anything but this machine (loopback) needs a token: SAUCER_SERVICE_TOKENS=name=token."
+    ),
+    port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535, help="TCP port."),
+    open_browser: bool = typer.Option(False, "--open", help="Open the sessions page in the default browser."),
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Open a read-only web viewer of the store's sessions: table, timelines, state at any version, diffs, live steps.
+
+    Pages: /sessions, /sessions/ID, /sessions/ID/state?at=V, /sessions/ID/diff?from=A&to=B, /sessions/ID/history?key=NAME.
+
+    On loopback no token is needed; on any other address every page asks for one of SAUCER_SERVICE_TOKENS, as saucer serve does. Ctrl-C stops.
+    """
+    import uvicorn
+
+    from saucer.ui import create_app
+
+    url = resolve_store_url(store, config)
+    if url.startswith("memory://"):
+        raise UserError("a memory:// store lives in one process only, so there is nothing to view: pass --store sqlite:///... or postgresql://...")
+    authenticate = None
+    if not is_loopback(host):
+        from saucer.service.auth import TokenAuthenticator, TokenConfigError, service_tokens
+
+        tokens = service_tokens(secret.get_secret_value() for secret in _settings_tokens(config))
+        if not tokens:
+            raise UserError(
+                f"serving on {host} exposes the sessions to the network: set SAUCER_SERVICE_TOKENS=name=token "
+                "(16 characters or more), or bind 127.0.0.1"
+            )
+        try:
+            authenticate = TokenAuthenticator(tokens).principal
+        except TokenConfigError as exc:
+            raise UserError(str(exc)) from None
+    st = open_existing_store(url)
+    page = "/sessions"
+    if session is not None:
+        try:
+            page = f"/sessions/{quote(resolve_session(st, session), safe='')}"
+        except BaseException:
+            st.close()
+            raise
+    # Without a token, only this machine's names reach the pages (no DNS rebinding from a web page).
+    hosts = ["127.0.0.1", "localhost", host] if authenticate is None and ":" not in host else None
+    app = create_app(st, authenticate=authenticate, on_close=st.close, allowed_hosts=hosts)
+    shown = f"[{host}]" if ":" in host else host
+    err.print(f"saucer ui on http://{shown}:{port}{page} · store: {url}" + ("" if authenticate is None else " · token required"), highlight=False)
+    err.print("  Ctrl-C stops", style="dim", highlight=False)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    if open_browser:
+        _open_when_started(server, f"http://{shown}:{port}{page}")
+    try:
+        server.run()
+    except KeyboardInterrupt:  # Ctrl-C is how a viewer is stopped: uvicorn has shut down cleanly, exit 0
+        pass
+
+
+def _settings_tokens(config: Optional[Path]) -> list[object]:
+    from saucer.cli.common import settings_for
+
+    return list(settings_for(config).service.tokens)
+
+
+def _open_when_started(server: object, url: str) -> None:
+    """Open ``url`` in a browser once the server listens (a thread that waits for it)."""
+    import threading
+    import time
+    import webbrowser
+
+    def wait() -> None:
+        for _ in range(200):
+            if getattr(server, "started", False):
+                webbrowser.open(url)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=wait, name="saucer-ui-open", daemon=True).start()

@@ -1,0 +1,108 @@
+"""A runner's lease on its session: taken at start, renewed in the background and before each step.
+
+The store's lease (``acquire_lease``) names its holder (``host:pid:uuid``)
+and carries a token that fences every commit: a second runner gets
+:class:`~saucer.store.LeaseHeldError` naming the holder, and a runner whose
+lease was taken over cannot commit any more (its next step raises
+:class:`~saucer.engine.errors.LeaseLostError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Callable
+
+from saucer.engine.errors import LeaseLostError
+from saucer.store import EventStore, LeaseHeldError, StoreError
+from saucer.store.base import Lease
+
+__all__ = ["LeaseKeeper", "lease_owner"]
+
+_log = logging.getLogger("saucer.engine")
+
+
+def lease_owner() -> str:
+    """``host:pid:uuid`` naming this runner in lease errors."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LeaseKeeper:
+    """Holds one session's lease for one runner; ``on_token(token)`` hears of a new fencing token."""
+
+    def __init__(
+        self, store: EventStore, session_id: str, owner: str, ttl: float, on_token: Callable[[int], None]
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.owner = owner
+        self.ttl = ttl
+        self.lease: Lease | None = None
+        self._on_token = on_token
+        self._renewed = 0.0
+        self._lost: BaseException | None = None
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def acquire(self, wait: float = 0.0) -> Lease:
+        """Take the lease, waiting up to ``wait`` seconds for another holder's lease to expire."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self.lease = self.store.acquire_lease(self.session_id, self.owner, self.ttl)
+                self._renewed = time.monotonic()
+                return self.lease
+            except LeaseHeldError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await asyncio.sleep(min(left, max(0.02, exc.expires_at - time.time() + 0.02)))
+
+    def start_renewing(self) -> None:
+        """Renew every third of the lease's time to live, from a background task."""
+        self._renewer = asyncio.create_task(self._renew_loop(), name=f"saucer-lease-{self.session_id}")
+
+    def check(self) -> None:
+        """Before each step: :class:`LeaseLostError` if the lease was lost; renew it if it is due."""
+        if self._lost is None and time.monotonic() - self._renewed > self.ttl / 3.0:
+            self._renew()
+        if self._lost is not None:
+            raise LeaseLostError(f"session {self.session_id!r}: this runner lost its lease ({self._lost})")
+
+    def stop(self) -> None:
+        """Stop renewing (the task is cancelled, not awaited: awaiting would swallow a cancellation of the caller)."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+
+    def release(self) -> None:
+        """Give the lease back (a warning, never an error, when the store refuses)."""
+        if self.lease is None:
+            return
+        try:
+            self.store.release_lease(self.lease)
+        except Exception as exc:  # noqa: BLE001
+            _log.warning("session %s: releasing the lease failed: %s", self.session_id, exc)
+
+    def _renew(self) -> None:
+        try:
+            lease = self.store.acquire_lease(self.session_id, self.owner, self.ttl)
+        except LeaseHeldError as exc:
+            self._lost = exc
+            return
+        except StoreError as exc:  # transient: the next renewal tries again
+            _log.warning("session %s: lease renewal failed: %s", self.session_id, exc)
+            return
+        self._renewed = time.monotonic()
+        if self.lease is None or lease.token != self.lease.token:
+            self._on_token(lease.token)
+        self.lease = lease
+
+    async def _renew_loop(self) -> None:
+        interval = self.ttl / 3.0
+        while True:
+            await asyncio.sleep(interval)
+            self._renew()

@@ -1,0 +1,297 @@
+"""Putting sessions on the queue, once each.
+
+A *job identity* is a plan's resolved path plus the SHA-256 of its content
+(:class:`~saucer.engine.plan.PlanIdentity`; its session id is made from it, the
+same id ``saucer run --plan DIR`` uses without a queue), or, for a request,
+its generated session id. :meth:`QueueClient.enqueue` claims an identity in
+``saucer_jobs`` before it defers the job:
+
+- no row yet: ``INSERT ... ON CONFLICT DO NOTHING`` — of any number of
+  concurrent enqueuers, on any hosts, exactly one inserts it and queues;
+- a row whose job is queued or running, or whose session finished (or is
+  being run by another process): skipped, with the reason;
+- a row whose job failed, was cancelled or ended with the session stopped or
+  interrupted: re-claimed with a compare-and-set on the row (its job id and
+  claim time), so again only one enqueuer queues it; the worker continues
+  the session (a failed step runs again);
+- claims and their jobs are written in one transaction (procrastinate defers
+  on the enqueuer's connection), so no claim is left without its job.
+
+procrastinate's ``queueing_lock`` (the identity) is a second guard: it allows
+one waiting job per identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import procrastinate
+
+from saucer.config import Settings
+from saucer.engine.plan import load_plan_folder_with_identity, plan_identity
+from saucer.engine.session import SessionStatus, new_session_id
+from saucer.engine.status import stored_status
+from saucer.queue.jobs import TASK_NAME, make_app
+from saucer.queue.schema import QueueLocation, ensure_queue, queue_location
+from saucer.store import EventStore, open_store
+
+__all__ = ["JobSpec", "Enqueued", "QueueClient", "plan_jobs", "request_job", "enqueue_task", "ORPHAN_CLAIM_SECONDS", "lock_for"]
+
+#: A claim without a job (left by an older saucer, which wrote them in two steps) is taken over after this long.
+ORPHAN_CLAIM_SECONDS = 60.0
+#: Identities claimed and queued per transaction.
+BATCH = 500
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One session to queue: its identity, session id, where it comes from, and the job's arguments."""
+
+    key: str
+    session_id: str
+    kind: str  # "plan" or "request"
+    source: str  # the plan file, or "request"
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Enqueued:
+    """What :meth:`QueueClient.enqueue` did with one :class:`JobSpec`."""
+
+    spec: JobSpec
+    outcome: str  # "queued", "requeued" or "skipped"
+    why: str = ""
+    job_id: int | None = None
+
+
+def plan_jobs(
+    path: str | Path,
+    *,
+    task: str | None = None,
+    workspace: str | Path | None = None,
+    yes: bool = False,
+    overrides: dict[str, Any] | None = None,
+) -> list[JobSpec]:
+    """One job per plan of a folder (mode ``batch_normal``), or the one plan of a file (mode ``follower``)."""
+    p = Path(path)
+    if p.is_dir():
+        found = load_plan_folder_with_identity(p)
+        mode, default_task = "batch_normal", p.resolve().name
+    else:
+        from saucer.engine.plan import load_plan
+
+        plan = load_plan(p)
+        found = [(p, plan, plan_identity(p))]
+        mode, default_task = "follower", plan.task
+    where = str(Path(workspace).resolve()) if workspace is not None else os.getcwd()
+    specs = []
+    for file, plan, identity in found:
+        args = {
+            "session_id": identity.session_id(),
+            "task": task or default_task,
+            "mode": mode,
+            "plan": plan.model_dump(mode="json", exclude_defaults=True),
+            "plan_file": identity.path,
+            "workspace": where,
+            "yes": yes,
+            "settings": dict(overrides or {}),
+        }
+        specs.append(JobSpec(identity.key, identity.session_id(), "plan", str(file), args))
+    return specs
+
+
+def request_job(
+    request: str,
+    *,
+    task: str = "request",
+    session_id: str | None = None,
+    workspace: str | Path | None = None,
+    yes: bool = False,
+    overrides: dict[str, Any] | None = None,
+) -> JobSpec:
+    """A job for a request in plain language (mode ``normal``, answered by the LLM agents on the worker)."""
+    sid = session_id or new_session_id(task)
+    args = {
+        "session_id": sid,
+        "task": task,
+        "mode": "normal",
+        "request": request,
+        "workspace": str(Path(workspace).resolve()) if workspace is not None else os.getcwd(),
+        "yes": yes,
+        "settings": dict(overrides or {}),
+    }
+    return JobSpec(sid, sid, "request", "request", args)
+
+
+def lock_for(settings: Settings, queue: str, spec: JobSpec) -> str:
+    """The job's procrastinate lock: one of ``queue.limits[queue]`` slots, else the session id.
+
+    Jobs sharing a lock never run at the same time, on any worker, so N
+    slots let at most N sessions of that queue run at once.
+    """
+    limit = settings.queue.limits.get(queue)
+    if not limit:
+        return f"session:{spec.session_id}"
+    return f"queue:{queue}:{int(hashlib.sha256(spec.key.encode()).hexdigest()[:8], 16) % limit}"
+
+
+class QueueClient:
+    """The queue of the store ``settings.store.url``: enqueue, and what :mod:`saucer.queue.admin` reads.
+
+    ``async with QueueClient(settings, store) as q: await q.enqueue(specs)``.
+    :class:`~saucer.queue.schema.QueueUnavailableError` for a store that is not PostgreSQL.
+    """
+
+    def __init__(self, settings: Settings, store: EventStore | None = None) -> None:
+        self.settings = settings
+        self.location: QueueLocation = queue_location(settings.store.url)
+        self.store = store
+        self.me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.app: procrastinate.App | None = None
+
+    async def __aenter__(self) -> "QueueClient":
+        await asyncio.to_thread(ensure_queue, self.location)
+        self.app = make_app(self.location)
+        await self.app.open_async()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.app is not None:
+            await self.app.close_async()
+            self.app = None
+
+    @property
+    def pool(self) -> Any:
+        """The connection pool (psycopg ``AsyncConnectionPool``) of the queue's schema."""
+        assert self.app is not None, "use QueueClient in 'async with'"
+        return self.app.connector.pool  # type: ignore[attr-defined]
+
+    async def enqueue(self, specs: list[JobSpec], *, queue: str | None = None, priority: int | None = None) -> list[Enqueued]:
+        """Claim and queue each spec not already queued, running or finished; say why for the others.
+
+        Claims and jobs are written in one transaction per batch of :data:`BATCH`
+        (identities in key order, so concurrent enqueuers never deadlock):
+        a claim never exists without its job, nor a job without its claim.
+        """
+        name = queue or self.settings.queue.name
+        prio = self.settings.queue.priority if priority is None else priority
+        settled = await asyncio.to_thread(lambda: [self._settled(spec) for spec in specs])
+        done: dict[str, Enqueued] = {spec.key: Enqueued(spec, "skipped", why) for spec, why in zip(specs, settled) if why}
+        todo = sorted((spec for spec in specs if spec.key not in done), key=lambda spec: spec.key)
+        for i in range(0, len(todo), BATCH):
+            batch = todo[i : i + BATCH]
+            try:
+                results = await self._enqueue_batch(batch, name, prio)
+            except procrastinate.exceptions.AlreadyEnqueued:  # the second guard: one by one, to say which
+                results = []
+                for spec in batch:
+                    try:
+                        results += await self._enqueue_batch([spec], name, prio)
+                    except procrastinate.exceptions.AlreadyEnqueued:
+                        results.append(Enqueued(spec, "skipped", "already queued"))
+            done.update((r.spec.key, r) for r in results)
+        return [done[spec.key] for spec in specs]
+
+    def _settled(self, spec: JobSpec) -> str | None:
+        """Why the session needs no job (finished, or a live runner outside the queue holds it), else None."""
+        if self.store is None or not self.store.exists(spec.session_id):
+            return None
+        state = stored_status(self.store, spec.session_id)
+        if state.status == SessionStatus.FINISHED:
+            return "already finished"
+        if state.holder is not None:
+            return f"being run by {state.holder}"
+        return None
+
+    async def _enqueue_batch(self, batch: list[JobSpec], queue: str, priority: int) -> list[Enqueued]:
+        assert self.app is not None
+        out: list[Enqueued] = []
+        claimed: list[tuple[JobSpec, str]] = []
+        async with self.pool.connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    "INSERT INTO saucer_jobs (key, session_id, kind, source, queue_name, claimed_by) "
+                    "SELECT k, s, kd, src, %s, %s FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS t(k, s, kd, src) "
+                    "ON CONFLICT (key) DO NOTHING RETURNING key",
+                    (queue, self.me, [b.key for b in batch], [b.session_id for b in batch], [b.kind for b in batch], [b.source for b in batch]),
+                )
+                new = {row[0] for row in await cur.fetchall()}
+                for spec in batch:
+                    why = "" if spec.key in new else await self._reclaim(conn, spec, queue)
+                    if why:
+                        out.append(Enqueued(spec, "skipped", why))
+                    else:
+                        claimed.append((spec, "queued" if spec.key in new else "requeued"))
+                if not claimed:
+                    return out
+                jobs = [
+                    procrastinate.jobs.Job(
+                        queue=queue,
+                        priority=priority,
+                        lock=lock_for(self.settings, queue, spec),
+                        queueing_lock=spec.key,
+                        task_name=TASK_NAME,
+                        task_kwargs=spec.args,
+                    )
+                    for spec, _ in claimed
+                ]
+                deferred = await self.app.job_manager.batch_defer_jobs_async(jobs, connection=conn)
+                ids = [int(job.id) for job in deferred]  # type: ignore[arg-type]
+                await conn.execute(
+                    "UPDATE saucer_jobs AS s SET job_id = t.id FROM unnest(%s::text[], %s::bigint[]) AS t(k, id) WHERE s.key = t.k",
+                    ([spec.key for spec, _ in claimed], ids),
+                )
+        return out + [Enqueued(spec, outcome, job_id=job_id) for (spec, outcome), job_id in zip(claimed, ids)]
+
+    async def _reclaim(self, conn: Any, spec: JobSpec, queue: str) -> str:
+        """Take over an existing identity if its job is over and its session is not; '' when taken, else why not."""
+        # The row is locked first and the job read after, in its own statement: a join in the locking
+        # statement would re-check the row after a concurrent claimer commits but read the job as it was before.
+        cur = await conn.execute(
+            "SELECT job_id, claimed_at, extract(epoch FROM clock_timestamp() - claimed_at) FROM saucer_jobs WHERE key = %s FOR UPDATE",
+            (spec.key,),
+        )
+        job_id, claimed_at, age = await cur.fetchone()
+        cur = await conn.execute("SELECT status::text FROM procrastinate_jobs WHERE id = %s", (job_id,))
+        found = await cur.fetchone()
+        status = found[0] if found else None
+        if status == "todo":
+            return "already queued"
+        if status in ("doing", "aborting"):
+            return "running"
+        if job_id is None and status is None and float(age) < ORPHAN_CLAIM_SECONDS:
+            return "being queued by another run"
+        cur = await conn.execute(
+            "UPDATE saucer_jobs SET job_id = NULL, claimed_by = %s, claimed_at = now(), requeues = requeues + 1, queue_name = %s "
+            "WHERE key = %s AND job_id IS NOT DISTINCT FROM %s AND claimed_at = %s RETURNING key",
+            (self.me, queue, spec.key, job_id, claimed_at),
+        )
+        return "" if await cur.fetchone() is not None else "being queued by another run"
+
+
+async def enqueue_task(settings: Settings, task: dict[str, Any], *, session_id: str | None = None, yes: bool = False) -> Enqueued:
+    """Queue one task as the service receives it (``{"task": ..., "steps": [...]}``): a plan when it has
+    steps, else its ``task`` as a request. Used by ``POST /api/sessions`` with ``"queue": true``."""
+    from saucer.engine.plan import parse_plan
+
+    steps = [{k: v for k, v in step.items() if k != "timeout"} for step in task.get("steps") or []]  # tools' own timeouts apply
+    if steps:
+        plan = parse_plan({"task": task["task"], "steps": steps}, "the submitted task")
+        sid = session_id or new_session_id(plan.task)
+        args = {"session_id": sid, "task": plan.task, "mode": "follower", "plan": plan.model_dump(mode="json", exclude_defaults=True),
+                "plan_file": None, "workspace": None, "yes": yes, "settings": {}}
+        spec = JobSpec(sid, sid, "plan", "service", args)
+    else:
+        spec = request_job(task["task"], task="request", session_id=session_id, yes=yes)
+        spec.args["workspace"] = None
+    with open_store(settings.store.url) as store:
+        async with QueueClient(settings, store) as client:
+            [done] = await client.enqueue([spec])
+    return done

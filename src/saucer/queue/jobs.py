@@ -1,0 +1,219 @@
+"""The one kind of job: run (or continue) one session; and the procrastinate app that carries it.
+
+A job's arguments say which session to run and how to create it the first
+time (task, mode, plan or request, workspace). The worker that takes it runs
+it through the engine, under the store's lease on the session:
+
+- a session that does not exist yet is created and run;
+- one that exists is continued at its first uncommitted step
+  (:meth:`Session.resume`, waiting up to ``store.lease_ttl`` for the lease of
+  a runner that died to expire; a failed one has its failed step run again);
+- one that already finished only reports its result.
+
+So a job that runs twice (a worker died after the session ended but before
+the job was marked done; a stalled job retried) never runs a committed step
+again. Outcomes: the job *succeeds* when the session ends ``finished`` or
+``stopped``, *fails* when it ends ``failed`` or ``error`` or runs past
+``queue.job_timeout``, and goes *back to the queue* when its worker shuts
+down (SIGTERM after ``queue.shutdown_timeout``) or another runner holds the
+session's lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Callable
+
+import procrastinate
+from procrastinate import job_context
+from procrastinate.retry import BaseRetryStrategy, RetryDecision
+
+from saucer.config import Settings
+from saucer.engine.errors import PlanError
+from saucer.engine.interactor import NonInteractiveInteractor
+from saucer.engine.session import Session, SessionResult, SessionStatus
+from saucer.engine.status import stored_status
+from saucer.queue.schema import QueueLocation
+from saucer.store import EventStore, LeaseHeldError, SessionExistsError
+
+__all__ = [
+    "TASK_NAME",
+    "SessionJobFailed",
+    "HandedBack",
+    "SessionBusy",
+    "SessionRunner",
+    "make_app",
+]
+
+#: The procrastinate task name of a session job.
+TASK_NAME = "saucer.session"
+#: Seconds a job waits before its session starts, so the worker can fetch the jobs of its other slots.
+_LET_THE_WORKER_FETCH = 0.02
+
+
+class SessionJobFailed(Exception):
+    """The session ended ``failed`` or ``error``, or ran past the job timeout: the job fails (``saucer queue retry`` retries it)."""
+
+
+class HandedBack(Exception):
+    """The worker is shutting down: the session stops where it is (its uncommitted step is dropped) and its job goes back to the queue."""
+
+
+class SessionBusy(Exception):
+    """Another runner holds the session's lease and renews it: the job is tried again later."""
+
+    def __init__(self, message: str, after: float) -> None:
+        super().__init__(message)
+        self.after = after
+
+
+class _BackToQueue(BaseRetryStrategy):
+    """Only hand-backs and busy sessions are retried by the queue; a failed session waits for ``saucer queue retry``."""
+
+    def get_retry_decision(self, *, exception: BaseException, job: Any) -> RetryDecision | None:
+        if isinstance(exception, HandedBack):
+            return RetryDecision(retry_in={"seconds": 0})
+        if isinstance(exception, SessionBusy):
+            return RetryDecision(retry_in={"seconds": max(1, int(exception.after))})
+        return None
+
+
+class SessionRunner:
+    """Runs session jobs in a worker: one store and one way to make dispatchers and agents for all of them.
+
+    ``dispatcher_factory(session)`` and ``agents`` default to the
+    :class:`~saucer.engine.factory.SessionFactory`'s (the configured MCP
+    servers; the LLM agents for requests and text steps).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: EventStore,
+        *,
+        dispatcher_factory: Callable[[Session], Any] | None = None,
+        agents: Any = None,
+        observer: Any = None,
+        workspace: str | None = None,
+    ) -> None:
+        from saucer.engine.factory import SessionFactory
+
+        self.settings = settings
+        self.store = store
+        self.factory = SessionFactory(settings, store=store, agents=agents, dispatcher_factory=dispatcher_factory, workspace=workspace)
+        self.observer = observer
+        #: Results of the sessions this runner ran, newest last (for the worker's log and for tests).
+        self.finished: list[SessionResult] = []
+
+    def _agents_for(self, args: dict[str, Any]) -> Any:
+        plan = args.get("plan")
+        steps = (plan or {}).get("steps") or []
+        text = [s for s in steps if isinstance(s, str)]
+        if plan is not None and steps and not text:
+            return None
+        return self.factory.agent_provider()
+
+    def _settings(self, args: dict[str, Any]) -> Settings:
+        """The worker's settings with the job's own (``--max-step``... given to the enqueuer) on top."""
+        overrides = {k: v for k, v in (args.get("settings") or {}).items() if v is not None}
+        if not overrides:
+            return self.settings
+        settings = self.settings.model_copy(deep=True)
+        for dotted, value in overrides.items():
+            section, _, key = dotted.partition(".")
+            setattr(getattr(settings, section), key, value)  # sections validate on assignment
+        return settings
+
+    def _common(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "agents": self._agents_for(args),
+            "dispatcher_factory": self.factory.dispatcher_factory,
+            "interactor": NonInteractiveInteractor(assume_yes=bool(args.get("yes"))),
+            "observer": self.observer,
+            "lease_wait": self.settings.store.lease_ttl + 1.0,
+        }
+
+    def _session(self, args: dict[str, Any]) -> Session:
+        sid = args["session_id"]
+        if self.store.exists(sid):
+            return self._resume(sid, args)
+        return Session(
+            args["task"],
+            mode=args["mode"],
+            settings=self._settings(args),
+            store=self.store,
+            session_id=sid,
+            plan=args.get("plan"),
+            plan_file=args.get("plan_file"),
+            request=args.get("request") or "",
+            ask_new_requests=False,
+            workspace=args.get("workspace") or self.factory.workspace,
+            **self._common(args),
+        )
+
+    def _resume(self, sid: str, args: dict[str, Any]) -> Session:
+        state = stored_status(self.store, sid)
+        retry = state.status in (SessionStatus.FAILED, SessionStatus.ERROR)
+        return Session.resume(sid, store=self.store, settings=self._settings(args), retry_failed=retry, **self._common(args))
+
+    async def run_session(self, args: dict[str, Any]) -> SessionResult:
+        """Run or continue the job's session to its end (see the module docs)."""
+        if args.get("workspace"):
+            Path(args["workspace"]).mkdir(parents=True, exist_ok=True)
+        session = self._session(args)
+        try:
+            if not session.resumed:
+                try:
+                    await self.factory.check_plans([session])
+                except PlanError as exc:
+                    raise SessionJobFailed(f"session {args['session_id']!r}: {exc}") from None
+            result = await session.run()
+        except SessionExistsError:  # created by another runner between the check and the create
+            result = await self._resume(args["session_id"], args).run()
+        except LeaseHeldError as exc:
+            raise SessionBusy(f"session {args['session_id']!r} is being run by {exc.holder}", self.settings.store.lease_ttl) from None
+        self.finished.append(result)
+        return result
+
+    async def run_job(self, context: job_context.JobContext, args: dict[str, Any]) -> dict[str, Any]:
+        """The body of a session job: the session under ``queue.job_timeout``, handed back on shutdown."""
+        timeout = self.settings.queue.job_timeout
+        sid = args["session_id"]
+        # The store's calls block the event loop while they wait for the database, and a session that
+        # finds its tools at once hardly yields: let the worker fetch its next jobs first, or its slots
+        # run one session at a time (and the store cannot group their commits).
+        await asyncio.sleep(_LET_THE_WORKER_FETCH)
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    result = await self.run_session(args)
+            except TimeoutError:
+                raise SessionJobFailed(f"session {sid!r}: stopped after queue.job_timeout ({timeout:g} s)") from None
+        except asyncio.CancelledError:
+            if context.abort_reason() == job_context.AbortReason.SHUTDOWN:
+                raise HandedBack(f"session {sid!r}: handed back to the queue (the worker is shutting down)") from None
+            raise
+        if result.status in (SessionStatus.FAILED, SessionStatus.ERROR):
+            raise SessionJobFailed(f"session {sid!r} ended {result.status}: {result.reason or result.error or ''}".rstrip(": "))
+        return {"session_id": sid, "status": result.status, "steps": result.steps}
+
+
+async def _session_job(context: job_context.JobContext, **args: Any) -> dict[str, Any]:
+    runner: SessionRunner | None = (context.additional_context or {}).get("runner")
+    if runner is None:
+        raise RuntimeError("a session job runs in saucer worker (no session runner in this worker's context)")
+    return await runner.run_job(context, args)
+
+
+def make_app(location: QueueLocation, *, pool_size: int = 4) -> procrastinate.App:
+    """A procrastinate app on the queue's schema, with the session task registered."""
+    connector = procrastinate.PsycopgConnector(
+        conninfo=location.conninfo,
+        kwargs=location.connect_kwargs(),
+        min_size=1,
+        max_size=max(2, pool_size),
+    )
+    app = procrastinate.App(connector=connector)
+    app.task(name=TASK_NAME, pass_context=True, retry=_BackToQueue())(_session_job)
+    return app

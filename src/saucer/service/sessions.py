@@ -1,0 +1,247 @@
+"""The server's sessions: created, run on their device, resumed after a restart, cancelled, looked up.
+
+:class:`SessionManager` owns the running sessions of one server and records
+everything in the session record store (:mod:`saucer.service.records`); each
+session's task runs through a :class:`~saucer.service.runner.TaskRunner` with
+a :class:`~saucer.dispatch.websocket.WebSocketCommandDispatcher` to its
+device. :class:`ServiceState` is everything the app serves from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from saucer.dispatch.toolcheck import command_problem
+from saucer.dispatch.websocket import DeviceUnavailable, WebSocketCommandDispatcher
+from saucer.service.auth import TokenAuthenticator
+from saucer.service.device_api import unknown_device_message
+from saucer.service.hub import Connection, DeviceHub
+from saucer.service.protocol import ErrorCode, ProtocolError, TaskEndFrame, TaskSpec
+from saucer.service.records import SessionRecord, SessionRecordStore, SessionStatus
+from saucer.service.runner import StoreSessionRecorder, TaskOutcome, TaskRunner
+from saucer.service.settings import ServiceConfig
+
+__all__ = ["ServiceSession", "SessionManager", "ServiceState"]
+
+_log = logging.getLogger("saucer.service.server")
+
+
+class ServiceSession:
+    """A running (or waiting) session: its latest record, its task, and who to tell when it ends."""
+
+    def __init__(self, record: SessionRecord, submitter: Connection | None = None) -> None:
+        self.record = record
+        self.submitter = submitter
+        self.task: asyncio.Task[None] | None = None
+        self.done = asyncio.Event()
+        self.cancel_requested = False
+        self.dispatcher: WebSocketCommandDispatcher | None = None
+
+    @property
+    def session_id(self) -> str:
+        """The session's id."""
+        return self.record.session_id
+
+
+class SessionManager:
+    """Creates, runs, resumes, cancels and looks up sessions; records everything in the store."""
+
+    def __init__(self, store: SessionRecordStore, hub: DeviceHub, runner: TaskRunner, config: ServiceConfig) -> None:
+        self.store = store
+        self.hub = hub
+        self.runner = runner
+        self.config = config
+        self._active: dict[str, ServiceSession] = {}
+        self._closing = False
+        hub.on_device_online(self._device_online)
+
+    async def rehydrate(self) -> int:
+        """Load every session that had not ended; each resumes when its device registers."""
+        records = await self.store.list_sessions(active_only=True)
+        for record in records:
+            record = await self.store.update_session(record.session_id, status=SessionStatus.WAITING_DEVICE)
+            self._active[record.session_id] = ServiceSession(record)
+        if records:
+            _log.info("rehydrated %d unfinished sessions; they resume when their devices reconnect", len(records))
+        return len(records)
+
+    async def submit(
+        self, owner: str, device_id: str, task: TaskSpec, submitter: Connection | None = None
+    ) -> SessionRecord:
+        """Start ``task`` on ``device_id`` for ``owner``; raise :class:`ProtocolError` if it cannot start."""
+        if self._closing:
+            raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down; submit again after it restarts")
+        validate = getattr(self.runner, "validate", None)
+        if validate is not None:
+            try:
+                validate(task)
+            except ValueError as exc:
+                raise ProtocolError(ErrorCode.INVALID_TASK, str(exc)) from None
+        device = self.hub.visible(device_id, owner)
+        if device is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_DEVICE, unknown_device_message(device_id))
+        if not device.online:
+            raise ProtocolError(ErrorCode.DEVICE_OFFLINE, f"device {device_id!r} is offline: {device.offline_reason}")
+        problem = _tool_problem(task, getattr(device, "info", {}).get("tools"))
+        if problem is not None:
+            raise ProtocolError(ErrorCode.INVALID_TASK, f"{problem} (tools of device {device_id!r})")
+        record = SessionRecord(session_id=uuid.uuid4().hex, owner=owner, device_id=device_id, task=task)
+        await self.store.create_session(record)
+        session = ServiceSession(record, submitter)
+        self._active[record.session_id] = session
+        self._start(session)
+        return record
+
+    async def lookup(self, session_id: str, principal: str) -> SessionRecord | None:
+        """The session if ``principal`` owns it; None otherwise (whether or not it exists)."""
+        session = self._active.get(session_id)
+        record = session.record if session is not None else await self.store.get_session(session_id)
+        if record is None or record.owner != principal:
+            return None
+        return record
+
+    async def wait(self, session_id: str, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for an active session to end."""
+        session = self._active.get(session_id)
+        if session is not None and timeout > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.done.wait(), timeout)
+
+    async def cancel(self, session_id: str, principal: str) -> SessionRecord | None:
+        """Cancel the caller's session; return its record (unchanged if it had already ended)."""
+        if await self.lookup(session_id, principal) is None:
+            return None
+        session = self._active.get(session_id)
+        if session is None:
+            return await self.store.get_session(session_id)
+        session.cancel_requested = True
+        if session.dispatcher is not None:
+            # The runner unwinds only after the device has stopped the batch in flight (or is gone).
+            session.dispatcher.cancel_reason = "cancelled by its owner"
+        if session.task is not None and not session.task.done():
+            session.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(session.done.wait())
+        elif not session.done.is_set():
+            await self._finish(session, TaskOutcome(status="cancelled", error="cancelled by its owner"))
+        return session.record
+
+    def begin_shutdown(self) -> None:
+        """Stop every runner now, before connections close, so no session ends because of the shutdown.
+
+        Their records stay active (``running``) and resume after the restart;
+        new submissions are refused from here on.
+        """
+        self._closing = True
+        for session in self._active.values():
+            if session.task is not None and not session.task.done():
+                session.task.cancel()
+
+    async def close(self) -> None:
+        """Stop running sessions without ending them and wait for their runners to unwind."""
+        self.begin_shutdown()
+        tasks = [s.task for s in self._active.values() if s.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _start(self, session: ServiceSession) -> None:
+        if self._closing:
+            return
+        if session.task is None or session.task.done():
+            session.task = asyncio.create_task(self._run(session), name=f"session-{session.session_id}")
+
+    async def _device_online(self, device_id: str) -> None:
+        for session in list(self._active.values()):
+            if session.record.device_id == device_id and session.record.status == SessionStatus.WAITING_DEVICE:
+                self._start(session)
+
+    async def _run(self, session: ServiceSession) -> None:
+        sid = session.session_id
+        recorder = StoreSessionRecorder(self.store, sid)
+        resumed_from: int | None = None
+        if session.record.attempts > 0:
+            sync = getattr(self.runner, "sync_steps", None)
+            if sync is not None:
+                # The runner's own log may be ahead of the step records (a crash between the two).
+                try:
+                    await sync(sid, recorder)
+                except Exception:
+                    _log.exception("could not bring the step records of session %s up to date", sid)
+            resumed_from = len(await self.store.steps(sid))
+        session.record = await self.store.update_session(
+            sid,
+            status=SessionStatus.RUNNING,
+            attempts=session.record.attempts + 1,
+            resumed_from_step=resumed_from if resumed_from is not None else session.record.resumed_from_step,
+        )
+        dispatcher = WebSocketCommandDispatcher(
+            self.hub,
+            session.record.device_id,
+            sid,
+            reconnect_grace=self.config.reconnect_grace,
+            default_timeout=self.config.step_timeout,
+            cancel_timeout=self.config.cancel_timeout,
+        )
+        session.dispatcher = dispatcher
+        try:
+            outcome = await self.runner.run(sid, session.record.task, dispatcher, recorder)
+        except asyncio.CancelledError:
+            if not session.cancel_requested:
+                raise  # server shutdown: the record stays "running" and resumes after restart
+            note = f"; {dispatcher.cancel_outcome}" if dispatcher.cancel_outcome else ""
+            outcome = TaskOutcome(status="cancelled", error=f"cancelled by its owner{note}")
+        except Exception as exc:
+            _log.exception("runner failed for session %s", sid)
+            outcome = TaskOutcome(status="failed", error=f"runner error: {type(exc).__name__}: {exc}")
+        await self._finish(session, outcome)
+
+    async def _finish(self, session: ServiceSession, outcome: TaskOutcome) -> None:
+        results = outcome.results
+        if outcome.status == "cancelled" and not results:
+            results = [s.model_dump(mode="json") for s in await self.store.steps(session.session_id)]
+        record_end = getattr(self.runner, "record_end", None)
+        if record_end is not None:
+            # The runner's log first (it is what a resume reads), then the record.
+            try:
+                await record_end(session.session_id, outcome)
+            except Exception:
+                _log.exception("could not record the end of session %s in the runner's store", session.session_id)
+        session.record = await self.store.update_session(
+            session.session_id, status=SessionStatus(outcome.status), error=outcome.error, results=results
+        )
+        self._active.pop(session.session_id, None)
+        session.done.set()
+        submitter = session.submitter
+        if submitter is not None and not submitter.closed:
+            frame = TaskEndFrame(
+                session_id=session.session_id, status=outcome.status, results=results, error=outcome.error
+            )
+            with contextlib.suppress(DeviceUnavailable):
+                await submitter.send(frame)
+
+
+@dataclass
+class ServiceState:
+    """Everything the app serves from; reachable as ``app.state.service``."""
+
+    config: ServiceConfig
+    store: SessionRecordStore
+    hub: DeviceHub
+    sessions: SessionManager
+    auth: TokenAuthenticator
+
+
+def _tool_problem(task: TaskSpec, tools: Any) -> str | None:
+    """The first command of ``task`` the device's tools cannot run, or None (also when it sent no tool list)."""
+    if not isinstance(tools, dict):
+        return None
+    for i, step in enumerate(task.steps):
+        for j, command in enumerate(step.commands):
+            problem = command_problem(command.tool_name, command.parameters, tools)
+            if problem is not None:
+                return f"task.steps.{i}.commands.{j}: {problem}"
+    return None

@@ -1,0 +1,93 @@
+"""Record format versions, and the upcasters that read older records.
+
+Every event payload and snapshot a store writes carries the *format version*
+it was written with (``"v"`` in its JSON object); a store also records the
+newest format it has seen (:meth:`~saucer.store.EventStore.format_version`).
+Reading goes through a chain of small, pure functions, one per step
+(``v1 -> v2 -> ...``), so a record written by any earlier saucer reaches the
+code in today's shape; writing always uses :data:`FORMAT_VERSION`. A record,
+or a store, newer than this code is refused with :class:`FormatTooNewError`
+naming both versions -- never guessed at.
+
+The versions:
+
+1. saucer 0.1.0: a payload ``{"ops", "meta"?, "session"?}`` and a snapshot
+   ``{"names", "vars"}``, with no version field (the golden stores under
+   ``tests/golden`` hold real ones).
+2. The same objects tagged ``"v": 2``: from here on, every record says
+   which format it is in. Version 2 also allows values encrypted at rest
+   (:mod:`saucer.store.crypto`): an operation ``{"op": "sealed", ...}`` and a
+   snapshot's ``"sealed"`` entries, and a snapshot's ``"retired"`` names. A
+   reader that knows only version 1 must not take those for plain data.
+
+Adding a version: write ``_event_vN`` / ``_snapshot_vN`` (taking a version N
+object, returning a version N + 1 object, without mutating its input), add
+them to the tables below, bump :data:`FORMAT_VERSION`, and add a test that
+reads real version N bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from saucer.store.model import FormatTooNewError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "FormatTooNewError",
+    "record_format",
+    "upcast_event",
+    "upcast_snapshot",
+]
+
+#: The format this code writes, and the newest it reads.
+FORMAT_VERSION = 2
+
+_Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _event_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 -> v2: the payload gains its version; its fields are unchanged."""
+    return {**data, "v": 2}
+
+
+def _snapshot_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 -> v2: the snapshot gains its version; ``names`` and ``vars`` are unchanged."""
+    return {**data, "v": 2}
+
+
+#: ``version -> the function that turns a record of that version into the next one``.
+_EVENT_UPCASTERS: dict[int, _Upcaster] = {1: _event_v1}
+_SNAPSHOT_UPCASTERS: dict[int, _Upcaster] = {1: _snapshot_v1}
+
+
+def record_format(data: dict[str, Any]) -> int:
+    """The format version a decoded record was written with (1: no version field)."""
+    version = data.get("v", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"format version {version!r} is not a positive integer")
+    return version
+
+
+def _upcast(data: dict[str, Any], chain: dict[int, _Upcaster], what: str) -> dict[str, Any]:
+    version = record_format(data)
+    if version > FORMAT_VERSION:
+        raise FormatTooNewError(what, version, FORMAT_VERSION)
+    while version < FORMAT_VERSION:
+        data = chain[version](data)
+        version = record_format(data)
+    return data
+
+
+def upcast_event(data: dict[str, Any], what: str = "an event") -> dict[str, Any]:
+    """A decoded event payload in the :data:`FORMAT_VERSION` shape (its input is not changed)."""
+    if data.get("v") == FORMAT_VERSION:
+        return data
+    return _upcast(data, _EVENT_UPCASTERS, what)
+
+
+def upcast_snapshot(data: dict[str, Any], what: str = "a snapshot") -> dict[str, Any]:
+    """A decoded snapshot in the :data:`FORMAT_VERSION` shape (its input is not changed)."""
+    if data.get("v") == FORMAT_VERSION:
+        return data
+    return _upcast(data, _SNAPSHOT_UPCASTERS, what)

@@ -1,0 +1,88 @@
+"""HTML of the viewer: one Jinja2 environment with autoescaping, and the filters its templates use.
+
+Every stored value reaches the page through autoescaping (never ``|safe``);
+a long value is cut with :func:`clip` and the page links to where it is shown
+whole. Times are ``<time>`` elements in UTC that the page's script rewrites in
+the viewer's local zone.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+from urllib.parse import urlencode
+
+import orjson
+from jinja2 import ChainableUndefined, Environment, PackageLoader, select_autoescape
+from markupsafe import Markup, escape
+
+__all__ = ["templates", "render", "text_of", "clip", "CLIP"]
+
+#: Characters of a value shown before it is cut (the full value is a link away).
+CLIP = 300
+
+
+def text_of(value: Any) -> str:
+    """A value as text: a string as it is, anything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return repr(value)
+
+
+def pretty(value: Any) -> str:
+    """A value as indented JSON (a string as it is)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_INDENT_2).decode()
+    except TypeError:
+        return repr(value)
+
+
+def clip(value: Any, limit: int = CLIP) -> dict[str, Any]:
+    """``{"text", "cut", "size"}``: the value as text, its first ``limit`` characters when ``cut``."""
+    text = text_of(value)
+    if len(text) <= limit:
+        return {"text": text, "cut": False, "size": len(text)}
+    return {"text": text[:limit], "cut": True, "size": len(text)}
+
+
+def timestamp(ts: Any) -> Markup:
+    """A ``<time>`` element: UTC in the markup, the viewer's local zone once the script ran."""
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not ts:
+        return Markup("-")
+    moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    iso = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return Markup('<time datetime="{}">{}</time>').format(iso, moment.strftime("%Y-%m-%d %H:%M:%S UTC"))
+
+
+def query(params: dict[str, Any]) -> str:
+    """``?a=1&b=2`` (empty when there is nothing)."""
+    return "?" + urlencode(params) if params else ""
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "unknown"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+templates = Environment(
+    loader=PackageLoader("saucer.ui", "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    undefined=ChainableUndefined,  # a field an older record lacks renders as nothing
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+templates.filters.update(clip=clip, pretty=pretty, text=text_of, ts=timestamp, query=query, number=_number)
+templates.globals.update(escape=escape)
+
+
+def render(name: str, **values: Any) -> str:
+    """Render the template ``name`` with ``values``."""
+    return templates.get_template(name).render(**values)

@@ -1,0 +1,123 @@
+"""system.save_ui_tree without a display: a look before each step, kept in the step's record, never failing it.
+
+The real desktop is tested under Xvfb (tests/tools/desktop/test_desktop_plan.py);
+here the dispatcher is scripted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from engine_helpers import FakeDispatcher, ScriptedAgent, command_plan
+
+from saucer.dispatch.messages import Command, Result, ResultStatus
+from saucer.engine import Session
+from saucer.engine.logs import StepRecord, read_step_log
+from saucer.engine.uitree import look
+from saucer.store.memory import MemoryStore
+
+DESKTOP = [{"name": "desktop.ui_tree"}, {"name": "desktop.screenshot"}, {"name": "files.write"}]
+
+
+class DesktopFake(FakeDispatcher):
+    """ui_tree and screenshot answer like the desktop server (or fail, or raise, as told)."""
+
+    def __init__(self, tree_error: str | None = None, raises: bool = False) -> None:
+        super().__init__(tools=DESKTOP)
+        self.tree_error = tree_error
+        self.raises = raises
+
+    async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
+        if self.raises:
+            raise ConnectionError("the desktop server is gone")
+        out = []
+        for c in commands:
+            self.ran.append(c)
+            if c.tool_name == "desktop.ui_tree" and self.tree_error:
+                out.append(Result.failure(c, self.tree_error))
+            elif c.tool_name == "desktop.ui_tree":
+                path = f"/art/{c.parameters['save_as']}.json"
+                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id,
+                                  result={"app": "calc", "window": "Calculator", "node_count": 9, "path": path, "tree": None}))
+            elif c.tool_name == "desktop.screenshot":
+                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id,
+                                  result={"path": f"/art/{c.parameters['name']}.png", "width": 8, "height": 6}))
+            else:
+                out.append(Result(status=ResultStatus.SUCCESS, result={"ok": True}, call_id=c.call_id))
+        return out
+
+
+def _run(settings: Any, dispatcher: Any, **kw: Any) -> tuple[Session, Any]:
+    session = Session("ui", mode="follower", settings=settings, store=MemoryStore(), dispatcher=dispatcher,
+                      plan=command_plan(3), **kw)
+    return session, asyncio.run(session.run())
+
+
+def test_one_tree_and_one_screenshot_before_each_step(make_settings: Any) -> None:
+    dispatcher = DesktopFake()
+    session, result = _run(make_settings(**{"system.save_ui_tree": True}), dispatcher)
+    assert result.status == "finished"
+    steps = list(read_step_log(session.log_path))
+    assert [s.artifacts for s in steps] == [
+        [{"kind": "ui_tree", "path": f"/art/step-000{n}-tree.json", "app": "calc", "window": "Calculator", "nodes": 9},
+         {"kind": "screenshot", "path": f"/art/step-000{n}-screen.png", "width": 8, "height": 6}]
+        for n in (1, 2, 3)
+    ]
+    # The look is not one of the step's commands (the plan's experience and routing see only the plan's).
+    assert all([c["tool_name"] for c in s.commands] == ["files.write"] for s in steps)
+    assert [c.tool_name for c in dispatcher.ran[:3]] == ["desktop.ui_tree", "desktop.screenshot", "files.write"]
+    assert dispatcher.ran[0].parameters == {"include_tree": False, "save_as": "step-0001-tree"}
+    # The record is in the store too (the step's event meta), as written to response.log.
+    events = [e for e in session.store.read(session.session_id) if e.meta.get("kind") == "step"]
+    assert [e.meta["artifacts"] for e in events] == [s.artifacts for s in steps]
+    assert StepRecord.from_dict(events[0].meta).artifacts == steps[0].artifacts
+    markdown = (session.log_path / "output.md").read_text()
+    assert "  - screenshot before the step: ![screenshot before step 1](</art/step-0001-screen.png>)" in markdown
+    assert "  - UI tree before the step: [9 elements](</art/step-0003-tree.json>)" in markdown
+
+
+def test_off_by_default_and_skipped_for_an_agent_that_looks_itself(make_settings: Any) -> None:
+    dispatcher = DesktopFake()
+    session, _ = _run(make_settings(), dispatcher)
+    assert all(not s.artifacts for s in read_step_log(session.log_path))
+    assert [c.tool_name for c in dispatcher.ran] == ["files.write"] * 3
+
+    class Looker(ScriptedAgent):
+        looks_at_desktop = True
+
+    dispatcher = DesktopFake()
+    session = Session("ui", mode="normal", settings=make_settings(**{"system.save_ui_tree": True}), store=MemoryStore(),
+                      dispatcher=dispatcher, agents=lambda s: Looker(steps=2), request="go")
+    assert asyncio.run(session.run()).status == "finished"
+    assert dispatcher.ran == []
+
+
+def test_a_failed_look_is_an_entry_never_a_failed_step(make_settings: Any) -> None:
+    settings = make_settings(**{"system.save_ui_tree": True})
+    session, result = _run(settings, DesktopFake(tree_error="no application is on the accessibility bus"))
+    assert result.status == "finished"
+    first = list(read_step_log(session.log_path))[0].artifacts
+    assert first[0] == {"kind": "ui_tree", "error": "no application is on the accessibility bus"}
+    assert first[1]["kind"] == "screenshot" and first[1]["path"].endswith("step-0001-screen.png")
+
+    session, result = _run(settings, DesktopFake(raises=True))
+    assert result.status == "failed"  # the plan's own command failed (the dispatcher is gone), not the look
+    [step] = list(read_step_log(session.log_path))
+    assert all(a["error"].startswith("dispatcher error: ConnectionError") for a in step.artifacts)
+
+
+def test_look_bounds_what_it_keeps() -> None:
+    class Chatty(DesktopFake):
+        extra = 0
+
+        async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
+            return [Result.failure(c, "x" * 100_000) for c in commands] + [Result.failure(commands[0], "more")] * self.extra
+
+    view = asyncio.run(look(Chatty(), "step-0001"))
+    assert [len(e["error"]) for e in view.artifacts()] == [500, 500]
+    chatty = Chatty()
+    chatty.extra = 1
+    view = asyncio.run(look(chatty, "step-0001"))
+    assert "returned 2 results for 1 command" in view.errors["ui_tree"]
+    assert asyncio.run(look(None, "s")).artifacts()[0] == {"kind": "ui_tree", "error": "no command dispatcher"}
