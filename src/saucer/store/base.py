@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Iterator, Sequence
 
 from saucer.redaction import redact
 from saucer.store.listing import SessionListing
+from saucer.store.streaming import EventStreaming
 from saucer.store.upcast import FORMAT_VERSION
 from saucer.store.model import (
     SESSION_ID_MAX_LENGTH,
@@ -76,8 +77,7 @@ __all__ = [
     "VersionNotFoundError",
     "VersionPrunedError",
     "SESSION_ID_MAX_LENGTH",
-    "check_session_id",
-    "check_version",
+    "check_session_id", "check_version",
     "SessionInfo",
     "Snapshot",
     "Lease",
@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 
-class EventStore(SessionListing, ABC):
+class EventStore(SessionListing, EventStreaming, ABC):
     """An append-only, versioned log of events per session, with snapshots and leases."""
 
     url: str = ""

@@ -289,6 +289,46 @@ class EventStoreContract:
         with pytest.raises(SessionNotFoundError):
             list(store.read("ghost"))
 
+    def test_iter_events_streams_the_log_in_version_ranges(self, store: EventStore) -> None:
+        store.create_session("p")
+        _fill(store, "p", 5)
+        store.create_session("c", parent_id="p", parent_version=3)
+        _fill(store, "c", 4, start=3)
+        for sid in ("p", "c"):
+            for after, upto in ((0, None), (0, 3), (2, 6), (3, None), (6, None), (4, 2), (0, 100)):
+                whole = [(e.session_id, e.version, e.ops) for e in store.read(sid, after, upto)]
+                for batch in (1, 2, 3, 1000):
+                    streamed = [(e.session_id, e.version, e.ops) for e in store.iter_events(sid, after, upto, batch=batch)]
+                    assert streamed == whole, (sid, after, upto, batch)
+        stream = store.iter_events("c", batch=2)
+        assert next(stream).version == 1
+        store.append("c", 7, _set("i", 8), author="test")  # committed after the stream began: not in it
+        assert [e.version for e in stream] == [2, 3, 4, 5, 6, 7]
+        with pytest.raises(ValueError, match="batch"):
+            next(store.iter_events("c", batch=0))
+        with pytest.raises(SessionNotFoundError):
+            next(store.iter_events("ghost"))
+
+    def test_iter_events_refuses_a_log_pruned_under_it(self, store: EventStore) -> None:
+        store.create_session("s")
+        _fill(store, "s", 10)
+        store.create_session("gone")
+        _fill(store, "gone", 6)
+        stream = store.iter_events("gone", batch=2)
+        assert [next(stream).version for _ in range(3)] == [1, 2, 3]
+        store.delete_session("gone")
+        with pytest.raises(StoreError):  # never a stream that silently stops early
+            list(stream)
+        if Feature.REPLACE_HISTORY not in store.features:
+            return
+        stream = store.iter_events("s", batch=2)
+        assert [next(stream).version for _ in range(3)] == [1, 2, 3]
+        ops, state = _base(8)
+        store.replace_history("s", 8, ops, state)
+        with pytest.raises(StoreError, match="changed while being read"):
+            list(stream)
+        assert [e.version for e in store.iter_events("s", batch=2)] == [8, 9, 10]  # a new stream starts at the first readable version
+
     def test_forks_read_their_lineage(self, store: EventStore) -> None:
         store.create_session("p")
         _fill(store, "p", 5)
