@@ -35,7 +35,7 @@ bench: $(VENV)/bin/python
 	$(VENV)/bin/python bench/engine.py
 	$(VENV)/bin/python bench/dispatch.py
 	$(VENV)/bin/python bench/service.py
-	$(VENV)/bin/python bench/queue.py
+	$(VENV)/bin/python bench/queue_bench.py
 	$(VENV)/bin/python bench/ui.py
 	$(VENV)/bin/python scripts/llama_server.py
 	$(VENV)/bin/python bench/llm_server.py

@@ -54,11 +54,6 @@ import tracemalloc
 from pathlib import Path
 from typing import Any, Callable
 
-# bench/ comes first on sys.path when a script here runs, and bench/queue.py would then shadow the
-# standard library's queue (which the MCP SDK imports when the in-process tools start): look here last.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
-
 from _startup import STARTUP_SCENARIOS, report, run_startup  # noqa: E402
 
 SCENARIOS = ["loop", "loop-nostruct", "context-only", "snap100", "sessions", "sqlite-loop", "pool-memory", "pool-sqlite"]

@@ -1,7 +1,7 @@
 """Queue benchmark: 1,000 follower sessions through 1, 2 and 4 worker processes, beside the same batch in one process.
 
-    .venv/bin/python bench/queue.py                       # needs SAUCER_TEST_POSTGRES_URL (or --postgres-url)
-    .venv/bin/python bench/queue.py --sessions 200        # a smaller run
+    .venv/bin/python bench/queue_bench.py                       # needs SAUCER_TEST_POSTGRES_URL (or --postgres-url)
+    .venv/bin/python bench/queue_bench.py --sessions 200        # a smaller run
 
 Every session is the same follower plan (3 command steps, an in-process tool
 that answers at once, as in bench/engine.py's pool scenarios), on one
@@ -21,22 +21,17 @@ the fetch, the job's status writes and the worker's own session lookups).
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import os
+import signal
+import subprocess
 import sys
-
-# Run as a script, this file's folder comes first on sys.path, where this file would hide the standard
-# library's queue module (imported by asyncio and psycopg): take the folder off before anything imports it.
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
 
 PLAN = {
     "task": "bench",
@@ -172,7 +167,7 @@ def main() -> int:
         _worker_main(*args.worker)
         return 0
     if not args.postgres_url:
-        print("bench/queue.py skipped: the queue needs PostgreSQL; set SAUCER_TEST_POSTGRES_URL or pass --postgres-url")
+        print("bench/queue_bench.py skipped: the queue needs PostgreSQL; set SAUCER_TEST_POSTGRES_URL or pass --postgres-url")
         return 0
     n = args.sessions
     print(f"{n} follower sessions (3 steps each, an instant in-process tool), PostgreSQL store, 4 sessions at once per process")

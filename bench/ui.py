@@ -29,15 +29,10 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-# bench/ comes first on sys.path when a script here runs, and bench/queue.py would then shadow the
-# standard library's queue (which asyncio imports): this script needs nothing from bench/.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+from starlette.testclient import TestClient
 
-from starlette.testclient import TestClient  # noqa: E402
-
-from saucer.store import EventStore, open_store  # noqa: E402
-from saucer.ui import create_app  # noqa: E402
+from saucer.store import EventStore, open_store
+from saucer.ui import create_app
 
 
 def _fill_sessions(store: EventStore, n: int) -> None:
