@@ -240,7 +240,7 @@ def test_a_damaged_database_is_a_page_not_a_traceback(tmp_path: Path) -> None:
     write_session(st, "s")
     c = client(st)
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE sessions SET meta = 'not json'")
+    conn.execute("UPDATE session_meta SET meta = 'not json'")
     conn.commit()
     conn.close()
     page = c.get("/sessions")

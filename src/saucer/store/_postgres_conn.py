@@ -20,13 +20,14 @@ from __future__ import annotations
 import select
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from saucer.store._postgres_migrate import SUMMARY_COLUMNS, count_summaries
 from saucer.store.model import FormatTooNewError, StoreError
 from saucer.store.upcast import FORMAT_VERSION
 
@@ -48,8 +49,9 @@ __all__ = [
 
 DEFAULT_SCHEMA = "saucer"
 
-#: Each entry migrates the schema from version N to N + 1 (``{s}`` is the quoted schema).
-_MIGRATIONS: list[list[str]] = [
+#: Each entry migrates the schema from version N to N + 1: statements (``{s}`` is the
+#: quoted schema), or functions ``(connection, quoted schema)`` for what SQL alone cannot do.
+_MIGRATIONS: list[list[str | Callable[[psycopg.Connection[Any], str], None]]] = [
     [
         """CREATE TABLE {s}.sessions (
             session_id     text PRIMARY KEY,
@@ -92,6 +94,10 @@ _MIGRATIONS: list[list[str]] = [
             one    boolean PRIMARY KEY DEFAULT true CHECK (one),
             newest integer NOT NULL
         )""",
+    ],
+    [  # 3: the summary of each session, kept by its commits (saucer.store.summary)
+        SUMMARY_COLUMNS,
+        count_summaries,
     ],
 ]
 
@@ -176,7 +182,10 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> int:
             raise StoreError(too_new(schema, current))
         for version in range(current + 1, SCHEMA_VERSION + 1):
             for statement in _MIGRATIONS[version - 1]:
-                conn.execute(statement.format(s=s))
+                if callable(statement):
+                    statement(conn, s)
+                else:
+                    conn.execute(statement.format(s=s))
             conn.execute(f"INSERT INTO {s}.saucer_schema (version) VALUES (%s)", (version,))
         record_format(conn, schema)
     return SCHEMA_VERSION

@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 from saucer.store._codec import encode_payload, encode_state
 from saucer.store._group import Pending
 from saucer.store._postgres_conn import quote
+from saucer.store.summary import Counters, ListQuery, brief_of, delta_of, listed_sql, order_sql
 from saucer.store.model import (
     ConflictError,
     Event,
@@ -32,6 +33,9 @@ from saucer.store.model import (
 )
 
 __all__ = ["Statements", "INFO_COLUMNS", "row_info"]
+
+_AZ = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_BY_CODE_POINT = ' COLLATE "C"'  # text sorted as Python sorts it, whatever the database's collation
 
 #: The columns of a session row, in :class:`SessionInfo`'s order.
 INFO_COLUMNS = "session_id, head, created_at, updated_at, parent_id, parent_version, meta"
@@ -59,8 +63,11 @@ class Statements:
         self._append = f"""
             WITH b AS (
                 SELECT * FROM unnest(%b::text[], %b::bigint[], %b::double precision[], %b::text[],
-                                     %b::bigint[], %b::bigint[], %b::bytea[], %b::bigint[], %b::bigint[])
-                    AS b(session_id, expected, ts, author, round, step, payload, crc, fence)
+                                     %b::bigint[], %b::bigint[], %b::bytea[], %b::bigint[], %b::bigint[],
+                                     %b::text[], %b::bigint[], %b::double precision[], %b::boolean[], %b::text[],
+                                     %b::bigint[], %b::bigint[], %b::double precision[])
+                    AS b(session_id, expected, ts, author, round, step, payload, crc, fence,
+                         d_status, d_rounds, d_cost, d_unknown, d_reason, f_rounds, f_steps, f_cost)
             ),
             lk AS (
                 SELECT l.session_id, l.token FROM {s}.leases l
@@ -68,7 +75,13 @@ class Statements:
                 FOR SHARE
             ),
             up AS (
-                UPDATE {s}.sessions s SET head = b.expected + 1, updated_at = b.ts
+                UPDATE {s}.sessions s SET head = b.expected + 1, updated_at = b.ts,
+                    status = coalesce(b.d_status, s.status),
+                    steps = coalesce(b.f_steps, CASE WHEN b.step > s.steps THEN b.step ELSE s.steps END),
+                    rounds = coalesce(b.f_rounds, s.rounds + b.d_rounds),
+                    cost = coalesce(b.f_cost, s.cost + b.d_cost),
+                    cost_unknown = CASE WHEN b.f_cost IS NOT NULL THEN b.d_unknown ELSE s.cost_unknown OR b.d_unknown END,
+                    reason = b.d_reason
                 FROM b
                 WHERE s.session_id = b.session_id AND s.head = b.expected
                   AND (b.fence IS NULL OR EXISTS (
@@ -93,6 +106,7 @@ class Statements:
         ``settled`` (its outcome is certain) once the statement has returned.
         """
         events = [e.event for e in batch]
+        deltas = [delta_of(e.step, e.meta) for e in events]  # counted as summary.apply() does, in SQL
         done = conn.execute(
             self._append,
             (
@@ -105,6 +119,14 @@ class Statements:
                 [e.payload for e in batch],
                 [e.crc for e in batch],
                 [e.fence for e in batch],
+                [d.status for d in deltas],
+                [d.rounds_add for d in deltas],
+                [d.cost_add for d in deltas],
+                [d.unknown for d in deltas],
+                [d.reason for d in deltas],
+                [d.final_rounds for d in deltas],
+                [d.final_steps for d in deltas],
+                [d.final_cost for d in deltas],
                 self.channel,
             ),
         ).fetchall()
@@ -136,11 +158,52 @@ class Statements:
             else:
                 entry.error = ConflictError(sid, entry.expected, head)
 
+    # --------------------------------------------------------------- listing
+
+    def listing(self, query: ListQuery, now: str) -> tuple[str, list[Any]]:
+        """The statement of ``list_sessions`` and its arguments: one query over the session
+        rows (their summary columns, never their meta) and the leases, whose expiry is
+        compared with ``now`` (SQL: the server's clock)."""
+        status, runner = listed_sql(now)
+        where, args = ["true"], []
+        if query.ids is not None:
+            where.append("s.session_id = ANY(%s)")
+            args.append([sid for sid in query.ids if "\x00" not in sid])
+        if query.statuses is not None:
+            where.append(f"({status}) = ANY(%s)")
+            args.append(sorted(query.statuses))
+        if query.task is not None:
+            where.append(f"strpos(translate(s.task, '{_AZ}', '{_AZ.lower()}'), translate(%s, '{_AZ}', '{_AZ.lower()}')) > 0")
+            args.append(query.task)
+        if query.since is not None:
+            where.append("s.updated_at >= %s")
+            args.append(query.since)
+        args.append(query.limit)
+        sql = (
+            f"SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, "
+            f"{status} AS listed, s.rounds, s.steps, CASE WHEN s.cost_unknown THEN NULL ELSE s.cost END AS shown_cost, "
+            f"s.reason, s.task AS task, s.mode, s.request, s.forked_from, s.forked_at, {runner} "
+            f"FROM {self._s}.sessions s LEFT JOIN {self._s}.leases l ON l.session_id = s.session_id "
+            f"WHERE {' AND '.join(where)} {order_sql(query, status, 's.task', _BY_CODE_POINT)} LIMIT %s"
+        )
+        return sql, args
+
+    def counters(self, conn: psycopg.Connection[Any], session_id: str) -> Counters | None:
+        """The summary counters of a session (None: no such session)."""
+        row = conn.execute(
+            f"SELECT status, rounds, steps, cost, cost_unknown, reason FROM {self._s}.sessions WHERE session_id = %s",
+            (session_id,),
+        ).fetchone()
+        return None if row is None else Counters(row[0], int(row[1]), int(row[2]), float(row[3]), bool(row[4]), row[5])
+
     # ------------------------------------------------------------------ rows
 
-    def insert_session(self, conn: psycopg.Connection[Any], info: SessionInfo) -> None:
+    def insert_session(self, conn: psycopg.Connection[Any], info: SessionInfo, counters: Counters) -> None:
+        """Insert a session's row, with its summary ``counters`` and the fields of its meta a listing shows."""
         conn.execute(
-            f"INSERT INTO {self._s}.sessions ({INFO_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            f"INSERT INTO {self._s}.sessions ({INFO_COLUMNS}, status, rounds, steps, cost, cost_unknown, reason, "
+            "task, mode, request, forked_from, forked_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 info.session_id,
                 info.version,
@@ -149,6 +212,13 @@ class Statements:
                 info.parent_id,
                 info.parent_version,
                 _jsonb(info.meta),
+                counters.status,
+                counters.rounds,
+                counters.steps,
+                counters.cost,
+                counters.cost_unknown,
+                counters.reason,
+                *brief_of(info.meta)[:5],
             ),
         )
 
@@ -230,8 +300,9 @@ class Statements:
             self.insert_snapshot(conn, snapshot, replace=False)
         # Last, so that the session row (which every append updates) is locked only briefly.
         conn.execute(
-            f"UPDATE {s}.sessions SET parent_id = NULL, parent_version = NULL, meta = meta || %s "
-            "WHERE session_id = %s",
-            (_jsonb(meta), info.session_id),
+            f"UPDATE {s}.sessions SET parent_id = NULL, parent_version = NULL, meta = meta || %s, "
+            "forked_from = CASE WHEN %s::text IS NOT NULL THEN %s::text ELSE forked_from END, "
+            "forked_at = CASE WHEN %s::bigint IS NOT NULL THEN %s::bigint ELSE forked_at END WHERE session_id = %s",
+            (_jsonb(meta), *[brief_of(meta)[3]] * 2, *[brief_of(meta)[4]] * 2, info.session_id),
         )
         return True

@@ -13,15 +13,16 @@ import orjson
 
 from saucer.store._codec import encode_payload, encode_state
 from saucer.store.model import Event, SessionExistsError, SessionInfo, SessionNotFoundError, Snapshot, StoreError
+from saucer.store.summary import Counters, brief_of
 
 __all__ = ["detach_fork", "insert_events", "insert_session", "insert_snapshot", "replace_below", "rewrite_rows"]
 
 
-def insert_session(conn: sqlite3.Connection, info: SessionInfo) -> None:
-    """Insert a session row; :class:`SessionExistsError` if the id is taken."""
+def insert_session(conn: sqlite3.Connection, info: SessionInfo, counters: Counters) -> None:
+    """Insert a session's row (with its summary ``counters``) and its meta; :class:`SessionExistsError` if the id is taken."""
     try:
         conn.execute(
-            "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 info.session_id,
                 info.version,
@@ -29,11 +30,34 @@ def insert_session(conn: sqlite3.Connection, info: SessionInfo) -> None:
                 info.updated_at,
                 info.parent_id,
                 info.parent_version,
-                orjson.dumps(info.meta).decode(),
+                counters.status,
+                counters.rounds,
+                counters.steps,
+                counters.cost,
+                int(counters.cost_unknown),
+                counters.reason,
             ),
         )
     except sqlite3.IntegrityError:
         raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+    conn.execute(
+        "INSERT OR REPLACE INTO session_meta VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (info.session_id, *brief_of(info.meta), orjson.dumps(info.meta).decode()),
+    )
+
+
+def _set_meta(conn: sqlite3.Connection, session_id: str, meta: dict[str, Any]) -> None:
+    """Replace a session's meta and the fields of it a listing shows."""
+    conn.execute(
+        "UPDATE session_meta SET task = ?, mode = ?, request = ?, forked_from = ?, forked_at = ?, pruned_to = ?, meta = ? "
+        "WHERE session_id = ?",
+        (*brief_of(meta), orjson.dumps(meta).decode(), session_id),
+    )
+
+
+def _meta_of(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    row = conn.execute("SELECT meta FROM session_meta WHERE session_id = ?", (session_id,)).fetchone()
+    return None if row is None else orjson.loads(row[0])
 
 
 def insert_events(conn: sqlite3.Connection, owner: str, events: list[Event]) -> None:
@@ -56,21 +80,15 @@ def insert_snapshot(conn: sqlite3.Connection, snapshot: Snapshot, verb: str = "I
 def replace_below(conn: sqlite3.Connection, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
     """The body of ``EventStore._prune``, in the caller's transaction."""
     payload, crc = encode_payload(base)
-    row = conn.execute(
-        "SELECT coalesce(json_extract(meta, '$.pruned_to'), 0) FROM sessions WHERE session_id = ?",
-        (session_id,),
-    ).fetchone()
-    if row is None:
+    meta = _meta_of(conn, session_id)
+    if meta is None:
         raise SessionNotFoundError(session_id)
-    if row[0] >= cut:
+    if int(meta.get("pruned_to", 0)) >= cut:
         return True
     if conn.execute("SELECT 1 FROM sessions WHERE parent_id = ? LIMIT 1", (session_id,)).fetchone():
         return False
-    conn.execute(
-        "UPDATE sessions SET meta = json_set(meta, '$.pruned_to', ?), parent_id = NULL, parent_version = NULL "
-        "WHERE session_id = ?",
-        (cut, session_id),
-    )
+    conn.execute("UPDATE sessions SET parent_id = NULL, parent_version = NULL WHERE session_id = ?", (session_id,))
+    _set_meta(conn, session_id, {**meta, "pruned_to": cut})
     for table in ("events", "events_recent"):  # the base event is in one of them
         conn.execute(f"DELETE FROM {table} WHERE session_id = ? AND version < ?", (session_id, cut))
         conn.execute(
@@ -86,12 +104,13 @@ def replace_below(conn: sqlite3.Connection, session_id: str, cut: int, base: Eve
 def detach_fork(conn: sqlite3.Connection, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
     """The body of ``EventStore._materialise``, in the caller's transaction."""
     updated = conn.execute(
-        "UPDATE sessions SET parent_id = NULL, parent_version = NULL, meta = json_patch(meta, ?) "
+        "UPDATE sessions SET parent_id = NULL, parent_version = NULL "
         "WHERE session_id = ? AND parent_id = ? AND parent_version = ?",
-        (orjson.dumps(meta).decode(), info.session_id, info.parent_id, info.parent_version),
+        (info.session_id, info.parent_id, info.parent_version),
     ).rowcount
     if updated != 1:
         return False
+    _set_meta(conn, info.session_id, {**(_meta_of(conn, info.session_id) or {}), **meta})
     insert_events(conn, info.session_id, events)
     if snapshot is not None:
         insert_snapshot(conn, snapshot, "INSERT OR IGNORE")

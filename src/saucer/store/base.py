@@ -243,7 +243,7 @@ class EventStore(SessionListing, EventStreaming, ABC):
             meta.setdefault("forked_from", parent_id)
             meta.setdefault("at", parent_version)
         info = SessionInfo(session_id, version, now, now, parent_id, parent_version, meta)
-        self._create(info)
+        self._create_with(info, self._new_counters(info))
         return info
 
     def session_info(self, session_id: str) -> SessionInfo:

@@ -1,9 +1,12 @@
-"""What a listing of sessions reads: each session with its newest event and lease, and its forks.
+"""What a listing of sessions reads: each session's summary (:meth:`SessionListing.list_sessions`),
+or its row with its newest event and lease, and its forks.
 
 :class:`SessionListing` is a base of :class:`~saucer.store.EventStore`. Its
-defaults read session by session through the store's own methods; the durable
-backends override :meth:`SessionListing.session_heads` with one query, so a
-page listing 10^4 sessions does not read 10^4 times.
+defaults read session by session through the store's own methods; saucer's
+backends keep a summary per session up to date with every commit
+(:mod:`saucer.store.summary`) and override :meth:`SessionListing._list` and
+:meth:`SessionListing.session_heads` with one query each, so a page listing
+10^4 sessions does not read 10^4 times.
 """
 
 from __future__ import annotations
@@ -12,13 +15,117 @@ import warnings
 from typing import Iterable
 
 from saucer.store.model import Event, SessionHead, SessionInfo, StoreError
+from saucer.store.summary import (
+    Counters,
+    ListQuery,
+    SessionSummary,
+    brief_of,
+    fold_events,
+    initial_counters,
+    listed_status,
+    make_summary,
+    select,
+)
 
-__all__ = ["SessionListing"]
+__all__ = ["KeepsSummaries", "SessionListing"]
 
 
 class SessionListing:
-    """``session_heads``, ``last_event`` and ``forks`` of an event store (built on its
-    ``sessions``, ``read``, ``lease_of`` and ``_forks``)."""
+    """``list_sessions``, ``session_heads``, ``last_event`` and ``forks`` of an event store
+    (built on its ``sessions``, ``read``, ``lease_of`` and ``_forks``)."""
+
+    def list_sessions(
+        self,
+        *,
+        limit: int | None = None,
+        status: str | Iterable[str] | None = None,
+        task: str | None = None,
+        since: float | None = None,
+        sort: str = "updated",
+        descending: bool | None = None,
+        ids: Iterable[str] | None = None,
+    ) -> list[SessionSummary]:
+        """The sessions' summaries (what ``saucer sessions`` shows), from ONE query on saucer's backends.
+
+        - ``limit``: at most this many rows (None: all);
+        - ``status``: only sessions listed with this status, or one of these
+          (``running``, ``interrupted``, ``finished``, ``failed``, ``error``,
+          ``stopped``, ``-`` for a session the engine did not make);
+        - ``task``: only sessions whose task contains this text (ASCII letters
+          compared without case);
+        - ``since``: only sessions updated at or after this time (epoch seconds);
+        - ``sort``: one of :data:`~saucer.store.summary.SORT_KEYS`
+          (``updated``, ``created``, ``id``, ``task``, ``status``, ``rounds``,
+          ``steps``, ``cost``, ``version``); ``descending`` defaults to True
+          except for ``id`` and ``task``; None values sort last, ties by id;
+        - ``ids``: only these sessions (those that exist).
+
+        Each :class:`~saucer.store.summary.SessionSummary` is kept up to date by
+        the commits themselves (see :mod:`saucer.store.summary` for what each
+        field counts); ``status`` is derived at the time of the query (a
+        session not ended whose runner's lease expired is ``interrupted``).
+        ValueError or TypeError name a bad argument.
+        """
+        return self._list(ListQuery.of(limit, status, task, since, sort, descending, ids))
+
+    def _list(self, query: ListQuery) -> list[SessionSummary]:
+        """The rows of ``query``. This default folds every session's log (slow but
+        right); a backend keeping summaries answers in one query."""
+        rows = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a damaged trailing record is left uncounted
+            for head in self.session_heads(query.ids):
+                info, lease = head.info, head.lease
+                counters = self._counters_at(info, info.version)
+                listed, runner = listed_status(
+                    counters.status, lease.owner if lease else None, lease.expires_at if lease else None, query.now
+                )
+                task, mode, request, forked_from, at, _ = brief_of(info.meta)
+                rows.append(make_summary((
+                    info.session_id, info.version, info.created_at, info.updated_at, info.parent_id,
+                    info.parent_version, listed, counters.rounds, counters.steps,
+                    None if counters.cost_unknown else counters.cost, counters.reason,
+                    task, mode, request, forked_from, at, runner,
+                )))
+        return select(rows, query)
+
+    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
+        """Primitive of ``create_session``: ``_create(info)``; a backend that keeps summaries
+        overrides it to store ``counters`` (the new session's) in the same transaction."""
+        self._create(info)  # type: ignore[attr-defined]
+
+    def _stored_counters(self, session_id: str) -> Counters | None:
+        """The counters a backend keeps for the session (None: it keeps none, or no such session)."""
+        return None
+
+    def _new_counters(self, info: SessionInfo) -> Counters:
+        """The counters of the new session ``info``: a fork's are its parent's at its branch point."""
+        if info.parent_id is None or info.parent_version is None:
+            return initial_counters(info.meta)
+        parent = self._info(info.parent_id)  # type: ignore[attr-defined]
+        if parent is None:
+            return Counters()  # _create refuses the fork
+        if parent.version == info.parent_version:
+            stored = self._stored_counters(parent.session_id)
+            if stored is not None:
+                return stored
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self._counters_at(parent, info.parent_version)
+
+    def _counters_at(self, info: SessionInfo, upto: int) -> Counters:
+        """The summary counters of ``info``'s session at version ``upto``, folded from its lineage
+        (a fork starts from its parent's at its branch point)."""
+        after = 0
+        if info.parent_id is not None and info.parent_version is not None:
+            parent = self._info(info.parent_id)  # type: ignore[attr-defined]
+            base = Counters() if parent is None else self._counters_at(parent, min(upto, info.parent_version))
+            after = info.parent_version
+        else:
+            base = initial_counters(info.meta)
+        if upto <= after:
+            return base
+        return fold_events(base, self._read(info.session_id, after, upto))  # type: ignore[attr-defined]
 
     def session_heads(self, session_ids: Iterable[str] | None = None) -> list[SessionHead]:
         """Sessions with their newest event and their lease, in the order of :meth:`sessions`:
@@ -51,3 +158,12 @@ class SessionListing:
                 return next(iter(self.read(info.session_id, info.version - 1, info.version)), None)  # type: ignore[attr-defined]
         except StoreError:
             return None
+
+
+class KeepsSummaries:
+    """Mixed into a backend that keeps each session's summary (it overrides
+    ``_create_with``, ``_stored_counters`` and ``_list``): its ``_create`` stores the
+    new session's counters too."""
+
+    def _create(self, info: SessionInfo) -> None:
+        self._create_with(info, self._new_counters(info))  # type: ignore[attr-defined]

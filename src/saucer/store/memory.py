@@ -25,7 +25,9 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
+from saucer.store.listing import KeepsSummaries
 from saucer.store.model import Event, copy_json
+from saucer.store.summary import Counters, ListQuery, SessionSummary, brief_of, fold, fold_events, listed_status, make_summary, select
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["MemoryStore"]
@@ -41,6 +43,7 @@ class _Data:
         self.snapshots: dict[str, dict[int, Snapshot]] = {}
         self.leases: dict[str, Lease] = {}
         self.tokens: dict[str, int] = {}
+        self.counters: dict[str, Counters] = {}  # the summary of each session (saucer.store.summary)
 
     # Held with ``with``: the lock, without a generator-based context manager
     # on every call (the memory store is what the benchmarks of the engine use).
@@ -56,7 +59,7 @@ _SHARED: dict[str, _Data] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-class MemoryStore(EventStore):
+class MemoryStore(KeepsSummaries, EventStore):
     """Keeps events and snapshots in memory; ``name`` shares them within the process."""
 
     # No QUARANTINE (its records cannot be damaged) and no GROUP_COMMIT (nothing to flush).
@@ -78,7 +81,7 @@ class MemoryStore(EventStore):
         """
         return self._d
 
-    def _create(self, info: SessionInfo) -> None:
+    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
         with self._transaction() as d:
             if info.session_id in d.infos:
                 raise SessionExistsError(f"session {info.session_id!r} already exists")
@@ -88,6 +91,26 @@ class MemoryStore(EventStore):
             d.infos[info.session_id] = info
             d.events[info.session_id] = []
             d.snapshots[info.session_id] = {}
+            d.counters[info.session_id] = counters
+
+    def _stored_counters(self, session_id: str) -> Counters | None:
+        return self._d.counters.get(session_id)
+
+    def _list(self, query: ListQuery) -> list[SessionSummary]:
+        with self._transaction() as d:
+            found = [(info, d.counters.get(sid) or Counters(), d.leases.get(sid)) for sid, info in d.infos.items()]
+        rows = []
+        for info, counters, lease in found:
+            listed, runner = listed_status(
+                counters.status, lease.owner if lease else None, lease.expires_at if lease else None, query.now
+            )
+            task, mode, request, forked_from, at, _ = brief_of(info.meta)
+            rows.append(make_summary((
+                info.session_id, info.version, info.created_at, info.updated_at, info.parent_id, info.parent_version,
+                listed, counters.rounds, counters.steps, None if counters.cost_unknown else counters.cost,
+                counters.reason, task, mode, request, forked_from, at, runner,
+            )))
+        return select(rows, query)
 
     def _info(self, session_id: str) -> SessionInfo | None:
         return self._d.infos.get(session_id)  # one dict lookup: atomic without the lock
@@ -108,6 +131,7 @@ class MemoryStore(EventStore):
             # lists must not alias the log.
             d.events[event.session_id].append(replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta)))
             d.infos[event.session_id] = replace(info, version=event.version, updated_at=event.timestamp)
+            d.counters[event.session_id] = fold(d.counters.get(event.session_id) or Counters(), event.step, event.meta)
 
     def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         with self._transaction() as d:
@@ -170,7 +194,7 @@ class MemoryStore(EventStore):
 
     def _delete(self, session_id: str) -> None:
         with self._transaction() as d:
-            for table in (d.infos, d.events, d.snapshots, d.leases, d.tokens):
+            for table in (d.infos, d.events, d.snapshots, d.leases, d.tokens, d.counters):
                 table.pop(session_id, None)
 
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
@@ -235,3 +259,4 @@ class MemoryStore(EventStore):
             d.infos[sid] = replace(info, meta=copy_json(info.meta))
             d.events[sid] = [replace(e, ops=copy_json(e.ops), meta=copy_json(e.meta)) for e in events]
             d.snapshots[sid] = {s.version: replace(s, state=copy_json(s.state)) for s in snapshots}
+            d.counters[sid] = fold_events(self._new_counters(info), events)

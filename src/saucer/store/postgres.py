@@ -111,7 +111,9 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
+from saucer.store.listing import KeepsSummaries
 from saucer.store.model import Event, SessionHead
+from saucer.store.summary import Counters, ListQuery, SessionSummary, fold_events, make_summary
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["PostgresStore", "SCHEMA_VERSION", "DEFAULT_SCHEMA", "split_url"]
@@ -153,7 +155,7 @@ def _translated(*, retry: bool) -> Callable[[_F], _F]:
     return decorate
 
 
-class PostgresStore(EventStore):
+class PostgresStore(KeepsSummaries, EventStore):
     """Events, snapshots and leases in one PostgreSQL schema, shared by any number of processes."""
 
     features = frozenset(
@@ -219,8 +221,18 @@ class PostgresStore(EventStore):
 
     # ------------------------------------------------------------- sessions
 
+    @_translated(retry=True)
+    def _stored_counters(self, session_id: str) -> Counters | None:
+        with self._db.conn() as conn:
+            return self._sql.counters(conn, session_id)
+
+    @_translated(retry=True)
+    def _list(self, query: ListQuery) -> list[SessionSummary]:
+        with self._db.conn() as conn:
+            return [make_summary(row) for row in conn.execute(*self._sql.listing(query, _NOW)).fetchall()]
+
     @_translated(retry=False)
-    def _create(self, info: SessionInfo) -> None:
+    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
         s = self._s
         try:
             with self._db.transaction() as conn:
@@ -231,7 +243,7 @@ class PostgresStore(EventStore):
                         (info.parent_id,),
                     ).fetchone()
                     self._check_fork_point(info, row)
-                self._sql.insert_session(conn, info)
+                self._sql.insert_session(conn, info, counters)
         except pg_errors.UniqueViolation:
             raise SessionExistsError(f"session {info.session_id!r} already exists") from None
 
@@ -485,9 +497,10 @@ class PostgresStore(EventStore):
 
     @_translated(retry=False)
     def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
+        counters = fold_events(self._new_counters(info), events)
         try:
             with self._db.transaction() as conn:
-                self._sql.insert_session(conn, info)
+                self._sql.insert_session(conn, info, counters)
                 self._sql.insert_events(conn, info.session_id, events)
                 for snapshot in snapshots:
                     self._sql.insert_snapshot(conn, snapshot)

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 from saucer.store.base import EventStore
 from saucer.store.crypto import Sealer
 from saucer.store.model import Event, Lease, OutcomeUnknownError, SessionInfo, Snapshot
+from saucer.store.summary import Counters, ListQuery, SessionSummary
 
 __all__ = ["SealedStore"]
 
@@ -60,6 +61,16 @@ class SealedStore(EventStore):
 
     def _info(self, session_id: str) -> SessionInfo | None:
         return self.inner._info(session_id)
+
+    # The summaries are the backend's: they are counted from event meta, which is never sealed.
+    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
+        self.inner._create_with(info, counters)
+
+    def _stored_counters(self, session_id: str) -> Counters | None:
+        return self.inner._stored_counters(session_id)
+
+    def _list(self, query: ListQuery) -> list[SessionSummary]:
+        return self.inner._list(query)
 
     def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
         try:

@@ -73,22 +73,51 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
+from saucer.store.listing import KeepsSummaries
 from saucer.store.model import Event, SessionHead
+from saucer.store.summary import Counters, ListQuery, SessionSummary, fold, fold_events, listed_sql, make_summary, order_sql
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION", "path_from_url"]
 
+#: A session's row as :class:`SessionInfo` columns (its meta is in ``session_meta``).
+_INFO = (
+    "SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, m.meta "
+    "FROM sessions s JOIN session_meta m ON m.session_id = s.session_id"
+)
+_COUNTERS = "status, rounds, steps, cost, cost_unknown, reason"
+_LISTED_STATUS, _RUNNER = listed_sql("?")
+#: The columns of :func:`~saucer.store.summary.make_summary`, for :meth:`SQLiteStore._list`.
+_LIST = f"""
+SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version,
+       {_LISTED_STATUS} AS listed, s.rounds, s.steps, CASE WHEN s.cost_unknown THEN NULL ELSE s.cost END AS shown_cost,
+       s.reason, m.task AS task, m.mode, m.request, m.forked_from, m.forked_at, {_RUNNER}
+FROM sessions s JOIN session_meta m ON m.session_id = s.session_id
+LEFT JOIN leases l ON l.session_id = s.session_id
+"""
+
 _HEADS = """
-SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, s.meta,
+SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, m.meta,
        coalesce(e.ts, r.ts), coalesce(e.author, r.author), coalesce(e.round, r.round),
        coalesce(e.step, r.step), coalesce(e.payload, r.payload), coalesce(e.crc, r.crc),
        l.owner, l.token, l.expires_at
-FROM sessions s
+FROM sessions s JOIN session_meta m ON m.session_id = s.session_id
 LEFT JOIN events e ON e.session_id = s.session_id AND e.version = s.head
 LEFT JOIN events_recent r ON e.session_id IS NULL AND r.session_id = s.session_id AND r.version = s.head
 LEFT JOIN leases l ON l.session_id = s.session_id
 {where}
 ORDER BY s.updated_at DESC, s.session_id
 """
+
+#: What a commit changes in its session's row (and nothing else).
+_UPDATE_HEAD = (
+    "UPDATE sessions SET head = ?, updated_at = ?, status = ?, rounds = ?, steps = ?, cost = ?, cost_unknown = ?, "
+    "reason = ? WHERE session_id = ?"
+)
+
+
+def _counter_values(c: Counters) -> tuple[Any, ...]:
+    return (c.status, c.rounds, c.steps, c.cost, int(c.cost_unknown), c.reason)
+
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -106,7 +135,7 @@ def _translated(method: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-class SQLiteStore(EventStore):
+class SQLiteStore(KeepsSummaries, EventStore):
     """Events, snapshots and leases in one SQLite file."""
 
     features = frozenset(
@@ -161,15 +190,45 @@ class SQLiteStore(EventStore):
     # ------------------------------------------------------------- sessions
 
     @_translated
-    def _create(self, info: SessionInfo) -> None:
+    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
         with self._transaction() as conn:
             if info.parent_id is not None:
                 row = conn.execute(
-                    "SELECT head, coalesce(json_extract(meta, '$.pruned_to'), 0) FROM sessions WHERE session_id = ?",
+                    "SELECT s.head, m.pruned_to FROM sessions s JOIN session_meta m ON m.session_id = s.session_id "
+                    "WHERE s.session_id = ?",
                     (info.parent_id,),
                 ).fetchone()
                 self._check_fork_point(info, row)
-            insert_session(conn, info)
+            insert_session(conn, info, counters)
+
+    @_translated
+    def _stored_counters(self, session_id: str) -> Counters | None:
+        with self._lock:
+            row = self._conn.execute(f"SELECT {_COUNTERS} FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        return None if row is None else Counters(row[0], row[1], row[2], row[3], bool(row[4]), row[5])
+
+    @_translated
+    def _list(self, query: ListQuery) -> list[SessionSummary]:
+        # One statement: the hot rows, the listed fields of the meta (never the meta
+        # itself) and the leases; filtered, sorted and cut by SQLite.
+        where, args = ["1"], [query.now, query.now]
+        if query.ids is not None:
+            where.append("s.session_id IN (SELECT value FROM json_each(?))")
+            args.append(orjson.dumps(list(query.ids)).decode())
+        if query.statuses is not None:
+            where.append("listed IN (SELECT value FROM json_each(?))")
+            args.append(orjson.dumps(sorted(query.statuses)).decode())
+        if query.task is not None:
+            where.append("instr(lower(m.task), lower(?)) > 0")
+            args.append(query.task)
+        if query.since is not None:
+            where.append("s.updated_at >= ?")
+            args.append(query.since)
+        sql = f"{_LIST} WHERE {' AND '.join(where)} {order_sql(query, 'listed', 'm.task')} LIMIT ?"
+        args.append(-1 if query.limit is None else query.limit)
+        with self._lock:
+            rows = self._conn.execute(sql, args).fetchall()
+        return [make_summary(row) for row in rows]
 
     def _row_info(self, row: tuple[Any, ...]) -> SessionInfo:
         try:
@@ -181,13 +240,13 @@ class SQLiteStore(EventStore):
     @_translated
     def _info(self, session_id: str) -> SessionInfo | None:
         with self._lock:
-            row = self._conn.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            row = self._conn.execute(f"{_INFO} WHERE s.session_id = ?", (session_id,)).fetchone()
         return self._row_info(row) if row else None
 
     @_translated
     def sessions(self) -> list[SessionInfo]:
         with self._lock:
-            rows = self._conn.execute("SELECT * FROM sessions ORDER BY updated_at DESC, session_id").fetchall()
+            rows = self._conn.execute(f"{_INFO} ORDER BY s.updated_at DESC, s.session_id").fetchall()
         return [self._row_info(r) for r in rows]
 
     @_translated
@@ -213,7 +272,7 @@ class SQLiteStore(EventStore):
     def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
         with self._lock:
             rows = self._conn.execute(
-                "SELECT * FROM sessions WHERE substr(session_id, 1, ?) = ? ORDER BY updated_at DESC, session_id LIMIT ?",
+                f"{_INFO} WHERE substr(s.session_id, 1, ?) = ? ORDER BY s.updated_at DESC, s.session_id LIMIT ?",
                 (len(prefix), prefix, -1 if limit is None else max(0, limit)),
             ).fetchall()
         return [self._row_info(r) for r in rows]
@@ -229,13 +288,13 @@ class SQLiteStore(EventStore):
     @_translated
     def _forks(self, session_id: str) -> list[SessionInfo]:
         with self._lock:
-            rows = self._conn.execute("SELECT * FROM sessions WHERE parent_id = ?", (session_id,)).fetchall()
+            rows = self._conn.execute(f"{_INFO} WHERE s.parent_id = ?", (session_id,)).fetchall()
         return [self._row_info(r) for r in rows]
 
     @_translated
     def _delete(self, session_id: str) -> None:
         with self._transaction() as conn:
-            for table in ("events", "events_recent", "snapshots", "leases", "sessions"):
+            for table in ("events", "events_recent", "snapshots", "leases", "session_meta", "sessions"):
                 conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
 
     # --------------------------------------------------------------- events
@@ -271,15 +330,13 @@ class SQLiteStore(EventStore):
                     raise FencedError(
                         event.session_id, entry.fence, row[0] if row else None, row[1] if row else None
                     )
-            updated = conn.execute(
-                "UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ? AND head = ?",
-                (event.version, event.timestamp, event.session_id, entry.expected),
-            ).rowcount
-            if updated != 1:
-                row = conn.execute("SELECT head FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
-                if row is None:
-                    raise SessionNotFoundError(event.session_id)
+            row = conn.execute(f"SELECT head, {_COUNTERS} FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
+            if row is None:
+                raise SessionNotFoundError(event.session_id)
+            if row[0] != entry.expected:
                 raise ConflictError(event.session_id, entry.expected, row[0])
+            counters = fold(Counters(row[1], row[2], row[3], row[4], bool(row[5]), row[6]), event.step, event.meta)
+            conn.execute(_UPDATE_HEAD, (event.version, event.timestamp, *_counter_values(counters), event.session_id))
             conn.execute(
                 "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -319,9 +376,12 @@ class SQLiteStore(EventStore):
         updates: list[tuple[Any, ...]] = []
         rows: list[tuple[Any, ...]] = []
         with self._transaction() as conn:
-            heads: dict[str, int] = dict(
-                conn.execute(f"SELECT session_id, head FROM sessions WHERE session_id IN ({','.join('?' * len(ids))})", ids)
-            )
+            heads: dict[str, tuple[int, Counters]] = {
+                row[0]: (row[1], Counters(row[2], row[3], row[4], row[5], bool(row[6]), row[7]))
+                for row in conn.execute(
+                    f"SELECT session_id, head, {_COUNTERS} FROM sessions WHERE session_id IN ({','.join('?' * len(ids))})", ids
+                )
+            }
             leases: dict[str, tuple[int, str]] = {}
             if fenced:
                 found = conn.execute(
@@ -337,14 +397,15 @@ class SQLiteStore(EventStore):
                     if token != entry.fence:
                         entry.error = FencedError(sid, entry.fence, token, owner)
                         continue
-                head = heads.get(sid)
-                if head != entry.expected:
-                    entry.error = SessionNotFoundError(sid) if head is None else ConflictError(sid, entry.expected, head)
+                found = heads.get(sid)
+                if found is None or found[0] != entry.expected:
+                    entry.error = SessionNotFoundError(sid) if found is None else ConflictError(sid, entry.expected, found[0])
                     continue
-                heads[sid] = event.version
-                updates.append((event.version, event.timestamp, sid))
+                counters = fold(found[1], event.step, event.meta)
+                heads[sid] = (event.version, counters)
+                updates.append((event.version, event.timestamp, *_counter_values(counters), sid))
                 rows.append((sid, event.version, event.timestamp, event.author, event.round, event.step, entry.payload, entry.crc))
-            conn.executemany("UPDATE sessions SET head = ?, updated_at = ? WHERE session_id = ?", updates)
+            conn.executemany(_UPDATE_HEAD, updates)
             conn.executemany("INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self._fold_if_due(len(rows))
 
@@ -518,8 +579,9 @@ class SQLiteStore(EventStore):
 
     @_translated
     def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
+        counters = fold_events(self._new_counters(info), events)
         with self._transaction() as conn:
-            insert_session(conn, info)
+            insert_session(conn, info, counters)
             insert_events(conn, info.session_id, events)
             for snapshot in snapshots:
                 insert_snapshot(conn, snapshot)

@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from saucer.store._testing_listing import SessionListingContract
 from saucer.store.base import EventStore
 from saucer.store.model import (
     ConflictError,
@@ -76,7 +77,7 @@ def _base(version: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return _set("i", version), {"names": {}, "vars": {"i": version}}
 
 
-class EventStoreContract:
+class EventStoreContract(SessionListingContract):
     """The tests every backend passes; subclass it and define the ``store_factory`` fixture."""
 
     @pytest.fixture

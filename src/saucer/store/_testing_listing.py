@@ -1,0 +1,141 @@
+"""The part of the store contract (:mod:`saucer.store.testing`) about listing sessions:
+the summary each commit keeps (:mod:`saucer.store.summary`) and
+:meth:`~saucer.store.EventStore.list_sessions`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import pytest
+
+from saucer.store.base import EventStore
+from saucer.store.listing import SessionListing
+from saucer.store.model import Feature
+from saucer.store.summary import ListQuery, SessionSummary
+
+__all__ = ["SessionListingContract"]
+
+
+def _engine_session(store: EventStore, sid: str, task: str, steps: int, costs: list[Any], end: str | None = None) -> None:
+    """A session shaped as the engine writes one: a start, steps (one round each), round ends, an end."""
+    store.create_session(sid, meta={"task": task, "mode": "normal", "request": f"do {task}", "status": "running",
+                                    "plan": {"steps": ["x" * 50] * 20}})
+    v = store.append(sid, 0, [], author="system", meta={"kind": "session_start", "session_status": "running"}).version
+    for i in range(steps):
+        meta: dict[str, Any] = {"kind": "step", "session_status": "running"}
+        if i < len(costs):
+            meta["cost"] = costs[i]
+        v = store.append(sid, v, [{"op": "incr", "var": "n", "by": 1}], author="agent", round=i + 1, step=i + 1, meta=meta).version
+        v = store.append(sid, v, [], author="system", round=i + 1,
+                         meta={"kind": "round_end", "cost": 99.0, "reason": f"round {i + 1} ok", "session_status": "running"}).version
+    if end is not None:
+        summary = {"status": end, "rounds": steps, "steps": steps, "cost": 0.5, "reason": "all done"}
+        store.append(sid, v, [], author="system", meta={"kind": "session_end", "session_status": end, "summary": summary})
+
+
+def _row(store: EventStore, sid: str) -> SessionSummary:
+    rows = store.list_sessions(ids=[sid])
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+class SessionListingContract:
+    """Tests of ``list_sessions`` (mixed into :class:`~saucer.store.testing.EventStoreContract`)."""
+
+    def test_commits_keep_each_sessions_summary(self, store: EventStore, store_factory: Callable[[], EventStore]) -> None:
+        _engine_session(store, "run", "Tidy", steps=3, costs=[0.25, 0.5])
+        row = _row(store, "run")
+        assert (row.task, row.mode, row.request) == ("Tidy", "normal", "do Tidy")
+        assert (row.rounds, row.steps, row.cost, row.reason) == (3, 3, 0.75, "round 3 ok")  # round ends not counted twice
+        assert row.status == "interrupted" and row.runner is None  # running, but no runner holds a lease
+        assert (row.version, row.origin, row.parent_id) == (7, None, None)
+        assert row.updated_at == store.session_info("run").updated_at
+        lease = store.acquire_lease("run", "worker-1", ttl=30)
+        row = _row(store, "run")
+        assert (row.status, row.runner) == ("running", "worker-1")
+        store.append("run", 7, [], author="evaluator", meta={"kind": "evaluation", "cost": None, "session_status": "running"}, fence=lease.token)
+        assert _row(store, "run").cost is None  # an unpriced cost makes the total unknown
+        store.append("run", 8, [], author="system", meta={
+            "kind": "session_end", "session_status": "failed",
+            "summary": {"status": "failed", "rounds": 2, "steps": 5, "cost": 1.5, "reason": "a step failed"},
+        })
+        row = _row(store, "run")  # the engine's own final figures win
+        assert (row.status, row.runner, row.rounds, row.steps, row.cost, row.reason) == ("failed", None, 2, 5, 1.5, "a step failed")
+        store.create_session("bare", meta={"plan": "not an engine session"})
+        store.append("bare", 0, [{"op": "set", "var": "x", "value": 1}], author="me", round=4, step=9)
+        bare = _row(store, "bare")
+        assert (bare.status, bare.task, bare.mode, bare.rounds, bare.steps, bare.cost, bare.reason) == ("-", None, None, 0, 9, 0.0, None)
+        again = store_factory()  # another handle reads the same summaries
+        try:
+            assert again.list_sessions() == store.list_sessions()
+        finally:
+            again.close()
+
+    def test_list_sessions_filters_sorts_and_limits_in_one_call(self, store: EventStore) -> None:
+        _engine_session(store, "a-old", "Build docs", steps=1, costs=[2.0], end="finished")
+        time.sleep(0.002)
+        mid = time.time()
+        _engine_session(store, "b-mid", "build CODE", steps=4, costs=[0.1], end="failed")
+        time.sleep(0.002)
+        _engine_session(store, "c-new", "Deploy", steps=2, costs=[None])
+        store.acquire_lease("c-new", "w", ttl=30)
+        store.create_session("d-bare")
+        ids = lambda rows: [r.session_id for r in rows]  # noqa: E731
+        assert ids(store.list_sessions()) == ["d-bare", "c-new", "b-mid", "a-old"]  # most recently updated first
+        assert ids(store.list_sessions(limit=2)) == ["d-bare", "c-new"] and store.list_sessions(limit=0) == []
+        assert ids(store.list_sessions(status="finished")) == ["a-old"]
+        assert ids(store.list_sessions(status=["failed", "running"])) == ["c-new", "b-mid"]
+        assert ids(store.list_sessions(status="-")) == ["d-bare"] and store.list_sessions(status="interrupted") == []
+        assert ids(store.list_sessions(task="build")) == ["b-mid", "a-old"]  # a substring, without ASCII case
+        assert ids(store.list_sessions(task="CODE")) == ["b-mid"] and store.list_sessions(task="%") == []
+        assert ids(store.list_sessions(since=mid)) == ["d-bare", "c-new", "b-mid"]
+        assert ids(store.list_sessions(sort="id")) == ["a-old", "b-mid", "c-new", "d-bare"]
+        assert ids(store.list_sessions(sort="id", descending=True)) == ["d-bare", "c-new", "b-mid", "a-old"]
+        assert ids(store.list_sessions(sort="created", descending=False)) == ["a-old", "b-mid", "c-new", "d-bare"]
+        assert ids(store.list_sessions(sort="steps")) == ["b-mid", "c-new", "a-old", "d-bare"]
+        assert ids(store.list_sessions(sort="cost")) == ["a-old", "b-mid", "d-bare", "c-new"]  # unknown (None) last
+        assert ids(store.list_sessions(sort="task")) == ["a-old", "c-new", "b-mid", "d-bare"]  # by code point; None last
+        assert ids(store.list_sessions(sort="status", limit=1)) == ["c-new"]  # running > finished > failed > -
+        assert ids(store.list_sessions(status="failed", task="build", since=mid, limit=5)) == ["b-mid"]
+        assert ids(store.list_sessions(ids=["a-old", "ghost", "c-new"])) == ["c-new", "a-old"]
+        with pytest.raises(ValueError, match="sort"):
+            store.list_sessions(sort="size")
+        with pytest.raises(ValueError, match="limit"):
+            store.list_sessions(limit=-1)
+        with pytest.raises(TypeError, match="since"):
+            store.list_sessions(since="yesterday")  # type: ignore[arg-type]
+
+    def test_a_fork_starts_from_its_parents_summary_at_its_branch_point(self, store: EventStore) -> None:
+        _engine_session(store, "p", "Fork me", steps=3, costs=[1.0, 1.0, 1.0])
+        store.create_session("at-head", parent_id="p")
+        store.create_session("at-3", parent_id="p", parent_version=3)  # start, step 1, round end 1
+        head, early = _row(store, "at-head"), _row(store, "at-3")
+        assert (head.steps, head.rounds, head.cost, head.origin) == (3, 3, 3.0, "p@7")
+        assert (early.steps, early.rounds, early.cost, early.origin) == (1, 1, 1.0, "p@3")
+        assert (early.task, early.status) == (None, "interrupted")  # its own meta; running with no runner
+        store.append("at-3", 3, [], author="agent", round=2, step=8, meta={"kind": "step", "cost": 0.5})
+        assert (_row(store, "at-3").steps, _row(store, "at-3").cost, _row(store, "p").steps) == (8, 1.5, 3)
+
+    def test_the_kept_summaries_equal_the_summaries_folded_from_the_logs(self, store: EventStore) -> None:
+        _engine_session(store, "one", "A", steps=2, costs=[0.3, None], end="finished")
+        _engine_session(store, "two", "B", steps=3, costs=[0.1, 0.2, 0.3])
+        store.create_session("two-fork", parent_id="two", parent_version=4)
+        store.append("two-fork", 4, [], author="x", step=2, meta={"kind": "step", "cost": 0.05, "session_status": "stopped"})
+        if Feature.REPLACE_HISTORY in store.features:  # a prune keeps the counts of what it drops
+            store.replace_history("one", 3, [], {"names": {}, "vars": {}})
+        if Feature.IMPORT in store.features:
+            info = store.session_info("two")
+            store.import_log(
+                type(info)("copy", info.version, info.created_at, info.updated_at, None, None, info.meta),
+                [type(e)("copy", e.version, e.timestamp, e.author, e.round, e.step, e.ops, e.meta) for e in store.read("two")],
+            )
+            assert _row(store, "copy").steps == 3 and _row(store, "copy").cost == _row(store, "two").cost
+        query = ListQuery.of()
+        kept = store._list(query)
+        folded = SessionListing._list(store, query)
+        if Feature.REPLACE_HISTORY in store.features:  # folded from the pruned log, "one" lost its first step
+            kept = [r for r in kept if r.session_id != "one"]
+            folded = [r for r in folded if r.session_id != "one"]
+            assert _row(store, "one").steps == 2 and _row(store, "one").status == "finished"
+        assert kept == folded

@@ -1,0 +1,366 @@
+"""The per-session summary a store keeps up to date with every commit, and the
+query that lists sessions from it.
+
+A listing of 10^4 sessions must not read 10^4 logs: each commit folds its
+event into a few counters kept beside the session's head (:func:`fold`), and
+:meth:`~saucer.store.EventStore.list_sessions` answers from those rows in one
+query. The counters follow what the engine writes into an event's ``meta``
+(a store does not interpret operations, which may be sealed):
+
+- ``status``: the newest ``meta["session_status"]``, else the session meta's
+  ``status`` given at creation (None: not an engine session);
+- ``steps``: the highest ``step`` of the session's events (its step counter);
+- ``rounds``: how many events have ``meta["kind"] == "round_end"``;
+- ``cost``: the sum of ``meta["cost"]`` over the ``step`` and ``evaluation``
+  events (a round's end repeats its steps' cost); a ``None`` cost makes the
+  total unknown for good;
+- ``reason``: the newest event's ``meta["reason"]``;
+- a ``session_end`` event's ``meta["summary"]`` (the engine's own final
+  figures) overrides rounds, steps, cost and reason.
+
+A fork starts from its parent's counters at its branch point; a prune keeps
+them (the versions it drops were counted). The listed ``status`` is derived
+as :mod:`saucer.engine.status` does: a session that has not ended and whose
+runner's lease has expired (or that has none) is ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "ENDED",
+    "INTERRUPTED",
+    "SORT_KEYS",
+    "Counters",
+    "Delta",
+    "ListQuery",
+    "SessionSummary",
+    "apply",
+    "brief_of",
+    "delta_of",
+    "fold",
+    "fold_events",
+    "listed_status",
+    "select",
+]
+
+#: Statuses of a session that has ended (its last event is ``session_end``).
+ENDED = frozenset({"finished", "failed", "error", "stopped"})
+#: The listed status of a session that has not ended and whose runner is gone.
+INTERRUPTED = "interrupted"
+#: What :meth:`~saucer.store.EventStore.list_sessions` can sort by.
+SORT_KEYS = ("updated", "created", "id", "task", "status", "rounds", "steps", "cost", "version")
+#: A request longer than this is cut in the summary (the session meta keeps it whole).
+REQUEST_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """The part of a summary that commits change (see the module docs)."""
+
+    status: str | None = None
+    rounds: int = 0
+    steps: int = 0
+    cost: float = 0.0
+    cost_unknown: bool = False
+    reason: str | None = None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """What one event changes in the counters, from the event alone (:func:`delta_of`).
+
+    :func:`apply` combines it with the counters before; the PostgreSQL store
+    does the same in its append statement (``_postgres_sql``), so that every
+    backend counts alike.
+    """
+
+    status: str | None = None  # the new status, or None: unchanged
+    step: int | None = None  # steps become at least this
+    rounds_add: int = 0
+    cost_add: float = 0.0
+    unknown: bool = False  # the cost becomes unknown
+    reason: str | None = None  # the reason after this event (None: none)
+    final_rounds: int | None = None  # a session_end's own figures replace the counts
+    final_steps: int | None = None
+    final_cost: float | None = None  # with it, ``unknown`` alone says whether the total is known
+
+
+def delta_of(step: int | None, meta: Mapping[str, Any]) -> Delta:
+    """What an event with this ``step`` and ``meta`` changes (see the module docs)."""
+    kind = meta.get("kind")
+    cost_add, unknown = 0.0, False
+    if kind in ("step", "evaluation") and "cost" in meta:
+        value = meta["cost"]
+        if _number(value):
+            cost_add = float(value)
+        elif value is None:
+            unknown = True
+    status = meta.get("session_status")
+    reason = meta.get("reason")
+    final_rounds = final_steps = final_cost = None
+    final = meta.get("summary")
+    if kind == "session_end" and isinstance(final, Mapping):
+        if _number(final.get("rounds")):
+            final_rounds = int(final["rounds"])
+        if _number(final.get("steps")):
+            final_steps = int(final["steps"])
+        if "cost" in final:
+            if _number(final["cost"]):
+                final_cost = float(final["cost"])
+            elif final["cost"] is None:
+                unknown = True
+        if isinstance(final.get("reason"), str) and final["reason"]:
+            reason = final["reason"]
+    summary = meta.get("cost_summary")
+    if isinstance(summary, Mapping) and summary.get("unknown"):
+        unknown = True
+    return Delta(
+        status if isinstance(status, str) else None,
+        step if isinstance(step, int) and not isinstance(step, bool) else None,
+        1 if kind == "round_end" else 0,
+        cost_add,
+        unknown,
+        reason[:REQUEST_CHARS] if isinstance(reason, str) and reason else None,
+        final_rounds,
+        final_steps,
+        final_cost,
+    )
+
+
+def apply(c: Counters, d: Delta) -> Counters:
+    """The counters after an event whose :class:`Delta` is ``d``."""
+    steps = d.final_steps if d.final_steps is not None else (d.step if d.step is not None and d.step > c.steps else c.steps)
+    rounds = d.final_rounds if d.final_rounds is not None else c.rounds + d.rounds_add
+    if d.final_cost is not None:
+        cost, unknown = d.final_cost, d.unknown
+    else:
+        cost, unknown = c.cost + d.cost_add, c.cost_unknown or d.unknown
+    return Counters(d.status if d.status is not None else c.status, rounds, steps, cost, unknown, d.reason)
+
+
+def fold(counters: Counters, step: int | None, meta: Mapping[str, Any]) -> Counters:
+    """``counters`` after one more event (its ``step`` and ``meta``); pure, the same on every backend."""
+    return apply(counters, delta_of(step, meta))
+
+
+def fold_events(counters: Counters, events: Iterable[Any]) -> Counters:
+    """:func:`fold` over events (anything with ``step`` and ``meta``), in order."""
+    for event in events:
+        counters = fold(counters, event.step, event.meta)
+    return counters
+
+
+def brief_of(meta: Mapping[str, Any]) -> tuple[str | None, str | None, str | None, str | None, int | None, int]:
+    """What a listing shows of a session's meta: ``(task, mode, request, forked_from, at, pruned_to)``,
+    each None unless of the right type (the request cut to :data:`REQUEST_CHARS`)."""
+
+    def text(name: str) -> str | None:
+        value = meta.get(name)
+        return value if isinstance(value, str) else None
+
+    request = text("request")
+    at = meta.get("at")
+    pruned = meta.get("pruned_to")
+    return (
+        text("task"),
+        text("mode"),
+        request[:REQUEST_CHARS] if request is not None else None,
+        text("forked_from"),
+        at if isinstance(at, int) and not isinstance(at, bool) else None,
+        pruned if isinstance(pruned, int) and not isinstance(pruned, bool) else 0,
+    )
+
+
+def initial_counters(meta: Mapping[str, Any]) -> Counters:
+    """The counters of a new session (not a fork): its meta's ``status``, nothing counted."""
+    status = meta.get("status")
+    return Counters(status=status if isinstance(status, str) else None)
+
+
+def listed_status(status: str | None, lease_owner: str | None, lease_expires: float | None, now: float) -> tuple[str, str | None]:
+    """``(status as listed, runner)``: ``-`` for no status, ``interrupted`` for a session that has
+    not ended without a live lease; ``runner`` is the live lease's owner while running."""
+    if status is None:
+        return "-", None
+    if status in ENDED:
+        return status, None
+    if lease_owner is not None and lease_expires is not None and lease_expires > now:
+        return status, lease_owner
+    return INTERRUPTED, None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """One row of :meth:`~saucer.store.EventStore.list_sessions`: what ``saucer sessions`` shows.
+
+    ``status`` is as listed (``-``, ``interrupted``, or the stored status);
+    ``cost`` is None when some cost could not be priced; ``origin`` is
+    ``"parent@version"`` for a fork (attached, or standing alone after a
+    prune), else None; ``runner`` the owner of the live lease while running.
+    """
+
+    session_id: str
+    version: int
+    created_at: float
+    updated_at: float
+    task: str | None
+    mode: str | None
+    status: str
+    rounds: int
+    steps: int
+    cost: float | None
+    reason: str | None = None
+    request: str | None = None
+    origin: str | None = None
+    runner: str | None = None
+    parent_id: str | None = None
+    parent_version: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON data (field names as above)."""
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+def make_summary(row: Sequence[Any]) -> SessionSummary:
+    """A :class:`SessionSummary` from the columns every SQL backend selects (:data:`LISTED`)."""
+    (sid, head, created, updated, parent_id, parent_version, status, rounds, steps, cost, reason,
+     task, mode, request, forked_from, forked_at, runner) = row
+    if parent_id is not None:
+        origin = f"{parent_id}@{parent_version}"
+    elif forked_from is not None:
+        origin = f"{forked_from}@{forked_at}"
+    else:
+        origin = None
+    return SessionSummary(
+        sid, head, created, updated, task, mode, status, rounds, steps, cost,
+        reason, request, origin, runner, parent_id, parent_version,
+    )
+
+
+def listed_sql(now: str) -> tuple[str, str]:
+    """SQL expressions ``(listed status, runner)`` over ``s`` (sessions) and ``l`` (leases),
+    as :func:`listed_status` computes them; ``now`` is the SQL of the current time."""
+    ended = ", ".join(f"'{s}'" for s in sorted(ENDED))
+    live = f"l.expires_at > {now}"
+    status = (
+        f"CASE WHEN s.status IS NULL THEN '-' WHEN s.status IN ({ended}) THEN s.status "
+        f"WHEN {live} THEN s.status ELSE '{INTERRUPTED}' END"
+    )
+    runner = f"CASE WHEN s.status IS NOT NULL AND s.status NOT IN ({ended}) AND {live} THEN l.owner END"
+    return status, runner
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    """A checked query of :meth:`~saucer.store.EventStore.list_sessions`."""
+
+    limit: int | None = None
+    statuses: frozenset[str] | None = None
+    task: str | None = None
+    since: float | None = None
+    sort: str = "updated"
+    descending: bool = True
+    ids: tuple[str, ...] | None = None
+    now: float = field(default_factory=time.time)
+
+    @classmethod
+    def of(
+        cls,
+        limit: int | None = None,
+        status: str | Iterable[str] | None = None,
+        task: str | None = None,
+        since: float | None = None,
+        sort: str = "updated",
+        descending: bool | None = None,
+        ids: Iterable[str] | None = None,
+    ) -> "ListQuery":
+        """Check the arguments of ``list_sessions``; ValueError/TypeError naming the bad one."""
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                raise ValueError(f"limit must be a non-negative int or None, not {limit!r}")
+        statuses = None
+        if status is not None:
+            statuses = frozenset([status] if isinstance(status, str) else status)
+            if not all(isinstance(s, str) for s in statuses):
+                raise TypeError(f"status must be a string or strings, not {status!r}")
+        if task is not None and not isinstance(task, str):
+            raise TypeError(f"task must be a string, not {task!r}")
+        if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):
+            raise TypeError(f"since must be epoch seconds (a number), not {since!r}")
+        if sort not in SORT_KEYS:
+            raise ValueError(f"cannot sort sessions by {sort!r}; use one of: {', '.join(SORT_KEYS)}")
+        if descending is None:
+            descending = sort not in ("id", "task")
+        chosen = None if ids is None else tuple(dict.fromkeys(ids))
+        return cls(limit, statuses, task, None if since is None else float(since), sort, descending, chosen)
+
+    def task_matches(self, task: str | None) -> bool:
+        """The task filter: a substring, ignoring the case of ASCII letters (as every backend does)."""
+        return self.task is None or (task is not None and ascii_lower(self.task) in ascii_lower(task))
+
+
+_UPPER = {c: c + 32 for c in range(65, 91)}
+
+
+def ascii_lower(text: str) -> str:
+    """``text`` with A-Z lowered and nothing else changed (what SQL ``lower()`` does in SQLite)."""
+    return text.translate(_UPPER)
+
+
+_SORT_FIELD = {
+    "updated": "updated_at", "created": "created_at", "id": "session_id", "task": "task", "status": "status",
+    "rounds": "rounds", "steps": "steps", "cost": "cost", "version": "version",
+}
+
+
+def select(rows: Iterable[SessionSummary], query: ListQuery) -> list[SessionSummary]:
+    """Filter, sort and cut summaries in Python, as the SQL backends do in their query.
+
+    Ties (and None values, which sort last) are broken by session id, ascending.
+    """
+    wanted = None if query.ids is None else set(query.ids)
+    kept = [
+        r for r in rows
+        if (wanted is None or r.session_id in wanted)
+        and (query.statuses is None or r.status in query.statuses)
+        and query.task_matches(r.task)
+        and (query.since is None or r.updated_at >= query.since)
+    ]
+    name = _SORT_FIELD[query.sort]
+    kept.sort(key=lambda r: r.session_id)
+    present = [r for r in kept if getattr(r, name) is not None]
+    missing = [r for r in kept if getattr(r, name) is None]
+    present.sort(key=lambda r: getattr(r, name), reverse=query.descending)
+    out = present + missing
+    return out if query.limit is None else out[: query.limit]
+
+
+def order_sql(query: ListQuery, status: str, task: str, collate: str = "") -> str:
+    """The ORDER BY clause of a query: its key, None values last, ties by session id.
+
+    ``status`` is the SQL of the listed status (:func:`listed_sql`), ``task`` the
+    task's column; ``collate`` a clause that makes text compare by code point,
+    as Python does (PostgreSQL's default collation may not).
+    """
+    key = {
+        "updated": "s.updated_at", "created": "s.created_at", "id": f"s.session_id{collate}", "task": f"{task}{collate}",
+        "status": f"({status}){collate}", "rounds": "s.rounds", "steps": "s.steps",
+        "cost": "(CASE WHEN s.cost_unknown THEN NULL ELSE s.cost END)", "version": "s.head",
+    }[query.sort]
+    return f"ORDER BY ({key} IS NULL), {key} {'DESC' if query.descending else 'ASC'}, s.session_id{collate}"
+
+
+def with_counters(summary: SessionSummary, counters: Counters) -> SessionSummary:
+    """``summary`` with the counted fields of ``counters`` (the status as stored, not derived)."""
+    return replace(
+        summary, rounds=counters.rounds, steps=counters.steps,
+        cost=None if counters.cost_unknown else counters.cost, reason=counters.reason,
+    )
