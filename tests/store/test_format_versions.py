@@ -92,8 +92,8 @@ def test_the_golden_records_are_version_1_and_upcast_to_the_current_shape(golden
 def test_upcasters_are_pure_and_refuse_what_they_do_not_know() -> None:
     v1 = {"ops": [{"op": "set", "var": "x", "value": 1}]}
     before = orjson.dumps(v1)
-    assert upcast_event(v1) == {**v1, "v": 2}
-    assert upcast_snapshot({"names": {}, "vars": {}}) == {"names": {}, "vars": {}, "v": 2}
+    assert upcast_event(v1) == {**v1, "v": FORMAT_VERSION}
+    assert upcast_snapshot({"names": {}, "vars": {}}) == {"names": {}, "vars": {}, "v": FORMAT_VERSION}
     assert orjson.dumps(v1) == before  # the input is not changed
     current = {"v": FORMAT_VERSION, "ops": []}
     assert upcast_event(current) is current
@@ -105,6 +105,34 @@ def test_upcasters_are_pure_and_refuse_what_they_do_not_know() -> None:
     message = str(info.value)
     assert f"version {FORMAT_VERSION + 1}" in message and f"up to version {FORMAT_VERSION}" in message
     assert "the event at version 3" in message and "upgrade saucer" in message
+
+
+# Written by saucer at commit 2424ba9 (record format 2): a snapshot and an event of a session
+# that appended a STRUCTURAL_LOGS entry and set REQUEST.
+_V2_SNAPSHOT = (
+    b'{"v":2,"names":{"STRUCTURAL_LOGS":{"0":{"0":[{"Round":0,"SubtaskIndex":0,"Step":1,"Agent":"a",'
+    b'"State":"CONTINUE","Status":"FINISH"}]}},"REQUEST":"go"},"vars":{}}'
+)
+_V2_SNAPSHOT_CRC = 115493114
+_V2_EVENT = (
+    b'{"v":2,"ops":[{"op":"append","name":"STRUCTURAL_LOGS","path":[0,0],"value":{"Round":0,"SubtaskIndex":0,'
+    b'"Step":1,"Agent":"a","State":"CONTINUE","Status":"FINISH"}},{"op":"set","name":"REQUEST","value":"go"}]}'
+)
+_V2_EVENT_CRC = 2539830738
+
+
+def test_version_2_records_upcast_to_version_3_unchanged() -> None:
+    """v2 -> v3 changed snapshots only by allowing packed values: a v2 record keeps every field."""
+    assert payload_format(_V2_SNAPSHOT) == 2 == payload_format(_V2_EVENT)
+    state = decode_state(_V2_SNAPSHOT, _V2_SNAPSHOT_CRC)
+    assert state == {k: v for k, v in orjson.loads(_V2_SNAPSHOT).items() if k != "v"}
+    event = decode_payload(_V2_EVENT, _V2_EVENT_CRC)
+    assert event == {**orjson.loads(_V2_EVENT), "v": FORMAT_VERSION}
+    from saucer.context.events import apply_ops, state_from_wire
+
+    restored = state_from_wire(state)
+    assert restored.names == apply_ops(type(restored)(), event["ops"]).names
+    assert restored.names["STRUCTURAL_LOGS"][0][0][0]["Step"] == 1 and not restored.packed
 
 
 def test_writes_always_use_the_current_format() -> None:

@@ -72,6 +72,8 @@ class TypedAccess(Durable):
         except (KeyError, TypeError):
             raise KeyError(f"unknown context name {name!r}; see ContextNames for the valid names") from None
         if kind == _DURABLE:
+            if key in self._state.packed:
+                self._unpack(key)
             value = self._state.names.get(key, fallback)
             cls = value.__class__
             if cls is dict or cls is list:
@@ -80,6 +82,8 @@ class TypedAccess(Durable):
                 return value()
             return default if value is None else value
         if kind == _DERIVED:
+            if key in self._state.packed:
+                self._unpack(key)
             names = self._state.names
             entries = names.get(key)
             if entries:

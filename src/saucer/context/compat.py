@@ -75,6 +75,8 @@ class UfoCompat(TypedAccess):
         """Values of ``keys`` (a str gives a list of values, a list gives a list of dicts)."""
         if not isinstance(keys, (str, list)):
             raise TypeError(f"keys must be a str or a list of str, got {type(keys).__name__}")
+        if "STRUCTURAL_LOGS" in self._state.packed:
+            self._unpack("STRUCTURAL_LOGS")
         logs = self._state.names.get("STRUCTURAL_LOGS") or {}
         entries = (logs.get(int(round_key)) or {}).get(int(subtask_key)) or []
         if isinstance(keys, str):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Literal, Mapping, Self
 
-from saucer.context.events import STATE_MAX_DEPTH, Event, State, ValueNotStorableError, copy_json, state_to_wire, to_wire
+from saucer.context.events import STATE_MAX_DEPTH, Event, State, ValueNotStorableError, copy_json, state_to_wire, to_wire, unpack
 from saucer.context.handle import StoreHandle
 from saucer.context.names import DERIVED_LEDGERS, FLOAT_NAMES, lookup
 from saucer.context.replay import replay
@@ -159,7 +159,9 @@ class ContextCore:
             store.quarantine_record(sid, head)
         self._state = loaded.state
         self._snapshot_version = loaded.snapshot_version
-        self._snapshot_bytes = 0
+        # Known without decoding anything for a snapshot with packed values (their sizes are
+        # stored): the spacing of the next snapshot then weighs the tail against the state.
+        self._snapshot_bytes = sum(p.size for p in loaded.state.packed.values())
         self._tail_ops = head - loaded.snapshot_version
         self._version = head
         self._pending = []
@@ -244,6 +246,8 @@ class ContextCore:
         if "var" in target:
             return self._state.vars.get(target["var"])
         name = target["name"]
+        if name in self._state.packed:
+            self._unpack(name)
         value = self._state.names.get(name)
         if "path" in target:
             entry = (value or {}).get(target["path"][0])
@@ -264,11 +268,18 @@ class ContextCore:
             vars=copy_json(self._state.vars),
             retired=copy_json(self._state.retired),
             opaque=set(self._state.opaque),
+            packed={k: p.copy() for k, p in self._state.packed.items()},
         )
+
+    def _unpack(self, name: str) -> None:
+        """Decode a value a snapshot packed, now that it is read (see :class:`~saucer.context.events.Packed`)."""
+        with self._lock:
+            unpack(self._state, name)
 
     def _plain(self) -> dict[str, Any]:
         """Committed durable values as JSON data (names that were written, vars, and retired names)."""
-        wire = state_to_wire(self._state)
+        with self._lock:  # it unpacks packed values
+            wire = state_to_wire(self._state)
         out = dict(wire["names"])
         out.update({f"vars.{k}": v for k, v in wire["vars"].items()})
         out.update({f"retired.{k}": v for k, v in wire.get("retired", {}).items()})

@@ -26,29 +26,36 @@ live writes and for replay alike, so both always agree.
 
 from __future__ import annotations
 
+import base64
 import math
+import zlib
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Mapping
 
+import orjson
+
 from saucer.context.names import ContextNames, stored_name
 from saucer.redaction import redact_known, redact_known_text
-from saucer.store.model import Event, copy_json, op_key
+from saucer.store.model import CorruptRecordError, Event, copy_json, op_key
 
 __all__ = [
     "Event",
     "State",
+    "Packed",
     "ValueNotStorableError",
     "apply_ops",
     "copy_json",
     "to_wire",
     "state_from_wire",
     "state_to_wire",
+    "unpack",
     "op_key",
     "ATOMIC_OPS",
     "ENCRYPTED",
     "MAX_DEPTH",
     "STATE_MAX_DEPTH",
+    "PACK_OVER",
 ]
 
 #: Operations whose effect does not depend on reading the value first; a batch
@@ -91,6 +98,71 @@ class State:
     #: Targets (``REQUEST``, ``vars.api_key``) whose values were sealed and read
     #: without the key: they hold :data:`ENCRYPTED`, not their values.
     opaque: set[str] = field(default_factory=set)
+    #: Names whose value is still as a snapshot packed it (not in ``names``
+    #: until :func:`unpack`; every reader of ``names`` unpacks what it reads).
+    packed: dict[str, "Packed"] = field(default_factory=dict)
+
+
+#: A name's value whose JSON is at least this large is packed in snapshots (see :class:`Packed`).
+PACK_OVER = 64 * 1024
+
+
+@dataclass(slots=True)
+class Packed:
+    """A large name's value as a snapshot stored it: decoded only when something reads it.
+
+    A long session's state is mostly a few large values (``STRUCTURAL_LOGS``
+    gets an entry per step); a snapshot packs each value over
+    :data:`PACK_OVER` bytes of JSON on its own (zlib, base64), so opening the
+    session decodes only the small rest, and a packed value costs its decoding
+    when it is first read. Operations on it before then are kept in ``ops``
+    and applied, in order, by the fold when it is unpacked: the value read is
+    the one an eager load would give.
+    """
+
+    #: base64 of the zlib-compressed JSON of the value (its wire form).
+    data: str
+    #: Bytes of that JSON (what the snapshot spacing weighs).
+    size: int
+    #: Operations on the name since the snapshot, not applied yet.
+    ops: list[Mapping[str, Any]] = field(default_factory=list)
+    #: (session, snapshot version) it came from, to name them if it does not decode.
+    where: tuple[str, int] | None = None
+
+    def copy(self) -> "Packed":
+        """An independent copy (the operations list is copied; operations are never mutated)."""
+        return Packed(self.data, self.size, list(self.ops), self.where)
+
+    def decode(self, name: str) -> Any:
+        """The value in wire form; :class:`~saucer.store.CorruptRecordError` when it does not decode."""
+        try:
+            return orjson.loads(zlib.decompress(base64.b64decode(self.data, validate=True)))
+        except (ValueError, zlib.error) as exc:
+            sid, version = self.where or ("?", 0)
+            raise CorruptRecordError(sid, version, f"the snapshot's packed value of {name} does not decode ({exc})") from None
+
+
+def _pack(blob: bytes) -> dict[str, Any]:
+    return {"size": len(blob), "zlib": base64.b64encode(zlib.compress(blob, 1)).decode("ascii")}
+
+
+def unpack(state: State, name: str) -> None:
+    """Decode ``name``'s packed value into ``state.names`` and apply the operations kept for it (no-op if not packed)."""
+    packed = state.packed.get(name)
+    if packed is None:
+        return
+    # Built aside and put in place at once: a reader racing this one decodes its own copy.
+    aside = State(names={name: _NAMES[name].restore(packed.decode(name))})
+    apply_ops(aside, packed.ops)
+    if name in aside.names:
+        state.names[name] = aside.names[name]
+    state.opaque |= aside.opaque
+    state.packed.pop(name, None)
+
+
+def _unpack_all(state: State) -> None:
+    for name in list(state.packed):
+        unpack(state, name)
 
 
 # ---------------------------------------------------------------- wire form
@@ -201,17 +273,39 @@ def _restore(name: str, wire: Any) -> Any:
     return _NAMES[name].restore(copy_json(wire))
 
 
-def state_to_wire(state: State) -> dict[str, Any]:
-    """Encode a state as JSON data (for snapshots); retired names' values under ``"retired"``."""
-    wire = {
-        "names": {
-            k: to_wire(v, k, int_keys=_NAMES[k].int_key_depth, max_depth=STATE_MAX_DEPTH) for k, v in state.names.items()
-        },
-        "vars": copy_json(state.vars),
-    }
+def state_to_wire(state: State, *, pack: bool = False) -> dict[str, Any]:
+    """Encode a state as JSON data; retired names' values under ``"retired"``.
+
+    ``pack=True`` (for snapshots) puts each name whose JSON is at least
+    :data:`PACK_OVER` bytes under ``"packed"`` instead of ``"names"``, as
+    ``{"size": bytes, "zlib": base64}`` (see :class:`Packed`); a value still
+    packed and untouched since it was read is carried over without decoding it.
+    Without ``pack`` every value is decoded and plain.
+    """
+    names: dict[str, Any] = {}
+    packed: dict[str, Any] = {}
+    for k in list(state.packed):
+        entry = state.packed[k]
+        if pack and not entry.ops:
+            packed[k] = {"size": entry.size, "zlib": entry.data}
+        else:
+            unpack(state, k)
+    for k, v in state.names.items():
+        if k in packed:
+            continue
+        wire = to_wire(v, k, int_keys=_NAMES[k].int_key_depth, max_depth=STATE_MAX_DEPTH)
+        if pack and (wire.__class__ is dict or wire.__class__ is list) and wire:
+            blob = orjson.dumps(wire)
+            if len(blob) >= PACK_OVER:
+                packed[k] = _pack(blob)
+                continue
+        names[k] = wire
+    out: dict[str, Any] = {"names": names, "vars": copy_json(state.vars)}
+    if packed:
+        out["packed"] = packed
     if state.retired:
-        wire["retired"] = copy_json(state.retired)
-    return wire
+        out["retired"] = copy_json(state.retired)
+    return out
 
 
 def state_from_wire(data: Mapping[str, Any]) -> State:
@@ -231,6 +325,11 @@ def state_from_wire(data: Mapping[str, Any]) -> State:
         if current is not None:
             state.names[current] = ENCRYPTED
             state.opaque.add(current)
+    for k in sealed.get("packed") or {}:
+        current = stored_name(k) if k not in _NAMES else k
+        if current is not None:
+            state.names[current] = ENCRYPTED
+            state.opaque.add(current)
     for k, v in data.get("names", {}).items():
         if k in _NAMES:
             state.names[k] = _restore(k, v)
@@ -240,6 +339,14 @@ def state_from_wire(data: Mapping[str, Any]) -> State:
             state.retired[k] = copy_json(v)
         else:
             state.names[current] = _restore(current, v)
+    for k, entry in (data.get("packed") or {}).items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("zlib"), str) or not isinstance(entry.get("size"), int):
+            raise ValueError(f"packed value of {k!r} is not {{'size': int, 'zlib': str}}")
+        current = k if k in _NAMES else stored_name(k)
+        if current is None:  # retired since: kept aside in wire form, as in "names"
+            state.retired[k] = Packed(entry["zlib"], entry["size"]).decode(k)
+        else:
+            state.packed[current] = Packed(entry["zlib"], entry["size"])
     return state
 
 
@@ -295,6 +402,14 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]]) -> State:
         kind = op["op"]
         root, key, typed = _container(state, op)
         path = op.get("path")
+        if typed and state.packed and key in state.packed:
+            if kind == "sealed":
+                unpack(state, key)  # it marks the state opaque: never put off
+            elif path or kind == "append" or kind == "incr":
+                state.packed[key].ops.append(op)  # applied when the value is unpacked
+                continue
+            else:  # set or deleted whole: what was packed no longer matters
+                del state.packed[key]
         if kind == "set" or kind == "cas":
             if path:
                 parent, last = _walk(root, key, path, typed)

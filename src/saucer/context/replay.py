@@ -51,6 +51,9 @@ def replay(store: EventStore, session_id: str, upto: int) -> Replayed:
                 stacklevel=3,
             )
             snap = None
+    if state is not None and snap is not None:
+        for packed in state.packed.values():
+            packed.where = (session_id, snap.version)
     if state is None:
         state = State()
     base = snap.version if snap else 0

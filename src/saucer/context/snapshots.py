@@ -45,8 +45,11 @@ class Snapshots(ContextCore):
                     f"session {self._session_id!r}: no snapshot without the store key: "
                     f"{', '.join(sorted(self._state.opaque))} read as <encrypted>"
                 )
-            wire = state_to_wire(self._state)
-            self._snapshot_bytes = len(orjson.dumps(wire))
+            wire = state_to_wire(self._state, pack=True)
+            # The spacing weighs the state's size as JSON: packed values count as unpacked.
+            self._snapshot_bytes = len(orjson.dumps(wire)) + sum(
+                p["size"] - len(p["zlib"]) for p in wire.get("packed", {}).values()
+            )
             self._tail_ops = 0
             # Prune first, so the file never holds more than ``keep_snapshots``
             # copies of a large state at once; a crash in between only means a

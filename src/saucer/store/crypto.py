@@ -7,8 +7,8 @@ variable as ``vars.KEY`` (``vars.api_*``). A value whose target matches is
 
 - an operation becomes ``{"op": "sealed", <its target and path>, "sealed": TOKEN}``,
   the token holding the original operation (its kind and values);
-- a snapshot keeps such values under ``"sealed"`` (``{"names": {...}, "vars": {...}}``)
-  instead of ``"names"`` / ``"vars"``.
+- a snapshot keeps such values under ``"sealed"`` (``{"names": {...}, "vars": {...},
+  "packed": {...}}``) instead of ``"names"`` / ``"vars"`` / ``"packed"``.
 
 A token is ``base64(key id (8 bytes) | nonce (12) | AES-256-GCM ciphertext and tag)``;
 the *associated data* is the session id and the target (``vars.api_key``), so a
@@ -143,6 +143,11 @@ def target_of(op: Mapping[str, Any]) -> str:
     return name if name is not None else f"vars.{op['var']}"
 
 
+#: The parts of a snapshot's state that hold values, and the prefix of their targets
+#: (a name's value packed on its own, see :class:`saucer.context.events.Packed`, is still that name's).
+SNAPSHOT_SECTIONS = (("names", ""), ("vars", "vars."), ("packed", ""))
+
+
 class Sealer:
     """Seals and opens the values that ``patterns`` cover, with ``key`` (None: read-only, sealed values stay shut)."""
 
@@ -211,7 +216,7 @@ class Sealer:
         """A snapshot's state with covered values moved, sealed, under ``"sealed"``."""
         sealed: dict[str, dict[str, str]] = {}
         out = dict(state)
-        for section, prefix in (("names", ""), ("vars", "vars.")):
+        for section, prefix in SNAPSHOT_SECTIONS:
             values = state.get(section) or {}
             hits = [k for k in values if self.covers(prefix + k)]
             if not hits:
@@ -230,7 +235,7 @@ class Sealer:
         if not sealed or self.ring is None:
             return state
         out = {k: v for k, v in state.items() if k != "sealed"}
-        for section, prefix in (("names", ""), ("vars", "vars.")):
+        for section, prefix in SNAPSHOT_SECTIONS:
             tokens = sealed.get(section) or {}
             if tokens:
                 values = out[section] = dict(out.get(section) or {})

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from saucer.store.base import EventStore
-from saucer.store.crypto import KeyRing, StoreKeyError, target_of
+from saucer.store.crypto import SNAPSHOT_SECTIONS, KeyRing, StoreKeyError, target_of
 from saucer.store.model import Event, StoreError
 from saucer.store.upcast import FORMAT_VERSION
 
@@ -142,7 +142,7 @@ def _reseal_state(session_id: str, state: dict[str, Any], old: KeyRing, new: Key
     sealed = state.get("sealed") or {}
     count = 0
     out: dict[str, dict[str, str]] = {}
-    for section, prefix in (("names", ""), ("vars", "vars.")):
+    for section, prefix in SNAPSHOT_SECTIONS:
         tokens = dict(sealed.get(section) or {})
         for k, token in tokens.items():
             if _key_id(token) != new.id:

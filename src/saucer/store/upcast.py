@@ -19,6 +19,11 @@ The versions:
    (:mod:`saucer.store.crypto`): an operation ``{"op": "sealed", ...}`` and a
    snapshot's ``"sealed"`` entries, and a snapshot's ``"retired"`` names. A
    reader that knows only version 1 must not take those for plain data.
+3. A snapshot may hold large values packed on their own, under
+   ``"packed"`` (``{name: {"size", "zlib"}}``, see
+   :class:`saucer.context.events.Packed`), and ``"sealed"`` may have a
+   ``"packed"`` part; events are unchanged. A version 2 reader would take
+   such a snapshot for one without those names.
 
 Adding a version: write ``_event_vN`` / ``_snapshot_vN`` (taking a version N
 object, returning a version N + 1 object, without mutating its input), add
@@ -41,7 +46,7 @@ __all__ = [
 ]
 
 #: The format this code writes, and the newest it reads.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 _Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -56,9 +61,19 @@ def _snapshot_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "v": 2}
 
 
+def _event_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 -> v3: the same payload (version 3 changed snapshots only)."""
+    return {**data, "v": 3}
+
+
+def _snapshot_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 -> v3: every value stays under ``names``; version 2 packed none."""
+    return {**data, "v": 3}
+
+
 #: ``version -> the function that turns a record of that version into the next one``.
-_EVENT_UPCASTERS: dict[int, _Upcaster] = {1: _event_v1}
-_SNAPSHOT_UPCASTERS: dict[int, _Upcaster] = {1: _snapshot_v1}
+_EVENT_UPCASTERS: dict[int, _Upcaster] = {1: _event_v1, 2: _event_v2}
+_SNAPSHOT_UPCASTERS: dict[int, _Upcaster] = {1: _snapshot_v1, 2: _snapshot_v2}
 
 
 def record_format(data: dict[str, Any]) -> int:

@@ -1,0 +1,254 @@
+"""Large values packed in snapshots: opening a session decodes them only when read.
+
+A long engine session's state is mostly ``STRUCTURAL_LOGS`` (an entry per
+step). A snapshot packs every value over ``PACK_OVER`` bytes of JSON on its
+own, so ``Context.open`` reads the small rest; what is read, written or
+snapshotted later must be exactly what an eager load gives.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from saucer.context import Context, ContextNames
+from saucer.context import events as ev
+from saucer.store import CorruptRecordError, open_store
+from saucer.store.memory import MemoryStore
+from saucer.store.model import Snapshot
+
+
+@pytest.fixture(autouse=True)
+def small_pack(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ev, "PACK_OVER", 2048)
+
+
+def _entry(i: int, round_id: int = 0) -> dict[str, Any]:
+    return {"Round": round_id, "SubtaskIndex": i % 2, "Step": i, "Agent": "a", "State": "CONTINUE", "Status": "CONTINUE"}
+
+
+def _grow(ctx: Context, start: int, n: int) -> None:
+    for i in range(start, start + n):
+        ctx.incr(ContextNames.SESSION_STEP)
+        ctx.incr(ContextNames.CURRENT_ROUND_STEP)
+        ctx.add_to_structural_logs(_entry(i, i // 40))
+        ctx.commit()
+
+
+def _plain(ctx: Context) -> dict[str, Any]:
+    return orjson.loads(orjson.dumps(ctx.to_dict(ensure_serializable=True), option=orjson.OPT_NON_STR_KEYS))
+
+
+def _replayed(store: Any, sid: str) -> dict[str, Any]:
+    """The state folded from the log alone (every snapshot ignored)."""
+    state = ev.State()
+    for event in store.read(sid):
+        ev.apply_ops(state, event.ops)
+    return ev.state_to_wire(state)
+
+
+def test_a_large_value_is_packed_and_decoded_only_when_read() -> None:
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _grow(ctx, 0, 60)
+    ctx.set(ContextNames.REQUEST, "small")
+    ctx.commit()
+    live = _plain(ctx)
+    ctx.snapshot()
+    wire = store.latest_snapshot("s", store.head("s")).state
+    assert set(wire["packed"]) == {"STRUCTURAL_LOGS"} and "STRUCTURAL_LOGS" not in wire["names"]
+    assert wire["names"]["REQUEST"] == "small"
+
+    reopened = Context.open(store, "s")
+    assert "STRUCTURAL_LOGS" in reopened._state.packed  # not decoded by opening
+    assert reopened.get(ContextNames.SESSION_STEP) == 60
+    assert "STRUCTURAL_LOGS" in reopened._state.packed  # nor by reading another name
+    assert reopened.filter_structural_logs(1, 0, "Step") == [i for i in range(40, 60) if i % 2 == 0]
+    assert not reopened._state.packed
+    assert _plain(reopened) == live
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_operations_on_a_packed_value_give_what_an_eager_load_gives(seed: int) -> None:
+    """Appends, path sets and deletes, whole sets and deletes, on a value still packed:
+    the value read, the next snapshot and a replay of the log all agree."""
+    rng = random.Random(seed)
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _grow(ctx, 0, 50)
+    ctx.update_dict(ContextNames.ROUND_COST, {r: 0.5 for r in range(400)})  # a large ledger, packed too
+    ctx.commit()
+    ctx.snapshot()
+    ctx.close()
+    for round_ in range(4):
+        ctx = Context.open(store, "s")
+        for _ in range(rng.randint(1, 12)):
+            kind = rng.choice(["append", "incr-ledger", "set-ledger-entry", "replace", "delete", "other"])
+            if kind == "append":
+                ctx.add_to_structural_logs(_entry(rng.randint(0, 999), rng.randint(0, 3)))
+            elif kind == "incr-ledger":
+                ctx.incr(ContextNames.CURRENT_ROUND_COST, 0.25)
+            elif kind == "set-ledger-entry":
+                ctx.update_dict(ContextNames.ROUND_COST, {rng.randint(0, 500): 1.0})
+            elif kind == "replace" and rng.random() < 0.3:
+                ctx.set(ContextNames.STRUCTURAL_LOGS, {7: {0: [_entry(7, 7)]}})
+            elif kind == "delete" and rng.random() < 0.2:
+                ctx.set(ContextNames.ROUND_COST, {})
+            else:
+                ctx.set(ContextNames.REQUEST, f"r{rng.random()}")
+            if rng.random() < 0.5:
+                ctx.commit()
+        ctx.commit()
+        if rng.random() < 0.5:
+            ctx.snapshot()  # with operations kept for a packed value: unpacked, then packed again
+        ctx.close()
+        fresh = Context.open(store, "s")
+        assert ev.state_to_wire(fresh._state) == _replayed(store, "s")
+        fresh.close()
+
+
+def test_an_untouched_packed_value_is_carried_to_the_next_snapshot_as_it_is() -> None:
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _grow(ctx, 0, 60)
+    ctx.snapshot()
+    first = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
+    ctx.close()
+    ctx = Context.open(store, "s")
+    ctx.set(ContextNames.REQUEST, "only this")
+    ctx.commit()
+    ctx.snapshot()
+    assert "STRUCTURAL_LOGS" in ctx._state.packed  # never decoded
+    second = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
+    assert second == first
+
+
+def test_snapshot_spacing_weighs_a_packed_value_at_its_unpacked_size() -> None:
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _grow(ctx, 0, 60)
+    ctx.snapshot()
+    wire = store.latest_snapshot("s", store.head("s")).state
+    unpacked = len(orjson.dumps(ev.state_to_wire(ctx._state)))
+    assert abs(ctx._snapshot_bytes - unpacked) < 100  # give or take the packed entry's own keys
+    assert ctx._snapshot_bytes > len(orjson.dumps(wire))
+
+
+def test_a_packed_value_that_does_not_decode_names_the_session_and_snapshot() -> None:
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _grow(ctx, 0, 60)
+    version = ctx.snapshot()
+    wire = store.latest_snapshot("s", version).state
+    bad = {**wire, "packed": {"STRUCTURAL_LOGS": {"size": 10, "zlib": "bm90IHpsaWI="}}}
+    store.save_snapshot(Snapshot("s", version, 0.0, bad))
+    reopened = Context.open(store, "s")
+    assert reopened.get(ContextNames.SESSION_STEP) == 60
+    with pytest.raises(CorruptRecordError, match=rf"session 's'.*version {version}.*packed value of STRUCTURAL_LOGS"):
+        reopened.get(ContextNames.STRUCTURAL_LOGS)
+
+
+def test_a_malformed_packed_entry_makes_the_snapshot_unusable_and_the_log_is_read() -> None:
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _grow(ctx, 0, 60)
+    live = _plain(ctx)
+    version = ctx.snapshot()
+    wire = store.latest_snapshot("s", version).state
+    store.save_snapshot(Snapshot("s", version, 0.0, {**wire, "packed": {"STRUCTURAL_LOGS": "not an entry"}}))
+    with pytest.warns(RuntimeWarning, match="ignoring unusable snapshot"):
+        reopened = Context.open(store, "s")
+    assert _plain(reopened) == live
+
+
+def test_a_torn_snapshot_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with open_store(url) as store:
+        ctx = Context.open(store, "s")
+        _grow(ctx, 0, 60)
+        ctx.snapshot()
+        _grow(ctx, 60, 30)
+        newest = ctx.snapshot()
+        live = _plain(ctx)
+        ctx.close()
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        conn.execute("UPDATE snapshots SET state = X'00ff00ff' WHERE version = ?", (newest,))
+    with open_store(url) as store, pytest.warns(RuntimeWarning, match="damaged snapshot"):
+        reopened = Context.open(store, "s")
+        assert reopened._snapshot_version < newest
+        assert _plain(reopened) == live
+
+
+def test_an_encrypted_packed_value_is_sealed_at_rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SAUCER_STORE_KEY", raising=False)
+    from saucer.store.crypto import new_key
+
+    key_file = tmp_path / "key"
+    key_file.write_text(new_key())
+    path = tmp_path / "s.db"
+    with open_store(f"sqlite:///{path}", encrypt=["STRUCTURAL_LOGS"], key_file=key_file) as store:
+        ctx = Context.open(store, "s")
+        ctx.add_to_structural_logs({**_entry(0), "secret": "PLAINTEXT-" + "x" * 3000})
+        ctx.commit()
+        ctx.snapshot()
+        wire = store.inner.latest_snapshot("s", store.head("s")).state
+        assert "STRUCTURAL_LOGS" in wire["sealed"]["packed"] and not wire.get("packed")
+        ctx.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert b"PLAINTEXT" not in path.read_bytes()
+    with open_store(f"sqlite:///{path}", encrypt=["STRUCTURAL_LOGS"], key_file=key_file) as store:
+        assert Context.open(store, "s").filter_structural_logs(0, 0, "secret") == ["PLAINTEXT-" + "x" * 3000]
+    with open_store(f"sqlite:///{path}", encrypt=["STRUCTURAL_LOGS"]) as store:
+        shut = Context.open(store, "s")
+        assert shut.get(ContextNames.STRUCTURAL_LOGS) == ev.ENCRYPTED
+        assert shut.encrypted == {"STRUCTURAL_LOGS"}
+
+
+def test_rekey_reseals_a_packed_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import base64
+
+    from saucer.store import maintenance
+    from saucer.store.crypto import new_key
+
+    monkeypatch.delenv("SAUCER_STORE_KEY", raising=False)
+    old, new = new_key(), new_key()
+    old_file, new_file = tmp_path / "old", tmp_path / "new"
+    old_file.write_text(old)
+    new_file.write_text(new)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with open_store(url, encrypt=["STRUCTURAL_LOGS"], key_file=old_file) as store:
+        ctx = Context.open(store, "s")
+        _grow(ctx, 0, 60)
+        live = ctx.get(ContextNames.STRUCTURAL_LOGS)
+        ctx.close()  # its last snapshot holds the packed value, sealed
+    with open_store(url) as raw:
+        report = maintenance.rekey(raw, base64.b64decode(old), base64.b64decode(new))
+        assert report.values > 0
+    with open_store(url, encrypt=["STRUCTURAL_LOGS"], key_file=new_file) as store:
+        snap = store.inner.latest_snapshot("s", store.head("s"))
+        assert snap is not None and "STRUCTURAL_LOGS" in snap.state["sealed"]["packed"]
+        assert Context.open(store, "s").get(ContextNames.STRUCTURAL_LOGS) == live
+
+
+def test_opening_from_a_packed_snapshot_knows_the_state_size_for_the_spacing() -> None:
+    """After a crash the tail can pass ``snapshot_every``; with the packed sizes known, the
+    first commit does not decode and re-pack a large value just because it is the first."""
+    store = MemoryStore()
+    ctx = Context.open(store, "s", snapshot_every=5)
+    _grow(ctx, 0, 1000)  # about 90 KB of structural logs: over the 64 KB of a "small" snapshot
+    ctx.snapshot()
+    packed_at = store.head("s")
+    _grow(ctx, 1000, 6)
+    # A crash: those 6 events stay a tail, the Context is never closed.
+    reopened = Context.open(store, "s", snapshot_every=5)
+    assert reopened._snapshot_bytes > 64 * 1024
+    reopened.set(ContextNames.REQUEST, "after the crash")
+    reopened.commit()
+    assert store.latest_snapshot("s", store.head("s")).version == packed_at
+    assert "STRUCTURAL_LOGS" in reopened._state.packed
