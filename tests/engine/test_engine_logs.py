@@ -23,6 +23,7 @@ from saucer.engine import (
     read_request_log,
     read_step_log,
 )
+from saucer.engine.step_format import STEP_FORMAT
 from saucer.store.memory import MemoryStore
 
 
@@ -53,9 +54,10 @@ def test_response_log_reads_back_with_the_same_schema_as_the_events(make_setting
         assert from_meta.commands == record.commands and from_meta.results == record.results
         assert (from_meta.round, from_meta.step, from_meta.agent, from_meta.status) == (record.round, record.step, record.agent, record.status)
         assert record.version == event.version
-    # Every line is plain JSON with the schema's field names.
+    # Every line is plain JSON with the schema's field names, and its step format.
     line = json.loads((path / "response.log").read_text().splitlines()[0])
-    assert list(line) == list(StepRecord.__dataclass_fields__)
+    assert list(line) == [*StepRecord.__dataclass_fields__, "step_format"] and line["step_format"] == STEP_FORMAT
+    assert all(e.meta["step_format"] == STEP_FORMAT for e in events)
     # evaluation.log: one verdict per round, readable through its schema.
     verdicts = list(read_evaluation_log(path))
     assert [(v.scope, v.round, v.complete) for v in verdicts] == [("round", 0, "yes"), ("round", 1, "yes"), ("round", 2, "yes")]

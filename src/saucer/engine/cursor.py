@@ -28,6 +28,7 @@ from typing import Any, Iterator, Mapping
 
 from saucer.engine.accounting import Limits
 from saucer.engine.errors import EngineError
+from saucer.engine.step_format import upcast_step
 from saucer.store import Event, EventStore, SessionInfo
 
 __all__ = [
@@ -212,9 +213,9 @@ def continue_cursor(store: EventStore, session_id: str) -> Cursor:
 
 
 def _failed_step(event: Event) -> bool:
-    meta = event.meta
-    if meta.get("kind") != "step":
+    if event.meta.get("kind") != "step":
         return False
+    meta = upcast_step(event.meta, f"session {event.session_id!r}: the step at version {event.version}")
     if meta.get("error") or meta.get("status") in _FAILED_STATES:
         return True
     return any(r.get("status") not in ("success", None) for r in meta.get("results") or [])

@@ -19,6 +19,7 @@ from saucer.engine.evaluation import Evaluation
 from saucer.engine.interactor import ask
 from saucer.engine.logs import EXPERIENCE_FILE, SessionLogs, read_step_log, render_markdown, slug
 from saucer.engine.plan import Plan, plan_from_rounds
+from saucer.engine.step_format import upcast_step
 from saucer.store import EventStore
 
 __all__ = ["experience_plan", "experience_path", "wanted", "save_plan", "write_output_markdown"]
@@ -40,8 +41,9 @@ def experience_plan(task: str, store: EventStore, session_id: str, version: int,
         if kind == "round_start":
             rounds.append((event.meta.get("request") or "", []))
         elif kind == "step" and rounds:
-            results = event.meta.get("results") or []
-            for i, command in enumerate(event.meta.get("commands") or []):
+            step = upcast_step(event.meta, f"session {session_id!r}: the step at version {event.version}")
+            results = step.get("results") or []
+            for i, command in enumerate(step.get("commands") or []):
                 if i < len(results) and results[i].get("status") == "success":
                     rounds[-1][1].append(command)
     return plan_from_rounds(task, rounds)

@@ -26,6 +26,7 @@ from typing import IO, Any, Iterator, Mapping
 import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from saucer.engine.step_format import STEP_FORMAT, STEP_FORMAT_KEY, StepFormatError, upcast_step
 from saucer.redaction import redact, redact_text
 
 __all__ = [
@@ -70,6 +71,9 @@ def dumps(value: Any) -> bytes:
 class StepRecord:
     """One agent step: the line in ``response.log`` and the ``meta`` of the step's event.
 
+    Both stored forms carry their step format (:mod:`saucer.engine.step_format`);
+    :meth:`from_dict` and :func:`read_step_log` read every older one.
+
     ``step`` counts steps in the round and ``session_step`` in the session
     (both 1-based, equal to ``CURRENT_ROUND_STEP``/``SESSION_STEP`` after the
     step). ``commands``/``results`` are the JSON forms of
@@ -102,8 +106,10 @@ class StepRecord:
     artifacts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as a plain dict (no copies of nested values)."""
-        return {name: getattr(self, name) for name in _STEP_FIELDS}
+        """The record as a plain dict (no copies of nested values), tagged with its step format."""
+        data = {name: getattr(self, name) for name in _STEP_FIELDS}
+        data[STEP_FORMAT_KEY] = STEP_FORMAT
+        return data
 
     def to_meta(self) -> dict[str, Any]:
         """The compact form stored in the step's event ``meta``: fields at their defaults are left out.
@@ -112,6 +118,7 @@ class StepRecord:
         there; :meth:`from_dict` restores the defaults.
         """
         meta: dict[str, Any] = {
+            STEP_FORMAT_KEY: STEP_FORMAT,
             "round": self.round,
             "step": self.step,
             "session_step": self.session_step,
@@ -142,8 +149,13 @@ class StepRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], session_id: str = "") -> "StepRecord":
-        """Validate a dict (a log line, or an event's ``meta`` plus its ``session_id``) into a record."""
-        fields_ = {k: v for k, v in data.items() if k in _STEP_FIELD_SET}
+        """Validate a stored dict (a log line, or an event's ``meta`` plus its ``session_id``) into a record.
+
+        Any step format up to :data:`~saucer.engine.step_format.STEP_FORMAT` is
+        read (older ones upcast); a newer one is a
+        :class:`~saucer.engine.step_format.StepFormatError` naming both versions.
+        """
+        fields_ = {k: v for k, v in upcast_step(data).items() if k in _STEP_FIELD_SET}
         fields_.setdefault("session_id", session_id)
         return _STEP_ADAPTER.validate_python(fields_)
 
@@ -188,7 +200,12 @@ class EvaluationLogEntry(BaseModel):
 
 
 def read_step_log(path: str | Path) -> Iterator[StepRecord]:
-    """The records of a ``response.log`` (or of the folder holding one), in order."""
+    """The records of a ``response.log`` (or of the folder holding one), in order.
+
+    Lines of every older step format are upcast; a malformed line is a
+    ``ValueError`` and a newer format a :class:`~saucer.engine.step_format.StepFormatError`,
+    both naming the file and line.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / RESPONSE_LOG
@@ -197,9 +214,15 @@ def read_step_log(path: str | Path) -> Iterator[StepRecord]:
             if not line.strip():
                 continue
             try:
-                yield _STEP_ADAPTER.validate_json(line)
+                data = orjson.loads(line)
+                if not isinstance(data, dict):
+                    raise ValueError("not a JSON object")
+                record = _STEP_ADAPTER.validate_python(upcast_step(data, "this record"))
+            except StepFormatError as exc:
+                raise StepFormatError(f"{path}:{number}: {exc}") from None
             except ValueError as exc:
                 raise ValueError(f"{path}:{number}: not a step record ({exc})") from None
+            yield record
 
 
 def _read_models(path: Path, name: str, model: type[BaseModel]) -> Iterator[Any]:

@@ -66,6 +66,7 @@ from saucer.engine.factory import SessionFactory
 from saucer.engine.logs import StepRecord as EngineStepRecord
 from saucer.engine.plan import Plan, PlanCommand, PlanStep
 from saucer.engine.session import Session, SessionResult
+from saucer.engine.step_format import upcast_step
 from saucer.service.protocol import TaskSpec
 from saucer.service.records import StepAlreadyCommitted, StepRecord
 from saucer.service.runner import DEFAULT_STEP_TIMEOUT, CommandDispatcher, SessionRecorder, TaskOutcome, step_call_id
@@ -335,7 +336,8 @@ class EngineTaskRunner:
                 continue
             if meta["session_step"] - 1 in have:
                 continue
-            await _project(record, step_record(meta))
+            step = upcast_step(meta, f"session {session_id!r}: the step at version {event.version}")
+            await _project(record, step_record(dict(step)))
             have.add(meta["session_step"] - 1)
             added += 1
         if added:
