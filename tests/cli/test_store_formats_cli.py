@@ -14,6 +14,7 @@ import pytest
 from saucer.context import Context, ContextNames
 from saucer.store import open_store
 from saucer.store.crypto import new_key
+from saucer.store.upcast import FORMAT_VERSION
 
 GOLDEN_DB = Path(__file__).resolve().parents[1] / "golden" / "2026-11-saucer-0.1.0-sqlite-schema2" / "store.db"
 SECRET = "sk-PLAINTEXT-9f8e7d"
@@ -95,7 +96,7 @@ def test_migrate_check_and_rewrite_on_a_golden_store(run_cli: Callable[..., obje
     check = run_cli("store", "migrate", "--check", "--store", url, check=True).stdout  # type: ignore[attr-defined]
     assert "names-all: events v1: " in check and "sessions hold older records" in check
     rewrite = run_cli("store", "migrate", "--rewrite", "--store", url, check=True).stdout  # type: ignore[attr-defined]
-    assert "records rewritten in record format 2" in rewrite
+    assert f"records rewritten in record format {FORMAT_VERSION}" in rewrite
     after_check = run_cli("store", "migrate", "--check", "--store", url, check=True).stdout  # type: ignore[attr-defined]
     assert "0 of" in after_check and "v1:" not in after_check
     assert run_cli("state", "names-all", "--json", "--store", url, check=True).stdout == before  # type: ignore[attr-defined]

@@ -64,10 +64,12 @@ def _raw_bytes(url: str) -> bytes:
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         blobs = [p.read_bytes() for p in (path, Path(f"{path}-wal")) if p.exists()]
-        with sqlite3.connect(path) as conn:  # and the rows, decompressed snapshots included
+        with sqlite3.connect(path) as conn:  # and the rows, decompressed records included
             import zlib
 
-            for (blob,) in conn.execute("SELECT state FROM snapshots"):
+            for (blob,) in conn.execute(
+                "SELECT state FROM snapshots UNION ALL SELECT payload FROM events UNION ALL SELECT payload FROM events_recent"
+            ):
                 blobs.append(blob if blob[:1] == b"{" else zlib.decompress(blob))
         return b"".join(blobs)
     import psycopg

@@ -24,6 +24,12 @@ The versions:
    :class:`saucer.context.events.Packed`), and ``"sealed"`` may have a
    ``"packed"`` part; events are unchanged. A version 2 reader would take
    such a snapshot for one without those names.
+4. The same objects; a stored event payload or snapshot over 512 bytes is
+   zlib-compressed (its stored bytes start with ``x``, a JSON object's with
+   ``{``; the checksum covers the stored bytes), and a sealed value over 512
+   bytes is compressed before it is encrypted. A version 3 reader would take
+   a compressed payload for a damaged one: a store holding version 4 records
+   is refused by it instead (``saucer_format``).
 
 Adding a version: write ``_event_vN`` / ``_snapshot_vN`` (taking a version N
 object, returning a version N + 1 object, without mutating its input), add
@@ -46,7 +52,7 @@ __all__ = [
 ]
 
 #: The format this code writes, and the newest it reads.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 _Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -71,9 +77,19 @@ def _snapshot_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "v": 3}
 
 
+def _event_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 -> v4: only how records are stored changed (compression); the fields are unchanged."""
+    return {**data, "v": 4}
+
+
+def _snapshot_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 -> v4: only how records are stored changed (compression); the fields are unchanged."""
+    return {**data, "v": 4}
+
+
 #: ``version -> the function that turns a record of that version into the next one``.
-_EVENT_UPCASTERS: dict[int, _Upcaster] = {1: _event_v1, 2: _event_v2}
-_SNAPSHOT_UPCASTERS: dict[int, _Upcaster] = {1: _snapshot_v1, 2: _snapshot_v2}
+_EVENT_UPCASTERS: dict[int, _Upcaster] = {1: _event_v1, 2: _event_v2, 3: _event_v3}
+_SNAPSHOT_UPCASTERS: dict[int, _Upcaster] = {1: _snapshot_v1, 2: _snapshot_v2, 3: _snapshot_v3}
 
 
 def record_format(data: dict[str, Any]) -> int:
