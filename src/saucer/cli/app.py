@@ -10,7 +10,9 @@ is stored: values are never read as markup, and output to a pipe is not wrapped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shlex
 import sys
 import uuid
@@ -37,7 +39,8 @@ from saucer.cli.common import (
     resolve_store_url,
     store_flag,
 )
-from saucer.cli.output import print_json, styled
+from saucer.cli.output import JsonStream, binary_stdout, print_json, styled
+from saucer.cli.streams import LimitOption, RoundOption, SinceOption, window_for
 from saucer.context import Context, ContextNames, prune
 from saucer.context.events import op_key
 from saucer.store import EventStore, open_store
@@ -87,7 +90,9 @@ def sessions_cmd(
     with open_existing_store(store, config) as st:
         rows = [view.summary_of(head) for head in st.session_heads()]
     if as_json:
-        print_json(rows)
+        stream = JsonStream(binary_stdout())
+        stream.array(iter(rows))
+        stream.end()
     elif not rows:
         console.print(f"no sessions yet; start one with: {program_name()} demo")
     else:
@@ -101,27 +106,54 @@ def show_cmd(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep watching and print new steps as they commit (Ctrl-C stops)."),
     interval: float = typer.Option(0.5, "--interval", help="Polling interval in seconds for --follow."),
     show_all: bool = typer.Option(False, "--all", "-a", help="Also list the engine's counter and log updates of each step."),
-    as_json: bool = typer.Option(False, "--json", help="Print the timeline as JSON: the session, its rounds and every event."),
+    as_json: bool = typer.Option(False, "--json", help="Print the timeline as JSON: the session, its events and a summary of each round."),
+    limit: Optional[int] = LimitOption,
+    since: Optional[str] = SinceOption,
+    round_: Optional[int] = RoundOption,
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
-    """Timeline of a session: rounds → steps → agent, state, commands, results, cost and Context changes."""
+    """Timeline of a session: rounds → steps → agent, state, commands, results, cost and Context changes.
+
+    The events are written as they are read, whatever the session's length.
+    In a terminal, a long session shows its newest events (what fits the
+    screen) and says how to see the rest; piped, it prints every event as
+    plain lines, or with --json as JSON.
+    """
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
         info = st.session_info(sid)
-        events = list(st.read(sid))
         summary = view.session_summary(st, info)
+        screen = None if as_json or not console.is_terminal else max(10, console.size.height // 3)
+        window = window_for(st, sid, limit=limit, since=since, round=round_, default_limit=screen)
         if as_json:
-            print_json({"session": summary, **view.timeline_data(events)})
+            from saucer.engine.overview import RoundTally
+
+            tally = RoundTally()
+            out = JsonStream(binary_stdout())
+            out.object([
+                ("session", summary),
+                ("events", (tally.add(item) for item in view.timeline_items(window.events(st)))),
+                ("rounds", tally.rounds),  # complete once the events are written
+            ])
+            out.end()
             return
         title = f"session {sid} · v{info.version} · {summary['status']}"
         if info.parent_id or info.meta.get("forked_from"):
             title += f" · fork of {info.parent_id or info.meta['forked_from']}@{info.parent_version or info.meta.get('at')}"
-        console.print(view.timeline(events, title, show_all=show_all))
+        if console.is_terminal:
+            events = list(window.events(st))  # at most what fits the screen, unless the user asked for more
+            console.print(view.timeline(events, title, show_all=show_all))
+            hint = window.hint(len(events))
+            if hint:
+                console.print(styled((hint, "dim")))
+        else:
+            view.write_timeline(sys.stdout, window.events(st), title, show_all=show_all)
+            sys.stdout.flush()
         if summary["status"] == "interrupted":
             console.print(f"its runner is gone; continue it with: {program_name()} resume {shlex.quote(sid)}{store_flag(store)}")
         if follow:
-            asyncio.run(_follow(st, sid, info.version, interval, show_all))
+            asyncio.run(_follow(st, sid, window.upto, interval, show_all))
 
 
 async def _follow(store: EventStore, session: str, after: int, interval: float, show_all: bool) -> None:
@@ -136,19 +168,25 @@ async def _follow(store: EventStore, session: str, after: int, interval: float, 
         return
 
 
-def _known_key(events: list[Any], key: str) -> None:
-    """Refuse a ``--key`` that is neither a Context name nor a variable this session ever set."""
+def _known_key(store: EventStore, session_id: str, key: str) -> None:
+    """Refuse a ``--key`` that is neither a Context name nor a variable this session ever set
+    (read as a stream, up to the first event that sets it)."""
     from saucer.dispatch.toolcheck import close_names
 
     names = [m.value for m in ContextNames]
     if key in names:
         return
-    seen = sorted({op["var"] for e in events for op in e.ops if "var" in op})
     bare = key.removeprefix("vars.")
-    if bare in seen:
-        return
+    seen: set[str] = set()
+    for event in store.iter_events(session_id):
+        for op in event.ops:
+            if "var" in op:
+                if op["var"] == bare:
+                    return
+                if len(seen) < 10_000:  # enough to suggest a name
+                    seen.add(op["var"])
     same = [n for n in names if n.lower() == key.lower()]  # REQUEST for request
-    guesses = same or close_names(key, names + seen + [f"vars.{v}" for v in seen])
+    guesses = same or close_names(key, names + sorted(seen) + [f"vars.{v}" for v in sorted(seen)])
     hint = f"did you mean {' or '.join(guesses)}?" if guesses else "the names are ContextNames (e.g. REQUEST) and vars.NAME"
     raise UserError(
         f"unknown key {key!r}: not a Context name, and this session never set a context variable {bare!r}; {hint}"
@@ -160,22 +198,42 @@ def _known_key(events: list[Any], key: str) -> None:
 def history_cmd(
     session: str = SessionArgument,
     key: Optional[str] = typer.Option(None, "--key", help="Only changes to this name (e.g. REQUEST) or context variable (vars.NAME or NAME)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON events."),
+    as_json: bool = typer.Option(False, "--json", help="Print the events as JSON (a list, written as it is read)."),
+    limit: Optional[int] = LimitOption,
+    since: Optional[str] = SinceOption,
+    round_: Optional[int] = RoundOption,
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
-    """Every change with its version, time, author, round and step."""
+    """Every change with its version, time, author, round and step.
+
+    Written as it is read, whatever the session's length: in a terminal, a
+    long history shows its newest events (what fits the screen) and says how
+    to see the rest; piped, it prints every change as plain aligned rows, or
+    with --json every event as JSON.
+    """
     with open_existing_store(store, config) as st:
-        ctx = open_ctx(st, resolve_session(st, session))
-        events = ctx.history()
-    if key is not None:
-        _known_key(events, key)
-        wanted = Context.history_key(key)
-        events = [e for e in events if any(op_key(op) == wanted for op in e.ops)]
-    if as_json:
-        print_json([e.to_dict() for e in events])
-    else:
-        console.print(view.history_table(events, key))
+        sid = resolve_session(st, session)
+        keep = None
+        if key is not None:
+            _known_key(st, sid, key)
+            wanted = Context.history_key(key)
+            keep = lambda e: any(op_key(op) == wanted for op in e.ops)  # noqa: E731
+        screen = None if as_json or not console.is_terminal else max(10, console.size.height - 8)
+        window = window_for(st, sid, limit=limit, since=since, round=round_, keep=keep, default_limit=screen)
+        if as_json:
+            out = JsonStream(binary_stdout())
+            out.array(e.to_dict() for e in window.events(st))
+            out.end()
+        elif console.is_terminal:
+            events = list(window.events(st))  # at most what fits the screen, unless the user asked for more
+            console.print(view.history_table(events, key))
+            hint = window.hint(len(events))
+            if hint:
+                console.print(styled((hint, "dim")))
+        else:
+            view.write_history(sys.stdout, window.events(st), key)
+            sys.stdout.flush()
 
 
 def _state_data(ctx: Context) -> dict[str, Any]:
@@ -280,12 +338,12 @@ def export_cmd(
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
-    """Export a session's whole log and final state as JSON.
+    """Export a session's whole log and final state as JSON (written as it is read, whatever the log's length).
 
     Values encrypted at rest (store.encrypt) stay encrypted in the export, and
     read as <encrypted> in its state, unless --decrypt.
     """
-    from saucer.context.transfer import export_session
+    from saucer.context.transfer import Lineage, export_header
 
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
@@ -297,13 +355,27 @@ def export_cmd(
                 f"--decrypt needs the store key ({', '.join(sorted(ctx.encrypted))} are encrypted): "
                 "set SAUCER_STORE_KEY or store.key_file"
             )
-        data = export_session(source, sid, _state_data(ctx))
-    text = json.dumps(data, indent=2, default=str)
-    if output is None:
-        sys.stdout.write(text + "\n")
-    else:
-        output.write_text(text + "\n", encoding="utf-8")
-        err.print(f"exported {sid} ({len(data['events'])} events) to {output}")
+        header = export_header(source, sid)
+        state = _state_data(ctx)
+        lineage = Lineage()
+        events = (lineage.add(event).to_dict() for event in source.iter_events(sid, upto=ctx.version))
+        partial = None if output is None else output.with_name(f".{output.name}.partial")
+        with contextlib.ExitStack() as stack:
+            sink = binary_stdout() if partial is None else stack.enter_context(open(partial, "wb"))
+            try:
+                out = JsonStream(sink)
+                out.object([*header.items(), ("events", events), ("lineage", lineage.segments), ("state", state)])
+                out.end()
+            except BaseException:
+                if partial is not None:
+                    stack.close()
+                    partial.unlink(missing_ok=True)  # never a half-written export under the name asked for
+                raise
+        if output is not None and partial is not None:
+            os.replace(partial, output)
+    if output is not None:
+        count = sum(seg["to"] - seg["from"] + 1 for seg in lineage.segments)
+        err.print(f"exported {sid} ({count} events) to {output}")
 
 
 @app.command("import")

@@ -8,7 +8,7 @@ cell), never through rich markup, so it is printed as it is stored.
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import orjson
 from rich import box
@@ -28,7 +28,12 @@ __all__ = [
     "summary_of",
     "sessions_table",
     "timeline",
+    "timeline_entries",
+    "write_timeline",
+    "write_history",
     "timeline_data",
+    "timeline_items",
+    "history_rows",
     "history_table",
     "state_table",
     "diff_table",
@@ -257,33 +262,25 @@ def _system_line(event: Event) -> Text | None:
     return line
 
 
-def timeline(events: list[Event], title: str, *, show_all: bool = False) -> Tree:
-    """Rounds → steps: agent, state, commands, results, cost, and each step's Context changes.
-
-    Engine bookkeeping (step counters, structural logs) is summarised unless ``show_all``.
-    """
-    tree = Tree(Text(title, style="bold"))
-    rounds: dict[Any, Tree] = {}
+def timeline_entries(events: Iterable[Event], *, show_all: bool = False) -> Iterator[tuple[Any, str, bool, list[Text]]]:
+    """Each event of a timeline as ``(round key, round label, renames, its lines)``: the label its
+    round has if this event is the round's first; ``renames`` when it names the round anyway (a round
+    start with a request); no lines for an event that shows nothing. One event at a time: the tree
+    and the plain text are both built from these."""
     for event in events:
         meta = event.meta
         round_key = event.round if event.round is not None else "-"
-        branch = rounds.get(round_key)
-        if branch is None:
-            request = meta.get("request")
-            label = "session" if meta.get("kind") == "session_start" else f"round {round_key}"
-            if request:
-                label += f": {short(request, 70)}"
-            branch = rounds[round_key] = tree.add(Text(label, style="cyan"))
-        elif meta.get("kind") == "round_start" and meta.get("request"):
-            branch.label = Text(f"round {round_key}: {short(meta['request'], 70)}", style="cyan")
+        label = "session" if meta.get("kind") == "session_start" else f"round {round_key}"
+        if meta.get("request"):
+            label += f": {short(meta['request'], 70)}"
+        renames = meta.get("kind") == "round_start" and bool(meta.get("request"))
         changes = _changes(event, show_all)
         system = _system_line(event) if event.step is None and meta.get("kind") else None
         if system is not None or (meta.get("kind") == "round_start" and not show_all):
-            parts: list[Any] = [system] if system is not None else []
+            parts: list[Text] = [system] if system is not None else []
             if show_all and changes is not None:
                 parts.append(changes)
-            if parts:
-                branch.add(Group(*parts))
+            yield round_key, label, renames, parts
             continue
         head = Text(f"v{event.version} ", style="dim")
         if event.step is not None:
@@ -307,10 +304,45 @@ def timeline(events: list[Event], title: str, *, show_all: bool = False) -> Tree
             parts.append(changes)
         if meta.get("error"):
             parts.append(Text(f"  error: {visible(str(meta['error']))}", style="red"))
-        branch.add(Group(*parts))
-    if not events:
+        yield round_key, label, renames, parts
+
+
+def timeline(events: Iterable[Event], title: str, *, show_all: bool = False) -> Tree:
+    """Rounds → steps: agent, state, commands, results, cost, and each step's Context changes.
+
+    Engine bookkeeping (step counters, structural logs) is summarised unless ``show_all``.
+    """
+    tree = Tree(Text(title, style="bold"))
+    rounds: dict[Any, Tree] = {}
+    for round_key, label, renames, parts in timeline_entries(events, show_all=show_all):
+        branch = rounds.get(round_key)
+        if branch is None:
+            branch = rounds[round_key] = tree.add(Text(label, style="cyan"))
+        elif renames:
+            branch.label = Text(label, style="cyan")
+        if parts:
+            branch.add(Group(*parts))
+    if not rounds:
         tree.add(Text("(no events yet)", style="dim"))
     return tree
+
+
+def write_timeline(out: Any, events: Iterable[Event], title: str, *, show_all: bool = False) -> int:
+    """The timeline as plain lines on the text stream ``out``, written as the events are read
+    (a round's heading, then its events indented); returns the number of events."""
+    out.write(title + "\n")
+    current: Any = object()
+    count = 0
+    for round_key, label, renames, parts in timeline_entries(events, show_all=show_all):
+        count += 1
+        if round_key != current or renames:
+            current = round_key
+            out.write(label + "\n")
+        for part in parts:
+            out.write("  " + part.plain + "\n")
+    if not count:
+        out.write("  (no events yet)\n")
+    return count
 
 
 def _cells(*values: str) -> list[Text]:
@@ -322,6 +354,13 @@ def timeline_data(events: list[Event]) -> dict[str, Any]:
     from saucer.engine.overview import timeline_data as data
 
     return data(events)
+
+
+def timeline_items(events: Iterable[Event]) -> Iterator[dict[str, Any]]:
+    """The events of :func:`timeline_data`, one by one as they are read; see :func:`saucer.engine.overview.timeline_items`."""
+    from saucer.engine.overview import timeline_items as items
+
+    return items(events)
 
 
 def history_table(events: Iterable[Event], key: str | None) -> Table:
@@ -345,6 +384,56 @@ def history_table(events: Iterable[Event], key: str | None) -> Table:
                 )
             )
     return table
+
+
+def history_rows(events: Iterable[Event], key: str | None) -> Iterator[tuple[str, ...]]:
+    """The rows of ``saucer history``: (version, time, author, round, step, change) per operation
+    (only those on ``key``, if given), control characters shown as escapes."""
+    wanted = None if key is None else Context.history_key(key)
+    for event in events:
+        for op in event.ops:
+            if wanted is not None and op_key(op) != wanted:
+                continue
+            yield (
+                str(event.version),
+                when(event.timestamp),
+                visible(event.author),
+                "-" if event.round is None else str(event.round),
+                "-" if event.step is None else str(event.step),
+                visible(describe_op(op)),
+            )
+
+
+_HISTORY_COLUMNS = ("version", "time", "author", "round", "step", "change")
+
+
+def write_history(out: Any, events: Iterable[Event], key: str | None, *, sample: int = 500) -> int:
+    """``saucer history`` as plain aligned rows on the text stream ``out``, written as the events are read.
+
+    The columns are as wide as the header and the first ``sample`` rows need
+    (a wider value later pushes only its own line); the change is last and
+    never cut or wrapped. Returns the number of rows.
+    """
+    rows = history_rows(events, key)
+    head: list[tuple[str, ...]] = []
+    for row in rows:
+        head.append(row)
+        if len(head) >= sample:
+            break
+    widths = [max([len(name)] + [len(row[i]) for row in head]) for i, name in enumerate(_HISTORY_COLUMNS[:-1])]
+
+    def line(row: tuple[str, ...]) -> str:
+        return "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])) + "  " + row[-1] + "\n"
+
+    out.write(line(_HISTORY_COLUMNS))
+    count = 0
+    for row in head:
+        out.write(line(row))
+        count += 1
+    for row in rows:
+        out.write(line(row))
+        count += 1
+    return count
 
 
 def state_table(state: Mapping[str, Any], title: str) -> Table:

@@ -10,13 +10,13 @@ whatever its length; in a terminal, rich lays out to the terminal's width.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, BinaryIO, Iterable, Iterator
 
 import orjson
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["make_console", "print_json", "styled", "visible", "PIPE_WIDTH"]
+__all__ = ["make_console", "print_json", "styled", "visible", "PIPE_WIDTH", "JsonStream", "binary_stdout"]
 
 #: Width used when the output is not a terminal: wide enough that nothing wraps.
 PIPE_WIDTH = 100_000
@@ -56,3 +56,61 @@ def print_json(data: Any, stream: Any = None) -> None:
     out = stream if stream is not None else sys.stdout
     out.write(text + "\n")
     out.flush()
+
+
+_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+
+
+def binary_stdout() -> BinaryIO:
+    """Standard output for bytes, after what was printed to it as text (rich, ``print``) is flushed."""
+    sys.stdout.flush()
+    return sys.stdout.buffer
+
+
+class JsonStream:
+    """Indented JSON written to a binary stream as its parts arrive: what :func:`print_json`
+    writes for the same data, byte for byte, without holding the whole of it.
+
+    An object's value, or an array, may be an iterator: its items are written
+    one by one, as they are read (a 10^5-event log never sits in memory).
+    """
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+
+    @staticmethod
+    def _dump(value: Any, depth: int) -> bytes:
+        text = orjson.dumps(value, option=_OPTIONS, default=str)
+        return text.replace(b"\n", b"\n" + b"  " * depth) if depth else text
+
+    def value(self, value: Any, depth: int = 0) -> None:
+        """Write ``value`` at nesting ``depth``; an iterator (not a list or dict) is written as a streamed array."""
+        if isinstance(value, Iterator):
+            self.array(value, depth)
+        else:
+            self.out.write(self._dump(value, depth))
+
+    def array(self, items: Iterable[Any], depth: int = 0) -> None:
+        """Write ``[...]`` with one item per line block, as each item comes."""
+        pad = b"\n" + b"  " * (depth + 1)
+        first = True
+        for item in items:
+            self.out.write(b"[" + pad if first else b"," + pad)
+            first = False
+            self.value(item, depth + 1)
+        self.out.write(b"[]" if first else b"\n" + b"  " * depth + b"]")
+
+    def object(self, fields: Iterable[tuple[str, Any]], depth: int = 0) -> None:
+        """Write ``{...}`` from ``(key, value)`` pairs in order; a value may be an iterator (a streamed array)."""
+        pad = b"\n" + b"  " * (depth + 1)
+        first = True
+        for key, value in fields:
+            self.out.write((b"{" if first else b",") + pad + orjson.dumps(key) + b": ")
+            first = False
+            self.value(value, depth + 1)
+        self.out.write(b"{}" if first else b"\n" + b"  " * depth + b"}")
+
+    def end(self) -> None:
+        """End the document with a newline and flush it."""
+        self.out.write(b"\n")
+        self.out.flush()

@@ -25,7 +25,7 @@ from saucer.context.names import DERIVED_LEDGERS, RETIRED, ContextNames, Unknown
 from saucer.store.base import EventStore
 from saucer.store.model import SessionInfo, Snapshot, check_session_id
 
-__all__ = ["FORMAT", "export_session", "import_session"]
+__all__ = ["FORMAT", "export_session", "export_header", "Lineage", "import_session"]
 
 #: Identifies the export format; bumped on incompatible changes. (``base`` and
 #: ``lineage`` were added compatibly: an export without them starts at version 1.)
@@ -37,18 +37,28 @@ _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 def export_session(store: EventStore, session_id: str, state: Mapping[str, Any]) -> dict[str, Any]:
     """The session's info, every readable event of its lineage, its base state and ``state`` (its final state)."""
+    data = export_header(store, session_id)
+    tally = Lineage()
+    data["events"] = [tally.add(event).to_dict() for event in store.read(session_id)]
+    data["lineage"] = tally.segments
+    data["state"] = dict(state)
+    return data
+
+
+def export_header(store: EventStore, session_id: str) -> dict[str, Any]:
+    """The fields of an export that come before its events: ``format``, ``session`` and ``base``.
+
+    A streaming writer (``saucer export``) writes these, then each event of
+    :meth:`~saucer.store.EventStore.iter_events` as it is read (feeding a
+    :class:`Lineage`), then ``lineage`` and ``state``: the same export as
+    :func:`export_session`, in constant memory.
+    """
     info = store.session_info(session_id)
     first = store.first_version(session_id)
-    events = list(store.read(session_id))
     base = State()
-    if first and events:
-        apply_ops(base, events[0].ops)  # the base event sets the whole state at the first version
-    lineage: list[dict[str, Any]] = []
-    for event in events:
-        if lineage and lineage[-1]["session_id"] == event.session_id:
-            lineage[-1]["to"] = event.version
-        else:
-            lineage.append({"session_id": event.session_id, "from": event.version, "to": event.version})
+    if first:
+        for event in store.read(session_id, first - 1, first):
+            apply_ops(base, event.ops)  # the base event sets the whole state at the first version
     return {
         "format": FORMAT,
         "session": {
@@ -61,10 +71,23 @@ def export_session(store: EventStore, session_id: str, state: Mapping[str, Any])
             "meta": info.meta,
         },
         "base": {"version": first, "state": state_to_wire(base)},
-        "lineage": lineage,
-        "events": [event.to_dict() for event in events],
-        "state": dict(state),
     }
+
+
+class Lineage:
+    """Whose log held which versions of an export (its ``lineage``), tallied event by event."""
+
+    def __init__(self) -> None:
+        self.segments: list[dict[str, Any]] = []
+
+    def add(self, event: Event) -> Event:
+        """Count ``event`` (the next one of the export, in version order); returns it."""
+        last = self.segments[-1] if self.segments else None
+        if last is not None and last["session_id"] == event.session_id:
+            last["to"] = event.version
+        else:
+            self.segments.append({"session_id": event.session_id, "from": event.version, "to": event.version})
+        return event
 
 
 def import_session(store: EventStore, data: Mapping[str, Any], session_id: str | None = None) -> SessionInfo:

@@ -9,12 +9,12 @@ a timeline from events already read.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from saucer.engine.status import status_of
 from saucer.store import Event, SessionHead
 
-__all__ = ["session_row", "timeline_data", "EVENT_FIELDS"]
+__all__ = ["session_row", "timeline_data", "timeline_items", "RoundTally", "EVENT_FIELDS"]
 
 
 def session_row(head: SessionHead, now: float | None = None) -> dict[str, Any]:
@@ -63,8 +63,13 @@ def timeline_data(events: list[Event]) -> dict[str, Any]:
     engine recorded (agent, state, status, subtask, commands each with its
     result, cost — None when unknown —, error...) and its Context operations.
     """
-    items: list[dict[str, Any]] = []
-    rounds: dict[int, dict[str, Any]] = {}
+    tally = RoundTally()
+    items = [tally.add(item) for item in timeline_items(events)]
+    return {"rounds": tally.rounds, "events": items}
+
+
+def timeline_items(events: Iterable[Event]) -> Iterator[dict[str, Any]]:
+    """Each event of :func:`timeline_data` as it comes (a stream: nothing is kept)."""
     for event in events:
         meta = event.meta
         kind = meta.get("kind") or ("step" if event.step is not None else "change")
@@ -86,13 +91,30 @@ def timeline_data(events: list[Event]) -> dict[str, Any]:
                 for i, command in enumerate(meta["commands"])
             ]
         item["ops"] = event.ops
-        items.append(item)
-        if event.round is not None:
-            entry = rounds.setdefault(event.round, {"round": event.round, "request": None, "status": None, "steps": 0})
+        yield item
+
+
+class RoundTally:
+    """The per-round summary of :func:`timeline_data` (request, status, steps), from its items one by one."""
+
+    def __init__(self) -> None:
+        #: One entry per round, in the order the rounds first appear (filled as items are added).
+        self.rounds: list[dict[str, Any]] = []
+        self._by_round: dict[int, dict[str, Any]] = {}
+
+    def add(self, item: dict[str, Any]) -> dict[str, Any]:
+        """Count one item of :func:`timeline_items`; returns it."""
+        number = item["round"]
+        if number is not None:
+            entry = self._by_round.get(number)
+            if entry is None:
+                entry = self._by_round[number] = {"round": number, "request": None, "status": None, "steps": 0}
+                self.rounds.append(entry)
+            kind = item["kind"]
             if kind == "round_start":
-                entry["request"] = meta.get("request")
+                entry["request"] = item.get("request")
             elif kind == "step":
                 entry["steps"] += 1
             elif kind == "round_end":
-                entry["status"] = meta.get("round_status")
-    return {"rounds": list(rounds.values()), "events": items}
+                entry["status"] = item.get("round_status")
+        return item
