@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -197,6 +198,21 @@ async def _stop_group(proc: asyncio.subprocess.Process, readers: list[asyncio.Ta
     _kill_group(proc.pid, signal.SIGKILL)
 
 
+async def _clean_up(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]], *, stop: bool) -> None:
+    """Stop the group when ``stop``, collect its output readers, reap the shell and close its transport."""
+    if stop:
+        await _stop_group(proc, readers)
+    if not all(r.done() for r in readers):
+        await asyncio.wait(readers, timeout=_DRAIN_GRACE)
+    for reader in readers:
+        if not reader.done():
+            reader.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), _DRAIN_GRACE)
+    forget_group(proc.pid)
+
+
 def _format_partial(name: str, buffer: _CappedBuffer, limit: int = 2000) -> str:
     text = buffer.text()
     if not text:
@@ -277,18 +293,12 @@ async def run_command(
         timed_out = True
     finally:
         # Timed out, cancelled by the client, or background children holding the
-        # output open: never leave the group running behind the call.
-        if proc.returncode is None or held_open or timed_out:
-            await _stop_group(proc, readers)
-        if not all(r.done() for r in readers):
-            await asyncio.wait(readers, timeout=_DRAIN_GRACE)
-        for reader in readers:
-            if not reader.done():
-                reader.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), _DRAIN_GRACE)  # reap it and close its transport
-        forget_group(proc.pid)
+        # output open: never leave the group running behind the call. Shielded: a
+        # cancelled call (the client went away, the server's task group is shutting
+        # down) would otherwise have every await below cancelled again, leaving the
+        # group running and its transport to be closed after the loop is gone.
+        with anyio.CancelScope(shield=True):
+            await _clean_up(proc, readers, stop=proc.returncode is None or held_open or timed_out)
     duration = time.monotonic() - started
     if timed_out:
         raise ToolError(
