@@ -60,29 +60,11 @@ from saucer.store.model import (
 )
 
 __all__ = [
-    "StoreError",
-    "ConflictError",
-    "FencedError",
-    "FormatTooNewError",
-    "StoreKeyError",
-    "SessionNotFoundError",
-    "SessionExistsError",
-    "CorruptRecordError",
-    "DamagedStoreError",
-    "InvalidSessionIdError",
-    "OutcomeUnknownError",
-    "ReadOnlyError",
-    "LeaseHeldError",
-    "NotSupportedError",
-    "VersionNotFoundError",
-    "VersionPrunedError",
-    "SESSION_ID_MAX_LENGTH",
-    "check_session_id", "check_version",
-    "SessionInfo",
-    "Snapshot",
-    "Lease",
-    "Event",
-    "Feature",
+    "StoreError", "ConflictError", "FencedError", "FormatTooNewError", "StoreKeyError",
+    "SessionNotFoundError", "SessionExistsError", "CorruptRecordError", "DamagedStoreError",
+    "InvalidSessionIdError", "OutcomeUnknownError", "ReadOnlyError", "LeaseHeldError", "NotSupportedError",
+    "VersionNotFoundError", "VersionPrunedError", "SESSION_ID_MAX_LENGTH",
+    "check_session_id", "check_version", "SessionInfo", "Snapshot", "Lease", "Event", "Feature",
     "EventStore",
 ]
 
@@ -109,6 +91,17 @@ class EventStore(SessionListing, EventStreaming, ABC):
     @abstractmethod
     def _info(self, session_id: str) -> SessionInfo | None:
         """The session row, or None."""
+
+    def _row(self, session_id: str) -> SessionInfo | None:
+        """The session row as reading its log needs it, or None: its ``meta`` may hold only
+        ``pruned_to`` (a backend whose meta is costly to load overrides :meth:`_info` so)."""
+        return self._info(session_id)
+
+    def _log_info(self, session_id: str) -> SessionInfo:
+        info = self._row(session_id)
+        if info is None:
+            raise SessionNotFoundError(session_id)
+        return info
 
     @abstractmethod
     def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
@@ -255,11 +248,11 @@ class EventStore(SessionListing, EventStreaming, ABC):
 
     def exists(self, session_id: str) -> bool:
         """Whether the session exists."""
-        return self._info(session_id) is not None
+        return self._row(session_id) is not None
 
     def head(self, session_id: str) -> int:
         """The session's latest version (0 for a new session)."""
-        return self.session_info(session_id).version
+        return self._log_info(session_id).version
 
     def delete_session(self, session_id: str) -> None:
         """Remove a session completely: its events, snapshots and lease (no error if it is gone).
@@ -335,7 +328,7 @@ class EventStore(SessionListing, EventStreaming, ABC):
         after = check_version(after, "after")
         upto = None if upto is None else check_version(upto, "upto")
         for _ in range(3):
-            info = self.session_info(session_id)
+            info = self._log_info(session_id)
             start = max(after + 1, self._first(info))
             events = list(self._lineage(info, after, upto))
             if all(event.version == start + i for i, event in enumerate(events)):
@@ -346,7 +339,7 @@ class EventStore(SessionListing, EventStreaming, ABC):
         """Own events of ``info``'s session and, below its branch point, its parent's lineage."""
         if info.parent_id is not None and info.parent_version is not None and after < info.parent_version:
             limit = info.parent_version if upto is None else min(upto, info.parent_version)
-            yield from self._lineage(self.session_info(info.parent_id), after, limit)
+            yield from self._lineage(self._log_info(info.parent_id), after, limit)
             after = info.parent_version
         if upto is not None and upto <= after:
             return
@@ -354,7 +347,7 @@ class EventStore(SessionListing, EventStreaming, ABC):
 
     def latest_snapshot(self, session_id: str, upto: int | None = None) -> Snapshot | None:
         """The newest snapshot usable for the session at or before ``upto`` (own, else its parent's)."""
-        info = self.session_info(session_id)
+        info = self._log_info(session_id)
         own = self._snapshot(session_id, upto)
         if own is not None:
             return own
@@ -385,20 +378,20 @@ class EventStore(SessionListing, EventStreaming, ABC):
 
     def first_version(self, session_id: str) -> int:
         """The oldest version of the session that can still be read (0 unless pruned)."""
-        return self._first(self.session_info(session_id))
+        return self._first(self._log_info(session_id))
 
     def _first(self, info: SessionInfo) -> int:
         # A fork that still reads its parent's log reads it from the parent's first version.
         own = int(info.meta.get("pruned_to", 0))
         if info.parent_id is None or info.parent_version is None or own > info.parent_version:
             return own
-        parent = self._info(info.parent_id)
+        parent = self._row(info.parent_id)
         return own if parent is None else max(own, self._first(parent))
 
     def check_readable(self, session_id: str, version: int) -> int:
         """``version`` if the session can be read at it; else :class:`VersionPrunedError`
         (below its first readable version) or :class:`VersionNotFoundError` (past its head)."""
-        return self._check_readable(self.session_info(session_id), check_version(version))
+        return self._check_readable(self._log_info(session_id), check_version(version))
 
     def _check_readable(self, info: SessionInfo, version: int) -> int:
         first = self._first(info)

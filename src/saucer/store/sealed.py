@@ -62,6 +62,9 @@ class SealedStore(EventStore):
     def _info(self, session_id: str) -> SessionInfo | None:
         return self.inner._info(session_id)
 
+    def _row(self, session_id: str) -> SessionInfo | None:
+        return self.inner._row(session_id)
+
     # The summaries are the backend's: they are counted from event meta, which is never sealed.
     def _create_with(self, info: SessionInfo, counters: Counters) -> None:
         self.inner._create_with(info, counters)

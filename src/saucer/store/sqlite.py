@@ -244,6 +244,17 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return self._row_info(row) if row else None
 
     @_translated
+    def _row(self, session_id: str) -> SessionInfo | None:
+        # Reading a log needs no meta but its first readable version: never parse a plan for it.
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, m.pruned_to "
+                "FROM sessions s JOIN session_meta m ON m.session_id = s.session_id WHERE s.session_id = ?",
+                (session_id,),
+            ).fetchone()
+        return None if row is None else SessionInfo(*row[:6], {"pruned_to": row[6]} if row[6] else {})
+
+    @_translated
     def sessions(self) -> list[SessionInfo]:
         with self._lock:
             rows = self._conn.execute(f"{_INFO} ORDER BY s.updated_at DESC, s.session_id").fetchall()
