@@ -128,15 +128,59 @@ def test_an_untouched_packed_value_is_carried_to_the_next_snapshot_as_it_is() ->
     assert second == first
 
 
-def test_snapshot_spacing_weighs_a_packed_value_at_its_unpacked_size() -> None:
+def test_a_value_that_only_grew_is_written_as_its_base_and_new_tails() -> None:
     store = MemoryStore()
     ctx = Context.open(store, "s")
-    _grow(ctx, 0, 60)
+    _grow(ctx, 0, 600)
     ctx.snapshot()
+    first = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
+    assert "tails" not in first
+    _grow(ctx, 600, 3)
+    ctx.snapshot()
+    _grow(ctx, 603, 2)
+    ctx.snapshot()
+    third = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
+    assert third["zlib"] == first["zlib"] and len(third["tails"]) == 2  # the base is not written again
+    live = _plain(ctx)
+    ctx.close()
+    assert _plain(Context.open(store, "s")) == live
+    reopened = Context.open(store, "s")
+    assert len(reopened._state.packed["STRUCTURAL_LOGS"].tails) == 2
+    # Grown on from a still-packed value: the kept operations become one more tail.
+    _grow(reopened, 605, 1)
+    reopened.snapshot()
+    assert "STRUCTURAL_LOGS" in reopened._state.packed  # never decoded
+    fourth = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
+    assert fourth["zlib"] == first["zlib"] and len(fourth["tails"]) == 3
+    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+
+
+def test_tails_that_outweigh_their_base_are_packed_afresh() -> None:
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _grow(ctx, 0, 30)
+    ctx.snapshot()
+    first = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
+    for start in range(30, 400, 10):
+        _grow(ctx, start, 10)
+        ctx.snapshot()
+        entry = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
+        assert sum(map(len, entry.get("tails", []))) <= len(entry["zlib"]) + 2048
+    assert entry["zlib"] != first["zlib"]
+    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+
+
+def test_snapshot_spacing_weighs_what_a_snapshot_writes_so_a_crash_leaves_a_short_tail() -> None:
+    """A state whose large value grows by appends: snapshots write its base and tails, so they
+    stay small and frequent, and the tail a crash leaves stays short."""
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _grow(ctx, 0, 3000)  # about 270 KB of JSON, a few tens of KB packed
     wire = store.latest_snapshot("s", store.head("s")).state
-    unpacked = len(orjson.dumps(ev.state_to_wire(ctx._state)))
-    assert abs(ctx._snapshot_bytes - unpacked) < 100  # give or take the packed entry's own keys
-    assert ctx._snapshot_bytes > len(orjson.dumps(wire))
+    assert ctx._snapshot_bytes == len(orjson.dumps(wire)) < 64 * 1024
+    assert ctx._snapshot_bytes * 4 < len(orjson.dumps(ev.state_to_wire(ctx._state)))
+    assert store.head("s") - store.latest_snapshot("s", store.head("s")).version < 100  # snapshot_every
+    assert wire["packed"]["STRUCTURAL_LOGS"].get("tails")
 
 
 def test_a_packed_value_that_does_not_decode_names_the_session_and_snapshot() -> None:
@@ -236,19 +280,24 @@ def test_rekey_reseals_a_packed_value(tmp_path: Path, monkeypatch: pytest.Monkey
         assert Context.open(store, "s").get(ContextNames.STRUCTURAL_LOGS) == live
 
 
-def test_opening_from_a_packed_snapshot_knows_the_state_size_for_the_spacing() -> None:
-    """After a crash the tail can pass ``snapshot_every``; with the packed sizes known, the
-    first commit does not decode and re-pack a large value just because it is the first."""
+def test_after_a_crash_the_next_snapshot_writes_the_packed_base_without_decoding_it() -> None:
+    """After a crash the tail can pass ``snapshot_every``: the first commit's snapshot writes the
+    packed value's base and the tail's operations on it, and decodes nothing."""
     store = MemoryStore()
     ctx = Context.open(store, "s", snapshot_every=5)
-    _grow(ctx, 0, 1000)  # about 90 KB of structural logs: over the 64 KB of a "small" snapshot
+    _grow(ctx, 0, 1000)
     ctx.snapshot()
-    packed_at = store.head("s")
-    _grow(ctx, 1000, 6)
-    # A crash: those 6 events stay a tail, the Context is never closed.
+    before = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
+    base, tails = before["zlib"], before.get("tails", [])
+    _grow(ctx, 1000, 4)
+    # A crash: those 4 events stay a tail, the Context is never closed.
     reopened = Context.open(store, "s", snapshot_every=5)
-    assert reopened._snapshot_bytes > 64 * 1024
+    assert reopened._snapshot_bytes >= len(base)
     reopened.set(ContextNames.REQUEST, "after the crash")
     reopened.commit()
-    assert store.latest_snapshot("s", store.head("s")).version == packed_at
+    snap = store.latest_snapshot("s", store.head("s"))
+    assert snap.version == store.head("s")
+    entry = snap.state["packed"]["STRUCTURAL_LOGS"]
+    assert entry["zlib"] == base and entry["tails"][:-1] == tails  # one more tail: the crash's tail
     assert "STRUCTURAL_LOGS" in reopened._state.packed
+    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")

@@ -121,8 +121,8 @@ _V2_EVENT = (
 _V2_EVENT_CRC = 2539830738
 
 
-def test_version_2_records_upcast_to_version_3_unchanged() -> None:
-    """v2 -> v3 changed snapshots only by allowing packed values: a v2 record keeps every field."""
+def test_version_2_records_upcast_to_the_current_format_unchanged() -> None:
+    """The versions after 2 changed how records are stored and allowed packed values: a v2 record keeps every field."""
     assert payload_format(_V2_SNAPSHOT) == 2 == payload_format(_V2_EVENT)
     state = decode_state(_V2_SNAPSHOT, _V2_SNAPSHOT_CRC)
     assert state == {k: v for k, v in orjson.loads(_V2_SNAPSHOT).items() if k != "v"}
@@ -133,6 +133,27 @@ def test_version_2_records_upcast_to_version_3_unchanged() -> None:
     restored = state_from_wire(state)
     assert restored.names == apply_ops(type(restored)(), event["ops"]).names
     assert restored.names["STRUCTURAL_LOGS"][0][0][0]["Step"] == 1 and not restored.packed
+
+
+# Written by saucer at commit a3c4f06 (record format 3, PACK_OVER lowered to 64): a snapshot whose
+# STRUCTURAL_LOGS (three appended entries) is packed, with no tails (format 5 added them).
+_V3_SNAPSHOT = (
+    b'{"v":3,"names":{},"vars":{},"packed":{"STRUCTURAL_LOGS":{"size":163,"zlib":"eAGrVjJQsqoGEdHVSkH5pXkpSlYGOkrBpUkl'
+    b'icXZnnkpqRUQgZLUAjDDMT01r0TJSilRqVaHCB2GOkok6jBC0RFbWwsAs04xkw=="}}}'
+)
+_V3_SNAPSHOT_CRC = 998852798
+
+
+def test_version_3_snapshots_upcast_to_the_current_format_and_read_their_packed_value() -> None:
+    from saucer.context.events import state_from_wire, unpack
+
+    assert payload_format(_V3_SNAPSHOT) == 3
+    state = decode_state(_V3_SNAPSHOT, _V3_SNAPSHOT_CRC)
+    assert state == {k: v for k, v in orjson.loads(_V3_SNAPSHOT).items() if k != "v"}
+    restored = state_from_wire(state)
+    assert set(restored.packed) == {"STRUCTURAL_LOGS"} and restored.packed["STRUCTURAL_LOGS"].tails == []
+    unpack(restored, "STRUCTURAL_LOGS")
+    assert [e["Step"] for e in restored.names["STRUCTURAL_LOGS"][0][0]] == [0, 1, 2]
 
 
 def test_writes_always_use_the_current_format() -> None:

@@ -159,9 +159,9 @@ class ContextCore:
             store.quarantine_record(sid, head)
         self._state = loaded.state
         self._snapshot_version = loaded.snapshot_version
-        # Known without decoding anything for a snapshot with packed values (their sizes are
-        # stored): the spacing of the next snapshot then weighs the tail against the state.
-        self._snapshot_bytes = sum(p.size for p in loaded.state.packed.values())
+        # Known without decoding anything for a snapshot with packed values: roughly what the
+        # next snapshot writes again, which the spacing weighs the tail against.
+        self._snapshot_bytes = sum(len(p.data) + sum(map(len, p.tails)) for p in loaded.state.packed.values())
         self._tail_ops = head - loaded.snapshot_version
         self._version = head
         self._pending = []
@@ -269,6 +269,7 @@ class ContextCore:
             retired=copy_json(self._state.retired),
             opaque=set(self._state.opaque),
             packed={k: p.copy() for k, p in self._state.packed.items()},
+            bases={k: p.copy() for k, p in self._state.bases.items()},
         )
 
     def _unpack(self, name: str) -> None:

@@ -101,6 +101,9 @@ class State:
     #: Names whose value is still as a snapshot packed it (not in ``names``
     #: until :func:`unpack`; every reader of ``names`` unpacks what it reads).
     packed: dict[str, "Packed"] = field(default_factory=dict)
+    #: Names in ``names`` whose packed form in the last snapshot is still a base
+    #: for the next one: the fold records the operations applied to them since.
+    bases: dict[str, "Packed"] = field(default_factory=dict)
 
 
 #: A name's value whose JSON is at least this large is packed in snapshots (see :class:`Packed`).
@@ -113,49 +116,82 @@ class Packed:
 
     A long session's state is mostly a few large values (``STRUCTURAL_LOGS``
     gets an entry per step); a snapshot packs each value over
-    :data:`PACK_OVER` bytes of JSON on its own (zlib, base64), so opening the
-    session decodes only the small rest, and a packed value costs its decoding
-    when it is first read. Operations on it before then are kept in ``ops``
-    and applied, in order, by the fold when it is unpacked: the value read is
-    the one an eager load would give.
+    :data:`PACK_OVER` bytes of JSON on its own, so opening the session decodes
+    only the small rest, and a packed value costs its decoding when it is
+    first read. It is stored as a *base* (the value, zlib and base64) and
+    *tails*: the operations on it since the base, one packed chunk per later
+    snapshot, so a snapshot of a large value that only grew (an append per
+    step) writes the new operations, not the whole value again. Operations
+    made before it is unpacked are kept in ``ops``. Unpacking applies the
+    tails, then ``ops``, in order, with the same fold: the value read is the
+    one an eager load would give.
     """
 
-    #: base64 of the zlib-compressed JSON of the value (its wire form).
+    #: base64 of the zlib-compressed JSON of the value (its wire form) at the base.
     data: str
-    #: Bytes of that JSON (what the snapshot spacing weighs).
+    #: Bytes of that JSON.
     size: int
-    #: Operations on the name since the snapshot, not applied yet.
+    #: Packed lists of operations applied to the base since, oldest first.
+    tails: list[str] = field(default_factory=list)
+    #: Operations on the name not in ``tails`` yet (applied to the value once unpacked).
     ops: list[Mapping[str, Any]] = field(default_factory=list)
     #: (session, snapshot version) it came from, to name them if it does not decode.
     where: tuple[str, int] | None = None
 
     def copy(self) -> "Packed":
-        """An independent copy (the operations list is copied; operations are never mutated)."""
-        return Packed(self.data, self.size, list(self.ops), self.where)
+        """An independent copy (its lists are copied; operations are never mutated)."""
+        return Packed(self.data, self.size, list(self.tails), list(self.ops), self.where)
 
-    def decode(self, name: str) -> Any:
-        """The value in wire form; :class:`~saucer.store.CorruptRecordError` when it does not decode."""
+    def decode(self, name: str) -> tuple[Any, list[Mapping[str, Any]]]:
+        """The base value in wire form and the operations of the tails;
+        :class:`~saucer.store.CorruptRecordError` when they do not decode."""
         try:
-            return orjson.loads(zlib.decompress(base64.b64decode(self.data, validate=True)))
-        except (ValueError, zlib.error) as exc:
+            value = orjson.loads(zlib.decompress(base64.b64decode(self.data, validate=True)))
+            ops: list[Mapping[str, Any]] = []
+            for tail in self.tails:
+                ops.extend(orjson.loads(zlib.decompress(base64.b64decode(tail, validate=True))))
+            return value, ops
+        except (ValueError, TypeError, zlib.error) as exc:
             sid, version = self.where or ("?", 0)
             raise CorruptRecordError(sid, version, f"the snapshot's packed value of {name} does not decode ({exc})") from None
 
+    def entry(self) -> dict[str, Any]:
+        """The stored form, after moving ``ops`` into a new tail (see :func:`state_to_wire`)."""
+        if self.ops:
+            self.tails = [*self.tails, _b64z(orjson.dumps(self.ops))]
+            self.ops = []
+        out: dict[str, Any] = {"size": self.size, "zlib": self.data}
+        if self.tails:
+            out["tails"] = list(self.tails)
+        return out
 
-def _pack(blob: bytes) -> dict[str, Any]:
-    return {"size": len(blob), "zlib": base64.b64encode(zlib.compress(blob, 1)).decode("ascii")}
+    def stale(self) -> bool:
+        """Whether the tails (and kept operations) outweigh the base: then a snapshot packs the value afresh,
+        so the tails never cost more than the value itself."""
+        return sum(map(len, self.tails)) + 64 * len(self.ops) > len(self.data)
+
+
+def _b64z(blob: bytes) -> str:
+    return base64.b64encode(zlib.compress(blob, 1)).decode("ascii")
 
 
 def unpack(state: State, name: str) -> None:
-    """Decode ``name``'s packed value into ``state.names`` and apply the operations kept for it (no-op if not packed)."""
+    """Decode ``name``'s packed value into ``state.names`` and apply the operations kept for it (no-op if not packed).
+
+    The packed form stays the value's base for the next snapshot (``state.bases``).
+    """
     packed = state.packed.get(name)
     if packed is None:
         return
+    value, tail_ops = packed.decode(name)
     # Built aside and put in place at once: a reader racing this one decodes its own copy.
-    aside = State(names={name: _NAMES[name].restore(packed.decode(name))})
+    aside = State(names={name: _NAMES[name].restore(value)})
+    apply_ops(aside, tail_ops)
     apply_ops(aside, packed.ops)
     if name in aside.names:
         state.names[name] = aside.names[name]
+        if not aside.opaque:
+            state.bases[name] = packed.copy()
     state.opaque |= aside.opaque
     state.packed.pop(name, None)
 
@@ -278,27 +314,35 @@ def state_to_wire(state: State, *, pack: bool = False) -> dict[str, Any]:
 
     ``pack=True`` (for snapshots) puts each name whose JSON is at least
     :data:`PACK_OVER` bytes under ``"packed"`` instead of ``"names"``, as
-    ``{"size": bytes, "zlib": base64}`` (see :class:`Packed`); a value still
-    packed and untouched since it was read is carried over without decoding it.
-    Without ``pack`` every value is decoded and plain.
+    ``{"size": bytes, "zlib": base64, "tails": [base64, ...]}`` (see
+    :class:`Packed`). A value with a packed base (read from a snapshot, or
+    packed by the last one) is written as that base plus the operations since,
+    without encoding it again, until they outweigh it. Without ``pack`` every
+    value is decoded and plain.
     """
     names: dict[str, Any] = {}
     packed: dict[str, Any] = {}
     for k in list(state.packed):
         entry = state.packed[k]
-        if pack and not entry.ops:
-            packed[k] = {"size": entry.size, "zlib": entry.data}
+        if pack and not entry.stale():
+            packed[k] = entry.entry()
         else:
             unpack(state, k)
     for k, v in state.names.items():
         if k in packed:
             continue
+        base = state.bases.get(k) if pack else None
+        if base is not None and not base.stale():
+            packed[k] = base.entry()
+            continue
         wire = to_wire(v, k, int_keys=_NAMES[k].int_key_depth, max_depth=STATE_MAX_DEPTH)
         if pack and (wire.__class__ is dict or wire.__class__ is list) and wire:
             blob = orjson.dumps(wire)
             if len(blob) >= PACK_OVER:
-                packed[k] = _pack(blob)
+                state.bases[k] = fresh = Packed(_b64z(blob), len(blob))
+                packed[k] = fresh.entry()
                 continue
+        state.bases.pop(k, None)
         names[k] = wire
     out: dict[str, Any] = {"names": names, "vars": copy_json(state.vars)}
     if packed:
@@ -340,13 +384,22 @@ def state_from_wire(data: Mapping[str, Any]) -> State:
         else:
             state.names[current] = _restore(current, v)
     for k, entry in (data.get("packed") or {}).items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("zlib"), str) or not isinstance(entry.get("size"), int):
-            raise ValueError(f"packed value of {k!r} is not {{'size': int, 'zlib': str}}")
+        tails = entry.get("tails", []) if isinstance(entry, dict) else None
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("zlib"), str)
+            or not isinstance(entry.get("size"), int)
+            or not isinstance(tails, list)
+            or not all(isinstance(t, str) for t in tails)
+        ):
+            raise ValueError(f"packed value of {k!r} is not {{'size': int, 'zlib': str, 'tails': [str]}}")
         current = k if k in _NAMES else stored_name(k)
         if current is None:  # retired since: kept aside in wire form, as in "names"
-            state.retired[k] = Packed(entry["zlib"], entry["size"]).decode(k)
+            value, tail_ops = Packed(entry["zlib"], entry["size"], list(tails)).decode(k)
+            aside = State(retired={k: value})
+            state.retired[k] = apply_ops(aside, tail_ops).retired.get(k)
         else:
-            state.packed[current] = Packed(entry["zlib"], entry["size"])
+            state.packed[current] = Packed(entry["zlib"], entry["size"], list(tails))
     return state
 
 
@@ -410,6 +463,11 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]]) -> State:
                 continue
             else:  # set or deleted whole: what was packed no longer matters
                 del state.packed[key]
+        if typed and state.bases and key in state.bases:
+            if kind != "sealed" and (path or kind == "append" or kind == "incr"):
+                state.bases[key].ops.append(op)  # for the next snapshot's tail
+            else:
+                del state.bases[key]
         if kind == "set" or kind == "cas":
             if path:
                 parent, last = _walk(root, key, path, typed)

@@ -46,10 +46,9 @@ class Snapshots(ContextCore):
                     f"{', '.join(sorted(self._state.opaque))} read as <encrypted>"
                 )
             wire = state_to_wire(self._state, pack=True)
-            # The spacing weighs the state's size as JSON: packed values count as unpacked.
-            self._snapshot_bytes = len(orjson.dumps(wire)) + sum(
-                p["size"] - len(p["zlib"]) for p in wire.get("packed", {}).values()
-            )
+            # What a snapshot writes: the next one, spaced by it, writes about as much again (a
+            # packed value that changed only by appends is written as its base and new tail).
+            self._snapshot_bytes = len(orjson.dumps(wire))
             self._tail_ops = 0
             # Prune first, so the file never holds more than ``keep_snapshots``
             # copies of a large state at once; a crash in between only means a
@@ -67,11 +66,15 @@ class Snapshots(ContextCore):
         """Every ``snapshot_every`` events, and, for a large state, not before the tail
         written since the last snapshot is worth half of it.
 
-        A snapshot costs O(state): taken every K events of a state that grows
-        with the session, snapshots alone would make a long session quadratic.
-        Spacing them by the tail's size keeps their total cost linear, while a
-        hydrate still reads one snapshot plus a tail no bigger than about half a
-        snapshot (so open time follows the state's size, not the history's length).
+        A snapshot costs what it writes: taken every K events of a state that
+        grows with the session, snapshots alone would make a long session
+        quadratic. Spacing them by the tail's size keeps their total cost
+        linear, while a hydrate still reads one snapshot plus a tail no bigger
+        than about half a snapshot (so open time follows the state's size, not
+        the history's length). A large value that grew only by appends is
+        written as its packed base and the operations since
+        (:class:`~saucer.context.events.Packed`), so what a snapshot writes,
+        and so the tail after a crash, follows its compressed size.
         """
         if self._version - self._snapshot_version < self._snapshot_every:
             return False

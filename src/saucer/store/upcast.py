@@ -30,6 +30,9 @@ The versions:
    bytes is compressed before it is encrypted. A version 3 reader would take
    a compressed payload for a damaged one: a store holding version 4 records
    is refused by it instead (``saucer_format``).
+5. A packed value may have ``"tails"`` (the operations on it since its base,
+   packed, see :class:`saucer.context.events.Packed`): a version 4 reader
+   would read the base without them.
 
 Adding a version: write ``_event_vN`` / ``_snapshot_vN`` (taking a version N
 object, returning a version N + 1 object, without mutating its input), add
@@ -52,7 +55,7 @@ __all__ = [
 ]
 
 #: The format this code writes, and the newest it reads.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 _Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -87,9 +90,19 @@ def _snapshot_v3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "v": 4}
 
 
+def _event_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """v4 -> v5: the same payload (version 5 changed snapshots only)."""
+    return {**data, "v": 5}
+
+
+def _snapshot_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """v4 -> v5: a packed value of version 4 is its base alone (no tails)."""
+    return {**data, "v": 5}
+
+
 #: ``version -> the function that turns a record of that version into the next one``.
-_EVENT_UPCASTERS: dict[int, _Upcaster] = {1: _event_v1, 2: _event_v2, 3: _event_v3}
-_SNAPSHOT_UPCASTERS: dict[int, _Upcaster] = {1: _snapshot_v1, 2: _snapshot_v2, 3: _snapshot_v3}
+_EVENT_UPCASTERS: dict[int, _Upcaster] = {1: _event_v1, 2: _event_v2, 3: _event_v3, 4: _event_v4}
+_SNAPSHOT_UPCASTERS: dict[int, _Upcaster] = {1: _snapshot_v1, 2: _snapshot_v2, 3: _snapshot_v3, 4: _snapshot_v4}
 
 
 def record_format(data: dict[str, Any]) -> int:
