@@ -4,6 +4,7 @@ the summary each commit keeps (:mod:`saucer.store.summary`) and
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Callable
 
@@ -11,7 +12,7 @@ import pytest
 
 from saucer.store.base import EventStore
 from saucer.store.listing import SessionListing
-from saucer.store.model import Feature
+from saucer.store.model import ConflictError, Feature, FencedError
 from saucer.store.summary import ListQuery, SessionSummary
 
 __all__ = ["SessionListingContract"]
@@ -139,3 +140,34 @@ class SessionListingContract:
             folded = [r for r in folded if r.session_id != "one"]
             assert _row(store, "one").steps == 2 and _row(store, "one").status == "finished"
         assert kept == folded
+
+    def test_refused_and_concurrent_commits_count_exactly_once(self, store: EventStore) -> None:
+        store.create_session("c", meta={"status": "running"})
+        store.create_session("d")
+        step = {"kind": "step", "cost": 0.5}
+        store.append("c", 0, [], author="a", step=1, meta=step)
+        with pytest.raises(ConflictError):
+            store.append("c", 0, [], author="stale", step=99, meta=step)  # refused: counts nothing
+        lease = store.acquire_lease("c", "w1", ttl=30)
+        with pytest.raises(FencedError):
+            store.append("c", 1, [], author="old", step=98, meta=step, fence=lease.token + 1)
+        row = _row(store, "c")
+        assert (row.steps, row.cost, row.version) == (1, 0.5, 1)
+
+        async def many() -> None:  # concurrent appends (one transaction per batch where grouped)
+            async def writer(sid: str, n: int) -> None:
+                for _ in range(n):
+                    while True:
+                        head = store.head(sid)
+                        try:
+                            await store.aappend(sid, head, [], author="w", step=head + 1, meta=step)
+                            break
+                        except ConflictError:
+                            continue
+
+            await asyncio.gather(*(writer(sid, 10) for sid in ("c", "d", "c", "d")))
+
+        asyncio.run(many())
+        c, d = _row(store, "c"), _row(store, "d")
+        assert (c.version, c.steps, c.cost) == (21, 21, 10.5) and (d.version, d.steps, d.cost) == (20, 20, 10.0)
+        assert store._list(ListQuery.of()) == SessionListing._list(store, ListQuery.of())
