@@ -32,13 +32,18 @@ from saucer.store.model import (
     Snapshot,
 )
 
-__all__ = ["Statements", "INFO_COLUMNS", "row_info"]
+__all__ = ["Statements", "INFO_COLUMNS", "ROW_COLUMNS", "row_info"]
 
 _AZ = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _BY_CODE_POINT = ' COLLATE "C"'  # text sorted as Python sorts it, whatever the database's collation
 
 #: The columns of a session row, in :class:`SessionInfo`'s order.
 INFO_COLUMNS = "session_id, head, created_at, updated_at, parent_id, parent_version, meta"
+#: The same, with a meta of ``pruned_to`` alone: what reading a log needs (``EventStore._row``).
+ROW_COLUMNS = (
+    "session_id, head, created_at, updated_at, parent_id, parent_version, "
+    "jsonb_strip_nulls(jsonb_build_object('pruned_to', meta -> 'pruned_to'))"
+)
 
 
 def row_info(row: Sequence[Any]) -> SessionInfo:

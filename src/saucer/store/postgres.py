@@ -76,13 +76,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 
 from saucer.store._codec import (
-    DamagedRecord,
-    decode_payload,
-    head_event,
-    decode_rows,
-    encode_payload,
-    first_good_snapshot,
-    formats_of,
+    DamagedRecord, decode_payload, head_event, decode_rows, encode_payload, first_good_snapshot, formats_of,
     quarantine_payload,
 )
 from saucer.store._group import GroupCommitter, Pending
@@ -98,7 +92,7 @@ from saucer.store._postgres_conn import (
     split_url,
 )
 from saucer.store._postgres_conn import migrate as migrate_schema
-from saucer.store._postgres_sql import INFO_COLUMNS, Statements, row_info
+from saucer.store._postgres_sql import INFO_COLUMNS, ROW_COLUMNS, Statements, row_info
 from saucer.store.base import (
     EventStore,
     Feature,
@@ -247,14 +241,18 @@ class PostgresStore(KeepsSummaries, EventStore):
         except pg_errors.UniqueViolation:
             raise SessionExistsError(f"session {info.session_id!r} already exists") from None
 
-    @_translated(retry=True)
     def _info(self, session_id: str) -> SessionInfo | None:
+        return self._session_row(session_id, INFO_COLUMNS)
+
+    def _row(self, session_id: str) -> SessionInfo | None:
+        return self._session_row(session_id, ROW_COLUMNS)  # reading a log parses no plan
+
+    @_translated(retry=True)
+    def _session_row(self, session_id: str, columns: str) -> SessionInfo | None:
         if not isinstance(session_id, str) or "\x00" in session_id:
             return None  # PostgreSQL text cannot hold NUL, so no session has such an id
         with self._db.conn() as conn:
-            row = conn.execute(
-                f"SELECT {INFO_COLUMNS} FROM {self._s}.sessions WHERE session_id = %s", (session_id,)
-            ).fetchone()
+            row = conn.execute(f"SELECT {columns} FROM {self._s}.sessions WHERE session_id = %s", (session_id,)).fetchone()
         return row_info(row) if row else None
 
     @_translated(retry=True)
