@@ -14,13 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saucer.store import EventStore, SessionHead, SessionInfo
+from saucer.store.summary import ENDED, INTERRUPTED  # one rule for this and the store's listing
 
 __all__ = ["StoredStatus", "stored_status", "status_of", "INTERRUPTED", "ENDED"]
-
-#: A session without an end event whose runner's lease has expired.
-INTERRUPTED = "interrupted"
-#: Statuses of a session that has an end event.
-ENDED = frozenset({"finished", "failed", "error", "stopped"})
 
 
 @dataclass(frozen=True)

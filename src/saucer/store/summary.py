@@ -27,24 +27,13 @@ runner's lease has expired (or that has none) is ``interrupted``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
-    "ENDED",
-    "INTERRUPTED",
-    "SORT_KEYS",
-    "Counters",
-    "Delta",
-    "ListQuery",
-    "SessionSummary",
-    "apply",
-    "brief_of",
-    "delta_of",
-    "fold",
-    "fold_events",
-    "listed_status",
-    "select",
+    "ENDED", "INTERRUPTED", "REQUEST_CHARS", "SORT_KEYS", "Counters", "Delta", "ListQuery", "SessionSummary",
+    "apply", "ascii_lower", "brief_of", "delta_of", "fold", "fold_events", "initial_counters", "listed_sql",
+    "listed_status", "make_summary", "order_sql", "select",
 ]
 
 #: Statuses of a session that has ended (its last event is ``session_end``).
@@ -356,11 +345,3 @@ def order_sql(query: ListQuery, status: str, task: str, collate: str = "") -> st
         "cost": "(CASE WHEN s.cost_unknown THEN NULL ELSE s.cost END)", "version": "s.head",
     }[query.sort]
     return f"ORDER BY ({key} IS NULL), {key} {'DESC' if query.descending else 'ASC'}, s.session_id{collate}"
-
-
-def with_counters(summary: SessionSummary, counters: Counters) -> SessionSummary:
-    """``summary`` with the counted fields of ``counters`` (the status as stored, not derived)."""
-    return replace(
-        summary, rounds=counters.rounds, steps=counters.steps,
-        cost=None if counters.cost_unknown else counters.cost, reason=counters.reason,
-    )
