@@ -143,9 +143,9 @@ def _pool(tmp: Path, isolate: bool, plan: dict[str, Any], count: int, unshared: 
 
 def run_startup(name: str, quick: bool) -> dict[str, Any]:
     """One in-process scenario, in the current directory (a fresh temporary one), its imports done first."""
-    import jsonschema  # noqa: F401 - the MCP client validates results with it; imported on the first call
+    import jsonschema  # noqa: F401 - parameters that need a message are checked with it; imported on demand
     import saucer.agents.follower  # noqa: F401
-    import saucer.dispatch.local  # noqa: F401 - the MCP SDK: the whole-process figures include it
+    import saucer.dispatch.local  # noqa: F401 - the whole-process figures include the imports
 
     tmp = Path.cwd()
     if name == "start-session":

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from mcp.server.mcpserver.exceptions import ToolError
+from saucer.tools.native import ToolError
 
 from saucer.dispatch import Command, LocalCommandDispatcher, ResultStatus
 from saucer.tools.files import FilesOptions, FileTools

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from mcp.server.mcpserver.exceptions import ToolError
+from saucer.tools.native import ToolError
 
 from saucer.dispatch import Command, LocalCommandDispatcher, ResultStatus
 from saucer.tools.files import FilesOptions, FileTools, build_server, parse_options

@@ -1,246 +1,138 @@
-"""One persistent MCP client session per server, owned by a dedicated task.
+"""One connection per tool server: started on first use, restarted on demand, closed by its owner.
 
-The SDK's ``Client`` is built on anyio task groups, which must be entered and
-left by the same task. Commands arrive from many tasks (each batch, each
-parallel read, each ``asyncio.timeout``), so every connection lives in an
-*owner task* that enters the client, hands it out, and waits for the signal
-to close. Other tasks only send requests through it, which the SDK allows.
+A connection talks to its server one of two ways, chosen when it starts:
+
+* a :class:`~saucer.tools.native.NativeServer` (the built-in ``shell`` and
+  ``files``, in-process by default) is called directly: no MCP session, and
+  the MCP SDK is not even imported;
+* anything else (a stdio process, a streamable HTTP endpoint, an MCPServer
+  in this process) gets a persistent MCP client session
+  (:mod:`saucer.dispatch._mcp`).
+
+Either way the dispatcher sees the same :class:`ToolInfo` listing and
+:class:`CallOutcome` results, so what it records does not depend on the way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib
-import logging
-import os
-import sys
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol
 
-import anyio
-import httpx2
-from mcp import Client, StdioServerParameters, stdio_client
-from mcp.client._transport import TransportStreams
-from mcp.client.streamable_http import streamable_http_client
-from mcp.server import Server
-from mcp.server.mcpserver import MCPServer
-from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, CallToolResult, Implementation, Tool
-
-from saucer.dispatch.servers import MCPServerConfig
-
-__all__ = ["ServerConnection", "ServerStartError", "is_connection_lost", "describe_exception"]
-
-logger = logging.getLogger(__name__)
-
-# Seconds a server gets to shut down cleanly before its owner task is cancelled.
-_CLOSE_TIMEOUT = 10.0
-_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
-# Exceptions that mean the transport is gone (rather than that one call failed).
-_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
-    anyio.ClosedResourceError,
-    anyio.BrokenResourceError,
-    anyio.EndOfStream,
-    ConnectionError,
-    BrokenPipeError,
-    httpx2.TransportError,
+from saucer.dispatch._tooling import (
+    CallOutcome,
+    ServerStartError,
+    ToolInfo,
+    describe_exception,
+    is_connection_lost,
+    load_server_object,
 )
+from saucer.dispatch.servers import MCPServerConfig
+from saucer.tools.native import NativeServer
+
+__all__ = ["ServerConnection", "ServerStartError", "Backend"]
 
 
-@functools.cache
-def _client_info() -> Implementation:
-    # Cached: reading the package metadata costs milliseconds, and every connection sends it.
-    try:
-        own = version("saucer")
-    except PackageNotFoundError:
-        own = "0"
-    return Implementation(name="saucer", version=own)
+class Backend(Protocol):
+    """How a connection reaches its server once started (native calls or an MCP session)."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def start(self) -> list[ToolInfo]: ...
+
+    async def list_tools(self) -> list[ToolInfo]: ...
+
+    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> CallOutcome: ...
+
+    async def close(self) -> None: ...
 
 
-class ServerStartError(RuntimeError):
-    """A server could not be started or reached; the message names it and the cause."""
+class _NativeBackend:
+    """A NativeServer called directly: nothing to open, nothing that can be lost."""
 
+    def __init__(self, server: NativeServer) -> None:
+        self.server = server
+        self._open = False
 
-def describe_exception(exc: BaseException) -> str:
-    """``Type: message`` of the first leaf of ``exc`` (task groups wrap errors in groups)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, MCPError):
-        return f"MCP error {exc.code}: {exc.message}"
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    @property
+    def alive(self) -> bool:
+        return self._open
 
+    async def start(self) -> list[ToolInfo]:
+        tools = await self.list_tools()
+        self._open = True
+        return tools
 
-def is_connection_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` from a call means the connection to the server is gone."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, MCPError):
-        return exc.code == CONNECTION_CLOSED
-    return isinstance(exc, _TRANSPORT_ERRORS)
+    async def list_tools(self) -> list[ToolInfo]:
+        return [ToolInfo.from_listing(entry) for entry in self.server.list_tools()]
 
+    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> CallOutcome:
+        outcome = await self.server.call_tool(tool, arguments)
+        return CallOutcome(outcome.is_error, outcome.structured, outcome.payload, outcome.text)
 
-@asynccontextmanager
-async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[TransportStreams]:
-    """Streamable HTTP with our headers; the HTTP client lives exactly as long as the transport."""
-    async with httpx2.AsyncClient(headers=headers, timeout=_HTTP_TIMEOUT) as http:
-        async with streamable_http_client(url, http_client=http) as streams:
-            yield streams
-
-
-def _stderr_sink(config: MCPServerConfig, stack: AsyncExitStack) -> TextIO:
-    """Where a stdio server's stderr goes; it must be a real file (the child inherits its descriptor)."""
-    if config.stderr == "discard":
-        return stack.enter_context(open(os.devnull, "w"))
-    if isinstance(config.stderr, Path):
-        config.stderr.parent.mkdir(parents=True, exist_ok=True)
-        return stack.enter_context(open(config.stderr, "a", encoding="utf-8"))
-    for stream in (sys.stderr, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.fileno()
-                return stream
-        except (AttributeError, OSError, ValueError):
-            continue
-    return stack.enter_context(open(os.devnull, "w"))
-
-
-def load_server_object(import_path: str, options: Mapping[str, Any] | None = None) -> MCPServer | Server[Any]:
-    """The MCPServer (or low-level Server) named by ``'package.module:attribute'``.
-
-    When the attribute is a function instead, the server is what it returns,
-    called with ``options`` as keyword arguments (a fresh server each time).
-    """
-    module_name, _, attribute = import_path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is reported the same way
-        raise ServerStartError(f"cannot import module {module_name!r} of import_path {import_path!r}: "
-                               f"{describe_exception(exc)}") from exc
-    for part in attribute.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc:
-            message = f"import_path {import_path!r}: module {module_name!r} has no attribute {attribute!r}"
-            raise ServerStartError(message) from exc
-    if isinstance(obj, MCPServer | Server):
-        if options:
-            raise ServerStartError(f"import_path {import_path!r} names a server object, which takes no options")
-        return obj
-    if callable(obj) and not isinstance(obj, type):
-        try:
-            obj = obj(**(options or {}))
-        except Exception as exc:  # noqa: BLE001 - a factory's failure is a start failure naming it
-            raise ServerStartError(f"{import_path}(**options) failed: {describe_exception(exc)}") from exc
-        if isinstance(obj, MCPServer | Server):
-            return obj
-        raise ServerStartError(f"{import_path}() returned a {type(obj).__name__}, not an MCPServer or Server")
-    kind = type(obj).__name__
-    raise ServerStartError(f"import_path {import_path!r} names a {kind}, not an MCPServer, a Server or a function")
+    async def close(self) -> None:
+        self._open = False
 
 
 class ServerConnection:
-    """The persistent MCP session with one server: started on first use, restarted on demand."""
+    """The connection to one server: started on first use, restarted on demand."""
 
-    def __init__(self, name: str, config: MCPServerConfig, instance: MCPServer | Server[Any] | None = None) -> None:
+    def __init__(self, name: str, config: MCPServerConfig, instance: Any = None) -> None:
         self.name = name
         self.config = config
+        #: A live server object to use instead of the configuration's (a NativeServer or an MCP server).
         self.instance = instance
         #: Counts successful starts; a caller that saw a crash restarts only the generation it saw.
         self.generation = 0
         #: The server's tools by name, as listed when it (re)started.
-        self.tools: dict[str, Tool] = {}
-        self._client: Client | None = None
-        self._owner: asyncio.Task[None] | None = None
-        self._stop: asyncio.Event | None = None
+        self.tools: dict[str, ToolInfo] = {}
+        self._backend: Backend | None = None
         self._lock = asyncio.Lock()
 
     @property
     def alive(self) -> bool:
-        """Whether a session is open and its owner task still running."""
-        return self._client is not None and self._owner is not None and not self._owner.done()
+        """Whether the server is started and its session (if it has one) still open."""
+        return self._backend is not None and self._backend.alive
 
-    def _target(self, stack: AsyncExitStack) -> Any:
-        config = self.config
-        if config.transport == "stdio":
-            assert config.command is not None
-            params = StdioServerParameters(
-                command=config.command,
-                args=list(config.args),
-                env=dict(config.env) or None,
-                cwd=config.cwd,
-            )
-            return stdio_client(params, errlog=_stderr_sink(config, stack))
-        if config.transport == "http":
-            assert config.url is not None
-            return _http_transport(config.url, dict(config.headers))
-        if self.instance is not None:
-            return self.instance
-        assert config.import_path is not None
-        return load_server_object(config.import_path, config.options)
+    def _make_backend(self) -> Backend:
+        config, target = self.config, self.instance
+        if target is None and config.transport == "inprocess":
+            assert config.import_path is not None
+            target = load_server_object(config.import_path, config.options)
+        if isinstance(target, NativeServer):
+            return _NativeBackend(target)
+        from saucer.dispatch._mcp import MCPBackend  # the MCP SDK: only for servers that speak MCP
 
-    async def _own(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
-        """Owner task: open the session, publish it, keep it open until ``stop`` is set."""
-        try:
-            async with AsyncExitStack() as stack:
-                target = self._target(stack)
-                client = Client(target, cache=None, client_info=_client_info())
-                await stack.enter_async_context(client)
-                ready.set_result(client)
-                await stop.wait()
-        except Exception as exc:  # noqa: BLE001 - the owner reports failures, it must not crash the loop
-            if not ready.done():
-                ready.set_exception(exc)
-            elif not stop.is_set():
-                logger.warning("MCP server %r: connection ended: %s", self.name, describe_exception(exc))
-        except BaseException:  # cancellation, KeyboardInterrupt: nobody gets a session, the signal goes on
-            if not ready.done():
-                ready.cancel()
-            raise
+        return MCPBackend(self.name, config, target)
 
-    async def ensure_started(self) -> Client:
-        """The open session, starting the server first when it is not running."""
-        client = self._client
-        if client is not None and self.alive:
-            return client
+    async def ensure_started(self) -> None:
+        """Start the server first when it is not running."""
+        if self.alive:
+            return
         async with self._lock:
             if not self.alive:
-                await self._stop_owner()
+                await self._stop_backend()
                 await self._start()
-            assert self._client is not None
-            return self._client
 
     async def restart(self, seen_generation: int) -> bool:
         """Restart the server unless someone already did since ``seen_generation``; True when this call did."""
         async with self._lock:
             if self.generation != seen_generation and self.alive:
                 return False
-            await self._stop_owner()
+            await self._stop_backend()
             await self._start()
             return True
 
     async def _start(self) -> None:
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[Client] = loop.create_future()
-        # Retrieve the outcome even when no one is left waiting, so asyncio never
-        # warns about an exception that was never retrieved.
-        ready.add_done_callback(lambda f: None if f.cancelled() else f.exception())
-        stop = asyncio.Event()
-        owner = asyncio.create_task(self._own(ready, stop), name=f"saucer-mcp-{self.name}")
         limit = self.config.startup_timeout
+        backend: Backend | None = None
         try:
             async with asyncio.timeout(limit):
-                client = await asyncio.shield(ready)
-                tools = await self._list_tools(client)
+                backend = self._make_backend()
+                tools = await backend.start()
         except BaseException as exc:
-            stop.set()
-            if not ready.done():
-                owner.cancel()  # still connecting: do not wait for a handshake that may never come
-            await self._finish(owner)
+            if backend is not None:
+                await backend.close()  # a session still connecting is cancelled, not waited for
             if isinstance(exc, TimeoutError):
                 raise ServerStartError(f"server {self.name!r} did not start within {limit:g} s") from exc
             if isinstance(exc, ServerStartError):
@@ -253,57 +145,30 @@ class ServerConnection:
                     f"server {self.name!r} could not start: {describe_exception(exc)}{hint}"
                 ) from exc
             raise
-        self._client, self._owner, self._stop = client, owner, stop
+        self._backend = backend
         self.tools = {tool.name: tool for tool in tools}
         self.generation += 1
 
-    @staticmethod
-    async def _list_tools(client: Client) -> list[Tool]:
-        tools: list[Tool] = []
-        cursor: str | None = None
-        while True:
-            page = await client.list_tools(cursor=cursor)
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                return tools
-
-    async def refresh_tools(self) -> dict[str, Tool]:
+    async def refresh_tools(self) -> dict[str, ToolInfo]:
         """List the tools again (the server may have changed them)."""
-        client = await self.ensure_started()
-        self.tools = {tool.name: tool for tool in await self._list_tools(client)}
+        await self.ensure_started()
+        assert self._backend is not None
+        self.tools = {tool.name: tool for tool in await self._backend.list_tools()}
         return self.tools
 
-    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> CallToolResult:
-        """Call ``tool`` on the open session (starting the server if needed)."""
-        client = await self.ensure_started()
-        return await client.call_tool(tool, arguments)
+    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> CallOutcome:
+        """Call ``tool`` (starting the server if needed)."""
+        await self.ensure_started()
+        backend = self._backend
+        assert backend is not None
+        return await backend.call_tool(tool, arguments)
 
-    @staticmethod
-    async def _finish(owner: asyncio.Task[None]) -> None:
-        """Wait for an owner task to end (it closes the session), cancelling it if it hangs.
-
-        ``asyncio.wait`` neither raises the task's exception nor cancels the
-        task when the caller is cancelled, so a caller's cancellation still
-        propagates and the session is still closed by its owner.
-        """
-        done, _ = await asyncio.wait({owner}, timeout=_CLOSE_TIMEOUT)
-        if not done:
-            owner.cancel()
-            await asyncio.wait({owner}, timeout=_CLOSE_TIMEOUT)
-        if owner.done() and not owner.cancelled():
-            owner.exception()  # mark any exception as retrieved; _own already logged it
-
-    async def _stop_owner(self) -> None:
-        owner, stop = self._owner, self._stop
-        self._client = self._owner = self._stop = None
-        if owner is None:
-            return
-        if stop is not None:
-            stop.set()
-        await self._finish(owner)
+    async def _stop_backend(self) -> None:
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            await backend.close()
 
     async def close(self) -> None:
         """Close the session and stop the server (a stdio server's process group is ended by the SDK)."""
         async with self._lock:
-            await self._stop_owner()
+            await self._stop_backend()

@@ -29,18 +29,23 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mcp.server import Server
-from mcp.server.mcpserver import MCPServer
-from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, TextContent, Tool
 from pydantic import TypeAdapter
 
-from saucer.dispatch._connection import ServerConnection, ServerStartError, describe_exception, is_connection_lost
+from saucer.dispatch._connection import ServerConnection
+from saucer.dispatch._tooling import (
+    ServerStartError,
+    ToolInfo,
+    describe_exception,
+    is_connection_lost,
+    is_mcp_server,
+    mcp_error,
+)
 from saucer.dispatch.base import BatchCommandDispatcher
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.dispatch.servers import MCPServerConfig, default_servers
 from saucer.dispatch.shared import SharedServers, current_shared_servers
 from saucer.dispatch.toolcheck import parameter_problem, schema_validator
+from saucer.tools.native import NativeServer
 from saucer.tools.rules import SensitivityRules, compile_rules
 from saucer.tools.rules import sensitive_reason as _rule_reason
 
@@ -56,7 +61,8 @@ logger = logging.getLogger(__name__)
 
 Approver = Callable[[Command], Awaitable[bool | str]]
 """Decides on a sensitive command: True runs it; False, or a sentence saying why, refuses it."""
-ServerSpec = MCPServerConfig | Mapping[str, Any] | MCPServer | Server[Any]
+ServerSpec = MCPServerConfig | Mapping[str, Any] | NativeServer | Any
+"""A server: its configuration (a model or a table), or a live server (a NativeServer, an MCPServer or a Server)."""
 
 _CONFIGS = TypeAdapter(dict[str, MCPServerConfig])
 _SHOWN_CANDIDATES = 20
@@ -67,29 +73,8 @@ def _check_server_name(name: str) -> None:
         raise ValueError(f"invalid MCP server name {name!r}: use a non-empty name without dots or surrounding spaces")
 
 
-def _payload(result: CallToolResult) -> Any:
-    """The JSON value a successful call produced: structured content, else its text, else its content blocks."""
-    if result.structured_content is not None:
-        return result.structured_content
-    blocks = result.content
-    if blocks and all(isinstance(block, TextContent) for block in blocks):
-        texts = [block.text for block in blocks if isinstance(block, TextContent)]
-        return texts[0] if len(texts) == 1 else texts
-    return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in blocks]
-
-
-def _error_text(result: CallToolResult) -> str:
-    texts = [block.text for block in result.content if isinstance(block, TextContent)]
-    if texts:
-        return "\n".join(texts)
-    if result.structured_content is not None:
-        return json.dumps(result.structured_content, default=str)
-    return "the tool reported an error without a message"
-
-
-def _tool_type(tool: Tool) -> str:
-    hints = tool.annotations
-    return "data_collection" if hints is not None and hints.read_only_hint else "action"
+def _tool_type(tool: ToolInfo) -> str:
+    return "data_collection" if tool.read_only else "action"
 
 
 class LocalCommandDispatcher(BatchCommandDispatcher):
@@ -111,7 +96,7 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
         validate_parameters: bool = True,
         shared: SharedServers | None = None,
     ) -> None:
-        """Dispatch to ``servers`` (name → config, config table, or a live MCPServer/Server to run in-process).
+        """Dispatch to ``servers`` (name → config, config table, or a live NativeServer, MCPServer or Server).
 
         Made inside :func:`~saucer.dispatch.shared.share_tool_servers` (or
         given ``shared``), the dispatcher borrows one connection per server
@@ -126,11 +111,11 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
         against the tool's input schema before calling it.
         """
         configs: dict[str, MCPServerConfig] = {}
-        instances: dict[str, MCPServer | Server[Any]] = {}
+        instances: dict[str, Any] = {}
         tables: dict[str, Any] = {}
         for name, spec in servers.items():
             _check_server_name(name)
-            if isinstance(spec, MCPServer | Server):
+            if isinstance(spec, NativeServer) or is_mcp_server(spec):
                 instances[name] = spec
                 configs[name] = MCPServerConfig(import_path=f"{type(spec).__module__}:{type(spec).__name__}")
             elif isinstance(spec, MCPServerConfig):
@@ -188,7 +173,7 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
 
     @classmethod
     def from_servers(cls, servers: Mapping[str, ServerSpec], **options: Any) -> "LocalCommandDispatcher":
-        """A dispatcher for ``servers``: config tables, :class:`MCPServerConfig` or live MCPServer objects."""
+        """A dispatcher for ``servers``: config tables, :class:`MCPServerConfig` or live server objects."""
         return cls(servers, **options)
 
     @classmethod
@@ -260,17 +245,15 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
             rules = self._rules[name]
             for tool in conn.tools.values():
                 qualified = f"{name}.{tool.name}"
-                hints = tool.annotations
-                annotations = hints.model_dump(mode="json", by_alias=True, exclude_none=True) if hints else {}
                 info[qualified] = {
                     "name": qualified,
                     "server": name,
                     "tool": tool.name,
-                    "title": tool.title or (hints.title if hints else None),
-                    "description": tool.description or "",
+                    "title": tool.title,
+                    "description": tool.description,
                     "input_schema": tool.input_schema,
                     "output_schema": tool.output_schema,
-                    "annotations": annotations,
+                    "annotations": tool.annotations,
                     "tool_type": _tool_type(tool),
                     "sensitive": qualified in rules.tools,
                     "sensitive_commands": [rule.pattern for rule in rules.command_patterns],
@@ -389,21 +372,22 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
         except Exception as exc:  # noqa: BLE001 - sorted into crash or call failure below
             if is_connection_lost(exc) or not conn.alive:
                 return await self._after_crash(command, conn, generation, qualified, exc)
-            if isinstance(exc, MCPError):
-                error = f"tool {qualified!r} failed: {exc.message} (MCP error {exc.code})"
+            protocol = mcp_error(exc)
+            if protocol is not None:
+                error = f"tool {qualified!r} failed: {protocol[1]} (MCP error {protocol[0]})"
                 return Result.failure(command, error, namespace)
             return Result.failure(command, f"tool {qualified!r} failed: {describe_exception(exc)}", namespace)
         if outcome.is_error:
             # A failed call keeps its data (e.g. a command's exit code, stdout and stderr).
             return Result(
                 status=ResultStatus.FAILURE,
-                result=outcome.structured_content,
-                error=f"tool {qualified!r} failed: {_error_text(outcome)}",
+                result=outcome.structured,
+                error=f"tool {qualified!r} failed: {outcome.error_text}",
                 namespace=namespace,
                 call_id=command.call_id,
             )
         return Result(
-            status=ResultStatus.SUCCESS, result=_payload(outcome), namespace=namespace, call_id=command.call_id
+            status=ResultStatus.SUCCESS, result=outcome.payload, namespace=namespace, call_id=command.call_id
         )
 
     async def _after_crash(

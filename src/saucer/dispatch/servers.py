@@ -12,7 +12,7 @@ explicit ``transport``)::
     url = "http://127.0.0.1:8000/mcp"
     headers = { Authorization = "Bearer ..." }
 
-    [mcp.servers.demo]            # in-process: an MCPServer object in an importable module
+    [mcp.servers.demo]            # in-process: an MCPServer (or a saucer NativeServer) in an importable module
     import_path = "my_package.tools:server"
     timeout = 5
     sensitive_tools = ["delete_everything"]
@@ -123,7 +123,8 @@ def default_servers(
 
     By default ``shell`` and ``files`` run in-process: ``import_path`` names
     their ``create_server`` and ``options`` carry what the command line would,
-    so a session starts without starting a process. Their blocking work runs
+    so a session starts without starting a process; ``create_server`` returns
+    their tool table, which the dispatcher calls directly (no MCP session). Their blocking work runs
     in worker threads and a call's timeout applies as over stdio; the shell's
     commands start from the same minimal environment a stdio server gets.
 

@@ -1,9 +1,10 @@
-"""Helpers shared by the built-in servers: sandbox paths, option parsing, quiet servers."""
+"""Helpers shared by the built-in servers: sandbox paths, option parsing, the MCP form of a tool table."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import logging
 import os
 import sys
@@ -13,12 +14,14 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-
+from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 from saucer.tools.sandbox import MAX_PATH_BYTES, SandboxError
+
+if TYPE_CHECKING:
+    # The MCP SDK is imported only where an MCP server is built (the stdio servers, build_server).
+    from mcp.server.mcpserver import MCPServer
 
 __all__ = [
     "SandboxError",
@@ -30,7 +33,9 @@ __all__ = [
     "positive_int",
     "positive_float",
     "make_server",
+    "make_mcp_server",
     "built_once",
+    "ToolError",
     "guarded",
     "offload",
     "serve_stdio",
@@ -103,6 +108,8 @@ def make_server(name: str, instructions: str) -> MCPServer:
     none is installed yet); an in-process server must not change its host's
     logging, so the root logger's handlers and level are put back afterwards.
     """
+    from mcp.server.mcpserver import MCPServer
+
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     try:
@@ -112,16 +119,61 @@ def make_server(name: str, instructions: str) -> MCPServer:
         root.setLevel(level)
 
 
-_BUILT: OrderedDict[str, MCPServer] = OrderedDict()
+def _mcp_tool(spec: ToolSpec) -> Callable[..., Any]:
+    """``spec.fn`` for MCPServer: the same parameters, saucer's ToolError raised as the SDK's, an outcome as a result."""
+    from mcp.server.mcpserver.exceptions import ToolError as MCPToolError
+    from mcp.types import CallToolResult, TextContent
+
+    fn = spec.fn
+
+    async def tool(**arguments: Any) -> Any:
+        try:
+            result = await fn(**arguments)
+        except ToolError as exc:
+            raise MCPToolError(str(exc)) from None
+        if isinstance(result, ToolOutcome):
+            return CallToolResult(
+                content=[TextContent(type="text", text=result.text)],
+                structured_content=result.structured,
+                is_error=result.is_error,
+            )
+        return result
+
+    signature = inspect.signature(fn, eval_str=True)
+    returns = signature.return_annotation
+    if returns is ToolOutcome or returns == "ToolOutcome":
+        # Validated against the output model when it succeeds, as a structured result of that model.
+        returns = Annotated[CallToolResult, spec.output]
+    tool.__signature__ = signature.replace(return_annotation=returns)  # type: ignore[attr-defined]
+    tool.__name__ = tool.__qualname__ = fn.__name__
+    tool.__doc__ = fn.__doc__
+    return tool
+
+
+def make_mcp_server(native: NativeServer) -> MCPServer:
+    """The MCP server of a tool table: each tool registered on an MCPServer (quiet, as :func:`make_server`)."""
+    from mcp.types import ToolAnnotations
+
+    server = make_server(native.name, native.instructions)
+    for spec in native.tools.values():
+        hints = spec.annotations()
+        server.add_tool(
+            _mcp_tool(spec), name=spec.name, title=spec.title, description=spec.description,
+            annotations=ToolAnnotations.model_validate(hints) if hints else None,
+        )
+    return server
+
+
+_BUILT: OrderedDict[str, Any] = OrderedDict()
 _BUILT_LOCK = threading.Lock()
 _BUILT_KEEP = 32
 
 
-def built_once(kind: str, options: dict[str, Any], build: Callable[[], MCPServer]) -> MCPServer:
+def built_once(kind: str, options: dict[str, Any], build: Callable[[], _T]) -> _T:
     """The server ``build()`` makes for ``options``, built once and reused while it is among the last 32.
 
-    Building registers each tool's argument and result models, tens of
-    milliseconds; an in-process server is stateless between calls and serves
+    Building compiles each tool's argument and result models, milliseconds
+    each; an in-process server is stateless between calls and serves
     many clients at once, so sessions with the same options share one. A
     server pushed out is dropped by the cache only: whoever still uses it
     keeps it, and its resources are released when it is garbage.

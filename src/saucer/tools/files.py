@@ -36,17 +36,16 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Annotated
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from typing import TYPE_CHECKING
+
 from pydantic import Field
 
 from saucer.tools._common import (
+    built_once,
     env_default,
     existing_dir,
-    built_once,
     guarded,
-    make_server,
+    make_mcp_server,
     offload,
     parse,
     positive_int,
@@ -62,7 +61,11 @@ from saucer.tools.files_models import (
     SearchResult,
     WriteResult,
 )
+from saucer.tools.native import NativeServer, ToolError, ToolSpec
 from saucer.tools.sandbox import SandboxError, SandboxPath, SandboxRoot
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
 
 __all__ = [
     "FilesOptions",
@@ -74,6 +77,8 @@ __all__ = [
     "SearchMatch",
     "SearchResult",
     "FileTools",
+    "ToolError",
+    "tool_table",
     "build_server",
     "create_server",
     "parse_options",
@@ -428,14 +433,13 @@ class FileTools:
         return SearchResult(matches=matches, files_searched=searched, files_skipped=skipped, truncated=False)
 
 
-_READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+_READ_ONLY = {"read_only": True, "destructive": False, "idempotent": True, "open_world": False}
 
 
-def build_server(options: FilesOptions) -> MCPServer:
-    """The files MCP server for ``options`` (without write/append when read-only)."""
+def tool_table(options: FilesOptions) -> NativeServer:
+    """The files tools for ``options`` (without write/append when read-only), to call in-process or serve over MCP."""
     tools = FileTools(options)
     root = options.root
-    server = make_server("saucer-files", instructions=f"Reads and writes files inside the workspace {root}.")
 
     async def read(
         path: Annotated[str, Field(description="File path relative to the workspace root.")],
@@ -480,45 +484,56 @@ def build_server(options: FilesOptions) -> MCPServer:
         return await offload(guarded, tools.search, pattern, path, regex, case_sensitive, glob, max_results)
 
     cap = f"{options.max_read} bytes"
-    server.add_tool(
-        read, name="read", title="Read a file", annotations=_READ_ONLY,
-        description=f"Read a UTF-8 text file inside the workspace root ({root}). Returns at most {cap} per call; "
-        "when `truncated` is true, call again with `offset` set to `next_offset` to read on. Binary files are refused.",
-    )
+    table = [
+        ToolSpec(
+            "read", read, FileContent, title="Read a file", hints=_READ_ONLY,
+            description=f"Read a UTF-8 text file inside the workspace root ({root}). Returns at most {cap} per call; "
+            "when `truncated` is true, call again with `offset` set to `next_offset` to read on. Binary files are refused.",
+        )
+    ]
     if not options.read_only:
-        server.add_tool(
-            write, name="write", title="Write a file",
-            annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=True, open_world_hint=False),
-            description="Create a text file or replace its whole content, inside the workspace root "
-            f"({root}). Missing parent directories are created. At most {options.max_write} bytes per call; "
-            "use append to add to an existing file.",
-        )
-        server.add_tool(
-            append, name="append", title="Append to a file",
-            annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=False, open_world_hint=False),
-            description="Add text at the end of a file inside the workspace root (the file is created when missing). "
-            "Include a trailing newline yourself if you want one.",
-        )
-    server.add_tool(
-        list_dir, name="list", title="List a directory", annotations=_READ_ONLY,
-        description="List the entries of a directory inside the workspace root: path (relative to the root), "
-        "type (file, directory, symlink, other) and size of files. Set recursive for the whole tree; hidden "
-        "names (starting with a dot) are left out unless include_hidden is set. Symbolic links are listed, "
-        "never followed: the files tools refuse paths through them.",
-    )
-    server.add_tool(
-        stat, name="stat", title="File metadata", annotations=_READ_ONLY,
-        description="Type, size in bytes, last modification time (UTC) and permission bits of a path inside "
-        "the workspace root.",
-    )
-    server.add_tool(
-        search, name="search", title="Search file contents", annotations=_READ_ONLY,
-        description="Find lines containing a text (or matching a regular expression) in the text files under a "
-        "directory of the workspace, like grep -rn. Returns path, line number and line text for each match, "
-        f"up to max_results. Binary files, hidden files and directories, and files over {options.max_search_file} "
-        "bytes are skipped; symbolic links are not followed.",
-    )
-    return server
+        table += [
+            ToolSpec(
+                "write", write, WriteResult, title="Write a file",
+                hints={"destructive": True, "idempotent": True, "open_world": False},
+                description="Create a text file or replace its whole content, inside the workspace root "
+                f"({root}). Missing parent directories are created. At most {options.max_write} bytes per call; "
+                "use append to add to an existing file.",
+            ),
+            ToolSpec(
+                "append", append, WriteResult, title="Append to a file",
+                hints={"destructive": False, "idempotent": False, "open_world": False},
+                description="Add text at the end of a file inside the workspace root (the file is created when missing). "
+                "Include a trailing newline yourself if you want one.",
+            ),
+        ]
+    table += [
+        ToolSpec(
+            "list", list_dir, Listing, title="List a directory", hints=_READ_ONLY,
+            description="List the entries of a directory inside the workspace root: path (relative to the root), "
+            "type (file, directory, symlink, other) and size of files. Set recursive for the whole tree; hidden "
+            "names (starting with a dot) are left out unless include_hidden is set. Symbolic links are listed, "
+            "never followed: the files tools refuse paths through them.",
+        ),
+        ToolSpec(
+            "stat", stat, FileStat, title="File metadata", hints=_READ_ONLY,
+            description="Type, size in bytes, last modification time (UTC) and permission bits of a path inside "
+            "the workspace root.",
+        ),
+        ToolSpec(
+            "search", search, SearchResult, title="Search file contents", hints=_READ_ONLY,
+            description="Find lines containing a text (or matching a regular expression) in the text files under a "
+            "directory of the workspace, like grep -rn. Returns path, line number and line text for each match, "
+            f"up to max_results. Binary files, hidden files and directories, and files over {options.max_search_file} "
+            "bytes are skipped; symbolic links are not followed.",
+        ),
+    ]
+    return NativeServer("saucer-files", f"Reads and writes files inside the workspace {root}.", table)
+
+
+def build_server(options: FilesOptions) -> MCPServer:
+    """The files MCP server for ``options``: :func:`tool_table` registered on an MCPServer (imports the MCP SDK)."""
+    return make_mcp_server(tool_table(options))
 
 
 def create_server(
@@ -527,16 +542,18 @@ def create_server(
     max_read: int = DEFAULT_MAX_READ,
     max_write: int = DEFAULT_MAX_WRITE,
     read_only: bool = False,
-) -> MCPServer:
-    """The files server to run in-process, from keyword options (an ``import_path`` factory).
+) -> NativeServer:
+    """The files tools to run in-process, from keyword options (an ``import_path`` factory).
 
-    The options are those of the command line. Servers are built once per
-    options and shared (:func:`saucer.tools._common.built_once`); the root's
-    descriptor is closed when its server is garbage.
+    The options are those of the command line. The dispatcher calls the
+    tools directly (no MCP server is built, the MCP SDK is not imported).
+    Tables are built once per options and shared
+    (:func:`saucer.tools._common.built_once`); the root's descriptor is
+    closed when its table is garbage.
     """
     options = FilesOptions.create(root, max_read=max_read, max_write=max_write, read_only=read_only)
     return built_once("files", {"root": str(options.root), "max_read": max_read, "max_write": max_write,
-                                "read_only": read_only}, lambda: build_server(options))
+                                "read_only": read_only}, lambda: tool_table(options))
 
 
 def _parser() -> argparse.ArgumentParser:

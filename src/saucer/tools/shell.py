@@ -28,21 +28,18 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import anyio
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from saucer.tools._common import (
     SandboxError,
+    built_once,
     env_default,
     env_list,
     existing_dir,
-    built_once,
-    make_server,
+    make_mcp_server,
     offload,
     one_line,
     parse,
@@ -53,6 +50,7 @@ from saucer.tools._common import (
     serve_stdio,
 )
 from saucer.tools._orphans import forget_group, watch_group
+from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 from saucer.tools.rules import (
     CommandRule,
     SensitivityRules,
@@ -62,14 +60,21 @@ from saucer.tools.rules import (
     sensitive_reason,
 )
 
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.types import CallToolResult
+
 __all__ = [
     "ShellOptions",
     "ShellResult",
     "run_command",
+    "shell_outcome",
     "shell_call_result",
     "DEFAULT_EXPECT_EXIT",
+    "tool_table",
     "build_server",
     "create_server",
+    "default_environment",
     "parse_options",
     "main",
     "is_sensitive",
@@ -325,8 +330,8 @@ async def run_command(
     )
 
 
-def shell_call_result(result: ShellResult, expect_exit: Sequence[int] | None = None) -> CallToolResult:
-    """The MCP result of a finished command: a tool error when its exit code is not expected.
+def shell_outcome(result: ShellResult, expect_exit: Sequence[int] | None = None) -> ToolOutcome:
+    """The outcome of a finished command: an error when its exit code is not expected.
 
     Either way the structured content is the whole :class:`ShellResult`, so the
     exit code, stdout and stderr of a failed command stay available as data.
@@ -334,13 +339,24 @@ def shell_call_result(result: ShellResult, expect_exit: Sequence[int] | None = N
     expected = tuple(DEFAULT_EXPECT_EXIT if expect_exit is None else expect_exit)
     data = result.model_dump(mode="json")
     if result.exit_code in expected:
-        return CallToolResult(content=[TextContent(type="text", text=result.model_dump_json(indent=2))], structured_content=data)
+        return ToolOutcome(result.model_dump_json(indent=2), data)
     wanted = ", ".join(map(str, expected)) or "none"
     text = f"command exited with code {result.exit_code} (expected {wanted})"
     for name, value in (("stdout", result.stdout), ("stderr", result.stderr)):
         if value:
             text += f"\n--- {name} ---\n{value[-2000:].rstrip()}"
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data, is_error=True)
+    return ToolOutcome(text, data, is_error=True)
+
+
+def shell_call_result(result: ShellResult, expect_exit: Sequence[int] | None = None) -> CallToolResult:
+    """:func:`shell_outcome` as the MCP result (``CallToolResult``; imports the MCP SDK)."""
+    from mcp.types import CallToolResult, TextContent
+
+    outcome = shell_outcome(result, expect_exit)
+    return CallToolResult(
+        content=[TextContent(type="text", text=outcome.text)], structured_content=outcome.structured,
+        is_error=outcome.is_error,
+    )
 
 
 def _describe(options: ShellOptions) -> str:
@@ -366,15 +382,11 @@ def _describe(options: ShellOptions) -> str:
     ).strip()
 
 
-def build_server(options: ShellOptions) -> MCPServer:
-    """The shell MCP server (one tool, ``run``) for ``options``."""
-    server = make_server(
-        "saucer-shell",
-        instructions=f"Runs shell commands on Linux inside the workspace {options.root}.",
-    )
+def tool_table(options: ShellOptions) -> NativeServer:
+    """The shell tools (one, ``run``) for ``options``, to call in-process or serve over MCP."""
 
     # Annotations here must not refer to local names: this module uses postponed
-    # annotations, and MCPServer evaluates them in the module's namespace.
+    # annotations, and they are evaluated in the module's namespace.
     async def run(
         command: Annotated[str, Field(description="The command line to run, e.g. `ls -la src | head -50`.")],
         timeout: Annotated[
@@ -391,23 +403,43 @@ def build_server(options: ShellOptions) -> MCPServer:
             list[int] | None,
             Field(description="Exit codes that count as success (default [0]); any other makes the call fail."),
         ] = None,
-    ) -> Annotated[CallToolResult, ShellResult]:
+    ) -> ToolOutcome:
         try:
             finished = await run_command(command, options, timeout=timeout, cwd=cwd, env=env)
         except ToolError:
             raise
         except Exception as exc:  # noqa: BLE001 - one line to the caller, no traceback in the server
             raise ToolError(one_line(exc)) from None
-        return shell_call_result(finished, expect_exit)
+        return shell_outcome(finished, expect_exit)
 
-    server.add_tool(
-        run,
-        name="run",
-        title="Run a shell command",
-        description=_describe(options),
-        annotations=ToolAnnotations(title="Run a shell command", destructive_hint=True, open_world_hint=True),
+    run_tool = ToolSpec(
+        "run", run, ShellResult, title="Run a shell command", description=_describe(options),
+        hints={"title": "Run a shell command", "destructive": True, "open_world": True},
     )
-    return server
+    return NativeServer("saucer-shell", f"Runs shell commands on Linux inside the workspace {options.root}.", [run_tool])
+
+
+def build_server(options: ShellOptions) -> MCPServer:
+    """The shell MCP server for ``options``: :func:`tool_table` registered on an MCPServer (imports the MCP SDK)."""
+    return make_mcp_server(tool_table(options))
+
+
+#: The variables a stdio MCP server inherits (the MCP SDK's DEFAULT_INHERITED_ENV_VARS on POSIX).
+INHERITED_ENV_VARS = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+
+
+def default_environment() -> dict[str, str]:
+    """The environment a stdio server's commands get: the inherited variables of this process that are set.
+
+    The same as the MCP SDK's ``get_default_environment`` on POSIX (a value
+    starting with ``()``, an exported shell function, is left out), without
+    importing the SDK; a test keeps the two equal.
+    """
+    return {
+        key: value
+        for key in INHERITED_ENV_VARS
+        if (value := os.environ.get(key)) is not None and not value.startswith("()")
+    }
 
 
 def create_server(
@@ -420,19 +452,18 @@ def create_server(
     max_timeout: float = DEFAULT_MAX_TIMEOUT,
     shell: str = "/bin/sh",
     env: Mapping[str, str] | None = None,
-) -> MCPServer:
-    """The shell server to run in-process, from keyword options (an ``import_path`` factory).
+) -> NativeServer:
+    """The shell tool to run in-process, from keyword options (an ``import_path`` factory).
 
-    The options are those of the command line. Commands start from ``env``,
+    The options are those of the command line. The dispatcher calls the
+    tool directly (no MCP server is built). Commands start from ``env``,
     by default the minimal environment a stdio server gets (HOME, PATH, USER,
-    ...; the MCP SDK's ``get_default_environment``), never the whole
-    environment of the host process, which may hold its secrets. Servers are
+    ...; what the MCP SDK's ``get_default_environment`` gives a stdio server), never the whole
+    environment of the host process, which may hold its secrets. Tables are
     built once per options and shared (:func:`saucer.tools._common.built_once`).
     """
     if env is None:
-        from mcp.client.stdio import get_default_environment
-
-        env = get_default_environment()
+        env = default_environment()
         # A stdio server is a Python started without any LC_* or LANG: it coerces the C locale to
         # C.UTF-8 (PEP 538) and its commands inherit that. Give in-process commands the same.
         env.setdefault("LC_CTYPE", "C.UTF-8")
@@ -444,7 +475,7 @@ def create_server(
     )
     given = {"root": str(options.root), "allow": list(allow), "deny": list(deny), "max_output": max_output,
              "timeout": timeout, "max_timeout": max_timeout, "shell": shell, "env": env}
-    return built_once("shell", given, lambda: build_server(options))
+    return built_once("shell", given, lambda: tool_table(options))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,231 @@
+"""The built-in tools without the MCP SDK: one tool table, served in-process as plain calls or over MCP.
+
+A built-in server (``shell``, ``files``) is a :class:`NativeServer`: its tools
+are :class:`ToolSpec` entries, async functions whose annotated parameters are
+the tool's arguments. Two ways run the same table:
+
+* in-process (the default): the dispatcher calls :meth:`NativeServer.call_tool`
+  directly, without building an MCP server or importing the MCP SDK (whose
+  import alone costs about a second of CPU, more than the rest of a short
+  session);
+* as an MCP server (``python -m saucer.tools.NAME``, or ``build_server``):
+  :func:`saucer.tools._common.make_mcp_server` registers the same functions
+  on an ``MCPServer``.
+
+Both say the same: the listing (input schema from the parameters, output
+schema from the result model, annotations) and every result are what the MCP
+SDK's ``MCPServer`` makes of these functions, down to the error texts
+(``Error executing tool NAME: ...``), the JSON pre-parsing of string
+arguments and the argument model's name in a validation error. A test
+compares the two listings and results, so a new SDK that changes them is seen.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, TypeAdapter
+
+__all__ = ["ToolError", "ToolOutcome", "ToolSpec", "NativeServer"]
+
+logger = logging.getLogger(__name__)
+
+# The order MCP's ToolAnnotations dumps its fields in, with their JSON names.
+_HINTS = (("title", "title"), ("read_only", "readOnlyHint"), ("destructive", "destructiveHint"),
+          ("idempotent", "idempotentHint"), ("open_world", "openWorldHint"))
+
+
+class ToolError(Exception):
+    """A tool call failed in a way its caller should read (a refused path, a missing file, a bad option).
+
+    Its message becomes the error text of the call: ``Error executing tool NAME: MESSAGE``.
+    Over MCP it is raised as the SDK's ``ToolError`` with the same message.
+    """
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What one call produced, as MCP's ``CallToolResult`` carries it.
+
+    ``text`` is the text content; ``structured`` the structured content (None
+    when the tool has none); ``is_error`` marks a failed call, which may keep
+    its data in ``structured`` (a command's exit code and output).
+    """
+
+    text: str
+    structured: dict[str, Any] | None = None
+    is_error: bool = False
+
+    @property
+    def payload(self) -> Any:
+        """The JSON value of a successful call: its structured content, else its text."""
+        return self.structured if self.structured is not None else self.text
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: its name, its function and how it is described.
+
+    ``fn`` is an async function whose parameters (annotated, with defaults
+    for the optional ones) are the tool's arguments. It returns an instance of
+    ``output`` (a pydantic model: the structured content), or a
+    :class:`ToolOutcome` whose structured content, when the call succeeded,
+    validates as ``output``. It raises :class:`ToolError` for a failure the
+    caller should read; anything else is a crash, reported without its text.
+    """
+
+    name: str
+    fn: Callable[..., Awaitable[Any]]
+    output: type[BaseModel]
+    description: str
+    title: str | None = None
+    #: Behaviour hints, as MCP's ToolAnnotations: title, read_only, destructive, idempotent, open_world.
+    hints: dict[str, Any] = field(default_factory=dict)
+
+    def annotations(self) -> dict[str, Any]:
+        """The hints as MCP's ``ToolAnnotations`` in JSON (camelCase names, unset ones left out)."""
+        unknown = set(self.hints) - {key for key, _ in _HINTS}
+        if unknown:
+            raise ValueError(f"tool {self.name!r}: unknown hints {sorted(unknown)}")
+        return {wire: self.hints[key] for key, wire in _HINTS if self.hints.get(key) is not None}
+
+
+def _pre_parse_json(fields: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """Arguments given as JSON text for a parameter that is not a string, parsed (as MCPServer does)."""
+    parsed = dict(arguments)
+    for key, value in arguments.items():
+        info = fields.get(key)
+        if info is None or not isinstance(value, str) or info.annotation is str:
+            continue
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(value, str | int | float):
+            parsed[key] = value
+    return parsed
+
+
+class _Compiled:
+    """A tool's argument model, schemas and output validator (pydantic, built on first use)."""
+
+    def __init__(self, spec: ToolSpec) -> None:
+        from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
+
+        class ArgModelBase(BaseModel):
+            """A model representing the arguments to a function."""
+
+            model_config = ConfigDict(arbitrary_types_allowed=True)
+
+        signature = inspect.signature(spec.fn, eval_str=True)
+        params: dict[str, Any] = {}
+        #: Field name -> the keyword the function takes (an alias when the name shadows a BaseModel method).
+        self.keywords: dict[str, str] = {}
+        for param in signature.parameters.values():
+            if param.name.startswith("_"):
+                raise ValueError(f"parameter {param.name} of {spec.fn.__name__} cannot start with '_'")
+            annotation = param.annotation if param.annotation is not inspect.Parameter.empty else Any
+            name, extra = param.name, {}
+            if hasattr(BaseModel, name) and callable(getattr(BaseModel, name)):
+                extra["alias"], name = name, f"field_{name}"
+            typed = Annotated[(annotation, Field(**extra))]
+            params[name] = (typed, param.default) if param.default is not inspect.Parameter.empty else typed
+            self.keywords[name] = param.name
+        self.arg_model: type[BaseModel] = create_model(f"{spec.fn.__name__}Arguments", __base__=ArgModelBase, **params)
+        self.input_schema: dict[str, Any] = self.arg_model.model_json_schema(by_alias=True)
+        self.output: TypeAdapter[Any] = TypeAdapter(spec.output)
+        self.output_schema: dict[str, Any] = self.output.json_schema()
+        self.fields = dict(self.arg_model.model_fields)
+        for name, info in list(self.fields.items()):
+            if info.alias:
+                self.fields[info.alias] = info
+
+
+class NativeServer:
+    """The tools of one built-in server, called in-process without MCP; what an ``import_path`` factory returns.
+
+    The dispatcher lists and calls them as it would an MCP server's
+    (:meth:`list_tools`, :meth:`call_tool`); every outcome of a call is a
+    :class:`ToolOutcome`, a crash included, as an MCP server answers it.
+    """
+
+    def __init__(self, name: str, instructions: str, tools: Sequence[ToolSpec]) -> None:
+        self.name = name
+        self.instructions = instructions
+        self.tools: dict[str, ToolSpec] = {}
+        for spec in tools:
+            if spec.name in self.tools:
+                raise ValueError(f"server {name!r}: tool {spec.name!r} is defined twice")
+            self.tools[spec.name] = spec
+        self._compiled: dict[str, _Compiled] = {}
+
+    def _compile(self, name: str) -> _Compiled:
+        compiled = self._compiled.get(name)
+        if compiled is None:
+            compiled = self._compiled[name] = _Compiled(self.tools[name])
+        return compiled
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        """Every tool as MCP lists it: name, title, description, inputSchema, outputSchema, annotations."""
+        listed = []
+        for name, spec in self.tools.items():
+            compiled = self._compile(name)
+            annotations = spec.annotations()
+            listed.append({
+                "name": name,
+                "title": spec.title,
+                "description": spec.description,
+                "inputSchema": compiled.input_schema,
+                "outputSchema": compiled.output_schema,
+                "annotations": annotations or None,
+            })
+        return listed
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+        """Call tool ``name``; a failure is an error outcome with MCPServer's text, never an exception."""
+        from pydantic import BaseModel, ValidationError
+
+        spec = self.tools.get(name)
+        if spec is None:
+            return ToolOutcome(f"Unknown tool: {name}", is_error=True)
+        compiled = self._compile(name)
+        try:
+            model = compiled.arg_model.model_validate(_pre_parse_json(compiled.fields, arguments))
+        except ValidationError as exc:
+            logger.info("Tool %r rejected arguments", name)
+            return ToolOutcome(f"Error executing tool {name}: {exc}", is_error=True)
+        except Exception:  # noqa: BLE001 - a validator that raises is a crash, reported without its text
+            logger.exception("Tool %r raised an unexpected exception", name)
+            return ToolOutcome(f"Error executing tool {name}", is_error=True)
+        kwargs = {compiled.keywords[key]: getattr(model, key) for key in type(model).model_fields}
+        try:
+            result = await spec.fn(**kwargs)
+            if isinstance(result, ToolOutcome):
+                if not result.is_error:
+                    compiled.output.validate_python(result.structured)
+                return result
+            validated = compiled.output.validate_python(result, by_alias=True, by_name=True)
+            if isinstance(validated, BaseModel):
+                structured = validated.model_dump(mode="json", by_alias=True)
+            else:
+                structured = compiled.output.dump_python(validated, mode="json", by_alias=True)
+            return ToolOutcome(_text(result), structured)
+        except ToolError as exc:
+            logger.info("Tool %r failed: %r", name, str(exc))
+            return ToolOutcome(f"Error executing tool {name}: {exc}", is_error=True)
+        except Exception:  # noqa: BLE001 - a crash: its text stays here, as an MCP server keeps it
+            logger.exception("Tool %r raised an unexpected exception", name)
+            return ToolOutcome(f"Error executing tool {name}", is_error=True)
+
+
+def _text(result: Any) -> str:
+    """The text content MCPServer makes of a returned value (JSON, indented by 2)."""
+    import pydantic_core
+
+    return result if isinstance(result, str) else pydantic_core.to_json(result, fallback=str, indent=2).decode()

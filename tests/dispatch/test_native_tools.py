@@ -1,0 +1,168 @@
+"""The built-in tools called directly (in-process, no MCP) say exactly what their MCP servers say.
+
+The same tool table runs two ways: :class:`saucer.tools.native.NativeServer`
+called by the dispatcher, and the MCPServer that ``build_server`` registers it
+on. The listing the dispatcher records and every result (successes, tool
+errors, argument errors the schema lets through, crashes) must be equal, so a
+session records the same events whichever way its tools run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from saucer.dispatch import Command, LocalCommandDispatcher
+from saucer.tools import files, shell
+from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
+
+pytestmark = pytest.mark.anyio
+
+
+def _servers(root: Path, read_only: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(native, MCP) servers of the same options."""
+    file_options = files.FilesOptions.create(root, read_only=read_only)
+    shell_options = shell.ShellOptions.create(root, deny=["curl *"], env=shell.default_environment())
+    native = {"files": files.tool_table(file_options), "shell": shell.tool_table(shell_options)}
+    mcp = {"files": files.build_server(file_options), "shell": shell.build_server(shell_options)}
+    return native, mcp
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["read-write", "read-only"])
+async def test_the_listing_is_the_mcp_servers_listing(tmp_path: Path, read_only: bool) -> None:
+    native, mcp = _servers(tmp_path, read_only)
+    async with LocalCommandDispatcher.from_servers(native) as direct, LocalCommandDispatcher.from_servers(mcp) as over:
+        listed, expected = await direct.list_tools(), await over.list_tools()
+    assert listed == expected
+    assert {"files.read", "files.list", "files.stat", "files.search", "shell.run"} <= set(listed)
+    assert ("files.write" in listed) is not read_only
+
+
+def _commands() -> list[Command]:
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("files.write", {"path": "notes/a.txt", "content": "hello\nworld\n"}),
+        ("files.read", {"path": "notes/a.txt", "max_bytes": 3}),
+        ("files.read", {"path": "../outside"}),
+        ("files.read", {"path": "missing.txt"}),
+        ("files.list", {"path": ".", "recursive": True}),
+        ("files.list", {"path": ".", "max_entries": "[1]"}),  # a string of JSON for an integer: refused
+        ("files.list", {"path": ".", "max_entries": 0}),
+        ("files.stat", {"path": "notes"}),
+        ("files.search", {"pattern": "wor", "glob": "*.txt"}),
+        ("files.search", {"pattern": "(", "regex": True}),
+        ("files.search", {"pattern": "x", "unknown": 1}),  # extra arguments are ignored
+        ("files.read", {"path": 5}),  # the schema lets nothing through here; with validation off, pydantic says it
+        ("files.read", {}),
+        ("shell.run", {"command": "echo out; echo err >&2"}),
+        ("shell.run", {"command": "exit 3"}),
+        ("shell.run", {"command": "exit 1", "expect_exit": "[0, 1]"}),  # JSON text for a list is parsed
+        ("shell.run", {"command": "echo $X", "env": {"X": "set"}}),
+        ("shell.run", {"command": "curl http://example.invalid"}),
+        ("shell.run", {"command": "pwd", "cwd": ".."}),
+        ("shell.run", {"command": "   "}),
+        ("shell.run", {"command": "true", "timeout": -1}),
+        ("shell.run", {"command": "true", "env": {"X": 1}}),
+    ]
+    return [Command(tool_name=tool, parameters=params, call_id=f"c{i}") for i, (tool, params) in enumerate(calls)]
+
+
+def _comparable(result: Any) -> Any:
+    data = result.model_dump(mode="json")
+    if isinstance(data.get("result"), dict):
+        data["result"].pop("duration", None)  # how long a command ran is the one thing that may differ
+        data["result"].pop("modified", None)
+    return data
+
+
+@pytest.mark.parametrize("validate", [True, False], ids=["schema-checked", "unchecked"])
+async def test_every_result_is_the_mcp_servers_result(tmp_path: Path, validate: bool) -> None:
+    outcomes = []
+    root = tmp_path / "workspace"
+    for way in (0, 1):
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()  # the same folder, fresh, each way: paths in messages are equal
+        servers = _servers(root)[way]
+        async with LocalCommandDispatcher.from_servers(servers, validate_parameters=validate, assume_yes=True) as d:
+            outcomes.append([_comparable(await d.execute_command(c)) for c in _commands()])
+    native, mcp = outcomes
+    for command, mine, theirs in zip(_commands(), native, mcp):
+        assert mine == theirs, command
+    errors = [r["error"] for r in native if r["error"]]
+    assert any("Error executing tool read: path '../outside' escapes the sandbox root" in e for e in errors)
+    if not validate:
+        assert any("validation error for readArguments" in e for e in errors)
+
+
+async def test_a_crash_is_reported_without_its_text_either_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(*args: Any) -> None:
+        raise RuntimeError("secret detail")
+
+    monkeypatch.setattr(files, "guarded", crash)
+    results = []
+    for servers in _servers(tmp_path):
+        async with LocalCommandDispatcher.from_servers(servers) as dispatcher:
+            results.append(await dispatcher.execute_command(Command(tool_name="files.stat", parameters={"path": "."})))
+    native, mcp = results
+    assert native.error == mcp.error == "tool 'files.stat' failed: Error executing tool stat"
+
+
+def test_the_commands_environment_is_the_one_a_stdio_server_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcp.client.stdio import get_default_environment
+
+    monkeypatch.setenv("SHELL", "() { :; }; echo exported function")
+    monkeypatch.setenv("TERM", "xterm")
+    assert shell.default_environment() == get_default_environment()
+    assert "SHELL" not in shell.default_environment()
+
+
+async def test_a_native_server_answers_every_failure_with_an_outcome() -> None:
+    async def boom(flag: bool) -> ToolOutcome:
+        if flag:
+            raise ToolError("told you")
+        return ToolOutcome("fine", {"bad": "shape"})  # a success that does not fit the output model
+
+    from saucer.tools.files_models import FileStat
+
+    server = NativeServer("t", "test", [ToolSpec("boom", boom, FileStat, "a tool")])
+    assert await server.call_tool("nope", {}) == ToolOutcome("Unknown tool: nope", is_error=True)
+    assert await server.call_tool("boom", {"flag": True}) == ToolOutcome("Error executing tool boom: told you", is_error=True)
+    assert await server.call_tool("boom", {"flag": False}) == ToolOutcome("Error executing tool boom", is_error=True)
+    refused = await server.call_tool("boom", {})
+    assert refused.is_error and "validation error for boomArguments" in refused.text
+    with pytest.raises(ValueError, match="defined twice"):
+        NativeServer("t", "test", [ToolSpec("boom", boom, FileStat, "a"), ToolSpec("boom", boom, FileStat, "b")])
+    with pytest.raises(ValueError, match="unknown hints"):
+        ToolSpec("boom", boom, FileStat, "a", hints={"readonly": True}).annotations()
+
+
+def test_the_in_process_tools_never_import_the_mcp_sdk(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        from pathlib import Path
+        from saucer.dispatch import Command, LocalCommandDispatcher, default_servers
+
+        async def main():
+            async with LocalCommandDispatcher.from_config(default_servers(Path(sys.argv[1]))) as dispatcher:
+                assert {"shell.run", "files.read"} <= set(await dispatcher.list_tools())
+                results = await dispatcher.execute_commands([
+                    Command(tool_name="shell.run", parameters={"command": "echo hi"}),
+                    Command(tool_name="files.read", parameters={"path": "nope"}),
+                ])
+                print(results[0].status.value, results[1].status.value)
+
+        asyncio.run(main())
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types", "httpx2", "starlette")))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["success failure", "[]"]
