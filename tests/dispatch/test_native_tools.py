@@ -142,7 +142,7 @@ async def test_a_native_server_answers_every_failure_with_an_outcome() -> None:
         ToolSpec("boom", boom, FileStat, "a", hints={"readonly": True}).annotations()
 
 
-def test_the_in_process_tools_never_import_the_mcp_sdk(tmp_path: Path) -> None:
+def test_the_in_process_tools_never_import_the_mcp_sdk_nor_jsonschema_for_valid_commands(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import asyncio, sys
@@ -159,7 +159,7 @@ def test_the_in_process_tools_never_import_the_mcp_sdk(tmp_path: Path) -> None:
                 print(results[0].status.value, results[1].status.value)
 
         asyncio.run(main())
-        print(sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types", "httpx2", "starlette")))
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types", "httpx2", "starlette", "jsonschema")))
         """
     )
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120,

@@ -44,7 +44,7 @@ from saucer.dispatch.base import BatchCommandDispatcher
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.dispatch.servers import MCPServerConfig, default_servers
 from saucer.dispatch.shared import SharedServers, current_shared_servers
-from saucer.dispatch.toolcheck import parameter_problem, schema_validator
+from saucer.dispatch.toolcheck import ParameterCheck
 from saucer.tools.native import NativeServer
 from saucer.tools.rules import SensitivityRules, compile_rules
 from saucer.tools.rules import sensitive_reason as _rule_reason
@@ -157,7 +157,7 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
             for name in self._connections
         }
         self._approval_lock = asyncio.Lock()
-        self._validators: dict[tuple[str, int, str], Any] = {}
+        self._validators: dict[tuple[str, int, str], ParameterCheck] = {}
         self._closed = False
         #: Servers that failed to start when listing tools, with the cause.
         self.server_errors: dict[str, str] = {}
@@ -301,13 +301,13 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
     def _parameter_error(self, conn: ServerConnection, tool: str, parameters: dict[str, Any]) -> str | None:
         """What is wrong with ``parameters`` according to the tool's input schema, or None."""
         key = (conn.name, conn.generation, tool)
-        if key not in self._validators:
-            validator = schema_validator(conn.tools[tool].input_schema)
-            if validator is None:
+        check = self._validators.get(key)
+        if check is None:
+            check = self._validators[key] = ParameterCheck(conn.tools[tool].input_schema)
+            if not check.schema_is_valid:
                 # The server's schema is broken; the server still validates, so do not block the call.
                 logger.warning("tool %s.%s has an invalid input schema; parameters are not checked", conn.name, tool)
-            self._validators[key] = validator
-        return parameter_problem(self._validators[key], parameters)
+        return check.problem(parameters)
 
     async def sensitive_reason(self, command: Command) -> str | None:
         """Why ``command`` needs approval, or None (also None when its tool cannot be resolved)."""
