@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from service_support import ALICE, BOB, FLEET, Processes, auth, device_online, free_port, wait_until
 
 from saucer.context import Context, ContextNames
@@ -201,3 +202,34 @@ def test_saucer_serve_killed_mid_session_resumes_from_the_store_without_repeatin
     assert [e.meta["plan_index"] for e in events if e.meta.get("kind") == "step"] == list(range(steps))
     assert events[-1].meta["session_status"] == "finished"
     assert "session finished" in _show(sid, store_url)
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["inprocess", "isolated"])
+def test_a_device_starts_its_tools_once_not_per_session(processes: Processes, tmp_path: Path, isolate: bool) -> None:
+    """Three sessions on one device: every command's shell has the same parent, the tools started with the device.
+
+    In-process the parent is the device itself; isolated it is the device's one shell server process,
+    still the same one after the third session (a server started per session would be a new process each time).
+    """
+    port = free_port()
+    processes.cli_server(port, tmp_path / "state", f"sqlite:///{tmp_path / 'events.db'}")
+    env = {"SAUCER_MCP__ISOLATE": "true"} if isolate else {}
+    device = processes.cli_device(port, "box", tmp_path / "workspace", env=env)
+    parents = []
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth(ALICE), timeout=10) as http:
+        for i in range(3):
+            sid = _submit(http, "box", {"task": f"ppid{i}", "steps": [{"subtask": "who", "commands": [_shell("echo $PPID")]}]})
+            body = _wait_ended(http, sid)
+            assert body["session"]["status"] == "completed", body["session"]["error"]
+            parents.append(int(body["steps"][0]["results"][0]["result"]["stdout"]))
+    assert len(set(parents)) == 1, parents
+    [parent] = set(parents)
+    if isolate:
+        assert parent != device.popen.pid and _parent_of(parent) == device.popen.pid
+        assert b"saucer.tools.shell" in Path(f"/proc/{parent}/cmdline").read_bytes()
+    else:
+        assert parent == device.popen.pid
