@@ -9,6 +9,7 @@ session records the same events whichever way its tools run.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 
 from saucer.dispatch import Command, LocalCommandDispatcher
 from saucer.tools import files, shell
+from saucer.tools.files_models import FileStat
 from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 
 pytestmark = pytest.mark.anyio
@@ -128,8 +130,6 @@ async def test_a_native_server_answers_every_failure_with_an_outcome() -> None:
             raise ToolError("told you")
         return ToolOutcome("fine", {"bad": "shape"})  # a success that does not fit the output model
 
-    from saucer.tools.files_models import FileStat
-
     server = NativeServer("t", "test", [ToolSpec("boom", boom, FileStat, "a tool")])
     assert await server.call_tool("nope", {}) == ToolOutcome("Unknown tool: nope", is_error=True)
     assert await server.call_tool("boom", {"flag": True}) == ToolOutcome("Error executing tool boom: told you", is_error=True)
@@ -166,3 +166,94 @@ def test_the_in_process_tools_never_import_the_mcp_sdk_nor_jsonschema_for_valid_
                           env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["success failure", "[]"]
+
+
+# -- the schema cache -------------------------------------------------------------------------------
+
+
+def _table(source: Path, *, default: int = 3) -> NativeServer:
+    """A one-tool table whose schemas follow from ``source`` (the cache goes to its __pycache__)."""
+
+    async def look(path: str, depth: int = default) -> FileStat:
+        raise ToolError("not called")
+
+    return NativeServer("t", "test", [ToolSpec("look", look, FileStat, "a tool")], schema_sources=(source,))
+
+
+def _listed_without_pydantic(table: NativeServer, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The listing, failing if any schema had to be computed."""
+    from saucer.tools import native
+
+    def refuse(*args: Any) -> None:
+        raise AssertionError("the schemas were computed, not read from the cache")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(native._Compiled, "__init__", refuse)
+        return table.list_tools()
+
+
+@pytest.fixture
+def write_bytecode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+
+
+def test_schemas_are_cached_beside_their_source_and_follow_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             write_bytecode: None) -> None:
+    source = tmp_path / "tools.py"
+    source.write_text("# version 1\n")
+    first = _table(source).list_tools()
+    [cached] = (tmp_path / "__pycache__").glob("tools.t.tool-schemas.json")
+    assert _listed_without_pydantic(_table(source), monkeypatch) == first
+    assert first[0]["inputSchema"]["properties"]["depth"]["default"] == 3
+    # Another default is another tool: computed, not taken from the entry of the first.
+    assert _table(source, default=4).list_tools()[0]["inputSchema"]["properties"]["depth"]["default"] == 4
+    # A changed source makes every entry stale.
+    source.write_text("# version 2\n")
+    with pytest.raises(AssertionError, match="were computed"):
+        _listed_without_pydantic(_table(source), monkeypatch)
+    assert _table(source).list_tools() == first and cached.exists()
+
+
+@pytest.mark.parametrize("damage", [b"", b"{not json", b"[]", b'{"key": 1, "tools": {}}', b"\xff\xfe"])
+def test_a_damaged_cache_is_ignored_and_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 write_bytecode: None, damage: bytes) -> None:
+    source = tmp_path / "tools.py"
+    source.write_text("x = 1\n")
+    expected = _table(source).list_tools()
+    [cached] = (tmp_path / "__pycache__").glob("*.tool-schemas.json")
+    cached.write_bytes(damage)
+    assert _table(source).list_tools() == expected
+    assert _listed_without_pydantic(_table(source), monkeypatch) == expected  # rewritten whole
+
+
+def test_a_forged_entry_of_the_right_key_is_what_the_cache_is_for(tmp_path: Path, write_bytecode: None) -> None:
+    """The file is trusted like a .pyc beside it: a valid entry is used as it is (so never edit one by hand)."""
+    source = tmp_path / "tools.py"
+    source.write_text("x = 1\n")
+    _table(source).list_tools()
+    [cached] = (tmp_path / "__pycache__").glob("*.tool-schemas.json")
+    data = json.loads(cached.read_text())
+    [entry] = data["tools"].values()
+    entry["inputSchema"]["title"] = "edited"
+    cached.write_text(json.dumps(data))
+    assert _table(source).list_tools()[0]["inputSchema"]["title"] == "edited"
+
+
+def test_no_cache_is_written_under_dont_write_bytecode_or_where_it_cannot_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "tools.py"
+    source.write_text("x = 1\n")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    expected = _table(source).list_tools()
+    assert not (tmp_path / "__pycache__").exists()
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    (tmp_path / "__pycache__").write_text("a file where the folder would be")  # unwritable even for root
+    assert _table(source).list_tools() == expected
+    assert (tmp_path / "__pycache__").read_text() == "a file where the folder would be"
+
+
+def test_missing_sources_mean_no_cache(tmp_path: Path, write_bytecode: None) -> None:
+    table = _table(tmp_path / "gone.py")
+    assert table.list_tools()[0]["name"] == "look"
+    assert not (tmp_path / "__pycache__").exists()

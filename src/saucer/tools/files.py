@@ -61,6 +61,7 @@ from saucer.tools.files_models import (
     SearchResult,
     WriteResult,
 )
+from saucer.tools import files_models, native
 from saucer.tools.native import NativeServer, ToolError, ToolSpec
 from saucer.tools.sandbox import SandboxError, SandboxPath, SandboxRoot
 
@@ -528,7 +529,10 @@ def tool_table(options: FilesOptions) -> NativeServer:
             "bytes are skipped; symbolic links are not followed.",
         ),
     ]
-    return NativeServer("saucer-files", f"Reads and writes files inside the workspace {root}.", table)
+    return NativeServer(
+        "saucer-files", f"Reads and writes files inside the workspace {root}.", table,
+        schema_sources=(__file__, files_models.__file__, native.__file__),
+    )
 
 
 def build_server(options: FilesOptions) -> MCPServer:

@@ -22,9 +22,11 @@ compares the two listings and results, so a new SDK that changes them is seen.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
@@ -113,7 +115,7 @@ def _pre_parse_json(fields: dict[str, Any], arguments: dict[str, Any]) -> dict[s
 
 
 class _Compiled:
-    """A tool's argument model, schemas and output validator (pydantic, built on first use)."""
+    """A tool's argument model and output validator (pydantic, built on its first call or listing)."""
 
     def __init__(self, spec: ToolSpec) -> None:
         from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
@@ -138,13 +140,15 @@ class _Compiled:
             params[name] = (typed, param.default) if param.default is not inspect.Parameter.empty else typed
             self.keywords[name] = param.name
         self.arg_model: type[BaseModel] = create_model(f"{spec.fn.__name__}Arguments", __base__=ArgModelBase, **params)
-        self.input_schema: dict[str, Any] = self.arg_model.model_json_schema(by_alias=True)
         self.output: TypeAdapter[Any] = TypeAdapter(spec.output)
-        self.output_schema: dict[str, Any] = self.output.json_schema()
         self.fields = dict(self.arg_model.model_fields)
         for name, info in list(self.fields.items()):
             if info.alias:
                 self.fields[info.alias] = info
+
+    def schemas(self) -> dict[str, Any]:
+        """The input and output JSON schemas, as MCPServer publishes them."""
+        return {"inputSchema": self.arg_model.model_json_schema(by_alias=True), "outputSchema": self.output.json_schema()}
 
 
 class NativeServer:
@@ -155,7 +159,18 @@ class NativeServer:
     :class:`ToolOutcome`, a crash included, as an MCP server answers it.
     """
 
-    def __init__(self, name: str, instructions: str, tools: Sequence[ToolSpec]) -> None:
+    def __init__(
+        self,
+        name: str,
+        instructions: str,
+        tools: Sequence[ToolSpec],
+        *,
+        schema_sources: Sequence[str | os.PathLike[str]] = (),
+    ) -> None:
+        """``schema_sources``: every source file the tools' schemas follow from (the modules of
+        their functions and result models). Given, the schemas are cached beside the first one
+        like bytecode (:mod:`saucer.tools._schemacache`), so a listing builds no model at all.
+        """
         self.name = name
         self.instructions = instructions
         self.tools: dict[str, ToolSpec] = {}
@@ -163,7 +178,9 @@ class NativeServer:
             if spec.name in self.tools:
                 raise ValueError(f"server {name!r}: tool {spec.name!r} is defined twice")
             self.tools[spec.name] = spec
+        self.schema_sources = tuple(schema_sources)
         self._compiled: dict[str, _Compiled] = {}
+        self._schemas: dict[str, dict[str, Any]] = {}
 
     def _compile(self, name: str) -> _Compiled:
         compiled = self._compiled.get(name)
@@ -171,18 +188,31 @@ class NativeServer:
             compiled = self._compiled[name] = _Compiled(self.tools[name])
         return compiled
 
+    def _tool_schemas(self) -> dict[str, dict[str, Any]]:
+        if len(self._schemas) < len(self.tools):
+            from saucer.tools._schemacache import SchemaCache, tool_key
+
+            cache = SchemaCache(self.name, self.schema_sources)
+            for name, spec in self.tools.items():
+                key = tool_key(name, spec.fn, spec.output)
+                self._schemas[name] = cache.get(key, lambda name=name: self._compile(name).schemas())  # type: ignore[misc]
+            cache.save()
+        return self._schemas
+
     def list_tools(self) -> list[dict[str, Any]]:
-        """Every tool as MCP lists it: name, title, description, inputSchema, outputSchema, annotations."""
+        """Every tool as MCP lists it: name, title, description, inputSchema, outputSchema, annotations.
+
+        Each call returns new dicts (a caller may change them).
+        """
+        schemas = self._tool_schemas()
         listed = []
         for name, spec in self.tools.items():
-            compiled = self._compile(name)
             annotations = spec.annotations()
             listed.append({
                 "name": name,
                 "title": spec.title,
                 "description": spec.description,
-                "inputSchema": compiled.input_schema,
-                "outputSchema": compiled.output_schema,
+                **copy.deepcopy(schemas[name]),
                 "annotations": annotations or None,
             })
         return listed

@@ -50,6 +50,7 @@ from saucer.tools._common import (
     serve_stdio,
 )
 from saucer.tools._orphans import forget_group, watch_group
+from saucer.tools import native
 from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 from saucer.tools.rules import (
     CommandRule,
@@ -416,7 +417,10 @@ def tool_table(options: ShellOptions) -> NativeServer:
         "run", run, ShellResult, title="Run a shell command", description=_describe(options),
         hints={"title": "Run a shell command", "destructive": True, "open_world": True},
     )
-    return NativeServer("saucer-shell", f"Runs shell commands on Linux inside the workspace {options.root}.", [run_tool])
+    return NativeServer(
+        "saucer-shell", f"Runs shell commands on Linux inside the workspace {options.root}.", [run_tool],
+        schema_sources=(__file__, native.__file__),
+    )
 
 
 def build_server(options: ShellOptions) -> MCPServer:
