@@ -8,8 +8,10 @@
             [Command(tool_name="time.get_current_time", parameters={"timezone": "UTC"})]
         )
 
-Each server gets one persistent MCP session, opened on first use and closed
-when the dispatcher closes. Tools are named ``server.tool``; a bare ``tool``
+Each server gets one persistent connection, opened on first use and closed
+when the dispatcher closes: an MCP session, or for the built-in ``shell`` and
+``files`` in-process (a :class:`~saucer.tools.native.NativeServer`) direct
+calls, with the same listing and results (:mod:`saucer.dispatch._connection`). Tools are named ``server.tool``; a bare ``tool``
 works when exactly one server has it. Everything that can go wrong with one
 command (unknown or ambiguous tool, invalid parameters, refusal, timeout, a
 tool error, a crashed server) is a failure *result* naming the tool, never an
