@@ -146,3 +146,33 @@ def test_parse_since() -> None:
     for bad in ("", "-3", "soon", "12x"):
         with pytest.raises(UserError):
             parse_since(bad)
+
+
+def test_sessions_filters_sorts_and_limits_in_one_listing(run_cli, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/.saucer/saucer.db"
+    for i, task in enumerate(["alpha", "beta", "alphabet", "[b]gamma[/b]"]):
+        ctx = Context.open(url, f"s{i}", author="a", meta={"task": task, "mode": "follower"})
+        ctx.commit(meta={"kind": "session_start", "mode": "follower"})
+        for k in range(i):
+            ctx.update_vars(set={"k": k})
+            ctx.commit(meta={"kind": "session_end", "session_status": "finished"} if i == 2 and k == i - 1 else {})
+        ctx.close()
+        time.sleep(0.02)
+
+    def ids(*args: str) -> list[str]:
+        return [row["id"] for row in json.loads(run_cli("sessions", "--json", *args, check=True).stdout)]
+
+    assert ids() == ["s3", "s2", "s1", "s0"]  # newest first
+    assert ids("--limit", "2") == ["s3", "s2"]
+    assert ids("--task", "ALPHA") == ["s2", "s0"]
+    assert ids("--status", "finished") == ["s2"]
+    assert ids("--sort", "version", "--reverse") == ["s0", "s1", "s2", "s3"]
+    assert ids("--sort", "id") == ["s0", "s1", "s2", "s3"]
+    assert ids("--since", "2999-01-01") == [] and len(ids("--since", "1d")) == 4
+    plain = run_cli("sessions", "--task", "gamma", check=True).stdout
+    assert " s3  [b]gamma[/b]  follower" in plain and "┏" not in plain
+    assert run_cli("sessions", "--task", "zeta", check=True).stdout.strip() == "no sessions match"
+    for args, message in ((("--sort", "size"), "--sort 'size' is not one of"), (("--status", "done"), "--status 'done' is not one of"),
+                          (("--since", "v3"), "sessions are chosen by time")):
+        bad = run_cli("sessions", *args)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr

@@ -40,7 +40,7 @@ from saucer.cli.common import (
     store_flag,
 )
 from saucer.cli.output import JsonStream, binary_stdout, print_json, styled
-from saucer.cli.streams import LimitOption, RoundOption, SinceOption, window_for
+from saucer.cli.streams import LimitOption, RoundOption, SinceOption, parse_since, window_for
 from saucer.context import Context, ContextNames, prune
 from saucer.context.events import op_key
 from saucer.store import EventStore, open_store
@@ -79,24 +79,62 @@ def main_callback(
 @friendly
 def sessions_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="At most N sessions (the first N in the order of --sort)."),
+    status: Optional[list[str]] = typer.Option(
+        None, "--status", help="Only sessions with this status (running, interrupted, finished, failed, error, stopped, or - for one the engine did not make); repeat for several."
+    ),
+    task: Optional[str] = typer.Option(None, "--task", help="Only sessions whose task contains this text (letters compared without case)."),
+    since: Optional[str] = typer.Option(
+        None, "--since", help="Only sessions updated since this time: 2026-11-26T19:30, 19:30 (today), or a duration ago (90s, 15m, 2h, 3d)."
+    ),
+    sort: str = typer.Option("updated", "--sort", help="Order by updated, created, id, task, status, rounds, steps, cost or version."),
+    reverse: bool = typer.Option(False, "--reverse", help="The other way round (by default newest, largest first; id and task A to Z)."),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """List sessions: id, task, mode, status, rounds, steps, cost, last update (newest first).
 
-    A session whose runner vanished (crash, kill, Ctrl-C) is 'interrupted';
-    a cost that could not be priced is 'unknown' (null in JSON).
+    One query over the summaries the commits keep, whatever the number of
+    sessions. A session whose runner vanished (crash, kill, Ctrl-C) is
+    'interrupted'; a cost that could not be priced is 'unknown' (null in JSON).
+    In a terminal, a long list shows what fits the screen and says so.
     """
+    from saucer.store.summary import ENDED, INTERRUPTED, SORT_KEYS
+
+    if sort not in SORT_KEYS:
+        raise UserError(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
+    known = ["running", INTERRUPTED, *sorted(ENDED), "-"]
+    for wanted in status or []:
+        if wanted not in known:
+            raise UserError(f"--status {wanted!r} is not one of {', '.join(known)}")
+    after = None
+    if since is not None:
+        kind, value = parse_since(since)
+        if kind != "time":
+            raise UserError(f"--since {since!r}: sessions are chosen by time (2026-11-26T19:30, 19:30, 15m, 2d), not by version")
+        after = value
+    screen = None if as_json or limit is not None or not console.is_terminal else max(5, console.size.height - 8)
+    ask = limit if screen is None else screen + 1  # one more tells whether there are more
+    default_descending = sort not in ("id", "task")
     with open_existing_store(store, config) as st:
-        rows = [view.summary_of(head) for head in st.session_heads()]
+        summaries = st.list_sessions(limit=ask, status=status or None, task=task, since=after, sort=sort,
+                                     descending=default_descending != reverse)
+    more = screen is not None and len(summaries) > screen
+    rows = [view.listed_row(s) for s in (summaries[:screen] if more else summaries)]
     if as_json:
         stream = JsonStream(binary_stdout())
         stream.array(iter(rows))
         stream.end()
     elif not rows:
-        console.print(f"no sessions yet; start one with: {program_name()} demo")
-    else:
+        filtered = status or task or since
+        console.print("no sessions match" if filtered else f"no sessions yet; start one with: {program_name()} demo")
+    elif console.is_terminal:
         view.print_uncut(console, view.sessions_table(rows))
+        if more:
+            console.print(styled((f"showing the first {screen} sessions; there are more (choose with --limit N, --status, --task, --since; piped, all of them)", "dim")))
+    else:
+        view.write_sessions(sys.stdout, rows)
+        sys.stdout.flush()
 
 
 @app.command("show")
@@ -123,7 +161,7 @@ def show_cmd(
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
         info = st.session_info(sid)
-        summary = view.session_summary(st, info)
+        summary = view.listed_row(st.list_sessions(ids=[sid])[0])
         screen = None if as_json or not console.is_terminal else max(10, console.size.height // 3)
         window = window_for(st, sid, limit=limit, since=since, round=round_, default_limit=screen)
         if as_json:

@@ -26,6 +26,8 @@ from saucer.store import EventStore, SessionHead, SessionInfo
 __all__ = [
     "session_summary",
     "summary_of",
+    "listed_row",
+    "write_sessions",
     "sessions_table",
     "timeline",
     "timeline_entries",
@@ -112,6 +114,58 @@ def summary_of(head: SessionHead) -> dict[str, Any]:
     }
 
 
+def listed_row(summary: Any) -> dict[str, Any]:
+    """A row of ``saucer sessions`` (and ``--json``) from a :class:`~saucer.store.summary.SessionSummary`
+    of :meth:`EventStore.list_sessions`: the columns :func:`summary_of` gives, without reading the log.
+
+    A session the engine did not make (status ``-``) has no rounds, steps or cost (None).
+    """
+    engine = summary.status != "-" or summary.rounds or summary.steps
+    return {
+        "id": summary.session_id,
+        "task": summary.task if summary.task is not None else "-",
+        "mode": summary.mode if summary.mode is not None else "-",
+        "status": summary.status,
+        "rounds": summary.rounds if engine else None,
+        "steps": summary.steps if engine else None,
+        "cost": summary.cost if engine else None,
+        "version": summary.version,
+        "updated": when(summary.updated_at),
+        "parent": summary.origin,
+        "runner": summary.runner,
+    }
+
+
+_SESSION_COLUMNS = ("id", "task", "mode", "status", "rounds", "steps", "cost", "updated")
+
+
+def _session_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
+    fork = f" (fork of {row['parent']})" if row.get("parent") else ""
+    return (
+        visible(row["id"]) + fork,
+        visible(str(row["task"])),
+        visible(str(row["mode"])),
+        str(row["status"]),
+        _count(row["rounds"]),
+        _count(row["steps"]),
+        _cost_text(row),
+        row["updated"][5:16],
+    )
+
+
+def write_sessions(out: Any, rows: Iterable[Mapping[str, Any]]) -> None:
+    """The ``saucer sessions`` table as plain aligned text on ``out`` (for a pipe): the layout of
+    :func:`sessions_table` without rich, so 10^4 rows print in a blink; nothing is cut or wrapped."""
+    cells = [_session_cells(row) for row in rows]
+    widths = [max([len(name)] + [len(c[i]) for c in cells]) for i, name in enumerate(_SESSION_COLUMNS)]
+
+    def line(values: Iterable[str]) -> str:
+        return " " + "  ".join(v.ljust(widths[i]) for i, v in enumerate(values)) + " \n"
+
+    out.write("sessions\n\n" + line(_SESSION_COLUMNS) + " " + "─" * (sum(widths) + 2 * (len(widths) - 1)) + " \n")
+    out.writelines(line(c) for c in cells)
+
+
 def _cost_text(row: Mapping[str, Any]) -> str:
     if row.get("cost") is not None:
         return f"{row['cost']:.4f}"
@@ -134,17 +188,7 @@ def sessions_table(rows: Iterable[Mapping[str, Any]]) -> Table:
     for column in ("mode", "status", "rounds", "steps", "cost", "updated"):
         table.add_column(column, no_wrap=True)
     for row in rows:
-        fork = f" (fork of {row['parent']})" if row.get("parent") else ""
-        table.add_row(
-            Text(visible(row["id"]) + fork),
-            Text(visible(str(row["task"]))),
-            Text(str(row["mode"])),
-            Text(str(row["status"])),
-            Text(_count(row["rounds"])),
-            Text(_count(row["steps"])),
-            Text(_cost_text(row)),
-            Text(row["updated"][5:16]),
-        )
+        table.add_row(*(Text(cell) for cell in _session_cells(row)))
     return table
 
 
