@@ -37,6 +37,7 @@ bench: $(VENV)/bin/python
 	$(VENV)/bin/python bench/service.py
 	$(VENV)/bin/python bench/queue_bench.py
 	$(VENV)/bin/python bench/ui.py
+	$(VENV)/bin/python bench/scale.py
 	$(VENV)/bin/python scripts/llama_server.py
 	$(VENV)/bin/python bench/llm_server.py
 

@@ -1,4 +1,5 @@
-"""Engine benchmark: overhead per step, 1,000 follower sessions through one pool, and session start-up.
+"""Engine benchmark: overhead per step, 1,000 follower sessions through one pool (fake tool), a real
+``saucer run --plan DIR`` batch on the built-in tools, and session start-up.
 
     .venv/bin/python bench/engine.py            # every scenario: the step table, then the start-up table
     .venv/bin/python bench/engine.py --quick    # smaller counts (a smoke run)
@@ -23,9 +24,15 @@ Scenarios
 ``sessions``    200 sessions × 50 steps (``max_step``'s default), defaults (logs,
                 ``output.md``, snapshots): per-step cost including session start/end.
 ``sqlite-loop`` one session of 1,000 steps on SQLite, durability ``step``: one fsync'd commit per step.
-``pool-memory`` 1,000 follower sessions (3 command steps each, an in-process tool)
-                through one ``SessionPool`` (concurrency 4), in-memory store, logs on.
-``pool-sqlite`` the same on one SQLite store.
+``pool-memory`` 1,000 follower sessions (3 command steps each) through one ``SessionPool``
+                (concurrency 4), in-memory store, logs on, on a FAKE in-process tool that
+                answers at once (no MCP server, no files touched): the engine and pool
+                overhead alone, not what a user's batch costs.
+``pool-sqlite`` the same on one SQLite store (the same fake tool).
+``pool-cli``    what a user runs: ``saucer run --plan DIR -c 4`` as a whole process on a folder
+                of the same 3-step plans, with the real built-in tools (``files.write``
+                writes each file) and a SQLite store: sessions per second and µs per step,
+                the process's start included (100 plans; 20 with ``--quick``).
 
 Start-up (``bench/_startup.py``): ``python -c pass``, ``saucer --help`` and a
 one-step ``saucer run --plan`` as whole processes, before (``mcp.isolate``:
@@ -56,7 +63,7 @@ from typing import Any, Callable
 
 from _startup import STARTUP_SCENARIOS, report, run_startup  # noqa: E402
 
-SCENARIOS = ["loop", "loop-nostruct", "context-only", "snap100", "sessions", "sqlite-loop", "pool-memory", "pool-sqlite"]
+SCENARIOS = ["loop", "loop-nostruct", "context-only", "snap100", "sessions", "sqlite-loop", "pool-memory", "pool-sqlite", "pool-cli"]
 
 
 def _rss_mb() -> float:
@@ -176,7 +183,8 @@ def scenario_sqlite_loop(tmp: Path, n: int) -> dict[str, Any]:
 
 
 class _Tool:
-    """An in-process tool answering at once."""
+    """A FAKE in-process tool answering at once (no MCP server, nothing written): the pool rows that use
+    it measure the engine and pool alone; ``pool-cli`` runs the real built-in tools."""
 
     async def execute_commands(self, commands: list[Any], timeout: float | None = None) -> list[Any]:
         from saucer.dispatch.messages import Result, ResultStatus
@@ -229,6 +237,36 @@ def scenario_pool_sqlite(tmp: Path, n: int, trace: bool = False) -> dict[str, An
     return _pool(tmp, max(10, n // 10), f"sqlite:///{tmp / 'pool.db'}", trace)
 
 
+def scenario_pool_cli(tmp: Path, n: int, trace: bool = False) -> dict[str, Any]:
+    """``saucer run --plan DIR -c 4`` as a whole process on the real built-in tools, SQLite store."""
+    count = 100 if n >= 10000 else 20
+    plans = tmp / "plans"
+    plans.mkdir()
+    for i in range(count):
+        plan = {
+            "task": f"pool-{i}",
+            "steps": [
+                {"subtask": f"step {k}", "commands": [{"tool_name": "files.write", "parameters": {"path": f"p{i}/f{k}", "content": "x"}}]}
+                for k in range(3)
+            ],
+        }
+        (plans / f"plan{i:04d}.json").write_text(json.dumps(plan))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
+    env.update({"SAUCER_SYSTEM__SAVE_EXPERIENCE": "always_not", "SAUCER_LOGS__ROOT": str(tmp / "logs")})
+    argv = [sys.executable, "-m", "saucer", "run", "--plan", str(plans), "-c", "4", "-w", str(tmp / "ws"),
+            "--store", f"sqlite:///{tmp / 'cli.db'}"]
+    t = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp, timeout=1800)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"saucer run --plan DIR failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    written = sum(1 for _ in (tmp / "ws").rglob("f*"))
+    assert written == 3 * count, written
+    steps = 3 * count
+    return {"sessions": count, "steps": steps, "wall_s": wall, "sessions_per_s": count / wall, "us_per_step": wall / steps * 1e6,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0}
+
+
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "loop": scenario_loop,
     "loop-nostruct": scenario_loop_nostruct,
@@ -238,6 +276,7 @@ RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "sqlite-loop": scenario_sqlite_loop,
     "pool-memory": scenario_pool_memory,
     "pool-sqlite": scenario_pool_sqlite,
+    "pool-cli": scenario_pool_cli,
 }
 
 
@@ -249,7 +288,7 @@ def run_one(name: str, n: int, trace: bool) -> dict[str, Any]:
             return run_startup(name, quick=n < 10000)
         runner = RUNNERS[name]
         out = runner(tmp, n, trace) if name.startswith("pool") else runner(tmp, n)
-    out["peak_rss_mb"] = _rss_mb()
+    out.setdefault("peak_rss_mb", _rss_mb())  # pool-cli: the saucer process's own
     return out
 
 
@@ -366,8 +405,9 @@ def main() -> int:
     row("no-op agent, memory, 1 session, snapshot_every=100 (default)", results["snap100"])
     row("no-op agent, memory, sessions of 50 steps, all defaults + logs", results["sessions"])
     row("no-op agent, SQLite (durability step, fsync per step)", results["sqlite-loop"])
-    row(f"{results['pool-memory']['sessions']:,} follower sessions, pool(4), memory", results["pool-memory"], heaps["pool-memory"])
-    row(f"{results['pool-sqlite']['sessions']:,} follower sessions, pool(4), SQLite", results["pool-sqlite"], heaps["pool-sqlite"])
+    row(f"{results['pool-memory']['sessions']:,} follower sessions, pool(4), memory, FAKE in-process tool", results["pool-memory"], heaps["pool-memory"])
+    row(f"{results['pool-sqlite']['sessions']:,} follower sessions, pool(4), SQLite, FAKE in-process tool", results["pool-sqlite"], heaps["pool-sqlite"])
+    row(f"{results['pool-cli']['sessions']:,} plans: `saucer run --plan DIR -c 4`, built-in tools, SQLite (process)", results["pool-cli"])
     for label, figure in _peers(min(n, 1000)):
         table.add_row(label, "", "", "", figure, "", "", "", "")
     console.print(table)
