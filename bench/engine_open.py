@@ -217,7 +217,7 @@ def main() -> int:
         print(f"{label:<8} {form:<9} {head:>8,} {head - snap:>7,} {fig([o['open_ms'] for o in opens]):>15} "
               f"{fig([o['logs_ms'] for o in opens]):>17} {fig([r['resume_ms'] for r in resumes]):>19}")
     print("tail: events after the snapshot the open starts from. packed: as saucer writes snapshots now; unpacked: "
-          "the same snapshots with every value plain (record format 2). Target: open <= 20 ms at 10^5 events. "
+          "the same snapshots with every value plain (as before record format 3). Target: open <= 20 ms at 10^5 events. "
           f"Load average at the end: {os.getloadavg()[0]:.2f}.")
     return 0
 

@@ -346,3 +346,16 @@ def test_packed_values_and_tails_round_trip_on_every_backend(any_store: Any) -> 
     assert "STRUCTURAL_LOGS" in reopened._state.packed
     assert _plain(reopened) == live
     assert ev.state_to_wire(Context.open(any_store, "s")._state) == _replayed(any_store, "s")
+
+
+def test_a_live_value_keeps_no_more_operations_than_its_base_is_worth() -> None:
+    """With snapshots far apart, the operations kept for the next tail stop at the base's size."""
+    store = MemoryStore()
+    ctx = Context.open(store, "s", snapshot_every=10**9)
+    _grow(ctx, 0, 600)
+    ctx.snapshot()
+    assert "STRUCTURAL_LOGS" in ctx._state.bases
+    _grow(ctx, 600, 2000)
+    assert "STRUCTURAL_LOGS" not in ctx._state.bases
+    ctx.snapshot()  # packed afresh
+    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")

@@ -464,8 +464,11 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]]) -> State:
             else:  # set or deleted whole: what was packed no longer matters
                 del state.packed[key]
         if typed and state.bases and key in state.bases:
+            base = state.bases[key]
             if kind != "sealed" and (path or kind == "append" or kind == "incr"):
-                state.bases[key].ops.append(op)  # for the next snapshot's tail
+                base.ops.append(op)  # for the next snapshot's tail
+                if len(base.ops) * 64 > len(base.data):
+                    del state.bases[key]  # stale already (snapshots are far apart): keep no more operations
             else:
                 del state.bases[key]
         if kind == "set" or kind == "cas":
