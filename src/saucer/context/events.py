@@ -107,7 +107,9 @@ class State:
 
 
 #: A name's value whose JSON is at least this large is packed in snapshots (see :class:`Packed`).
-PACK_OVER = 64 * 1024
+#: Low enough that the per-round ledgers of a plan run (ROUND_STEP, ROUND_COST...: a few
+#: thousand rounds) are packed too, not decoded at every open.
+PACK_OVER = 16 * 1024
 
 
 @dataclass(slots=True)
