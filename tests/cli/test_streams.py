@@ -15,7 +15,7 @@ import pytest
 from conftest import cli_env
 
 from saucer.cli.common import UserError
-from saucer.cli.output import JsonStream
+from saucer.cli.output import JsonStream, TextChunks
 from saucer.cli.streams import parse_since
 from saucer.context import Context, ContextNames
 from saucer.context.transfer import export_session
@@ -97,12 +97,17 @@ def test_json_is_written_as_it_is_read_and_is_the_same_bytes_as_before(run_cli, 
     assert data["state"]["vars"] == {"n": 4}
     # Nested values, empty containers, iterators: what print_json would write for the same data.
     value = {"a": [1, {"b": "x\ny", "c": []}], "d": {}, "e": [{"f": None}], "g": "é"}
-    for streamed in ({**value, "e": iter(value["e"])}, value):
-        sink = io.BytesIO()
-        out = JsonStream(sink)
-        out.object(iter(streamed.items()))
-        out.end()
-        assert sink.getvalue() == orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n"
+    for chunk in (1, 16, 1 << 16):  # written in chunks: the same bytes whatever their size
+        for streamed in ({**value, "e": iter(value["e"])}, value):
+            sink = io.BytesIO()
+            out = JsonStream(sink, chunk=chunk)
+            out.object(iter(streamed.items()))
+            out.end()
+            assert sink.getvalue() == orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n"
+        text = io.StringIO()
+        with TextChunks(text, chunk=chunk) as lines:
+            lines.writelines(f"line {i}\n" for i in range(50))
+        assert text.getvalue() == "".join(f"line {i}\n" for i in range(50))
 
 
 def test_an_export_that_fails_midway_leaves_no_file(run_cli, tmp_path: Path) -> None:
@@ -176,3 +181,16 @@ def test_sessions_filters_sorts_and_limits_in_one_listing(run_cli, tmp_path: Pat
                           (("--since", "v3"), "sessions are chosen by time")):
         bad = run_cli("sessions", *args)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
+def test_an_imported_sessions_meta_cannot_drive_the_terminal(run_cli, tmp_path: Path) -> None:
+    _long_session(tmp_path, rounds=2)
+    run_cli("export", "long", "-o", "x.json", check=True)
+    data = json.loads((tmp_path / "x.json").read_text())
+    data["session"]["meta"].update({"forked_from": "p\x1b[2J", "at": 1, "task": "t\x1b]0;pwned\x07"})
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    run_cli("import", "x.json", "--as", "evil", check=True)
+    for args in (("show", "evil"), ("sessions",), ("history", "evil", "--limit", "1")):
+        out = run_cli(*args, check=True).stdout
+        assert "\x1b" not in out and "\x07" not in out, args
+    assert "fork of p\\x1b[2J@1" in run_cli("show", "evil", check=True).stdout

@@ -39,7 +39,7 @@ from saucer.cli.common import (
     resolve_store_url,
     store_flag,
 )
-from saucer.cli.output import JsonStream, binary_stdout, print_json, styled
+from saucer.cli.output import JsonStream, TextChunks, binary_stdout, print_json, styled, visible
 from saucer.cli.streams import LimitOption, RoundOption, SinceOption, parse_since, window_for
 from saucer.context import Context, ContextNames, prune
 from saucer.context.events import op_key
@@ -133,8 +133,8 @@ def sessions_cmd(
         if more:
             console.print(styled((f"showing the first {screen} sessions; there are more (choose with --limit N, --status, --task, --since; piped, all of them)", "dim")))
     else:
-        view.write_sessions(sys.stdout, rows)
-        sys.stdout.flush()
+        with TextChunks(sys.stdout) as out:
+            view.write_sessions(out, rows)
 
 
 @app.command("show")
@@ -179,6 +179,7 @@ def show_cmd(
         title = f"session {sid} · v{info.version} · {summary['status']}"
         if info.parent_id or info.meta.get("forked_from"):
             title += f" · fork of {info.parent_id or info.meta['forked_from']}@{info.parent_version or info.meta.get('at')}"
+        title = visible(title)  # an imported session's meta is whatever its file said
         if console.is_terminal:
             events = list(window.events(st))  # at most what fits the screen, unless the user asked for more
             console.print(view.timeline(events, title, show_all=show_all))
@@ -186,8 +187,8 @@ def show_cmd(
             if hint:
                 console.print(styled((hint, "dim")))
         else:
-            view.write_timeline(sys.stdout, window.events(st), title, show_all=show_all)
-            sys.stdout.flush()
+            with TextChunks(sys.stdout) as out:
+                view.write_timeline(out, window.events(st), title, show_all=show_all)
         if summary["status"] == "interrupted":
             console.print(f"its runner is gone; continue it with: {program_name()} resume {shlex.quote(sid)}{store_flag(store)}")
         if follow:
@@ -270,8 +271,8 @@ def history_cmd(
             if hint:
                 console.print(styled((hint, "dim")))
         else:
-            view.write_history(sys.stdout, window.events(st), key)
-            sys.stdout.flush()
+            with TextChunks(sys.stdout) as out:
+                view.write_history(out, window.events(st), key)
 
 
 def _state_data(ctx: Context) -> dict[str, Any]:

@@ -8,6 +8,7 @@ cell), never through rich markup, so it is printed as it is stored.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 from typing import Any, Iterable, Iterator, Mapping
 
 import orjson
@@ -50,7 +51,28 @@ def when(ts: float | None) -> str:
     """A local timestamp, to the second."""
     if not ts:
         return "-"
-    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    return _second(int(ts))
+
+
+@functools.lru_cache(maxsize=4096)
+def _second(second: int) -> str:
+    # A long log's events share their seconds: format each second once.
+    return _dt.datetime.fromtimestamp(second).strftime("%Y-%m-%d %H:%M:%S")
+
+
+class PlainText:
+    """What the timeline needs of :class:`rich.text.Text` (``append``, ``plain``), for plain output:
+    the styles are dropped, the strings only concatenated (rich's Text costs more than the rest)."""
+
+    __slots__ = ("plain",)
+
+    def __init__(self, text: str = "", style: str = "") -> None:
+        self.plain = text
+
+    def append(self, text: str, style: str = "") -> "PlainText":
+        """Add ``text`` (``style`` is ignored)."""
+        self.plain += text
+        return self
 
 
 def short(value: Any, width: int = 60) -> str:
@@ -142,7 +164,7 @@ _SESSION_COLUMNS = ("id", "task", "mode", "status", "rounds", "steps", "cost", "
 def _session_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     fork = f" (fork of {row['parent']})" if row.get("parent") else ""
     return (
-        visible(row["id"]) + fork,
+        visible(row["id"] + fork),
         visible(str(row["task"])),
         visible(str(row["mode"])),
         str(row["status"]),
@@ -206,7 +228,7 @@ def print_uncut(console: Any, renderable: Any) -> None:
         console.size = (width, height)
 
 
-def _commands_text(meta: Mapping[str, Any]) -> list[Text]:
+def _commands_text(meta: Mapping[str, Any], Text: Any = Text) -> list[Any]:
     """One line per command of a step: tool, parameters, status and the result or error."""
     lines: list[Text] = []
     commands = meta.get("commands") or []
@@ -225,7 +247,7 @@ def _commands_text(meta: Mapping[str, Any]) -> list[Text]:
     return lines
 
 
-def _artifacts_text(meta: Mapping[str, Any]) -> list[Text]:
+def _artifacts_text(meta: Mapping[str, Any], Text: Any = Text) -> list[Any]:
     """One line per artifact saved before a step (``system.save_ui_tree``, operator modes): its file, or why not."""
     lines: list[Text] = []
     for entry in meta.get("artifacts") or []:
@@ -259,7 +281,7 @@ _SYSTEM_KINDS = {
 }
 
 
-def _changes(event: Event, show_all: bool) -> Text | None:
+def _changes(event: Event, show_all: bool, Text: Any = Text) -> Any:
     shown: list[str] = []
     hidden = 0
     for op in event.ops:
@@ -282,7 +304,7 @@ def _changes(event: Event, show_all: bool) -> Text | None:
     return Text("  changes: " + visible(text), style="green")
 
 
-def _system_line(event: Event) -> Text | None:
+def _system_line(event: Event, Text: Any = Text) -> Any:
     meta = event.meta
     kind = meta.get("kind")
     if kind == "round_start":
@@ -306,11 +328,14 @@ def _system_line(event: Event) -> Text | None:
     return line
 
 
-def timeline_entries(events: Iterable[Event], *, show_all: bool = False) -> Iterator[tuple[Any, str, bool, list[Text]]]:
+def timeline_entries(
+    events: Iterable[Event], *, show_all: bool = False, text: Any = Text
+) -> Iterator[tuple[Any, str, bool, list[Any]]]:
     """Each event of a timeline as ``(round key, round label, renames, its lines)``: the label its
     round has if this event is the round's first; ``renames`` when it names the round anyway (a round
     start with a request); no lines for an event that shows nothing. One event at a time: the tree
-    and the plain text are both built from these."""
+    and the plain text are both built from these (lines of ``text``: rich's Text, or :class:`PlainText`)."""
+    Text = text
     for event in events:
         meta = event.meta
         round_key = event.round if event.round is not None else "-"
@@ -318,10 +343,10 @@ def timeline_entries(events: Iterable[Event], *, show_all: bool = False) -> Iter
         if meta.get("request"):
             label += f": {short(meta['request'], 70)}"
         renames = meta.get("kind") == "round_start" and bool(meta.get("request"))
-        changes = _changes(event, show_all)
-        system = _system_line(event) if event.step is None and meta.get("kind") else None
+        changes = _changes(event, show_all, Text)
+        system = _system_line(event, Text) if event.step is None and meta.get("kind") else None
         if system is not None or (meta.get("kind") == "round_start" and not show_all):
-            parts: list[Text] = [system] if system is not None else []
+            parts: list[Any] = [system] if system is not None else []
             if show_all and changes is not None:
                 parts.append(changes)
             yield round_key, label, renames, parts
@@ -342,8 +367,8 @@ def timeline_entries(events: Iterable[Event], *, show_all: bool = False) -> Iter
         parts = [head]
         if meta.get("subtask"):
             parts.append(Text(f"  subtask: {short(meta['subtask'], 80)}"))
-        parts.extend(_artifacts_text(meta))
-        parts.extend(_commands_text(meta))
+        parts.extend(_artifacts_text(meta, Text))
+        parts.extend(_commands_text(meta, Text))
         if changes is not None:
             parts.append(changes)
         if meta.get("error"):
@@ -377,7 +402,7 @@ def write_timeline(out: Any, events: Iterable[Event], title: str, *, show_all: b
     out.write(title + "\n")
     current: Any = object()
     count = 0
-    for round_key, label, renames, parts in timeline_entries(events, show_all=show_all):
+    for round_key, label, renames, parts in timeline_entries(events, show_all=show_all, text=PlainText):
         count += 1
         if round_key != current or renames:
             current = round_key
@@ -434,18 +459,24 @@ def history_rows(events: Iterable[Event], key: str | None) -> Iterator[tuple[str
     """The rows of ``saucer history``: (version, time, author, round, step, change) per operation
     (only those on ``key``, if given), control characters shown as escapes."""
     wanted = None if key is None else Context.history_key(key)
+    authors: dict[str, str] = {}
     for event in events:
+        if not event.ops:
+            continue
+        author = authors.get(event.author)
+        if author is None:
+            author = authors[event.author] = visible(event.author)
+        head = (
+            str(event.version),
+            when(event.timestamp),
+            author,
+            "-" if event.round is None else str(event.round),
+            "-" if event.step is None else str(event.step),
+        )
         for op in event.ops:
             if wanted is not None and op_key(op) != wanted:
                 continue
-            yield (
-                str(event.version),
-                when(event.timestamp),
-                visible(event.author),
-                "-" if event.round is None else str(event.round),
-                "-" if event.step is None else str(event.step),
-                visible(describe_op(op)),
-            )
+            yield (*head, visible(describe_op(op)))
 
 
 _HISTORY_COLUMNS = ("version", "time", "author", "round", "step", "change")

@@ -16,7 +16,7 @@ import orjson
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["make_console", "print_json", "styled", "visible", "PIPE_WIDTH", "JsonStream", "binary_stdout"]
+__all__ = ["make_console", "print_json", "styled", "visible", "PIPE_WIDTH", "JsonStream", "TextChunks", "binary_stdout"]
 
 #: Width used when the output is not a terminal: wide enough that nothing wraps.
 PIPE_WIDTH = 100_000
@@ -67,6 +67,42 @@ def binary_stdout() -> BinaryIO:
     return sys.stdout.buffer
 
 
+class TextChunks:
+    """A text stream's ``write`` gathered into chunks of about 64 KB (plain output of 10^5 events
+    would otherwise be a system call a line when stdout is unbuffered, as under ``python -u``)."""
+
+    def __init__(self, out: Any, chunk: int = 1 << 16) -> None:
+        self._out = out
+        self._parts: list[str] = []
+        self._size = 0
+        self._chunk = chunk
+
+    def write(self, text: str) -> None:
+        """Queue ``text``."""
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size >= self._chunk:
+            self.flush()
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        """Queue each of ``lines``."""
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        """Write what is queued and flush the stream."""
+        self._out.write("".join(self._parts))
+        self._parts.clear()
+        self._size = 0
+        self._out.flush()
+
+    def __enter__(self) -> "TextChunks":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()
+
+
 class JsonStream:
     """Indented JSON written to a binary stream as its parts arrive: what :func:`print_json`
     writes for the same data, byte for byte, without holding the whole of it.
@@ -75,8 +111,21 @@ class JsonStream:
     one by one, as they are read (a 10^5-event log never sits in memory).
     """
 
-    def __init__(self, out: BinaryIO) -> None:
-        self.out = out
+    def __init__(self, out: BinaryIO, *, chunk: int = 1 << 16) -> None:
+        self._sink = out
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._chunk = chunk
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data``; written in chunks of about 64 KB (an unbuffered stdout would take each piece alone)."""
+        self._parts.append(data)
+        self._size += len(data)
+        if self._size >= self._chunk:
+            self._sink.write(b"".join(self._parts))
+            self._parts.clear()
+            self._size = 0
+
 
     @staticmethod
     def _dump(value: Any, depth: int) -> bytes:
@@ -88,29 +137,31 @@ class JsonStream:
         if isinstance(value, Iterator):
             self.array(value, depth)
         else:
-            self.out.write(self._dump(value, depth))
+            self.write(self._dump(value, depth))
 
     def array(self, items: Iterable[Any], depth: int = 0) -> None:
         """Write ``[...]`` with one item per line block, as each item comes."""
         pad = b"\n" + b"  " * (depth + 1)
         first = True
         for item in items:
-            self.out.write(b"[" + pad if first else b"," + pad)
+            self.write(b"[" + pad if first else b"," + pad)
             first = False
             self.value(item, depth + 1)
-        self.out.write(b"[]" if first else b"\n" + b"  " * depth + b"]")
+        self.write(b"[]" if first else b"\n" + b"  " * depth + b"]")
 
     def object(self, fields: Iterable[tuple[str, Any]], depth: int = 0) -> None:
         """Write ``{...}`` from ``(key, value)`` pairs in order; a value may be an iterator (a streamed array)."""
         pad = b"\n" + b"  " * (depth + 1)
         first = True
         for key, value in fields:
-            self.out.write((b"{" if first else b",") + pad + orjson.dumps(key) + b": ")
+            self.write((b"{" if first else b",") + pad + orjson.dumps(key) + b": ")
             first = False
             self.value(value, depth + 1)
-        self.out.write(b"{}" if first else b"\n" + b"  " * depth + b"}")
+        self.write(b"{}" if first else b"\n" + b"  " * depth + b"}")
 
     def end(self) -> None:
         """End the document with a newline and flush it."""
-        self.out.write(b"\n")
-        self.out.flush()
+        self.write(b"\n")
+        self._sink.write(b"".join(self._parts))
+        self._parts.clear()
+        self._sink.flush()
