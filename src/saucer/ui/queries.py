@@ -1,15 +1,15 @@
 """What the viewer's pages show, read through the store API (no HTML here).
 
-The sessions listing is one :meth:`~saucer.store.EventStore.session_heads`
-call (one query on the durable backends, whatever the number of sessions),
-then filters, sorting and paging in memory. A session's page reads its log
+The sessions listing is one :meth:`~saucer.store.EventStore.list_sessions`
+call (one query on every backend of saucer, whatever the number of sessions,
+reading each session's kept summary and never its meta or log), then filters,
+sorting and paging in memory. A session's page reads its log
 once. Every answer is plain data; :mod:`saucer.ui.render` turns it into HTML.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, read_evaluation_log,
 from saucer.engine.overview import session_row, timeline_data
 from saucer.engine.status import ENDED
 from saucer.store import Event, EventStore, SessionHead, SessionInfo
+from saucer.store.summary import SessionSummary
 
 __all__ = [
     "SessionQuery",
@@ -134,9 +135,6 @@ class SessionsPage:
 #: The statuses a session can have (see :mod:`saucer.engine.status`).
 STATUSES = ("running", "interrupted", *sorted(ENDED), "-")
 #: Sorts and filters that need each session's status (its newest event); the others need only the rows.
-_NEEDS_HEADS = ("status", "steps", "cost")
-
-
 def _sort_key(sort: str) -> Any:
     if sort == "updated":
         return lambda r: (r["updated_at"], r["id"])
@@ -148,13 +146,14 @@ def _sort_key(sort: str) -> Any:
     return lambda r: (str(r[sort]).lower(), r["id"])
 
 
-def _plain_row(info: SessionInfo) -> dict[str, Any]:
-    """The columns a session's row alone gives (no status): enough to filter, search and sort most ways."""
-    meta = info.meta
-    request = meta.get("request")
+def _listed_row(s: SessionSummary) -> dict[str, Any]:
+    """A session's columns, named as :func:`~saucer.engine.overview.session_row` names them,
+    from the summary its commits keep (its request cut to 500 characters)."""
     return {
-        "id": info.session_id, "task": meta.get("task", "-"), "mode": meta.get("mode", "-"), "version": info.version,
-        "created_at": info.created_at, "updated_at": info.updated_at, "request": request if isinstance(request, str) else None,
+        "id": s.session_id, "task": "-" if s.task is None else s.task, "mode": "-" if s.mode is None else s.mode,
+        "status": s.status, "rounds": s.rounds, "steps": s.steps, "cost": s.cost, "version": s.version,
+        "created_at": s.created_at, "updated_at": s.updated_at, "parent": s.origin, "runner": s.runner,
+        "request": s.request, "reason": s.reason,
     }
 
 
@@ -163,19 +162,12 @@ def list_sessions(
 ) -> SessionsPage:
     """The sessions matching ``query`` (only those in ``allowed`` unless it is None), one page of them.
 
-    A constant number of queries whatever the number of sessions
-    (:meth:`~saucer.store.EventStore.session_heads` reads rows, newest events
-    and leases at once): filtering or sorting by status, steps or cost needs
-    every session's newest event, so one ``session_heads()`` call; otherwise
-    the session rows alone serve the filters (task, mode, dates) and the
-    search, then one ``session_heads(ids)`` call reads the page's 50.
+    One :meth:`~saucer.store.EventStore.list_sessions` call whatever the number
+    of sessions (the summaries hold status, steps and cost already); the
+    filters, the search and the sorting run over those rows.
     """
-    now = time.time()
     wanted = None if allowed is None else set(allowed)
-    whole = bool(query.status) or query.sort in _NEEDS_HEADS
-    heads = {h.info.session_id: h for h in store.session_heads()} if whole else {}
-    infos = [h.info for h in heads.values()] if whole else store.sessions()
-    rows = [_plain_row(info) for info in infos if wanted is None or info.session_id in wanted]
+    rows = [_listed_row(s) for s in store.list_sessions() if wanted is None or s.session_id in wanted]
     modes = sorted({str(r["mode"]) for r in rows})
     tasks = sorted({str(r["task"]) for r in rows})
     store_total = len(rows)
@@ -194,18 +186,13 @@ def list_sessions(
             r for r in rows
             if needle in r["id"].casefold() or needle in str(r["task"]).casefold() or needle in (r["request"] or "").casefold()
         ]
-    if whole:
-        rows = [session_row(heads[r["id"]], now) for r in rows]
-        if query.status:
-            rows = [r for r in rows if r["status"] == query.status]
+    if query.status:
+        rows = [r for r in rows if r["status"] == query.status]
     if query.sort != "updated" or not query.desc:  # the store's order is already most recently updated first
         rows.sort(key=_sort_key(query.sort), reverse=query.desc)
     pages = max(1, -(-len(rows) // page_size))
     page = min(query.page, pages)
     shown = rows[(page - 1) * page_size: page * page_size]
-    if not whole:
-        found = {h.info.session_id: h for h in store.session_heads([r["id"] for r in shown])}
-        shown = [session_row(found[r["id"]], now) for r in shown if r["id"] in found]  # one may be deleted meanwhile
     return SessionsPage(shown, len(rows), page, pages, list(STATUSES), modes, tasks, store_total)
 
 
