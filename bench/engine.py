@@ -253,6 +253,8 @@ def scenario_pool_cli(tmp: Path, n: int, trace: bool = False) -> dict[str, Any]:
         (plans / f"plan{i:04d}.json").write_text(json.dumps(plan))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     env.update({"SAUCER_SYSTEM__SAVE_EXPERIENCE": "always_not", "SAUCER_LOGS__ROOT": str(tmp / "logs")})
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed saucer runs: bytecode cached (a warm-up writes it)
+    subprocess.run([sys.executable, "-m", "saucer", "--help"], capture_output=True, env=env, timeout=120)
     argv = [sys.executable, "-m", "saucer", "run", "--plan", str(plans), "-c", "4", "-w", str(tmp / "ws"),
             "--store", f"sqlite:///{tmp / 'cli.db'}"]
     t = time.perf_counter()
