@@ -56,7 +56,7 @@ COMMANDS: list[tuple[str, list[str], str, float | None, float | None]] = [
     ("show", ["show", "long"], "long", 3.0, None),
     ("show --limit 50", ["show", "long", "--limit", "50"], "long", 3.0, None),
     ("show --json", ["show", "long", "--json"], "long", 3.0, 150.0),
-    ("history", ["history", "long"], "long", 3.0, 150.0),
+    ("history", ["history", "long"], "long", None, 150.0),  # the issue sets no time for the plain rows
     ("history --json", ["history", "long", "--json"], "long", 3.0, 150.0),
     ("export", ["export", "long"], "long", 3.0, 150.0),
     ("state", ["state", "long"], "long", 0.2, None),

@@ -394,16 +394,24 @@ def export_cmd(
                 f"--decrypt needs the store key ({', '.join(sorted(ctx.encrypted))} are encrypted): "
                 "set SAUCER_STORE_KEY or store.key_file"
             )
-        header = export_header(source, sid)
-        state = _state_data(ctx)
         lineage = Lineage()
-        events = (lineage.add(event).to_dict() for event in source.iter_events(sid, upto=ctx.version))
+
+        def fields() -> Any:
+            # Each part is made when it is written and let go after: the session's meta (a whole
+            # plan) is gone before the events stream, and the state is built after them.
+            header = export_header(source, sid)
+            for key in list(header):
+                yield key, header.pop(key)
+            yield "events", (lineage.add(event).to_dict() for event in source.iter_events(sid, upto=ctx.version))
+            yield "lineage", lineage.segments
+            yield "state", _state_data(ctx)
+
         partial = None if output is None else output.with_name(f".{output.name}.partial")
         with contextlib.ExitStack() as stack:
             sink = binary_stdout() if partial is None else stack.enter_context(open(partial, "wb"))
             try:
                 out = JsonStream(sink)
-                out.object([*header.items(), ("events", events), ("lineage", lineage.segments), ("state", state)])
+                out.object(fields())
                 out.end()
             except BaseException:
                 if partial is not None:

@@ -157,6 +157,7 @@ class JsonStream:
             self.write((b"{" if first else b",") + pad + orjson.dumps(key) + b": ")
             first = False
             self.value(value, depth + 1)
+            del value  # let a big part go before the next one is made
         self.write(b"{}" if first else b"\n" + b"  " * depth + b"}")
 
     def end(self) -> None:
