@@ -51,3 +51,17 @@ def test_round_trip_keeps_int_round_ids_and_structural_logs() -> None:
     assert again.filter_structural_logs(1, 0, ["Action"]) == [{"Action": "click"}]
     with pytest.raises(TypeError):
         again.filter_structural_logs(1, 0, 3)  # type: ignore[arg-type]
+
+
+def test_to_dict_without_copies_gives_the_same_state_as_with_them(tmp_path) -> None:
+    """``to_dict(copy=False)`` (what ``saucer export`` writes) equals the copying one, value for value."""
+    ctx = Context.open(f"sqlite:///{tmp_path}/s.db", "s")
+    ctx.set(ContextNames.REQUEST, "r")
+    ctx.add_to_structural_logs({"Round": 0, "SubtaskIndex": 0, "Step": 1, "Agent": "a"})
+    ctx.update_vars(set={"v": [1, {"x": 2}]})
+    ctx.commit()
+    copied, shared = ctx.to_dict(ensure_serializable=True), ctx.to_dict(ensure_serializable=True, copy=False)
+    assert copied == shared and shared["_vars"] == {"v": [1, {"x": 2}]}
+    copied["_vars"]["v"].append(3)  # a copy is the caller's own
+    assert ctx.get_var("v") == [1, {"x": 2}]
+    ctx.close()

@@ -39,7 +39,7 @@ from saucer.cli.common import (
     resolve_store_url,
     store_flag,
 )
-from saucer.cli.output import JsonStream, TextChunks, binary_stdout, print_json, styled, visible
+from saucer.cli.output import JsonObject, JsonStream, TextChunks, binary_stdout, print_json, styled, visible
 from saucer.cli.streams import LimitOption, RoundOption, SinceOption, parse_since, window_for
 from saucer.context import Context, ContextNames, prune
 from saucer.context.events import op_key
@@ -276,16 +276,23 @@ def history_cmd(
 
 
 def _state_data(ctx: Context) -> dict[str, Any]:
+    """The state as ``state --json`` and ``export`` write it: the Context's own values, not
+    copies (a long session's state is not held twice); read it, never change it."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        names = ctx.to_dict(ensure_serializable=True)
-    names.pop("_vars", None)
-    data = {"session_id": ctx.session_id, "version": ctx.version, "names": names, "vars": dict(ctx.vars)}
+        names = ctx.to_dict(ensure_serializable=True, copy=False)
+    variables = names.pop("_vars", {})
+    data = {"session_id": ctx.session_id, "version": ctx.version, "names": names, "vars": variables}
     if ctx.retired:  # names retired since the session stored them (saucer.context.names.RETIRED)
         data["retired"] = dict(ctx.retired)
     return data
+
+
+def _streamed_state(data: dict[str, Any]) -> JsonObject:
+    """``data`` of :func:`_state_data` for a :class:`JsonStream`: each name's value dumped on its own."""
+    return JsonObject((key, JsonObject(iter(value.items())) if key == "names" else value) for key, value in data.items())
 
 
 @app.command("state")
@@ -301,9 +308,11 @@ def state_cmd(
     with open_existing_store(store, config) as st:
         ctx = open_ctx(st, resolve_session(st, session), at)
         data = _state_data(ctx)
-    if as_json:
-        print_json(data)
-        return
+        if as_json:
+            out = JsonStream(binary_stdout())
+            out.value(_streamed_state(data))
+            out.end()
+            return
     flat = dict(data["names"])
     flat.update({f"vars.{k}": v for k, v in data["vars"].items()})
     flat.update({f"{k} (retired)": v for k, v in data.get("retired", {}).items()})
@@ -404,7 +413,7 @@ def export_cmd(
                 yield key, header.pop(key)
             yield "events", (lineage.add(event).to_dict() for event in source.iter_events(sid, upto=ctx.version))
             yield "lineage", lineage.segments
-            yield "state", _state_data(ctx)
+            yield "state", _streamed_state(_state_data(ctx))
 
         partial = None if output is None else output.with_name(f".{output.name}.partial")
         with contextlib.ExitStack() as stack:

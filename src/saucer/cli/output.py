@@ -16,7 +16,7 @@ import orjson
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["make_console", "print_json", "styled", "visible", "PIPE_WIDTH", "JsonStream", "TextChunks", "binary_stdout"]
+__all__ = ["make_console", "print_json", "styled", "visible", "PIPE_WIDTH", "JsonStream", "JsonObject", "TextChunks", "binary_stdout"]
 
 #: Width used when the output is not a terminal: wide enough that nothing wraps.
 PIPE_WIDTH = 100_000
@@ -59,6 +59,20 @@ def print_json(data: Any, stream: Any = None) -> None:
 
 
 _OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+_OPTIONS_FLAT = orjson.OPT_NON_STR_KEYS
+
+#: Dicts and lists longer than this are written item by item by :class:`JsonStream`.
+BIG = 256
+
+
+class JsonObject:
+    """An object for :class:`JsonStream` whose ``(key, value)`` pairs are written as they come
+    (a value may be made only when its turn comes)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: Iterable[tuple[Any, Any]]) -> None:
+        self.pairs = pairs
 
 
 def binary_stdout() -> BinaryIO:
@@ -133,11 +147,26 @@ class JsonStream:
         return text.replace(b"\n", b"\n" + b"  " * depth) if depth else text
 
     def value(self, value: Any, depth: int = 0) -> None:
-        """Write ``value`` at nesting ``depth``; an iterator (not a list or dict) is written as a streamed array."""
-        if isinstance(value, Iterator):
+        """Write ``value`` at nesting ``depth``. An iterator (not a list or dict) is written as a
+        streamed array, a :class:`JsonObject` as a streamed object, and a dict or list of more than
+        :data:`BIG` items item by item (never one dump of a whole long log or state)."""
+        kind = value.__class__
+        if kind is JsonObject:
+            self.object(value.pairs, depth)
+        elif kind is dict and len(value) > BIG:
+            self.object(iter(value.items()), depth)
+        elif kind is list and len(value) > BIG:
+            self.array(iter(value), depth)
+        elif isinstance(value, Iterator):
             self.array(value, depth)
         else:
             self.write(self._dump(value, depth))
+
+    @staticmethod
+    def _key(key: Any) -> bytes:
+        if key.__class__ is str:
+            return orjson.dumps(key)
+        return orjson.dumps({key: 0}, option=_OPTIONS_FLAT, default=str)[1:-3]  # as orjson writes a non-str key
 
     def array(self, items: Iterable[Any], depth: int = 0) -> None:
         """Write ``[...]`` with one item per line block, as each item comes."""
@@ -154,7 +183,7 @@ class JsonStream:
         pad = b"\n" + b"  " * (depth + 1)
         first = True
         for key, value in fields:
-            self.write((b"{" if first else b",") + pad + orjson.dumps(key) + b": ")
+            self.write((b"{" if first else b",") + pad + self._key(key) + b": ")
             first = False
             self.value(value, depth + 1)
             del value  # let a big part go before the next one is made

@@ -94,6 +94,19 @@ class TypedAccess(Durable):
         value = self._runtime.get(key)
         return default if value is None else value
 
+    def _peek(self, name: ContextNames | str) -> Any:
+        """:meth:`get` without the copy: the stored value itself, which the caller must not change
+        (for writing a large state out without holding it twice)."""
+        kind, key, fallback = _GET_SPEC[name]
+        if kind != _DURABLE:
+            return self.get(name)
+        if key in self._state.packed:
+            self._unpack(key)
+        value = self._state.names.get(key, fallback)
+        if value is list or value is dict:
+            return value()
+        return value
+
     @property
     def vars(self) -> Mapping[str, Any]:
         """The free-form context variables (a read-only copy)."""

@@ -89,11 +89,14 @@ class UfoCompat(TypedAccess):
 
     # ========================================================= serialisation
 
-    def to_dict(self, ensure_serializable: bool = False) -> dict[str, Any]:
+    def to_dict(self, ensure_serializable: bool = False, *, copy: bool = True) -> dict[str, Any]:
         """Every name's value (and ``_vars`` when there are context variables).
 
         With ``ensure_serializable=True`` runtime-only names are None and one
-        warning lists those that held an object.
+        warning lists those that held an object. With ``copy=False`` the
+        values are the Context's own, not copies: for writing them out at
+        once (``saucer export`` of a long session would otherwise hold its
+        state twice); changing them would change the Context behind its back.
         """
         out: dict[str, Any] = {}
         dropped: list[str] = []
@@ -106,11 +109,11 @@ class UfoCompat(TypedAccess):
                     value = None
                 out[member.value] = value
                 continue
-            out[member.value] = self.get(member)
+            out[member.value] = self.get(member) if copy else self._peek(member)  # type: ignore[attr-defined]
         if ensure_serializable:
             out = {k: (v.value if k == "WEAVING_MODE" else v) for k, v in out.items()}
         if self._state.vars:
-            out["_vars"] = copy_json(self._state.vars)
+            out["_vars"] = copy_json(self._state.vars) if copy else self._state.vars
         if dropped:
             warnings.warn(
                 f"to_dict(ensure_serializable=True) left out runtime-only values: {', '.join(dropped)}",
