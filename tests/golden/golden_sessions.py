@@ -250,10 +250,12 @@ def forks(store: EventStore, rec: Recorder) -> None:
     rec.commit(root)
     for c in (empty, grandchild, child, root):
         c.close()
-    unicode_sid = Context.open(store, "sess ünï/😀 id", author="user:ünï")
-    unicode_sid.update_vars(set={"ok": True})
-    rec.commit(unicode_sid)
-    unicode_sid.close()
+    # Ids have been checked at creation since e64f414 (letters, digits and ._:@+-): the older labels
+    # hold "sess ünï/😀 id"; a new label holds an id with every punctuation mark the rule allows.
+    odd_sid = Context.open(store, "sess.id:a@b+c-1", author="user:ünï")
+    odd_sid.update_vars(set={"ok": True})
+    rec.commit(odd_sid)
+    odd_sid.close()
 
 
 def pruned(store: EventStore, rec: Recorder) -> None:
@@ -359,6 +361,9 @@ def engine_sessions(url: str, work: Path) -> dict[str, dict[str, Any]]:
     """Run the plans with ``saucer run --plan`` in ``work``; return {session id: engine info}."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     env["SAUCER_STORE__SNAPSHOT_EVERY"] = "3"  # snapshots (with the tools' TOOL_INFO) in the middle of a run
+    # The tools as stdio servers (the default since 2424ba9 is in-process): step 2 of the interrupted plan
+    # kills its shell server's parent, which must be the runner, not this script.
+    env["SAUCER_MCP__ISOLATE"] = "true"
     saucer = str(Path(sys.executable).with_name("saucer"))
     (work / "plans").mkdir(parents=True, exist_ok=True)
     found: dict[str, dict[str, Any]] = {}

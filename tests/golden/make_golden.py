@@ -64,6 +64,7 @@ import golden_sessions as gs
 from saucer import __version__
 from saucer.context import Context
 from saucer.store import EventStore, open_store
+from saucer.store.upcast import FORMAT_VERSION
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -296,7 +297,8 @@ def main() -> None:
     for target in targets.values():
         if target.exists():
             raise SystemExit(f"{target} exists: never regenerate a label (see README.md); use another --prefix")
-    info = {"written_by": {"commit": _git_commit(), "saucer": __version__, "python": platform.python_version(),
+    info = {"written_by": {"commit": _git_commit(), "saucer": __version__, "record_format": FORMAT_VERSION,
+                           "python": platform.python_version(),
                            "script": "tests/golden/make_golden.py", "date": time.strftime("%Y-%m-%d")}}
     shutil.rmtree(WORK, ignore_errors=True)
     try:
