@@ -166,7 +166,7 @@ def scenario_sessions(tmp: Path, n: int) -> dict[str, Any]:
     from saucer.engine import Session
 
     per, count = 50, max(1, n // 50)
-    cfg = _settings(tmp)
+    cfg = _settings(tmp, **{"system.max_step": per + 1})  # at max_step (50 by default) a session ends stopped
     clock = _LoopClock()
     t = time.perf_counter()
     for _ in range(count):
