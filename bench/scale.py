@@ -5,7 +5,8 @@
     .venv/bin/python bench/scale.py --build-only                 # only build (or find) the workloads
 
 Workloads (built once into ``--cache``, default ``~/.cache/saucer/bench-scale/S<sessions>-E<events>``,
-and reused; ``--rebuild`` builds them again with the current code):
+and reused, even by a newer saucer, which upgrades them on first open: ``--rebuild`` builds
+them again with the current code, e.g. to see what today's record format costs):
 
 ``sessions.db``  ``--sessions`` follower sessions in one SQLite file, each a 3-step plan on the
                  built-in tools (``files.write``, ``files.read``, ``files.stat``, in-process),
