@@ -33,11 +33,13 @@ bench: $(VENV)/bin/python
 	$(VENV)/bin/python bench/concurrency.py
 	$(VENV)/bin/python bench/encryption.py
 	$(VENV)/bin/python bench/engine.py
+	$(VENV)/bin/python bench/engine_open.py
 	$(VENV)/bin/python bench/dispatch.py
 	$(VENV)/bin/python bench/service.py
 	$(VENV)/bin/python bench/queue_bench.py
 	$(VENV)/bin/python bench/ui.py
 	$(VENV)/bin/python bench/scale.py
+	$(VENV)/bin/python bench/store_scale.py
 	$(VENV)/bin/python scripts/llama_server.py
 	$(VENV)/bin/python bench/llm_server.py
 
