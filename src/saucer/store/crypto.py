@@ -11,7 +11,10 @@ variable as ``vars.KEY`` (``vars.api_*``). A value whose target matches is
   "packed": {...}}``) instead of ``"names"`` / ``"vars"`` / ``"packed"``.
 
 A token is ``base64(key id (8 bytes) | nonce (12) | AES-256-GCM ciphertext and tag)``,
-the plaintext being the value's JSON, zlib-compressed when it is over 512 bytes;
+the plaintext being the value's JSON, never compressed (tokens sealed by record
+formats 4 and 5 compressed it when over 512 bytes, and still open): a compressed
+plaintext's length would tell something about a secret sealed beside text an
+attacker chose;
 the *associated data* is the session id and the target (``vars.api_key``), so a
 token copied to another session or key does not open. The key id tells a
 wrong key from a damaged token.
@@ -59,9 +62,6 @@ KEY_ENV = "SAUCER_STORE_KEY"
 
 _KEY_ID = 8
 _NONCE = 12
-#: A sealed value whose JSON is longer than this is zlib-compressed before it is
-#: encrypted (record format 4), never after.
-_COMPRESS_OVER = 512
 _VALUE_FIELDS = ("value", "expected", "by")
 
 
@@ -116,10 +116,7 @@ class KeyRing:
 
     def seal(self, session_id: str, target: str, data: Any) -> str:
         nonce = secrets.token_bytes(_NONCE)
-        plain = orjson.dumps(data)
-        if len(plain) > _COMPRESS_OVER:  # before encrypting: ciphertext does not compress
-            plain = zlib.compress(plain, 6)
-        ct = self._aead.encrypt(nonce, plain, _aad(session_id, target))
+        ct = self._aead.encrypt(nonce, orjson.dumps(data), _aad(session_id, target))
         return base64.b64encode(self.id + nonce + ct).decode("ascii")
 
     def open(self, session_id: str, target: str, token: str) -> Any:
@@ -139,7 +136,7 @@ class KeyRing:
                 f"session {session_id!r}: the sealed value of {target} does not open with its key "
                 "(damaged, or moved from another session or key)"
             ) from None
-        if plain[:1] == b"x":  # zlib's first byte; no JSON text starts with "x"
+        if plain[:1] == b"x":  # sealed compressed (formats 4, 5): zlib's first byte; no JSON text starts with "x"
             plain = zlib.decompress(plain)
         return orjson.loads(plain)
 

@@ -27,7 +27,8 @@ The versions:
 4. The same objects; a stored event payload or snapshot over 512 bytes is
    zlib-compressed (its stored bytes start with ``x``, a JSON object's with
    ``{``; the checksum covers the stored bytes), and a sealed value over 512
-   bytes is compressed before it is encrypted. A version 3 reader would take
+   bytes was compressed before it was encrypted (no longer: such tokens still
+   open, new ones are sealed uncompressed). A version 3 reader would take
    a compressed payload for a damaged one: a store holding version 4 records
    is refused by it instead (``saucer_format``).
 5. A packed value may have ``"tails"`` (the operations on it since its base,
