@@ -9,7 +9,6 @@ is stored: values are never read as markup, and output to a pipe is not wrapped.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -192,10 +191,14 @@ def show_cmd(
         if summary["status"] == "interrupted":
             console.print(f"its runner is gone; continue it with: {program_name()} resume {shlex.quote(sid)}{store_flag(store)}")
         if follow:
+            import asyncio
+
             asyncio.run(_follow(st, sid, window.upto, interval, show_all))
 
 
 async def _follow(store: EventStore, session: str, after: int, interval: float, show_all: bool) -> None:
+    import asyncio
+
     console.print(styled((f"following {session} from v{after}; Ctrl-C to stop", "dim")))
     try:
         async for event in store.watch(session, after, interval=interval):

@@ -35,6 +35,7 @@ __all__ = [
     "friendly",
     "settings_for",
     "resolve_store_url",
+    "store_settings",
     "open_existing_store",
     "open_ctx",
     "resolve_session",
@@ -116,18 +117,52 @@ def settings_for(config: Optional[Path], overrides: dict[str, Any] | None = None
     return load_settings(config_file=config, overrides=overrides or {})
 
 
+#: The settings file read when there is no ``--config`` (``saucer.config.DEFAULT_CONFIG_FILE``).
+CONFIG_FILE = "saucer.toml"
+#: The sections of the settings (``saucer.config.Settings``): a ``SAUCER_<SECTION>`` or
+#: ``SAUCER_<SECTION>_...`` variable may set one of them (tests check this list against the model).
+SETTINGS_SECTIONS = ("system", "store", "mcp", "agents", "logs", "llm", "service", "desktop", "queue")
+#: ``SAUCER_*`` variables that set no store setting but ``store.url`` (``--store``'s own variable,
+#: so typer has already read it) or are read by the store itself (its key).
+_STORE_VARS_READ_ELSEWHERE = ("SAUCER_STORE_URL", "SAUCER_STORE_KEY")
+
+
+def _default_settings_apply(config: Optional[Path]) -> bool:
+    """Whether the settings are bound to be the defaults: no ``--config``, no ``./saucer.toml``
+    and no ``SAUCER_*`` variable that could set a section. Then the store's settings are known
+    without reading the settings model (pydantic-settings is a fifth of a command's start-up)."""
+    if config is not None or os.path.lexists(CONFIG_FILE):
+        return False
+    for var in os.environ:
+        name = var.upper()
+        if not name.startswith("SAUCER_") or name in _STORE_VARS_READ_ELSEWHERE:
+            continue
+        rest = name[len("SAUCER_"):]
+        if any(rest == section.upper() or rest.startswith(section.upper() + "_") for section in SETTINGS_SECTIONS):
+            return False
+    return True
+
+
+def store_settings(store: Optional[str], config: Optional[Path] = None) -> tuple[str, list[str], Optional[str]]:
+    """The store's URL (``--store`` wins), ``store.encrypt`` and ``store.key_file``, as
+    :func:`settings_for` would give them; read without the settings model when they are the defaults."""
+    if _default_settings_apply(config):
+        return store or DEFAULT_STORE, [], None
+    settings = settings_for(config)
+    return store or str(settings.store.url), list(settings.store.encrypt), settings.store.key_file
+
+
 def resolve_store_url(store: Optional[str], config: Optional[Path] = None) -> str:
     """``--store`` wins, then the settings (file, environment), then the default SQLite file."""
     if store:
         return store
-    return str(settings_for(config).store.url)
+    return store_settings(store, config)[0]
 
 
 def open_configured_store(store: Optional[str], config: Optional[Path] = None) -> EventStore:
     """The store of ``--store`` or the settings, with their ``store.encrypt`` and ``store.key_file``."""
-    settings = settings_for(config)
-    url = store or str(settings.store.url)
-    return open_store(url, encrypt=settings.store.encrypt, key_file=settings.store.key_file)
+    url, encrypt, key_file = store_settings(store, config)
+    return open_store(url, encrypt=encrypt, key_file=key_file)
 
 
 def open_existing_store(store: Optional[str], config: Optional[Path] = None) -> EventStore:

@@ -191,7 +191,7 @@ def write_sessions(out: Any, rows: Iterable[Mapping[str, Any]]) -> None:
 def _cost_text(row: Mapping[str, Any]) -> str:
     if row.get("cost") is not None:
         return f"{row['cost']:.4f}"
-    from saucer.engine.status import ENDED
+    from saucer.store.summary import ENDED  # what saucer.engine.status uses; importing the engine costs a listing its start-up
 
     # An ended session without a cost could not be priced; a running one has no total yet.
     return "unknown" if row.get("status") in ENDED else "-"

@@ -8,9 +8,7 @@ PostgreSQL. ``register(app)`` adds the commands to the ``saucer`` app.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -102,6 +100,7 @@ def queued_run(
     async def enqueue(client: Any) -> list[Any]:
         return await client.enqueue(specs, queue=queue_name, priority=priority)
 
+    import asyncio
     done = asyncio.run(_with_client(settings, enqueue))
     queued = [d for d in done if d.outcome != "skipped"]
     where = f"{len(specs)} plan(s) in {plan}" if plan is not None and plan.is_dir() else ("1 plan" if plan is not None else "1 request")
@@ -137,8 +136,10 @@ def _wait_for(settings: Any, sessions: set[str]) -> None:
                 bar.update(task_id, completed=len(ended), description=f"{running} running")
                 if len(ended) >= len(sessions):
                     return [j for j in (await queue_status(client)).jobs if j.session_id in sessions]
+                import asyncio
                 await asyncio.sleep(0.5)
 
+    import asyncio
     rows = asyncio.run(_with_client(settings, follow))
     bad = [j for j in rows if j.state != "done" or j.session not in ("finished",)]
     console.print(f"{len(rows) - len(bad)} of {len(rows)} finished")
@@ -173,11 +174,13 @@ def _worker_cmd(
     if log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
         raise UserError(f"--log-level {log_level!r}: use critical, error, warning, info or debug")
     settings = _settings(store, config)
+    import logging
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("procrastinate").setLevel(max(logging.WARNING, logging.getLogger().level))
     names = queue or [settings.queue.name]
     err.print(f"saucer worker on queue(s) {', '.join(names)} of {_display(settings)}, {concurrency or settings.queue.concurrency} at once")
     with _queue_errors():
+        import asyncio
         runner = asyncio.run(run_worker(settings, queues=names, concurrency=concurrency, observer=_WorkerLog()))
     err.print(f"saucer worker stopped after {len(runner.finished)} session(s)")
 
@@ -219,6 +222,7 @@ def status_cmd(
 
     from saucer.queue import queue_status
 
+    import asyncio
     status = asyncio.run(_with_client(_settings(store, config), queue_status))
     if as_json:
         print_json(status.to_dict())
@@ -243,6 +247,7 @@ def retry_cmd(
     """Queue failed and cancelled jobs again (the named ones, or all); each continues at its first uncommitted step."""
     from saucer.queue import retry_jobs
 
+    import asyncio
     done = asyncio.run(_with_client(_settings(store, config), lambda c: retry_jobs(c, list(sessions or []))))
     _report(done, "failed or cancelled jobs")
 
@@ -257,6 +262,7 @@ def cancel_cmd(
     """Cancel jobs (the named ones, or every queued one); a running one is stopped within seconds and keeps the steps it committed."""
     from saucer.queue import cancel_jobs
 
+    import asyncio
     done = asyncio.run(_with_client(_settings(store, config), lambda c: cancel_jobs(c, list(sessions or []))))
     _report(done, "queued jobs")
 

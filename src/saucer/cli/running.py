@@ -7,7 +7,6 @@ printed. Ctrl-C prints the exact command that continues the work.
 
 from __future__ import annotations
 
-import asyncio
 import shlex
 import sys
 import uuid
@@ -237,6 +236,7 @@ def run_cmd(
         sessions = factory.create_session(name, mode, plan=plan, request=request or "", **extra)
         batch = mode == "batch_normal"
         try:
+            import asyncio
             results = asyncio.run(_run_sessions(factory, sessions, concurrency, pooled=batch))
         except KeyboardInterrupt:
             _interrupted(factory.store, [s.session_id for s in sessions], store, yes, batch)
@@ -273,6 +273,7 @@ def resume_cmd(
         kw: dict[str, Any] = {"workspace": workspace} if workspace is not None else {}
         resumed = factory.resume_session(sid, retry_failed=retry_failed, **kw)
         try:
+            import asyncio
             result = asyncio.run(resumed.run())
         except KeyboardInterrupt:
             _interrupted(factory.store, [sid], store, yes, batch=False)
@@ -307,6 +308,7 @@ def demo_cmd(
     with _factory(settings, True, workspace) as factory:
         sessions = factory.create_session("demo", "follower", plan=plan_path, session_id=f"demo-{run_id}")
         try:
+            import asyncio
             [result] = asyncio.run(_run_sessions(factory, sessions, 1, pooled=False))
         except KeyboardInterrupt:
             _interrupted(factory.store, [sessions[0].session_id], store, True, batch=False)

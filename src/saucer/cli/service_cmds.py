@@ -9,14 +9,13 @@ its config, else the built-in shell and files tools in ``--workspace``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
-import signal
-import ssl
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:  # asyncio, ssl, signal and logging are imported by the commands that use them (start-up of the others)
+    import ssl
 
 import orjson
 import typer
@@ -86,6 +85,7 @@ def _log_level(value: str) -> str:
 
 
 def _setup_logging(level: str) -> None:
+    import logging
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -210,6 +210,7 @@ def register(app: typer.Typer) -> None:
             finally:
                 await runner.close()
 
+        import asyncio
         asyncio.run(main())
 
     @app.command("device", help=DEVICE_HELP)
@@ -261,6 +262,7 @@ def register(app: typer.Typer) -> None:
         if cafile is not None:
             if not cafile.is_file():
                 raise cli.UserError(f"--cafile {cafile} is not a file")
+            import ssl
             context = ssl.create_default_context(cafile=str(cafile))
         settings = cli.settings_for(config)
         where = (workspace or Path.cwd()).expanduser()
@@ -268,6 +270,7 @@ def register(app: typer.Typer) -> None:
             where.mkdir(parents=True, exist_ok=True)
         _setup_logging(level)
         try:
+            import asyncio
             asyncio.run(
                 _run_device(
                     cli,
@@ -306,9 +309,11 @@ async def _run_device(
         artifacts = settings.desktop.artifacts_dir or workspace / "artifacts"
         desktop = DesktopServer(artifacts=artifacts, display=settings.desktop.display)
     servers = configured_servers(settings.mcp.servers, workspace, desktop=desktop, isolate=settings.mcp.isolate)
+    import asyncio
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
+        import signal
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     async with LocalCommandDispatcher.from_config(servers, assume_yes=assume_yes) as dispatcher:
         failed = await dispatcher.start()

@@ -16,7 +16,6 @@ rather than writing it twice.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from contextlib import contextmanager
@@ -166,6 +165,8 @@ class Durable(Snapshots):
                 action = next(attempts)
                 while True:
                     if isinstance(action, _Wait):
+                        import asyncio  # only a coroutine waits; a reading command never loads asyncio
+
                         await asyncio.sleep(action.seconds)
                         action = next(attempts)
                         continue

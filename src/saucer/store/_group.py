@@ -36,11 +36,14 @@ its synchronous appends are written directly, in their own transaction.
 
 from __future__ import annotations
 
-import asyncio
+import sys
 import threading
 import warnings
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # asyncio is imported by the coroutines that use it: a command that only reads never loads it
+    import asyncio
 
 from saucer.store._codec import encode_payload
 from saucer.store.model import Event
@@ -51,6 +54,9 @@ _QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:  # no event loop runs in a program that never imported asyncio
+        return None
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
@@ -209,6 +215,8 @@ class GroupCommitter:
         cancellation reaches the caller only after it has (``on_written`` has
         run by then if the event was written).
         """
+        import asyncio
+
         loop = asyncio.get_running_loop()
         entry = Pending(event, expected, fence, loop=loop, on_written=on_written)
         with self._mutex:

@@ -21,7 +21,6 @@ Session ids follow one rule, checked wherever a session is made (:func:`check_se
 
 from __future__ import annotations
 
-import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
@@ -365,6 +364,8 @@ class EventStore(SessionListing, EventStreaming, ABC):
         self, session_id: str, after: int = 0, *, interval: float = 0.2
     ) -> AsyncIterator[Event]:
         """Yield the session's new events as they are committed (polling by default)."""
+        import asyncio
+
         last = after
         while True:
             fresh = await asyncio.to_thread(lambda: list(self.read(session_id, last)))

@@ -1,0 +1,107 @@
+"""Start-up of the reading commands: the store's settings without the settings model when they
+can only be the defaults, and no module loaded that a command does not use (issue 21)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from saucer.cli import common
+from saucer.config import DEFAULT_CONFIG_FILE, Settings, StoreSettings, load_settings
+
+from conftest import cli_env
+
+
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for var in list(os.environ):
+        if var.upper().startswith("SAUCER_"):
+            monkeypatch.delenv(var)
+
+
+def test_the_shortcut_knows_the_settings_model() -> None:
+    assert set(common.SETTINGS_SECTIONS) == set(Settings.model_fields)
+    assert common.CONFIG_FILE == DEFAULT_CONFIG_FILE
+    default = StoreSettings()
+    assert (common.DEFAULT_STORE, [], None) == (default.url, default.encrypt, default.key_file)
+
+
+def test_defaults_are_what_the_settings_say(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _clean_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings()
+    assert common.store_settings(None) == (settings.store.url, settings.store.encrypt, settings.store.key_file)
+    assert common.store_settings("sqlite:///x.db") == ("sqlite:///x.db", [], None)
+    monkeypatch.setenv("SAUCER_STORE_URL", "sqlite:///from-env.db")  # --store's own variable: typer reads it
+    monkeypatch.setenv("SAUCER_TEST_SOMETHING", "1")  # no section of the settings
+    assert common._default_settings_apply(None)
+
+
+@pytest.mark.parametrize(
+    "var, value, expected",
+    [
+        ("SAUCER_STORE__ENCRYPT", '["vars.api_*"]', (["vars.api_*"], None)),
+        ("saucer_store__key_file", "/k", ([], "/k")),  # the settings read variables without case
+        ("SAUCER_STORE", '{"encrypt": ["REQUEST"]}', (["REQUEST"], None)),
+    ],
+)
+def test_a_settings_variable_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, var: str, value: str, expected: tuple) -> None:
+    _clean_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(var, value)
+    assert not common._default_settings_apply(None)
+    assert common.store_settings("memory://")[1:] == expected
+
+
+def test_a_settings_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _clean_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "saucer.toml").write_text('[store]\nurl = "sqlite:///in-file.db"\nencrypt = ["vars.k"]\n')
+    assert common.store_settings(None) == ("sqlite:///in-file.db", ["vars.k"], None)
+    other = tmp_path / "other.toml"
+    other.write_text('[store]\nkey_file = "/key"\n')
+    (tmp_path / "saucer.toml").unlink()
+    assert common.store_settings(None, other) == (common.DEFAULT_STORE, [], "/key")
+
+
+def test_a_broken_settings_file_is_still_reported(run_cli, tmp_path: Path) -> None:
+    (tmp_path / "saucer.toml").write_text("[store\n")
+    proc = run_cli("sessions", "--store", "memory://")
+    assert proc.returncode == 2 and "saucer.toml is not valid TOML" in proc.stderr, proc.stderr
+    (tmp_path / "saucer.toml").unlink()
+    proc = run_cli("sessions", "--store", "memory://", env={"SAUCER_STORE__LEASE_TTL": "-1"})
+    assert proc.returncode == 2 and "SAUCER_STORE__LEASE_TTL" in proc.stderr, proc.stderr
+
+
+_PROBE = """
+import sys
+from saucer.cli.app import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+finally:
+    sys.stdout.flush()
+    heavy = ("saucer.config", "pydantic_settings", "asyncio", "saucer.engine", "saucer.queue", "saucer.service", "saucer.ui")
+    print("LOADED", sorted(m for m in heavy if m in sys.modules), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("argv", [["sessions"], ["sessions", "--json"], ["state", "s1"], ["state", "s1", "--json"]])
+def test_reading_commands_load_only_what_they_use(tmp_path: Path, argv: list[str]) -> None:
+    from saucer.context import Context
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    ctx = Context.open(url, "s1", author="agent:Follower", meta={"task": "t", "mode": "follower"})
+    from saucer.context import ContextNames
+
+    ctx.set(ContextNames.REQUEST, "hello")
+    ctx.commit()
+    ctx.close()
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv, "--store", url], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED []" in proc.stderr, proc.stderr
