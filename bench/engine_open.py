@@ -23,7 +23,8 @@ Each figure is one fresh process (saucer imported before the clock starts),
 median and best of ``--repeat`` runs:
 
 - ``open``: ``open_store`` + what ``Session.resume`` reads (the stored session
-  meta, the newest cursor) + ``Context.open`` of the session at its head;
+  meta without its plan, read when a step of it is first needed; the newest
+  cursor) + ``Context.open`` of the session at its head;
 - ``+ read logs``: then ``ctx.get(STRUCTURAL_LOGS)`` (decodes a packed value);
 - ``resume``: ``Session.resume(...).run()`` until its agent is called (lease,
   cursor, Context, logs, dispatcher and the resume commit included); for the
@@ -102,12 +103,12 @@ def unpack_snapshots(path: str) -> int:
 def measure_open(path: str) -> dict[str, float]:
     import saucer.store.sqlite  # noqa: F401 - imported before the clock, as in a running program
     from saucer.context import Context, ContextNames
-    from saucer.engine.cursor import last_cursor, stored_session_meta
+    from saucer.engine.cursor import last_cursor, stored_session_brief
     from saucer.store import open_store
 
     t0 = time.perf_counter()
     store = open_store(f"sqlite:///{path}")
-    stored_session_meta(store, SID)
+    stored_session_brief(store, SID)  # what Session.resume reads: the meta without its plan
     last_cursor(store, SID)
     ctx = Context.open(store, SID, create=False)
     t1 = time.perf_counter()

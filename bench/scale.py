@@ -24,7 +24,8 @@ file (a pipe: the plain, non-terminal output): ``sessions``, ``sessions --json``
 ``sessions.db``; ``show``, ``show --json``, ``history``, ``history --json``, ``export``, ``state``
 of the long session; and, in a child of its own (saucer imported before the clock), opening
 the long engine session in Python: ``open_store``, what ``Session.resume`` reads (the stored
-session meta and newest cursor, where this saucer has them) and ``Context.open`` at its head
+session meta without its plan, which a resume reads when a step of it is first needed, and the
+newest cursor, where this saucer has them) and ``Context.open`` at its head
 (``bench/engine_open.py`` times the whole resume). A file built by an older saucer is opened
 once, untimed, before (its schema upgrade is not a command's cost), and each command runs once
 untimed before it is timed, so that it runs as an installed saucer does, with its modules'
@@ -204,18 +205,21 @@ import json, sys, time
 import saucer.store.sqlite  # imported before the clock, as in a running program
 from saucer.context import Context
 from saucer.store import open_store
-try:  # what Session.resume reads besides the Context (saucer after issue 21)
-    from saucer.engine.cursor import last_cursor, stored_session_meta
-except ImportError:
-    last_cursor = stored_session_meta = None
+try:  # what Session.resume reads besides the Context: the meta without the plan (read when a step needs it)
+    from saucer.engine.cursor import last_cursor, stored_session_brief as session_meta
+except ImportError:  # saucer before the plan was read lazily: the whole meta, plan included
+    try:
+        from saucer.engine.cursor import last_cursor, stored_session_meta as session_meta
+    except ImportError:
+        last_cursor = session_meta = None
 t = time.perf_counter()
 store = open_store(sys.argv[1])
-if stored_session_meta is not None:
-    stored_session_meta(store, "long")
+if session_meta is not None:
+    session_meta(store, "long")
     last_cursor(store, "long")
 ctx = Context.open(store, "long", create=False)
 ms = (time.perf_counter() - t) * 1e3
-print(json.dumps({"ms": ms, "version": ctx.version, "engine_meta": stored_session_meta is not None}))
+print(json.dumps({"ms": ms, "version": ctx.version, "engine_meta": session_meta is not None}))
 """
 
 _MIGRATE_SNIPPET = """

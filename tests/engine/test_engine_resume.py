@@ -152,6 +152,37 @@ def test_a_fork_resumes_from_where_it_was_forked(settings: Any) -> None:
     assert [c.parameters["i"] for c in dispatcher.ran] == [2, 3]
 
 
+def test_a_resume_reads_the_stored_plan_only_when_a_step_needs_it(make_settings: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from saucer.store.listing import SessionListing
+
+    reads: list[str] = []
+    original = SessionListing.session_plan
+    monkeypatch.setattr(SessionListing, "session_plan", lambda self, sid: reads.append(sid) or original(self, sid))
+    url = f"sqlite:///{tmp_path / 'plans.db'}"
+    dispatcher = FakeDispatcher()
+    cut = asyncio.run(Session("cut", mode="follower", settings=make_settings(system__max_step=2), store=url,
+                              plan=command_plan(4), dispatcher=dispatcher).run())
+    assert (cut.status, cut.steps) == ("stopped", 2) and reads == []
+    resumed = Session.resume(cut.session_id, store=url, settings=make_settings(), dispatcher=dispatcher)
+    assert reads == []  # task, mode and workspace are read; the plan is not
+    assert resumed.plan is not None and [s.subtask for s in resumed.plan.steps] == [s["subtask"] for s in command_plan(4)["steps"]]
+    assert reads == [cut.session_id] and resumed.plan is resumed.plan and len(reads) == 1  # read once, then kept
+    result = asyncio.run(resumed.run())
+    assert (result.status, result.steps) == ("finished", 4)
+    assert [c.parameters["i"] for c in dispatcher.ran] == [0, 1, 2, 3]
+    # A session that has ended gives its stored result: its plan is never read.
+    reads.clear()
+    again = asyncio.run(Session.resume(cut.session_id, store=url, settings=make_settings(), dispatcher=dispatcher).run())
+    assert (again.status, again.steps) == ("finished", 4) and reads == []
+    # Resumed with an open store (no probe) and no plan touched before run: read when its first round starts.
+    cut2 = asyncio.run(Session("cut2", mode="follower", settings=make_settings(system__max_step=1), store=url,
+                               plan=command_plan(3), dispatcher=dispatcher).run())
+    with open_store(url) as store:
+        result = asyncio.run(Session.resume(cut2.session_id, store=store, settings=make_settings(), dispatcher=dispatcher).run())
+    assert (result.status, result.steps) == ("finished", 3) and reads == [cut2.session_id]
+
+
 def test_resuming_an_unknown_session_raises(settings: Any) -> None:
     with pytest.raises(SessionNotFoundError):
         asyncio.run(Session.resume("nope", store=MemoryStore(), settings=settings).run())

@@ -102,6 +102,20 @@ def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     assert path.read_text().startswith("these are my notes")  # left as it was
 
 
+def test_a_session_meta_that_is_not_json_is_named_when_read_without_its_plan(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with open_store(f"sqlite:///{path}") as s:
+        s.create_session("broken", meta={"task": "t", "plan": {"steps": []}})
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE session_meta SET meta = '{\"task\": \"t\", \"plan\": [' WHERE session_id = 'broken'")
+    conn.close()
+    with open_store(f"sqlite:///{path}") as s:
+        with pytest.raises(DamagedStoreError) as caught:
+            s.session_info_without_plan("broken")
+    message = str(caught.value)
+    assert "'broken'" in message and "not JSON" in message and str(path) in message
+
+
 def _damage(path: Path, pages: range) -> None:
     """Overwrite whole pages of an SQLite file (the first page keeps the header)."""
     page = sqlite3.connect(path).execute("PRAGMA page_size").fetchone()[0]

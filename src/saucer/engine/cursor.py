@@ -41,6 +41,7 @@ __all__ = [
     "continue_cursor",
     "retry_cursor",
     "fork_origin",
+    "stored_session_brief",
     "stored_session_meta",
 ]
 
@@ -246,12 +247,15 @@ def fork_origin(info: SessionInfo) -> tuple[str | None, int | None]:
     return info.meta.get("forked_from"), at if isinstance(at, int) else None
 
 
-def stored_session_meta(store: EventStore, session_id: str) -> dict[str, Any]:
-    """The creation meta of a session (task, mode, plan...), looking through forks to the original.
+def stored_session_brief(store: EventStore, session_id: str) -> tuple[dict[str, Any], str | None]:
+    """The creation meta of a session (task, mode...) without its plan, looking through forks to
+    the original, and the id of the session whose meta holds the plan (None: it has none).
 
+    What :meth:`~saucer.engine.session.Session.resume` reads: a plan is read
+    (``store.session_plan(holder)``) when a step of it is first needed.
     A fork's own first event may give it its own workspace (``saucer fork --workspace``).
     """
-    info = store.session_info(session_id)
+    info, has_plan = store.session_info_without_plan(session_id)
     workspace = None
     origin, at = fork_origin(info)
     if origin is not None and at is not None:
@@ -259,10 +263,19 @@ def stored_session_meta(store: EventStore, session_id: str) -> dict[str, Any]:
         workspace = first.meta.get("workspace") if first is not None else None
     seen = 0
     while "mode" not in info.meta and origin is not None and store.exists(origin) and seen < 100:
-        info = store.session_info(origin)
+        info, has_plan = store.session_info_without_plan(origin)
         origin, _ = fork_origin(info)
         seen += 1
     meta = dict(info.meta)
     if workspace:
         meta["workspace"] = workspace
+    return meta, info.session_id if has_plan else None
+
+
+def stored_session_meta(store: EventStore, session_id: str) -> dict[str, Any]:
+    """The creation meta of a session (task, mode, plan...), looking through forks to the original:
+    :func:`stored_session_brief` with the plan read."""
+    meta, holder = stored_session_brief(store, session_id)
+    if holder is not None:
+        meta["plan"] = store.session_plan(holder)
     return meta

@@ -22,10 +22,10 @@ from saucer.engine.cursor import (
     fork_origin,
     last_cursor,
     retry_cursor,
-    stored_session_meta,
+    stored_session_brief,
 )
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, TEXT_LOG, SessionLogs, slug
-from saucer.engine.plan import Plan
+from saucer.engine.plan import Plan, parse_plan
 from saucer.engine.result import SessionStatus
 from saucer.engine.round import Round
 from saucer.store import EventStore, open_store
@@ -47,12 +47,12 @@ class ResumableSession:
     owner: str
     session_id: str
     settings: Settings
-    plan: Plan | None
     plan_file: str | None
     platform: str
     workspace: str | None
     request: str
     store: EventStore | None
+    _store_spec: EventStore | str
     context: Context
     logs: SessionLogs
     limits: Limits
@@ -64,6 +64,29 @@ class ResumableSession:
     _next_round_id: int
     _next_plan_index: int
     _pending_round_eval: int | None
+    _plan: Plan | None = None
+    #: A resumed session's plan is read when first needed: the id of the session whose stored meta holds it.
+    _stored_plan: str | None = None
+
+    @property
+    def plan(self) -> Plan | None:
+        """The session's plan (None: none); a resumed session reads it from its store when first asked,
+        as a stored plan of 10^4 steps is megabytes (:class:`PlanError` if it is no longer a valid plan)."""
+        if self._stored_plan is not None:
+            holder = self._stored_plan
+            spec = self.store if self.store is not None else self._store_spec
+            if isinstance(spec, str):
+                with open_store(spec, encrypt=self.settings.store.encrypt, key_file=self.settings.store.key_file) as probe:
+                    data = probe.session_plan(holder)
+            else:
+                data = spec.session_plan(holder)
+            self._plan = parse_plan(data, self.plan_file or "plan") if data is not None else None
+            self._stored_plan = None
+        return self._plan
+
+    @plan.setter
+    def plan(self, value: Plan | None) -> None:
+        self._plan, self._stored_plan = value, None
 
     if TYPE_CHECKING:  # provided by Session
 
@@ -95,7 +118,7 @@ class ResumableSession:
         spec = store if store is not None else settings.store.url
         probe = open_store(spec, encrypt=settings.store.encrypt, key_file=settings.store.key_file) if isinstance(spec, str) else spec
         try:
-            meta = stored_session_meta(probe, session_id)
+            meta, plan_holder = stored_session_brief(probe, session_id)
         finally:
             if isinstance(spec, str):
                 probe.close()
@@ -112,10 +135,10 @@ class ResumableSession:
             store=spec,
             session_id=session_id,
             request=meta.get("request") or "",
-            plan=meta.get("plan"),
             plan_file=meta.get("plan_file"),
             **kwargs,
         )
+        session._stored_plan = plan_holder  # read when a step of it is first needed
         session._resuming = True
         session._retry_failed = retry_failed
         return session

@@ -67,7 +67,7 @@ from saucer.engine.plan import Plan, PlanStep, parse_plan
 from saucer.engine.result import SessionResult, SessionStatus
 from saucer.engine.resume import ResumableSession
 from saucer.engine.round import Round, RoundResult, RoundStatus
-from saucer.store import EventStore, StoreError, open_store
+from saucer.store import EventStore, SessionNotFoundError, StoreError, open_store
 from saucer.store.base import Lease
 
 __all__ = ["Session", "SessionResult", "SessionStatus", "new_session_id", "lease_owner"]
@@ -117,7 +117,7 @@ class Session(ResumableSession, SessionOutcome):
         self.settings = settings if settings is not None else load_settings()
         self.session_id = session_id or new_session_id(task)
         self.request = request or ""
-        self.plan: Plan | None = parse_plan(plan, plan_file or "plan") if plan is not None else None
+        self.plan = parse_plan(plan, plan_file or "plan") if plan is not None else None
         self.plan_file = plan_file
         self.platform = platform
         #: The directory the built-in tools act in; stored so a resumed session uses the same one.
@@ -464,7 +464,8 @@ class Session(ResumableSession, SessionOutcome):
         self.store = store = self._open_store()
         sid = self.session_id
         if self._resuming:
-            store.session_info(sid)  # SessionNotFoundError for an unknown id
+            if not store.exists(sid):  # (never parses the stored meta, which may hold a whole plan)
+                raise SessionNotFoundError(sid)
         else:
             store.create_session(sid, meta=self._creation_meta())
         self._lease = LeaseKeeper(store, sid, self.owner, self.settings.store.lease_ttl, self._new_fence)

@@ -15,7 +15,30 @@ from saucer.store._codec import encode_payload, encode_state
 from saucer.store.model import Event, SessionExistsError, SessionInfo, SessionNotFoundError, Snapshot, StoreError
 from saucer.store.summary import Counters, brief_of
 
-__all__ = ["detach_fork", "insert_events", "insert_session", "insert_snapshot", "replace_below", "rewrite_rows"]
+__all__ = ["HEADS", "INFO_WITHOUT_PLAN", "detach_fork", "insert_events", "insert_session", "insert_snapshot", "replace_below", "rewrite_rows"]
+
+
+#: Each session's row, the event at its head (from either event table) and its lease.
+HEADS = """
+SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, m.meta,
+       coalesce(e.ts, r.ts), coalesce(e.author, r.author), coalesce(e.round, r.round),
+       coalesce(e.step, r.step), coalesce(e.payload, r.payload), coalesce(e.crc, r.crc),
+       l.owner, l.token, l.expires_at
+FROM sessions s JOIN session_meta m ON m.session_id = s.session_id
+LEFT JOIN events e ON e.session_id = s.session_id AND e.version = s.head
+LEFT JOIN events_recent r ON e.session_id IS NULL AND r.session_id = s.session_id AND r.version = s.head
+LEFT JOIN leases l ON l.session_id = s.session_id
+{where}
+ORDER BY s.updated_at DESC, s.session_id
+"""
+
+#: A session's row with its meta's plan (if it has one) replaced by 0 in SQLite: one pass of
+#: SQLite's JSON parser over the meta, and never a plan parsed in Python.
+INFO_WITHOUT_PLAN = (
+    "SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, "
+    "json_replace(m.meta, '$.plan', 0) "
+    "FROM sessions s JOIN session_meta m ON m.session_id = s.session_id WHERE s.session_id = ?"
+)
 
 
 def insert_session(conn: sqlite3.Connection, info: SessionInfo, counters: Counters) -> None:

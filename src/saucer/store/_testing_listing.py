@@ -12,7 +12,7 @@ import pytest
 
 from saucer.store.base import EventStore
 from saucer.store.listing import SessionListing
-from saucer.store.model import ConflictError, Feature, FencedError
+from saucer.store.model import ConflictError, Feature, FencedError, SessionNotFoundError
 from saucer.store.summary import ListQuery, SessionSummary
 
 __all__ = ["SessionListingContract"]
@@ -171,3 +171,25 @@ class SessionListingContract:
         c, d = _row(store, "c"), _row(store, "d")
         assert (c.version, c.steps, c.cost) == (21, 21, 10.5) and (d.version, d.steps, d.cost) == (20, 20, 10.0)
         assert store._list(ListQuery.of()) == SessionListing._list(store, ListQuery.of())
+
+    def test_session_info_without_plan_leaves_out_the_plan_and_says_whether_there_is_one(self, store: EventStore) -> None:
+        plan = {"task": "t", "steps": [{"subtask": f"s{i}", "commands": []} for i in range(50)]}
+        metas: dict[str, dict[str, Any]] = {
+            "planned": {"task": "t", "mode": "follower", "plan": plan, "plan_file": "p.json", "note": {"plan": 1}},
+            "null": {"task": "t", "plan": None},
+            "plain": {"task": "t", "request": '"plan": not a key'},
+            "empty": {},
+        }
+        for sid, meta in metas.items():
+            store.create_session(sid, meta=meta)
+        for sid, meta in metas.items():
+            info, has_plan = store.session_info_without_plan(sid)
+            assert has_plan == ("plan" in meta), sid
+            assert info.meta == {k: v for k, v in meta.items() if k != "plan"}, sid
+            assert (info.session_id, info.version) == (sid, 0)
+            assert store.session_plan(sid) == meta.get("plan"), sid
+            assert store.session_info(sid).meta == meta, sid  # the full meta is still what it was
+        with pytest.raises(SessionNotFoundError):
+            store.session_info_without_plan("ghost")
+        with pytest.raises(SessionNotFoundError):
+            store.session_plan("ghost")

@@ -12,9 +12,10 @@ backends keep a summary per session up to date with every commit
 from __future__ import annotations
 
 import warnings
-from typing import Iterable
+from dataclasses import replace
+from typing import Any, Iterable
 
-from saucer.store.model import Event, SessionHead, SessionInfo, StoreError
+from saucer.store.model import Event, SessionHead, SessionInfo, SessionNotFoundError, StoreError
 from saucer.store.summary import (
     Counters,
     ListQuery,
@@ -146,6 +147,28 @@ class SessionListing:
         after a prune keeps its origin in ``meta["forked_from"]`` instead)."""
         return sorted(self._forks(session_id),  # type: ignore[attr-defined]
                       key=lambda info: info.session_id)
+
+    def session_info_without_plan(self, session_id: str) -> tuple[SessionInfo, bool]:
+        """The session's row with its meta's ``plan`` left out, and whether the meta has one.
+
+        What a resume reads first: a stored plan of 10^4 steps is megabytes of JSON,
+        read (:meth:`session_plan`) only when a step of it runs. SQLite leaves it
+        unparsed. :class:`SessionNotFoundError` if unknown.
+        """
+        found = self._info_without_plan(session_id)
+        if found is None:
+            raise SessionNotFoundError(session_id)
+        return found
+
+    def session_plan(self, session_id: str) -> Any:
+        """The ``plan`` of the session's meta (None if it has none); :class:`SessionNotFoundError` if unknown."""
+        return self.session_info(session_id).meta.get("plan")  # type: ignore[attr-defined]
+
+    def _info_without_plan(self, session_id: str) -> tuple[SessionInfo, bool] | None:
+        info = self._info(session_id)  # type: ignore[attr-defined]
+        if info is None or "plan" not in info.meta:
+            return None if info is None else (info, False)
+        return replace(info, meta={k: v for k, v in info.meta.items() if k != "plan"}), True
 
     def last_event(self, info: SessionInfo) -> Event | None:
         """The event at ``info.version`` (of its lineage), or None: no events, a damaged

@@ -65,6 +65,9 @@ class SealedStore(EventStore):
     def _row(self, session_id: str) -> SessionInfo | None:
         return self.inner._row(session_id)
 
+    def _info_without_plan(self, session_id: str) -> tuple[SessionInfo, bool] | None:
+        return self.inner._info_without_plan(session_id)  # a session's meta is not sealed
+
     # The summaries are the backend's: they are counted from event meta, which is never sealed.
     def _create_with(self, info: SessionInfo, counters: Counters) -> None:
         self.inner._create_with(info, counters)
