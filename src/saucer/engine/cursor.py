@@ -167,12 +167,13 @@ _FAILED_STATES = frozenset({"FAIL", "ERROR"})
 
 
 def _backwards(store: EventStore, session_id: str, chunk: int = 16) -> Iterator[Event]:
-    """The session's events (its lineage, for forks), newest first, read a few at a time."""
-    version = store.head(session_id)
+    """The session's events (its lineage, for forks), newest first: the newest alone (the engine's
+    every commit carries a cursor, and an event may hold megabytes of ops), then a few at a time."""
+    version, size = store.head(session_id), 1
     while version > 0:
-        low = max(0, version - chunk)
+        low = max(0, version - size)
         yield from reversed(list(store.read(session_id, low, version)))
-        version = low
+        version, size = low, chunk
 
 
 def _cursor_of(event: Event) -> ResumePoint | None:
