@@ -175,7 +175,8 @@ class SessionListingContract:
     def test_session_info_without_plan_leaves_out_the_plan_and_says_whether_there_is_one(self, store: EventStore) -> None:
         plan = {"task": "t", "steps": [{"subtask": f"s{i}", "commands": []} for i in range(50)]}
         metas: dict[str, dict[str, Any]] = {
-            "planned": {"task": "t", "mode": "follower", "plan": plan, "plan_file": "p.json", "note": {"plan": 1}},
+            "planned": {"task": "t", "mode": "follower", "plan": plan, "plan_file": "p.json", "note": {"plan": 1},
+                        "odd": ["é\u2028\"\\\n\x01😀", 0.1, 2**63 - 1, None, True]},
             "null": {"task": "t", "plan": None},
             "plain": {"task": "t", "request": '"plan": not a key'},
             "empty": {},
