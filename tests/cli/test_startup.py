@@ -105,3 +105,46 @@ def test_reading_commands_load_only_what_they_use(tmp_path: Path, argv: list[str
     )
     assert proc.returncode == 0, proc.stderr
     assert "LOADED []" in proc.stderr, proc.stderr
+
+
+def _short_of_whole_dump(value: object, width: int) -> str:
+    """What ``short`` showed when it dumped the whole value before cutting it."""
+    import orjson
+
+    from saucer.cli.output import visible
+
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
+        except TypeError:
+            text = repr(value)
+    text = visible(text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def test_short_formats_only_what_it_shows_and_shows_the_same() -> None:
+    import datetime
+    import random
+
+    from saucer.cli.inspect import short
+
+    rnd = random.Random(21)
+
+    def text() -> str:
+        return "".join(rnd.choice(["a", "é", "€", "𝄞", "\n", "\x1b", "\x85", '"', "\\", " ", "中"]) for _ in range(rnd.randint(0, 30)))
+
+    def value(depth: int = 0) -> object:
+        r = rnd.random()
+        if depth > 2 or r < 0.3:
+            return rnd.choice([None, True, False, rnd.randint(-10**6, 10**6), rnd.random(), text(), datetime.date(2020, 1, 2), (1, "x"), 0, 0.0])
+        if r < 0.65:
+            return {rnd.choice([text(), rnd.randint(0, 99), None, True, 1.5]): value(depth + 1) for _ in range(rnd.randint(0, 6))}
+        return [value(depth + 1) for _ in range(rnd.randint(0, 6))]
+
+    values = [value() for _ in range(1500)]
+    values += [{i: [{"x": "y" * 50, str(i): "𝄞" * i}] for i in range(3000)}, list(range(10**5)), {"a": {}}, [[]], {1: [2, {3: "x" * 900}]}]
+    for v in values:
+        for width in (1, 2, 5, 60, 80, 200):
+            assert short(v, width) == _short_of_whole_dump(v, width), (v, width)

@@ -76,16 +76,52 @@ class PlainText:
 
 
 def short(value: Any, width: int = 60) -> str:
-    """A one-line JSON rendering of ``value``, cut to ``width`` characters."""
+    """A one-line JSON rendering of ``value``, cut to ``width`` characters.
+
+    Only what is shown is formatted: a long dict or list is written item by item
+    until there is more than ``width`` characters (a 10^5-step log is not dumped
+    whole to show its first 200)."""
     if isinstance(value, str):
         text = value
     else:
         try:
-            text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode()
+            text = _json_head(value, 4 * width + 4).decode("utf-8", "ignore")  # "ignore": a character cut at the end
         except TypeError:
             text = repr(value)
     text = visible(text)
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+_SHORT_JSON = orjson.OPT_NON_STR_KEYS
+
+
+def _json_head(value: Any, room: int) -> bytes:
+    """The compact JSON of ``value`` (as ``orjson.dumps(value, option=OPT_NON_STR_KEYS, default=str)``),
+    or a start of it at least ``room`` bytes long: dicts and lists are written item by item until then."""
+    cls = value.__class__
+    if cls is dict and value:
+        parts, size = [b"{"], 1
+        for key, item in value.items():
+            if size > room:
+                return b"".join(parts)
+            if key.__class__ is str:
+                head = orjson.dumps(key)
+            else:  # as orjson writes a key that is not a str
+                head = orjson.dumps({key: 0}, option=_SHORT_JSON, default=str)[1:-3]
+            piece = (b"," if size > 1 else b"") + head + b":" + _json_head(item, room - size)
+            parts.append(piece)
+            size += len(piece)
+        return b"".join(parts) if size > room else b"".join(parts) + b"}"  # an item may have been cut
+    if cls is list and value:
+        parts, size = [b"["], 1
+        for item in value:
+            if size > room:
+                return b"".join(parts)
+            piece = (b"," if size > 1 else b"") + _json_head(item, room - size)
+            parts.append(piece)
+            size += len(piece)
+        return b"".join(parts) if size > room else b"".join(parts) + b"]"
+    return orjson.dumps(value, option=_SHORT_JSON, default=str)
 
 
 def describe_op(op: Mapping[str, Any]) -> str:
@@ -181,11 +217,10 @@ def write_sessions(out: Any, rows: Iterable[Mapping[str, Any]]) -> None:
     cells = [_session_cells(row) for row in rows]
     widths = [max([len(name)] + [len(c[i]) for c in cells]) for i, name in enumerate(_SESSION_COLUMNS)]
 
-    def line(values: Iterable[str]) -> str:
-        return " " + "  ".join(v.ljust(widths[i]) for i, v in enumerate(values)) + " \n"
-
-    out.write("sessions\n\n" + line(_SESSION_COLUMNS) + " " + "─" * (sum(widths) + 2 * (len(widths) - 1)) + " \n")
-    out.writelines(line(c) for c in cells)
+    # Each cell left-aligned and padded with spaces to its column's width (str.ljust), in one format call a row.
+    line = (" " + "  ".join(f"{{:<{w}}}" for w in widths) + " \n").format
+    out.write("sessions\n\n" + line(*_SESSION_COLUMNS) + " " + "─" * (sum(widths) + 2 * (len(widths) - 1)) + " \n")
+    out.writelines(line(*c) for c in cells)
 
 
 def _cost_text(row: Mapping[str, Any]) -> str:

@@ -42,6 +42,8 @@ del _CONTROLS_BUT_NEWLINE[0x0A]
 
 def visible(text: str, *, lines: bool = False) -> str:
     """``text`` with control characters as escapes (``\\x1b``, and ``\\n`` unless ``lines``); the rest as it is."""
+    if text.isprintable():  # no control character (they are not printable): nothing to escape (C speed)
+        return text
     return text.translate(_CONTROLS_BUT_NEWLINE if lines else _CONTROLS)
 
 
