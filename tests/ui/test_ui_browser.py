@@ -172,6 +172,14 @@ def test_browse_search_click_in_step_versions_and_diff(scene: dict[str, Any], pa
     assert stamp.inner_text() == _local(stamp.get_attribute("datetime"))  # the viewer's zone, not the server's
     page.screenshot(path=str(artifacts / "1-sessions.png"), full_page=True)
 
+    # A filter's select asks at once; back to "any" shows every session again.
+    page.select_option('select[name="status"]', "finished")
+    expect(page.locator("table.sessions tbody tr:not(.status-finished)")).to_have_count(0)
+    expect(page.locator(f'a[href="/sessions/{demo}"]')).to_be_visible()
+    assert "status=finished" in page.url
+    page.select_option('select[name="status"]', "")
+    expect(rows).to_have_count(3)
+
     page.fill('input[name="q"]', "demo")
     expect(rows).to_have_count(1)
     assert "q=demo" in page.url  # the search is in the address, to paste into an issue
