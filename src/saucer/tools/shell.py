@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import anyio
 from pydantic import BaseModel, Field
 
 from saucer.tools._common import (
@@ -204,6 +203,20 @@ async def _stop_group(proc: asyncio.subprocess.Process, readers: list[asyncio.Ta
     _kill_group(proc.pid, signal.SIGKILL)
 
 
+def _shielded() -> contextlib.AbstractContextManager[object]:
+    """The scope the clean-up after a command runs in.
+
+    Under anyio (the stdio MCP server's task groups) a cancelled call -- the
+    client went away, the server is shutting down -- has every await cancelled
+    again, which would leave the group running and its transport to be closed
+    after the loop is gone: a shielded anyio scope lets the clean-up finish.
+    Where anyio is not loaded (the in-process tools), nothing can cancel that
+    way, and importing it would cost every ``saucer run`` ~20 ms of start-up.
+    """
+    anyio = sys.modules.get("anyio")
+    return anyio.CancelScope(shield=True) if anyio is not None else contextlib.nullcontext()
+
+
 async def _clean_up(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]], *, stop: bool) -> None:
     """Stop the group when ``stop``, collect its output readers, reap the shell and close its transport."""
     if stop:
@@ -299,11 +312,8 @@ async def run_command(
         timed_out = True
     finally:
         # Timed out, cancelled by the client, or background children holding the
-        # output open: never leave the group running behind the call. Shielded: a
-        # cancelled call (the client went away, the server's task group is shutting
-        # down) would otherwise have every await below cancelled again, leaving the
-        # group running and its transport to be closed after the loop is gone.
-        with anyio.CancelScope(shield=True):
+        # output open: never leave the group running behind the call.
+        with _shielded():
             await _clean_up(proc, readers, stop=proc.returncode is None or held_open or timed_out)
     duration = time.monotonic() - started
     if timed_out:
