@@ -126,6 +126,8 @@ def _short_of_whole_dump(value: object, width: int) -> str:
 
 def test_short_formats_only_what_it_shows_and_shows_the_same() -> None:
     import datetime
+
+    import orjson
     import random
 
     from saucer.cli.inspect import short
@@ -145,6 +147,28 @@ def test_short_formats_only_what_it_shows_and_shows_the_same() -> None:
 
     values = [value() for _ in range(1500)]
     values += [{i: [{"x": "y" * 50, str(i): "𝄞" * i}] for i in range(3000)}, list(range(10**5)), {"a": {}}, [[]], {1: [2, {3: "x" * 900}]}]
+    from saucer.context.events import StoredJson
+
     for v in values:
+        stored = None if isinstance(v, str) else StoredJson(orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS, default=str))
         for width in (1, 2, 5, 60, 80, 200):
             assert short(v, width) == _short_of_whole_dump(v, width), (v, width)
+            if stored is not None:  # a value the state table shows from its stored text
+                assert short(stored, width) == short(v, width), (v, width)
+
+
+def test_a_reading_command_holds_the_collector_off_only_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from saucer.cli import common as cli_common
+
+    seen: list[bool] = []
+
+    @cli_common.one_shot
+    def reading() -> None:
+        seen.append(gc.isenabled())
+        raise ValueError("a mistake")
+
+    with pytest.raises(ValueError):
+        reading()
+    assert seen == [False] and gc.isenabled()

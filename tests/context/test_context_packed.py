@@ -142,9 +142,8 @@ def test_a_value_that_only_grew_is_written_as_its_base_and_new_tails() -> None:
     third = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
     assert third["zlib"] == first["zlib"] and len(third["tails"]) == 2  # the base is not written again
     live = _plain(ctx)
-    ctx.close()
     assert _plain(Context.open(store, "s")) == live
-    reopened = Context.open(store, "s")
+    reopened = Context.open(store, "s")  # while ctx is open: the newest snapshot has its tails
     assert len(reopened._state.packed["STRUCTURAL_LOGS"].tails) == 2
     # Grown on from a still-packed value: the kept operations become one more tail.
     _grow(reopened, 605, 1)
@@ -153,6 +152,16 @@ def test_a_value_that_only_grew_is_written_as_its_base_and_new_tails() -> None:
     fourth = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
     assert fourth["zlib"] == first["zlib"] and len(fourth["tails"]) == 3
     assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+    # Closing stores the value whole (a closed session is read more often than extended),
+    # at the same version, and still keeps the snapshot before it.
+    head = store.head("s")
+    reopened.close()
+    closed = store.latest_snapshot("s", head)
+    assert closed.version == head and "tails" not in closed.state["packed"]["STRUCTURAL_LOGS"]
+    assert store.latest_snapshot("s", head - 1) is not None
+    final = Context.open(store, "s")
+    assert not final._state.packed["STRUCTURAL_LOGS"].tails
+    assert ev.state_to_wire(final._state) == _replayed(store, "s")
 
 
 def test_tails_that_outweigh_their_base_are_packed_afresh() -> None:
@@ -339,9 +348,14 @@ def test_packed_values_and_tails_round_trip_on_every_backend(any_store: Any) -> 
     _grow(ctx, 600, 5)
     ctx.snapshot()
     live = _plain(ctx)
-    ctx.close()
     entry = any_store.latest_snapshot("s", any_store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
     assert entry.get("tails")
+    reopened = Context.open(any_store, "s")
+    assert reopened._state.packed["STRUCTURAL_LOGS"].tails
+    assert _plain(reopened) == live
+    ctx.close()  # stores the value whole
+    entry = any_store.latest_snapshot("s", any_store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
+    assert "tails" not in entry
     reopened = Context.open(any_store, "s")
     assert "STRUCTURAL_LOGS" in reopened._state.packed
     assert _plain(reopened) == live
@@ -359,3 +373,104 @@ def test_a_live_value_keeps_no_more_operations_than_its_base_is_worth() -> None:
     assert "STRUCTURAL_LOGS" not in ctx._state.bases
     ctx.snapshot()  # packed afresh
     assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+
+
+def _ledgers(ctx: Context, rounds: int, start: int = 0) -> None:
+    """Per-round ledgers (int keys, floats) and logs, as an engine run leaves them."""
+    for r in range(start, start + rounds):
+        ctx.set(ContextNames.CURRENT_ROUND_ID, r)
+        ctx.set(ContextNames.CURRENT_ROUND_COST, 0.5 * r)
+        ctx.set(ContextNames.CURRENT_ROUND_STEP, r % 3)
+        ctx.add_to_structural_logs({**_entry(r, r), "Subtask": f"é€ \x1b[31m {r}"})
+        ctx.commit()
+
+
+def test_closing_writes_packed_values_whole_and_they_read_as_the_fold_gives() -> None:
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _ledgers(ctx, 300)
+    ctx.snapshot()
+    _ledgers(ctx, 20, 300)  # operations since the base: tails in the next snapshot
+    ctx.snapshot()
+    assert any("tails" in e for e in store.latest_snapshot("s", store.head("s")).state["packed"].values())
+    live = _plain(ctx)
+    ctx.close()
+    closing = store.latest_snapshot("s", store.head("s")).state["packed"]
+    assert {"STRUCTURAL_LOGS", "ROUND_COST", "ROUND_STEP"} <= set(closing)
+    assert not any("tails" in e for e in closing.values())
+    reopened = Context.open(store, "s")
+    assert _plain(reopened) == live
+    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+    # Each whole value's text is the value's own compact JSON, as the table shows it.
+    texts = Context.open(store, "s").to_dict(ensure_serializable=True, copy=False, stored_json=True)
+    decoded = Context.open(store, "s").to_dict(ensure_serializable=True, copy=False)
+    stored = {k: v for k, v in texts.items() if isinstance(v, ev.StoredJson)}
+    assert set(stored) == set(closing)
+    for name, text in stored.items():
+        assert bytes(text) == orjson.dumps(decoded[name], option=orjson.OPT_NON_STR_KEYS), name
+    assert {k: v for k, v in texts.items() if k not in stored} == {k: v for k, v in decoded.items() if k not in stored}
+
+
+def test_a_value_changed_since_its_snapshot_is_not_given_as_stored_text() -> None:
+    store = MemoryStore()
+    ctx = Context.open(store, "s")
+    _ledgers(ctx, 150)
+    ctx.close()
+    ctx = Context.open(store, "s")
+    assert isinstance(ctx.to_dict(stored_json=True)["STRUCTURAL_LOGS"], ev.StoredJson)
+    _ledgers(ctx, 1, 150)  # kept as operations on the packed value
+    texts = ctx.to_dict(stored_json=True)
+    assert not isinstance(texts["STRUCTURAL_LOGS"], ev.StoredJson)
+    assert len(texts["STRUCTURAL_LOGS"]) == 151
+
+
+def test_the_owned_fold_gives_what_the_copying_fold_gives_and_refuses_a_state_that_keeps_operations() -> None:
+    ops = [
+        {"op": "append", "name": "STRUCTURAL_LOGS", "path": [0, 0], "value": {"Step": 1, "Results": ["a"]}},
+        {"op": "set", "name": "ROUND_COST", "path": [0], "value": 1.5},
+        {"op": "set", "var": "v", "value": {"x": [1, 2]}},
+        {"op": "set", "var": "v", "path": ["x"], "value": [3]},
+        {"op": "incr", "name": "SESSION_STEP", "by": 2},
+    ]
+    copied = ev.apply_ops(ev.State(), orjson.loads(orjson.dumps(ops)))
+    owned = ev.apply_ops(ev.State(), orjson.loads(orjson.dumps(ops)), owned=True)
+    assert ev.state_to_wire(owned) == ev.state_to_wire(copied)
+    kept = ev.State(packed={"STRUCTURAL_LOGS": ev.Packed("", 0)})
+    with pytest.raises(ValueError, match="owned"):
+        ev.apply_ops(kept, ops, owned=True)
+
+
+def test_the_collector_is_held_off_while_values_decode_and_back_on_after() -> None:
+    import gc
+    import threading
+
+    from saucer.store.model import paused_gc
+
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+        with paused_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+        inside = threading.Event()
+        leave = threading.Event()
+
+        def other() -> None:
+            with paused_gc():
+                inside.set()
+                leave.wait(5)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        inside.wait(5)
+    assert not gc.isenabled()  # the other thread's pause still holds
+    leave.set()
+    thread.join()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()  # off before, off after
+    finally:
+        gc.enable()

@@ -30,6 +30,7 @@ from saucer.cli.common import (
     console,
     err,
     friendly,
+    one_shot,
     open_ctx,
     open_configured_store,
     open_existing_store,
@@ -76,6 +77,7 @@ def main_callback(
 
 @app.command("sessions")
 @friendly
+@one_shot
 def sessions_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="At most N sessions (the first N in the order of --sort)."),
@@ -138,6 +140,7 @@ def sessions_cmd(
 
 @app.command("show")
 @friendly
+@one_shot
 def show_cmd(
     session: str = SessionArgument,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep watching and print new steps as they commit (Ctrl-C stops)."),
@@ -198,6 +201,9 @@ def show_cmd(
 
 async def _follow(store: EventStore, session: str, after: int, interval: float, show_all: bool) -> None:
     import asyncio
+    import gc
+
+    gc.enable()  # it goes on as long as the session does (see one_shot)
 
     console.print(styled((f"following {session} from v{after}; Ctrl-C to stop", "dim")))
     try:
@@ -237,6 +243,7 @@ def _known_key(store: EventStore, session_id: str, key: str) -> None:
 
 @app.command("history")
 @friendly
+@one_shot
 def history_cmd(
     session: str = SessionArgument,
     key: Optional[str] = typer.Option(None, "--key", help="Only changes to this name (e.g. REQUEST) or context variable (vars.NAME or NAME)."),
@@ -278,14 +285,15 @@ def history_cmd(
                 view.write_history(out, window.events(st), key)
 
 
-def _state_data(ctx: Context) -> dict[str, Any]:
+def _state_data(ctx: Context, *, stored_json: bool = False) -> dict[str, Any]:
     """The state as ``state --json`` and ``export`` write it: the Context's own values, not
-    copies (a long session's state is not held twice); read it, never change it."""
+    copies (a long session's state is not held twice); read it, never change it. With
+    ``stored_json`` large values stored whole are their JSON text, not decoded (for the table)."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        names = ctx.to_dict(ensure_serializable=True, copy=False)
+        names = ctx.to_dict(ensure_serializable=True, copy=False, stored_json=stored_json)
     variables = names.pop("_vars", {})
     data = {"session_id": ctx.session_id, "version": ctx.version, "names": names, "vars": variables}
     if ctx.retired:  # names retired since the session stored them (saucer.context.names.RETIRED)
@@ -300,6 +308,7 @@ def _streamed_state(data: dict[str, Any]) -> JsonObject:
 
 @app.command("state")
 @friendly
+@one_shot
 def state_cmd(
     session: str = SessionArgument,
     at: Optional[int] = typer.Option(None, "--at", help="Version to show (default: the latest)."),
@@ -310,7 +319,7 @@ def state_cmd(
     """The Context of a session as it is now, or as it was at a version (time travel)."""
     with open_existing_store(store, config) as st:
         ctx = open_ctx(st, resolve_session(st, session), at)
-        data = _state_data(ctx)
+        data = _state_data(ctx, stored_json=not as_json)  # the table shows the start of each value
         if as_json:
             out = JsonStream(binary_stdout())
             out.value(_streamed_state(data))
@@ -324,6 +333,7 @@ def state_cmd(
 
 @app.command("diff")
 @friendly
+@one_shot
 def diff_cmd(
     session: str = SessionArgument,
     v1: int = typer.Argument(..., help="Older version."),
@@ -380,6 +390,7 @@ def fork_cmd(
 
 @app.command("export")
 @friendly
+@one_shot
 def export_cmd(
     session: str = SessionArgument,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of standard output."),

@@ -33,6 +33,7 @@ __all__ = [
     "UserError",
     "fail",
     "friendly",
+    "one_shot",
     "settings_for",
     "resolve_store_url",
     "store_settings",
@@ -73,6 +74,26 @@ def fail(message: str, code: int = 2) -> None:
     """Print ``error: MESSAGE`` on stderr, exactly as given, and exit with ``code``."""
     err.print(styled(("error:", "bold red"), " ", visible(message, lines=True)), soft_wrap=True)
     raise typer.Exit(code)
+
+
+def one_shot(fn: F) -> F:
+    """For a command that reads, prints and exits: Python's cycle collector stays off while it
+    runs. Its passes over the containers of a long session's decoded state cost more than
+    reading them (JSON data holds no cycles), and the process ends before garbage could pile up.
+    A command that goes on (``show --follow``) turns it back on."""
+    import gc
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+
+    return wrapper  # type: ignore[return-value]
 
 
 def friendly(fn: F) -> F:

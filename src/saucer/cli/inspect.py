@@ -20,7 +20,7 @@ from rich.tree import Tree
 
 from saucer.cli.output import visible
 from saucer.context import Context, Event
-from saucer.context.events import op_key
+from saucer.context.events import StoredJson, op_key
 from saucer.context.names import RENAMED, RETIRED, stored_name
 from saucer.store import EventStore, SessionHead, SessionInfo
 
@@ -83,6 +83,8 @@ def short(value: Any, width: int = 60) -> str:
     whole to show its first 200)."""
     if isinstance(value, str):
         text = value
+    elif isinstance(value, StoredJson):  # the JSON text itself, as stored
+        text = value[: 4 * width + 4].decode("utf-8", "ignore")
     else:
         try:
             text = _json_head(value, 4 * width + 4).decode("utf-8", "ignore")  # "ignore": a character cut at the end

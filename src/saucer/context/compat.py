@@ -14,7 +14,7 @@ import warnings
 from typing import Any, Mapping, Self
 
 from saucer.context.access import TypedAccess
-from saucer.context.events import copy_json, to_wire
+from saucer.context.events import StoredJson, copy_json, to_wire
 from saucer.context.names import DERIVED_LEDGERS, ContextNames, lookup
 
 __all__ = ["UfoCompat"]
@@ -89,7 +89,7 @@ class UfoCompat(TypedAccess):
 
     # ========================================================= serialisation
 
-    def to_dict(self, ensure_serializable: bool = False, *, copy: bool = True) -> dict[str, Any]:
+    def to_dict(self, ensure_serializable: bool = False, *, copy: bool = True, stored_json: bool = False) -> dict[str, Any]:
         """Every name's value (and ``_vars`` when there are context variables).
 
         With ``ensure_serializable=True`` runtime-only names are None and one
@@ -97,10 +97,21 @@ class UfoCompat(TypedAccess):
         values are the Context's own, not copies: for writing them out at
         once (``saucer export`` of a long session would otherwise hold its
         state twice); changing them would change the Context behind its back.
+        With ``stored_json=True`` a large value that the snapshot read stores
+        whole and nothing changed since is given as its compact JSON text
+        (:class:`~saucer.context.events.StoredJson`), never decoded: for
+        showing a long session's state without building it.
         """
         out: dict[str, Any] = {}
         dropped: list[str] = []
         for member in ContextNames:
+            if stored_json and member.durable:
+                with self._lock:
+                    packed = self._state.packed.get(member.value)
+                    text = packed.whole_json() if packed is not None else None
+                if text is not None:
+                    out[member.value] = StoredJson(text)
+                    continue
             if not member.durable:
                 value = self._runtime.get(member.value)
                 if ensure_serializable:

@@ -47,14 +47,16 @@ class Context(UfoCompat, HistoryQueries):
     """
 
     def close(self) -> None:
-        """Commit what is pending, snapshot if there is new history, release the store if owned."""
+        """Commit what is pending, snapshot if there is new history (every packed value whole), release the store if owned."""
         if self._closed:
             return
         try:
             if self._store is not None and not self._read_only:
                 self.commit()
-                if self._version > self._snapshot_version:
-                    self._auto_snapshot()
+                # A closed session is read more often than it is extended: its last
+                # snapshot holds each packed value whole, so reading it folds no tails.
+                if self._version > self._snapshot_version or self._snapshot_tails:
+                    self._auto_snapshot(whole=True)
         finally:
             self._closed = True
             handle, self._handle = self._handle, None

@@ -53,6 +53,9 @@ class ContextCore:
         self._snapshot_version = 0
         self._snapshot_every = 100
         self._snapshot_bytes = 0
+        # Whether the newest snapshot this Context wrote has packed values with tails
+        # (close() then writes one whole, see Snapshots.snapshot).
+        self._snapshot_tails = False
         self._tail_ops = 0
         self._keep_snapshots = KEEP_SNAPSHOTS
         self._pending: list[dict[str, Any]] = []

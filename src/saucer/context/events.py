@@ -37,12 +37,13 @@ import orjson
 
 from saucer.context.names import ContextNames, stored_name
 from saucer.redaction import redact_known, redact_known_text
-from saucer.store.model import CorruptRecordError, Event, copy_json, op_key
+from saucer.store.model import CorruptRecordError, Event, copy_json, op_key, paused_gc
 
 __all__ = [
     "Event",
     "State",
     "Packed",
+    "StoredJson",
     "ValueNotStorableError",
     "apply_ops",
     "copy_json",
@@ -157,6 +158,17 @@ class Packed:
             sid, version = self.where or ("?", 0)
             raise CorruptRecordError(sid, version, f"the snapshot's packed value of {name} does not decode ({exc})") from None
 
+    def whole_json(self) -> bytes | None:
+        """The value's compact JSON when the packed form holds it whole (no operations since its
+        base): decompressed, not decoded; None otherwise. :class:`CorruptRecordError` when it does not decompress."""
+        if self.tails or self.ops:
+            return None
+        try:
+            return zlib.decompress(base64.b64decode(self.data, validate=True))
+        except (ValueError, TypeError, zlib.error) as exc:
+            sid, version = self.where or ("?", 0)
+            raise CorruptRecordError(sid, version, f"a snapshot's packed value does not decompress ({exc})") from None
+
     def entry(self) -> dict[str, Any]:
         """The stored form, after moving ``ops`` into a new tail (see :func:`state_to_wire`)."""
         if self.ops:
@@ -173,6 +185,14 @@ class Packed:
         return sum(map(len, self.tails)) + 64 * len(self.ops) > len(self.data)
 
 
+class StoredJson(bytes):
+    """A value's compact JSON text as a snapshot stored it, not decoded (see
+    ``Context.to_dict(stored_json=True)``): what ``orjson.dumps(value, option=OPT_NON_STR_KEYS)``
+    gives for the value it holds."""
+
+    __slots__ = ()
+
+
 def _b64z(blob: bytes) -> str:
     return base64.b64encode(zlib.compress(blob, 1)).decode("ascii")
 
@@ -185,11 +205,12 @@ def unpack(state: State, name: str) -> None:
     packed = state.packed.get(name)
     if packed is None:
         return
-    value, tail_ops = packed.decode(name)
-    # Built aside and put in place at once: a reader racing this one decodes its own copy.
-    aside = State(names={name: _NAMES[name].restore(value)})
-    apply_ops(aside, tail_ops)
-    apply_ops(aside, packed.ops)
+    with paused_gc():  # a large value is many containers and no cycles (see paused_gc)
+        value, tail_ops = packed.decode(name)
+        # Built aside and put in place at once: a reader racing this one decodes its own copy.
+        aside = State(names={name: _NAMES[name].restore(value)})
+        apply_ops(aside, tail_ops, owned=True)  # decoded just now, held by nothing else
+        apply_ops(aside, packed.ops)  # kept by the packed value (and the next base): copied in
     if name in aside.names:
         state.names[name] = aside.names[name]
         if not aside.opaque:
@@ -307,11 +328,11 @@ def _to_wire(value: Any, key: str, path: str, depth: int, room: int) -> Any:
     raise ValueNotStorableError(key, path, f"{type(value).__name__} is not JSON data")
 
 
-def _restore(name: str, wire: Any) -> Any:
-    return _NAMES[name].restore(copy_json(wire))
+def _restore(name: str, wire: Any, owned: bool = False) -> Any:
+    return _NAMES[name].restore(wire if owned else copy_json(wire))
 
 
-def state_to_wire(state: State, *, pack: bool = False) -> dict[str, Any]:
+def state_to_wire(state: State, *, pack: bool = False, whole: bool = False) -> dict[str, Any]:
     """Encode a state as JSON data; retired names' values under ``"retired"``.
 
     ``pack=True`` (for snapshots) puts each name whose JSON is at least
@@ -319,14 +340,16 @@ def state_to_wire(state: State, *, pack: bool = False) -> dict[str, Any]:
     ``{"size": bytes, "zlib": base64, "tails": [base64, ...]}`` (see
     :class:`Packed`). A value with a packed base (read from a snapshot, or
     packed by the last one) is written as that base plus the operations since,
-    without encoding it again, until they outweigh it. Without ``pack`` every
-    value is decoded and plain.
+    without encoding it again, until they outweigh it; with ``whole`` (a
+    closing snapshot, read far more often than it is extended) every packed
+    value is written whole, without tails, so a reader folds nothing. Without
+    ``pack`` every value is decoded and plain.
     """
     names: dict[str, Any] = {}
     packed: dict[str, Any] = {}
     for k in list(state.packed):
         entry = state.packed[k]
-        if pack and not entry.stale():
+        if pack and not entry.stale() and not (whole and (entry.tails or entry.ops)):
             packed[k] = entry.entry()
         else:
             unpack(state, k)
@@ -334,8 +357,15 @@ def state_to_wire(state: State, *, pack: bool = False) -> dict[str, Any]:
         if k in packed:
             continue
         base = state.bases.get(k) if pack else None
-        if base is not None and not base.stale():
+        if base is not None and not base.stale() and not (whole and (base.tails or base.ops)):
             packed[k] = base.entry()
+            continue
+        if whole and base is not None:
+            # Decoded from a packed form and folded with stored operations only: wire data
+            # already (its int keys restored), so dumped as it is, not checked value by value.
+            blob = orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS)
+            state.bases[k] = fresh = Packed(_b64z(blob), len(blob))
+            packed[k] = fresh.entry()
             continue
         wire = to_wire(v, k, int_keys=_NAMES[k].int_key_depth, max_depth=STATE_MAX_DEPTH)
         if pack and (wire.__class__ is dict or wire.__class__ is list) and wire:
@@ -440,19 +470,25 @@ def _walk(root: dict[str, Any], key: str, path: list[Any], typed: bool) -> tuple
     return parent, path[-1]
 
 
-def _value(op: Mapping[str, Any], typed: bool, key: str, has_path: bool) -> Any:
+def _value(op: Mapping[str, Any], typed: bool, key: str, has_path: bool, owned: bool) -> Any:
     value = op["value"]
     if typed and not has_path:
-        return _restore(key, value)
-    return copy_json(value)
+        return _restore(key, value, owned)
+    return value if owned else copy_json(value)
 
 
-def apply_ops(state: State, ops: Iterable[Mapping[str, Any]]) -> State:
+def apply_ops(state: State, ops: Iterable[Mapping[str, Any]], *, owned: bool = False) -> State:
     """Apply operations to ``state`` in order and return it.
 
     This is the fold: live writes and replay both go through it. It trusts
-    its input (operations are validated when they are made).
+    its input (operations are validated when they are made). The state gets
+    copies of the operations' values, unless ``owned``: the operations were
+    decoded for this fold alone and nothing else holds them (nor ``state``'s
+    packed values or bases, which keep operations), so their values become
+    the state's own.
     """
+    if owned and (state.packed or state.bases):
+        raise ValueError("apply_ops(owned=True) needs a state that keeps no operations (no packed values or bases)")
     for op in ops:
         kind = op["op"]
         root, key, typed = _container(state, op)
@@ -476,9 +512,9 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]]) -> State:
         if kind == "set" or kind == "cas":
             if path:
                 parent, last = _walk(root, key, path, typed)
-                parent[last] = _value(op, typed, key, True)
+                parent[last] = _value(op, typed, key, True, owned)
             else:
-                root[key] = _value(op, typed, key, False)
+                root[key] = _value(op, typed, key, False, owned)
         elif kind == "delete":
             if path:
                 parent, last = _walk(root, key, path, typed)
@@ -507,7 +543,7 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]]) -> State:
                 seq = root.get(key)
                 if seq is None:
                     seq = root[key] = _default_for(key, typed) or []
-            seq.append(copy_json(op["value"]))
+            seq.append(op["value"] if owned else copy_json(op["value"]))
         elif kind == "sealed":  # encrypted at rest, read without the key
             if path:
                 parent, last = _walk(root, key, path, typed)

@@ -50,15 +50,13 @@ _MISSING = object()
 
 def _int_keys(value: dict, inner: Callable[[Any], Any] | None = None) -> dict:
     # JSON turns int keys into strings; the declared type says they are ints.
-    out = {}
-    for k, v in value.items():
-        key = int(k) if isinstance(k, str) else k
-        out[key] = inner(v) if inner is not None else v
-    return out
+    if inner is None:
+        return {int(k) if isinstance(k, str) else k: v for k, v in value.items()}
+    return {int(k) if isinstance(k, str) else k: inner(v) for k, v in value.items()}
 
 
 def _restore_structural_logs(value: Any) -> Any:
-    return _int_keys(value, lambda sub: _int_keys(sub))
+    return _int_keys(value, _int_keys)
 
 
 def _restore_weaving(value: Any) -> Any:

@@ -28,8 +28,13 @@ _OP_BYTES = 64
 class Snapshots(ContextCore):
     """Taking snapshots: on demand, and every ``snapshot_every`` events after a commit."""
 
-    def snapshot(self) -> int:
+    def snapshot(self, *, whole: bool = False) -> int:
         """Store a snapshot of the committed state now; return its version.
+
+        ``whole`` writes each packed value whole, without the operations since
+        its base (see :func:`~saucer.context.events.state_to_wire`): what
+        :meth:`close` stores, so that reading a finished session decodes its
+        values and folds no tails.
 
         Older snapshots of the session beyond the newest ``keep_snapshots`` are
         dropped: hydrate only ever needs the newest (the one before it is kept
@@ -45,15 +50,18 @@ class Snapshots(ContextCore):
                     f"session {self._session_id!r}: no snapshot without the store key: "
                     f"{', '.join(sorted(self._state.opaque))} read as <encrypted>"
                 )
-            wire = state_to_wire(self._state, pack=True)
+            wire = state_to_wire(self._state, pack=True, whole=whole)
             # What a snapshot writes: the next one, spaced by it, writes about as much again (a
             # packed value that changed only by appends is written as its base and new tail).
             self._snapshot_bytes = len(orjson.dumps(wire))
+            self._snapshot_tails = any("tails" in entry for entry in wire.get("packed", {}).values())
             self._tail_ops = 0
             # Prune first, so the file never holds more than ``keep_snapshots``
             # copies of a large state at once; a crash in between only means a
             # longer replay on the next open, never a wrong state.
-            store.prune_snapshots(sid, self._keep_snapshots - 1)
+            # (a snapshot at this version already, which this one replaces, counts as the new one)
+            replacing = self._snapshot_version == self._version > 0
+            store.prune_snapshots(sid, self._keep_snapshots - (0 if replacing else 1))
             store.save_snapshot(Snapshot(sid, self._version, time.time(), wire))
             self._snapshot_version = self._version
             return self._version
@@ -82,13 +90,13 @@ class Snapshots(ContextCore):
             return True
         return self._tail_ops * _OP_BYTES * 2 >= self._snapshot_bytes
 
-    def _auto_snapshot(self) -> None:
+    def _auto_snapshot(self, *, whole: bool = False) -> None:
         if self._state.opaque:
             return  # read without the store key: its placeholders are not data to store
         # The event is committed already: a snapshot that cannot be written
         # costs a longer replay later, it must not make the commit look failed.
         try:
-            self.snapshot()
+            self.snapshot(whole=whole)
         except Exception as exc:
             warnings.warn(
                 f"session {self._session_id!r}: snapshot at version {self._version} failed ({exc!r})",
