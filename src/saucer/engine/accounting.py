@@ -63,15 +63,19 @@ class CostSummary:
         """The whole cost, or None when some of it is unknown."""
         return None if self.unknown else self.known
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self, *, per_round: bool = True) -> dict[str, Any]:
+        """JSON data; ``per_round=False`` leaves the rounds out (a session's end event: the
+        Context's ``ROUND_COST`` holds them, and a long session has thousands)."""
+        out: dict[str, Any] = {
             "steps": round(self.steps, 6),
             "evaluation": round(self.evaluation, 6),
             "experience": round(self.experience, 6),
             "total": None if self.unknown else round(self.known, 6),
-            "per_round": {str(k): None if v is None else round(v, 6) for k, v in self.per_round.items()},
-            "unknown": self.unknown,
         }
+        if per_round:
+            out["per_round"] = {str(k): None if v is None else round(v, 6) for k, v in self.per_round.items()}
+        out["unknown"] = self.unknown
+        return out
 
     def render(self) -> str:
         """One line for the terminal."""

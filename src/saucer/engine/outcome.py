@@ -135,7 +135,7 @@ class SessionOutcome:
             "kind": "session_end",
             "session_status": status,
             "summary": summary,
-            "cost_summary": cost.to_dict(),
+            "cost_summary": cost.to_dict(per_round=False),  # ROUND_COST holds the rounds
             "error": error or p.error,
             "experience_path": experience_path,
             "evaluations": [e.model_dump(mode="json") for e in self._evaluations],
@@ -212,7 +212,7 @@ class SessionOutcome:
             summary.get("reason", ""),
             meta.get("error"),
             self.context.version,
-            stored_cost(meta),
+            stored_cost(meta, self.context.get(ContextNames.ROUND_COST)),
             rounds=summary.get("rounds", 0),
             steps=summary.get("steps", 0),
             log_path=self.context.get(ContextNames.LOG_PATH) or None,

@@ -63,13 +63,17 @@ class SessionResult:
         }
 
 
-def stored_cost(meta: Mapping[str, Any]) -> CostSummary:
-    """The cost summary a session's end event stored."""
+def stored_cost(meta: Mapping[str, Any], round_cost: Mapping[int, float | None] | None = None) -> CostSummary:
+    """The cost summary a session's end event stored; its rounds' costs from ``round_cost``
+    (the Context's ``ROUND_COST`` at that event) unless the event holds them (saucer before 2026-11-27)."""
     data = meta.get("cost_summary") or {}
+    stored = data.get("per_round")
     return CostSummary(
         steps=data.get("steps", 0.0),
         evaluation=data.get("evaluation", 0.0),
         experience=data.get("experience", 0.0),
-        per_round={int(k): v for k, v in (data.get("per_round") or {}).items()},  # None: unknown
+        per_round=(
+            {int(k): v for k, v in stored.items()} if stored is not None else dict(round_cost or {})
+        ),  # None: unknown
         unknown=bool(data.get("unknown")),
     )
