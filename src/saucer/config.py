@@ -20,10 +20,8 @@ override). Example ``saucer.toml``: ``[system]`` ``max_step = 30``, ``[store]``
 from __future__ import annotations
 
 import contextvars
-import difflib
 import os
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -200,6 +198,8 @@ class MCPServerConfig(BaseModel):
             unknown = [key for key in data if key not in cls.model_fields]
             if unknown:
                 # Likely a typo of the selecting key: name it, since nothing else will be checked.
+                import difflib  # only for this message
+
                 hints = []
                 for key in unknown:
                     close = difflib.get_close_matches(str(key), list(cls.model_fields), n=1)
@@ -450,6 +450,7 @@ class _AliasEnvSource(PydanticBaseSettingsSource):
 def _read_toml(path: Path, *, required: bool) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
+        import tomllib  # only when there is a file (most commands run without one)
     except FileNotFoundError:
         if required:
             raise ConfigError(f"config file {path} does not exist") from None

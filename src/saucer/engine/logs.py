@@ -17,6 +17,7 @@ opened lazily and kept open for the session's lifetime.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field, fields
@@ -157,12 +158,16 @@ class StepRecord:
         """
         fields_ = {k: v for k, v in upcast_step(data).items() if k in _STEP_FIELD_SET}
         fields_.setdefault("session_id", session_id)
-        return _STEP_ADAPTER.validate_python(fields_)
+        return _step_adapter().validate_python(fields_)
 
 
 _STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
 _STEP_FIELD_SET = frozenset(_STEP_FIELDS)
-_STEP_ADAPTER = TypeAdapter(StepRecord)
+
+
+@functools.cache
+def _step_adapter() -> TypeAdapter[StepRecord]:
+    return TypeAdapter(StepRecord)  # built when a record is first read back, not at import
 
 
 class RequestLogEntry(BaseModel):
@@ -217,7 +222,7 @@ def read_step_log(path: str | Path) -> Iterator[StepRecord]:
                 data = orjson.loads(line)
                 if not isinstance(data, dict):
                     raise ValueError("not a JSON object")
-                record = _STEP_ADAPTER.validate_python(upcast_step(data, "this record"))
+                record = _step_adapter().validate_python(upcast_step(data, "this record"))
             except StepFormatError as exc:
                 raise StepFormatError(f"{path}:{number}: {exc}") from None
             except ValueError as exc:
