@@ -474,3 +474,18 @@ def test_the_collector_is_held_off_while_values_decode_and_back_on_after() -> No
         assert not gc.isenabled()  # off before, off after
     finally:
         gc.enable()
+
+
+def test_a_whole_packed_value_that_is_not_what_was_stored_is_an_error_not_text() -> None:
+    import base64
+    import zlib
+
+    good = orjson.dumps({"0": [1, 2]})
+    for data, size in [
+        (base64.b64encode(zlib.compress(b'"just a string"')).decode(), len(b'"just a string"')),  # not an object or array
+        (base64.b64encode(zlib.compress(good)).decode(), len(good) + 5),  # not the size it was
+        ("not base64 at all!", 10),
+    ]:
+        with pytest.raises(CorruptRecordError):
+            ev.Packed(data, size, where=("s", 7)).whole_json()
+    assert ev.Packed(base64.b64encode(zlib.compress(good)).decode(), len(good)).whole_json() == good

@@ -164,10 +164,14 @@ class Packed:
         if self.tails or self.ops:
             return None
         try:
-            return zlib.decompress(base64.b64decode(self.data, validate=True))
+            text = zlib.decompress(base64.b64decode(self.data, validate=True))
         except (ValueError, TypeError, zlib.error) as exc:
             sid, version = self.where or ("?", 0)
             raise CorruptRecordError(sid, version, f"a snapshot's packed value does not decompress ({exc})") from None
+        if len(text) != self.size or text[:1] not in (b"{", b"["):  # only dicts and lists are packed
+            sid, version = self.where or ("?", 0)
+            raise CorruptRecordError(sid, version, "a snapshot's packed value is not the JSON object or array it was")
+        return text
 
     def entry(self) -> dict[str, Any]:
         """The stored form, after moving ``ops`` into a new tail (see :func:`state_to_wire`)."""
