@@ -1,5 +1,5 @@
 """Stores written before sessions kept a summary are upgraded when opened: SQLite
-schema 3 -> 4 (the meta leaves the row every commit rewrites) and PostgreSQL
+schema 3 -> 4 (the meta leaves the row every commit rewrites; then 4 -> 5) and PostgreSQL
 schema 2 -> 3; each session's summary is counted from its log, as the commits
 would have kept it, and nothing else changes."""
 
@@ -90,7 +90,8 @@ def test_an_sqlite_schema_3_file_is_upgraded_and_its_summaries_counted(tmp_path:
             "summary": {"status": "finished", "rounds": 2, "steps": 2, "cost": 0.75, "reason": "done"}})
         assert v.version == 6 and store.list_sessions(ids=["run"])[0].status == "finished"
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version FROM saucer_schema").fetchone() == (4,)
+        assert conn.execute("SELECT version FROM saucer_schema").fetchone() == (5,)  # 3 -> 4 -> 5
+        assert dict(conn.execute("SELECT session_id, plan IS NOT NULL FROM session_meta")) == {"run": 1, "fork": 0, "torn": 1}
         columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
         assert "meta" not in columns and "steps" in columns  # a commit no longer rewrites the meta
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'sessions_v3'").fetchone() == (0,)

@@ -7,10 +7,11 @@ import sqlite3
 
 import orjson
 
+from saucer.store._sqlite_sql import split_plan
 from saucer.store._summarise import count_sessions
 from saucer.store.summary import brief_of
 
-__all__ = ["upgrade_to_4"]
+__all__ = ["upgrade_to_4", "upgrade_to_5"]
 
 _SESSIONS_4 = """
 CREATE TABLE sessions (
@@ -70,3 +71,29 @@ def upgrade_to_4(conn: sqlite3.Connection) -> None:
         "UPDATE sessions SET status = ?, rounds = ?, steps = ?, cost = ?, cost_unknown = ?, reason = ? WHERE session_id = ?",
         [(c.status, c.rounds, c.steps, c.cost, int(c.cost_unknown), c.reason, sid) for sid, c in counted.items()],
     )
+
+
+def upgrade_to_5(conn: sqlite3.Connection) -> None:
+    """Schema 4 -> 5: a meta's ``plan`` moves to the column ``plan`` of ``session_meta``, with ``0``
+    holding its place in the meta (:func:`~saucer.store._sqlite_sql.split_plan`), so that reading a
+    session's meta without its plan reads a few hundred bytes, not megabytes.
+
+    Run after :func:`upgrade_to_4` too, which copies schema-3 metas whole. Only the metas with a
+    plan are read, one at a time. A meta that is not JSON stays as it is: reading the session says
+    it is damaged, as before.
+    """
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(session_meta)")]
+    if "plan" not in columns:  # else the table is new: migrate() made it for a schema-3 file
+        conn.execute("ALTER TABLE session_meta ADD COLUMN plan TEXT")
+    planned = conn.execute(
+        "SELECT session_id FROM session_meta WHERE plan IS NULL "
+        "AND CASE WHEN json_valid(meta) THEN json_type(meta, '$.plan') END IS NOT NULL"  # json_type() raises on bad JSON
+    ).fetchall()
+    for (sid,) in planned:
+        (text,) = conn.execute("SELECT meta FROM session_meta WHERE session_id = ?", (sid,)).fetchone()
+        try:
+            meta = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            continue  # JSON to SQLite (a lone surrogate, a number beyond a double) but not to orjson: left as it is
+        if isinstance(meta, dict) and "plan" in meta:
+            conn.execute("UPDATE session_meta SET meta = ?, plan = ? WHERE session_id = ?", (*split_plan(meta), sid))

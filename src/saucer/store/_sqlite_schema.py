@@ -3,11 +3,14 @@ connection needs, what a URL names, and what its errors say.
 
 A store is one file in WAL mode with ``synchronous=FULL``. A session's row in
 ``sessions`` is what every commit rewrites: its head, update time and summary
-counters (:mod:`saucer.store.summary`), nothing larger. Its meta (which may
-hold a whole plan) is in ``session_meta``, written when the session is made
-and when a prune or a fork's detachment changes it, with the few fields a
-listing shows in columns of their own (before the meta, so that reading them
-never reads the meta's overflow pages). Its schema version
+counters (:mod:`saucer.store.summary`), nothing larger. Its meta is in
+``session_meta``, written when the session is made and when a prune or a
+fork's detachment changes it, with the few fields a listing shows in columns
+of their own (before the meta, so that reading them never reads the meta's
+overflow pages), and the meta's ``plan`` (megabytes for a long plan) in the
+last column, ``plan``, with ``0`` holding its place in ``meta``
+(``_sqlite_sql.split_plan``): a resume reads the meta without reading the
+plan. Its schema version
 is in ``saucer_schema``; an older file is upgraded in place when it is opened
 (the tables added since are created), a newer one is refused. The newest
 record format the file holds is in ``saucer_format``; a file with records
@@ -25,13 +28,13 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from saucer.store._sqlite_migrate import upgrade_to_4
+from saucer.store._sqlite_migrate import upgrade_to_4, upgrade_to_5
 from saucer.store.model import DamagedStoreError, FormatTooNewError, StoreError
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["SCHEMA_VERSION", "Closed", "connect", "damaged", "migrate", "path_from_url", "record_format", "store_error"]
 
-SCHEMA_VERSION = 4  # 2: events_recent; 3: saucer_format; 4: session_meta and the summary counters
+SCHEMA_VERSION = 5  # 2: events_recent; 3: saucer_format; 4: session_meta and the summary counters; 5: session_meta.plan
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS saucer_schema (version INTEGER NOT NULL);
@@ -58,7 +61,8 @@ CREATE TABLE IF NOT EXISTS session_meta (
     forked_from TEXT,
     forked_at   INTEGER,
     pruned_to   INTEGER NOT NULL DEFAULT 0,
-    meta        TEXT NOT NULL DEFAULT '{}'
+    meta        TEXT NOT NULL DEFAULT '{}',
+    plan        TEXT
 );
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
@@ -151,6 +155,8 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
     elif row[0] < SCHEMA_VERSION:  # the tables above were added by CREATE ... IF NOT EXISTS
         if row[0] < 4:
             upgrade_to_4(conn)
+        if row[0] < 5:
+            upgrade_to_5(conn)
         conn.execute("UPDATE saucer_schema SET version = ?", (SCHEMA_VERSION,))
     record_format(conn, str(path))
 

@@ -178,6 +178,7 @@ class SessionListingContract:
             "planned": {"task": "t", "mode": "follower", "plan": plan, "plan_file": "p.json", "note": {"plan": 1},
                         "odd": ["é\u2028\"\\\n\x01😀", 0.1, 2**63 - 1, None, True]},
             "null": {"task": "t", "plan": None},
+            "zero": {"plan": 0, "task": "t"},  # SQLite keeps 0 in the meta where the plan was: this 0 is the plan
             "plain": {"task": "t", "request": '"plan": not a key'},
             "empty": {},
         }
