@@ -53,17 +53,8 @@ from saucer.store._codec import (
 from saucer.store._group import GroupCommitter, Pending
 from saucer.store._sqlite_schema import SCHEMA_VERSION, Closed, connect, damaged, path_from_url, store_error
 from saucer.store._sqlite_schema import migrate as migrate_schema
-from saucer.store._sqlite_sql import (
-    HEADS,
-    INFO_WITHOUT_PLAN,
-    detach_fork,
-    insert_events,
-    insert_session,
-    insert_snapshot,
-    join_plan,
-    replace_below,
-    rewrite_rows,
-)
+from saucer.store._sqlite_sql import HEADS, INFO_WITHOUT_PLAN, detach_fork, insert_events, insert_session
+from saucer.store._sqlite_sql import insert_snapshot, join_plan, replace_below, rewrite_rows
 from saucer.store.base import (
     ConflictError,
     EventStore,
@@ -222,7 +213,6 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return [make_summary(row) for row in rows]
 
     def _row_info(self, row: tuple[Any, ...]) -> SessionInfo:
-        """A :class:`SessionInfo` of the six columns of ``_INFO`` and the ``meta`` and ``plan`` of ``session_meta``."""
         try:
             meta = join_plan(row[6], row[7])
         except orjson.JSONDecodeError as exc:
