@@ -4,9 +4,11 @@
     .venv/bin/python bench/scale.py --sessions 500 --events 3000 # a quick run
     .venv/bin/python bench/scale.py --build-only                 # only build (or find) the workloads
 
-Workloads (built once into ``--cache``, default ``~/.cache/saucer/bench-scale/S<sessions>-E<events>``,
+Workloads (built once into ``--cache``, default ``~/.cache/saucer/bench-scale/S<sessions>-E<events>-w2``,
 and reused, even by a newer saucer, which upgrades them on first open: ``--rebuild`` builds
-them again with the current code, e.g. to see what today's record format costs):
+them again with the current code, e.g. to see what today's record format costs; ``w2``: built by a
+saucer whose closing snapshot holds each packed value whole, which ``state`` reads without folding
+tails, so a cache built before that is not taken for one):
 
 ``sessions.db``  ``--sessions`` follower sessions in one SQLite file, each a 3-step plan on the
                  built-in tools (``files.write``, ``files.read``, ``files.stat``, in-process),
@@ -306,7 +308,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=100_000, help="events of the long session (default 100,000)")
     parser.add_argument("--plan-mb", type=float, default=2.0, help="size of the big plan in MB (default 2)")
     parser.add_argument("--plan-steps", type=int, default=1000, help="steps of the big- and tiny-plan sessions (default 1,000)")
-    parser.add_argument("--cache", type=Path, default=None, help="where the workloads are kept (default ~/.cache/saucer/bench-scale/S<n>-E<n>)")
+    parser.add_argument("--cache", type=Path, default=None, help="where the workloads are kept (default ~/.cache/saucer/bench-scale/S<n>-E<n>-w2)")
     parser.add_argument("--rebuild", action="store_true", help="build the workloads again with the current code")
     parser.add_argument("--build-only", action="store_true", help="build (or find) the workloads, measure nothing")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each command; the table shows medians (default 3)")
@@ -314,7 +316,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.sessions < 1 or args.events < 3 or args.plan_steps < 1:
         parser.error("--sessions must be >= 1, --events >= 3 and --plan-steps >= 1")
-    cache = args.cache or Path.home() / ".cache" / "saucer" / "bench-scale" / f"S{args.sessions}-E{args.events}"
+    cache = args.cache or Path.home() / ".cache" / "saucer" / "bench-scale" / f"S{args.sessions}-E{args.events}-w2"
     if args.rebuild and cache.exists():
         shutil.rmtree(cache)
     sys.path.insert(0, str(ROOT / "src"))
