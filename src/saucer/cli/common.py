@@ -213,16 +213,16 @@ def resolve_session(store: EventStore, name: str) -> str:
     if store.exists(name):
         return name
     if name == LAST:
-        found = store.find_sessions(limit=1)
+        found = store.find_session_ids(limit=1)
         if not found:
             raise UserError(f"there are no sessions yet, so {LAST!r} names none; start one with: {program_name()} demo")
-        return found[0].session_id
+        return found[0]
     if name:
-        matches = store.find_sessions(name, limit=6)
+        matches = store.find_session_ids(name, limit=6)
         if len(matches) == 1:
-            return matches[0].session_id
+            return matches[0]
         if matches:
-            shown = ", ".join(m.session_id for m in matches[:5]) + (", ..." if len(matches) > 5 else "")
+            shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
             raise UserError(f"{name!r} is the start of several session ids ({shown}); give more of it")
     raise SessionNotFoundError(name)
 

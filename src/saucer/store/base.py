@@ -139,6 +139,11 @@ class EventStore(SessionListing, EventStreaming, ABC):
         found = [info for info in self.sessions() if info.session_id.startswith(prefix)]
         return found if limit is None else found[: max(0, limit)]
 
+    def find_session_ids(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        """The ids :meth:`find_sessions` gives, in its order, without reading the sessions' meta
+        (a long plan's meta is megabytes; resolving ``last`` or a prefix needs only the ids)."""
+        return [info.session_id for info in self.find_sessions(prefix, limit)]
+
     @abstractmethod
     def lease_of(self, session_id: str) -> Lease | None:
         """The session's current lease row, or None if no runner ever took one.

@@ -110,6 +110,9 @@ class SealedStore(EventStore):
     def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
         return self.inner.find_sessions(prefix, limit)
 
+    def find_session_ids(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        return self.inner.find_session_ids(prefix, limit)
+
     def lease_of(self, session_id: str) -> Lease | None:
         return self.inner.lease_of(session_id)
 

@@ -275,12 +275,18 @@ class SQLiteStore(KeepsSummaries, EventStore):
 
     @_translated
     def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
+        return [self._row_info(r) for r in self._found(_INFO, prefix, limit)]
+
+    @_translated
+    def find_session_ids(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        return [r[0] for r in self._found("SELECT s.session_id FROM sessions s", prefix, limit)]
+
+    def _found(self, select: str, prefix: str, limit: int | None) -> list[tuple[Any, ...]]:
         with self._lock:
-            rows = self._conn.execute(
-                f"{_INFO} WHERE substr(s.session_id, 1, ?) = ? ORDER BY s.updated_at DESC, s.session_id LIMIT ?",
+            return self._conn.execute(
+                f"{select} WHERE substr(s.session_id, 1, ?) = ? ORDER BY s.updated_at DESC, s.session_id LIMIT ?",
                 (len(prefix), prefix, -1 if limit is None else max(0, limit)),
             ).fetchall()
-        return [self._row_info(r) for r in rows]
 
     @_translated
     def lease_of(self, session_id: str) -> Lease | None:

@@ -142,6 +142,8 @@ class EventStoreContract(SessionListingContract):
         assert ids(store.find_sessions(limit=1)) == ["run-a1"]  # the last updated session
         assert ids(store.find_sessions()) == ids(store.sessions())
         assert store.find_sessions("run", limit=0) == []
+        for prefix, limit in (("run-", None), ("run-a", 1), ("", 2), ("nope", None), ("run", 0)):  # the ids alone, same order
+            assert store.find_session_ids(prefix, limit) == ids(store.find_sessions(prefix, limit))
 
     def test_lease_of_tells_a_live_runner_from_a_gone_one(self, store: EventStore) -> None:
         store.create_session("s")
