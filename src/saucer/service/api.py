@@ -143,15 +143,21 @@ class ServiceApi:
         records = await self.state.store.list_sessions(owner=principal)
         return _json({"sessions": [_summary(r) for r in records]})
 
-    async def get_session(self, request: Request) -> Response:
-        """Status, committed steps and outcome of one of the caller's sessions."""
+    async def _own_session(self, request: Request) -> tuple[str, str, SessionRecord] | Response:
+        """The caller, the path's session id and the caller's record of it; or the 401 or 404 to answer."""
         principal = self._principal(request)
         if principal is None:
             return _unauthorized()
         session_id = request.path_params["session_id"]
         record = await self.state.sessions.lookup(session_id, principal)
-        if record is None:
-            return _not_found(session_id)
+        return _not_found(session_id) if record is None else (principal, session_id, record)
+
+    async def get_session(self, request: Request) -> Response:
+        """Status, committed steps and outcome of one of the caller's sessions."""
+        owned = await self._own_session(request)
+        if isinstance(owned, Response):
+            return owned
+        principal, session_id, record = owned
         wait = _float_param(request, "wait", 0.0, _MAX_LONG_POLL)
         if wait > 0 and not record.status.terminal:
             await self.state.sessions.wait(session_id, wait)
@@ -161,26 +167,20 @@ class ServiceApi:
 
     async def get_results(self, request: Request) -> Response:
         """Status and results of one of the caller's sessions."""
-        principal = self._principal(request)
-        if principal is None:
-            return _unauthorized()
-        session_id = request.path_params["session_id"]
-        record = await self.state.sessions.lookup(session_id, principal)
-        if record is None:
-            return _not_found(session_id)
+        owned = await self._own_session(request)
+        if isinstance(owned, Response):
+            return owned
+        _, session_id, record = owned
         return _json(
             {"session_id": session_id, "status": record.status.value, "results": record.results, "error": record.error}
         )
 
     async def cancel(self, request: Request) -> Response:
         """Cancel one of the caller's sessions."""
-        principal = self._principal(request)
-        if principal is None:
-            return _unauthorized()
-        session_id = request.path_params["session_id"]
-        before = await self.state.sessions.lookup(session_id, principal)
-        if before is None:
-            return _not_found(session_id)
+        owned = await self._own_session(request)
+        if isinstance(owned, Response):
+            return owned
+        principal, session_id, before = owned
         if before.status.terminal:
             return _error(409, "session_ended", f"session {session_id} already ended as {before.status.value}")
         record = await self.state.sessions.cancel(session_id, principal)
