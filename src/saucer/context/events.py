@@ -149,14 +149,13 @@ class Packed:
         """The base value in wire form and the operations of the tails;
         :class:`~saucer.store.CorruptRecordError` when they do not decode."""
         try:
-            value = orjson.loads(zlib.decompress(base64.b64decode(self.data, validate=True)))
+            value = orjson.loads(_unb64z(self.data))
             ops: list[Mapping[str, Any]] = []
             for tail in self.tails:
-                ops.extend(orjson.loads(zlib.decompress(base64.b64decode(tail, validate=True))))
+                ops.extend(orjson.loads(_unb64z(tail)))
             return value, ops
         except (ValueError, TypeError, zlib.error) as exc:
-            sid, version = self.where or ("?", 0)
-            raise CorruptRecordError(sid, version, f"the snapshot's packed value of {name} does not decode ({exc})") from None
+            raise self._corrupt(f"the snapshot's packed value of {name} does not decode ({exc})") from None
 
     def whole_json(self) -> bytes | None:
         """The value's compact JSON when the packed form holds it whole (no operations since its
@@ -164,14 +163,16 @@ class Packed:
         if self.tails or self.ops:
             return None
         try:
-            text = zlib.decompress(base64.b64decode(self.data, validate=True))
+            text = _unb64z(self.data)
         except (ValueError, TypeError, zlib.error) as exc:
-            sid, version = self.where or ("?", 0)
-            raise CorruptRecordError(sid, version, f"a snapshot's packed value does not decompress ({exc})") from None
+            raise self._corrupt(f"a snapshot's packed value does not decompress ({exc})") from None
         if len(text) != self.size or text[:1] not in (b"{", b"["):  # only dicts and lists are packed
-            sid, version = self.where or ("?", 0)
-            raise CorruptRecordError(sid, version, "a snapshot's packed value is not the JSON object or array it was")
+            raise self._corrupt("a snapshot's packed value is not the JSON object or array it was")
         return text
+
+    def _corrupt(self, problem: str) -> CorruptRecordError:
+        sid, version = self.where or ("?", 0)
+        return CorruptRecordError(sid, version, problem)
 
     def entry(self) -> dict[str, Any]:
         """The stored form, after moving ``ops`` into a new tail (see :func:`state_to_wire`)."""
@@ -199,6 +200,10 @@ class StoredJson(bytes):
 
 def _b64z(blob: bytes) -> str:
     return base64.b64encode(zlib.compress(blob, 1)).decode("ascii")
+
+
+def _unb64z(text: str) -> bytes:
+    return zlib.decompress(base64.b64decode(text, validate=True))
 
 
 def unpack(state: State, name: str) -> None:
