@@ -237,3 +237,52 @@ def _group_alive(pgid: int) -> bool:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 return True
     return False
+
+
+def test_a_host_killed_before_it_announces_a_command_never_starts_it(tmp_path: Path) -> None:
+    # The window between starting a command's group and announcing it to the watchdog, held open:
+    # the command waits at its gate, and a host dying there leaves nothing behind.
+    script = textwrap.dedent(
+        """
+        import asyncio, sys, time
+        from pathlib import Path
+        import saucer.tools.shell as shell
+        from saucer.dispatch import Command, LocalCommandDispatcher, default_servers
+
+        def held_announcement(pgid):
+            Path(sys.argv[1], "pgid").write_text(str(pgid))
+            time.sleep(60)
+
+        shell.watch_group = held_announcement
+
+        async def main():
+            async with LocalCommandDispatcher.from_config(default_servers(Path(sys.argv[1]))) as dispatcher:
+                await dispatcher.execute_commands([Command(
+                    tool_name="shell.run", parameters={"command": "touch started; sleep 2; echo finished > done"})])
+
+        asyncio.run(main())
+        """
+    )
+    host = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
+    try:
+        for _ in range(1200):
+            if (tmp_path / "pgid").exists() or host.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "pgid").exists(), "the command's group was not started"
+        time.sleep(0.5)  # time enough for an ungated command to get going
+        assert not (tmp_path / "started").exists()
+        host.send_signal(signal.SIGKILL)
+        host.wait(30)
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait(30)
+    pgid = int((tmp_path / "pgid").read_text())
+    for _ in range(200):
+        if not _group_alive(pgid):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the gated command's group {pgid} outlived its host")
+    assert not (tmp_path / "started").exists() and not (tmp_path / "done").exists()

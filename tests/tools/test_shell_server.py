@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -151,6 +152,16 @@ async def test_cwd_stays_in_the_root_and_env_is_passed(tmp_path: Path) -> None:
     assert inside.result["stdout"] == f"{(tmp_path / 'sub').resolve()}\nhello\n" and inside.result["cwd"] == "sub"
     escape, = await _run(options, _shell("pwd", cwd=".."))
     assert escape.status == ResultStatus.FAILURE and "escapes the sandbox root" in escape.error
+
+
+async def test_the_command_runs_as_shell_c_with_no_input_and_a_missing_shell_is_an_error(tmp_path: Path) -> None:
+    options = ShellOptions.create(tmp_path, shell="sh")  # found on PATH, as the system would find it
+    seen, = await _run(options, _shell('echo "$0"; cat; echo "[$1]"'))
+    assert seen.status == ResultStatus.SUCCESS
+    assert seen.result["stdout"].splitlines() == [shutil.which("sh"), "[]"]
+    missing, = await _run(ShellOptions.create(tmp_path, shell="/no/such/shell"), _shell("echo hi"))
+    assert missing.status == ResultStatus.FAILURE
+    assert "could not start /no/such/shell: not found or not executable" in missing.error
 
 
 async def test_commands_run_without_blocking_the_server(tmp_path: Path) -> None:

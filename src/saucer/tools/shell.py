@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -242,8 +243,8 @@ def _format_partial(name: str, buffer: _CappedBuffer, limit: int = 2000) -> str:
 
 def _prepare(
     command: str, options: ShellOptions, timeout: float | None, cwd: str | None, env: dict[str, str] | None
-) -> tuple[float, Path, dict[str, str]]:
-    """The time limit, working directory and environment of a command that may run; ToolError when it may not."""
+) -> tuple[float, Path, dict[str, str], str]:
+    """The time limit, working directory, environment and shell of a command that may run; ToolError when not."""
     if not command.strip():
         raise ToolError("command is empty")
     reason = refusal_reason(command, options.allow, options.deny)
@@ -265,7 +266,16 @@ def _prepare(
         if bad:
             raise ToolError(f"env values must be strings (bad keys: {bad})")
         child_env.update(env)
-    return limit, workdir, child_env
+    # Found as the operating system would find it (the child's PATH), so a missing shell is an error here.
+    shell = shutil.which(options.shell, path=os.pathsep.join(os.get_exec_path(child_env)))
+    if shell is None:
+        raise ToolError(f"could not start {options.shell}: not found or not executable")
+    return limit, workdir, child_env, shell
+
+
+# Runs as ``/bin/sh -c _GATE SHELL COMMAND``: wait for the host's newline (end of file: the host died
+# before it announced the group, so never start), then become ``SHELL -c COMMAND`` with no input.
+_GATE = 'IFS= read -r _ || exit 125; exec "$0" -c "$1" </dev/null'
 
 
 async def run_command(
@@ -282,14 +292,19 @@ async def run_command(
     ``cwd``) run in a worker thread: a hostile line costs that thread, never
     the event loop of the server, which may be its host's own loop.
     """
-    limit, workdir, child_env = await offload(_prepare, command, options, timeout, cwd, env)
+    limit, workdir, child_env, shell = await offload(_prepare, command, options, timeout, cwd, env)
     started = time.monotonic()
+    # The command waits at a gate until its group is announced to the watchdog: a host killed
+    # between the start and the announcement would otherwise leave it running unwatched.
+    gate_read, gate_write = os.pipe()
     try:
         proc = await asyncio.create_subprocess_exec(
-            options.shell,
+            "/bin/sh",
             "-c",
+            _GATE,
+            shell,
             command,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=gate_read,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=workdir,
@@ -297,8 +312,15 @@ async def run_command(
             start_new_session=True,  # its own process group, so a timeout kills the children too
         )
     except OSError as exc:
+        os.close(gate_write)
         raise ToolError(f"could not start {options.shell}: {exc}") from exc
-    watch_group(proc.pid)  # stopped even if this process is killed outright (see saucer.tools._orphans)
+    finally:
+        os.close(gate_read)
+    try:
+        watch_group(proc.pid)  # stopped even if this process is killed outright (see saucer.tools._orphans)
+        os.write(gate_write, b"\n")
+    finally:
+        os.close(gate_write)
     assert proc.stdout is not None and proc.stderr is not None
     out, err = _CappedBuffer(options.max_output), _CappedBuffer(options.max_output)
     readers = [asyncio.create_task(out.drain(proc.stdout)), asyncio.create_task(err.drain(proc.stderr))]
