@@ -95,6 +95,36 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert _dead(child), "the background child survived the timeout"
 
 
+async def test_a_call_cancelled_at_any_point_leaves_no_descriptor_and_no_command(tmp_path: Path) -> None:
+    from saucer.tools.shell import run_command
+
+    options = ShellOptions.create(tmp_path)
+    await run_command("true", options)  # the process's watchdog pipe, opened once and kept
+    fds = len(os.listdir("/proc/self/fd"))
+    for i in range(40):  # cancelled before, during and after the start of the command
+        call = asyncio.ensure_future(run_command(f"touch ran{i}; sleep 30", options))
+        for _ in range(i % 8):
+            await asyncio.sleep(0)
+        if i % 8 == 7:
+            await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert len(os.listdir("/proc/self/fd")) == fds
+    # Whatever started was stopped with its group: nothing is left sleeping in the root.
+    left = [
+        pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd_is(pid, tmp_path) and not _dead(int(pid))
+    ]
+    assert left == []
+
+
+def _cwd_is(pid: str, path: Path) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd") == str(path.resolve())
+    except OSError:
+        return False
+
+
 async def test_background_jobs_holding_the_output_are_stopped_not_waited_for(tmp_path: Path) -> None:
     started = time.monotonic()
     [held, detached] = await _run(

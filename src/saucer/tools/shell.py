@@ -311,9 +311,11 @@ async def run_command(
             env=child_env,
             start_new_session=True,  # its own process group, so a timeout kills the children too
         )
-    except OSError as exc:
+    except BaseException as exc:  # cancelled too: a started child must see end of file, never wait on
         os.close(gate_write)
-        raise ToolError(f"could not start {options.shell}: {exc}") from exc
+        if isinstance(exc, OSError):
+            raise ToolError(f"could not start {options.shell}: {exc}") from exc
+        raise
     finally:
         os.close(gate_read)
     try:
