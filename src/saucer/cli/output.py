@@ -83,34 +83,45 @@ def binary_stdout() -> BinaryIO:
     return sys.stdout.buffer
 
 
-class TextChunks:
-    """A text stream's ``write`` gathered into chunks of about 64 KB (plain output of 10^5 events
+class _Chunks:
+    """Writes gathered into chunks of about 64 KB before they reach ``out`` (output of 10^5 events
     would otherwise be a system call a line when stdout is unbuffered, as under ``python -u``)."""
 
-    def __init__(self, out: Any, chunk: int = 1 << 16) -> None:
+    def __init__(self, out: Any, empty: Any, chunk: int) -> None:
         self._out = out
-        self._parts: list[str] = []
+        self._empty = empty  # "" or b"": what the queued parts are joined with
+        self._parts: list[Any] = []
         self._size = 0
         self._chunk = chunk
 
-    def write(self, text: str) -> None:
-        """Queue ``text``."""
-        self._parts.append(text)
-        self._size += len(text)
+    def write(self, data: Any) -> None:
+        """Queue ``data`` (text or bytes, as the stream takes)."""
+        self._parts.append(data)
+        self._size += len(data)
         if self._size >= self._chunk:
-            self.flush()
+            self._drain()
+
+    def _drain(self) -> None:
+        self._out.write(self._empty.join(self._parts))
+        self._parts.clear()
+        self._size = 0
+
+    def flush(self) -> None:
+        """Write what is queued and flush the stream."""
+        self._drain()
+        self._out.flush()
+
+
+class TextChunks(_Chunks):
+    """A text stream's ``write`` gathered into chunks of about 64 KB."""
+
+    def __init__(self, out: Any, chunk: int = 1 << 16) -> None:
+        super().__init__(out, "", chunk)
 
     def writelines(self, lines: Iterable[str]) -> None:
         """Queue each of ``lines``."""
         for line in lines:
             self.write(line)
-
-    def flush(self) -> None:
-        """Write what is queued and flush the stream."""
-        self._out.write("".join(self._parts))
-        self._parts.clear()
-        self._size = 0
-        self._out.flush()
 
     def __enter__(self) -> "TextChunks":
         return self
@@ -119,7 +130,7 @@ class TextChunks:
         self.flush()
 
 
-class JsonStream:
+class JsonStream(_Chunks):
     """Indented JSON written to a binary stream as its parts arrive: what :func:`print_json`
     writes for the same data, byte for byte, without holding the whole of it.
 
@@ -128,20 +139,7 @@ class JsonStream:
     """
 
     def __init__(self, out: BinaryIO, *, chunk: int = 1 << 16) -> None:
-        self._sink = out
-        self._parts: list[bytes] = []
-        self._size = 0
-        self._chunk = chunk
-
-    def write(self, data: bytes) -> None:
-        """Queue ``data``; written in chunks of about 64 KB (an unbuffered stdout would take each piece alone)."""
-        self._parts.append(data)
-        self._size += len(data)
-        if self._size >= self._chunk:
-            self._sink.write(b"".join(self._parts))
-            self._parts.clear()
-            self._size = 0
-
+        super().__init__(out, b"", chunk)
 
     @staticmethod
     def _dump(value: Any, depth: int) -> bytes:
@@ -194,6 +192,4 @@ class JsonStream:
     def end(self) -> None:
         """End the document with a newline and flush it."""
         self.write(b"\n")
-        self._sink.write(b"".join(self._parts))
-        self._parts.clear()
-        self._sink.flush()
+        self.flush()
