@@ -202,29 +202,39 @@ def test_commands_die_with_a_host_killed_outright(tmp_path: Path, isolate: bool)
         asyncio.run(main())
         """
     )
-    host = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), "1" if isolate else "0"])
+    argv = [sys.executable, "-c", script, str(tmp_path), "1" if isolate else "0"]
+    _kill_host_once(argv, tmp_path / "started", "the command did not start")
+    # Stopped within the watchdog's grace period (isolated: by the shell server, which sees its client gone).
+    _wait_group_gone(int((tmp_path / "pgid").read_text()), "the command's process group")
+    time.sleep(2.5)  # as long as the command would still have run
+    assert not (tmp_path / "done").exists()
+
+
+def _kill_host_once(argv: list[str], ready: Path, not_ready: str, before: Any = None) -> None:
+    """Start the host ``argv``, wait for the file ``ready``, run ``before``, then SIGKILL the host."""
+    host = subprocess.Popen(argv)
     try:
         for _ in range(1200):
-            if (tmp_path / "started").exists() or host.poll() is not None:
+            if ready.exists() or host.poll() is not None:
                 break
             time.sleep(0.05)
-        assert (tmp_path / "started").exists(), "the command did not start"
+        assert ready.exists(), not_ready
+        if before is not None:
+            before()
         host.send_signal(signal.SIGKILL)
         host.wait(30)
     finally:
         if host.poll() is None:
             host.kill()
             host.wait(30)
-    pgid = int((tmp_path / "pgid").read_text())
-    # Stopped within the watchdog's grace period (isolated: by the shell server, which sees its client gone).
+
+
+def _wait_group_gone(pgid: int, what: str) -> None:
     for _ in range(200):
         if not _group_alive(pgid):
-            break
+            return
         time.sleep(0.05)
-    else:
-        pytest.fail(f"the command's process group {pgid} outlived its host")
-    time.sleep(2.5)  # as long as the command would still have run
-    assert not (tmp_path / "done").exists()
+    pytest.fail(f"{what} {pgid} outlived its host")
 
 
 def _group_alive(pgid: int) -> bool:
@@ -263,26 +273,11 @@ def test_a_host_killed_before_it_announces_a_command_never_starts_it(tmp_path: P
         asyncio.run(main())
         """
     )
-    host = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
-    try:
-        for _ in range(1200):
-            if (tmp_path / "pgid").exists() or host.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert (tmp_path / "pgid").exists(), "the command's group was not started"
+    def still_gated() -> None:
         time.sleep(0.5)  # time enough for an ungated command to get going
         assert not (tmp_path / "started").exists()
-        host.send_signal(signal.SIGKILL)
-        host.wait(30)
-    finally:
-        if host.poll() is None:
-            host.kill()
-            host.wait(30)
-    pgid = int((tmp_path / "pgid").read_text())
-    for _ in range(200):
-        if not _group_alive(pgid):
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail(f"the gated command's group {pgid} outlived its host")
+
+    argv = [sys.executable, "-c", script, str(tmp_path)]
+    _kill_host_once(argv, tmp_path / "pgid", "the command's group was not started", still_gated)
+    _wait_group_gone(int((tmp_path / "pgid").read_text()), "the gated command's group")
     assert not (tmp_path / "started").exists() and not (tmp_path / "done").exists()
