@@ -22,11 +22,8 @@ from saucer.cli.output import visible
 from saucer.context import Context, Event
 from saucer.context.events import StoredJson, op_key
 from saucer.context.names import RENAMED, RETIRED, stored_name
-from saucer.store import EventStore, SessionHead, SessionInfo
 
 __all__ = [
-    "session_summary",
-    "summary_of",
     "listed_row",
     "write_sessions",
     "sessions_table",
@@ -152,31 +149,9 @@ def describe_op(op: Mapping[str, Any]) -> str:
     return f"{kind} {key}"
 
 
-def session_summary(store: EventStore, info: SessionInfo) -> dict[str, Any]:
-    """Columns of the sessions table, from the session row, its last event and its lease.
-
-    ``status`` is ``interrupted`` for a session whose runner vanished (see
-    :mod:`saucer.engine.status`); ``cost`` is None when it is unknown.
-    """
-    return summary_of(SessionHead(info, store.last_event(info), store.lease_of(info.session_id)))
-
-
-def summary_of(head: SessionHead) -> dict[str, Any]:
-    """:func:`session_summary` of a row of :meth:`EventStore.session_heads` (no reads)."""
-    from saucer.engine.overview import session_row  # here: the engine is not needed for the other views
-
-    row = session_row(head)
-    return {
-        **{k: row[k] for k in ("id", "task", "mode", "status", "rounds", "steps", "cost", "version")},
-        "updated": when(row["updated_at"]),
-        "parent": row["parent"],
-        "runner": row["runner"],
-    }
-
-
 def listed_row(summary: Any) -> dict[str, Any]:
     """A row of ``saucer sessions`` (and ``--json``) from a :class:`~saucer.store.summary.SessionSummary`
-    of :meth:`EventStore.list_sessions`: the columns :func:`summary_of` gives, without reading the log.
+    of :meth:`saucer.store.EventStore.list_sessions`, without reading the log.
 
     A session the engine did not make (status ``-``) has no rounds, steps or cost (None).
     """
