@@ -121,6 +121,8 @@ def queued_run(
 
 def _wait_for(settings: Any, sessions: set[str]) -> None:
     """A progress bar until every job of ``sessions`` has ended; exit 1 unless all of them finished."""
+    import asyncio
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from saucer.queue import queue_status
@@ -136,10 +138,8 @@ def _wait_for(settings: Any, sessions: set[str]) -> None:
                 bar.update(task_id, completed=len(ended), description=f"{running} running")
                 if len(ended) >= len(sessions):
                     return [j for j in (await queue_status(client)).jobs if j.session_id in sessions]
-                import asyncio
                 await asyncio.sleep(0.5)
 
-    import asyncio
     rows = asyncio.run(_with_client(settings, follow))
     bad = [j for j in rows if j.state != "done" or j.session not in ("finished",)]
     console.print(f"{len(rows) - len(bad)} of {len(rows)} finished")
