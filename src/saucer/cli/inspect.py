@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from saucer.cli.output import visible
+from saucer.cli.output import json_key, visible
 from saucer.context import Context, Event
 from saucer.context.events import StoredJson, op_key
 from saucer.context.names import RENAMED, RETIRED, stored_name
@@ -103,11 +103,7 @@ def _json_head(value: Any, room: int) -> bytes:
         for key, item in value.items():
             if size > room:
                 return b"".join(parts)
-            if key.__class__ is str:
-                head = orjson.dumps(key)
-            else:  # as orjson writes a key that is not a str
-                head = orjson.dumps({key: 0}, option=_SHORT_JSON, default=str)[1:-3]
-            piece = (b"," if size > 1 else b"") + head + b":" + _json_head(item, room - size)
+            piece = (b"," if size > 1 else b"") + json_key(key) + b":" + _json_head(item, room - size)
             parts.append(piece)
             size += len(piece)
         return b"".join(parts) if size > room else b"".join(parts) + b"}"  # an item may have been cut

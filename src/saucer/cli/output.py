@@ -16,7 +16,18 @@ import orjson
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["make_console", "print_json", "styled", "visible", "PIPE_WIDTH", "JsonStream", "JsonObject", "TextChunks", "binary_stdout"]
+__all__ = [
+    "make_console",
+    "print_json",
+    "styled",
+    "visible",
+    "PIPE_WIDTH",
+    "JsonStream",
+    "JsonObject",
+    "TextChunks",
+    "binary_stdout",
+    "json_key",
+]
 
 #: Width used when the output is not a terminal: wide enough that nothing wraps.
 PIPE_WIDTH = 100_000
@@ -62,6 +73,13 @@ def print_json(data: Any, stream: Any = None) -> None:
 
 _OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
 _OPTIONS_FLAT = orjson.OPT_NON_STR_KEYS
+
+
+def json_key(key: Any) -> bytes:
+    """An object's key as JSON, as ``orjson.dumps`` with ``OPT_NON_STR_KEYS`` writes it (a non-str key as a string)."""
+    if key.__class__ is str:
+        return orjson.dumps(key)
+    return orjson.dumps({key: 0}, option=_OPTIONS_FLAT, default=str)[1:-3]
 
 #: Dicts and lists longer than this are written item by item by :class:`JsonStream`.
 BIG = 256
@@ -162,12 +180,6 @@ class JsonStream(_Chunks):
         else:
             self.write(self._dump(value, depth))
 
-    @staticmethod
-    def _key(key: Any) -> bytes:
-        if key.__class__ is str:
-            return orjson.dumps(key)
-        return orjson.dumps({key: 0}, option=_OPTIONS_FLAT, default=str)[1:-3]  # as orjson writes a non-str key
-
     def array(self, items: Iterable[Any], depth: int = 0) -> None:
         """Write ``[...]`` with one item per line block, as each item comes."""
         pad = b"\n" + b"  " * (depth + 1)
@@ -183,7 +195,7 @@ class JsonStream(_Chunks):
         pad = b"\n" + b"  " * (depth + 1)
         first = True
         for key, value in fields:
-            self.write((b"{" if first else b",") + pad + self._key(key) + b": ")
+            self.write((b"{" if first else b",") + pad + json_key(key) + b": ")
             first = False
             self.value(value, depth + 1)
             del value  # let a big part go before the next one is made
