@@ -125,6 +125,23 @@ def _cwd_is(pid: str, path: Path) -> bool:
         return False
 
 
+async def test_a_caller_cancelling_during_the_clean_up_still_gets_the_group_killed(tmp_path: Path) -> None:
+    # A command's own timeout starts the clean-up (SIGTERM ignored, so a grace period and SIGKILL);
+    # the caller's deadline (a batch's) cancels in the middle of it: the group is killed all the same.
+    from saucer.tools.shell import run_command
+
+    options = ShellOptions.create(tmp_path)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(1.0):
+            await run_command("trap '' TERM; sleep 30 & echo $! > child.pid; wait", options, timeout=0.5)
+    child = int((tmp_path / "child.pid").read_text())
+    for _ in range(50):  # SIGKILL was sent; its arrival is the kernel's
+        if _dead(child):
+            break
+        await asyncio.sleep(0.02)
+    assert _dead(child), "the command's group outlived a cancelled clean-up"
+
+
 async def test_background_jobs_holding_the_output_are_stopped_not_waited_for(tmp_path: Path) -> None:
     started = time.monotonic()
     [held, detached] = await _run(

@@ -26,10 +26,10 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field
 
@@ -205,17 +205,35 @@ async def _stop_group(proc: asyncio.subprocess.Process, readers: list[asyncio.Ta
 
 
 def _shielded() -> contextlib.AbstractContextManager[object]:
-    """The scope the clean-up after a command runs in.
+    """The anyio scope the clean-up after a command runs in (see :func:`_to_the_end`).
 
     Under anyio (the stdio MCP server's task groups) a cancelled call -- the
     client went away, the server is shutting down -- has every await cancelled
-    again, which would leave the group running and its transport to be closed
-    after the loop is gone: a shielded anyio scope lets the clean-up finish.
-    Where anyio is not loaded (the in-process tools), nothing can cancel that
-    way, and importing it would cost every ``saucer run`` ~20 ms of start-up.
+    again: a shielded anyio scope keeps those cancellations out. Where anyio is
+    not loaded (the in-process tools) there is no such scope, and importing it
+    would cost every ``saucer run`` ~20 ms of start-up.
     """
     anyio = sys.modules.get("anyio")
     return anyio.CancelScope(shield=True) if anyio is not None else contextlib.nullcontext()
+
+
+async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run ``cleanup`` to its end even when the caller is cancelled meanwhile (a batch's deadline
+    passing during a command's own grace period, a client going away), then pass the cancellation
+    on: a clean-up cut short would leave the group running and its shell unreaped."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    with _shielded():
+        while True:
+            try:
+                await asyncio.shield(task)
+                break
+            except asyncio.CancelledError:
+                if task.done():  # the clean-up itself was cancelled, not the wait for it
+                    raise
+                cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _clean_up(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]], *, stop: bool) -> None:
@@ -337,8 +355,7 @@ async def run_command(
     finally:
         # Timed out, cancelled by the client, or background children holding the
         # output open: never leave the group running behind the call.
-        with _shielded():
-            await _clean_up(proc, readers, stop=proc.returncode is None or held_open or timed_out)
+        await _to_the_end(_clean_up(proc, readers, stop=proc.returncode is None or held_open or timed_out))
     duration = time.monotonic() - started
     if timed_out:
         raise ToolError(
