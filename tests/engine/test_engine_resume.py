@@ -183,6 +183,42 @@ def test_a_resume_reads_the_stored_plan_only_when_a_step_needs_it(make_settings:
     assert (result.status, result.steps) == ("finished", 3) and reads == [cut2.session_id]
 
 
+def test_a_stored_plan_that_no_longer_parses_stops_a_resume_before_anything_is_written(
+    make_settings: Any, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    from saucer.engine import PlanError
+
+    url = f"sqlite:///{tmp_path / 'bad-plan.db'}"
+    dispatcher = FakeDispatcher()
+    cut = asyncio.run(Session("cut", mode="follower", settings=make_settings(system__max_step=2), store=url,
+                              plan=command_plan(4), dispatcher=dispatcher).run())
+    assert cut.status == "stopped"
+    with sqlite3.connect(tmp_path / "bad-plan.db") as conn:
+        conn.execute("UPDATE session_meta SET plan = ? WHERE session_id = ?", ('{"steps": 5}', cut.session_id))
+    conn.close()
+    with open_store(url) as store:
+        head = store.session_info(cut.session_id).version
+    resumed = Session.resume(cut.session_id, store=url, settings=make_settings(), dispatcher=dispatcher)
+    with pytest.raises(PlanError):
+        asyncio.run(resumed.run())
+    with open_store(url) as store:
+        assert store.session_info(cut.session_id).version == head  # nothing written, still 'stopped'
+        lease = store.lease_of(cut.session_id)
+        assert lease is None or lease.expires_at < time.time()  # and the lease is let go
+
+
+def test_a_session_that_closed_its_own_store_still_reads_its_plan(make_settings: Any, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'owned.db'}"
+    dispatcher = FakeDispatcher()
+    done = asyncio.run(Session("done", mode="follower", settings=make_settings(), store=url,
+                               plan=command_plan(2), dispatcher=dispatcher).run())
+    ended = Session.resume(done.session_id, store=url, settings=make_settings(), dispatcher=dispatcher)
+    assert asyncio.run(ended.run()).status == "finished"  # its stored result; the plan was not needed
+    assert ended.plan is not None and len(ended.plan.steps) == 2  # read after the session closed its store
+
+
 def test_resuming_an_unknown_session_raises(settings: Any) -> None:
     with pytest.raises(SessionNotFoundError):
         asyncio.run(Session.resume("nope", store=MemoryStore(), settings=settings).run())

@@ -473,6 +473,8 @@ class Session(ResumableSession, SessionOutcome):
         # Where to continue, read under the lease and before anything is written
         # (a session with no failed step to retry is an error that changes nothing).
         point, point_meta, continued, ended = self._resume_point(store)
+        if self._resuming and not (ended is not None and continued is None):
+            self.plan  # a stored plan that no longer parses is a PlanError here, before anything is written
         self.context = ctx = Context.open(
             store,
             sid,
@@ -557,6 +559,7 @@ class Session(ResumableSession, SessionOutcome):
         self.logs.close()
         if self._owns_store and self.store is not None:
             self.store.close()
+            self.store = None  # the plan property opens the store's URL again if it still has to read
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r} task={self.task!r} mode={self.mode}>"
