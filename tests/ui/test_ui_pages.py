@@ -217,6 +217,14 @@ def test_forks_and_parents_link_to_each_other(store: EventStore) -> None:
     assert "fork of p@3" in text(c.get("/sessions").text)
 
 
+def test_a_session_the_engine_did_not_make_has_no_counts_in_the_listing(store: EventStore) -> None:
+    ctx = Context.open(store, "plain")  # a Context of one's own, no engine: nothing counted, as its page says
+    ctx.set("REQUEST", "by hand")
+    ctx.commit()
+    [row] = list_sessions(store, SessionQuery()).rows
+    assert (row["status"], row["rounds"], row["steps"], row["cost"]) == ("-", None, None, None)
+
+
 def test_version_zero_has_no_event(store: EventStore) -> None:
     write_session(store, "s", steps=1)
     assert client(store).get("/sessions/s/events/0").status_code == 404

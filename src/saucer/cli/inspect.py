@@ -151,15 +151,15 @@ def listed_row(summary: Any) -> dict[str, Any]:
 
     A session the engine did not make (status ``-``) has no rounds, steps or cost (None).
     """
-    engine = summary.status != "-" or summary.rounds or summary.steps
+    rounds, steps, cost = summary.counts()
     return {
         "id": summary.session_id,
         "task": summary.task if summary.task is not None else "-",
         "mode": summary.mode if summary.mode is not None else "-",
         "status": summary.status,
-        "rounds": summary.rounds if engine else None,
-        "steps": summary.steps if engine else None,
-        "cost": summary.cost if engine else None,
+        "rounds": rounds,
+        "steps": steps,
+        "cost": cost,
         "version": summary.version,
         "updated": when(summary.updated_at),
         "parent": summary.origin,

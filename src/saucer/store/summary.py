@@ -218,6 +218,13 @@ class SessionSummary(NamedTuple):
         """The row as JSON data (field names as above)."""
         return dict(zip(self._fields, self))
 
+    def counts(self) -> tuple[int | None, int | None, float | None]:
+        """``(rounds, steps, cost)`` as listings show them: None each for a session the engine
+        did not make (status ``-`` and nothing counted), as its own page shows it."""
+        if self.status != "-" or self.rounds or self.steps:
+            return self.rounds, self.steps, self.cost
+        return None, None, None
+
 
 def make_summary(row: Sequence[Any]) -> SessionSummary:
     """A :class:`SessionSummary` from the columns every backend selects, in this order: ``session_id,

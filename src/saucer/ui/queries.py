@@ -134,7 +134,8 @@ class SessionsPage:
 
 #: The statuses a session can have (see :mod:`saucer.engine.status`).
 STATUSES = ("running", "interrupted", *sorted(ENDED), "-")
-#: Sorts and filters that need each session's status (its newest event); the others need only the rows.
+
+
 def _sort_key(sort: str) -> Any:
     if sort == "updated":
         return lambda r: (r["updated_at"], r["id"])
@@ -149,9 +150,10 @@ def _sort_key(sort: str) -> Any:
 def _listed_row(s: SessionSummary) -> dict[str, Any]:
     """A session's columns, named as :func:`~saucer.engine.overview.session_row` names them,
     from the summary its commits keep (its request cut to 500 characters)."""
+    rounds, steps, cost = s.counts()
     return {
         "id": s.session_id, "task": "-" if s.task is None else s.task, "mode": "-" if s.mode is None else s.mode,
-        "status": s.status, "rounds": s.rounds, "steps": s.steps, "cost": s.cost, "version": s.version,
+        "status": s.status, "rounds": rounds, "steps": steps, "cost": cost, "version": s.version,
         "created_at": s.created_at, "updated_at": s.updated_at, "parent": s.origin, "runner": s.runner,
         "request": s.request, "reason": s.reason,
     }
