@@ -514,7 +514,7 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]], *, owned: bool = F
             base = state.bases[key]
             if kind != "sealed" and (path or kind == "append" or kind == "incr"):
                 base.ops.append(op)  # for the next snapshot's tail
-                if len(base.ops) * 64 > len(base.data):
+                if base.stale():
                     del state.bases[key]  # stale already (snapshots are far apart): keep no more operations
             else:
                 del state.bases[key]
