@@ -79,16 +79,7 @@ def _stderr_sink(config: MCPServerConfig, stack: AsyncExitStack) -> TextIO:
 
 
 def _tool_info(tool: Tool) -> ToolInfo:
-    hints = tool.annotations
-    annotations = hints.model_dump(mode="json", by_alias=True, exclude_none=True) if hints else {}
-    return ToolInfo(
-        name=tool.name,
-        title=tool.title or (hints.title if hints else None),
-        description=tool.description or "",
-        input_schema=tool.input_schema,
-        output_schema=tool.output_schema,
-        annotations=annotations,
-    )
+    return ToolInfo.from_listing(tool.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
 def _payload(result: CallToolResult) -> Any:

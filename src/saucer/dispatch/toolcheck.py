@@ -32,7 +32,6 @@ __all__ = [
     "resolve_tool",
     "schema_validator",
     "parameter_problem",
-    "parameter_check",
     "ParameterCheck",
     "close_names",
 ]
@@ -144,11 +143,6 @@ class ParameterCheck:
             except RecursionError:
                 pass  # not sure: jsonschema says what it makes of it
         return parameter_problem(self.validator, parameters)
-
-
-def parameter_check(schema: Any) -> ParameterCheck:
-    """A :class:`ParameterCheck` of ``schema``."""
-    return ParameterCheck(schema)
 
 
 def close_names(word: str, candidates: list[str], n: int = 3) -> list[str]:
