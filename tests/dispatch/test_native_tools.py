@@ -214,6 +214,20 @@ def test_schemas_are_cached_beside_their_source_and_follow_it(tmp_path: Path, mo
     assert _table(source).list_tools() == first and cached.exists()
 
 
+def test_a_change_to_another_module_beside_the_sources_makes_the_cache_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_bytecode: None
+) -> None:
+    source = tmp_path / "tools.py"
+    source.write_text("x = 1\n")
+    models = tmp_path / "tool_models.py"  # where a result model might have moved, named nowhere
+    models.write_text("# version 1\n")
+    first = _table(source).list_tools()
+    assert _listed_without_pydantic(_table(source), monkeypatch) == first
+    models.write_text("# version 2\n")
+    with pytest.raises(AssertionError, match="were computed"):
+        _listed_without_pydantic(_table(source), monkeypatch)
+
+
 @pytest.mark.parametrize("damage", [b"", b"{not json", b"[]", b'{"key": 1, "tools": {}}', b"\xff\xfe"])
 def test_a_damaged_cache_is_ignored_and_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  write_bytecode: None, damage: bytes) -> None:

@@ -9,7 +9,9 @@ keeps them in ``__pycache__/<module>.<server>.tool-schemas.json`` beside the
 first source file, the way Python keeps ``.pyc`` files there:
 
 * the file is valid for one exact set of inputs: the bytes of every source
-  file, the pydantic and Python versions and this format's version; a tool's
+  file and of every other module in their folders (a result model moved to a
+  sibling module is still seen, without a list kept by hand), the pydantic and
+  Python versions and this format's version; a tool's
   entry also depends on its name, function, annotations, defaults and result
   model. Anything else and the schemas are computed again and the file rewritten;
 * it is written atomically (a temporary file renamed over it), never when
@@ -65,8 +67,10 @@ class SchemaCache:
             import pydantic
 
             digest = hashlib.sha256(f"{_FORMAT}\0{sys.version}\0{pydantic.VERSION}".encode())
-            for source in sources:
-                digest.update(b"\0" + Path(source).read_bytes())
+            given = [Path(source) for source in sources]
+            siblings = sorted({module for folder in {p.parent for p in given} for module in folder.glob("*.py")})
+            for source in dict.fromkeys([*given, *siblings]):  # ~0.2 ms for saucer.tools' eleven modules
+                digest.update(b"\0" + str(source).encode("utf-8", "surrogateescape") + b"\0" + source.read_bytes())
         except OSError as exc:  # a source that cannot be read (a zip import...): no cache
             _log.debug("tool schemas of %s are not cached: %s", server, exc)
             return

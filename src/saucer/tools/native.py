@@ -167,9 +167,10 @@ class NativeServer:
         *,
         schema_sources: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
-        """``schema_sources``: every source file the tools' schemas follow from (the modules of
-        their functions and result models). Given, the schemas are cached beside the first one
-        like bytecode (:mod:`saucer.tools._schemacache`), so a listing builds no model at all.
+        """``schema_sources``: the source files the tools' schemas follow from (the modules of
+        their functions and result models; the other modules of their folders count too). Given,
+        the schemas are cached beside the first one like bytecode (:mod:`saucer.tools._schemacache`),
+        so a listing builds no model at all.
         """
         self.name = name
         self.instructions = instructions
