@@ -193,7 +193,7 @@ def register(app: typer.Typer) -> None:
         try:
             AccessPolicy(service_config.devices, service_config.admins).check_principals(tokens)
         except ValueError as exc:
-            raise cli.UserError(escape(str(exc))) from None
+            raise cli.UserError(str(exc)) from None
         _setup_logging(level)
         runner = EngineTaskRunner(settings, owner=server_identity(svc.state_dir), default_step_timeout=svc.step_timeout)
         scheme = "https" if service_config.tls else "http"
