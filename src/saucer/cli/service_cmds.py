@@ -183,6 +183,7 @@ def register(app: typer.Typer) -> None:
             store_url=settings.store.url,
             heartbeat_interval=svc.heartbeat_interval,
             missed_heartbeats=svc.missed_heartbeats,
+            aip_heartbeat_interval=svc.aip_heartbeat_interval,
             reconnect_grace=svc.reconnect_grace,
             step_timeout=svc.step_timeout,
             max_frame_bytes=svc.max_frame_bytes,

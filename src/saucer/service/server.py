@@ -46,11 +46,13 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route, WebSocketRoute
 
 from saucer.service.access import AccessPolicy
 from saucer.service.api import ServiceApi, quiet_refused_handshakes
-from saucer.service.auth import TokenAuthenticator
+from saucer.redaction import redact_text
+from saucer.service.auth import QueryTokenMiddleware, TokenAuthenticator
 from saucer.service.device_api import DeviceRoutes
 from saucer.service.hub import DeviceHub
 from saucer.service.records import MemorySessionRecordStore, SessionRecordStore, SqliteSessionRecordStore
@@ -89,6 +91,7 @@ def create_app(
     """
     auth = TokenAuthenticator({name: secret.get_secret_value() for name, secret in config.tokens.items()})
     quiet_refused_handshakes()
+    redact_server_logs()
     policy = AccessPolicy(config.devices, config.admins)
     policy.check_principals(config.tokens)
     owns_store = store is None
@@ -145,9 +148,30 @@ def create_app(
             *viewer_mount(runner, store, hub, auth),  # the web viewer at /ui (saucer.service.viewer)
         ],
         lifespan=lifespan,
+        # A token in the query (?token=, as UFO's clients send it) leaves the URL before uvicorn logs it.
+        middleware=[Middleware(QueryTokenMiddleware)],
     )
     app.state.service = state
     return app
+
+
+class _RedactingFilter(logging.Filter):
+    """Rewrites a uvicorn log line with every secret (known tokens, credentials by shape) replaced."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact_text(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+def redact_server_logs() -> None:
+    """Keep secrets out of uvicorn's logs, access log included (the query string is already redacted)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RedactingFilter) for f in logger.filters):
+            logger.addFilter(_RedactingFilter())
 
 
 def _uvicorn_config(app: Starlette, config: ServiceConfig, **overrides: Any) -> uvicorn.Config:
