@@ -381,20 +381,25 @@ async def test_cancel_reaches_an_aip_device_as_a_task_end_naming_the_batch() -> 
 
 
 @pytest.mark.anyio
-async def test_an_aip_device_is_kept_for_its_own_heartbeat_window_not_saucers() -> None:
+async def test_an_aip_device_is_kept_for_its_own_heartbeat_window_and_its_websocket_pings() -> None:
     config = _config(heartbeat_interval=0.2, missed_heartbeats=2, aip_heartbeat_interval=0.5)
     assert config.aip_liveness_window == 1.0
     async with running_server(config) as server:
-        quiet = await _device(server, "quiet", send_heartbeats=False)
-        beating = await _device(server, "beating", heartbeat=0.4)
+        # Both send no heartbeat at all; "pinging" answers the server's WebSocket pings, "frozen" stops reading.
+        pinging = await _device(server, "pinging", send_heartbeats=False)
+        frozen = await _device(server, "frozen", send_heartbeats=False)
         try:
             hub = server.state.hub
-            await asyncio.sleep(0.7)  # longer than saucer's 0.4 s window
-            assert hub.get("quiet").online and hub.get("beating").online
-            await _until(lambda: not hub.get("quiet").online, 3)
-            assert "missed 2 heartbeats (1 s without a frame)" in (hub.get("quiet").offline_reason or "")
-            await asyncio.sleep(1.2)
-            assert hub.get("beating").online
+            await asyncio.sleep(0.7)  # longer than saucer's own 0.4 s window
+            assert hub.get("pinging").online and hub.get("frozen").online
+            assert frozen.ws is not None
+            frozen.ws.transport.pause_reading()  # no pong comes back from here on
+            await _until(lambda: not hub.get("frozen").online, 5)  # by the pong timeout or the AIP window
+            assert hub.get("frozen").offline_reason
+            await asyncio.sleep(1.5)  # past the AIP window: the pongs kept it alive
+            assert hub.get("pinging").online
         finally:
-            await quiet.stop()
-            await beating.stop()
+            if frozen.ws is not None:
+                frozen.ws.transport.resume_reading()
+            await pinging.stop()
+            await frozen.stop()

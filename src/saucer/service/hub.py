@@ -11,7 +11,10 @@ decided by :mod:`saucer.service.access` (:meth:`DeviceHub.visible`).
 A device that sends nothing (heartbeats included) for ``heartbeat_interval *
 missed_heartbeats`` seconds is marked offline, its connection is closed and
 its pending commands fail at once (or after the dispatchers' reconnect grace).
-A disconnect has the same effect immediately.
+A disconnect has the same effect immediately. A device speaking AIP (UFO's
+protocol, which heartbeats every 120 s) has its own window,
+``aip_heartbeat_interval * missed_heartbeats``, and a WebSocket ping or pong
+from it counts as a sign of life as much as a frame.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ _log = logging.getLogger("saucer.service.hub")
 
 _connection_ids = itertools.count(1)
 
+TRANSPORT_ALIVE_KEY = "saucer.transport_alive_at"
+"""Key of a connection's ASGI scope where the server notes (loop time) the last WebSocket ping or pong it got."""
+
 
 class Connection:
     """One accepted WebSocket, with the principal that opened it and, once registered, its role and id."""
@@ -62,6 +68,11 @@ class Connection:
         #: Seconds of silence after which this connection's device is offline; None: the hub's window.
         self.liveness_window: float | None = None
         self._send_timeout = send_timeout
+
+    def transport_alive_at(self) -> float:
+        """Loop time of the last WebSocket ping or pong from this peer (0 if none was noted)."""
+        value = self.websocket.scope.get(TRANSPORT_ALIVE_KEY)
+        return float(value) if isinstance(value, (int, float)) else 0.0
 
     @property
     def protocol(self) -> str:
@@ -345,7 +356,11 @@ class DeviceHub:
                 if connection is None:
                     continue
                 window = connection.liveness_window or self.liveness_window
-                if state.last_seen < loop.time() - window:
+                last = state.last_seen
+                if connection.dialect is not None:
+                    # AIP devices heartbeat rarely: a WebSocket ping or pong from them counts too.
+                    last = max(last, connection.transport_alive_at())
+                if last < loop.time() - window:
                     reason = f"missed {self.missed_heartbeats} heartbeats ({window:g} s without a frame)"
                     self._mark_offline(state, reason)
                     self._spawn(self._close_dead(connection, reason))
