@@ -379,12 +379,6 @@ class ServiceSettings(_Section):
     state_dir: Path = Field(Path(".saucer/service"), description="Session records and the server's identity.")
     heartbeat_interval: float = Field(10.0, gt=0, description="Seconds between device heartbeats.")
     missed_heartbeats: int = Field(3, ge=1, description="Heartbeats a device may miss before it is offline.")
-    aip_heartbeat_interval: float = Field(
-        120.0,
-        gt=0,
-        description="Seconds between the heartbeats of a device speaking UFO's AIP (UFO's client sends one every "
-        "120 s): such a device is offline after missed_heartbeats of them without a frame.",
-    )
     reconnect_grace: float = Field(0.0, ge=0, description="Seconds pending commands wait for a lost device to reconnect.")
     step_timeout: float = Field(300.0, gt=0, description="Default seconds for one step's command batch.")
     max_frame_bytes: int = Field(1024 * 1024, ge=1024, description="Largest WebSocket frame or request body accepted.")

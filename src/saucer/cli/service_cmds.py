@@ -131,6 +131,10 @@ def register(app: typer.Typer) -> None:
         missed_heartbeats: Optional[int] = typer.Option(
             None, "--missed-heartbeats", min=1, help="Heartbeats a device may miss before it is offline and its commands fail. Default: 3."
         ),
+        aip_heartbeat_interval: float = typer.Option(
+            120.0, "--aip-heartbeat-interval", min=0.01,
+            help="Seconds between the heartbeats of a device speaking UFO's AIP (UFO's client: 120); its WebSocket pings count too.",
+        ),
         reconnect_grace: Optional[float] = typer.Option(
             None, "--reconnect-grace", min=0, help="Seconds a command waits for its device to reconnect before it fails. Default: 0."
         ),
@@ -187,7 +191,7 @@ def register(app: typer.Typer) -> None:
             store_url=settings.store.url,
             heartbeat_interval=svc.heartbeat_interval,
             missed_heartbeats=svc.missed_heartbeats,
-            aip_heartbeat_interval=svc.aip_heartbeat_interval,
+            aip_heartbeat_interval=aip_heartbeat_interval,
             reconnect_grace=svc.reconnect_grace,
             step_timeout=svc.step_timeout,
             max_frame_bytes=svc.max_frame_bytes,
