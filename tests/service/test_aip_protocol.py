@@ -16,6 +16,8 @@ import httpx
 import pytest
 from aip_peers import MiniAipDevice
 from service_support import ALICE, BOB, auth
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.service.aip import (
@@ -269,19 +271,16 @@ async def test_before_registering_and_with_a_wrong_token_an_aip_peer_is_refused(
         device = MiniAipDevice(f"{server.ws_url}?token={ALICE}", "early")
         await device.start(register=False)
         try:
-            await device.send({"type": "heartbeat", "status": "ok"})
-            error = await device.next("error")
-            assert error["error"].startswith("not_registered: send a register frame before 'heartbeat'")
+            for kind in ("heartbeat", "task_end", "device_info_response"):
+                await device.send({"type": kind, "status": "ok"})
+                error = await device.next("error")
+                assert error["error"].startswith(f"not_registered: send a register frame before {kind!r}"), error
         finally:
             await device.stop()
-        async with httpx.AsyncClient() as http:  # the same handshake, with a token nobody has
-            from websockets.asyncio.client import connect
-            from websockets.exceptions import InvalidStatus
-
-            with pytest.raises(InvalidStatus) as info:
-                await connect(f"{server.ws_url}?token=not-a-token-of-this-server")
-            assert info.value.response.status_code == 401
-            del http
+        # The same handshake, with a token nobody has: refused before any message.
+        with pytest.raises(InvalidStatus) as info:
+            await connect(f"{server.ws_url}?token=not-a-token-of-this-server")
+        assert info.value.response.status_code == 401
 
 
 @pytest.mark.anyio

@@ -110,6 +110,7 @@ class InfoPush:
     """An AIP device sent its info unasked (``device_info_response`` with no pending request)."""
 
     info: dict[str, Any]
+    type: str = "device_info_response"
 
 
 @dataclass
@@ -118,6 +119,7 @@ class TaskEndNotice:
 
     session_id: str | None
     status: str
+    type: str = "task_end"
 
 
 def speaks_aip(data: bytes | str, max_bytes: int | None) -> bool:
