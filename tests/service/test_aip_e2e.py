@@ -193,3 +193,40 @@ async def test_saucer_device_protocol_aip_joins_a_ufo_style_server(processes: Pr
         await asyncio.to_thread(device.popen.wait, 20)
     assert token not in device.output()
     assert "not-the-servers-key-0000" not in wrong.output()
+
+
+async def test_saucer_device_protocol_aip_serves_saucer_serve_and_stops_a_cancelled_batch(processes: Processes, tmp_path: Path) -> None:
+    port, workspace = free_port(), tmp_path / "ws"
+    processes.cli_server(port, tmp_path / "state", f"sqlite:///{tmp_path / 'events.db'}")
+    device = processes.spawn(
+        "saucer-device-aip",
+        ["device", "--protocol", "aip", "--server", f"ws://127.0.0.1:{port}/ws", "--device-id", "box", "--workspace",
+         str(workspace), "--yes", "--backoff-initial", "0.1"],
+        env={"SAUCER_SERVICE_TOKEN": FLEET},
+        module="saucer",
+    )
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth(ALICE), timeout=30) as http:
+        for _ in range(300):
+            listed = await http.get("/api/devices/box")
+            if listed.status_code == 200 and "tools" in listed.json()["info"]:
+                break
+            assert device.popen.poll() is None, device.output()
+            await asyncio.sleep(0.1)
+        described = listed.json()
+        assert described["protocol"] == "aip" and "shell.run" in described["info"]["tools"]
+        plan = {"task": "hi", "steps": [{"commands": [{"tool_name": "shell.run", "parameters": {"command": "echo hi > hi.txt"}}]}]}
+        sid = (await http.post("/api/sessions", json={"device_id": "box", "task": plan})).json()["session_id"]
+        assert (await _ended(http, sid))["session"]["status"] == "completed"
+        assert (workspace / "hi.txt").read_text() == "hi\n"
+        long = {"task": "long", "timeout": 120, "steps": [{"commands": [
+            {"tool_name": "shell.run", "parameters": {"command": "touch started; sleep 30; touch finished", "timeout": 120}}]}]}
+        sid = (await http.post("/api/sessions", json={"device_id": "box", "task": long})).json()["session_id"]
+        for _ in range(300):
+            if (workspace / "started").exists():
+                break
+            await asyncio.sleep(0.05)
+        cancelled = (await http.post(f"/api/sessions/{sid}/cancel")).json()
+        # The AIP cancel (task_end naming the batch) stopped it on the device, which answered: acknowledged.
+        assert cancelled["status"] == "cancelled" and cancelled["error"] == "cancelled by its owner", cancelled
+    await asyncio.sleep(0.5)
+    assert not (workspace / "finished").exists()

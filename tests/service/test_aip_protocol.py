@@ -402,3 +402,20 @@ async def test_an_aip_device_is_kept_for_its_own_heartbeat_window_and_its_websoc
                 frozen.ws.transport.resume_reading()
             await pinging.stop()
             await frozen.stop()
+
+
+@pytest.mark.anyio
+async def test_an_aip_device_id_stays_with_the_token_that_registered_it() -> None:
+    async with running_server(_config()) as server:
+        device = await _device(server)
+        await device.stop()
+        thief = MiniAipDevice(f"{server.ws_url}?token={BOB}", "ufo-box")
+        answer = await thief.start()
+        try:
+            # Not "ok": a UFO client reads this as a failed registration.
+            assert answer is not None and (answer["type"], answer["status"]) == ("error", "error")
+            assert answer["error"].startswith("device_owned: device id 'ufo-box' is registered to another token")
+            assert not thief.registered.is_set()
+            assert server.state.hub.get("ufo-box").owner == "alice"
+        finally:
+            await thief.stop()
