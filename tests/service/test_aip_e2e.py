@@ -58,7 +58,7 @@ async def test_saucer_serve_drives_a_device_that_speaks_only_aip(processes: Proc
     server = processes.spawn(
         "saucer-serve",
         ["serve", "--port", str(port), "--state-dir", str(tmp_path / "state"), "--store", store_url,
-         "--log-level", "info", "--config", str(config)],  # info: uvicorn's access log is on
+         "--log-level", "debug", "--config", str(config)],  # uvicorn's access log and the libraries' debug lines
         env={"SAUCER_SERVICE_TOKENS": ""},
         module="saucer",
     )
@@ -126,7 +126,8 @@ async def test_saucer_device_protocol_aip_joins_a_ufo_style_server(processes: Pr
         device = processes.spawn(
             "saucer-device-aip",
             ["device", "--protocol", "aip", "--server", ufo.url, "--device-id", "saucer-box", "--workspace",
-             str(tmp_path / "ws"), "--yes", "--heartbeat-interval", "0.5", "--backoff-initial", "0.1"],
+             str(tmp_path / "ws"), "--yes", "--heartbeat-interval", "0.5", "--backoff-initial", "0.1",
+             "--log-level", "debug"],  # debug: websockets logs each handshake's URL, where the token is
             env={"SAUCER_SERVICE_TOKEN": token},
             module="saucer",
         )
@@ -191,7 +192,7 @@ async def test_saucer_device_protocol_aip_joins_a_ufo_style_server(processes: Pr
         assert ufo.refused_tokens == 1
         device.kill(signal.SIGTERM)
         await asyncio.to_thread(device.popen.wait, 20)
-    assert token not in device.output()
+    assert token not in device.output() and "GET /ws?token=*** HTTP/1.1" in device.output()
     assert "not-the-servers-key-0000" not in wrong.output()
 
 

@@ -90,7 +90,13 @@ def _log_level(value: str) -> str:
 
 def _setup_logging(level: str) -> None:
     import logging
+
+    from saucer.redaction import RedactingLogFilter
+
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # every line, a library's debug output included, without secrets
+        if not any(isinstance(f, RedactingLogFilter) for f in handler.filters):
+            handler.addFilter(RedactingLogFilter())
 
 
 def _compact_tools(tools: dict[str, Any]) -> dict[str, Any] | None:

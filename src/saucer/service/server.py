@@ -52,7 +52,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from saucer.service.access import AccessPolicy
 from saucer.service.api import ServiceApi, quiet_refused_handshakes
-from saucer.redaction import redact_text
+from saucer.redaction import RedactingLogFilter
 from saucer.service.auth import QueryTokenMiddleware, TokenAuthenticator
 from saucer.service.device_api import DeviceRoutes
 from saucer.service.hub import TRANSPORT_ALIVE_KEY, DeviceHub
@@ -156,23 +156,12 @@ def create_app(
     return app
 
 
-class _RedactingFilter(logging.Filter):
-    """Rewrites a uvicorn log line with every secret (known tokens, credentials by shape) replaced."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact_text(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        return True
-
-
 def redact_server_logs() -> None:
     """Keep secrets out of uvicorn's logs, access log included (the query string is already redacted)."""
     for name in ("uvicorn.access", "uvicorn.error"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _RedactingFilter) for f in logger.filters):
-            logger.addFilter(_RedactingFilter())
+        if not any(isinstance(f, RedactingLogFilter) for f in logger.filters):
+            logger.addFilter(RedactingLogFilter())
 
 
 class _LivenessWebSocketProtocol(WebSocketsSansIOProtocol):
