@@ -419,3 +419,20 @@ async def test_an_aip_device_id_stays_with_the_token_that_registered_it() -> Non
             assert server.state.hub.get("ufo-box").owner == "alice"
         finally:
             await thief.stop()
+
+
+def test_messages_with_every_optional_field_null_as_ufos_pydantic_writes_them() -> None:
+    nulls = dict.fromkeys(("session_id", "task_name", "target_id", "request", "action_results", "timestamp", "request_id",
+                           "prev_response_id", "error", "metadata"))
+    dialect = AipServerDialect(heartbeat_interval=120, session_of=lambda rid: "s-known")
+    register = dialect.decode(json.dumps({**nulls, "type": "register", "status": "ok", "client_type": "device", "client_id": "box"}), None)
+    assert isinstance(register, RegisterFrame) and register.info == {}
+    heartbeat = dialect.decode(json.dumps({**nulls, "type": "heartbeat", "status": "ok", "client_type": "device", "client_id": "box"}), None)
+    assert isinstance(heartbeat, HeartbeatFrame)
+    results = dialect.decode(json.dumps({**nulls, "type": "command_results", "status": "continue", "client_type": "device",
+                                         "prev_response_id": "r1", "action_results": [
+                                             {"status": "success", "error": None, "result": None, "namespace": None, "call_id": "c"}]}), None)
+    assert results.session_id == "s-known"  # left out by the device: the batch's own session
+    server = {k: None for k in ("user_request", "agent_name", "process_name", "root_name", "actions", "messages", "error",
+                                "session_id", "task_name", "timestamp", "response_id", "result")}
+    assert parse_aip(json.dumps({**server, "type": "heartbeat", "status": "ok"}), "server").type == "heartbeat"
