@@ -33,7 +33,8 @@ LINUX_TOOLS = [
         "namespace": "linux",
         "tool_type": "action",
         "description": "Run a shell command; returns success, exit_code, stdout, stderr.",
-        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}, "api_key": {"type": "string"}},
+                         "required": ["command"]},
     },
     {
         "tool_key": "action::wait",
@@ -63,6 +64,8 @@ class MiniAipDevice:
     registered: asyncio.Event = field(default_factory=asyncio.Event)
     inbox: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     send_heartbeats: bool = True
+    #: Like UFO's Linux MCP server with UFO_MCP_API_KEY set: execute_command wants this key in its parameters.
+    api_key: str | None = None
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -166,6 +169,8 @@ class MiniAipDevice:
         if name == "list_tools":
             return {"status": "success", "result": LINUX_TOOLS}
         if name == "execute_command":
+            if self.api_key is not None and params.get("api_key") != self.api_key:
+                return {"status": "success", "result": {"success": False, "error": "Authentication failed. Invalid or missing API key."}}
             proc = await asyncio.to_thread(subprocess.run, params["command"], shell=True, capture_output=True, text=True)
             # "success": the call returned -- whatever the command's exit code (as UFO's Linux MCP server).
             body = {"success": proc.returncode == 0, "exit_code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}

@@ -436,3 +436,33 @@ def test_messages_with_every_optional_field_null_as_ufos_pydantic_writes_them() 
     server = {k: None for k in ("user_request", "agent_name", "process_name", "root_name", "actions", "messages", "error",
                                 "session_id", "task_name", "timestamp", "response_id", "result")}
     assert parse_aip(json.dumps({**server, "type": "heartbeat", "status": "ok"}), "server").type == "heartbeat"
+
+
+@pytest.mark.anyio
+async def test_a_device_credential_is_added_on_the_wire_only_to_the_tools_that_declare_it() -> None:
+    key = "ufo-mcp-api-key-5b1e77c2"
+    plan = {"task": "k", "steps": [{"commands": [{"tool_name": "execute_command", "parameters": {"command": "echo ok"}},
+                                                {"tool_name": "wait", "parameters": {"seconds": 0}}]}]}
+    for configured in (False, True):
+        config = _config(aip_parameters={"ufo-box": {"api_key": key}} if configured else {})
+        async with running_server(config) as server:
+            device = await _device(server, api_key=key)
+            try:
+                await _until(lambda: "tools" in server.state.hub.get("ufo-box").info)
+                async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE), timeout=30) as http:
+                    sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()["session_id"]
+                    body = (await http.get(f"/api/sessions/{sid}", params={"wait": 20})).json()
+            finally:
+                await device.stop()
+        sent = [m for d, m in device.exchange if d == "server→device" and m["type"] == "command"]
+        if not configured:
+            # UFO's server answers "success" with the refusal inside: the verdict reads it.
+            assert body["session"]["status"] == "failed"
+            assert "success is false: Authentication failed" in body["steps"][0]["results"][0]["error"]
+            continue
+        assert body["session"]["status"] == "completed", body
+        listing, run = sent[0]["actions"], sent[-1]["actions"]
+        assert "api_key" not in listing[0]["parameters"]  # list_tools takes no credential
+        assert run[0]["parameters"] == {"command": "echo ok", "api_key": key}  # declared by execute_command
+        assert run[1]["parameters"] == {"seconds": 0}  # wait does not declare it
+        assert key not in json.dumps(body)  # nor is it in the session's record

@@ -182,6 +182,12 @@ def register(app: typer.Typer) -> None:
         if not tokens:
             raise cli.UserError(NO_TOKEN_MESSAGE)
         TokenAuthenticator(tokens)  # too-short tokens are refused before anything starts
+        from saucer.service.aip_server import aip_parameters
+
+        try:
+            device_parameters = aip_parameters()
+        except ValueError as exc:
+            raise cli.UserError(str(exc)) from None
         for path, flag in ((svc.certfile, "--certfile"), (svc.keyfile, "--keyfile")):
             if path is not None and not Path(path).is_file():
                 raise cli.UserError(f"{flag} {path} is not a file")
@@ -198,6 +204,7 @@ def register(app: typer.Typer) -> None:
             heartbeat_interval=svc.heartbeat_interval,
             missed_heartbeats=svc.missed_heartbeats,
             aip_heartbeat_interval=aip_heartbeat_interval,
+            aip_parameters=device_parameters,
             reconnect_grace=svc.reconnect_grace,
             step_timeout=svc.step_timeout,
             max_frame_bytes=svc.max_frame_bytes,
@@ -208,7 +215,7 @@ def register(app: typer.Typer) -> None:
         try:
             AccessPolicy(service_config.devices, service_config.admins).check_principals(tokens)
         except ValueError as exc:
-            raise cli.UserError(escape(str(exc))) from None
+            raise cli.UserError(str(exc)) from None
         _setup_logging(level)
         runner = EngineTaskRunner(settings, owner=server_identity(svc.state_dir), default_step_timeout=svc.step_timeout)
         scheme = "https" if service_config.tls else "http"

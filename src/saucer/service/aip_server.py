@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -51,6 +53,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from saucer.dispatch.messages import Command
+from saucer.redaction import REDACTED, register_secret
 from saucer.service.aip import (
     LIST_TOOLS,
     SAUCER_METADATA_KEY,
@@ -91,7 +94,9 @@ __all__ = [
     "AipServerDialect",
     "InfoPush",
     "TaskEndNotice",
+    "AIP_PARAMETERS_ENV",
     "agent_name_for",
+    "aip_parameters",
     "discover_tools",
     "speaks_aip",
 ]
@@ -120,6 +125,35 @@ class TaskEndNotice:
     session_id: str | None
     status: str
     type: str = "task_end"
+
+
+AIP_PARAMETERS_ENV = "SAUCER_AIP_PARAMETERS"
+"""Environment variable of parameters the server adds to the actions it sends AIP devices (see :func:`aip_parameters`)."""
+
+
+def aip_parameters(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """Parameters to add to AIP devices' actions, from ``SAUCER_AIP_PARAMETERS``: ``{"DEVICE or *": {"NAME": "VALUE"}}``.
+
+    UFO's MCP servers may want a credential in every call (``api_key``); it
+    belongs to the device, not to a task (a task's secrets are stored as
+    ``***``). The server adds each one on the wire only, to actions whose
+    tool declares that parameter and does not give it (or gives ``***``);
+    the values are registered as secrets, so no log or record shows them.
+    Raise ValueError saying what is wrong with the variable.
+    """
+    raw = (os.environ if environ is None else environ).get(AIP_PARAMETERS_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"{AIP_PARAMETERS_ENV} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(params, dict) and all(isinstance(v, str) for v in params.values()) for params in data.values()
+    ):
+        raise ValueError(f'{AIP_PARAMETERS_ENV} must be {{"DEVICE_ID or *": {{"PARAMETER": "string value"}}}}')
+    register_secret(*(v for params in data.values() for v in params.values()))
+    return {str(device): {str(k): v for k, v in params.items()} for device, params in data.items()}
 
 
 def speaks_aip(data: bytes | str, max_bytes: int | None) -> bool:
@@ -151,12 +185,22 @@ class AipServerDialect:
 
     name = "aip"
 
-    def __init__(self, *, heartbeat_interval: float, session_of: Callable[[str], str | None]) -> None:
+    def __init__(
+        self,
+        *,
+        heartbeat_interval: float,
+        session_of: Callable[[str], str | None],
+        parameters: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self.heartbeat_interval = heartbeat_interval
         self.agent_name = "LinuxAgent"
         #: Namespaces of the device's tools (from ``list_tools``): ``shell.run`` goes out as ``run``.
         self.namespaces: set[str] = set()
+        #: The parameters each tool declares (from ``list_tools``), by its bare name.
+        self.tool_parameters: dict[str, set[str]] = {}
         self._session_of = session_of
+        self._all_parameters = parameters or {}
+        self._parameters: dict[str, str] = {}
 
     # ------------------------------------------------------------------ in
 
@@ -169,6 +213,7 @@ class AipServerDialect:
         try:
             if kind == "register":
                 self.agent_name = agent_name_for(metadata)
+                self._parameters = {**self._all_parameters.get("*", {}), **self._all_parameters.get(message.client_id or "", {})}
                 inflight = extension.get("inflight") if isinstance(extension.get("inflight"), list) else []
                 return RegisterFrame(
                     role="device" if message.client_type == "device" else "client",
@@ -253,7 +298,7 @@ class AipServerDialect:
                 agent_name=self.agent_name,
                 session_id=frame.session_id,
                 response_id=frame.response_id,
-                actions=[action_of(c, self.namespaces) for c in frame.commands],
+                actions=[self._with_device_parameters(action_of(c, self.namespaces)) for c in frame.commands],
                 timestamp=now,
             )
         if isinstance(frame, CancelFrame):
@@ -280,6 +325,14 @@ class AipServerDialect:
                 timestamp=now,
             )
         raise TypeError(f"no AIP form for a {type(frame).__name__}")
+
+
+    def _with_device_parameters(self, action: Any) -> Any:
+        declared = self.tool_parameters.get(action.tool_name, set())
+        missing = {k: v for k, v in self._parameters.items() if k in declared and (action.parameters or {}).get(k) in (None, REDACTED)}
+        if not missing or action.tool_name == LIST_TOOLS:
+            return action
+        return action.model_copy(update={"parameters": {**(action.parameters or {}), **missing}})
 
 
 async def discover_tools(hub: Any, device_id: str, connection: Any, timeout: float) -> dict[str, Any]:
@@ -311,4 +364,7 @@ async def discover_tools(hub: Any, device_id: str, connection: Any, timeout: flo
         dialect = getattr(connection, "dialect", None)
         if dialect is not None:
             dialect.namespaces = {str(t["server"]) for t in tools.values()}
+            dialect.tool_parameters = {
+                str(t["tool"]): set((t.get("input_schema") or {}).get("properties") or {}) for t in tools.values()
+            }
     return tools

@@ -242,9 +242,14 @@ class ServiceApi:
         """The frame ``data`` carries, in the connection's dialect (decided by its first message)."""
         limit = self.state.config.max_frame_bytes
         if connection.dialect is None and connection.role is None and speaks_aip(data, limit):
+            parameters = {
+                device: {name: secret.get_secret_value() for name, secret in params.items()}
+                for device, params in self.state.config.aip_parameters.items()
+            }
             connection.dialect = AipServerDialect(
                 heartbeat_interval=self.state.config.aip_heartbeat_interval,
                 session_of=self.state.hub.correlator.session_of,
+                parameters=parameters,
             )
         if connection.dialect is not None:
             return connection.dialect.decode(data, limit)

@@ -37,6 +37,9 @@ class ServiceConfig(BaseModel):
     aip_heartbeat_interval: float = Field(
         default=120.0, gt=0, description="seconds between the heartbeats of an AIP (UFO) device"
     )
+    aip_parameters: dict[str, dict[str, SecretStr]] = Field(
+        default_factory=dict, description="device id (or *) -> parameters added on the wire to its AIP actions"
+    )
     reconnect_grace: float = Field(default=0.0, ge=0, description="seconds pending commands wait for a lost device")
     step_timeout: float = Field(default=DEFAULT_STEP_TIMEOUT, gt=0, description="default seconds per command batch")
     cancel_timeout: float = Field(default=10.0, gt=0, description="seconds a cancel waits for the device's acknowledgement")
