@@ -316,9 +316,9 @@ class ServiceApi:
             hub.announce_online(frame.client_id)
             if connection.dialect is not None:
                 # AIP's devices heartbeat every 120 s (WebSocket pings find dead peers sooner), and list
-                # their tools only when asked.
+                # their tools only when asked (a UFO device may first start its MCP servers: a step's time).
                 connection.liveness_window = self.state.config.aip_liveness_window
-                hub.spawn(discover_tools(hub, frame.client_id, connection, self.state.config.register_timeout))
+                hub.spawn(discover_tools(hub, frame.client_id, connection, self.state.config.step_timeout))
 
     async def _task(self, connection: Connection, frame: TaskFrame) -> None:
         target = frame.target_device_id or (connection.client_id if connection.role == "device" else None)
