@@ -50,6 +50,9 @@ SERVE_HELP = "\n\n".join(
         "A device is usable by the token that registered it, by the principals it is shared with "
         "(\\[service.devices.NAME] principals = \\[...] in the config, or PUT /api/devices/ID/grants/PRINCIPAL by its "
         "owner) and by \\[service] admins; to everyone else it does not exist.",
+        "Devices speaking UFO's AIP (UFO's own client, or saucer device --protocol aip) join the same /ws with the "
+        "token as ?token=; SAUCER_AIP_PARAMETERS='{\"DEVICE or *\": {\"api_key\": \"...\"}}' adds credentials their "
+        "tools want to the commands they get, on the wire only.",
         "HTTP API (Authorization: Bearer TOKEN): GET /api/devices · POST /api/sessions "
         '{"device_id": ID, "task": {"task": NAME, "steps": \\[{"subtask": TEXT, "commands": \\[...]}]}} '
         "(no steps: the task is a request for the LLM agent) · GET /api/sessions/ID?wait=SECONDS · "
