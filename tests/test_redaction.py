@@ -95,3 +95,17 @@ def test_context_values_keep_what_only_looks_like_a_credential(tmp_path) -> None
     assert dict(again.vars) == looks_like
     again.close()
     store.close()
+
+
+def test_the_log_filter_takes_tokens_out_of_lines_and_urls() -> None:
+    import logging
+
+    from saucer.redaction import RedactingLogFilter, register_secret
+
+    register_secret("known-secret-token-42")
+    record = logging.LogRecord("x", logging.DEBUG, __file__, 1, "> GET %s HTTP/1.1 (%s)", ("/ws?token=anyone-s-token&x=1", "known-secret-token-42"), None)
+    assert RedactingLogFilter().filter(record) is True
+    assert record.getMessage() == "> GET /ws?token=***&x=1 HTTP/1.1 (***)"
+    plain = logging.LogRecord("x", logging.INFO, __file__, 1, "nothing %s", ("here",), None)
+    RedactingLogFilter().filter(plain)
+    assert (plain.msg, plain.args) == ("nothing %s", ("here",))  # untouched when there is nothing to hide

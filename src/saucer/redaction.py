@@ -30,12 +30,22 @@ This module imports nothing of saucer's, so every layer may use it.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
 from typing import Any, TypeVar
 
-__all__ = ["REDACTED", "SECRET_ENV_VARS", "register_secret", "redact", "redact_text", "redact_known", "redact_known_text"]
+__all__ = [
+    "REDACTED",
+    "SECRET_ENV_VARS",
+    "RedactingLogFilter",
+    "register_secret",
+    "redact",
+    "redact_text",
+    "redact_known",
+    "redact_known_text",
+]
 
 REDACTED = "***"
 """What a secret is replaced with."""
@@ -212,3 +222,24 @@ def _walk(value: Any, text: Any, by_key: bool) -> Any:
             return value
         return items if isinstance(value, list) else tuple(items)
     return value
+
+
+_QUERY_TOKEN = re.compile(r"(?i)([?&](?:token|api_key|access_token)=)[^&\s\"']+")
+
+
+class RedactingLogFilter(logging.Filter):
+    """A logging filter that rewrites each record's message through :func:`redact_text`.
+
+    Put on a handler (or a logger) it covers every line that goes through it,
+    a library's debug lines included: ``websockets`` logs a handshake's URL,
+    where an AIP client carries its token as ``?token=``, so a token in a
+    URL's query is replaced too, even one nobody registered (a wrong one).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Replace the secrets of ``record``'s message; never drop the record."""
+        message = record.getMessage()
+        cleaned = _QUERY_TOKEN.sub(r"\1" + REDACTED, redact_text(message))
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True

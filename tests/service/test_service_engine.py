@@ -152,6 +152,8 @@ def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(proce
         assert ctx.get(ContextNames.SESSION_STEP) == 2
         assert [s["subtask"] for s in ctx.get(ContextNames.PREVIOUS_SUBTASKS)] == ["write", "check"]
         assert "files.write" in ctx.get(ContextNames.TOOL_INFO)
+        [device_info] = ctx.get(ContextNames.DEVICE_INFO)  # what the device reported when it registered
+        assert (device_info["device_id"], device_info["protocol"]) == ("laptop", "saucer") and "hostname" in device_info
         assert [e.meta["session_status"] for e in store.read(sid)][-1] == "finished"
         assert list(store.read(failing))[-1].meta["session_status"] == "failed"
         assert list(store.read(request))[-1].meta["session_status"] == "error"

@@ -50,6 +50,9 @@ SERVE_HELP = "\n\n".join(
         "A device is usable by the token that registered it, by the principals it is shared with "
         "(\\[service.devices.NAME] principals = \\[...] in the config, or PUT /api/devices/ID/grants/PRINCIPAL by its "
         "owner) and by \\[service] admins; to everyone else it does not exist.",
+        "Devices speaking UFO's AIP (UFO's own client, or saucer device --protocol aip) join the same /ws with the "
+        "token as ?token=; SAUCER_AIP_PARAMETERS='{\"DEVICE or *\": {\"api_key\": \"...\"}}' adds credentials their "
+        "tools want to the commands they get, on the wire only.",
         "HTTP API (Authorization: Bearer TOKEN): GET /api/devices · POST /api/sessions "
         '{"device_id": ID, "task": {"task": NAME, "steps": \\[{"subtask": TEXT, "commands": \\[...]}]}} '
         "(no steps: the task is a request for the LLM agent) · GET /api/sessions/ID?wait=SECONDS · "
@@ -63,6 +66,10 @@ DEVICE_HELP = "\n\n".join(
         "files tools rooted at --workspace. Every command gets a result (a local error is a failure result). The "
         "device heartbeats, and reconnects with backoff when the connection drops, keeping its registration and "
         "the answers of commands in flight. Ctrl-C stops it.",
+        "--protocol aip joins a server that speaks UFO's AIP instead (UFO's own server, or saucer serve): the token "
+        "goes in the URL's query (?token=), the device registers with its system info, heartbeats every "
+        "--heartbeat-interval seconds (120, as UFO's client) and answers list_tools and every command, a command for "
+        "an --agent-name it does not serve or a tool it does not have included (with an error, never silence).",
     ]
 )
 
@@ -86,7 +93,13 @@ def _log_level(value: str) -> str:
 
 def _setup_logging(level: str) -> None:
     import logging
+
+    from saucer.redaction import RedactingLogFilter
+
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # every line, a library's debug output included, without secrets
+        if not any(isinstance(f, RedactingLogFilter) for f in handler.filters):
+            handler.addFilter(RedactingLogFilter())
 
 
 def _compact_tools(tools: dict[str, Any]) -> dict[str, Any] | None:
@@ -126,6 +139,10 @@ def register(app: typer.Typer) -> None:
         ),
         missed_heartbeats: Optional[int] = typer.Option(
             None, "--missed-heartbeats", min=1, help="Heartbeats a device may miss before it is offline and its commands fail. Default: 3."
+        ),
+        aip_heartbeat_interval: float = typer.Option(
+            120.0, "--aip-heartbeat-interval", min=0.01,
+            help="Seconds between the heartbeats of a device speaking UFO's AIP (UFO's client: 120); its WebSocket pings count too.",
         ),
         reconnect_grace: Optional[float] = typer.Option(
             None, "--reconnect-grace", min=0, help="Seconds a command waits for its device to reconnect before it fails. Default: 0."
@@ -168,6 +185,12 @@ def register(app: typer.Typer) -> None:
         if not tokens:
             raise cli.UserError(NO_TOKEN_MESSAGE)
         TokenAuthenticator(tokens)  # too-short tokens are refused before anything starts
+        from saucer.service.aip_server import aip_parameters
+
+        try:
+            device_parameters = aip_parameters()
+        except ValueError as exc:
+            raise cli.UserError(str(exc)) from None
         for path, flag in ((svc.certfile, "--certfile"), (svc.keyfile, "--keyfile")):
             if path is not None and not Path(path).is_file():
                 raise cli.UserError(f"{flag} {path} is not a file")
@@ -183,6 +206,8 @@ def register(app: typer.Typer) -> None:
             store_url=settings.store.url,
             heartbeat_interval=svc.heartbeat_interval,
             missed_heartbeats=svc.missed_heartbeats,
+            aip_heartbeat_interval=aip_heartbeat_interval,
+            aip_parameters=device_parameters,
             reconnect_grace=svc.reconnect_grace,
             step_timeout=svc.step_timeout,
             max_frame_bytes=svc.max_frame_bytes,
@@ -247,6 +272,14 @@ def register(app: typer.Typer) -> None:
         backoff_initial: float = typer.Option(0.5, "--backoff-initial", min=0.01, help="First wait (seconds) before reconnecting."),
         backoff_max: float = typer.Option(30.0, "--backoff-max", min=0.01, help="Longest wait (seconds) between reconnection attempts."),
         log_level: str = typer.Option("info", "--log-level", help="critical, error, warning, info or debug."),
+        protocol: str = typer.Option("saucer", "--protocol", help="saucer (saucer serve's own frames) or aip (UFO's protocol)."),
+        agent_name: Optional[list[str]] = typer.Option(
+            None, "--agent-name", help="With --protocol aip: an agent_name this device serves (repeatable). Default: LinuxAgent, HostAgent, AppAgent."
+        ),
+        device_platform: str = typer.Option("linux", "--platform", help="With --protocol aip: the platform it registers with (sets the server's agent_name)."),
+        heartbeat_interval: float = typer.Option(
+            120.0, "--heartbeat-interval", min=0.05, help="With --protocol aip: seconds between heartbeats (WebSocket pings go every 20 s)."
+        ),
         config: Optional[Path] = cli.ConfigOption,
     ) -> None:
         """Run this machine as a device (see DEVICE_HELP)."""
@@ -258,6 +291,9 @@ def register(app: typer.Typer) -> None:
             raise cli.UserError(f"saucer device needs the server's token: set {DEVICE_TOKEN_ENV}=TOKEN (or pass --token TOKEN)")
         if backoff_max < backoff_initial:
             raise cli.UserError("--backoff-max must be at least --backoff-initial")
+        if protocol not in ("saucer", "aip"):
+            raise cli.UserError(f"--protocol must be saucer or aip, not {protocol!r}")
+        aip = {"agent_names": tuple(agent_name or ()), "platform": device_platform, "heartbeat_interval": heartbeat_interval}
         context: ssl.SSLContext | None = None
         if cafile is not None:
             if not cafile.is_file():
@@ -282,6 +318,7 @@ def register(app: typer.Typer) -> None:
                     assume_yes=yes,
                     ssl_context=context,
                     backoff=(backoff_initial, backoff_max),
+                    aip=aip if protocol == "aip" else None,
                 )
             )
         except DeviceError as exc:
@@ -299,6 +336,7 @@ async def _run_device(
     assume_yes: bool,
     ssl_context: ssl.SSLContext | None,
     backoff: tuple[float, float],
+    aip: dict[str, Any] | None = None,
 ) -> None:
     from saucer.dispatch.local import LocalCommandDispatcher
     from saucer.dispatch.servers import DesktopServer, configured_servers
@@ -329,10 +367,29 @@ async def _run_device(
         else:
             cli.err.print("warning: the tool list is too large to send; LLM sessions on this device will see no tools")
         cli.err.print(
-            f"saucer device {device_id} → {url} · tools: {', '.join(sorted(tools)) or 'none'}"
+            f"saucer device {device_id} → {url}{' (AIP)' if aip is not None else ''} · tools: {', '.join(sorted(tools)) or 'none'}"
             + (f" · workspace: {info['workspace']}" if "workspace" in info else ""),
             highlight=False,
         )
+        if aip is not None:
+            from saucer.service.aip_device import DEFAULT_AGENT_NAMES, AipDeviceClient
+
+            await AipDeviceClient(
+                url,
+                token,
+                device_id,
+                dispatcher,
+                tools=tools,
+                info={k: v for k, v in info.items() if k != "tools"},
+                agent_names=aip["agent_names"] or DEFAULT_AGENT_NAMES,
+                platform=aip["platform"],
+                heartbeat_interval=aip["heartbeat_interval"],
+                backoff_initial=backoff[0],
+                backoff_max=backoff[1],
+                ssl=ssl_context,
+                stop=stop,
+            ).run()
+            return
         client = DeviceClient(
             url,
             token,

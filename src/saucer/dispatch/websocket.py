@@ -114,6 +114,11 @@ class CommandCorrelator:
         self._pending[batch.response_id] = batch
         return batch
 
+    def session_of(self, response_id: str) -> str | None:
+        """The session of the pending batch ``response_id``, if there is one."""
+        batch = self._pending.get(response_id)
+        return None if batch is None else batch.session_id
+
     def pending_for(self, device_id: str) -> list[PendingBatch]:
         """The device's unanswered batches."""
         return [b for b in self._pending.values() if b.device_id == device_id]

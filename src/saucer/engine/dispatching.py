@@ -71,6 +71,22 @@ class DispatcherHolder:
                 out[str(name)] = data
         return out
 
+    async def device_info(self, session_id: str) -> list[dict[str, Any]]:
+        """What the dispatcher's device(s) reported about themselves (``device_info()``), as JSON data; [] if nothing."""
+        fn = getattr(self.dispatcher, "device_info", None)
+        if fn is None:
+            return []
+        try:
+            info = fn()
+            if inspect.isawaitable(info):
+                info = await info
+        except Exception as exc:  # noqa: BLE001 - a session can run without it
+            _log.warning("session %s: could not read the device's info: %s", session_id, exc)
+            return []
+        if isinstance(info, Mapping):
+            info = [info]
+        return [_jsonable(entry) for entry in info or [] if isinstance(entry, Mapping)]
+
     async def close(self, session_id: str) -> None:
         """Exit a dispatcher the session made (a warning, never an error, when that fails)."""
         if self._entered is not None:

@@ -499,6 +499,9 @@ class Session(ResumableSession, SessionOutcome):
             ctx.set(ContextNames.LOG_PATH, str(self.logs.path))
         if tool_info:
             ctx.set(ContextNames.TOOL_INFO, tool_info)
+        device_info = await self._dispatcher.device_info(sid)
+        if device_info and device_info != ctx.get(ContextNames.DEVICE_INFO):
+            ctx.set(ContextNames.DEVICE_INFO, device_info)
         await ctx.acommit_step(author="system", meta=self._start_meta(point, continued))
         for hook in self._start_hooks:
             hook(self)

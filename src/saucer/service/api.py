@@ -16,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 
+from saucer.service.aip_server import AipServerDialect, InfoPush, TaskEndNotice, discover_tools, speaks_aip
+from saucer.service.auth import query_token
 from saucer.service.device_api import unknown_device_message
 from saucer.service.http import error_response as _error
 from saucer.service.http import float_param as _float_param
@@ -192,7 +194,9 @@ class ServiceApi:
     async def websocket(self, websocket: WebSocket) -> None:
         """One device or client connection: authenticate, register, then serve frames until it goes."""
         config = self.state.config
-        principal = self.state.auth.from_header(websocket.headers.get("authorization"))
+        auth = self.state.auth
+        # UFO's clients cannot set a header: they send the token as ?token= (taken out of the logged URL).
+        principal = auth.from_header(websocket.headers.get("authorization")) or auth.principal(query_token(websocket.scope))
         if principal is None:
             # Refused at the handshake with a readable body, before any frame is accepted.
             _handshake_refused.set(True)
@@ -222,7 +226,7 @@ class ServiceApi:
                 # Any frame, even a bad one, proves the peer is alive.
                 self.state.hub.touch(connection)
                 try:
-                    await self._handle(connection, parse_frame(data, max_bytes=config.max_frame_bytes))
+                    await self._handle(connection, self._decode(connection, data))
                 except ProtocolError as exc:
                     await connection.send_error(exc.code, exc.message, exc.ref)
                     if exc.code == ErrorCode.DEVICE_OWNED:
@@ -234,8 +238,31 @@ class ServiceApi:
         finally:
             self.state.hub.disconnected(connection, reason)
 
+    def _decode(self, connection: Connection, data: bytes | str) -> Any:
+        """The frame ``data`` carries, in the connection's dialect (decided by its first message)."""
+        limit = self.state.config.max_frame_bytes
+        if connection.dialect is None and connection.role is None and speaks_aip(data, limit):
+            parameters = {
+                device: {name: secret.get_secret_value() for name, secret in params.items()}
+                for device, params in self.state.config.aip_parameters.items()
+            }
+            connection.dialect = AipServerDialect(
+                heartbeat_interval=self.state.config.aip_heartbeat_interval,
+                session_of=self.state.hub.correlator.session_of,
+                parameters=parameters,
+            )
+        if connection.dialect is not None:
+            return connection.dialect.decode(data, limit)
+        return parse_frame(data, max_bytes=limit)
+
     async def _handle(self, connection: Connection, frame: Any) -> None:
         hub = self.state.hub
+        if isinstance(frame, InfoPush) and connection.role is not None:
+            hub.update_info(connection, frame.info)
+            return
+        if isinstance(frame, TaskEndNotice) and connection.role is not None:
+            _log.debug("%s %s: task_end %s for session %s", connection.role, connection.client_id, frame.status, frame.session_id)
+            return
         if isinstance(frame, RegisterFrame):
             await self._register(connection, frame)
             return
@@ -287,6 +314,11 @@ class ServiceApi:
         if frame.role == "device":
             # Only after "registered" is out: resumed sessions may send commands right away.
             hub.announce_online(frame.client_id)
+            if connection.dialect is not None:
+                # AIP's devices heartbeat every 120 s (WebSocket pings find dead peers sooner), and list
+                # their tools only when asked (a UFO device may first start its MCP servers: a step's time).
+                connection.liveness_window = self.state.config.aip_liveness_window
+                hub.spawn(discover_tools(hub, frame.client_id, connection, self.state.config.step_timeout))
 
     async def _task(self, connection: Connection, frame: TaskFrame) -> None:
         target = frame.target_device_id or (connection.client_id if connection.role == "device" else None)

@@ -15,6 +15,8 @@ import hmac
 import os
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from saucer.redaction import register_secret
 
@@ -124,3 +126,47 @@ class TokenAuthenticator:
         if scheme.lower() != "bearer":
             return None
         return self.principal(token.strip())
+
+
+QUERY_TOKEN_PARAMS = ("token", "api_key", "access_token")
+"""Query parameters that carry a token (UFO's clients send ``?token=``); never left in a logged URL."""
+
+_SCOPE_TOKEN = "saucer.query_token"
+
+
+class QueryTokenMiddleware:
+    """ASGI middleware: takes a token out of the query string before anything can log it.
+
+    The token moves from ``scope["query_string"]`` (rewritten in place, with
+    ``***`` as the value, so the access log line of uvicorn, which reads the
+    same scope, shows no secret) to ``scope["saucer.query_token"]``, where
+    :func:`query_token` finds it.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Redact, then hand the request to the app."""
+        if scope.get("type") in ("http", "websocket"):
+            redact_query(scope)
+        await self.app(scope, receive, send)
+
+
+def redact_query(scope: dict[str, Any]) -> None:
+    """Move a token found in ``scope``'s query string to ``scope["saucer.query_token"]`` (in place)."""
+    raw = scope.get("query_string") or b""
+    if not raw or not any(name.encode() + b"=" in raw for name in QUERY_TOKEN_PARAMS):
+        return
+    pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True)
+    for name, value in pairs:
+        if name in QUERY_TOKEN_PARAMS and value and _SCOPE_TOKEN not in scope:
+            scope[_SCOPE_TOKEN] = value
+    kept = [(name, "***" if name in QUERY_TOKEN_PARAMS else value) for name, value in pairs]
+    scope["query_string"] = urlencode(kept, safe="*").encode("latin-1")
+
+
+def query_token(scope: Mapping[str, Any]) -> str | None:
+    """The token a request carried in its query string (see :class:`QueryTokenMiddleware`), or None."""
+    value = scope.get(_SCOPE_TOKEN)
+    return value if isinstance(value, str) else None

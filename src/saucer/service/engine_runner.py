@@ -166,13 +166,22 @@ class _SessionDispatcher:
             timeout = (plan_step.timeout if plan_step is not None else None) or self.task.timeout or self.default_timeout
         return await self.inner.execute_commands(commands, timeout)
 
-    def list_tools(self) -> dict[str, Any]:
-        """The tools the device listed when it registered (``info["tools"]``); what LLM agents may call."""
+    def _device(self) -> Any:
         link = getattr(self.inner, "link", None)
         device_id = getattr(self.inner, "device_id", None)
-        device = link.get(device_id) if link is not None and device_id is not None and hasattr(link, "get") else None
+        return link.get(device_id) if link is not None and device_id is not None and hasattr(link, "get") else None
+
+    def list_tools(self) -> dict[str, Any]:
+        """The tools the device listed when it registered (``info["tools"]``); what LLM agents may call."""
+        device = self._device()
         tools = (getattr(device, "info", None) or {}).get("tools") if device is not None else None
         return dict(tools) if isinstance(tools, dict) else {}
+
+    def device_info(self) -> list[dict[str, Any]]:
+        """The session's ``DEVICE_INFO``: what its device reported when it registered (AIP: its ``metadata``)."""
+        device = self._device()
+        describe = getattr(device, "device_info", None)
+        return [describe()] if callable(describe) else []
 
 
 class _StepProjection:

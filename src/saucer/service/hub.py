@@ -11,7 +11,10 @@ decided by :mod:`saucer.service.access` (:meth:`DeviceHub.visible`).
 A device that sends nothing (heartbeats included) for ``heartbeat_interval *
 missed_heartbeats`` seconds is marked offline, its connection is closed and
 its pending commands fail at once (or after the dispatchers' reconnect grace).
-A disconnect has the same effect immediately.
+A disconnect has the same effect immediately. A device speaking AIP (UFO's
+protocol, which heartbeats every 120 s) has its own window,
+``aip_heartbeat_interval * missed_heartbeats``, and a WebSocket ping or pong
+from it counts as a sign of life as much as a frame.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ _log = logging.getLogger("saucer.service.hub")
 
 _connection_ids = itertools.count(1)
 
+TRANSPORT_ALIVE_KEY = "saucer.transport_alive_at"
+"""Key of a connection's ASGI scope where the server notes (loop time) the last WebSocket ping or pong it got."""
+
 
 class Connection:
     """One accepted WebSocket, with the principal that opened it and, once registered, its role and id."""
@@ -56,7 +62,22 @@ class Connection:
         self.role: Literal["device", "client"] | None = None
         self.client_id: str | None = None
         self.closed = False
+        #: How this connection's frames are written and read when it does not speak saucer's protocol
+        #: (an :class:`~saucer.service.aip_server.AipServerDialect`); None for saucer's own frames.
+        self.dialect: Any = None
+        #: Seconds of silence after which this connection's device is offline; None: the hub's window.
+        self.liveness_window: float | None = None
         self._send_timeout = send_timeout
+
+    def transport_alive_at(self) -> float:
+        """Loop time of the last WebSocket ping or pong from this peer (0 if none was noted)."""
+        value = self.websocket.scope.get(TRANSPORT_ALIVE_KEY)
+        return float(value) if isinstance(value, (int, float)) else 0.0
+
+    @property
+    def protocol(self) -> str:
+        """``saucer`` or the name of the connection's dialect (``aip``)."""
+        return "saucer" if self.dialect is None else str(self.dialect.name)
 
     async def send(self, frame: BaseModel) -> None:
         """Send one frame; raise :class:`DeviceUnavailable` if the connection is gone or stuck."""
@@ -66,7 +87,8 @@ class Connection:
             # Each ASGI send writes a whole frame with no await in between, so
             # concurrent senders never interleave and no lock is needed; the
             # timeout bounds a peer that stopped reading.
-            await asyncio.wait_for(self.websocket.send_text(encode_frame(frame)), self._send_timeout)
+            text = encode_frame(frame) if self.dialect is None else self.dialect.encode(frame)
+            await asyncio.wait_for(self.websocket.send_text(text), self._send_timeout)
         except Exception as exc:  # timeout, starlette's RuntimeError after close, uvicorn's ClientDisconnected
             raise DeviceUnavailable(f"connection {self.id}: {type(exc).__name__}: {exc}") from None
 
@@ -98,6 +120,7 @@ class DeviceState:
     offline_reason: str | None = None
     online_event: asyncio.Event = field(default_factory=asyncio.Event)
     grants: set[str] = field(default_factory=set)
+    protocol: str = "saucer"
 
     @property
     def online(self) -> bool:
@@ -113,8 +136,14 @@ class DeviceState:
             "registered_at": self.registered_at,
             "last_seen_at": self.last_seen_at,
             "offline_reason": None if self.online else self.offline_reason,
+            "protocol": self.protocol,
             "info": self.info,
         }
+
+    def device_info(self) -> dict[str, Any]:
+        """What the device reported about itself (its tool table left out), for a session's ``DEVICE_INFO``."""
+        reported = {k: v for k, v in self.info.items() if k != "tools"}
+        return {"device_id": self.device_id, "protocol": self.protocol, **reported}
 
 
 class DeviceHub:
@@ -212,6 +241,7 @@ class DeviceHub:
         connection.role, connection.client_id = "device", device_id
         state.connection = connection
         state.info = info
+        state.protocol = connection.protocol
         state.registered_at = state.last_seen_at = now()
         state.last_seen = asyncio.get_running_loop().time()
         state.offline_reason = None
@@ -286,11 +316,24 @@ class DeviceHub:
         if not waiter.done():
             waiter.set_result(frame.info)
 
+    def update_info(self, connection: Connection, info: dict[str, Any]) -> None:
+        """A device sent its description unasked (AIP's push): it replaces what it registered with."""
+        state = self._devices.get(connection.client_id or "")
+        if connection.role == "device" and state is not None and state.connection is connection:
+            tools = state.info.get("tools")
+            state.info = {**info, **({"tools": tools} if tools is not None and "tools" not in info else {})}
+
     async def request_info(self, device_id: str, timeout: float) -> dict[str, Any]:
-        """Ask a live device for its description; raise :class:`DeviceUnavailable` or TimeoutError."""
+        """Ask a live device for its description; raise :class:`DeviceUnavailable` or TimeoutError.
+
+        An AIP device pushes its description when it registers (and whenever
+        it changes) rather than being asked, so its latest one is the answer.
+        """
         state = self._devices.get(device_id)
         if state is None or state.connection is None:
             raise DeviceUnavailable(f"device {device_id!r} is offline")
+        if state.connection.dialect is not None:
+            return state.info
         request_id = uuid.uuid4().hex
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._info_waiters[request_id] = waiter
@@ -308,14 +351,17 @@ class DeviceHub:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(period)
-            deadline = loop.time() - self.liveness_window
             for state in list(self._devices.values()):
                 connection = state.connection
-                if connection is not None and state.last_seen < deadline:
-                    reason = (
-                        f"missed {self.missed_heartbeats} heartbeats "
-                        f"({self.liveness_window:g} s without a frame)"
-                    )
+                if connection is None:
+                    continue
+                window = connection.liveness_window or self.liveness_window
+                last = state.last_seen
+                if connection.dialect is not None:
+                    # AIP devices heartbeat rarely: a WebSocket ping or pong from them counts too.
+                    last = max(last, connection.transport_alive_at())
+                if last < loop.time() - window:
+                    reason = f"missed {self.missed_heartbeats} heartbeats ({window:g} s without a frame)"
                     self._mark_offline(state, reason)
                     self._spawn(self._close_dead(connection, reason))
 
@@ -332,6 +378,10 @@ class DeviceHub:
                 await connection.close(code, reason)
         for task in list(self._background):
             task.cancel()
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` in the background until it ends or the hub closes (a failure is logged)."""
+        self._spawn(coro)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)

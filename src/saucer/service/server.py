@@ -45,14 +45,17 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route, WebSocketRoute
 
 from saucer.service.access import AccessPolicy
 from saucer.service.api import ServiceApi, quiet_refused_handshakes
-from saucer.service.auth import TokenAuthenticator
+from saucer.redaction import RedactingLogFilter
+from saucer.service.auth import QueryTokenMiddleware, TokenAuthenticator
 from saucer.service.device_api import DeviceRoutes
-from saucer.service.hub import DeviceHub
+from saucer.service.hub import TRANSPORT_ALIVE_KEY, DeviceHub
 from saucer.service.records import MemorySessionRecordStore, SessionRecordStore, SqliteSessionRecordStore
 from saucer.service.runner import TaskRunner
 from saucer.service.sessions import ServiceSession, ServiceState, SessionManager
@@ -89,6 +92,7 @@ def create_app(
     """
     auth = TokenAuthenticator({name: secret.get_secret_value() for name, secret in config.tokens.items()})
     quiet_refused_handshakes()
+    redact_server_logs()
     policy = AccessPolicy(config.devices, config.admins)
     policy.check_principals(config.tokens)
     owns_store = store is None
@@ -145,9 +149,41 @@ def create_app(
             *viewer_mount(runner, store, hub, auth),  # the web viewer at /ui (saucer.service.viewer)
         ],
         lifespan=lifespan,
+        # A token in the query (?token=, as UFO's clients send it) leaves the URL before uvicorn logs it.
+        middleware=[Middleware(QueryTokenMiddleware)],
     )
     app.state.service = state
     return app
+
+
+def redact_server_logs() -> None:
+    """Keep secrets out of uvicorn's logs, access log included (the query string is already redacted)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactingLogFilter) for f in logger.filters):
+            logger.addFilter(RedactingLogFilter())
+
+
+class _LivenessWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, noting in the connection's scope when a ping or a pong arrives.
+
+    A device speaking AIP heartbeats only every 120 s but answers pings (and
+    UFO's client sends its own every 20 s): for such a connection these count
+    as signs of life (:meth:`saucer.service.hub.Connection.transport_alive_at`).
+    """
+
+    def handle_ping(self) -> None:
+        self._alive()
+        super().handle_ping()
+
+    def handle_pong(self, event: Any) -> None:
+        self._alive()
+        super().handle_pong(event)
+
+    def _alive(self) -> None:
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope[TRANSPORT_ALIVE_KEY] = self.loop.time()  # type: ignore[literal-required]
 
 
 def _uvicorn_config(app: Starlette, config: ServiceConfig, **overrides: Any) -> uvicorn.Config:
@@ -163,6 +199,7 @@ def _uvicorn_config(app: Starlette, config: ServiceConfig, **overrides: Any) -> 
         ws_ping_interval=config.heartbeat_interval,
         ws_ping_timeout=config.heartbeat_interval * (config.missed_heartbeats + 1),
         ws_per_message_deflate=config.compression,
+        ws=_LivenessWebSocketProtocol,
         log_level=config.log_level,
         lifespan="on",
         timeout_graceful_shutdown=5,

@@ -34,6 +34,12 @@ class ServiceConfig(BaseModel):
     )
     heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds between device heartbeats")
     missed_heartbeats: int = Field(default=3, ge=1, description="silent intervals before a device is offline")
+    aip_heartbeat_interval: float = Field(
+        default=120.0, gt=0, description="seconds between the heartbeats of an AIP (UFO) device"
+    )
+    aip_parameters: dict[str, dict[str, SecretStr]] = Field(
+        default_factory=dict, description="device id (or *) -> parameters added on the wire to its AIP actions"
+    )
     reconnect_grace: float = Field(default=0.0, ge=0, description="seconds pending commands wait for a lost device")
     step_timeout: float = Field(default=DEFAULT_STEP_TIMEOUT, gt=0, description="default seconds per command batch")
     cancel_timeout: float = Field(default=10.0, gt=0, description="seconds a cancel waits for the device's acknowledgement")
@@ -57,6 +63,11 @@ class ServiceConfig(BaseModel):
         if not settings.get("tokens"):
             settings["tokens"] = tokens_from_env()
         return cls(**settings)
+
+    @property
+    def aip_liveness_window(self) -> float:
+        """Seconds of silence after which an AIP device is offline (never shorter than saucer's own window)."""
+        return max(self.aip_heartbeat_interval, self.heartbeat_interval) * self.missed_heartbeats
 
     @property
     def event_store_url(self) -> str:
