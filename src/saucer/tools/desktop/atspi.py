@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -42,6 +43,8 @@ __all__ = [
     "DETAILS",
     "short_interface",
 ]
+
+logger = logging.getLogger("saucer.tools.desktop")
 
 #: An accessible object: (bus name of its application, object path).
 Ref = tuple[str, str]
@@ -127,19 +130,33 @@ def pair(value: Any) -> tuple[Any, Any] | None:
     return (value[0], value[1]) if isinstance(value, (list, tuple)) and len(value) == 2 else None
 
 
-async def find_bus_address(x_property: Callable[[], Awaitable[str | None]] | None, timeout: float) -> str:
-    """The accessibility bus address (see the module docstring); ``x_property`` reads the X root property."""
+async def find_bus_address(x_property: Callable[[], Awaitable[str | None]] | None, timeout: float,
+                           stale: list[str] | None = None) -> str:
+    """The accessibility bus address (see the module docstring); ``x_property`` reads the X root property.
+
+    An ``AT_SPI_BUS`` property whose bus does not answer is skipped (and appended to ``stale``)."""
     explicit = os.environ.get("AT_SPI_BUS_ADDRESS")
     if explicit:
         return explicit
     if x_property is not None:
+        found = None
         with contextlib.suppress(DesktopError):
             found = await x_property()
-            if found:
+        if found:
+            try:
+                probe = await _open(found, timeout)
+            except DesktopError as exc:
+                # Left by an accessibility bus that is gone (a killed session): the session bus knows the live one.
+                logger.warning("desktop: the X root window's AT_SPI_BUS (%s) is stale (%s); asking the session bus", found, exc)
+                if stale is not None:
+                    stale.append(found)
+            else:
+                probe.disconnect()
                 return found
     session = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
     if not session:
-        raise _no_bus("DBUS_SESSION_BUS_ADDRESS is not set and no AT_SPI_BUS address was found")
+        why = f"the X root window's AT_SPI_BUS ({stale[-1]}) is stale" if stale else "no AT_SPI_BUS address was found"
+        raise _no_bus(f"DBUS_SESSION_BUS_ADDRESS is not set and {why}")
     try:
         bus = await _open(session, timeout)
     except DesktopError as exc:

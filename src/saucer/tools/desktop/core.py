@@ -23,6 +23,7 @@ from typing import Any, Callable, TypeVar
 
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.apps import Launcher, descendants, split_command
+from saucer.tools.desktop.programs import close_programs, launched_windows, program_names
 from saucer.tools.desktop.artifacts import Artifacts
 from saucer.tools.desktop.atspi import ACCESSIBLE, ACTION, APP_ROOT_PATH, COMPONENT, NULL_PATH, AtspiBus, NodeInfo
 from saucer.tools.desktop.atspi import DETAILS, find_bus_address, pair, read_details, read_node
@@ -99,6 +100,8 @@ class Desktop:
         self._bus: AtspiBus | None = None
         self.artifacts = Artifacts(options.artifacts)
         self._lock = asyncio.Lock()
+        #: The X root window's ``AT_SPI_BUS`` when it named a bus that is gone (programs are then told the live one).
+        self.stale_bus_property: str | None = None
 
     # -- connections ------------------------------------------------------------------------------
     async def _xcall(self, fn: Callable[[X11], T]) -> T:
@@ -124,20 +127,32 @@ class Desktop:
         if self._bus is None:
             timeout = self.options.call_timeout
             display = self.options.display or os.environ.get("DISPLAY")
-            address = await find_bus_address(self._x_bus_property if display else None, timeout)
+            stale: list[str] = []
+            address = await find_bus_address(self._x_bus_property if display else None, timeout, stale)
             self._bus = await AtspiBus.connect(address, timeout)
+            self.stale_bus_property = stale[-1] if stale else None
         return self._bus
+
+    async def _bus_for_programs(self, env: dict[str, str]) -> None:
+        """Point a program at the live accessibility bus when the X root window names a stale one (a toolkit
+        reads that property before it asks the session bus, and would stay off the bus)."""
+        if env.get("AT_SPI_BUS_ADDRESS") or env.get("NO_AT_BRIDGE") == "1":
+            return
+        with contextlib.suppress(DesktopError):
+            bus = await self._atspi()
+            if self.stale_bus_property is not None:
+                env["AT_SPI_BUS_ADDRESS"] = bus.address
 
     async def aclose(self) -> None:
         """Close the connections and stop the programs ``launch`` started (unless ``keep_apps``)."""
+        if not self.options.keep_apps:
+            await asyncio.to_thread(self.stop_programs)
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
         if self._x is not None:
             self._x.close()
             self._x = None
-        if not self.options.keep_apps:
-            await asyncio.to_thread(self.launcher.stop_all)
 
     # -- applications and windows -----------------------------------------------------------------
     async def _apps(self) -> list[App]:
@@ -426,26 +441,38 @@ class Desktop:
         # Qt exposes its accessibility tree only when asked.
         child_env.setdefault("QT_ACCESSIBILITY", "1")
         child_env.update(env or {})
+        # A program told to stay off the accessibility bus never appears there: its X11 window is all there is.
+        grace = 0.0 if child_env.get("NO_AT_BRIDGE") == "1" else _X11_ONLY_GRACE
         async with self._lock:
             if not child_env.get("DISPLAY"):
                 await self._xcall(lambda d: None)  # raises the no-display error with its advice
+            await self._bus_for_programs(child_env)
+            before: set[int] = set()
+            with contextlib.suppress(DesktopError):
+                before = {w.id for w in await self._xcall(lambda d: d.windows())}
             log, _ = self.artifacts.path(None, f"launch-{Path(argv[0]).name}", ".log")
             proc = await asyncio.to_thread(self.launcher.start, argv, cwd=Path.cwd(), env=child_env, log=log)
             result = LaunchResult(pid=proc.pid, command=argv, running=True, ready=False, log=str(log))
             deadline = time.monotonic() + wait
             x_only_since: float | None = None
+            mine: list[XWindow] = []
             while True:
-                found = await self._look_for_windows(result)
+                found, mine = await self._look_for_windows(result, before, program_names(argv))
                 if found == "x11":
                     # A window that X11 knows of, but no accessible application (yet): give the
                     # toolkit a moment to register on the bus before calling it ready.
                     now = time.monotonic()
                     x_only_since = x_only_since or now
-                    result.ready = now - x_only_since >= _X11_ONLY_GRACE or now >= deadline
+                    result.ready = now - x_only_since >= grace or now >= deadline
                 code = proc.poll()
                 if result.ready or code is not None or time.monotonic() >= deadline:
                     break
                 await asyncio.sleep(_POLL)
+            self.launcher.windows.update(w.id for w in mine)
+            if result.ready and mine and not any(w.focused for w in mine):
+                # What a window manager does with a new window; a bare X server leaves the keyboard elsewhere.
+                with contextlib.suppress(DesktopError):
+                    await self._xcall(lambda d: d.focus(mine[-1]))
             if code is not None:
                 result.running, result.exit_code = False, code
                 tail = self.launcher.log_tail(log)
@@ -458,26 +485,33 @@ class Desktop:
                 result.note = f"no window of the program appeared within {wait:g} s"
             elif x_only_since is not None and result.app is None:
                 result.note = ("its window is shown, but the program is not on the accessibility bus (its toolkit may "
-                               "not support AT-SPI): use screenshots, clicks at x, y and keys")
+                               "not support AT-SPI, or NO_AT_BRIDGE=1 is set): use screenshots, clicks at x, y and keys")
             return result
 
-    async def _look_for_windows(self, result: LaunchResult) -> str | None:
-        """Fill in the program's application and windows: 'atspi' when it has an accessible window, 'x11' when only X11 shows one."""
+    async def _look_for_windows(self, result: LaunchResult, before: set[int], names: set[str]) -> tuple[str | None, list[XWindow]]:
+        """Fill in the program's application and windows: 'atspi' when it has an accessible window, 'x11' when
+        only X11 shows one (see :func:`~saucer.tools.desktop.programs.launched_windows`); and its X11 windows."""
         pids = await asyncio.to_thread(descendants, result.pid)
+        mine: list[XWindow] = []
+        with contextlib.suppress(DesktopError):
+            mine = launched_windows(await self._xcall(lambda d: d.windows()), pids, before, names)
+        owners = pids | {w.pid for w in mine if w.pid is not None}
         with contextlib.suppress(DesktopError):
             for app in await self._apps():
-                if app.pid in pids:
+                if app.pid in owners:
                     result.app = app.name
                     titles = [w.name for w in app.windows if "showing" in w.states]
                     if titles:
                         result.windows, result.ready = titles, True
-                        return "atspi"
-        with contextlib.suppress(DesktopError):
-            titles = [w.title for w in await self._xcall(lambda d: d.windows()) if w.pid in pids]
-            if titles:
-                result.windows = titles
-                return "x11"
-        return None
+                        return "atspi", mine
+        if mine:
+            result.windows = [w.title for w in mine]
+            return "x11", mine
+        return None, mine
+
+    def stop_programs(self) -> None:
+        """Close the programs ``launch`` started like a user (blocking; see :func:`~saucer.tools.desktop.programs.close_programs`)."""
+        close_programs(self.launcher, self.options.display)
 
 
 def _png(image: Any) -> bytes:

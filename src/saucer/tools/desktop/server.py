@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_stdio(lambda: build_server(desktop), "saucer-desktop")
     finally:
         if not desktop.options.keep_apps:
-            desktop.launcher.stop_all()
+            desktop.stop_programs()
 
 
 if __name__ == "__main__":
