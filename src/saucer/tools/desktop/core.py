@@ -23,6 +23,7 @@ from typing import Any, Callable, TypeVar
 
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.apps import Launcher, descendants, split_command
+from saucer.tools.desktop.locator import Locator, describe, same_path, selector_name
 from saucer.tools.desktop.programs import close_programs, launched_windows, program_names
 from saucer.tools.desktop.artifacts import Artifacts
 from saucer.tools.desktop.atspi import ACCESSIBLE, ACTION, APP_ROOT_PATH, COMPONENT, NULL_PATH, AtspiBus, NodeInfo
@@ -55,6 +56,8 @@ _MAX_PIXELS = 7680 * 4320
 # ready anyway (a toolkit without accessibility never does). GTK 4 registers within a second on an idle machine,
 # but took more than one on a loaded one: a plan's next ui_tree(app=...) then found no such application.
 _X11_ONLY_GRACE = 5.0
+# Seconds a replayed step waits for the element its locator describes (the window may still be opening).
+_LOCATE_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -248,11 +251,17 @@ class Desktop:
             return FindResult(matches=[node for node, _ in matches], node_count=tree.node_count, truncated=tree.truncated,
                               seconds=round(time.perf_counter() - started, 4))
 
-    async def _element(self, key: str) -> tuple[NodeInfo, dict[str, Any]]:
-        """The current state of the element behind an id, as a node with corrected bounds."""
-        located: Located = self.registry.resolve(key)
-        bus = await self._atspi()
-        info = await read_details(bus, await read_node(bus, located.ref), max_text=200, parts=DETAILS)
+    async def _element(self, key: str, locator: Locator | None = None) -> tuple[NodeInfo, dict[str, Any]]:
+        """The current state of the element behind an id, as a node with corrected bounds; by ``locator``
+        when the id does not resolve (a plan saved in an earlier session) or its element is gone."""
+        try:
+            located: Located = self.registry.resolve(key)
+            bus = await self._atspi()
+            info = await read_details(bus, await read_node(bus, located.ref), max_text=200, parts=DETAILS)
+        except DesktopError:
+            if locator is None:
+                raise
+            return await self._locate(locator)
         offset = (0, 0)
         if located.toplevel is not None and located.toplevel != located.ref:
             top = await read_node(bus, located.toplevel)
@@ -268,8 +277,40 @@ class Desktop:
             node["bounds"] = [x + offset[0], y + offset[1], w, h]
         return info, node
 
+    async def _locate(self, locator: Locator) -> tuple[NodeInfo, dict[str, Any]]:
+        """The element ``locator`` describes (see :mod:`~saucer.tools.desktop.locator`), waiting a little for it."""
+        selector = Selector(name=selector_name(locator.name), role=locator.role)
+        try:
+            matches, tree, target = await self._search(selector, locator.app, locator.window, _LOCATE_WAIT, self.options.max_nodes)
+        except DesktopError:  # a title that changed: any window of the application
+            matches, tree, target = await self._search(selector, locator.app, None, _LOCATE_WAIT, self.options.max_nodes)
+        chosen = same_path(locator, matches, tree.nodes, not target.is_window)
+        if len(chosen) > 1 and locator.indexes:
+            bus = await self._atspi()
+            places = await asyncio.gather(*(describe(bus, tree.infos[n["id"]].ref) for n, _ in chosen), return_exceptions=True)
+            chosen = [m for m, d in zip(chosen, places) if isinstance(d, Locator) and d.indexes == locator.indexes] or chosen
+        node = chosen[0][0]
+        return tree.infos[node["id"]], _summary(node)
+
+    async def _focus_window_of(self, info: NodeInfo) -> None:
+        """Give the keyboard to the X11 window of the element's application unless it has it (a bare X server
+        gives it to the window below the pointer)."""
+        with contextlib.suppress(DesktopError):
+            pid = await (await self._atspi()).pid_of(info.ref[0])
+            mine = [w for w in await self._xcall(lambda d: d.windows()) if pid is not None and w.pid == pid]
+            if mine and not any(w.focused for w in mine):
+                await self._xcall(lambda d: d.focus(mine[-1]))
+
+    async def _locator(self, info: NodeInfo | None) -> dict[str, Any] | None:
+        """The stable description of an element acted on, for plans replayed later (None when unreadable)."""
+        if info is None:
+            return None
+        with contextlib.suppress(DesktopError):
+            return (await describe(await self._atspi(), info.ref)).model_dump()
+        return None
+
     async def _chosen(self, element_id: str | None, selector: Selector | None, app: str | None,
-                      window: str | None, index: int | None) -> tuple[NodeInfo, dict[str, Any]]:
+                      window: str | None, index: int | None, locator: Locator | None = None) -> tuple[NodeInfo, dict[str, Any]]:
         """The element to act on: by id, or the one match of a selector.
 
         When several elements match, the only one that can be clicked (it, or
@@ -277,7 +318,7 @@ class Desktop:
         "=" inside the "=" button wins over a label "=" in a history list.
         """
         if element_id is not None:
-            return await self._element(element_id)
+            return await self._element(element_id, locator)
         assert selector is not None
         matches, tree, _ = await self._search(selector, app, window, 0, self.options.max_nodes)
         if index is not None:
@@ -327,7 +368,8 @@ class Desktop:
         return bounds[0] + bounds[2] // 2, bounds[1] + bounds[3] // 2
 
     async def click(self, *, element_id: str | None, selector: Selector | None, app: str | None, window: str | None,
-                    index: int | None, x: int | None, y: int | None, button: str, double: bool, method: str) -> ClickResult:
+                    index: int | None, x: int | None, y: int | None, button: str, double: bool, method: str,
+                    locator: Locator | None = None) -> ClickResult:
         count = 2 if double else 1
         async with self._lock:
             if x is not None and y is not None:
@@ -335,7 +377,8 @@ class Desktop:
                     raise DesktopError("a point has no action to do; use method 'auto' or 'pointer' with x and y")
                 await self._xcall(lambda d: d.click(x, y, button, count))
                 return ClickResult(method="pointer", x=x, y=y, button=button, count=count)
-            info, node = await self._chosen(element_id, selector, app, window, index)
+            info, node = await self._chosen(element_id, selector, app, window, index, locator)
+            where = await self._locator(info)
             if method != "pointer" and button == "left" and not double:
                 owner = await self._action_owner(info)
                 if owner is not None:
@@ -344,22 +387,25 @@ class Desktop:
                     done = await bus.call1(actor.ref, ACTION, "DoAction", "i", (position,))
                     if done:
                         via = None if actor is info else {"role": actor.role, "name": actor.name}
-                        return ClickResult(method="action", action=actor.actions[position], element=node, via=via)
+                        return ClickResult(method="action", action=actor.actions[position], element=node, via=via,
+                                           locator=where)
                 if method == "action":
                     raise DesktopError(f"element {node['id']} has no click or press action (actions: {info.actions or 'none'})")
             elif method == "action":
                 raise DesktopError("method 'action' does only single left clicks; use method 'pointer'")
             px, py = self._centre(node)
             await self._xcall(lambda d: d.click(px, py, button, count))
-            return ClickResult(method="pointer", x=px, y=py, button=button, count=count, element=node)
+            return ClickResult(method="pointer", x=px, y=py, button=button, count=count, element=node, locator=where)
 
-    async def type_text(self, text: str, element_id: str | None, delay: float) -> TypeResult:
+    async def type_text(self, text: str, element_id: str | None, delay: float, locator: Locator | None = None) -> TypeResult:
         if len(text) > self.options.max_type:
             raise DesktopError(f"text is {len(text)} characters; at most {self.options.max_type} per call")
         async with self._lock:
-            node = None
+            node = where = None
             if element_id is not None:
-                info, node = await self._element(element_id)
+                info, node = await self._element(element_id, locator)
+                where = await self._locator(info)
+                await self._focus_window_of(info)
                 focused = False
                 if "Component" in info.interfaces:
                     bus = await self._atspi()
@@ -369,7 +415,7 @@ class Desktop:
                     px, py = self._centre(node)
                     await self._xcall(lambda d: d.click(px, py))
             await self._xcall(lambda d: d.type_text(text, delay))
-            return TypeResult(characters=len(text), element=node)
+            return TypeResult(characters=len(text), element=node, locator=where)
 
     async def press_keys(self, keys: str, delay: float) -> KeysResult:
         if len(keys) > self.options.max_type:
@@ -379,16 +425,19 @@ class Desktop:
             await self._xcall(lambda d: d.press(combos, delay))
             return KeysResult(keys=keys, combinations=len(combos))
 
-    async def scroll(self, direction: str, amount: int, element_id: str | None, x: int | None, y: int | None) -> ScrollResult:
+    async def scroll(self, direction: str, amount: int, element_id: str | None, x: int | None, y: int | None,
+                     locator: Locator | None = None) -> ScrollResult:
         async with self._lock:
+            where = None
             if element_id is not None:
-                _, node = await self._element(element_id)
+                info, node = await self._element(element_id, locator)
+                where = await self._locator(info)
                 x, y = self._centre(node)
             elif x is None or y is None:
                 x, y = await self._xcall(lambda d: d.pointer())
             px, py = x, y
             await self._xcall(lambda d: d.scroll(px, py, direction, amount))
-            return ScrollResult(direction=direction, amount=amount, x=px, y=py)
+            return ScrollResult(direction=direction, amount=amount, x=px, y=py, locator=where)
 
     async def screenshot(self, region: list[int] | None, scale: float | None, name: str | None) -> Screenshot:
         async with self._lock:

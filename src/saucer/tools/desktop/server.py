@@ -41,6 +41,7 @@ from pydantic import Field
 from saucer.tools._common import env_default, make_server, parse, positive_float, positive_int, serve_stdio
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.core import Desktop, DesktopOptions
+from saucer.tools.desktop.locator import Locator
 from saucer.tools.desktop.models import (
     ClickResult,
     FindResult,
@@ -105,6 +106,8 @@ Text = Annotated[str | None, Field(description="Element text content (Text inter
 App = Annotated[str | None, Field(description="Application name, e.g. 'gnome-calculator' (default: the focused window's).")]
 Window = Annotated[str | None, Field(description="Window title (default: the focused window).")]
 ElementId = Annotated[str | None, Field(description="An element id from ui_tree or find, e.g. 'e3kqx7mab2c'.")]
+Where = Annotated[Locator | None, Field(description="The element's locator from an earlier result (plans): used when "
+                                                    "element_id does not resolve, e.g. in a new session.")]
 
 
 def build_server(desktop: Desktop) -> MCPServer:
@@ -175,12 +178,13 @@ def build_server(desktop: Desktop) -> MCPServer:
         method: Annotated[Literal["auto", "action", "pointer"], Field(
             description="auto: the element's click/press action when it has one, else the pointer; "
             "action: only the action; pointer: always a mouse click at the element's centre.")] = "auto",
+        locator: Where = None,
     ) -> ClickResult:
         async def run() -> ClickResult:
             selector = _selector(name, role, text)
             _one_target(element_id, selector, x, y)
             return await desktop.click(element_id=element_id, selector=selector, app=app, window=window, index=index,
-                                       x=x, y=y, button=button, double=double, method=method)
+                                       x=x, y=y, button=button, double=double, method=method, locator=locator)
 
         return await _guard(run())
 
@@ -188,8 +192,9 @@ def build_server(desktop: Desktop) -> MCPServer:
         text: Annotated[str, Field(description="The text to type; \\n presses Return and \\t Tab.")],
         element_id: Annotated[str | None, Field(description="Focus this element first (else: type where the focus is).")] = None,
         delay: Annotated[float, Field(ge=0, le=1, description="Seconds between keys.")] = 0.0,
+        locator: Where = None,
     ) -> TypeResult:
-        return await _guard(desktop.type_text(text, element_id, delay))
+        return await _guard(desktop.type_text(text, element_id, delay, locator))
 
     async def press_keys(
         keys: Annotated[str, Field(description="Key combinations separated by spaces, e.g. 'ctrl+a', 'Return', "
@@ -204,13 +209,14 @@ def build_server(desktop: Desktop) -> MCPServer:
         element_id: Annotated[str | None, Field(description="Scroll over this element (its centre).")] = None,
         x: Annotated[int | None, Field(description="Screen x to scroll at (default: where the pointer is).")] = None,
         y: Annotated[int | None, Field(description="Screen y to scroll at.")] = None,
+        locator: Where = None,
     ) -> ScrollResult:
         async def run() -> ScrollResult:
             if (x is None) != (y is None):
                 raise DesktopError("give both x and y, or neither")
             if element_id is not None and x is not None:
                 raise DesktopError("give element_id or x and y, not both")
-            return await desktop.scroll(direction, amount, element_id, x, y)
+            return await desktop.scroll(direction, amount, element_id, x, y, locator)
 
         return await _guard(run())
 
