@@ -22,6 +22,7 @@ names the button "2 2" or "GtkButton" and its label "2").
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ _ACTIONABLE = frozenset({
 _LABELS = frozenset({"label", "static", "heading", "paragraph", "statusbar", "caption", "title bar", "alert", "info bar"})
 _BUTTONS = frozenset({"push button", "button", "toggle button"})
 _WINDOWS = frozenset({"frame", "window", "dialog", "alert", "file chooser", "application"})
+_CLASS_NAME = re.compile(r"^(Gtk|Adw|Gdk|Gizmo|AdwGizmo)[A-Z]?[A-Za-z]*$")
 _SHOWN_STATES = ("focused", "checked", "selected", "pressed", "expanded", "editable", "read_only")
 
 
@@ -62,6 +64,12 @@ def _on_screen(bounds: Any, screen: Sequence[int] | None) -> bool:
     return not (screen and (x >= screen[0] or y >= screen[1]))
 
 
+def _name(node: Mapping[str, Any]) -> str:
+    """The node's name, empty when it is only a toolkit class name (GTK 4 names unnamed widgets so: 'GtkButton')."""
+    name = str(node.get("name") or "")
+    return "" if _CLASS_NAME.match(name) else name
+
+
 def _button_label(node: Mapping[str, Any]) -> str | None:
     """The name of the one label inside a button, when the button's own name says nothing more."""
     if node.get("role") not in _BUTTONS:
@@ -69,8 +77,8 @@ def _button_label(node: Mapping[str, Any]) -> str | None:
     children = [c for c, _ in _walk(node) if c is not node and c.get("name")]
     if len(children) != 1 or children[0].get("role") != "label":
         return None
-    label, own = str(children[0].get("name") or ""), str(node.get("name") or "")
-    if label and (not own or own.startswith("Gtk") or own in (label, f"{label} {label}")):
+    label, own = str(children[0].get("name") or ""), _name(node)
+    if label and (not own or own in (label, f"{label} {label}")):
         return label
     return None
 
@@ -137,7 +145,7 @@ def summarize_tree(tree: Mapping[str, Any] | None, *, screen: Sequence[int] | No
             continue  # a closed menu, a hidden page: with everything in it
         children = [c for c in node.get("children") or () if isinstance(c, Mapping)]
         label = _button_label(node)
-        name = label if label is not None else str(node.get("name") or "")
+        name = label if label is not None else _name(node)
         if is_root or _on_screen(node.get("bounds"), screen):
             rank = _rank(node, name, is_root)
             if rank is not None:
