@@ -21,7 +21,8 @@ from saucer.tools.desktop.virtual import missing_packages
 
 #: Executables the tests need beyond the virtual desktop itself -> their Debian package.
 APPLICATIONS = {"gnome-calculator": "gnome-calculator"}
-DESKTOP_VARIABLES = ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "AT_SPI_BUS_ADDRESS", "XDG_RUNTIME_DIR")
+DESKTOP_VARIABLES = ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "AT_SPI_BUS_ADDRESS", "XDG_RUNTIME_DIR",
+                     "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME")
 
 
 def require_packages() -> None:
