@@ -111,7 +111,7 @@ def _rank(node: Mapping[str, Any], name: str, is_root: bool) -> int | None:
     """The importance of a node (0 first), or None when it is not worth a line."""
     states = node.get("states") or ()
     role = str(node.get("role") or "")
-    if is_root or "focused" in states or "editable" in states:
+    if is_root or "focused" in states or "editable" in states or role in _WINDOWS:
         return 0
     has_content = bool(name) or node.get("text") or node.get("value") not in (None, "")
     if role in _ACTIONABLE and has_content:

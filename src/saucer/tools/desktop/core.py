@@ -139,7 +139,7 @@ class Desktop:
     async def _bus_for_programs(self, env: dict[str, str]) -> None:
         """Point a program at the live accessibility bus when the X root window names a stale one (a toolkit
         reads that property before it asks the session bus, and would stay off the bus)."""
-        if env.get("AT_SPI_BUS_ADDRESS") or env.get("NO_AT_BRIDGE") == "1":
+        if env.get("AT_SPI_BUS_ADDRESS") or env.get("NO_AT_BRIDGE") == "1" or env.get("GTK_A11Y") == "none":
             return
         with contextlib.suppress(DesktopError):
             bus = await self._atspi()
@@ -491,7 +491,8 @@ class Desktop:
         child_env.setdefault("QT_ACCESSIBILITY", "1")
         child_env.update(env or {})
         # A program told to stay off the accessibility bus never appears there: its X11 window is all there is.
-        grace = 0.0 if child_env.get("NO_AT_BRIDGE") == "1" else _X11_ONLY_GRACE
+        off_bus = child_env.get("NO_AT_BRIDGE") == "1" or child_env.get("GTK_A11Y") == "none"  # GTK 3, GTK 4
+        grace = 0.0 if off_bus else _X11_ONLY_GRACE
         async with self._lock:
             if not child_env.get("DISPLAY"):
                 await self._xcall(lambda d: None)  # raises the no-display error with its advice

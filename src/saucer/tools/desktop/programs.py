@@ -38,8 +38,8 @@ logger = logging.getLogger("saucer.tools.desktop")
 CLOSE_GRACE = 3.0
 #: The button of a "save changes?" dialog that closes without saving.
 DISCARD_BUTTON = re.compile(
-    r"^\s*(don[’']?t save|do not save|discard( changes)?|close without saving|quit without saving|"
-    r"close without save|without saving)\s*$", re.IGNORECASE)
+    r"(?i)^\s*(don[’']?t save|do not save|discard( changes)?|close without saving|quit without saving|"
+    r"close without save|without saving)\s*$")
 _POLL = 0.05
 _ANSWER_AFTER = 0.5
 
