@@ -14,16 +14,14 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from desktop_helpers import DesktopTools, require_packages, use_environment
+from desktop_helpers import CASES, EDITABLE, FOLDER, OFF_THE_BUS, DesktopTools, need, use_environment
 from Xlib import X, Xatom, display
 
 from saucer.agents.treesummary import summarize_tree
@@ -34,40 +32,6 @@ pytestmark = pytest.mark.anyio
 #: The window managers the applications run under ("bare": none) -> the Debian package of each.
 WINDOW_MANAGERS = {"bare": None, "openbox": "openbox"}
 SCREEN = [1280, 800]
-#: Keeps GTK 3 (NO_AT_BRIDGE) and GTK 4 (GTK_A11Y) programs off the accessibility bus.
-OFF_THE_BUS = {"NO_AT_BRIDGE": "1", "GTK_A11Y": "none"}
-EDITABLE = re.compile(r"^(e[a-z2-7]{10}) (?:text|text box|entry)\b.*\beditable\b", re.M)
-
-
-@dataclass(frozen=True)
-class Case:
-    """An application, the name the accessibility bus gives it, and what a task types into it."""
-
-    command: tuple[str, ...]
-    app: str
-    typed: str
-    package: str
-
-
-FOLDER = Path("/tmp/saucer-desktop-test-folder")
-CASES = {
-    "gnome-calculator": Case(("gnome-calculator",), "gnome-calculator", "12+30", "gnome-calculator"),
-    "mousepad": Case(("mousepad",), "mousepad", "hello wörld", "mousepad"),
-    "zenity": Case(("zenity", "--forms", "--title=Signup", "--text=Sign up", "--add-entry=Name",
-                    "--add-entry=Email"), "zenity", "Ada Lovelace", "zenity"),
-    "thunar": Case(("thunar", str(FOLDER)), "thunar", "/tmp/", "thunar"),
-}
-
-
-def need(*programs: str) -> None:
-    """Skip (or under CI=true fail) when the Debian packages of ``programs`` are missing."""
-    require_packages()
-    missing = sorted({p for p in programs if shutil.which(p) is None})
-    if missing:
-        command = "apt-get install -y " + " ".join(missing)
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the desktop tests need the Debian packages {', '.join(missing)} ({command}); .ci/run installs them")
-        pytest.skip(f"needs the Debian packages {', '.join(missing)}: {command}")
 
 
 @pytest.fixture(scope="module")
