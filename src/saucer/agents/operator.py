@@ -174,7 +174,7 @@ class OperatorAgent(ToolUsingAgent):
         name = artifact_name(session_step) if session_step is not None else "operator"
         view = await look(
             getattr(context, "command_dispatcher", None), name, save_tree=self.save_trees, include_tree=True,
-            tree_parameters={"max_nodes": self.tree_nodes},
+            tree_parameters={"max_nodes": self.tree_nodes, "on_screen": True},
         )
         if step is not None:
             step.artifacts.extend(view.artifacts())

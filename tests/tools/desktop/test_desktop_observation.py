@@ -75,7 +75,8 @@ def test_an_application_tree_lists_its_active_window_first() -> None:
     second = _n("dialog", "Save?", [0, 0, 100, 100], ("showing", "visible", "active"),
                 children=[_n("push button", "Don't Save", [0, 0, 50, 20], actions=["click"])])
     summary = summarize_tree(_n("application", "editor", children=[first, second]))
-    order = [line.split(" ", 1)[1] for line in summary.splitlines()[:-1]]
+    order = [line.split(" ", 1)[1] for line in summary.splitlines() if not line.startswith("(")]
+    assert order[:3] == ["application 'editor'", "dialog 'Save?' [0,0,100,100]", "frame 'Other' [0,0,100,100]"]
     assert order.index("push button \"Don't Save\" [0,0,50,20]") < order.index("push button 'Old' [0,0,50,20]")
 
 

@@ -182,7 +182,7 @@ class ScriptedBus:
         if method == "GetInterfaces":
             return (["org.a11y.atspi.Accessible", "org.a11y.atspi.Component"],)
         if method == "GetExtents":
-            return ((0, 0, 100, 20),)
+            return (tuple(node.get("extents", (0, 0, 100, 20))),)
         if method == "GetChildren":
             return ([(":1.9", child) for child in node.get("children", [])],)
         if method == "GetChildAtIndex":
@@ -243,3 +243,22 @@ async def test_huge_names_are_cut_and_say_so() -> None:
     tree = await _walk(bus)
     assert len(tree.root["name"]) == 1000 and tree.root["name_length"] == 5_000_000
     assert len(tree.root["description"]) == 1000 and tree.root["description_length"] == 3000
+
+
+async def test_on_screen_leaves_out_closed_menus_with_their_items() -> None:
+    nowhere = (-2147483648, -2147483648, 1, 1)
+    bus = ScriptedBus({
+        "/root": {"name": "w", "role": "frame", "children": ["/menu", "/tab"]},
+        "/menu": {"name": "File", "role": "menu", "children": ["/open", "/recent"]},
+        "/open": {"name": "Open", "role": "menu item", "extents": nowhere, "children": []},
+        "/recent": {"name": "Recent", "role": "menu", "extents": nowhere, "children": ["/clear"]},
+        "/clear": {"name": "Clear", "role": "menu item", "extents": nowhere, "children": []},
+        "/tab": {"name": "", "role": "page tab", "extents": (-1, -1, -1, -1), "children": ["/text"]},
+        "/text": {"name": "", "role": "text", "children": []},
+    })
+    everything = await _walk(bus)
+    assert everything.node_count == 7
+    shown = await _walk(bus, on_screen=True)
+    assert shown.node_count == 4 and shown.hidden == 2  # the menu's two items; "Clear" is never asked about
+    assert [c["role"] for c in shown.root["children"]] == ["menu", "page tab"]  # no size, but its text shows
+    assert shown.root["children"][1]["children"][0]["role"] == "text"

@@ -179,13 +179,13 @@ class Desktop:
         return window_offset(window, pid, xwindows)
 
     # -- trees ------------------------------------------------------------------------------------
-    def limits(self, max_depth: int, max_nodes: int, max_text: int, only_visible: bool) -> TreeLimits:
+    def limits(self, max_depth: int, max_nodes: int, max_text: int, only_visible: bool, on_screen: bool = False) -> TreeLimits:
         """Validated limits (a value beyond the server's caps is an error, not silently lowered)."""
         o = self.options
         _check_range("max_depth", max_depth, 0, o.max_depth, "--max-depth")
         _check_range("max_nodes", max_nodes, 1, o.max_nodes, "--max-nodes")
         _check_range("max_text", max_text, 0, o.max_text, "--max-text")
-        return TreeLimits(max_depth, max_nodes, max_text, only_visible)
+        return TreeLimits(max_depth, max_nodes, max_text, only_visible, on_screen)
 
     async def _walk(self, target: Target, limits: TreeLimits) -> Tree:
         bus = await self._atspi()

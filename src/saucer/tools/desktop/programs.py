@@ -78,7 +78,7 @@ async def _answer_discard(pids: set[int], timeout: float) -> int:
     pressed = 0
     try:
         selector = Selector(name="re:" + DISCARD_BUTTON.pattern, role="push button")
-        limits = TreeLimits(30, 400, 0, True, frozenset({"actions"}))
+        limits = TreeLimits(30, 400, 0, True, parts=frozenset({"actions"}))
         for app in await list_apps(bus):
             if app.pid not in pids:
                 continue

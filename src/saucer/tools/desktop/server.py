@@ -5,7 +5,7 @@ Tools (all answers are structured JSON; failures are tool errors saying what to 
 ``screenshot(region=None, scale=None, name=None)``
     A PNG of the screen (or of ``region`` = [x, y, width, height], optionally
     scaled) saved in the artifacts directory; returns its path and size.
-``ui_tree(app=None, window=None, max_depth=30, max_nodes=500, max_text=200, only_visible=True, save_as=None, include_tree=True)``
+``ui_tree(app=None, window=None, max_depth=30, max_nodes=500, max_text=200, only_visible=True, on_screen=False, save_as=None, include_tree=True)``
     The accessible tree of the focused window, of ``window`` (title) or of
     ``app`` (application name), with stable element ids; ``save_as`` also
     writes it as JSON to the artifacts directory.
@@ -135,6 +135,8 @@ def build_server(desktop: Desktop) -> MCPServer:
                                                            "deep levels are cut first).")] = None,
         max_text: Annotated[int, Field(description="Most characters of text per node.")] = 200,
         only_visible: Annotated[bool, Field(description="Leave out hidden elements (neither showing nor visible) and their children.")] = True,
+        on_screen: Annotated[bool, Field(description="Also leave out elements placed entirely off the screen (such as "
+                                                     "the items of closed menus) and their children.")] = False,
         save_as: Annotated[str | None, Field(description="Also save the tree as JSON under this name in the artifacts directory.")] = None,
         include_tree: Annotated[bool, Field(description="Return the tree itself (false: only counts and the saved path).")] = True,
     ) -> UITree:
@@ -142,7 +144,7 @@ def build_server(desktop: Desktop) -> MCPServer:
             limits = desktop.limits(
                 min(TREE_DEPTH, options.max_depth) if max_depth is None else max_depth,
                 min(TREE_NODES, options.max_nodes) if max_nodes is None else max_nodes,
-                max_text, only_visible,
+                max_text, only_visible, on_screen,
             )
             return await desktop.ui_tree(app, window, limits, save_as, include_tree)
 

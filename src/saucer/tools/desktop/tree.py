@@ -94,6 +94,9 @@ class TreeLimits:
     max_nodes: int
     max_text: int
     only_visible: bool = True
+    #: Also leave out elements placed entirely off the screen, with their children: GTK 3 lists the items of
+    #: closed menus as visible, at (-2147483648, -2147483648). Elements of no size are kept (their content may show).
+    on_screen: bool = False
     #: What to read of each node besides name, role, states and children (top-level windows always
     #: get their bounds, which place their descendants). A search reads less and completes its matches.
     parts: frozenset[str] = DETAILS
@@ -177,7 +180,12 @@ async def build_tree(
             return None
         parts = limits.parts | ({"children", "bounds"} if item.is_toplevel else {"children"})
         budget = child_budget if item.depth < limits.max_depth else 0
-        return await read_details(bus, info, max_text=limits.max_text, child_budget=budget, parts=parts)
+        info = await read_details(bus, info, max_text=limits.max_text, child_budget=budget, parts=parts)
+        if limits.on_screen and item.parent is not None and info.bounds is not None and not item.is_toplevel:
+            x, y, w, h = info.bounds
+            if (x + w <= 0 or y + h <= 0) and w > 0 and h > 0:
+                return None
+        return info
 
     while level:
         room = limits.max_nodes - tree.node_count
