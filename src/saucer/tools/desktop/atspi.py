@@ -63,6 +63,8 @@ _COORD_SCREEN = 0
 _MANY_CHILDREN = 256
 #: Longest name or description kept (the rest is cut; the node says the full length).
 MAX_NAME = 1000
+# Objects whose role and interfaces a bus connection remembers (the oldest are forgotten first).
+_STATIC_SIZE = 100_000
 # D-Bus daemons cap the replies a connection may wait for; stay well below the usual limits.
 _MAX_IN_FLIGHT = 64
 _GONE_ERRORS = {
@@ -188,6 +190,9 @@ class AtspiBus:
         self.timeout = timeout
         self._bus = bus
         self._slots = asyncio.Semaphore(_MAX_IN_FLIGHT)
+        #: Role and interfaces of the objects read so far (an object keeps both for its life): a tree read
+        #: again, as the operator does before each step, asks only for what changes.
+        self.static: dict[Ref, tuple[str, frozenset[str], int]] = {}
 
     @classmethod
     async def connect(cls, address: str, timeout: float) -> "AtspiBus":
@@ -279,23 +284,35 @@ class NodeInfo:
 
 
 async def read_node(bus: AtspiBus, ref: Ref) -> NodeInfo:
-    """Name, role, states, interfaces and child count of ``ref`` (four calls, sent together)."""
-    props, role, states, interfaces = await asyncio.gather(
-        bus.get_all(ref, ACCESSIBLE),
-        bus.call1(ref, ACCESSIBLE, "GetRoleName"),
-        bus.call1(ref, ACCESSIBLE, "GetState"),
-        bus.call1(ref, ACCESSIBLE, "GetInterfaces"),
-    )
+    """Name, role, states, interfaces and child count of ``ref`` (four calls, sent together; two for an
+    object read before, whose role and interfaces the bus remembers)."""
+    static = getattr(bus, "static", None)
+    known = static.get(ref) if static is not None else None
+    if known is not None:
+        props, states = await asyncio.gather(bus.get_all(ref, ACCESSIBLE), bus.call1(ref, ACCESSIBLE, "GetState"))
+        role, names, _ = known
+    else:
+        props, role, states, interfaces = await asyncio.gather(
+            bus.get_all(ref, ACCESSIBLE),
+            bus.call1(ref, ACCESSIBLE, "GetRoleName"),
+            bus.call1(ref, ACCESSIBLE, "GetState"),
+            bus.call1(ref, ACCESSIBLE, "GetInterfaces"),
+        )
+        role, names = str(role), frozenset(short_interface(i) for i in interfaces)
     name, description = str(props.get("Name") or ""), str(props.get("Description") or "")
+    if static is not None:
+        if len(static) >= _STATIC_SIZE and ref not in static:
+            static.pop(next(iter(static)))
+        static[ref] = (role, names, max(int(props.get("ChildCount") or 0), 0))
     return NodeInfo(
         ref=ref,
         name=name[:MAX_NAME],
         name_length=len(name),
         description=description[:MAX_NAME],
         description_length=len(description),
-        role=str(role),
+        role=role,
         states=decode_states(states),
-        interfaces=frozenset(short_interface(i) for i in interfaces),
+        interfaces=names,
         child_count=max(int(props.get("ChildCount") or 0), 0),
     )
 
