@@ -222,8 +222,8 @@ class X11:
 
     def _clients(self) -> list[int]:
         """The client windows, bottom to top: ``_NET_CLIENT_LIST_STACKING`` (or ``_NET_CLIENT_LIST``) under an
-        EWMH window manager; else the root's children, each replaced by the window inside it that has
-        ``WM_STATE`` when it is a frame of a window manager that does not keep those lists."""
+        EWMH window manager; else the root's children (with ``WM_STATE``, a class or a name), a frame of a
+        window manager that does not keep those lists replaced by the window inside it that has ``WM_STATE``."""
         for name in ("_NET_CLIENT_LIST_STACKING", "_NET_CLIENT_LIST"):
             listed = self.root.get_full_property(self.atom(name), X.AnyPropertyType)
             if listed is not None and len(listed.value):
@@ -232,7 +232,8 @@ class X11:
         found = []
         for child in self.root.query_tree().children:
             try:
-                if child.get_full_property(wm_state, X.AnyPropertyType) is not None or child.get_wm_class():
+                if (child.get_full_property(wm_state, X.AnyPropertyType) is not None or child.get_wm_class()
+                        or child.get_wm_name()):
                     found.append(child.id)
                     continue
                 inner = [w for w in child.query_tree().children if w.get_full_property(wm_state, X.AnyPropertyType)]
