@@ -100,6 +100,8 @@ async def test_an_application_on_any_x_server(window_manager: str, name: str, to
     listed = (await tools.ok("windows"))["windows"]
     mine = [w for w in listed if w["pid"] == started["pid"]]
     assert mine and mine[-1]["focused"], listed  # found on any X server; the new window has the keyboard
+    chosen = await tools.ok("windows", focus=mine[-1]["id"])
+    assert chosen["focused"]["id"] == mine[-1]["id"] and chosen["focused"]["focused"]
     tree = await tools.ok("ui_tree")  # no app=: the focused window's
     assert tree["app"] == case.app and tree["pid"] == started["pid"]
 
@@ -154,14 +156,16 @@ async def test_a_program_without_net_wm_pid_is_found_by_its_class(window_manager
         "while True:\n"
         "    e = d.next_event()\n"
         "    if e.type == X.ClientMessage: break\n"
+        f"open({str(tmp_path / 'closed')!r}, 'w').write('asked to close')\n"
     )
     script.chmod(0o755)
     started = await tools.ok("launch", command=[str(script)], wait=20, env={"NO_AT_BRIDGE": "1"})
     assert started["ready"] and started["windows"] == ["Plain"], started
     plain = [w for w in (await tools.ok("windows"))["windows"] if w["title"] == "Plain"]
     assert plain and plain[0]["pid"] is None and plain[0]["app"] == "Plainwindow"
-    await asyncio.to_thread(tools.desktop.stop_programs)  # it ends on WM_DELETE_WINDOW, before any signal
+    await asyncio.to_thread(tools.desktop.stop_programs)
     assert not _alive(started["pid"])
+    assert (tmp_path / "closed").read_text() == "asked to close"  # by WM_DELETE_WINDOW, before any signal
 
 
 async def test_a_stale_at_spi_bus_property_is_skipped(virtual_desktop: VirtualDesktop, tmp_path: Path) -> None:

@@ -25,8 +25,8 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
-from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.apps import Launcher, descendants
 from saucer.tools.desktop.x11 import X11, XWindow
 
@@ -104,16 +104,16 @@ async def _answer_discard(pids: set[int], timeout: float) -> int:
 def close_programs(launcher: Launcher, display: str | None, grace: float = CLOSE_GRACE) -> None:
     """Close the programs ``launcher`` started as a user would (see the module docstring), then stop the rest."""
     running = [p for p in launcher.processes if p.poll() is None]
-    asked = False
     if running or launcher.windows:
-        with contextlib.suppress(DesktopError, Exception):
-            asked = _ask_to_close(launcher, display, running, grace)
+        try:
+            _ask_to_close(launcher, display, running, grace)
+        except Exception as exc:  # noqa: BLE001 - no display any more, or a window gone meanwhile: signals still stop them
+            logger.debug("desktop: could not ask the programs to close: %s", exc)
     launcher.stop_all()
-    if asked:
-        logger.debug("desktop: programs asked to close first")
 
 
-def _ask_to_close(launcher: Launcher, display: str | None, running: list, grace: float) -> bool:
+def _ask_to_close(launcher: Launcher, display: str | None, running: list[Any], grace: float) -> bool:
+    """WM_DELETE_WINDOW to the programs' windows, the discard button of a save question, and a wait for them."""
     pids: set[int] = set()
     for proc in running:
         pids |= descendants(proc.pid)
