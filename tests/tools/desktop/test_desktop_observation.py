@@ -107,6 +107,8 @@ def test_a_focused_window_that_is_not_on_the_bus_is_said_so() -> None:
     with pytest.raises(DesktopError, match=r"the focused window 'zenity' \(Zenity, pid 77\) is not on the accessibility bus"):
         choose(apps, None, None, _x(9, "zenity", 77, "Zenity", "zenity"))
     assert choose(apps, None, None, _x(8, "Untitled 1 - Mousepad", 10)).app == "mousepad"
+    apps.append(App((":1.2", "/root"), "zenity", 77, []))  # on the bus, no window listed yet: the application
+    assert choose(apps, None, None, _x(9, "zenity", 77, "Zenity", "zenity")).window is None
     assert choose(apps, None, None, None).app == "mousepad"  # no focus at all: the only application showing
 
 

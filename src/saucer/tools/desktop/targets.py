@@ -109,6 +109,10 @@ def choose(apps: Sequence[App], app: str | None, window: str | None, focused: XW
         by_pid = [(a, w) for a, w in pool if focused.pid is not None and a.pid == focused.pid]
         by_title = [(a, w) for a, w in pool if w.name and w.name == focused.title]
         active = [p for p in by_pid if p[1].name == focused.title] or by_pid or by_title
+        owner = [a for a in apps if focused.pid is not None and a.pid == focused.pid]
+        if not active and len(owner) == 1:
+            # On the bus, but no window listed (yet): the whole application.
+            return Target(owner[0].ref, owner[0].name, owner[0].pid, None)
         if not active:
             raise DesktopError(
                 f"the focused window {focused.title!r} ({focused.app or 'no WM_CLASS'}, pid {focused.pid}) is not on "
