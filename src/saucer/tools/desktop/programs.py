@@ -68,6 +68,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
+async def _no_offset(_info: object, _pid: object) -> tuple[int, int]:
+    return (0, 0)  # only names and actions are read: positions do not matter
+
+
 async def _answer_discard(pids: set[int], timeout: float) -> int:
     """Press the discard button of the "save changes?" dialogs of these processes; the number pressed."""
     from saucer.tools.desktop.atspi import ACTION, AtspiBus, find_bus_address
@@ -83,11 +87,8 @@ async def _answer_discard(pids: set[int], timeout: float) -> int:
             if app.pid not in pids:
                 continue
             for window in app.windows:
-                async def no_offset(_info: object, _pid: object) -> tuple[int, int]:
-                    return (0, 0)
-
                 tree = await build_tree(bus, window.ref, limits, ElementRegistry(64), pid=app.pid,
-                                        root_is_toplevel=True, offset_for=no_offset)
+                                        root_is_toplevel=True, offset_for=_no_offset)
                 for node, _ in find_matches(tree, selector):
                     info = tree.infos[node["id"]]
                     names = [a.casefold() for a in info.actions]
@@ -132,7 +133,8 @@ def _ask_to_close(launcher: Launcher, display: str | None, running: list[Any], g
         while time.monotonic() < deadline:
             if not any(_alive(pid) for pid in pids):
                 break
-            if not answered and time.monotonic() >= answer_at and os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
+            bus_known = os.environ.get("DBUS_SESSION_BUS_ADDRESS") or os.environ.get("AT_SPI_BUS_ADDRESS")
+            if not answered and time.monotonic() >= answer_at and bus_known:
                 answered = True
                 with contextlib.suppress(Exception):
                     if asyncio.run(_answer_discard({p for p in pids if _alive(p)}, 2.0)):
