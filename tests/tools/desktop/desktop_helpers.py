@@ -60,7 +60,7 @@ CASES = {
     "mousepad": Case(("mousepad",), "mousepad", "hello wörld", "mousepad"),
     "zenity": Case(("zenity", "--forms", "--title=Signup", "--text=Sign up", "--add-entry=Name",
                     "--add-entry=Email"), "zenity", "Ada Lovelace", "zenity"),
-    "thunar": Case(("thunar", str(FOLDER)), "thunar", "/tmp/", "thunar"),
+    "thunar": Case(("thunar", str(FOLDER)), "thunar", "/usr/share/", "thunar"),  # its location bar shows FOLDER
 }
 
 
