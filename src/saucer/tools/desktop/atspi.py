@@ -59,8 +59,9 @@ TEXT = _PREFIX + "Text"
 VALUE = _PREFIX + "Value"
 ACTION = _PREFIX + "Action"
 _COORD_SCREEN = 0
-# Above this many children, only the first ones the budget allows are asked for, one by one.
-_MANY_CHILDREN = 256
+#: Above this many children, only the first ones the budget allows are asked for, one by one.
+MANY_CHILDREN = 256
+_MANY_CHILDREN = MANY_CHILDREN
 #: Longest name or description kept (the rest is cut; the node says the full length).
 MAX_NAME = 1000
 # Objects whose role and interfaces a bus connection remembers (the oldest are forgotten first).

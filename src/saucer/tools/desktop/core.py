@@ -23,11 +23,10 @@ from typing import Any, Callable, TypeVar
 
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.apps import Launcher, descendants, split_command
-from saucer.tools.desktop.locator import Locator, describe, same_path, selector_name
-from saucer.tools.desktop.programs import close_programs, launched_windows, program_names
 from saucer.tools.desktop.artifacts import Artifacts
 from saucer.tools.desktop.atspi import ACCESSIBLE, ACTION, APP_ROOT_PATH, COMPONENT, NULL_PATH, AtspiBus, NodeInfo
 from saucer.tools.desktop.atspi import DETAILS, find_bus_address, pair, read_details, read_node
+from saucer.tools.desktop.locator import Locator, describe, same_path, selector_name
 from saucer.tools.desktop.models import (
     ClickResult,
     FindResult,
@@ -40,6 +39,7 @@ from saucer.tools.desktop.models import (
     WindowInfo,
     WindowsResult,
 )
+from saucer.tools.desktop.programs import close_programs, launched_windows, program_names
 from saucer.tools.desktop.targets import App, Target, active_windows, choose, list_apps, pick, window_offset
 from saucer.tools.desktop.tree import ElementRegistry, Located, Selector, Tree, TreeLimits, build_tree, complete, find_matches
 from saucer.tools.desktop.x11 import X11, X_LOST, X_REFUSED, XWindow, parse_keys

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from saucer.tools.desktop import DesktopError
-from saucer.tools.desktop.atspi import _MANY_CHILDREN as _MANY
-from saucer.tools.desktop.atspi import DETAILS, AtspiBus, NodeInfo, Ref, read_details, read_node
+from saucer.tools.desktop.atspi import DETAILS, MANY_CHILDREN, AtspiBus, NodeInfo, Ref, read_details, read_node
 
 __all__ = [
     "ID_PATTERN",
@@ -193,7 +192,7 @@ async def build_tree(
                 read_details(bus, guess, max_text=limits.max_text, child_budget=budget, parts=parts))
             if limits.only_visible and item.parent is not None and not info.states & _SEEN:
                 return None
-            if info.child_count and (not count or info.child_count > _MANY and count <= _MANY):
+            if info.child_count and (not count or info.child_count > MANY_CHILDREN and count <= MANY_CHILDREN):
                 details.children = []  # the children were not asked for, or not as many: ask now
                 details = await read_details(bus, info, child_budget=budget, parts=frozenset({"children"})) if budget else details
             info.children = details.children[:max(budget, 0)] if info.child_count else []
