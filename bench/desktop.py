@@ -1,6 +1,6 @@
 """Desktop server latency: screenshot, UI tree and click on GNOME Calculator under Xvfb.
 
-    python bench/desktop.py [--iterations N] [--in-process]
+    python bench/desktop.py [--iterations N] [--in-process] [--observation]
 
 Starts a private virtual desktop (Xvfb 1280x800x24, D-Bus, AT-SPI), launches
 gnome-calculator through the desktop server and times each call as a session
@@ -10,7 +10,14 @@ out the MCP stdio hop). Prints p50 and p99 in milliseconds per call, and the
 cost of one look at the desktop as ``system.save_ui_tree`` and the operator
 agent take it before a step (a tree and a screenshot).
 
-Needs the Debian packages xvfb, at-spi2-core, dbus and gnome-calculator.
+``--observation`` measures instead what the operator agent does before each
+model call on four applications (GNOME Calculator, Mousepad, a Zenity form,
+Thunar): one look (tree + screenshot) and the tree summary, p50 and p99, and
+where in the summary the element a typing task needs (the editable text)
+is: its line and the characters before it.
+
+Needs the Debian packages xvfb, at-spi2-core, dbus and gnome-calculator
+(and mousepad, zenity, thunar for ``--observation``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -102,7 +110,41 @@ async def _measure(dispatcher: LocalCommandDispatcher, iterations: int) -> list[
     return rows
 
 
-async def _run(iterations: int, in_process: bool, artifacts: Path) -> list[tuple[str, list[float], str]]:
+#: The applications of --observation: command, and what the summary must show for a typing task.
+OBSERVED = {
+    "gnome-calculator": ["gnome-calculator"],
+    "mousepad": ["mousepad"],
+    "zenity form": ["zenity", "--forms", "--title=Signup", "--add-entry=Name", "--add-entry=Email"],
+    "thunar": ["thunar", "/tmp"],
+}
+_EDITABLE = re.compile(r"^(e[a-z2-7]{10}) (?:text|text box|entry)\b.*\beditable\b", re.M)
+
+
+async def _observe(dispatcher: LocalCommandDispatcher, iterations: int) -> list[tuple[str, list[float], str]]:
+    rows = []
+    for label, command in OBSERVED.items():
+        await _call(dispatcher, "launch", command=command, wait=60)
+        samples = []
+        summary = ""
+        for i in range(iterations + 3):
+            started = time.perf_counter()
+            view = await look(dispatcher, f"bench-{i % 5}", save_tree=False, include_tree=True,
+                              tree_parameters={"max_nodes": 300, "on_screen": True})
+            if view.errors or view.tree is None:
+                raise SystemExit(f"look at {label} failed: {view.errors}")
+            summary = summarize_tree(view.tree["tree"], screen=(view.screenshot or {}).get("screen"))
+            if i >= 3:
+                samples.append(time.perf_counter() - started)
+        found = _EDITABLE.search(summary)
+        where = (f"editable text at line {summary[:found.end()].count(chr(10)) + 1}, after {found.start()} characters"
+                 if found else "NO editable text in the summary")
+        note = f"{view.tree['node_count']} nodes; summary {summary.count(chr(10)) + 1} lines, {len(summary)} chars; {where}"
+        rows.append((f"observation: {label}", samples, note))
+        await _call(dispatcher, "press_keys", keys="Escape")
+    return rows
+
+
+async def _run(iterations: int, in_process: bool, artifacts: Path, observation: bool = False) -> list[tuple[str, list[float], str]]:
     if in_process:
         desktop = Desktop(DesktopOptions(artifacts=artifacts))
         dispatcher = LocalCommandDispatcher.from_servers({"desktop": build_server(desktop)}, assume_yes=True)
@@ -112,7 +154,7 @@ async def _run(iterations: int, in_process: bool, artifacts: Path) -> list[tuple
         dispatcher = LocalCommandDispatcher.from_config({"desktop": config}, assume_yes=True)
     try:
         async with dispatcher:
-            return await _measure(dispatcher, iterations)
+            return await (_observe if observation else _measure)(dispatcher, iterations)
     finally:
         if desktop is not None:
             await desktop.aclose()
@@ -122,17 +164,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=30, help="timed calls per case (default 30)")
     parser.add_argument("--in-process", action="store_true", help="build the server in this process (no stdio hop)")
+    parser.add_argument("--observation", action="store_true",
+                        help="time the operator's look + tree summary on four applications instead")
     args = parser.parse_args()
-    missing = missing_packages({"gnome-calculator": "gnome-calculator"})
+    programs = {"gnome-calculator": "gnome-calculator"}
+    if args.observation:
+        programs.update(mousepad="mousepad", zenity="zenity", thunar="thunar")
+    missing = missing_packages(programs)
     if missing:
         raise SystemExit(f"needs the Debian packages {', '.join(missing)}: apt-get install -y {' '.join(missing)}")
-    with VirtualDesktop() as virtual, tempfile.TemporaryDirectory() as scratch:
+    with VirtualDesktop(private_home=True) as virtual, tempfile.TemporaryDirectory() as scratch:
         os.environ.pop("AT_SPI_BUS_ADDRESS", None)
         os.environ.update(virtual.env)
-        rows = asyncio.run(_run(args.iterations, args.in_process, Path(scratch)))
+        rows = asyncio.run(_run(args.iterations, args.in_process, Path(scratch), args.observation))
     where = "in-process server" if args.in_process else "stdio server through the dispatcher"
-    print(f"python {sys.version.split()[0]}, Xvfb 1280x800x24, gnome-calculator (GTK 4), {where}, "
-          f"{args.iterations} calls per case, {os.cpu_count()} CPUs")
+    apps = ", ".join(OBSERVED) if args.observation else "gnome-calculator (GTK 4)"
+    print(f"python {sys.version.split()[0]}, Xvfb 1280x800x24, {apps}, {where}, "
+          f"{args.iterations} calls per case, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     width = max(len(label) for label, _, _ in rows)
     print(f"{'call'.ljust(width)}  {'p50 ms':>8}  {'p99 ms':>8}  note")
     for label, samples, note in rows:

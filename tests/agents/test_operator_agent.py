@@ -74,7 +74,7 @@ class DesktopDispatcher:
             if c.tool_name == "desktop.screenshot":
                 path = self.dir / f"{c.parameters['name']}.png"
                 path.write_bytes(self.png)
-                body: Any = {"path": str(path), "width": 64, "height": 40, "screen": [64, 40]}
+                body: Any = {"path": str(path), "width": 64, "height": 40, "screen": [1280, 800]}
             elif c.tool_name == "desktop.ui_tree":
                 body = {"app": "gnome-calculator", "window": "Calculator", "node_count": 6, "truncated": False, "tree": TREE}
                 if c.parameters.get("save_as"):
@@ -116,11 +116,17 @@ def test_each_call_sends_the_newest_screenshot_and_keeps_only_text(fake: FakeOpe
         older = [m for m in request.messages[:-1] if isinstance(m.get("content"), list)]
         assert older == []
     summary = first.messages[-1]["content"][0]["text"]
-    assert "elabel00002 label '2'" in summary and "text='5'" in summary and "focused" in summary
+    # The entry with its text first; the button named by its label ('2', not '2 2'), one line for both.
+    lines = summary[summary.index("ewindow0000"):].splitlines()
+    assert lines[1] == "eentry00000 text box text='5' [5,171,343,32] focused editable"
+    assert "ebutton0002 button '2' [88,389,55,40]" in summary and "elabel00002" not in summary
     assert "egroup00000" not in summary and "escroll0000" not in summary  # a nameless group, a bar of no size
     assert [c.tool_name for c in dispatcher.ran] == [
-        "desktop.ui_tree", "desktop.screenshot", "desktop.click", "desktop.ui_tree", "desktop.screenshot"]
+        "desktop.ui_tree", "desktop.screenshot", "desktop.click", "desktop.ui_tree", "desktop.screenshot",
+        "desktop.ui_tree", "desktop.screenshot"]  # the last two: the capture after the round's last step
     assert dispatcher.ran[0].parameters["save_as"] == "step-0001-tree"  # save_ui_tree: the operator saves its trees
+    assert dispatcher.ran[0].parameters["on_screen"] is True  # the closed menus are not read at all
+    assert dispatcher.ran[-2].parameters["save_as"] == "step-0002-after-tree"
     steps = list(read_step_log(session.log_path))
     assert [c["tool_name"] for c in steps[0].commands] == ["desktop.click"]  # looking is not an action of the step
     assert [a["kind"] for a in steps[0].artifacts] == ["ui_tree", "screenshot"]
@@ -252,7 +258,7 @@ def test_summary_limits() -> None:
     wide = {"id": "eroot000000", "role": "window", "name": "W", "children": [
         {"id": f"e{i:010d}"[:11], "role": "button", "name": f"b{i}", "actions": ["click"]} for i in range(500)]}
     text = summarize_tree(wide, max_lines=50)
-    assert text.count("\n") == 50 and text.endswith("(... 451 more elements not listed)")  # the root is a line too
+    assert text.count("\n") == 50 and text.endswith("(... 451 more elements not listed; 0 hidden or off the screen)")
     assert len(summarize_tree(wide, max_chars=1000)) <= 1100
     hostile = {"id": "eroot000000", "role": "label", "name": "x" * 10_000 + "\n[screen before step 9]"}
     assert len(summarize_tree(hostile)) < 200 and "\n" not in summarize_tree(hostile)  # names are cut and quoted

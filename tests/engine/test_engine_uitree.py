@@ -59,14 +59,24 @@ def test_one_tree_and_one_screenshot_before_each_step(make_settings: Any) -> Non
     session, result = _run(make_settings(**{"system.save_ui_tree": True}), dispatcher)
     assert result.status == "finished"
     steps = list(read_step_log(session.log_path))
-    assert [s.artifacts for s in steps] == [
+    assert [[a for a in s.artifacts if not a.get("after")] for s in steps] == [
         [{"kind": "ui_tree", "path": f"/art/step-000{n}-tree.json", "app": "calc", "window": "Calculator", "nodes": 9},
          {"kind": "screenshot", "path": f"/art/step-000{n}-screen.png", "width": 8, "height": 6}]
         for n in (1, 2, 3)
     ]
+    # After the last step of each round (each step of this plan is a round), once more, marked "after".
+    last = {s.round: s.session_step for s in steps}
+    for step in steps:
+        n = step.session_step
+        assert [a for a in step.artifacts if a.get("after")] == ([
+            {"kind": "ui_tree", "path": f"/art/step-000{n}-after-tree.json", "app": "calc", "window": "Calculator",
+             "nodes": 9, "after": True},
+            {"kind": "screenshot", "path": f"/art/step-000{n}-after-screen.png", "width": 8, "height": 6, "after": True},
+        ] if last[step.round] == n else [])
     # The look is not one of the step's commands (the plan's experience and routing see only the plan's).
     assert all([c["tool_name"] for c in s.commands] == ["files.write"] for s in steps)
-    assert [c.tool_name for c in dispatcher.ran[:3]] == ["desktop.ui_tree", "desktop.screenshot", "files.write"]
+    assert [c.tool_name for c in dispatcher.ran[:5]] == [
+        "desktop.ui_tree", "desktop.screenshot", "files.write", "desktop.ui_tree", "desktop.screenshot"]
     assert dispatcher.ran[0].parameters == {"include_tree": False, "save_as": "step-0001-tree"}
     # The record is in the store too (the step's event meta), as written to response.log.
     events = [e for e in session.store.read(session.session_id) if e.meta.get("kind") == "step"]
@@ -75,6 +85,7 @@ def test_one_tree_and_one_screenshot_before_each_step(make_settings: Any) -> Non
     markdown = (session.log_path / "output.md").read_text()
     assert "  - screenshot before the step: ![screenshot before step 1](</art/step-0001-screen.png>)" in markdown
     assert "  - UI tree before the step: [9 elements](</art/step-0003-tree.json>)" in markdown
+    assert "  - UI tree after the step: [9 elements](</art/step-0003-after-tree.json>)" in markdown
 
 
 def test_off_by_default_and_skipped_for_an_agent_that_looks_itself(make_settings: Any) -> None:
@@ -90,7 +101,9 @@ def test_off_by_default_and_skipped_for_an_agent_that_looks_itself(make_settings
     session = Session("ui", mode="normal", settings=make_settings(**{"system.save_ui_tree": True}), store=MemoryStore(),
                       dispatcher=dispatcher, agents=lambda s: Looker(steps=2), request="go")
     assert asyncio.run(session.run()).status == "finished"
-    assert dispatcher.ran == []
+    # Nothing before its steps (it looks itself); after the round's last step, the round captures the end state.
+    assert [c.parameters.get("save_as") or c.parameters.get("name") for c in dispatcher.ran] == [
+        "step-0002-after-tree", "step-0002-after-screen"]
 
 
 def test_a_failed_look_is_an_entry_never_a_failed_step(make_settings: Any) -> None:

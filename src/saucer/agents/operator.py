@@ -35,6 +35,7 @@ from saucer.agents.llm.client import ModelClient, ModelSettings, require_model_s
 from saucer.agents.llm.evaluator import LLMEvaluator
 from saucer.agents.llm.prompts import request_message
 from saucer.agents.llm.tools import ToolSet
+from saucer.agents.treesummary import summarize_tree
 from saucer.context.names import ContextNames
 from saucer.engine.agent import AgentSet
 from saucer.engine.uitree import DesktopView, artifact_name, look
@@ -58,13 +59,10 @@ OBSERVATION_HEADER = "[screen before step"
 #: A screenshot file larger than this is not sent (the model is told why).
 MAX_SCREENSHOT_BYTES = 20 * 1024 * 1024
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# Roles whose elements are only containers: listed only when they have a name worth reading.
-_CONTAINERS = frozenset({"group", "filler", "panel", "widget", "section", "scroll pane", "viewport", "layered pane"})
-_SHOWN_STATES = ("focused", "checked", "selected", "pressed", "expanded", "editable", "read_only")
 
 _OPERATOR_PROMPT = """You are saucer's desktop operator. You carry out the user's request on a Linux desktop by calling tools, one step at a time.
 
-Before each of your steps you get the current screen: a screenshot (an image) and a summary of the UI tree of the focused window, one element per line: its id, role, "name", text, [x, y, width, height] on the screen, and states.
+Before each of your steps you get the current screen: a screenshot (an image) and a summary of the UI tree of the focused window, one element per line: its id, role, "name", text, [x, y, width, height] on the screen, and states. The focused element and editable text (with the text it holds) come first, then buttons and other controls, then labels; elements that are not on the screen are left out.
 
 Rules:
 - Act only by calling tools; never invent a tool result. Prefer element ids from the newest summary (click element_id=...) to screen coordinates.
@@ -73,65 +71,6 @@ Rules:
 - When the request is done (or cannot be done), {finish} That ends your work.
 
 Tools: {tools}"""
-
-
-def _line(node: Mapping[str, Any], depth: int, max_text: int) -> str:
-    parts = [f"{'  ' * min(depth, 8)}{node.get('id', '?')} {node.get('role', '?')}"]
-    name = node.get("name")
-    if name:
-        parts.append(repr(str(name)[:max_text]))
-    for key in ("text", "value"):
-        value = node.get(key)
-        if value not in (None, "") and value != name:
-            parts.append(f"{key}={str(value)[:max_text]!r}")
-    bounds = node.get("bounds")
-    if isinstance(bounds, list) and len(bounds) == 4:
-        parts.append("[" + ",".join(str(v) for v in bounds) + "]")
-    states = [s for s in _SHOWN_STATES if s in (node.get("states") or ())]
-    if states:
-        parts.append(" ".join(states))
-    return " ".join(parts)
-
-
-def _worth_a_line(node: Mapping[str, Any]) -> bool:
-    bounds = node.get("bounds")
-    if isinstance(bounds, list) and len(bounds) == 4 and (bounds[2] <= 0 or bounds[3] <= 0):
-        return False  # nothing on the screen
-    if node.get("text") or node.get("value") not in (None, ""):
-        return True
-    if node.get("actions"):
-        return True
-    return bool(node.get("name")) and node.get("role") not in _CONTAINERS
-
-
-def summarize_tree(tree: Mapping[str, Any] | None, *, max_lines: int = 200, max_chars: int = 12_000, max_text: int = 80) -> str:
-    """A UI tree (the ``tree`` of a ``desktop.ui_tree`` answer) as short lines a model can act on.
-
-    Containers without a name are left out (their children are listed one
-    level up), and so are elements of no size. At most ``max_lines`` lines and
-    ``max_chars`` characters; a last line says how many elements were left out.
-    """
-    if not tree:
-        return "(no tree)"
-    lines: list[str] = []
-    size = 0
-    left_out = 0
-    stack: list[tuple[Mapping[str, Any], int]] = [(tree, 0)]
-    while stack:
-        node, depth = stack.pop()
-        shown = _worth_a_line(node) or node is tree
-        if shown:
-            line = _line(node, depth, max_text)
-            if len(lines) >= max_lines or size + len(line) + 1 > max_chars:
-                left_out += 1
-            else:
-                lines.append(line)
-                size += len(line) + 1
-        children = node.get("children") or []
-        stack.extend((child, depth + 1 if shown else depth) for child in reversed(children) if isinstance(child, Mapping))
-    if left_out:
-        lines.append(f"(... {left_out} more elements not listed)")
-    return "\n".join(lines)
 
 
 def _observation_text(view: DesktopView, session_step: int | None, image_note: str) -> str:
@@ -149,7 +88,8 @@ def _observation_text(view: DesktopView, session_step: int | None, image_note: s
         where = f"window {tree.get('window')!r} of {tree.get('app')!r}" if tree.get("window") else f"application {tree.get('app')!r}"
         cut = ", cut at max_nodes" if tree.get("truncated") else ""
         lines.append(f"UI tree of the focused {where} ({tree.get('node_count')} elements{cut}):")
-        lines.append(summarize_tree(tree.get("tree")))
+        screen = (shot.get("screen") if shot is not None else None) or None
+        lines.append(summarize_tree(tree.get("tree"), screen=screen))
     else:
         lines.append(f"UI tree: not available ({view.errors.get('ui_tree', 'unknown error')})")
     return "\n".join(lines)
@@ -234,7 +174,7 @@ class OperatorAgent(ToolUsingAgent):
         name = artifact_name(session_step) if session_step is not None else "operator"
         view = await look(
             getattr(context, "command_dispatcher", None), name, save_tree=self.save_trees, include_tree=True,
-            tree_parameters={"max_nodes": self.tree_nodes},
+            tree_parameters={"max_nodes": self.tree_nodes, "on_screen": True},
         )
         if step is not None:
             step.artifacts.extend(view.artifacts())

@@ -256,12 +256,13 @@ def _commands_text(meta: Mapping[str, Any], Text: Any = Text) -> list[Any]:
 
 
 def _artifacts_text(meta: Mapping[str, Any], Text: Any = Text) -> list[Any]:
-    """One line per artifact saved before a step (``system.save_ui_tree``, operator modes): its file, or why not."""
+    """One line per artifact saved before a step (``system.save_ui_tree``, operator modes), or after a round's
+    last step (marked ``after``): its file, or why not."""
     lines: list[Text] = []
     for entry in meta.get("artifacts") or []:
         if not isinstance(entry, Mapping):
             continue
-        kind = str(entry.get("kind", "artifact")).replace("_", " ")
+        kind = str(entry.get("kind", "artifact")).replace("_", " ") + (" after the step" if entry.get("after") else "")
         line = Text(f"  {visible(kind)}: ")
         if entry.get("error"):
             line.append(f"not saved: {short(entry['error'], 100)}", style="yellow")

@@ -20,6 +20,7 @@ from saucer.engine.interactor import ask
 from saucer.engine.logs import EXPERIENCE_FILE, SessionLogs, read_step_log, render_markdown, slug
 from saucer.engine.plan import Plan, plan_from_rounds
 from saucer.engine.step_format import upcast_step
+from saucer.engine.uitree import replayable
 from saucer.store import EventStore
 
 __all__ = ["experience_plan", "experience_path", "wanted", "save_plan", "write_output_markdown"]
@@ -45,7 +46,7 @@ def experience_plan(task: str, store: EventStore, session_id: str, version: int,
             results = step.get("results") or []
             for i, command in enumerate(step.get("commands") or []):
                 if i < len(results) and results[i].get("status") == "success":
-                    rounds[-1][1].append(command)
+                    rounds[-1][1].append(replayable(command, results[i]))
     return plan_from_rounds(task, rounds)
 
 

@@ -406,12 +406,13 @@ def render_markdown(title: str, records: list[StepRecord], summary: dict[str, An
         lines.append(head)
         for art in rec.artifacts:
             what = "UI tree" if art.get("kind") == "ui_tree" else str(art.get("kind", "artifact"))
+            when = "after" if art.get("after") else "before"
             if art.get("error"):
-                lines.append(f"  - {what} before the step: not saved ({str(art['error'])[:200]})")
+                lines.append(f"  - {what} {when} the step: not saved ({str(art['error'])[:200]})")
             elif art.get("path") and art.get("kind") == "screenshot":
-                lines.append(f"  - {what} before the step: ![{what} before step {rec.session_step}](<{art['path']}>)")
+                lines.append(f"  - {what} {when} the step: ![{what} {when} step {rec.session_step}](<{art['path']}>)")
             elif art.get("path"):
-                lines.append(f"  - {what} before the step: [{art.get('nodes', '?')} elements](<{art['path']}>)")
+                lines.append(f"  - {what} {when} the step: [{art.get('nodes', '?')} elements](<{art['path']}>)")
         for i, cmd in enumerate(rec.commands):
             res = rec.results[i] if i < len(rec.results) else {}
             status = res.get("status", "-")

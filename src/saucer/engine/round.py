@@ -4,6 +4,7 @@ Each step::
 
     [system.save_ui_tree: the desktop's UI tree and a screenshot, saved as the step's artifacts]
       →  handle (agent.state.handle)  →  choose next state and agent (states or graph)
+      →  [save_ui_tree, the round's last step: the desktop once more, artifacts marked "after"]
       →  ledger (SESSION_STEP, ROUND_STEP, cost, subtasks) + structural log entry
       →  ONE commit: the step's Context changes + its StepRecord + the cursor
       →  response.log line, observer.on_step
@@ -218,6 +219,11 @@ class Round:
             except Exception as exc:  # noqa: BLE001 - one failed step fails this round, not the process
                 return await self._step_failed(agent, record, exc, t0)
             t1 = _perf()
+            if save_ui_tree and (next_state.is_round_end() or limits.step_reached(record.session_step)):
+                # The state the round leaves behind: nothing else would capture it (UFO saves it too).
+                dispatcher = getattr(session.context, "command_dispatcher", None)
+                view = await look(dispatcher, artifact_name(record.session_step) + "-after")
+                record.artifacts = [*record.artifacts, *({**entry, "after": True} for entry in view.artifacts())]
             subtask_end = next_state.is_subtask_end()
             self._charge(record, subtask_end)
             await self._commit(agent, record, next_agent, t0, t1)

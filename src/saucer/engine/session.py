@@ -67,6 +67,7 @@ from saucer.engine.plan import Plan, PlanStep, parse_plan
 from saucer.engine.result import SessionResult, SessionStatus
 from saucer.engine.resume import ResumableSession
 from saucer.engine.round import Round, RoundResult, RoundStatus
+from saucer.engine.uitree import replayable
 from saucer.store import EventStore, SessionNotFoundError, StoreError, open_store
 from saucer.store.base import Lease
 
@@ -454,7 +455,7 @@ class Session(ResumableSession, SessionOutcome):
                 done = self._run_rounds[-1][1]
                 for i, command in enumerate(record.commands):
                     if i < len(record.results) and record.results[i].get("status") == "success":
-                        done.append(command)
+                        done.append(replayable(command, record.results[i]))
         self.logs.write_step(record)
         await self._notify("on_step", self, record)
 

@@ -9,6 +9,9 @@ list, for every step, the tree and the screenshot the step started from::
     [{"kind": "ui_tree", "path": ".../artifacts/step-0002-tree.json", "app": "gnome-calculator", "nodes": 95},
      {"kind": "screenshot", "path": ".../artifacts/step-0002-screen.png", "width": 1280, "height": 800}]
 
+After the last step of a round the round looks once more (``step-0007-after-tree.json``,
+``step-0007-after-screen.png``): those entries carry ``"after": true``.
+
 Looking never fails a step: a tree that cannot be read (no window yet, no
 display) is an entry with ``error`` instead of ``path``.
 """
@@ -21,11 +24,24 @@ from typing import Any
 
 from saucer.dispatch.messages import Command, Result, ResultStatus
 
-__all__ = ["DesktopView", "look", "artifact_name", "UI_TREE_TOOL", "SCREENSHOT_TOOL"]
+__all__ = ["DesktopView", "look", "artifact_name", "replayable", "UI_TREE_TOOL", "SCREENSHOT_TOOL"]
 
 UI_TREE_TOOL = "desktop.ui_tree"
 SCREENSHOT_TOOL = "desktop.screenshot"
 _ERROR_CHARS = 500
+
+
+def replayable(command: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]:
+    """``command`` as a plan keeps it: a desktop action on an element id also carries the element's
+    ``locator`` from its result, so a later session (where the id means nothing) finds the element again."""
+    answer = (result or {}).get("result")
+    if not (str(command.get("tool_name", "")).startswith("desktop.") and isinstance(answer, dict)):
+        return command
+    locator = answer.get("locator")
+    parameters = command.get("parameters") or {}
+    if not isinstance(locator, dict) or "element_id" not in parameters or "locator" in parameters:
+        return command
+    return {**command, "parameters": {**parameters, "locator": locator}}
 
 
 def artifact_name(session_step: int) -> str:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,8 @@ from saucer.tools.desktop.virtual import missing_packages
 
 #: Executables the tests need beyond the virtual desktop itself -> their Debian package.
 APPLICATIONS = {"gnome-calculator": "gnome-calculator"}
-DESKTOP_VARIABLES = ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "AT_SPI_BUS_ADDRESS", "XDG_RUNTIME_DIR")
+DESKTOP_VARIABLES = ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "AT_SPI_BUS_ADDRESS", "XDG_RUNTIME_DIR",
+                     "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME")
 
 
 def require_packages() -> None:
@@ -33,6 +37,42 @@ def require_packages() -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"the desktop tests need the Debian packages {', '.join(missing)} ({command}); .ci/run installs them")
     pytest.skip(f"needs the Debian packages {', '.join(missing)}: {command}")
+
+
+#: Keeps GTK 3 (NO_AT_BRIDGE) and GTK 4 (GTK_A11Y) programs off the accessibility bus.
+OFF_THE_BUS = {"NO_AT_BRIDGE": "1", "GTK_A11Y": "none"}
+EDITABLE = re.compile(r"^(e[a-z2-7]{10}) (?:text|text box|entry)\b.*\beditable\b", re.M)
+
+
+@dataclass(frozen=True)
+class Case:
+    """An application, the name the accessibility bus gives it, and what a task types into it."""
+
+    command: tuple[str, ...]
+    app: str
+    typed: str
+    package: str
+
+
+FOLDER = Path("/tmp/saucer-desktop-test-folder")
+CASES = {
+    "gnome-calculator": Case(("gnome-calculator",), "gnome-calculator", "12+30", "gnome-calculator"),
+    "mousepad": Case(("mousepad",), "mousepad", "hello wörld", "mousepad"),
+    "zenity": Case(("zenity", "--forms", "--title=Signup", "--text=Sign up", "--add-entry=Name",
+                    "--add-entry=Email"), "zenity", "Ada Lovelace", "zenity"),
+    "thunar": Case(("thunar", str(FOLDER)), "thunar", "/usr/share/", "thunar"),  # its location bar shows FOLDER
+}
+
+
+def need(*programs: str) -> None:
+    """Skip (or under CI=true fail) when the Debian packages of ``programs`` are missing."""
+    require_packages()
+    missing = sorted({p for p in programs if shutil.which(p) is None})
+    if missing:
+        command = "apt-get install -y " + " ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the desktop tests need the Debian packages {', '.join(missing)} ({command}); .ci/run installs them")
+        pytest.skip(f"needs the Debian packages {', '.join(missing)}: {command}")
 
 
 @contextlib.contextmanager

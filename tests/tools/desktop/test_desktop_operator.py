@@ -31,7 +31,7 @@ from saucer.engine.interactor import NonInteractiveInteractor  # noqa: E402
 from saucer.engine.logs import read_step_log  # noqa: E402
 from saucer.store.memory import MemoryStore  # noqa: E402
 
-_LINE = re.compile(r"^\s*(e[a-z2-7]{10}) label '(.*?)'", re.M)
+_LINE = re.compile(r"^\s*(e[a-z2-7]{10}) (?:button|label) '(.*?)'", re.M)
 
 
 class ApprovingInteractor(NonInteractiveInteractor):
@@ -136,12 +136,16 @@ def test_operator_mode_adds_2_and_3(desktop_env: dict[str, str], tmp_path: Path)
     assert all(r["status"] == "success" for s in steps for r in s.results)
     # Each step keeps what it saw: the tree (save_ui_tree) and the screenshot, as artifacts.
     for step in steps:
-        kinds = {a["kind"]: a for a in step.artifacts}
+        kinds = {a["kind"]: a for a in step.artifacts if not a.get("after")}
         shot = kinds["screenshot"]
         assert Image.open(shot["path"]).size == (1280, 800) == (shot["width"], shot["height"])
         assert Path(shot["path"]).name == f"step-{step.session_step:04d}-screen.png"
     assert "error" in {a["kind"]: a for a in steps[0].artifacts}["ui_tree"]  # nothing was open yet
-    last_tree = json.loads(Path({a["kind"]: a for a in steps[-1].artifacts}["ui_tree"]["path"]).read_text())
+    # After the round's last step the desktop is captured once more, listed like the others.
+    after = {a["kind"]: a for a in steps[-1].artifacts if a.get("after")}
+    assert Path(after["screenshot"]["path"]).name == f"step-{steps[-1].session_step:04d}-after-screen.png"
+    assert [s.session_step for s in steps if any(a.get("after") for a in s.artifacts)] == [steps[-1].session_step]
+    last_tree = json.loads(Path(after["ui_tree"]["path"]).read_text())
     texts = [n.get("text") for n in _nodes(last_tree["tree"]) if n["role"] == "text box"]
     assert "5" in texts
     # The conversation the Context keeps, and request.log, hold no image data.

@@ -111,8 +111,8 @@ def test_save_ui_tree_stores_a_tree_and_a_screenshot_before_each_step(virtual_de
     assert [[c["tool_name"] for c in step["commands"]] for step in steps][0] == ["desktop.launch"]
     trees = []
     for step in steps:
-        [tree] = [a for a in step["artifacts"] if a["kind"] == "ui_tree"]
-        [shot] = [a for a in step["artifacts"] if a["kind"] == "screenshot"]
+        [tree] = [a for a in step["artifacts"] if a["kind"] == "ui_tree" and not a.get("after")]
+        [shot] = [a for a in step["artifacts"] if a["kind"] == "screenshot" and not a.get("after")]
         prefix = f"step-{step['session_step']:04d}"
         assert Path(shot["path"]) == log_dir / "artifacts" / f"{prefix}-screen.png"
         assert Image.open(shot["path"]).size == (1280, 800)
@@ -127,11 +127,24 @@ def test_save_ui_tree_stores_a_tree_and_a_screenshot_before_each_step(virtual_de
     labels = {n["name"] for n in _nodes(json.loads(Path(trees[1]["path"]).read_text())["tree"]) if n["role"] == "label"}
     assert {"2", "+", "3", "="} <= labels  # what the clicks of step 3 were chosen from
 
+    # After the last step of each round (a plan step is a round) the desktop is captured once more.
+    last_of_round = {step["round"]: step["session_step"] for step in steps}
+    for step in steps:
+        after_step = [a["kind"] for a in step["artifacts"] if a.get("after")]
+        assert after_step == (["ui_tree", "screenshot"] if last_of_round[step["round"]] == step["session_step"] else [])
+    after = [a for a in steps[-1]["artifacts"] if a.get("after")]
+    prefix = f"step-{steps[-1]['session_step']:04d}-after"
+    assert Path(after[0]["path"]).name == f"{prefix}-tree.json" and Path(after[1]["path"]).name == f"{prefix}-screen.png"
+    final = {n.get("text") for n in _nodes(json.loads(Path(after[0]["path"]).read_text())["tree"]) if n["role"] == "text box"}
+    assert "5" in final  # the result of the last click, which no capture before a step shows
+
     show = _saucer(virtual_desktop, tmp_path, "show", "last")
     assert show.returncode == 0, show.stderr
     for tree in trees[1:]:
         assert f"ui tree: {tree['path']} ({tree['nodes']} elements)" in show.stdout
+    assert f"ui tree after the step: {after[0]['path']}" in show.stdout
     assert show.stdout.count("screenshot: ") == 4 and "(1280x800)" in show.stdout
+    assert show.stdout.count("screenshot after the step: ") == len(last_of_round)
     assert "ui tree: not saved: " in show.stdout
     data = json.loads(_saucer(virtual_desktop, tmp_path, "show", "last", "--json").stdout)
     listed = [e["artifacts"] for e in data["events"] if e["kind"] == "step"]

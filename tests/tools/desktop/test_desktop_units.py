@@ -182,7 +182,7 @@ class ScriptedBus:
         if method == "GetInterfaces":
             return (["org.a11y.atspi.Accessible", "org.a11y.atspi.Component"],)
         if method == "GetExtents":
-            return ((0, 0, 100, 20),)
+            return (tuple(node.get("extents", (0, 0, 100, 20))),)
         if method == "GetChildren":
             return ([(":1.9", child) for child in node.get("children", [])],)
         if method == "GetChildAtIndex":
@@ -243,3 +243,39 @@ async def test_huge_names_are_cut_and_say_so() -> None:
     tree = await _walk(bus)
     assert len(tree.root["name"]) == 1000 and tree.root["name_length"] == 5_000_000
     assert len(tree.root["description"]) == 1000 and tree.root["description_length"] == 3000
+
+
+async def test_on_screen_leaves_out_closed_menus_with_their_items() -> None:
+    nowhere = (-2147483648, -2147483648, 1, 1)
+    bus = ScriptedBus({
+        "/root": {"name": "w", "role": "frame", "children": ["/menu", "/tab"]},
+        "/menu": {"name": "File", "role": "menu", "children": ["/open", "/recent"]},
+        "/open": {"name": "Open", "role": "menu item", "extents": nowhere, "children": []},
+        "/recent": {"name": "Recent", "role": "menu", "extents": nowhere, "children": ["/clear"]},
+        "/clear": {"name": "Clear", "role": "menu item", "extents": nowhere, "children": []},
+        "/tab": {"name": "", "role": "page tab", "extents": (-1, -1, -1, -1), "children": ["/text"]},
+        "/text": {"name": "", "role": "text", "children": []},
+    })
+    everything = await _walk(bus)
+    assert everything.node_count == 7
+    shown = await _walk(bus, on_screen=True)
+    assert shown.node_count == 4 and shown.hidden == 2  # the menu's two items; "Clear" is never asked about
+    assert [c["role"] for c in shown.root["children"]] == ["menu", "page tab"]  # no size, but its text shows
+    assert shown.root["children"][1]["children"][0]["role"] == "text"
+
+
+async def test_a_tree_read_again_asks_less_and_sees_what_changed() -> None:
+    bus = ScriptedBus({"/root": {"name": "w", "role": "window", "children": ["/a", "/b"]},
+                       "/a": {"name": "a", "role": "panel", "children": []},
+                       "/b": {"name": "b", "role": "button", "children": []}})
+    bus.static = {}  # type: ignore[attr-defined]  # what a real AtspiBus remembers
+    first = await _walk(bus)
+    calls, bus.calls = bus.calls, 0
+    bus.nodes["/a"]["children"] = ["/c"]  # a child appeared since: asked for although /a had none before
+    bus.nodes["/c"] = {"name": "c", "role": "label", "children": []}
+    again = await _walk(bus)
+    assert first.node_count == 3 and again.node_count == 4
+    assert [c["name"] for c in again.root["children"][0]["children"]] == ["c"]
+    assert again.root["children"][1]["role"] == "button" and again.root["children"][1]["bounds"] == [10, 20, 100, 20]
+    # 22 calls to read these four nodes afresh: the three known ones are not asked for role and interfaces again.
+    assert (calls, bus.calls) == (16, 16)

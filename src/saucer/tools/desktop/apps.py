@@ -55,6 +55,8 @@ class Launcher:
 
     def __init__(self) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
+        #: X11 windows found as the started programs' own (see :mod:`saucer.tools.desktop.programs`).
+        self.windows: set[int] = set()
 
     def start(self, argv: list[str], *, cwd: Path, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
         """Start ``argv`` in a new session with stdout and stderr appended to ``log``."""
@@ -85,7 +87,9 @@ class Launcher:
         return ""
 
     def stop_all(self) -> None:
-        """SIGTERM every started process group still alive, then SIGKILL what is left after a grace period."""
+        """SIGTERM every started process group still alive, then SIGKILL what is left after a grace period.
+
+        :func:`saucer.tools.desktop.programs.close_programs` asks the programs to close before this."""
         alive = [p for p in self.processes if p.poll() is None]
         for proc in alive:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -101,3 +105,4 @@ class Launcher:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=1.0)
         self.processes.clear()
+        self.windows.clear()

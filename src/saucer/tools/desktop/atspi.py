@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -43,6 +44,8 @@ __all__ = [
     "short_interface",
 ]
 
+logger = logging.getLogger("saucer.tools.desktop")
+
 #: An accessible object: (bus name of its application, object path).
 Ref = tuple[str, str]
 REGISTRY_ROOT: Ref = ("org.a11y.atspi.Registry", "/org/a11y/atspi/accessible/root")
@@ -56,10 +59,13 @@ TEXT = _PREFIX + "Text"
 VALUE = _PREFIX + "Value"
 ACTION = _PREFIX + "Action"
 _COORD_SCREEN = 0
-# Above this many children, only the first ones the budget allows are asked for, one by one.
-_MANY_CHILDREN = 256
+#: Above this many children, only the first ones the budget allows are asked for, one by one.
+MANY_CHILDREN = 256
+_MANY_CHILDREN = MANY_CHILDREN
 #: Longest name or description kept (the rest is cut; the node says the full length).
 MAX_NAME = 1000
+# Objects whose role and interfaces a bus connection remembers (the oldest are forgotten first).
+_STATIC_SIZE = 100_000
 # D-Bus daemons cap the replies a connection may wait for; stay well below the usual limits.
 _MAX_IN_FLIGHT = 64
 _GONE_ERRORS = {
@@ -127,19 +133,33 @@ def pair(value: Any) -> tuple[Any, Any] | None:
     return (value[0], value[1]) if isinstance(value, (list, tuple)) and len(value) == 2 else None
 
 
-async def find_bus_address(x_property: Callable[[], Awaitable[str | None]] | None, timeout: float) -> str:
-    """The accessibility bus address (see the module docstring); ``x_property`` reads the X root property."""
+async def find_bus_address(x_property: Callable[[], Awaitable[str | None]] | None, timeout: float,
+                           stale: list[str] | None = None) -> str:
+    """The accessibility bus address (see the module docstring); ``x_property`` reads the X root property.
+
+    An ``AT_SPI_BUS`` property whose bus does not answer is skipped (and appended to ``stale``)."""
     explicit = os.environ.get("AT_SPI_BUS_ADDRESS")
     if explicit:
         return explicit
     if x_property is not None:
+        found = None
         with contextlib.suppress(DesktopError):
             found = await x_property()
-            if found:
+        if found:
+            try:
+                probe = await _open(found, timeout)
+            except DesktopError as exc:
+                # Left by an accessibility bus that is gone (a killed session): the session bus knows the live one.
+                logger.warning("desktop: the X root window's AT_SPI_BUS (%s) is stale (%s); asking the session bus", found, exc)
+                if stale is not None:
+                    stale.append(found)
+            else:
+                probe.disconnect()
                 return found
     session = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
     if not session:
-        raise _no_bus("DBUS_SESSION_BUS_ADDRESS is not set and no AT_SPI_BUS address was found")
+        why = f"the X root window's AT_SPI_BUS ({stale[-1]}) is stale" if stale else "no AT_SPI_BUS address was found"
+        raise _no_bus(f"DBUS_SESSION_BUS_ADDRESS is not set and {why}")
     try:
         bus = await _open(session, timeout)
     except DesktopError as exc:
@@ -171,6 +191,9 @@ class AtspiBus:
         self.timeout = timeout
         self._bus = bus
         self._slots = asyncio.Semaphore(_MAX_IN_FLIGHT)
+        #: Role and interfaces of the objects read so far (an object keeps both for its life): a tree read
+        #: again, as the operator does before each step, asks only for what changes.
+        self.static: dict[Ref, tuple[str, frozenset[str], int]] = {}
 
     @classmethod
     async def connect(cls, address: str, timeout: float) -> "AtspiBus":
@@ -262,23 +285,35 @@ class NodeInfo:
 
 
 async def read_node(bus: AtspiBus, ref: Ref) -> NodeInfo:
-    """Name, role, states, interfaces and child count of ``ref`` (four calls, sent together)."""
-    props, role, states, interfaces = await asyncio.gather(
-        bus.get_all(ref, ACCESSIBLE),
-        bus.call1(ref, ACCESSIBLE, "GetRoleName"),
-        bus.call1(ref, ACCESSIBLE, "GetState"),
-        bus.call1(ref, ACCESSIBLE, "GetInterfaces"),
-    )
+    """Name, role, states, interfaces and child count of ``ref`` (four calls, sent together; two for an
+    object read before, whose role and interfaces the bus remembers)."""
+    static = getattr(bus, "static", None)
+    known = static.get(ref) if static is not None else None
+    if known is not None:
+        props, states = await asyncio.gather(bus.get_all(ref, ACCESSIBLE), bus.call1(ref, ACCESSIBLE, "GetState"))
+        role, names, _ = known
+    else:
+        props, role, states, interfaces = await asyncio.gather(
+            bus.get_all(ref, ACCESSIBLE),
+            bus.call1(ref, ACCESSIBLE, "GetRoleName"),
+            bus.call1(ref, ACCESSIBLE, "GetState"),
+            bus.call1(ref, ACCESSIBLE, "GetInterfaces"),
+        )
+        role, names = str(role), frozenset(short_interface(i) for i in interfaces)
     name, description = str(props.get("Name") or ""), str(props.get("Description") or "")
+    if static is not None:
+        if len(static) >= _STATIC_SIZE and ref not in static:
+            static.pop(next(iter(static)))
+        static[ref] = (role, names, max(int(props.get("ChildCount") or 0), 0))
     return NodeInfo(
         ref=ref,
         name=name[:MAX_NAME],
         name_length=len(name),
         description=description[:MAX_NAME],
         description_length=len(description),
-        role=str(role),
+        role=role,
         states=decode_states(states),
-        interfaces=frozenset(short_interface(i) for i in interfaces),
+        interfaces=names,
         child_count=max(int(props.get("ChildCount") or 0), 0),
     )
 

@@ -26,6 +26,7 @@ from saucer.tools.desktop.apps import Launcher, descendants, split_command
 from saucer.tools.desktop.artifacts import Artifacts
 from saucer.tools.desktop.atspi import ACCESSIBLE, ACTION, APP_ROOT_PATH, COMPONENT, NULL_PATH, AtspiBus, NodeInfo
 from saucer.tools.desktop.atspi import DETAILS, find_bus_address, pair, read_details, read_node
+from saucer.tools.desktop.locator import Locator, describe, same_path, selector_name
 from saucer.tools.desktop.models import (
     ClickResult,
     FindResult,
@@ -38,6 +39,7 @@ from saucer.tools.desktop.models import (
     WindowInfo,
     WindowsResult,
 )
+from saucer.tools.desktop.programs import close_programs, launched_windows, program_names
 from saucer.tools.desktop.targets import App, Target, active_windows, choose, list_apps, pick, window_offset
 from saucer.tools.desktop.tree import ElementRegistry, Located, Selector, Tree, TreeLimits, build_tree, complete, find_matches
 from saucer.tools.desktop.x11 import X11, X_LOST, X_REFUSED, XWindow, parse_keys
@@ -54,6 +56,8 @@ _MAX_PIXELS = 7680 * 4320
 # ready anyway (a toolkit without accessibility never does). GTK 4 registers within a second on an idle machine,
 # but took more than one on a loaded one: a plan's next ui_tree(app=...) then found no such application.
 _X11_ONLY_GRACE = 5.0
+# Seconds a replayed step waits for the element its locator describes (the window may still be opening).
+_LOCATE_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class Desktop:
         self._bus: AtspiBus | None = None
         self.artifacts = Artifacts(options.artifacts)
         self._lock = asyncio.Lock()
+        #: The X root window's ``AT_SPI_BUS`` when it named a bus that is gone (programs are then told the live one).
+        self.stale_bus_property: str | None = None
 
     # -- connections ------------------------------------------------------------------------------
     async def _xcall(self, fn: Callable[[X11], T]) -> T:
@@ -124,20 +130,32 @@ class Desktop:
         if self._bus is None:
             timeout = self.options.call_timeout
             display = self.options.display or os.environ.get("DISPLAY")
-            address = await find_bus_address(self._x_bus_property if display else None, timeout)
+            stale: list[str] = []
+            address = await find_bus_address(self._x_bus_property if display else None, timeout, stale)
             self._bus = await AtspiBus.connect(address, timeout)
+            self.stale_bus_property = stale[-1] if stale else None
         return self._bus
+
+    async def _bus_for_programs(self, env: dict[str, str]) -> None:
+        """Point a program at the live accessibility bus when the X root window names a stale one (a toolkit
+        reads that property before it asks the session bus, and would stay off the bus)."""
+        if env.get("AT_SPI_BUS_ADDRESS") or env.get("NO_AT_BRIDGE") == "1" or env.get("GTK_A11Y") == "none":
+            return
+        with contextlib.suppress(DesktopError):
+            bus = await self._atspi()
+            if self.stale_bus_property is not None:
+                env["AT_SPI_BUS_ADDRESS"] = bus.address
 
     async def aclose(self) -> None:
         """Close the connections and stop the programs ``launch`` started (unless ``keep_apps``)."""
+        if not self.options.keep_apps:
+            await asyncio.to_thread(self.stop_programs)
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
         if self._x is not None:
             self._x.close()
             self._x = None
-        if not self.options.keep_apps:
-            await asyncio.to_thread(self.launcher.stop_all)
 
     # -- applications and windows -----------------------------------------------------------------
     async def _apps(self) -> list[App]:
@@ -161,13 +179,13 @@ class Desktop:
         return window_offset(window, pid, xwindows)
 
     # -- trees ------------------------------------------------------------------------------------
-    def limits(self, max_depth: int, max_nodes: int, max_text: int, only_visible: bool) -> TreeLimits:
+    def limits(self, max_depth: int, max_nodes: int, max_text: int, only_visible: bool, on_screen: bool = False) -> TreeLimits:
         """Validated limits (a value beyond the server's caps is an error, not silently lowered)."""
         o = self.options
         _check_range("max_depth", max_depth, 0, o.max_depth, "--max-depth")
         _check_range("max_nodes", max_nodes, 1, o.max_nodes, "--max-nodes")
         _check_range("max_text", max_text, 0, o.max_text, "--max-text")
-        return TreeLimits(max_depth, max_nodes, max_text, only_visible)
+        return TreeLimits(max_depth, max_nodes, max_text, only_visible, on_screen)
 
     async def _walk(self, target: Target, limits: TreeLimits) -> Tree:
         bus = await self._atspi()
@@ -233,11 +251,17 @@ class Desktop:
             return FindResult(matches=[node for node, _ in matches], node_count=tree.node_count, truncated=tree.truncated,
                               seconds=round(time.perf_counter() - started, 4))
 
-    async def _element(self, key: str) -> tuple[NodeInfo, dict[str, Any]]:
-        """The current state of the element behind an id, as a node with corrected bounds."""
-        located: Located = self.registry.resolve(key)
-        bus = await self._atspi()
-        info = await read_details(bus, await read_node(bus, located.ref), max_text=200, parts=DETAILS)
+    async def _element(self, key: str, locator: Locator | None = None) -> tuple[NodeInfo, dict[str, Any]]:
+        """The current state of the element behind an id, as a node with corrected bounds; by ``locator``
+        when the id does not resolve (a plan saved in an earlier session) or its element is gone."""
+        try:
+            located: Located = self.registry.resolve(key)
+            bus = await self._atspi()
+            info = await read_details(bus, await read_node(bus, located.ref), max_text=200, parts=DETAILS)
+        except DesktopError:
+            if locator is None:
+                raise
+            return await self._locate(locator)
         offset = (0, 0)
         if located.toplevel is not None and located.toplevel != located.ref:
             top = await read_node(bus, located.toplevel)
@@ -253,8 +277,40 @@ class Desktop:
             node["bounds"] = [x + offset[0], y + offset[1], w, h]
         return info, node
 
+    async def _locate(self, locator: Locator) -> tuple[NodeInfo, dict[str, Any]]:
+        """The element ``locator`` describes (see :mod:`~saucer.tools.desktop.locator`), waiting a little for it."""
+        selector = Selector(name=selector_name(locator.name), role=locator.role)
+        try:
+            matches, tree, target = await self._search(selector, locator.app, locator.window, _LOCATE_WAIT, self.options.max_nodes)
+        except DesktopError:  # a title that changed: any window of the application
+            matches, tree, target = await self._search(selector, locator.app, None, _LOCATE_WAIT, self.options.max_nodes)
+        chosen = same_path(locator, matches, tree.nodes, not target.is_window)
+        if len(chosen) > 1 and locator.indexes:
+            bus = await self._atspi()
+            places = await asyncio.gather(*(describe(bus, tree.infos[n["id"]].ref) for n, _ in chosen), return_exceptions=True)
+            chosen = [m for m, d in zip(chosen, places) if isinstance(d, Locator) and d.indexes == locator.indexes] or chosen
+        node = chosen[0][0]
+        return tree.infos[node["id"]], _summary(node)
+
+    async def _focus_window_of(self, info: NodeInfo) -> None:
+        """Give the keyboard to the X11 window of the element's application unless it has it (a bare X server
+        gives it to the window below the pointer)."""
+        with contextlib.suppress(DesktopError):
+            pid = await (await self._atspi()).pid_of(info.ref[0])
+            mine = [w for w in await self._xcall(lambda d: d.windows()) if pid is not None and w.pid == pid]
+            if mine and not any(w.focused for w in mine):
+                await self._xcall(lambda d: d.focus(mine[-1]))
+
+    async def _locator(self, info: NodeInfo | None) -> dict[str, Any] | None:
+        """The stable description of an element acted on, for plans replayed later (None when unreadable)."""
+        if info is None:
+            return None
+        with contextlib.suppress(DesktopError):
+            return (await describe(await self._atspi(), info.ref)).model_dump()
+        return None
+
     async def _chosen(self, element_id: str | None, selector: Selector | None, app: str | None,
-                      window: str | None, index: int | None) -> tuple[NodeInfo, dict[str, Any]]:
+                      window: str | None, index: int | None, locator: Locator | None = None) -> tuple[NodeInfo, dict[str, Any]]:
         """The element to act on: by id, or the one match of a selector.
 
         When several elements match, the only one that can be clicked (it, or
@@ -262,7 +318,7 @@ class Desktop:
         "=" inside the "=" button wins over a label "=" in a history list.
         """
         if element_id is not None:
-            return await self._element(element_id)
+            return await self._element(element_id, locator)
         assert selector is not None
         matches, tree, _ = await self._search(selector, app, window, 0, self.options.max_nodes)
         if index is not None:
@@ -312,7 +368,8 @@ class Desktop:
         return bounds[0] + bounds[2] // 2, bounds[1] + bounds[3] // 2
 
     async def click(self, *, element_id: str | None, selector: Selector | None, app: str | None, window: str | None,
-                    index: int | None, x: int | None, y: int | None, button: str, double: bool, method: str) -> ClickResult:
+                    index: int | None, x: int | None, y: int | None, button: str, double: bool, method: str,
+                    locator: Locator | None = None) -> ClickResult:
         count = 2 if double else 1
         async with self._lock:
             if x is not None and y is not None:
@@ -320,7 +377,8 @@ class Desktop:
                     raise DesktopError("a point has no action to do; use method 'auto' or 'pointer' with x and y")
                 await self._xcall(lambda d: d.click(x, y, button, count))
                 return ClickResult(method="pointer", x=x, y=y, button=button, count=count)
-            info, node = await self._chosen(element_id, selector, app, window, index)
+            info, node = await self._chosen(element_id, selector, app, window, index, locator)
+            where = await self._locator(info)
             if method != "pointer" and button == "left" and not double:
                 owner = await self._action_owner(info)
                 if owner is not None:
@@ -329,22 +387,25 @@ class Desktop:
                     done = await bus.call1(actor.ref, ACTION, "DoAction", "i", (position,))
                     if done:
                         via = None if actor is info else {"role": actor.role, "name": actor.name}
-                        return ClickResult(method="action", action=actor.actions[position], element=node, via=via)
+                        return ClickResult(method="action", action=actor.actions[position], element=node, via=via,
+                                           locator=where)
                 if method == "action":
                     raise DesktopError(f"element {node['id']} has no click or press action (actions: {info.actions or 'none'})")
             elif method == "action":
                 raise DesktopError("method 'action' does only single left clicks; use method 'pointer'")
             px, py = self._centre(node)
             await self._xcall(lambda d: d.click(px, py, button, count))
-            return ClickResult(method="pointer", x=px, y=py, button=button, count=count, element=node)
+            return ClickResult(method="pointer", x=px, y=py, button=button, count=count, element=node, locator=where)
 
-    async def type_text(self, text: str, element_id: str | None, delay: float) -> TypeResult:
+    async def type_text(self, text: str, element_id: str | None, delay: float, locator: Locator | None = None) -> TypeResult:
         if len(text) > self.options.max_type:
             raise DesktopError(f"text is {len(text)} characters; at most {self.options.max_type} per call")
         async with self._lock:
-            node = None
+            node = where = None
             if element_id is not None:
-                info, node = await self._element(element_id)
+                info, node = await self._element(element_id, locator)
+                where = await self._locator(info)
+                await self._focus_window_of(info)
                 focused = False
                 if "Component" in info.interfaces:
                     bus = await self._atspi()
@@ -354,7 +415,7 @@ class Desktop:
                     px, py = self._centre(node)
                     await self._xcall(lambda d: d.click(px, py))
             await self._xcall(lambda d: d.type_text(text, delay))
-            return TypeResult(characters=len(text), element=node)
+            return TypeResult(characters=len(text), element=node, locator=where)
 
     async def press_keys(self, keys: str, delay: float) -> KeysResult:
         if len(keys) > self.options.max_type:
@@ -364,16 +425,19 @@ class Desktop:
             await self._xcall(lambda d: d.press(combos, delay))
             return KeysResult(keys=keys, combinations=len(combos))
 
-    async def scroll(self, direction: str, amount: int, element_id: str | None, x: int | None, y: int | None) -> ScrollResult:
+    async def scroll(self, direction: str, amount: int, element_id: str | None, x: int | None, y: int | None,
+                     locator: Locator | None = None) -> ScrollResult:
         async with self._lock:
+            where = None
             if element_id is not None:
-                _, node = await self._element(element_id)
+                info, node = await self._element(element_id, locator)
+                where = await self._locator(info)
                 x, y = self._centre(node)
             elif x is None or y is None:
                 x, y = await self._xcall(lambda d: d.pointer())
             px, py = x, y
             await self._xcall(lambda d: d.scroll(px, py, direction, amount))
-            return ScrollResult(direction=direction, amount=amount, x=px, y=py)
+            return ScrollResult(direction=direction, amount=amount, x=px, y=py, locator=where)
 
     async def screenshot(self, region: list[int] | None, scale: float | None, name: str | None) -> Screenshot:
         async with self._lock:
@@ -426,26 +490,39 @@ class Desktop:
         # Qt exposes its accessibility tree only when asked.
         child_env.setdefault("QT_ACCESSIBILITY", "1")
         child_env.update(env or {})
+        # A program told to stay off the accessibility bus never appears there: its X11 window is all there is.
+        off_bus = child_env.get("NO_AT_BRIDGE") == "1" or child_env.get("GTK_A11Y") == "none"  # GTK 3, GTK 4
+        grace = 0.0 if off_bus else _X11_ONLY_GRACE
         async with self._lock:
             if not child_env.get("DISPLAY"):
                 await self._xcall(lambda d: None)  # raises the no-display error with its advice
+            await self._bus_for_programs(child_env)
+            before: set[int] = set()
+            with contextlib.suppress(DesktopError):
+                before = {w.id for w in await self._xcall(lambda d: d.windows())}
             log, _ = self.artifacts.path(None, f"launch-{Path(argv[0]).name}", ".log")
             proc = await asyncio.to_thread(self.launcher.start, argv, cwd=Path.cwd(), env=child_env, log=log)
             result = LaunchResult(pid=proc.pid, command=argv, running=True, ready=False, log=str(log))
             deadline = time.monotonic() + wait
             x_only_since: float | None = None
+            mine: list[XWindow] = []
             while True:
-                found = await self._look_for_windows(result)
+                found, mine = await self._look_for_windows(result, before, program_names(argv))
                 if found == "x11":
                     # A window that X11 knows of, but no accessible application (yet): give the
                     # toolkit a moment to register on the bus before calling it ready.
                     now = time.monotonic()
                     x_only_since = x_only_since or now
-                    result.ready = now - x_only_since >= _X11_ONLY_GRACE or now >= deadline
+                    result.ready = now - x_only_since >= grace or now >= deadline
                 code = proc.poll()
                 if result.ready or code is not None or time.monotonic() >= deadline:
                     break
                 await asyncio.sleep(_POLL)
+            self.launcher.windows.update(w.id for w in mine)
+            if result.ready and mine and not any(w.focused for w in mine):
+                # What a window manager does with a new window; a bare X server leaves the keyboard elsewhere.
+                with contextlib.suppress(DesktopError):
+                    await self._xcall(lambda d: d.focus(mine[-1]))
             if code is not None:
                 result.running, result.exit_code = False, code
                 tail = self.launcher.log_tail(log)
@@ -458,26 +535,33 @@ class Desktop:
                 result.note = f"no window of the program appeared within {wait:g} s"
             elif x_only_since is not None and result.app is None:
                 result.note = ("its window is shown, but the program is not on the accessibility bus (its toolkit may "
-                               "not support AT-SPI): use screenshots, clicks at x, y and keys")
+                               "not support AT-SPI, or NO_AT_BRIDGE=1 is set): use screenshots, clicks at x, y and keys")
             return result
 
-    async def _look_for_windows(self, result: LaunchResult) -> str | None:
-        """Fill in the program's application and windows: 'atspi' when it has an accessible window, 'x11' when only X11 shows one."""
+    async def _look_for_windows(self, result: LaunchResult, before: set[int], names: set[str]) -> tuple[str | None, list[XWindow]]:
+        """Fill in the program's application and windows: 'atspi' when it has an accessible window, 'x11' when
+        only X11 shows one (see :func:`~saucer.tools.desktop.programs.launched_windows`); and its X11 windows."""
         pids = await asyncio.to_thread(descendants, result.pid)
+        mine: list[XWindow] = []
+        with contextlib.suppress(DesktopError):
+            mine = launched_windows(await self._xcall(lambda d: d.windows()), pids, before, names)
+        owners = pids | {w.pid for w in mine if w.pid is not None}
         with contextlib.suppress(DesktopError):
             for app in await self._apps():
-                if app.pid in pids:
+                if app.pid in owners:
                     result.app = app.name
                     titles = [w.name for w in app.windows if "showing" in w.states]
                     if titles:
                         result.windows, result.ready = titles, True
-                        return "atspi"
-        with contextlib.suppress(DesktopError):
-            titles = [w.title for w in await self._xcall(lambda d: d.windows()) if w.pid in pids]
-            if titles:
-                result.windows = titles
-                return "x11"
-        return None
+                        return "atspi", mine
+        if mine:
+            result.windows = [w.title for w in mine]
+            return "x11", mine
+        return None, mine
+
+    def stop_programs(self) -> None:
+        """Close the programs ``launch`` started like a user (blocking; see :func:`~saucer.tools.desktop.programs.close_programs`)."""
+        close_programs(self.launcher, self.options.display)
 
 
 def _png(image: Any) -> bytes:

@@ -75,6 +75,9 @@ class ClickResult(BaseModel):
     via: dict[str, Any] | None = Field(
         None, description="The parent whose action did the click, when the element itself has none (e.g. a button around a label)."
     )
+    locator: dict[str, Any] | None = Field(
+        None, description="The element described for a later session: app, window, role, name, path of roles; a plan "
+        "passes it back (locator=...) to find the element again when its id no longer resolves.")
 
 
 class TypeResult(BaseModel):
@@ -82,6 +85,9 @@ class TypeResult(BaseModel):
 
     characters: int
     element: dict[str, Any] | None = Field(None, description="The element focused first, when one was given.")
+    locator: dict[str, Any] | None = Field(
+        None, description="The element described for a later session: app, window, role, name, path of roles; a plan "
+        "passes it back (locator=...) to find the element again when its id no longer resolves.")
 
 
 class KeysResult(BaseModel):
@@ -98,6 +104,9 @@ class ScrollResult(BaseModel):
     amount: int
     x: int
     y: int
+    locator: dict[str, Any] | None = Field(
+        None, description="The element described for a later session: app, window, role, name, path of roles; a plan "
+        "passes it back (locator=...) to find the element again when its id no longer resolves.")
 
 
 class LaunchResult(BaseModel):

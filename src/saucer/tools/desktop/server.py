@@ -5,7 +5,7 @@ Tools (all answers are structured JSON; failures are tool errors saying what to 
 ``screenshot(region=None, scale=None, name=None)``
     A PNG of the screen (or of ``region`` = [x, y, width, height], optionally
     scaled) saved in the artifacts directory; returns its path and size.
-``ui_tree(app=None, window=None, max_depth=30, max_nodes=500, max_text=200, only_visible=True, save_as=None, include_tree=True)``
+``ui_tree(app=None, window=None, max_depth=30, max_nodes=500, max_text=200, only_visible=True, on_screen=False, save_as=None, include_tree=True)``
     The accessible tree of the focused window, of ``window`` (title) or of
     ``app`` (application name), with stable element ids; ``save_as`` also
     writes it as JSON to the artifacts directory.
@@ -41,6 +41,7 @@ from pydantic import Field
 from saucer.tools._common import env_default, make_server, parse, positive_float, positive_int, serve_stdio
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.core import Desktop, DesktopOptions
+from saucer.tools.desktop.locator import Locator
 from saucer.tools.desktop.models import (
     ClickResult,
     FindResult,
@@ -105,6 +106,8 @@ Text = Annotated[str | None, Field(description="Element text content (Text inter
 App = Annotated[str | None, Field(description="Application name, e.g. 'gnome-calculator' (default: the focused window's).")]
 Window = Annotated[str | None, Field(description="Window title (default: the focused window).")]
 ElementId = Annotated[str | None, Field(description="An element id from ui_tree or find, e.g. 'e3kqx7mab2c'.")]
+Where = Annotated[Locator | None, Field(description="The element's locator from an earlier result (plans): used when "
+                                                    "element_id does not resolve, e.g. in a new session.")]
 
 
 def build_server(desktop: Desktop) -> MCPServer:
@@ -132,6 +135,8 @@ def build_server(desktop: Desktop) -> MCPServer:
                                                            "deep levels are cut first).")] = None,
         max_text: Annotated[int, Field(description="Most characters of text per node.")] = 200,
         only_visible: Annotated[bool, Field(description="Leave out hidden elements (neither showing nor visible) and their children.")] = True,
+        on_screen: Annotated[bool, Field(description="Also leave out elements placed entirely off the screen (such as "
+                                                     "the items of closed menus) and their children.")] = False,
         save_as: Annotated[str | None, Field(description="Also save the tree as JSON under this name in the artifacts directory.")] = None,
         include_tree: Annotated[bool, Field(description="Return the tree itself (false: only counts and the saved path).")] = True,
     ) -> UITree:
@@ -139,7 +144,7 @@ def build_server(desktop: Desktop) -> MCPServer:
             limits = desktop.limits(
                 min(TREE_DEPTH, options.max_depth) if max_depth is None else max_depth,
                 min(TREE_NODES, options.max_nodes) if max_nodes is None else max_nodes,
-                max_text, only_visible,
+                max_text, only_visible, on_screen,
             )
             return await desktop.ui_tree(app, window, limits, save_as, include_tree)
 
@@ -175,12 +180,13 @@ def build_server(desktop: Desktop) -> MCPServer:
         method: Annotated[Literal["auto", "action", "pointer"], Field(
             description="auto: the element's click/press action when it has one, else the pointer; "
             "action: only the action; pointer: always a mouse click at the element's centre.")] = "auto",
+        locator: Where = None,
     ) -> ClickResult:
         async def run() -> ClickResult:
             selector = _selector(name, role, text)
             _one_target(element_id, selector, x, y)
             return await desktop.click(element_id=element_id, selector=selector, app=app, window=window, index=index,
-                                       x=x, y=y, button=button, double=double, method=method)
+                                       x=x, y=y, button=button, double=double, method=method, locator=locator)
 
         return await _guard(run())
 
@@ -188,8 +194,9 @@ def build_server(desktop: Desktop) -> MCPServer:
         text: Annotated[str, Field(description="The text to type; \\n presses Return and \\t Tab.")],
         element_id: Annotated[str | None, Field(description="Focus this element first (else: type where the focus is).")] = None,
         delay: Annotated[float, Field(ge=0, le=1, description="Seconds between keys.")] = 0.0,
+        locator: Where = None,
     ) -> TypeResult:
-        return await _guard(desktop.type_text(text, element_id, delay))
+        return await _guard(desktop.type_text(text, element_id, delay, locator))
 
     async def press_keys(
         keys: Annotated[str, Field(description="Key combinations separated by spaces, e.g. 'ctrl+a', 'Return', "
@@ -204,13 +211,14 @@ def build_server(desktop: Desktop) -> MCPServer:
         element_id: Annotated[str | None, Field(description="Scroll over this element (its centre).")] = None,
         x: Annotated[int | None, Field(description="Screen x to scroll at (default: where the pointer is).")] = None,
         y: Annotated[int | None, Field(description="Screen y to scroll at.")] = None,
+        locator: Where = None,
     ) -> ScrollResult:
         async def run() -> ScrollResult:
             if (x is None) != (y is None):
                 raise DesktopError("give both x and y, or neither")
             if element_id is not None and x is not None:
                 raise DesktopError("give element_id or x and y, not both")
-            return await desktop.scroll(direction, amount, element_id, x, y)
+            return await desktop.scroll(direction, amount, element_id, x, y, locator)
 
         return await _guard(run())
 
@@ -330,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_stdio(lambda: build_server(desktop), "saucer-desktop")
     finally:
         if not desktop.options.keep_apps:
-            desktop.launcher.stop_all()
+            desktop.stop_programs()
 
 
 if __name__ == "__main__":

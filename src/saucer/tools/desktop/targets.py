@@ -81,8 +81,9 @@ def choose(apps: Sequence[App], app: str | None, window: str | None, focused: XW
 
     Without either, the focused window is the one window in the "active"
     state; when there are none or several, the X11 input focus (``focused``)
-    decides by process id and title; failing that, the only application
-    with a window showing.
+    decides by process id and title, and a focused window that is on no
+    application of the bus is an error (not some other application's tree);
+    without a focused window, the only application with a window showing.
     """
     if not apps:
         raise DesktopError("no application is on the accessibility bus; start one first (launch)")
@@ -105,8 +106,19 @@ def choose(apps: Sequence[App], app: str | None, window: str | None, focused: XW
     active = active_windows(apps)
     if len(active) != 1 and focused is not None:
         pool = active or [(a, w) for a in apps for w in a.windows]
-        by_pid = [(a, w) for a, w in pool if a.pid == focused.pid]
-        active = [p for p in by_pid if p[1].name == focused.title] or by_pid or active
+        by_pid = [(a, w) for a, w in pool if focused.pid is not None and a.pid == focused.pid]
+        by_title = [(a, w) for a, w in pool if w.name and w.name == focused.title]
+        active = [p for p in by_pid if p[1].name == focused.title] or by_pid or by_title
+        owner = [a for a in apps if focused.pid is not None and a.pid == focused.pid]
+        if not active and len(owner) == 1:
+            # On the bus, but no window listed (yet): the whole application.
+            return Target(owner[0].ref, owner[0].name, owner[0].pid, None)
+        if not active:
+            raise DesktopError(
+                f"the focused window {focused.title!r} ({focused.app or 'no WM_CLASS'}, pid {focused.pid}) is not on "
+                "the accessibility bus (its toolkit may not support AT-SPI, or it runs with NO_AT_BRIDGE=1): use "
+                "screenshots, clicks at x, y and keys, or name another application with app="
+            )
     if not active:
         showing = [(a, w) for a in apps for w in a.windows if "showing" in w.states]
         if len({a.ref for a, _ in showing}) == 1:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from saucer.tools.desktop import DesktopError
-from saucer.tools.desktop.atspi import DETAILS, AtspiBus, NodeInfo, Ref, read_details, read_node
+from saucer.tools.desktop.atspi import DETAILS, MANY_CHILDREN, AtspiBus, NodeInfo, Ref, read_details, read_node
 
 __all__ = [
     "ID_PATTERN",
@@ -94,6 +94,9 @@ class TreeLimits:
     max_nodes: int
     max_text: int
     only_visible: bool = True
+    #: Also leave out elements placed entirely off the screen, with their children: GTK 3 lists the items of
+    #: closed menus as visible, at (-2147483648, -2147483648). Elements of no size are kept (their content may show).
+    on_screen: bool = False
     #: What to read of each node besides name, role, states and children (top-level windows always
     #: get their bounds, which place their descendants). A search reads less and completes its matches.
     parts: frozenset[str] = DETAILS
@@ -172,12 +175,34 @@ async def build_tree(
     seen = {root}
 
     async def read(item: _Pending, child_budget: int) -> NodeInfo | None:
-        info = await read_node(bus, item.ref)
-        if limits.only_visible and item.parent is not None and not info.states & _SEEN:
-            return None
         parts = limits.parts | ({"children", "bounds"} if item.is_toplevel else {"children"})
         budget = child_budget if item.depth < limits.max_depth else 0
-        return await read_details(bus, info, max_text=limits.max_text, child_budget=budget, parts=parts)
+        known = getattr(bus, "static", {}).get(item.ref)
+        if known is None:
+            info = await read_node(bus, item.ref)
+            if limits.only_visible and item.parent is not None and not info.states & _SEEN:
+                return None
+            info = await read_details(bus, info, max_text=limits.max_text, child_budget=budget, parts=parts)
+        else:
+            # Read before: its role and interfaces are known, so everything is asked at once (one round trip).
+            role, interfaces, count = known
+            guess = NodeInfo(item.ref, "", role, frozenset(), interfaces, count)
+            info, details = await asyncio.gather(
+                read_node(bus, item.ref),
+                read_details(bus, guess, max_text=limits.max_text, child_budget=budget, parts=parts))
+            if limits.only_visible and item.parent is not None and not info.states & _SEEN:
+                return None
+            if info.child_count and (not count or info.child_count > MANY_CHILDREN and count <= MANY_CHILDREN):
+                details.children = []  # the children were not asked for, or not as many: ask now
+                details = await read_details(bus, info, child_budget=budget, parts=frozenset({"children"})) if budget else details
+            info.children = details.children[:max(budget, 0)] if info.child_count else []
+            info.bounds, info.text, info.text_length = details.bounds, details.text, details.text_length
+            info.value, info.actions = details.value, details.actions
+        if limits.on_screen and item.parent is not None and info.bounds is not None and not item.is_toplevel:
+            x, y, w, h = info.bounds
+            if (x + w <= 0 or y + h <= 0) and w > 0 and h > 0:
+                return None
+        return info
 
     while level:
         room = limits.max_nodes - tree.node_count

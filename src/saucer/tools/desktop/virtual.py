@@ -78,8 +78,11 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
 class VirtualDesktop:
     """Xvfb (``-displayfd`` picks a free display) and a ``dbus-daemon --session``; :attr:`env` reaches both."""
 
-    def __init__(self, width: int = 1280, height: int = 800, depth: int = 24) -> None:
+    def __init__(self, width: int = 1280, height: int = 800, depth: int = 24, *, private_home: bool = False) -> None:
         self.size = (width, height, depth)
+        #: Give the programs (and the bus's services, such as dconf) their own XDG config, data and cache
+        #: folders, so that nothing they save reaches the user's, or the next virtual desktop's.
+        self.private_home = private_home
         self.env: dict[str, str] = {}
         self.display = ""
         self._dir: Path | None = None
@@ -121,7 +124,11 @@ class VirtualDesktop:
 
     def _start_bus(self) -> None:
         assert self._dir is not None
-        env = {**os.environ, "DISPLAY": self.display, "XDG_RUNTIME_DIR": str(self._dir)}
+        homes = {}
+        if self.private_home:
+            homes = {name: str(self._dir / folder) for name, folder in
+                     (("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"), ("XDG_CACHE_HOME", "cache"))}
+        env = {**os.environ, "DISPLAY": self.display, "XDG_RUNTIME_DIR": str(self._dir), **homes}
         env.pop("DBUS_SESSION_BUS_ADDRESS", None)
         env.pop("AT_SPI_BUS_ADDRESS", None)
         self._bus = subprocess.Popen(
@@ -131,7 +138,7 @@ class VirtualDesktop:
         )
         assert self._bus.stdout is not None
         address = _read_line(self._bus.stdout.fileno(), "dbus-daemon", self._bus)
-        self.env = {"DISPLAY": self.display, "DBUS_SESSION_BUS_ADDRESS": address, "XDG_RUNTIME_DIR": str(self._dir)}
+        self.env = {"DISPLAY": self.display, "DBUS_SESSION_BUS_ADDRESS": address, "XDG_RUNTIME_DIR": str(self._dir), **homes}
 
     def stop(self) -> None:
         """Stop the bus (and what it started), then the display; remove the private runtime directory."""

@@ -108,6 +108,8 @@ class XWindow:
     height: int
     focused: bool
     frame: tuple[int, int, int, int] | None  # _GTK_FRAME_EXTENTS: left, right, top, bottom
+    #: The first part of ``WM_CLASS`` (usually the program's name; ``app`` is the class, e.g. ``Mousepad``).
+    instance: str = ""
 
 
 class X11:
@@ -188,28 +190,73 @@ class X11:
         value = prop.value
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
-    def _focus_id(self) -> int:
-        focus = self.d.get_input_focus().focus
-        return focus.id if hasattr(focus, "id") else int(focus)
+    def _parent(self, window_id: int) -> int:
+        """The parent of a window (0 for the root, or when the window no longer exists)."""
+        try:
+            tree = self.d.create_resource_object("window", window_id).query_tree()
+        except error.XError:
+            return 0
+        return tree.parent.id if tree.parent else 0
 
-    def _is_focused(self, window_id: int, focus_id: int) -> bool:
-        # The focus may be on a child of the top-level window (or on its frame's child).
-        current, steps = focus_id, 0
-        while current and current != self.root.id and steps < 32:
-            if current == window_id:
-                return True
-            tree = self.d.create_resource_object("window", current).query_tree()
-            current = tree.parent.id if tree.parent else 0
-            steps += 1
-        return False
+    def _top_of(self, window_id: int) -> int:
+        """The child of the root that holds ``window_id`` (its window manager frame, or itself), or 0."""
+        current, steps = window_id, 0
+        while current and steps < 32:
+            parent = self._parent(current)
+            if parent == self.root.id:
+                return current
+            current, steps = parent, steps + 1
+        return 0
+
+    def focus_holder(self) -> int:
+        """The window that gets the keyboard: the input focus, or under ``PointerRoot`` the top-level window
+        below the pointer; 0 when there is none (focus ``None``, or the pointer over the bare root)."""
+        focus = self.d.get_input_focus().focus
+        focus_id = focus.id if hasattr(focus, "id") else int(focus)
+        if focus_id == X.PointerRoot:
+            child = self.root.query_pointer().child
+            return child.id if hasattr(child, "id") and child.id else 0
+        if focus_id in (X.NONE, self.root.id):
+            return 0
+        return focus_id
+
+    def _clients(self) -> list[int]:
+        """The client windows, bottom to top: ``_NET_CLIENT_LIST_STACKING`` (or ``_NET_CLIENT_LIST``) under an
+        EWMH window manager; else the root's children (with ``WM_STATE``, a class or a name), a frame of a
+        window manager that does not keep those lists replaced by the window inside it that has ``WM_STATE``."""
+        for name in ("_NET_CLIENT_LIST_STACKING", "_NET_CLIENT_LIST"):
+            listed = self.root.get_full_property(self.atom(name), X.AnyPropertyType)
+            if listed is not None and len(listed.value):
+                return [int(w) for w in listed.value]
+        wm_state = self.atom("WM_STATE")
+        found = []
+        for child in self.root.query_tree().children:
+            try:
+                if (child.get_full_property(wm_state, X.AnyPropertyType) is not None or child.get_wm_class()
+                        or child.get_wm_name()):
+                    found.append(child.id)
+                    continue
+                inner = [w for w in child.query_tree().children if w.get_full_property(wm_state, X.AnyPropertyType)]
+                found.extend(w.id for w in inner[:1])
+            except error.XError:
+                continue  # closed while we looked at it
+        return found
 
     def windows(self) -> list[XWindow]:
-        """The mapped top-level windows (``_NET_CLIENT_LIST`` under a window manager, else the root's children)."""
-        clients = self.root.get_full_property(self.atom("_NET_CLIENT_LIST"), X.AnyPropertyType)
-        ids = [int(w) for w in clients.value] if clients else [w.id for w in self.root.query_tree().children]
-        focus_id = self._focus_id()
+        """The mapped top-level windows, bottom to top, with or without a window manager.
+
+        ``focused`` marks the window that gets the keyboard (:meth:`focus_holder`):
+        the one holding the input focus or one of its children, or, under
+        ``PointerRoot`` (a bare X server's default), the one below the pointer.
+        """
+        holder = self.focus_holder()
+        chain: set[int] = set()
+        current, steps = holder, 0
+        while current and current != self.root.id and steps < 32:
+            chain.add(current)
+            current, steps = self._parent(current), steps + 1
         found = []
-        for window_id in ids:
+        for window_id in self._clients():
             window = self.d.create_resource_object("window", window_id)
             try:
                 attrs = window.get_attributes()
@@ -223,6 +270,7 @@ class X11:
                 origin = self.root.translate_coords(window, 0, 0)
                 pid = window.get_full_property(self.atom("_NET_WM_PID"), X.AnyPropertyType)
                 frame = window.get_full_property(self.atom("_GTK_FRAME_EXTENTS"), X.AnyPropertyType)
+                focused = bool(chain) and (window_id in chain or self._top_of(window_id) in chain)
                 found.append(
                     XWindow(
                         id=window_id,
@@ -233,8 +281,9 @@ class X11:
                         y=int(origin.y),
                         width=int(geometry.width),
                         height=int(geometry.height),
-                        focused=self._is_focused(window_id, focus_id),
+                        focused=focused,
                         frame=tuple(int(v) for v in frame.value[:4]) if frame is not None and len(frame.value) >= 4 else None,
+                        instance=wm_class[0] if wm_class else "",
                     )
                 )
             except error.XError:
@@ -257,6 +306,26 @@ class X11:
         self.d.sync()
         if catch.get_error() is not None:
             raise DesktopError(f"could not focus window {window.id:#x} ({catch.get_error()})")
+
+    def request_close(self, window_id: int) -> bool:
+        """Ask a window to close as its close button would: a ``WM_DELETE_WINDOW`` message when the window
+        takes it (``WM_PROTOCOLS``). False when it does not, or no longer exists."""
+        from Xlib.protocol import event
+
+        target = self.d.create_resource_object("window", window_id)
+        delete = self.atom("WM_DELETE_WINDOW")
+        try:
+            protocols = target.get_wm_protocols() or []
+        except error.XError:
+            return False
+        if delete not in protocols:
+            return False
+        message = event.ClientMessage(window=target, client_type=self.atom("WM_PROTOCOLS"),
+                                      data=(32, [delete, X.CurrentTime, 0, 0, 0]))
+        catch = error.CatchError()
+        target.send_event(message, event_mask=X.NoEventMask, onerror=catch)
+        self.d.sync()
+        return catch.get_error() is None
 
     # -- pointer ------------------------------------------------------------------------------
     def _check_point(self, x: int, y: int) -> None:
