@@ -265,7 +265,7 @@ class Durable(Snapshots):
         """
         try:
             yield from self._attempts_of(job)
-        except StoreError:
+        except (NotParticipantError, FencedError):  # refused, nothing written (an unknown outcome is not)
             self._drop_if_empty()
             raise
 
@@ -323,8 +323,9 @@ class Durable(Snapshots):
             self._added = apply_ops(state, mine).vars.get(PARTICIPANTS_VAR)
 
     def _drop_if_empty(self) -> None:
-        """After a refused commit: remove the session this Context made if it is still empty
-        (nothing else wrote to it), so a refused first write leaves nothing behind."""
+        """After a refused commit (not a participant, fenced off): remove the session this Context
+        made if it is still empty (nothing else wrote to it), so a refused first write leaves
+        nothing behind."""
         creation = self._creation
         if creation is None or self._version != 0 or creation.get("dropped"):
             return
