@@ -270,10 +270,13 @@ class Durable(Snapshots):
             raise
 
     def _attempts_of(self, job: _Commit) -> Generator[_Append | _Wait, None, None]:
-        base = self._version
+        # The version the pending changes were made on (older than this Context's version
+        # after a catch_up, which re-based them already), and what the re-bases left out.
+        base = self._version if self._pending_base is None else self._pending_base
+        dropped = list(self._caught_dropped)
         meta = job.meta
-        changed: dict[str, None] = {}
-        dropped: list[str] = []
+        if self._serialise and base < self._version:
+            meta = serialised_meta(job.meta, base, self._version, self._keys_since(base, self._version), dropped)
         for attempt in range(_MAX_REBASES):
             ops = self._pending
             self._check_participant(job)
@@ -291,10 +294,8 @@ class Durable(Snapshots):
                 yield _Wait(delay)
             with self._lock:
                 if self._serialise:
-                    seen = self._version
-                    changed.update(dict.fromkeys(self._keys_since(seen)))
                     dropped += self._rebase_all(ops)
-                    meta = serialised_meta(job.meta, base, self._version, list(changed), dropped)
+                    meta = serialised_meta(job.meta, base, self._version, self._keys_since(base, self._version), dropped)
                 else:
                     self._rebase(ops)
         raise ConflictError(job.session_id, self._version, None, ["(too many concurrent writers)"])
@@ -337,11 +338,11 @@ class Durable(Snapshots):
         except StoreError:
             pass  # it stays, empty: harmless
 
-    def _keys_since(self, version: int) -> list[str]:
-        """The keys the events after ``version`` changed, in log order (each once)."""
+    def _keys_since(self, version: int, upto: int | None = None) -> list[str]:
+        """The keys the events after ``version`` (up to ``upto``) changed, in log order (each once)."""
         store, sid = self._require_store()
         keys: dict[str, None] = {}
-        for event in store.read(sid, version):
+        for event in store.read(sid, version, upto):
             keys.update(dict.fromkeys(event.keys()))
         return list(keys)
 
@@ -370,8 +371,9 @@ class Durable(Snapshots):
         that no longer holds, or an operation that no longer applies (another
         writer changed the value's type), is left out.
         """
-        mark = self._step_mark
+        mark, pending_base, caught = self._step_mark, self._pending_base, self._caught_dropped
         self._hydrate()
+        self._pending_base, self._caught_dropped = pending_base, caught
         kept: list[dict[str, Any]] = []
         dropped: list[str] = []
         for i, op in enumerate(ops):
@@ -391,6 +393,8 @@ class Durable(Snapshots):
             kept.append(op)
         self._pending = kept
         self._step_mark = max(0, mark)
+        if not kept:
+            self._pending_base = None
         return dropped
 
     def _cas_holds(self, op: dict[str, Any]) -> bool:
@@ -435,6 +439,8 @@ class Durable(Snapshots):
                 self._creation = None  # the session holds a write: it is not removed any more
             self._pending = self._pending[count:]
             self._step_mark = max(0, self._step_mark - count)
+            if not self._pending:
+                self._pending_base, self._caught_dropped = None, []
 
     def _commit_failed(self, exc: StoreError) -> None:
         """A commit failed with ``exc`` (not a conflict): keep the changes pending and say so."""
@@ -461,6 +467,32 @@ class Durable(Snapshots):
         ):
             self._written(written, count)
         return bool(self._pending or meta)
+
+    def catch_up(self) -> int:
+        """Bring in what other writers committed since this Context's version; return how many versions.
+
+        For a Context that serialises its commits (the engine's): its pending changes
+        stay on top, re-based as a serialised commit re-bases them, so that what it
+        decides next (a transition of the graph) sees an out-of-turn write made while
+        its step ran. Their commit then records the version they were made on and the
+        versions they follow (``meta["serialised"]``). A no-op (0) for any other Context,
+        and while a commit of unknown outcome is unsettled.
+        """
+        if self._store is None or self._read_only or not self._serialise or self._unknown is not None:
+            return 0
+        with self._lock:
+            self._check_writable()
+            store, sid = self._require_store()
+            before = self._version
+            if store.head(sid) <= before:
+                return 0
+            if not self._pending:
+                self._hydrate()
+                return self._version - before
+            base = before if self._pending_base is None else self._pending_base
+            self._pending_base = base
+            self._caught_dropped = self._caught_dropped + self._rebase_all(self._pending)
+            return self._version - before
 
     # ================================================================ steps
 

@@ -66,6 +66,10 @@ class ContextCore:
         self._tail_ops = 0
         self._keep_snapshots = KEEP_SNAPSHOTS
         self._pending: list[dict[str, Any]] = []
+        # The version the pending changes were made on, when a catch_up has moved this
+        # Context past it (None: its version), and the keys the re-bases left out since.
+        self._pending_base: int | None = None
+        self._caught_dropped: list[str] = []
         # len(self._pending) at the last step boundary: in ``exit`` mode the
         # pending list spans many steps, and only the unfinished one is discarded.
         self._step_mark = 0
@@ -200,6 +204,7 @@ class ContextCore:
         self._tail_ops = head - loaded.snapshot_version
         self._version = head
         self._pending = []
+        self._pending_base, self._caught_dropped = None, []
         self._step_mark = 0
         self._unknown = None
         self._added = copy_json(loaded.state.vars.get(PARTICIPANTS_VAR))
