@@ -51,3 +51,16 @@ def test_a_bad_var_is_one_line_and_runs_nothing(tmp_path: Path, run_cli: Callabl
         assert proc.stderr.strip().count("\n") == 0 and says in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
     assert not (tmp_path / ".saucer" / "saucer.db").exists()
+
+
+def test_the_readme_command_runs_as_printed(tmp_path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Context variables and routing"):readme.index("## The command line")]
+    [line] = [ln for ln in section.splitlines() if ln.startswith("saucer run ")]
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN), encoding="utf-8")
+    proc = run_cli(*shlex.split(line)[1:])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shown = json.loads(run_cli("state", "review-1", "--json", check=True).stdout)
+    assert (shown.get("_vars") or shown.get("vars")) == {"phase": "draft", "retries": 0}
