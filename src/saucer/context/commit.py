@@ -41,7 +41,7 @@ from typing import Any, Generator, Iterator, Self
 
 import orjson
 
-from saucer.context.core import _UNREAD, PARTICIPANTS_VAR, check_text
+from saucer.context.core import PARTICIPANTS_VAR, check_text
 from saucer.context.events import ATOMIC_OPS, Event, State, ValueNotStorableError, apply_ops, copy_json, op_key, to_wire
 from saucer.context.names import lookup
 from saucer.context.snapshots import Snapshots
@@ -305,11 +305,11 @@ class Durable(Snapshots):
         (:class:`NotParticipantError`), judged on the committed state the commit is based on."""
         if self._fence is not None:
             return  # the session's runner (its lease token is checked by the store)
-        if self._declared is _UNREAD:
+        if not self._declared_read:  # fixed when the session was made: read once
             info, _ = job.store.session_info_without_plan(job.session_id)
-            self._declared = info.participants
+            self._declared, self._declared_read = info.participants, True
         declared = self._declared
-        if declared is None or job.author in declared:  # type: ignore[operator]
+        if declared is None or job.author in declared:
             return
         added = self._added
         if isinstance(added, list) and job.author in added:

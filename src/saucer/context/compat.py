@@ -22,7 +22,7 @@ from saucer.context.names import DERIVED_LEDGERS, ContextNames, typed_name
 __all__ = ["UfoCompat"]
 
 
-class _class_or_instance:
+class _ClassOrInstance:
     """A method that acts on the instance it is called on, or on a new instance when called on the class."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
@@ -146,7 +146,7 @@ class UfoCompat(TypedAccess):
             )
         return out
 
-    @_class_or_instance
+    @_ClassOrInstance
     def from_dict(self, data: Mapping[str, Any]) -> Self:
         """Load :meth:`to_dict` output (or its JSON round trip): ``Context.from_dict(d)`` gives
         a new detached Context; ``ctx.from_dict(d)`` (UFO's form) loads into ``ctx`` and returns it.
@@ -165,7 +165,7 @@ class UfoCompat(TypedAccess):
             warnings.warn(
                 f"from_dict skipped {len(unknown)} key(s) that are not context names: {', '.join(map(repr, unknown))}",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=2,
             )
         known = {typed_name(k): v for k, v in items.items() if typed_name(k) is not None}
         values: dict[ContextNames, Any] = {}

@@ -32,9 +32,6 @@ KEEP_SNAPSHOTS = 2
 #: :attr:`saucer.store.SessionInfo.participants`.
 PARTICIPANTS_VAR = "saucer.participants"
 
-_UNREAD = object()
-
-
 def check_text(value: Any, what: str) -> str:
     """A string every store can hold (no NUL, valid Unicode), or TypeError/ValueNotStorableError."""
     if not isinstance(value, str):
@@ -87,7 +84,8 @@ class ContextCore:
         self._unknown: Event | None = None
         # Participants: those the session was made with (read once, on the first commit
         # that needs them; None: it declared none) and, as committed, those added since.
-        self._declared: frozenset[str] | None | object = _UNREAD
+        self._declared: frozenset[str] | None = None
+        self._declared_read = False
         self._added: Any = None
         # Set when this Context made its session: how, so that a first commit that is
         # refused leaves no empty session behind (see Durable._drop_if_empty).
