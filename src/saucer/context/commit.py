@@ -10,6 +10,10 @@ other conflict raises :class:`~saucer.store.ConflictError` naming the keys the
 *other* writers changed, and any other store error is raised; either way the
 changes are kept pending. The two differ only in how they append and how they wait.
 
+After a commit whose outcome is unknown (the connection broke in flight), the
+next commit first checks whether the store has its event, and adopts it
+rather than writing it twice.
+
 A Context opened with ``serialise=True`` (the engine's, whose steps already
 ran their commands) never fails on a conflict: its whole batch is re-based
 onto the newest version, ordered after the concurrent writers in the log
