@@ -128,8 +128,9 @@ class ContextCore:
         its changes are re-based and ordered after theirs in the log, instead
         of raising :class:`~saucer.store.ConflictError` (what the engine's
         steps do: their commands ran, so their record must not be lost).
-        ``participants`` declares who may write to a session this call creates
-        (ignored for one that exists; see :meth:`~saucer.context.Context.add_participants`);
+        ``participants`` declares who may write to a session this call creates (for
+        one that exists, a ValueError unless they are those it was made with; see
+        :meth:`~saucer.context.Context.add_participants`);
         if this Context's first commit to the session it created is refused, the
         empty session is removed again (and made anew by its next commit).
         """
@@ -179,6 +180,13 @@ class ContextCore:
                 self._creation = creation
             except SessionExistsError:
                 pass  # another writer created it just now: open theirs
+        if participants is not None and self._creation is None:
+            declared = store.session_info_without_plan(session_id)[0].participants
+            if declared != frozenset(participants):
+                raise ValueError(
+                    f"session {session_id!r} exists, and its participants were declared when it was made; "
+                    "a participant adds others with Context.add_participants"
+                )
         self._session_id = session_id
         if at is not None:
             store.check_readable(session_id, at)
