@@ -1,0 +1,265 @@
+"""Commands and launched programs run confined by the kernel: Landlock, else bubblewrap, never silently neither.
+
+A :class:`Policy` says what a command may do: write only beneath the
+workspace, the session's artifacts folder and a private temporary folder
+(its ``TMPDIR``), read what ``read`` lists (the whole file system by
+default), and use the network as ``network`` says (``True``: freely;
+``False``: no TCP; a list of ports: TCP connect to those only). ``sandbox``
+chooses how that is enforced:
+
+- ``landlock``: the kernel's Landlock (Linux 5.13+). A new thread builds the
+  ruleset, restricts *itself* (``landlock_restrict_self`` acts on the
+  calling thread only) and starts the program; the program and all its
+  descendants inherit the domain, the host's other threads stay free. No
+  code runs between fork and exec (no ``preexec_fn``), and no helper
+  process is started, so a command costs what it cost before plus a thread;
+- ``bubblewrap``: ``bwrap`` with a read-only bind of ``/`` (or of each
+  ``read`` path), writable binds of the allowed folders, fresh ``/dev`` and
+  ``/proc`` in a new PID namespace, and no network namespace access when the
+  network is off;
+- ``auto`` (the default): Landlock when the kernel offers it, else bubblewrap;
+- ``off``: no confinement, only when configured so; a one-line notice goes to
+  standard error once per process.
+
+When ``auto`` finds neither (or the one named is missing), every command is
+refused with a sentence saying how to get one or to turn confinement off.
+:func:`confinement_line` is the one description of what is in force, shown
+by ``saucer doctor`` and at the start of ``saucer run``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+from saucer.tools import landlock
+
+__all__ = [
+    "SANDBOX_MODES",
+    "Confinement",
+    "ConfinementError",
+    "Confiner",
+    "Policy",
+    "confinement_line",
+    "resolve",
+]
+
+SandboxMode = Literal["auto", "landlock", "bubblewrap", "off"]
+SANDBOX_MODES: tuple[str, ...] = ("auto", "landlock", "bubblewrap", "off")
+#: Device files any command may write to (``> /dev/null``); nothing else of /dev.
+_WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full")
+_notices: set[str] = set()
+_notice_lock = threading.Lock()
+
+
+class ConfinementError(RuntimeError):
+    """No confinement can be put in force as configured; the message says what to install or set."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What confined programs may do (see the module docs); ``write`` are the folders besides the private temp."""
+
+    sandbox: SandboxMode = "auto"
+    write: tuple[str, ...] = ()
+    read: tuple[str, ...] = ("/",)
+    network: bool | tuple[int, ...] = True
+    #: Keep signals and abstract UNIX sockets inside the domain (Landlock ABI 6+); off for GUI programs.
+    scoped: bool = True
+
+    @classmethod
+    def create(
+        cls,
+        sandbox: str = "auto",
+        write: Iterable[str | os.PathLike[str]] = (),
+        read: Iterable[str | os.PathLike[str]] = ("/",),
+        network: bool | Iterable[int] = True,
+        scoped: bool = True,
+    ) -> "Policy":
+        """A policy with its paths made absolute and real; a ValueError names a bad value."""
+        if sandbox not in SANDBOX_MODES:
+            raise ValueError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {sandbox!r}")
+        ports: bool | tuple[int, ...] = network if isinstance(network, bool) else tuple(int(p) for p in network)
+        if not isinstance(ports, bool) and any(not 0 < p < 65536 for p in ports):
+            raise ValueError(f"network ports must be between 1 and 65535, got {list(ports)}")
+        real = lambda paths: tuple(dict.fromkeys(os.path.realpath(os.fspath(p)) for p in paths))  # noqa: E731
+        return cls(sandbox, real(write), real(read) or ("/",), ports, scoped)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What a sandbox setting resolves to on this machine: ``kind`` in force, or ``error`` (then nothing runs)."""
+
+    kind: Literal["landlock", "bubblewrap", "off", "none"]
+    detail: str
+    error: str | None = None
+    bwrap: str | None = field(default=None, compare=False)
+
+
+def _landlock_abi() -> int:
+    return landlock.abi_version()
+
+
+@lru_cache(maxsize=4)
+def _bwrap_usable(path: str) -> str | None:
+    """None when ``bwrap`` can build the sandbox used here, else why not (it may lack user namespaces)."""
+    try:
+        done = subprocess.run(
+            [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--", "true"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    return None if done.returncode == 0 else (done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}")
+
+
+def _find_bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def resolve(sandbox: str = "auto") -> Confinement:
+    """What ``sandbox`` (auto, landlock, bubblewrap, off) puts in force here, or why nothing can be."""
+    if sandbox == "off":
+        return Confinement("off", 'off ([shell] sandbox = "off"): commands run unconfined')
+    abi = _landlock_abi() if sandbox in ("auto", "landlock") else 0
+    if abi >= 1:
+        return Confinement("landlock", f"Landlock ABI {abi}")
+    missing_landlock = "this kernel offers no Landlock (Linux 5.13+ with landlock in its lsm= list)"
+    if sandbox == "landlock":
+        return Confinement("none", "none", f'[shell] sandbox = "landlock" but {missing_landlock}')
+    bwrap = _find_bwrap()
+    problem = "bwrap is not installed (Debian: apt-get install -y bubblewrap)" if bwrap is None else _bwrap_usable(bwrap)
+    if problem is None:
+        return Confinement("bubblewrap", f"bubblewrap ({bwrap})", bwrap=bwrap)
+    if sandbox == "bubblewrap":
+        return Confinement("none", "none", f'[shell] sandbox = "bubblewrap" but {problem}')
+    return Confinement(
+        "none", "none",
+        f"commands are refused: {missing_landlock}, and {problem}; install bubblewrap, or set "
+        '[shell] sandbox = "off" to run commands unconfined',
+    )
+
+
+def confinement_line(policy: Policy) -> str:
+    """One line saying which confinement is in force for ``policy`` and what it allows (doctor, run)."""
+    found = resolve(policy.sandbox)
+    if found.error is not None:
+        return f"confinement: none: {found.error}"
+    if found.kind == "off":
+        return f"confinement: {found.detail}"
+    if policy.network is True:
+        net = "network: allowed"
+    elif policy.network is False or found.kind == "bubblewrap":
+        net = "network: off" + (" (TCP; UDP is not covered by Landlock)" if found.kind == "landlock" else "")
+    else:
+        net = "network: TCP connect to ports " + ", ".join(map(str, policy.network))
+    reads = "the whole file system" if policy.read == ("/",) else ", ".join(policy.read)
+    writes = ", ".join(policy.write) + ", a private temporary folder" if policy.write else "a private temporary folder"
+    return f"confinement: {found.detail}; reads: {reads}; writes: {writes}; {net}"
+
+
+def notice_once(text: str) -> None:
+    """Print ``text`` on standard error the first time it is given in this process."""
+    with _notice_lock:
+        if text in _notices:
+            return
+        _notices.add(text)
+    print(f"saucer: {text}", file=sys.stderr, flush=True)
+
+
+class Confiner:
+    """Starts programs under one :class:`Policy`, with a private temporary folder removed when it is collected."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.confinement = resolve(policy.sandbox)
+        self.tmpdir = tempfile.mkdtemp(prefix="saucer-tmp-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.tmpdir, True)
+        self.writable = tuple(p for p in (*policy.write, self.tmpdir) if os.path.isdir(p))
+
+    def check(self) -> None:
+        """Raise :class:`ConfinementError` when nothing may run; announce an unconfined run once."""
+        if self.confinement.error is not None:
+            notice_once(self.confinement.error)
+            raise ConfinementError(self.confinement.error)
+        if self.confinement.kind == "off":
+            notice_once('[shell] sandbox = "off": commands and launched programs run unconfined by the kernel')
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with ``TMPDIR`` (and ``TMP``, ``TEMP``) set to the private temporary folder."""
+        return {**env, "TMPDIR": self.tmpdir, "TMP": self.tmpdir, "TEMP": self.tmpdir}
+
+    def start(self, argv: Sequence[str], **popen: Any) -> "Future[subprocess.Popen[bytes]]":
+        """``subprocess.Popen(argv, **popen)`` confined; the future fails with OSError or ConfinementError."""
+        self.check()
+        kind = self.confinement.kind
+        future: Future[subprocess.Popen[bytes]] = Future()
+        if kind == "landlock":
+            thread = threading.Thread(target=self._landlocked, args=(future, list(argv), popen),
+                                      name="saucer-confined", daemon=True)
+            thread.start()
+            return future
+        if kind == "bubblewrap":
+            argv = [*self.bwrap_prefix(popen.get("cwd")), *argv]
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(subprocess.Popen(argv, **popen))  # noqa: S603 - the argv is the caller's
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            future.set_exception(exc)
+        return future
+
+    def popen(self, argv: Sequence[str], **popen: Any) -> "subprocess.Popen[bytes]":
+        """:meth:`start`, waited for (for callers that may block, e.g. in a worker thread)."""
+        return self.start(argv, **popen).result()
+
+    def _landlocked(self, future: "Future[subprocess.Popen[bytes]]", argv: list[str], popen: dict[str, Any]) -> None:
+        """In a thread of its own: confine this thread, then start the program (which inherits the domain)."""
+        if not future.set_running_or_notify_cancel():
+            return  # the caller gave up before it started
+        policy = self.policy
+        try:
+            with landlock.Ruleset(_landlock_abi(), net=policy.network is not True,
+                                  scopes=(landlock.SCOPE_SIGNAL | landlock.SCOPE_ABSTRACT_UNIX_SOCKET)
+                                  if policy.scoped else landlock.SCOPE_SIGNAL) as rules:
+                for path in policy.read:
+                    rules.allow_path(path, landlock.FS_READ)
+                for path in self.writable:
+                    rules.allow_path(path, landlock.FS_WRITE)
+                for path in _WRITABLE_DEVICES:
+                    rules.allow_path(path, landlock.FS_FILE_WRITE)
+                if not isinstance(policy.network, bool):
+                    rules.allow_ports(policy.network)
+                rules.restrict_self()
+        except landlock.LandlockError as exc:
+            future.set_exception(ConfinementError(f"could not confine the command with Landlock: {exc}"))
+            return
+        try:
+            future.set_result(subprocess.Popen(argv, **popen))  # noqa: S603 - the argv is the caller's
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            future.set_exception(exc)
+
+    def bwrap_prefix(self, cwd: str | os.PathLike[str] | None) -> list[str]:
+        """The ``bwrap ... --`` words that put a program in this policy's bubblewrap sandbox."""
+        policy = self.policy
+        bwrap = self.confinement.bwrap or "bwrap"
+        words = [bwrap]
+        for path in policy.read:
+            words += ["--ro-bind", path, path]
+        words += ["--dev", "/dev", "--proc", "/proc", "--unshare-pid"]
+        for path in self.writable:
+            words += ["--bind", path, path]
+        if policy.network is not True:
+            words.append("--unshare-net")
+        if cwd is not None:
+            words += ["--chdir", os.fspath(cwd)]
+        return [*words, "--"]
