@@ -10,13 +10,16 @@ chooses how that is enforced:
 - ``landlock``: the kernel's Landlock (Linux 5.13+). A new thread builds the
   ruleset, restricts *itself* (``landlock_restrict_self`` acts on the
   calling thread only) and starts the program; the program and all its
-  descendants inherit the domain, the host's other threads stay free. No
+  descendants inherit the domain, the host's other threads stay free. The
+  thread also drops the capabilities that reach past Landlock (loading a
+  module, raw I/O, mounting...) from its bounding set, so a command run as
+  root does not hold them either. No
   code runs between fork and exec (no ``preexec_fn``), and no helper
   process is started, so a command costs what it cost before plus a thread;
 - ``bubblewrap``: ``bwrap`` with a read-only bind of ``/`` (or of each
   ``read`` path), writable binds of the allowed folders, fresh ``/dev`` and
-  ``/proc`` in a new PID namespace, and no network namespace access when the
-  network is off;
+  ``/proc`` in a new PID namespace, no capability, and a network namespace
+  of its own (no network) unless the network is allowed;
 - ``auto`` (the default): Landlock when the kernel offers it, else bubblewrap;
 - ``off``: no confinement, only when configured so; a one-line notice goes to
   standard error once per process.
@@ -29,6 +32,7 @@ by ``saucer doctor`` and at the start of ``saucer run``.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -50,7 +54,9 @@ __all__ = [
     "ConfinementError",
     "Confiner",
     "Policy",
+    "add_arguments",
     "confinement_line",
+    "parse_network",
     "resolve",
 ]
 
@@ -115,7 +121,8 @@ def _bwrap_usable(path: str) -> str | None:
     """None when ``bwrap`` can build the sandbox used here, else why not (it may lack user namespaces)."""
     try:
         done = subprocess.run(
-            [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--", "true"],
+            [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--cap-drop", "ALL",
+             "--", "true"],
             stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
@@ -185,7 +192,11 @@ class Confiner:
         self.confinement = resolve(policy.sandbox)
         self.tmpdir = tempfile.mkdtemp(prefix="saucer-tmp-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.tmpdir, True)
-        self.writable = tuple(p for p in (*policy.write, self.tmpdir) if os.path.isdir(p))
+
+    @property
+    def writable(self) -> tuple[str, ...]:
+        """The writable folders that exist now (an artifacts folder may appear later), the private temp last."""
+        return tuple(p for p in (*self.policy.write, self.tmpdir) if os.path.isdir(p))
 
     def check(self) -> None:
         """Raise :class:`ConfinementError` when nothing may run; announce an unconfined run once."""
@@ -233,12 +244,13 @@ class Confiner:
                                   if policy.scoped else landlock.SCOPE_SIGNAL) as rules:
                 for path in policy.read:
                     rules.allow_path(path, landlock.FS_READ)
-                for path in self.writable:
+                for path in self.writable:  # one that vanishes meanwhile is skipped by allow_path
                     rules.allow_path(path, landlock.FS_WRITE)
                 for path in _WRITABLE_DEVICES:
                     rules.allow_path(path, landlock.FS_FILE_WRITE)
                 if not isinstance(policy.network, bool):
                     rules.allow_ports(policy.network)
+                landlock.drop_capabilities()
                 rules.restrict_self()
         except landlock.LandlockError as exc:
             future.set_exception(ConfinementError(f"could not confine the command with Landlock: {exc}"))
@@ -255,7 +267,8 @@ class Confiner:
         words = [bwrap]
         for path in policy.read:
             words += ["--ro-bind", path, path]
-        words += ["--dev", "/dev", "--proc", "/proc", "--unshare-pid"]
+        # Fresh /dev (no disks) and /proc (no host process to reach through /proc/PID/fd), no capability.
+        words += ["--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--cap-drop", "ALL"]
         for path in self.writable:
             words += ["--bind", path, path]
         if policy.network is not True:
@@ -263,3 +276,25 @@ class Confiner:
         if cwd is not None:
             words += ["--chdir", os.fspath(cwd)]
         return [*words, "--"]
+
+
+def parse_network(text: str) -> bool | tuple[int, ...]:
+    """``on`` -> True, ``off`` -> False, ``80,443`` -> (80, 443); an ArgumentTypeError otherwise."""
+    if text in ("on", "off"):
+        return text == "on"
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be on, off or comma-separated TCP ports, got {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser, what: str = "commands") -> None:
+    """``--sandbox``, ``--write``, ``--read`` and ``--network``, read back by :meth:`Policy.create`."""
+    parser.add_argument("--sandbox", choices=SANDBOX_MODES, default=os.environ.get("SAUCER_SHELL_SANDBOX", "auto"),
+                        help=f"how {what} are confined: auto (Landlock, else bubblewrap), landlock, bubblewrap, off")
+    parser.add_argument("--write", action="append", default=[], metavar="DIR",
+                        help=f"a folder {what} may write to besides the workspace and a private TMPDIR (repeatable)")
+    parser.add_argument("--read", action="append", default=None, metavar="DIR",
+                        help=f"a folder {what} may read (repeatable; default: the whole file system)")
+    parser.add_argument("--network", type=parse_network, default=True, metavar="on|off|PORT,...",
+                        help=f"network of {what}: on, off (no TCP) or the TCP ports they may connect to")

@@ -33,6 +33,7 @@ __all__ = [
     "LandlockError",
     "Ruleset",
     "abi_version",
+    "drop_capabilities",
     "fs_rights",
     "FS_READ",
     "FS_WRITE",
@@ -48,6 +49,11 @@ _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_CAPBSET_DROP = 24
+#: Capabilities that reach past Landlock (load a module, raw I/O, mount and namespaces, trace, devices,
+#: the network's configuration, BPF, the clock, the boot): dropped from the bounding set of the
+#: confined thread, so no program it starts (even as root) holds them.
+ESCAPING_CAPABILITIES = (12, 16, 17, 19, 21, 22, 25, 27, 32, 33, 34, 38, 39)
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
@@ -116,6 +122,20 @@ def fs_rights(abi: int) -> int:
     return sum(bits for version, bits in _FS_BY_ABI.items() if version <= abi)
 
 
+def drop_capabilities(capabilities: Iterable[int] = ESCAPING_CAPABILITIES) -> int:
+    """Drop ``capabilities`` from the calling thread's bounding set; how many were dropped.
+
+    Without ``CAP_SETPCAP`` (not root) nothing can be dropped and nothing needs to be:
+    a program started with ``no_new_privs`` gains no capability.
+    """
+    assert _libc is not None
+    dropped = 0
+    for capability in capabilities:
+        if _libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) == 0:  # type: ignore[attr-defined]
+            dropped += 1
+    return dropped
+
+
 class Ruleset:
     """A ruleset under construction: handled rights, then rules, then :meth:`restrict_self`.
 
@@ -181,7 +201,7 @@ class Ruleset:
             raise LandlockError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")
         _call("landlock_restrict_self", ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(self.fd), ctypes.c_uint32(0))
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: D401 - kept beside restrict_self
         """Release the ruleset's descriptor (a restricted thread keeps its confinement)."""
         if self.fd >= 0:
             os.close(self.fd)

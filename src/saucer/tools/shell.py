@@ -57,7 +57,7 @@ from saucer.tools._child import CappedBuffer as _CappedBuffer
 from saucer.tools._child import to_the_end as _to_the_end
 from saucer.tools._orphans import forget_group, watch_group
 from saucer.tools import native
-from saucer.tools.confine import SANDBOX_MODES, ConfinementError, Confiner, Policy
+from saucer.tools.confine import ConfinementError, Confiner, Policy, add_arguments
 from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 from saucer.tools.rules import (
     CommandRule,
@@ -526,25 +526,8 @@ def _parser() -> argparse.ArgumentParser:
                         default=env_default("SAUCER_SHELL_MAX_TIMEOUT", str(DEFAULT_MAX_TIMEOUT)),
                         metavar="S", help=f"largest timeout a call may ask for (default {DEFAULT_MAX_TIMEOUT:g})")
     parser.add_argument("--shell", default="/bin/sh", help="shell used as `SHELL -c COMMAND` (default /bin/sh)")
-    parser.add_argument("--sandbox", choices=SANDBOX_MODES, default=env_default("SAUCER_SHELL_SANDBOX", "auto"),
-                        help="how commands are confined: auto (Landlock, else bubblewrap), landlock, bubblewrap, off")
-    parser.add_argument("--write", action="append", default=[], metavar="DIR",
-                        help="a folder commands may write to besides the root and a private TMPDIR (repeatable)")
-    parser.add_argument("--read", action="append", default=None, metavar="DIR",
-                        help="a folder commands may read (repeatable; default: the whole file system)")
-    parser.add_argument("--network", default="on", metavar="on|off|PORT,...",
-                        help="network of commands: on, off (no TCP) or the TCP ports they may connect to")
+    add_arguments(parser)
     return parser
-
-
-def parse_network(text: str) -> bool | tuple[int, ...]:
-    """``on`` -> True, ``off`` -> False, ``80,443`` -> (80, 443); a ValueError otherwise."""
-    if text in ("on", "off"):
-        return text == "on"
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"--network must be on, off or comma-separated TCP ports, got {text!r}") from None
 
 
 def parse_options(argv: Sequence[str] | None = None) -> ShellOptions:
@@ -563,7 +546,7 @@ def parse_options(argv: Sequence[str] | None = None) -> ShellOptions:
             sandbox=args.sandbox,
             write=args.write,
             read=args.read or ("/",),
-            network=parse_network(args.network),
+            network=args.network,
         )
     except ValueError as exc:
         parser.error(str(exc))
