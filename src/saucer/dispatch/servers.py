@@ -110,6 +110,15 @@ def shell_confinement(shell: ShellSettings | None, artifacts: Path | None) -> di
             "network": shell.network if isinstance(shell.network, bool) else list(shell.network)}
 
 
+def confinement_summary(shell: ShellSettings | None, workspace: Path) -> str:
+    """The one line ``saucer doctor`` and ``saucer run`` print: the confinement in force for the built-in tools."""
+    from saucer.tools.confine import Policy, confinement_line
+
+    shell = shell or ShellSettings()
+    policy = Policy.create(shell.sandbox, (Path(workspace).expanduser().resolve(), *shell.write), shell.read, shell.network)
+    return confinement_line(policy, also=("the session's artifacts folder",))
+
+
 def isolated_names(isolate: bool | Iterable[str]) -> frozenset[str]:
     """The built-in servers ``isolate`` asks to run as their own processes (``True``: all of them).
 

@@ -55,6 +55,7 @@ __all__ = [
     "Confiner",
     "Policy",
     "add_arguments",
+    "bubblewrap_path",
     "confinement_line",
     "parse_network",
     "resolve",
@@ -130,7 +131,8 @@ def _bwrap_usable(path: str) -> str | None:
     return None if done.returncode == 0 else (done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}")
 
 
-def _find_bwrap() -> str | None:
+def bubblewrap_path() -> str | None:
+    """Where ``bwrap`` is on PATH, or None."""
     return shutil.which("bwrap")
 
 
@@ -144,7 +146,7 @@ def resolve(sandbox: str = "auto") -> Confinement:
     missing_landlock = "this kernel offers no Landlock (Linux 5.13+ with landlock in its lsm= list)"
     if sandbox == "landlock":
         return Confinement("none", "none", f'[shell] sandbox = "landlock" but {missing_landlock}')
-    bwrap = _find_bwrap()
+    bwrap = bubblewrap_path()
     problem = "bwrap is not installed (Debian: apt-get install -y bubblewrap)" if bwrap is None else _bwrap_usable(bwrap)
     if problem is None:
         return Confinement("bubblewrap", f"bubblewrap ({bwrap})", bwrap=bwrap)
@@ -157,8 +159,9 @@ def resolve(sandbox: str = "auto") -> Confinement:
     )
 
 
-def confinement_line(policy: Policy) -> str:
-    """One line saying which confinement is in force for ``policy`` and what it allows (doctor, run)."""
+def confinement_line(policy: Policy, also: Sequence[str] = ()) -> str:
+    """One line saying which confinement is in force for ``policy`` and what it allows (doctor, run);
+    ``also`` describes more writable folders (e.g. "the session's artifacts folder")."""
     found = resolve(policy.sandbox)
     if found.error is not None:
         return f"confinement: none: {found.error}"
@@ -167,11 +170,12 @@ def confinement_line(policy: Policy) -> str:
     if policy.network is True:
         net = "network: allowed"
     elif policy.network is False or found.kind == "bubblewrap":
-        net = "network: off" + (" (TCP; UDP is not covered by Landlock)" if found.kind == "landlock" else "")
+        net = "network: off" + (" (TCP; UDP is not covered by Landlock)" if found.kind == "landlock" else
+                                "" if policy.network is False else " (bubblewrap cannot open single ports)")
     else:
         net = "network: TCP connect to ports " + ", ".join(map(str, policy.network))
     reads = "the whole file system" if policy.read == ("/",) else ", ".join(policy.read)
-    writes = ", ".join(policy.write) + ", a private temporary folder" if policy.write else "a private temporary folder"
+    writes = ", ".join((*policy.write, *also, "a private temporary folder (TMPDIR)"))
     return f"confinement: {found.detail}; reads: {reads}; writes: {writes}; {net}"
 
 
