@@ -13,9 +13,12 @@ chooses how that is enforced:
   descendants inherit the domain, the host's other threads stay free. The
   thread also drops the capabilities that reach past Landlock (loading a
   module, raw I/O, mounting...) from its bounding set, so a command run as
-  root does not hold them either. No
-  code runs between fork and exec (no ``preexec_fn``), and no helper
-  process is started, so a command costs what it cost before plus a thread;
+  root does not hold them either; as root it first takes a read-only mount
+  namespace where only the writable folders are writable
+  (:mod:`saucer.tools._mounts`), since Landlock cannot refuse ``chmod`` or
+  ``chown`` of files root owns. No code runs between fork and exec (no
+  ``preexec_fn``), and no helper process is started, so a command costs
+  what it cost before plus a thread;
 - ``bubblewrap``: ``bwrap`` with a read-only bind of ``/`` (or of each
   ``read`` path), writable binds of the allowed folders, fresh ``/dev`` and
   ``/proc`` in a new PID namespace, no capability, and a network namespace
@@ -46,7 +49,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from saucer.tools import landlock
+from saucer.tools import _mounts, landlock
 
 __all__ = [
     "SANDBOX_MODES",
@@ -117,6 +120,25 @@ def _landlock_abi() -> int:
     return landlock.abi_version()
 
 
+@lru_cache(maxsize=1)
+def _read_only_view_works() -> bool:
+    """Whether a thread here can take a read-only mount namespace (root with CAP_SYS_ADMIN; tried once)."""
+    if os.geteuid() != 0:
+        return False
+    result: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            result.append(_mounts.read_only_view(()))
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=attempt, name="saucer-confine-probe", daemon=True)
+    thread.start()
+    thread.join()
+    return bool(result and result[0])
+
+
 @lru_cache(maxsize=4)
 def _bwrap_usable(path: str) -> str | None:
     """None when ``bwrap`` can build the sandbox used here, else why not (it may lack user namespaces)."""
@@ -142,7 +164,8 @@ def resolve(sandbox: str = "auto") -> Confinement:
         return Confinement("off", 'off ([shell] sandbox = "off"): commands run unconfined')
     abi = _landlock_abi() if sandbox in ("auto", "landlock") else 0
     if abi >= 1:
-        return Confinement("landlock", f"Landlock ABI {abi}")
+        extra = " and a read-only mount namespace (root: modes and owners outside are kept too)" if _read_only_view_works() else ""
+        return Confinement("landlock", f"Landlock ABI {abi}{extra}")
     missing_landlock = "this kernel offers no Landlock (Linux 5.13+ with landlock in its lsm= list)"
     if sandbox == "landlock":
         return Confinement("none", "none", f'[shell] sandbox = "landlock" but {missing_landlock}')
@@ -243,6 +266,7 @@ class Confiner:
             return  # the caller gave up before it started
         policy = self.policy
         try:
+            _mounts.read_only_view(self.writable)  # root only: chmod/chown/utime outside fail too
             with landlock.Ruleset(_landlock_abi(), net=policy.network is not True,
                                   scopes=(landlock.SCOPE_SIGNAL | landlock.SCOPE_ABSTRACT_UNIX_SOCKET)
                                   if policy.scoped else landlock.SCOPE_SIGNAL) as rules:
@@ -256,7 +280,7 @@ class Confiner:
                     rules.allow_ports(policy.network)
                 landlock.drop_capabilities()
                 rules.restrict_self()
-        except landlock.LandlockError as exc:
+        except OSError as exc:
             future.set_exception(ConfinementError(f"could not confine the command with Landlock: {exc}"))
             return
         try:
