@@ -15,9 +15,10 @@ import os
 import subprocess
 import sys
 from collections.abc import Coroutine
+from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["AsyncChild", "CappedBuffer", "to_the_end"]
+__all__ = ["AsyncChild", "CappedBuffer", "start_child", "to_the_end"]
 
 _POLL_MAX = 0.05
 _READ_CHUNK = 64 * 1024
@@ -95,6 +96,7 @@ class AsyncChild:
         """Close the pipe transports (a reader still waiting sees end of file) and stop watching the exit."""
         for transport in self._transports:
             transport.close()
+        _close_pipes(self.popen)
         if not self._exited.done():
             self._stop_watching()
             self._exited.cancel()
@@ -154,3 +156,42 @@ async def to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
                 cancelled = True
     if cancelled:
         raise asyncio.CancelledError
+
+
+def _close_pipes(popen: "subprocess.Popen[bytes]") -> None:
+    for pipe in (popen.stdin, popen.stdout, popen.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+async def start_child(start: "Future[subprocess.Popen[bytes]]") -> AsyncChild:
+    """The :class:`AsyncChild` of a Popen being started in another thread (``start``).
+
+    The start is awaited to its end even when the caller is cancelled meanwhile
+    (its descriptors, the caller's included, are in use until then); a process
+    started for a caller that is gone, or that cannot be attached, has its pipes
+    closed here (it should be waiting at a gate the caller now closes).
+    """
+    outcome: list[object] = []
+
+    async def settle() -> None:
+        try:
+            outcome.append(await asyncio.wrap_future(start))
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's task
+            outcome.append(exc)
+
+    try:
+        await to_the_end(settle())
+    except asyncio.CancelledError:
+        if outcome and isinstance(outcome[0], subprocess.Popen):
+            _close_pipes(outcome[0])
+        raise
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    popen: subprocess.Popen[bytes] = outcome[0]  # type: ignore[assignment]
+    try:
+        return await AsyncChild.attach(popen)
+    except BaseException:
+        _close_pipes(popen)
+        raise

@@ -52,7 +52,7 @@ from saucer.tools._common import (
     resolve_in_root,
     serve_stdio,
 )
-from saucer.tools._child import AsyncChild
+from saucer.tools._child import AsyncChild, start_child
 from saucer.tools._child import CappedBuffer as _CappedBuffer
 from saucer.tools._child import to_the_end as _to_the_end
 from saucer.tools._orphans import forget_group, watch_group
@@ -283,7 +283,7 @@ async def run_command(
     # between the start and the announcement would otherwise leave it running unwatched.
     gate_read, gate_write = os.pipe()
     try:
-        popen = await asyncio.wrap_future(confiner(options).start(
+        proc = await start_child(confiner(options).start(
             ["/bin/sh", "-c", _GATE, shell, command],
             stdin=gate_read,
             stdout=subprocess.PIPE,
@@ -292,14 +292,13 @@ async def run_command(
             env=child_env,
             start_new_session=True,  # its own process group, so a timeout kills the children too
         ))
-        proc = await AsyncChild.attach(popen)
     except BaseException as exc:  # cancelled too: a started child must see end of file, never wait on
         os.close(gate_write)
         if isinstance(exc, (OSError, ConfinementError)):
             raise ToolError(f"could not start {options.shell}: {exc}") from exc
         raise
     finally:
-        os.close(gate_read)
+        os.close(gate_read)  # only now: the thread that started the command is done with it
     try:
         watch_group(proc.pid)  # stopped even if this process is killed outright (see saucer.tools._orphans)
         os.write(gate_write, b"\n")
