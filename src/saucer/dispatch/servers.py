@@ -116,7 +116,7 @@ def confinement_summary(shell: ShellSettings | None, workspace: Path) -> str:
 
     shell = shell or ShellSettings()
     policy = Policy.create(shell.sandbox, (Path(workspace).expanduser().resolve(), *shell.write), shell.read, shell.network)
-    return confinement_line(policy, also=("the session's artifacts folder",))
+    return confinement_line(policy, also=("the session's artifacts folder (desktop sessions)",))
 
 
 def isolated_names(isolate: bool | Iterable[str]) -> frozenset[str]:

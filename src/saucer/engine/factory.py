@@ -127,9 +127,12 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
         except ImportError as exc:
             return _UnavailableDispatcher(f"the local command dispatcher is not available ({exc})")
         where = Path(getattr(session, "workspace", None) or workspace or Path.cwd())
+        desktop = _desktop_server(settings, session)
+        # The shell may write to the session's artifacts folder when it has one (a desktop session); the
+        # other sessions' shell options stay the same, so a pool shares one shell server among them.
         servers = configured_servers(
-            settings.mcp.servers, where, desktop=_desktop_server(settings, session), isolate=settings.mcp.isolate,
-            shell=settings.shell, artifacts=_artifacts(settings, session),
+            settings.mcp.servers, where, desktop=desktop, isolate=settings.mcp.isolate,
+            shell=settings.shell, artifacts=desktop.artifacts if desktop is not None else None,
         )
         interactor = getattr(session, "interactor", None)
         return local.LocalCommandDispatcher.from_config(
