@@ -507,7 +507,8 @@ def _parser() -> argparse.ArgumentParser:
         description="saucer's shell MCP server over stdio: one tool, `run`, that runs a command line.",
         epilog="Rules are globs (`rm *`) or regular expressions with the prefix `re:`. "
         "Environment variables: SAUCER_SHELL_ROOT, SAUCER_SHELL_ALLOW and SAUCER_SHELL_DENY "
-        "(one pattern per line), SAUCER_SHELL_MAX_OUTPUT, SAUCER_SHELL_TIMEOUT, SAUCER_SHELL_MAX_TIMEOUT.",
+        "(one pattern per line), SAUCER_SHELL_MAX_OUTPUT, SAUCER_SHELL_TIMEOUT, SAUCER_SHELL_MAX_TIMEOUT, "
+        "SAUCER_SHELL_SANDBOX.",
     )
     parser.add_argument("--root", type=existing_dir, default=env_default("SAUCER_SHELL_ROOT", "."),
                         help="workspace root: default working directory, cwd must stay inside it (default: .)")
