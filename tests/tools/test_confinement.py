@@ -283,3 +283,17 @@ def test_asyncio_loop_is_never_handed_a_cancelled_start(tmp_path: Path) -> None:
         assert len(os.listdir("/proc/self/fd")) == fds
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("sandbox", ["landlock", "bubblewrap"])
+async def test_reads_can_be_narrowed(tmp_path: Path, sandbox: str) -> None:
+    if resolve(sandbox).error is not None:
+        pytest.skip(resolve(sandbox).error or "")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "secret").write_text("not for commands\n")
+    system = [p for p in ("/usr", "/bin", "/lib", "/lib64", "/etc") if os.path.exists(p)]
+    narrow = ShellOptions.create(tmp_path / "ws", sandbox=sandbox, read=system)
+    result = await run_command("echo mine > m && cat m; cat ../secret", narrow)
+    assert result.stdout == "mine\n" and result.exit_code != 0 and "not for commands" not in result.stdout
+    wide = await run_command("cat ../secret", ShellOptions.create(tmp_path / "ws", sandbox=sandbox))
+    assert wide.stdout == "not for commands\n"

@@ -28,7 +28,9 @@ class ShellSettings(BaseModel):
         True, description="Network of commands: true, false (no TCP), or the TCP ports they may connect to."
     )
     read: list[Path] = Field(
-        default_factory=lambda: [Path("/")], description="Folders commands may read (default: the whole file system)."
+        default_factory=lambda: [Path("/")],
+        description="Folders commands may read (default: the whole file system); list what programs need "
+        "to run too (/usr, /lib, /etc...).",
     )
     write: list[Path] = Field(
         default_factory=list,

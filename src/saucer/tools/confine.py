@@ -96,14 +96,16 @@ class Policy:
         network: bool | Iterable[int] = True,
         scoped: bool = True,
     ) -> "Policy":
-        """A policy with its paths made absolute and real; a ValueError names a bad value."""
+        """A policy with its paths made absolute (the writable ones real); a ValueError names a bad value."""
         if sandbox not in SANDBOX_MODES:
             raise ValueError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {sandbox!r}")
         ports: bool | tuple[int, ...] = network if isinstance(network, bool) else tuple(int(p) for p in network)
         if not isinstance(ports, bool) and any(not 0 < p < 65536 for p in ports):
             raise ValueError(f"network ports must be between 1 and 65535, got {list(ports)}")
         real = lambda paths: tuple(dict.fromkeys(os.path.realpath(os.fspath(p)) for p in paths))  # noqa: E731
-        return cls(sandbox, real(write), real(read) or ("/",), ports, scoped)  # type: ignore[arg-type]
+        # Read folders keep their names (/bin may be a link to /usr/bin: bubblewrap must show both).
+        named = tuple(dict.fromkeys(os.path.abspath(os.fspath(p)) for p in read)) or ("/",)
+        return cls(sandbox, real(write), named, ports, scoped)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
