@@ -297,3 +297,27 @@ async def test_reads_can_be_narrowed(tmp_path: Path, sandbox: str) -> None:
     assert result.stdout == "mine\n" and result.exit_code != 0 and "not for commands" not in result.stdout
     wide = await run_command("cat ../secret", ShellOptions.create(tmp_path / "ws", sandbox=sandbox))
     assert wide.stdout == "not for commands\n"
+
+
+@needs_landlock
+def test_a_folder_that_appears_later_becomes_writable_and_threads_end_with_their_confiner(tmp_path: Path) -> None:
+    ws, art = tmp_path / "ws", tmp_path / "art"
+    ws.mkdir()
+    confined = lambda: sum(t.name.startswith("saucer-confined") for t in threading.enumerate())  # noqa: E731
+    before = confined()
+    confiner = Confiner(Policy.create("landlock", (ws, art)))
+    write = ["/bin/sh", "-c", f"echo x > {art}/made"]
+    assert confiner.popen(write, cwd=ws, stderr=subprocess.DEVNULL).wait(timeout=30) != 0  # no such folder yet
+    art.mkdir()  # the desktop server makes the artifacts folder when it first saves something
+    assert confiner.popen(write, cwd=ws).wait(timeout=30) == 0 and (art / "made").exists()
+    assert confiner.popen(["/bin/sh", "-c", f"echo x > {tmp_path}/out"], cwd=ws, stderr=subprocess.DEVNULL).wait(30) != 0
+    assert confined() > before
+    folder = confiner.tmpdir
+    del confiner
+    gc.collect()
+    assert not os.path.exists(folder)
+    for _ in range(100):  # its threads were told to end
+        if confined() == before:
+            break
+        threading.Event().wait(0.05)
+    assert confined() == before

@@ -7,10 +7,11 @@ default), and use the network as ``network`` says (``True``: freely;
 ``False``: no TCP; a list of ports: TCP connect to those only). ``sandbox``
 chooses how that is enforced:
 
-- ``landlock``: the kernel's Landlock (Linux 5.13+). A new thread builds the
+- ``landlock``: the kernel's Landlock (Linux 5.13+). A thread builds the
   ruleset, restricts *itself* (``landlock_restrict_self`` acts on the
-  calling thread only) and starts the program; the program and all its
-  descendants inherit the domain, the host's other threads stay free. The
+  calling thread only) and from then on starts the programs (up to four such
+  threads per policy, kept); the programs and all their descendants inherit
+  the domain, the host's other threads stay free. The
   thread also drops the capabilities that reach past Landlock (loading a
   module, raw I/O, mounting...) from its bounding set, so a command run as
   root does not hold them either; as root it first takes a read-only mount
@@ -18,7 +19,7 @@ chooses how that is enforced:
   (:mod:`saucer.tools._mounts`), since Landlock cannot refuse ``chmod`` or
   ``chown`` of files root owns. No code runs between fork and exec (no
   ``preexec_fn``), and no helper process is started, so a command costs
-  what it cost before plus a thread;
+  what it cost before plus a hand-over to a waiting thread;
 - ``bubblewrap``: ``bwrap`` with a read-only bind of ``/`` (or of each
   ``read`` path), writable binds of the allowed folders, fresh ``/dev`` and
   ``/proc`` in a new PID namespace, no capability, and a network namespace
@@ -44,7 +45,8 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures.thread import BrokenThreadPool
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
@@ -213,6 +215,80 @@ def notice_once(text: str) -> None:
     print(f"saucer: {text}", file=sys.stderr, flush=True)
 
 
+_POOL_THREADS = 4
+
+
+def _confine_this_thread(policy: Policy, writable: tuple[str, ...], errors: list[BaseException]) -> None:
+    """Start of a confining thread: root's read-only view, capabilities dropped, Landlock; for good."""
+    try:
+        _mounts.read_only_view(writable)  # root only: chmod/chown/utime outside fail too
+        scopes = landlock.SCOPE_SIGNAL | (landlock.SCOPE_ABSTRACT_UNIX_SOCKET if policy.scoped else 0)
+        with landlock.Ruleset(_landlock_abi(), net=policy.network is not True, scopes=scopes) as rules:
+            for path in policy.read:
+                rules.allow_path(path, landlock.FS_READ)
+            for path in writable:  # one that vanished meanwhile is skipped by allow_path
+                rules.allow_path(path, landlock.FS_WRITE)
+            for path in _WRITABLE_DEVICES:
+                rules.allow_path(path, landlock.FS_FILE_WRITE)
+            if not isinstance(policy.network, bool):
+                rules.allow_ports(policy.network)
+            landlock.drop_capabilities()
+            rules.restrict_self()
+    except BaseException as exc:
+        errors.append(exc)
+        raise
+
+
+class _ConfinedThreads:
+    """Up to four threads confined once by a policy for the writable folders of the moment; they start programs.
+
+    A thread keeps its domain (and, as root, its mount namespace) for its life, so a command
+    costs a hand-over to a waiting thread, never a new ruleset, namespace or thread.
+    """
+
+    def __init__(self, policy: Policy, writable: tuple[str, ...]) -> None:
+        self.writable = writable
+        self.errors: list[BaseException] = []
+        self.executor = ThreadPoolExecutor(_POOL_THREADS, "saucer-confined", initializer=_confine_this_thread,
+                                           initargs=(policy, writable, self.errors))
+
+    def start(self, argv: list[str], popen: dict[str, Any]) -> "Future[subprocess.Popen[bytes]]":
+        outer: Future[subprocess.Popen[bytes]] = Future()
+
+        def forward(inner: "Future[subprocess.Popen[bytes]]") -> None:
+            started = None if inner.cancelled() or inner.exception() else inner.result()
+            if not outer.set_running_or_notify_cancel():
+                if started is not None:  # the caller gave up: nothing will read or wait on it
+                    for pipe in (started.stdout, started.stderr):
+                        if pipe is not None:
+                            pipe.close()
+                return
+            if started is not None:
+                outer.set_result(started)
+            elif inner.cancelled():
+                outer.set_exception(ConfinementError("the confined start was cancelled"))
+            else:
+                outer.set_exception(self._explain(inner.exception()))  # type: ignore[arg-type]
+
+        try:
+            self.executor.submit(subprocess.Popen, argv, **popen).add_done_callback(forward)
+        except (BrokenThreadPool, RuntimeError) as exc:
+            outer.set_exception(self._explain(exc))
+        return outer
+
+    def _explain(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, BrokenThreadPool):
+            reason = self.errors[0] if self.errors else exc
+            return ConfinementError(f"could not confine the command with Landlock: {reason}")
+        return exc
+
+
+def _release(tmpdir: str, threads: list[_ConfinedThreads]) -> None:
+    for pool in threads:
+        pool.executor.shutdown(wait=False)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
 class Confiner:
     """Starts programs under one :class:`Policy`, with a private temporary folder removed when it is collected."""
 
@@ -220,7 +296,9 @@ class Confiner:
         self.policy = policy
         self.confinement = resolve(policy.sandbox)
         self.tmpdir = tempfile.mkdtemp(prefix="saucer-tmp-")
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.tmpdir, True)
+        self._threads: list[_ConfinedThreads] = []
+        self._lock = threading.Lock()
+        self._cleanup = weakref.finalize(self, _release, self.tmpdir, self._threads)
 
     @property
     def writable(self) -> tuple[str, ...]:
@@ -243,14 +321,11 @@ class Confiner:
         """``subprocess.Popen(argv, **popen)`` confined; the future fails with OSError or ConfinementError."""
         self.check()
         kind = self.confinement.kind
-        future: Future[subprocess.Popen[bytes]] = Future()
         if kind == "landlock":
-            thread = threading.Thread(target=self._landlocked, args=(future, list(argv), popen),
-                                      name="saucer-confined", daemon=True)
-            thread.start()
-            return future
+            return self._confined_threads().start(list(argv), popen)
         if kind == "bubblewrap":
             argv = [*self.bwrap_prefix(popen.get("cwd")), *argv]
+        future: Future[subprocess.Popen[bytes]] = Future()
         future.set_running_or_notify_cancel()
         try:
             future.set_result(subprocess.Popen(argv, **popen))  # noqa: S603 - the argv is the caller's
@@ -262,33 +337,15 @@ class Confiner:
         """:meth:`start`, waited for (for callers that may block, e.g. in a worker thread)."""
         return self.start(argv, **popen).result()
 
-    def _landlocked(self, future: "Future[subprocess.Popen[bytes]]", argv: list[str], popen: dict[str, Any]) -> None:
-        """In a thread of its own: confine this thread, then start the program (which inherits the domain)."""
-        if not future.set_running_or_notify_cancel():
-            return  # the caller gave up before it started
-        policy = self.policy
-        try:
-            _mounts.read_only_view(self.writable)  # root only: chmod/chown/utime outside fail too
-            with landlock.Ruleset(_landlock_abi(), net=policy.network is not True,
-                                  scopes=(landlock.SCOPE_SIGNAL | landlock.SCOPE_ABSTRACT_UNIX_SOCKET)
-                                  if policy.scoped else landlock.SCOPE_SIGNAL) as rules:
-                for path in policy.read:
-                    rules.allow_path(path, landlock.FS_READ)
-                for path in self.writable:  # one that vanishes meanwhile is skipped by allow_path
-                    rules.allow_path(path, landlock.FS_WRITE)
-                for path in _WRITABLE_DEVICES:
-                    rules.allow_path(path, landlock.FS_FILE_WRITE)
-                if not isinstance(policy.network, bool):
-                    rules.allow_ports(policy.network)
-                landlock.drop_capabilities()
-                rules.restrict_self()
-        except OSError as exc:
-            future.set_exception(ConfinementError(f"could not confine the command with Landlock: {exc}"))
-            return
-        try:
-            future.set_result(subprocess.Popen(argv, **popen))  # noqa: S603 - the argv is the caller's
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            future.set_exception(exc)
+    def _confined_threads(self) -> _ConfinedThreads:
+        """The threads confined for the writable folders that exist now (new ones when that changed)."""
+        writable = self.writable
+        with self._lock:
+            if not self._threads or self._threads[-1].writable != writable:
+                if self._threads:
+                    self._threads.pop().executor.shutdown(wait=False)
+                self._threads.append(_ConfinedThreads(self.policy, writable))
+            return self._threads[-1]
 
     def bwrap_prefix(self, cwd: str | os.PathLike[str] | None) -> list[str]:
         """The ``bwrap ... --`` words that put a program in this policy's bubblewrap sandbox."""
