@@ -105,3 +105,24 @@ def test_destructive_defaults(line: str) -> None:
 @pytest.mark.parametrize("line", ORDINARY)
 def test_ordinary_lines_stay_quiet(line: str) -> None:
     assert sensitive_reason("shell.run", {"command": line}, DEFAULTS) is None, line
+
+
+@pytest.mark.anyio
+async def test_a_plan_without_yes_no_longer_deletes_through_these_forms(tmp_path: Path) -> None:
+    """Issue 27's first finding, end to end: no --yes, no terminal, so every one of these is refused."""
+    from saucer.dispatch import Command, LocalCommandDispatcher, ResultStatus, default_servers
+
+    (tmp_path / "victim.txt").write_text("keep me")
+    forms = ["trap 'rm -f victim.txt' EXIT; echo hi", "runuser -u root -- rm -f victim.txt",
+             "sg root -c 'rm -f victim.txt'", "unshare -m rm -f victim.txt", "setarch linux64 rm -f victim.txt",
+             "chrt -o 0 rm -f victim.txt", "setpriv --nnp rm -f victim.txt", "prlimit --nofile=64 rm -f victim.txt",
+             "nsenter -t 1 -m rm -f victim.txt", "chmod --recursive 000 .", "chmod -fR 000 .", "chmod 000 -R .",
+             "unlink victim.txt", "wipefs -a /dev/null", "mke2fs -n /dev/null"]
+    async with LocalCommandDispatcher.from_config(default_servers(tmp_path)) as dispatcher:
+        results = [
+            (await dispatcher.execute_commands([Command(tool_name="shell.run", parameters={"command": form})]))[0]
+            for form in forms
+        ]
+    for form, result in zip(forms, results):
+        assert result.status == ResultStatus.FAILURE and "needs approval" in (result.error or ""), (form, result.error)
+    assert (tmp_path / "victim.txt").read_text() == "keep me"
