@@ -321,3 +321,19 @@ def test_a_folder_that_appears_later_becomes_writable_and_threads_end_with_their
             break
         threading.Event().wait(0.05)
     assert confined() == before
+
+
+def test_the_shell_settings_reach_every_built_in_server(tmp_path: Path) -> None:
+    from saucer.dispatch.servers import DesktopServer, default_servers
+
+    shell = ShellSettings(sandbox="bubblewrap", network=[80, 443], read=[Path("/usr")], write=[Path("/srv/cache")])
+    servers = default_servers(tmp_path, shell=shell, artifacts=tmp_path / "art",
+                              desktop=DesktopServer(artifacts=tmp_path / "art", sandbox=shell))
+    options = servers["shell"].options
+    assert (options["sandbox"], options["network"], options["read"]) == ("bubblewrap", [80, 443], ["/usr"])
+    assert options["write"] == [str((tmp_path / "art").resolve()), "/srv/cache"]
+    flags = ["--sandbox", "bubblewrap", "--network", "80,443", "--read", "/usr", "--write", "/srv/cache"]
+    assert servers["desktop"].args[3:3 + len(flags)] == flags
+    isolated = default_servers(tmp_path, isolate=True, shell=ShellSettings(network=False), artifacts=tmp_path / "art")
+    args = isolated["shell"].args
+    assert args[args.index("--network") + 1] == "off" and args[-2:] == ["--write", str((tmp_path / "art").resolve())]
