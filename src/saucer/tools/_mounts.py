@@ -9,8 +9,10 @@ each writable folder onto itself, makes every mount read-only in one call
 (``mount_setattr(AT_RECURSIVE)``, Linux 5.12+) and makes the writable binds
 writable again. The programs it starts inherit that namespace: outside the
 allowed folders, any change of a file, its metadata included, fails with EROFS.
-It costs about 0.15 ms. Mount events never propagate back (every mount is
-made private first), and the host's namespace is untouched.
+It costs about 0.15 ms, once per confining thread. Mount events never
+propagate back (every mount is made private first), and the host's namespace
+is untouched. The thread's working directory becomes its own (``CLONE_FS``):
+programs it starts are given theirs explicitly.
 
 Without the privilege (not root, or a kernel without ``mount_setattr``)
 :func:`read_only_view` returns False and changes nothing: Landlock alone is the

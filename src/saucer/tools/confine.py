@@ -11,15 +11,15 @@ chooses how that is enforced:
   ruleset, restricts *itself* (``landlock_restrict_self`` acts on the
   calling thread only) and from then on starts the programs (up to four such
   threads per policy, kept); the programs and all their descendants inherit
-  the domain, the host's other threads stay free. The
-  thread also drops the capabilities that reach past Landlock (loading a
-  module, raw I/O, mounting...) from its bounding set, so a command run as
-  root does not hold them either; as root it first takes a read-only mount
-  namespace where only the writable folders are writable
-  (:mod:`saucer.tools._mounts`), since Landlock cannot refuse ``chmod`` or
-  ``chown`` of files root owns. No code runs between fork and exec (no
-  ``preexec_fn``), and no helper process is started, so a command costs
-  what it cost before plus a hand-over to a waiting thread;
+  the domain, the host's other threads stay free. The thread also drops the
+  capabilities that reach past Landlock (loading a module, raw I/O,
+  mounting...) from its bounding set, so a command run as root does not hold
+  them either; as root it first takes a read-only mount namespace where only
+  the writable folders are writable (:mod:`saucer.tools._mounts`), since
+  Landlock cannot refuse ``chmod`` or ``chown`` of files root owns. No code
+  runs between fork and exec (no ``preexec_fn``), and no helper process is
+  started, so a command costs what it cost before plus a hand-over to a
+  waiting thread;
 - ``bubblewrap``: ``bwrap`` with a read-only bind of ``/`` (or of each
   ``read`` path), writable binds of the allowed folders, fresh ``/dev`` and
   ``/proc`` in a new PID namespace, no capability, and a network namespace
