@@ -35,6 +35,7 @@ bench: $(VENV)/bin/python
 	$(VENV)/bin/python bench/engine.py
 	$(VENV)/bin/python bench/engine_open.py
 	$(VENV)/bin/python bench/dispatch.py
+	$(VENV)/bin/python bench/confinement.py
 	$(VENV)/bin/python bench/service.py
 	$(VENV)/bin/python bench/queue_bench.py
 	$(VENV)/bin/python bench/ui.py

@@ -22,7 +22,7 @@ import typer
 
 from saucer import __version__
 from saucer.cli import inspect as view
-from saucer.cli import queue_cmds, running, service_cmds, store_cmds, ui_cmd
+from saucer.cli import doctor_cmd, queue_cmds, running, service_cmds, store_cmds, ui_cmd
 from saucer.cli.common import (
     ConfigOption,
     StoreOption,
@@ -557,6 +557,7 @@ def store_delete_cmd(
 service_cmds.register(app)
 store_cmds.register(store_app)
 queue_cmds.register(app)
+doctor_cmd.register(app)
 
 
 def main() -> None:

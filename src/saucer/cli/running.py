@@ -82,6 +82,7 @@ async def _check_and_run(factory: Any, sessions: list[Any], concurrency: int, po
     from saucer.engine.pool import SessionPool
 
     await factory.check_plans(sessions)
+    _say_confinement(factory.settings, factory.workspace)
     if factory.last_batch is not None:
         for line in factory.last_batch.lines():
             console.print(line)
@@ -93,6 +94,15 @@ async def _check_and_run(factory: Any, sessions: list[Any], concurrency: int, po
     results = await pool.run_all()
     console.print(pool.summary_table())
     return results
+
+
+def _say_confinement(settings: Any, workspace: Optional[Path]) -> None:
+    """Once the plans are checked, before anything runs: on stderr, the confinement the built-in tools' commands run under (the line of ``saucer doctor``)."""
+    if settings.mcp.servers and not settings.desktop.enabled:
+        return  # the configured servers run their commands their own way
+    from saucer.dispatch.servers import confinement_summary
+
+    err.print(visible(confinement_summary(settings.shell, workspace or Path.cwd())), markup=False, highlight=False)
 
 
 def _print_result(result: Any) -> None:

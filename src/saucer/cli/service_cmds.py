@@ -345,8 +345,9 @@ async def _run_device(
     desktop = None
     if settings.desktop.enabled:
         artifacts = settings.desktop.artifacts_dir or workspace / "artifacts"
-        desktop = DesktopServer(artifacts=artifacts, display=settings.desktop.display)
-    servers = configured_servers(settings.mcp.servers, workspace, desktop=desktop, isolate=settings.mcp.isolate)
+        desktop = DesktopServer(artifacts=artifacts, display=settings.desktop.display, sandbox=settings.shell)
+    servers = configured_servers(settings.mcp.servers, workspace, desktop=desktop, isolate=settings.mcp.isolate,
+                                 shell=settings.shell)
     import asyncio
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -38,7 +38,7 @@ from pathlib import Path
 # The model of one server table is a setting: it lives in saucer.config (which imports nothing of
 # saucer) and is named here too, where the dispatcher's users have always found it.
 from saucer.config import DEFAULT_MCP_TIMEOUT as DEFAULT_TIMEOUT
-from saucer.config import MCPServerConfig
+from saucer.config import MCPServerConfig, ShellSettings
 from saucer.config import MCPTransport as Transport
 from saucer.tools.desktop import DEFAULT_SENSITIVE_TOOLS, desktop_environment
 from saucer.tools.rules import DEFAULT_SENSITIVE_COMMANDS
@@ -70,6 +70,8 @@ class DesktopServer:
     sensitive_tools: tuple[str, ...] = DEFAULT_SENSITIVE_TOOLS
     #: Seconds one command may take; ``launch`` and ``find`` wait up to 120 s.
     timeout: float = 150.0
+    #: How launched programs are confined (``[shell]``; default: its defaults).
+    sandbox: ShellSettings | None = None
 
     def config(self, cwd: Path) -> MCPServerConfig:
         """The stdio server: this Python, the display and D-Bus variables of this process, ``cwd`` as its directory.
@@ -78,13 +80,43 @@ class DesktopServer:
         """
         return MCPServerConfig(
             command=sys.executable,
-            args=["-P", "-m", "saucer.tools.desktop", "--artifacts", str(self.artifacts.expanduser().resolve())],
+            args=["-P", "-m", "saucer.tools.desktop", *confinement_args(self.sandbox or ShellSettings()),
+                  "--artifacts", str(self.artifacts.expanduser().resolve())],
             cwd=Path(cwd).expanduser().resolve(),
             # An MCP stdio server inherits only HOME, PATH and a few others: pass DISPLAY and the buses.
             env=desktop_environment(self.display),
             timeout=self.timeout,
             sensitive_tools=list(self.sensitive_tools),
         )
+
+
+def confinement_args(shell: ShellSettings) -> list[str]:
+    """The ``--sandbox``, ``--network``, ``--read`` and ``--write`` flags of a built-in server for ``[shell]``."""
+    network = shell.network if not isinstance(shell.network, bool) else None
+    args = ["--sandbox", shell.sandbox,
+            "--network", ",".join(map(str, network)) if network is not None else ("on" if shell.network else "off")]
+    for path in shell.read:
+        args += ["--read", str(path)]
+    for path in shell.write:
+        args += ["--write", str(path)]
+    return args
+
+
+def shell_confinement(shell: ShellSettings | None, artifacts: Path | None) -> dict[str, object]:
+    """The confinement options of the in-process shell's ``create_server`` for ``[shell]`` and the artifacts folder."""
+    shell = shell or ShellSettings()
+    write = ([str(artifacts.expanduser().resolve())] if artifacts is not None else []) + [str(p) for p in shell.write]
+    return {"sandbox": shell.sandbox, "write": write, "read": [str(p) for p in shell.read],
+            "network": shell.network if isinstance(shell.network, bool) else list(shell.network)}
+
+
+def confinement_summary(shell: ShellSettings | None, workspace: Path) -> str:
+    """The one line ``saucer doctor`` and ``saucer run`` print: the confinement in force for the built-in tools."""
+    from saucer.tools.confine import Policy, confinement_line
+
+    shell = shell or ShellSettings()
+    policy = Policy.create(shell.sandbox, (Path(workspace).expanduser().resolve(), *shell.write), shell.read, shell.network)
+    return confinement_line(policy, also=("the session's artifacts folder (desktop sessions)",))
 
 
 def isolated_names(isolate: bool | Iterable[str]) -> frozenset[str]:
@@ -117,6 +149,8 @@ def default_servers(
     max_read: int = 256 * 1024,
     desktop: DesktopServer | None = None,
     isolate: bool | Iterable[str] = False,
+    shell: ShellSettings | None = None,
+    artifacts: Path | None = None,
 ) -> dict[str, MCPServerConfig]:
     """The built-in ``shell`` and ``files`` servers, both rooted at ``workspace``, and the ``desktop``
     server when ``desktop`` is given (:meth:`DesktopServer.config`, always its own process).
@@ -133,6 +167,10 @@ def default_servers(
     ``-P`` keeps the workspace (their working directory) off ``sys.path``, so
     files in it cannot shadow saucer's modules.
 
+    Commands run confined as ``shell`` (``[shell]``) says, writing only to the
+    workspace, ``artifacts`` (the session's artifacts folder), the ``write``
+    folders and a private temporary folder (:mod:`saucer.tools.confine`).
+
     ``sensitive_commands`` defaults to :data:`saucer.tools.rules.DEFAULT_SENSITIVE_COMMANDS`
     (``rm *``, ``sudo *``, ...); pass ``[]`` to ask about nothing.
     """
@@ -144,12 +182,16 @@ def default_servers(
         shell_args += ["--allow", pattern]
     for pattern in shell_deny or ():
         shell_args += ["--deny", pattern]
+    confinement = shell_confinement(shell, artifacts)
+    shell_args += confinement_args(shell or ShellSettings())
+    if artifacts is not None:
+        shell_args += ["--write", str(confinement["write"][0])]  # type: ignore[index]
     patterns = list(DEFAULT_SENSITIVE_COMMANDS) if sensitive_commands is None else list(sensitive_commands)
     # A command may ask for up to max_timeout; the dispatcher must wait at least that long.
     shell_limits = {"timeout": max(shell_timeout, 600.0) + 10.0, "sensitive_commands": patterns}
     shell_options = {
         "root": str(root), "timeout": shell_timeout, "max_timeout": max(shell_timeout, 600.0),
-        "max_output": max_output, "allow": list(shell_allow or ()), "deny": list(shell_deny or ()),
+        "max_output": max_output, "allow": list(shell_allow or ()), "deny": list(shell_deny or ()), **confinement,
     }
     servers = {
         "shell": (
@@ -180,14 +222,16 @@ def configured_servers(
     *,
     desktop: DesktopServer | None = None,
     isolate: bool | Iterable[str] = False,
+    shell: ShellSettings | None = None,
+    artifacts: Path | None = None,
 ) -> dict[str, MCPServerConfig]:
     """The servers a session or a device uses: the ``[mcp.servers]`` tables, or when there are none the
     built-in ``shell`` and ``files`` in ``workspace`` (in-process unless ``isolate``d, see
     :func:`default_servers`); plus the ``desktop`` server when ``desktop`` is given and no table is
-    named ``desktop``."""
+    named ``desktop``. ``shell`` (``[shell]``) and ``artifacts`` confine the built-in servers' commands."""
     isolated_names(isolate)  # a wrong name is an error even when [mcp.servers] replaces the built-ins
     if not configured:
-        return default_servers(workspace, desktop=desktop, isolate=isolate)
+        return default_servers(workspace, desktop=desktop, isolate=isolate, shell=shell, artifacts=artifacts)
     servers = dict(configured)
     if desktop is not None and "desktop" not in servers:
         servers["desktop"] = desktop.config(workspace)

@@ -110,8 +110,12 @@ def _desktop_server(settings: Settings, session: Session) -> DesktopServer | Non
     wanted = settings.desktop.enabled or settings.system.save_ui_tree or session.mode in OPERATOR_MODES
     if not wanted:
         return None
-    artifacts = settings.desktop.artifacts_dir or log_dir_for(settings.logs.root, session.task, session.session_id) / "artifacts"
-    return DesktopServer(artifacts=Path(artifacts), display=settings.desktop.display)
+    return DesktopServer(artifacts=_artifacts(settings, session), display=settings.desktop.display, sandbox=settings.shell)
+
+
+def _artifacts(settings: Settings, session: Session) -> Path:
+    """The session's artifacts folder: ``desktop.artifacts_dir``, else ``artifacts/`` in its log folder."""
+    return Path(settings.desktop.artifacts_dir or log_dir_for(settings.logs.root, session.task, session.session_id) / "artifacts")
 
 
 def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = None) -> Callable[[Session], Any]:
@@ -123,8 +127,12 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
         except ImportError as exc:
             return _UnavailableDispatcher(f"the local command dispatcher is not available ({exc})")
         where = Path(getattr(session, "workspace", None) or workspace or Path.cwd())
+        desktop = _desktop_server(settings, session)
+        # The shell may write to the session's artifacts folder when it has one (a desktop session); the
+        # other sessions' shell options stay the same, so a pool shares one shell server among them.
         servers = configured_servers(
-            settings.mcp.servers, where, desktop=_desktop_server(settings, session), isolate=settings.mcp.isolate
+            settings.mcp.servers, where, desktop=desktop, isolate=settings.mcp.isolate,
+            shell=settings.shell, artifacts=desktop.artifacts if desktop is not None else None,
         )
         interactor = getattr(session, "interactor", None)
         return local.LocalCommandDispatcher.from_config(

@@ -11,6 +11,8 @@ table (:class:`saucer.tools.native.NativeServer`): called directly, without
 an MCP server or the MCP SDK, with the same listing and results as over MCP.
 Their blocking work runs in daemon worker threads (:func:`saucer.tools._common.offload`). :mod:`saucer.tools.sandbox`
 resolves the files tools' paths from a descriptor of their root;
+:mod:`saucer.tools.confine` starts the shell's commands and the desktop's programs
+confined by the kernel (Landlock, else bubblewrap);
 :mod:`saucer.tools.rules` holds the allow/deny and sensitivity rules shared
 with the dispatcher, decided on the parse of :mod:`saucer.tools.shellparse`.
 """

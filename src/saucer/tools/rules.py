@@ -17,9 +17,10 @@ known at run time, a shell reads commands from standard input) is treated as
 sensitive, and refused when allow or deny rules exist.
 
 These rules are a guard against mistakes and a trigger for asking the user,
-not a security boundary: a script, an interpreter (``python -c``) or a
-program that deletes files itself is not looked into. The boundary that holds
-is the files server's root.
+a courtesy, not a security boundary: a script, an interpreter (``python -c``)
+or a program that deletes files itself is not looked into. The boundary that
+holds is the kernel's: commands run confined (:mod:`saucer.tools.confine`),
+able to write only to the workspace, the artifacts and a private TMPDIR.
 """
 
 from __future__ import annotations
@@ -54,9 +55,16 @@ DEFAULT_SENSITIVE_COMMANDS: tuple[str, ...] = (
     "su *",
     "dd *",
     "mkfs*",
+    "mke2fs*",
+    "wipefs *",
     "shred *",
+    "unlink *",
+    "truncate *",
     "chmod -R *",
+    # Recursion in any spelling and place: -R, -fR, -Rv, --recursive, "000 -R dir".
+    "re:^chmod\\s(.*\\s)?(-[A-Za-z]*R[A-Za-z]*|--recursive)(\\s|$)",
     "chown *",
+    "chgrp *",
     "kill *",
     "pkill *",
     "killall *",

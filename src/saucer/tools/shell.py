@@ -21,15 +21,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, Field
 
@@ -49,8 +52,12 @@ from saucer.tools._common import (
     resolve_in_root,
     serve_stdio,
 )
+from saucer.tools._child import AsyncChild, start_child
+from saucer.tools._child import CappedBuffer as _CappedBuffer
+from saucer.tools._child import to_the_end as _to_the_end
 from saucer.tools._orphans import forget_group, watch_group
 from saucer.tools import native
+from saucer.tools.confine import ConfinementError, Confiner, Policy, add_arguments
 from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 from saucer.tools.rules import (
     CommandRule,
@@ -93,7 +100,6 @@ _KILL_GRACE = 1.0
 # Time to collect the last output once the group is dead; a daemon that left
 # the group may hold the pipes open forever, so the wait is bounded.
 _DRAIN_GRACE = 1.0
-_READ_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,8 @@ class ShellOptions:
     shell: str = "/bin/sh"
     #: The environment commands start from (plus a call's ``env``); None: this process's environment.
     env: Mapping[str, str] | None = field(default=None, hash=False)
+    #: How commands are confined: the root and ``policy.write`` are writable, the rest as ``policy`` says.
+    policy: Policy = Policy()
 
     @classmethod
     def create(
@@ -122,10 +130,16 @@ class ShellOptions:
         max_timeout: float = DEFAULT_MAX_TIMEOUT,
         shell: str = "/bin/sh",
         env: Mapping[str, str] | None = None,
+        sandbox: str = "auto",
+        write: Sequence[str | os.PathLike[str]] = (),
+        read: Sequence[str | os.PathLike[str]] = ("/",),
+        network: bool | Sequence[int] = True,
     ) -> "ShellOptions":
-        """Options with ``root`` resolved and the rules compiled."""
+        """Options with ``root`` resolved, the rules compiled and the confinement policy built
+        (writable: ``root`` and ``write``; see :class:`saucer.tools.confine.Policy`)."""
+        real_root = Path(os.path.realpath(root))
         return cls(
-            root=Path(os.path.realpath(root)),
+            root=real_root,
             allow=compile_rules(allow),
             deny=compile_rules(deny),
             max_output=max_output,
@@ -133,6 +147,7 @@ class ShellOptions:
             max_timeout=max(max_timeout, timeout),
             shell=shell,
             env=None if env is None else dict(env),
+            policy=Policy.create(sandbox, (real_root, *write), read, network),
         )
 
 
@@ -151,48 +166,17 @@ class ShellResult(BaseModel):
     note: str | None = Field(None, description="Anything unusual about the run, e.g. stopped background jobs.")
 
 
-class _CappedBuffer:
-    """Keeps the first ``cap`` bytes of a stream and counts the rest."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.data = bytearray()
-        self.total = 0
-
-    async def drain(self, stream: asyncio.StreamReader) -> None:
-        # Reading on past the cap keeps the child from blocking on a full pipe.
-        while chunk := await stream.read(_READ_CHUNK):
-            self.total += len(chunk)
-            room = self.cap - len(self.data)
-            if room > 0:
-                self.data.extend(chunk[:room])
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > len(self.data)
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
-
-
 def _kill_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
 
 
-async def _leader_exit(proc: asyncio.subprocess.Process) -> None:
-    """Wait until the shell itself has exited.
-
-    Not ``proc.wait()``: since Python 3.11 it also waits for the pipes to
-    close, which a background child (``server &``) can hold open forever.
-    """
-    delay = 0.001
-    while proc.returncode is None:
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.05)
+async def _leader_exit(proc: AsyncChild) -> None:
+    """Wait until the shell itself has exited (not for its output: a background child may hold it open)."""
+    await proc.wait()
 
 
-async def _stop_group(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]]) -> None:
+async def _stop_group(proc: AsyncChild, readers: list[asyncio.Task[None]]) -> None:
     """Terminate the command's whole process group: SIGTERM, a grace period, SIGKILL."""
     _kill_group(proc.pid, signal.SIGTERM)
     # Gone means: the shell has exited and nothing holds its output pipes any more.
@@ -204,39 +188,7 @@ async def _stop_group(proc: asyncio.subprocess.Process, readers: list[asyncio.Ta
     _kill_group(proc.pid, signal.SIGKILL)
 
 
-def _shielded() -> contextlib.AbstractContextManager[object]:
-    """The anyio scope the clean-up after a command runs in (see :func:`_to_the_end`).
-
-    Under anyio (the stdio MCP server's task groups) a cancelled call -- the
-    client went away, the server is shutting down -- has every await cancelled
-    again: a shielded anyio scope keeps those cancellations out. Where anyio is
-    not loaded (the in-process tools) there is no such scope, and importing it
-    would cost every ``saucer run`` ~20 ms of start-up.
-    """
-    anyio = sys.modules.get("anyio")
-    return anyio.CancelScope(shield=True) if anyio is not None else contextlib.nullcontext()
-
-
-async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
-    """Run ``cleanup`` to its end even when the caller is cancelled meanwhile (a batch's deadline
-    passing during a command's own grace period, a client going away), then pass the cancellation
-    on: a clean-up cut short would leave the group running and its shell unreaped."""
-    task = asyncio.ensure_future(cleanup)
-    cancelled = False
-    with _shielded():
-        while True:
-            try:
-                await asyncio.shield(task)
-                break
-            except asyncio.CancelledError:
-                if task.done():  # the clean-up itself was cancelled, not the wait for it
-                    raise
-                cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-
-
-async def _clean_up(proc: asyncio.subprocess.Process, readers: list[asyncio.Task[None]], *, stop: bool) -> None:
+async def _clean_up(proc: AsyncChild, readers: list[asyncio.Task[None]], *, stop: bool) -> None:
     """Stop the group when ``stop``, collect its output readers, reap the shell and close its transport."""
     if stop:
         await _stop_group(proc, readers)
@@ -248,6 +200,7 @@ async def _clean_up(proc: asyncio.subprocess.Process, readers: list[asyncio.Task
     await asyncio.gather(*readers, return_exceptions=True)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(proc.wait(), _DRAIN_GRACE)
+    proc.close()
     forget_group(proc.pid)
 
 
@@ -265,6 +218,10 @@ def _prepare(
     """The time limit, working directory, environment and shell of a command that may run; ToolError when not."""
     if not command.strip():
         raise ToolError("command is empty")
+    try:
+        confiner(options).check()
+    except ConfinementError as exc:
+        raise ToolError(str(exc)) from None
     reason = refusal_reason(command, options.allow, options.deny)
     if reason is not None:
         raise ToolError(reason)
@@ -284,11 +241,21 @@ def _prepare(
         if bad:
             raise ToolError(f"env values must be strings (bad keys: {bad})")
         child_env.update(env)
+    child_env = confiner(options).environment(child_env)
     # Found as the operating system would find it (the child's PATH), so a missing shell is an error here.
     shell = shutil.which(options.shell, path=os.pathsep.join(os.get_exec_path(child_env)))
     if shell is None:
         raise ToolError(f"could not start {options.shell}: not found or not executable")
     return limit, workdir, child_env, shell
+
+
+@functools.lru_cache(maxsize=64)
+def confiner(options: ShellOptions) -> Confiner:
+    """The :class:`Confiner` of ``options`` (one private temporary folder per options while in use)."""
+    policy = options.policy
+    if str(options.root) not in policy.write:  # options built without create(): the root is writable still
+        policy = dataclasses.replace(policy, write=(str(options.root), *policy.write))
+    return Confiner(policy)
 
 
 # Runs as ``/bin/sh -c _GATE SHELL COMMAND``: wait for the host's newline (end of file: the host died
@@ -316,26 +283,22 @@ async def run_command(
     # between the start and the announcement would otherwise leave it running unwatched.
     gate_read, gate_write = os.pipe()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh",
-            "-c",
-            _GATE,
-            shell,
-            command,
+        proc = await start_child(confiner(options).start(
+            ["/bin/sh", "-c", _GATE, shell, command],
             stdin=gate_read,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             cwd=workdir,
             env=child_env,
             start_new_session=True,  # its own process group, so a timeout kills the children too
-        )
+        ))
     except BaseException as exc:  # cancelled too: a started child must see end of file, never wait on
         os.close(gate_write)
-        if isinstance(exc, OSError):
+        if isinstance(exc, (OSError, ConfinementError)):
             raise ToolError(f"could not start {options.shell}: {exc}") from exc
         raise
     finally:
-        os.close(gate_read)
+        os.close(gate_read)  # only now: the thread that started the command is done with it
     try:
         watch_group(proc.pid)  # stopped even if this process is killed outright (see saucer.tools._orphans)
         os.write(gate_write, b"\n")
@@ -507,6 +470,10 @@ def create_server(
     max_timeout: float = DEFAULT_MAX_TIMEOUT,
     shell: str = "/bin/sh",
     env: Mapping[str, str] | None = None,
+    sandbox: str = "auto",
+    write: Sequence[str] = (),
+    read: Sequence[str] = ("/",),
+    network: bool | Sequence[int] = True,
 ) -> NativeServer:
     """The shell tool to run in-process, from keyword options (an ``import_path`` factory).
 
@@ -514,7 +481,8 @@ def create_server(
     tool directly (no MCP server is built). Commands start from ``env``,
     by default the minimal environment a stdio server gets (HOME, PATH, USER,
     ...; what the MCP SDK's ``get_default_environment`` gives a stdio server), never the whole
-    environment of the host process, which may hold its secrets. Tables are
+    environment of the host process, which may hold its secrets. Commands run confined as
+    ``sandbox``, ``write``, ``read`` and ``network`` say (:mod:`saucer.tools.confine`). Tables are
     built once per options and shared (:func:`saucer.tools._common.built_once`).
     """
     if env is None:
@@ -526,10 +494,10 @@ def create_server(
         raise ValueError(f"shell root {os.fspath(root)!r} is not a directory")
     options = ShellOptions.create(
         root, allow=allow, deny=deny, max_output=max_output, timeout=timeout, max_timeout=max_timeout,
-        shell=shell, env=env,
+        shell=shell, env=env, sandbox=sandbox, write=write, read=read, network=network,
     )
     given = {"root": str(options.root), "allow": list(allow), "deny": list(deny), "max_output": max_output,
-             "timeout": timeout, "max_timeout": max_timeout, "shell": shell, "env": env}
+             "timeout": timeout, "max_timeout": max_timeout, "shell": shell, "env": env, "policy": options.policy}
     return built_once("shell", given, lambda: tool_table(options))
 
 
@@ -539,7 +507,8 @@ def _parser() -> argparse.ArgumentParser:
         description="saucer's shell MCP server over stdio: one tool, `run`, that runs a command line.",
         epilog="Rules are globs (`rm *`) or regular expressions with the prefix `re:`. "
         "Environment variables: SAUCER_SHELL_ROOT, SAUCER_SHELL_ALLOW and SAUCER_SHELL_DENY "
-        "(one pattern per line), SAUCER_SHELL_MAX_OUTPUT, SAUCER_SHELL_TIMEOUT, SAUCER_SHELL_MAX_TIMEOUT.",
+        "(one pattern per line), SAUCER_SHELL_MAX_OUTPUT, SAUCER_SHELL_TIMEOUT, SAUCER_SHELL_MAX_TIMEOUT, "
+        "SAUCER_SHELL_SANDBOX.",
     )
     parser.add_argument("--root", type=existing_dir, default=env_default("SAUCER_SHELL_ROOT", "."),
                         help="workspace root: default working directory, cwd must stay inside it (default: .)")
@@ -557,6 +526,7 @@ def _parser() -> argparse.ArgumentParser:
                         default=env_default("SAUCER_SHELL_MAX_TIMEOUT", str(DEFAULT_MAX_TIMEOUT)),
                         metavar="S", help=f"largest timeout a call may ask for (default {DEFAULT_MAX_TIMEOUT:g})")
     parser.add_argument("--shell", default="/bin/sh", help="shell used as `SHELL -c COMMAND` (default /bin/sh)")
+    add_arguments(parser)
     return parser
 
 
@@ -573,6 +543,10 @@ def parse_options(argv: Sequence[str] | None = None) -> ShellOptions:
             timeout=args.timeout,
             max_timeout=args.max_timeout,
             shell=args.shell,
+            sandbox=args.sandbox,
+            write=args.write,
+            read=args.read or ("/",),
+            network=args.network,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -10,11 +10,12 @@ Each one is then looked through:
   ``r\\m``, ``$'rm'``) and absolute paths (``/bin/rm``) are resolved;
 - wrappers that run their arguments as a command are unwrapped, each level
   kept: ``env``, ``command``, ``builtin``, ``exec``, ``nohup``, ``nice``,
-  ``time``, ``timeout``, ``sudo``, ``doas``, ``xargs``, ``setsid``,
-  ``stdbuf``, ``find -exec``...;
+  ``ionice``, ``time``, ``timeout``, ``sudo``, ``doas``, ``pkexec``,
+  ``xargs``, ``setsid``, ``stdbuf``, ``runuser``, ``unshare``, ``setarch``,
+  ``chrt``, ``setpriv``, ``prlimit``, ``nsenter``, ``busybox``, ``find -exec``...;
 - strings run as shell code are parsed in turn: ``sh -c``/``bash -c`` (and
-  the other shells), ``eval``, ``su -c``, ``env -S``, ``watch``, alias
-  definitions.
+  the other shells), ``eval``, ``trap``, ``su -c``, ``runuser -c``,
+  ``sg [-c]``, ``env -S``, ``watch``, alias definitions.
 
 What cannot be known before the line runs is reported in
 :attr:`CommandLine.unknown` instead of guessed: a line that does not parse, a
@@ -77,9 +78,25 @@ _WRAPPERS: dict[str, frozenset[str]] = {
     "watch": frozenset({"-n", "--interval", "-d", "--differences", "-q", "--equexit"}),
     "script": frozenset({"-c", "--command", "-E", "--echo", "-I", "--log-in", "-O", "--log-out", "-T",
                          "--log-timing", "-m", "--logging-format"}),
+    # util-linux and friends: run the rest of the line as a command, changing one property of it.
+    "runuser": frozenset({"-u", "--user", "-g", "--group", "-G", "--supp-group", "-s", "--shell", "-w",
+                          "--whitelist-environment"}),
+    "unshare": frozenset({"-S", "--setuid", "-G", "--setgid", "-R", "--root", "-w", "--wd", "--propagation",
+                          "--map-user", "--map-group", "--setgroups", "--map-users", "--map-groups"}),
+    "setarch": frozenset(),
+    "linux32": frozenset(),
+    "linux64": frozenset(),
+    "chrt": frozenset({"-T", "--sched-runtime", "-P", "--sched-period", "-D", "--sched-deadline"}),
+    "setpriv": frozenset({"--reuid", "--regid", "--ruid", "--rgid", "--euid", "--egid", "--groups", "--inh-caps",
+                          "--ambient-caps", "--bounding-set", "--securebits", "--pdeathsig", "--selinux-label",
+                          "--apparmor-profile", "--landlock-access", "--landlock-rule"}),
+    "prlimit": frozenset({"-p", "--pid", "-o", "--output"}),
+    "nsenter": frozenset({"-t", "--target", "-S", "--setuid", "-G", "--setgid"}),
+    "pkexec": frozenset({"--user"}),
+    "sg": frozenset(),
 }
 # Wrappers with one positional argument before the command (a duration, a directory, a file, a mask).
-_ONE_POSITIONAL = frozenset({"timeout", "chroot", "flock", "taskset"})
+_ONE_POSITIONAL = frozenset({"timeout", "chroot", "flock", "taskset", "setarch", "chrt"})
 # Shells: ``-c STRING`` runs STRING; no operand reads commands from standard input.
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh", "busybox"})
 _SHELL_OPTIONS_WITH_VALUE = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
@@ -209,8 +226,10 @@ class _Analyser:
             self.shell(words, dynamic, depth)
         elif base == "eval":
             self.code(words[1:], dynamic, 1, depth, "eval")
-        elif base in ("su", "runuser"):
+        elif base == "su":
             self.option_code(words, dynamic, ("-c", "--command"), depth)
+        elif base == "trap":
+            self.trap(words, dynamic, depth)
         elif base in (".", "source"):
             if len(words) < 2 or 1 in dynamic or _STDIN_SCRIPTS.match(words[1]):
                 self.unknown.append(f"{base} reads a script that is only known when it runs")
@@ -261,7 +280,12 @@ class _Analyser:
             return  # prints what a name is, runs nothing
         if base == "env" and self.option_code(words, dynamic, ("-S", "--split-string"), depth):
             return
-        if base in ("script", "flock") and self.option_code(words, dynamic, ("-c", "--command"), depth):
+        if base in ("script", "flock", "runuser") and self.option_code(words, dynamic, ("-c", "--command"), depth):
+            return
+        if base == "sg":  # sg GROUP [-c] COMMAND: the command is a string given to /bin/sh -c
+            start = 2 if len(words) > 1 and words[1] != "-" else 3
+            start += 1 if start < len(words) and words[start] == "-c" else 0
+            self.code(words[start:], dynamic, start, depth, "sg")
             return
         index = 1
         while index < len(words) and index not in dynamic:
@@ -287,6 +311,19 @@ class _Analyser:
         # Option arities of other versions may differ: every later position could be the command too.
         later = range(index + 1, min(len(words), index + 1 + _MAX_POSSIBLE))
         self.possible.extend(Invocation(tuple(words[i:])) for i in later if i not in dynamic)
+
+    def trap(self, words: list[str], dynamic: set[int], depth: int) -> None:
+        """``trap [--] ACTION SIGNAL...``: ACTION is shell code run later (on exit, on a signal)."""
+        index = 1
+        while index < len(words) and index not in dynamic and words[index].startswith("-") and words[index] != "-":
+            if words[index] == "--":
+                index += 1
+                break
+            if words[index] in ("-p", "-l", "-P"):
+                return  # prints traps or signal names, sets none
+            index += 1
+        if index < len(words) and words[index] != "-":
+            self.code(words[index:index + 1], dynamic, index, depth, "trap")
 
     def shell(self, words: list[str], dynamic: set[int], depth: int) -> None:
         index = 1

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from saucer.tools.confine import ConfinementError, Confiner, Policy
 from saucer.tools.desktop import DesktopError
 
 __all__ = ["Launcher", "split_command"]
@@ -51,12 +52,22 @@ def descendants(pid: int) -> set[int]:
 
 
 class Launcher:
-    """Starts programs and stops the ones still running when the server ends."""
+    """Starts programs confined by ``policy`` (:mod:`saucer.tools.confine`) and stops the ones still running
+    when the server ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Policy | None = None) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         #: X11 windows found as the started programs' own (see :mod:`saucer.tools.desktop.programs`).
         self.windows: set[int] = set()
+        self.policy = policy or Policy.create("auto", (Path.cwd(),), scoped=False)
+        self._confiner: Confiner | None = None
+
+    @property
+    def confiner(self) -> Confiner:
+        """The confiner of :attr:`policy`, made at the first launch (its private TMPDIR with it)."""
+        if self._confiner is None:
+            self._confiner = Confiner(self.policy)
+        return self._confiner
 
     def start(self, argv: list[str], *, cwd: Path, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
         """Start ``argv`` in a new session with stdout and stderr appended to ``log``."""
@@ -65,16 +76,16 @@ class Launcher:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             try:
-                proc = subprocess.Popen(  # noqa: S603 - the user approved this command (launch is sensitive)
+                proc = self.confiner.popen(  # the user approved this command (launch is sensitive)
                     argv,
                     cwd=cwd,
-                    env=dict(env),
+                    env=self.confiner.environment(env),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            except OSError as exc:
+            except (OSError, ConfinementError) as exc:
                 raise DesktopError(f"could not start {argv[0]!r}: {exc}") from None
         self.processes.append(proc)
         return proc

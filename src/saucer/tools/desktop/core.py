@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from saucer.tools.confine import Policy
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.apps import Launcher, descendants, split_command
 from saucer.tools.desktop.artifacts import Artifacts
@@ -73,6 +74,13 @@ class DesktopOptions:
     max_wait: float = 120.0
     max_type: int = 10_000
     keep_apps: bool = False
+    #: How launched programs are confined (None: the default policy, writing to the working directory,
+    #: the artifacts and a private temporary folder).
+    policy: Policy | None = None
+
+    def confinement(self) -> Policy:
+        """:attr:`policy`, or the default one for this working directory and artifacts folder."""
+        return self.policy or Policy.create("auto", (Path.cwd(), self.artifacts), scoped=False)
 
 
 def _check_range(name: str, value: float, low: float, high: float, flag: str) -> None:
@@ -98,7 +106,7 @@ class Desktop:
     def __init__(self, options: DesktopOptions) -> None:
         self.options = options
         self.registry = ElementRegistry()
-        self.launcher = Launcher()
+        self.launcher = Launcher(options.confinement())
         self._x: X11 | None = None
         self._bus: AtspiBus | None = None
         self.artifacts = Artifacts(options.artifacts)

@@ -39,6 +39,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from saucer.tools._common import env_default, make_server, parse, positive_float, positive_int, serve_stdio
+from saucer.tools.confine import Policy, add_arguments
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.core import Desktop, DesktopOptions
 from saucer.tools.desktop.locator import Locator
@@ -309,6 +310,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="largest wait/timeout of launch and find (default 120)")
     parser.add_argument("--keep-apps", action="store_true",
                         help="leave the programs started by launch running when the server stops")
+    add_arguments(parser, "launched programs")
     return parser
 
 
@@ -323,6 +325,9 @@ def parse_options(argv: Sequence[str] | None = None) -> DesktopOptions:
         call_timeout=args.timeout,
         max_wait=args.max_wait,
         keep_apps=args.keep_apps,
+        # Writable: the working directory (the workspace) and the artifacts; GUI programs need abstract sockets.
+        policy=Policy.create(args.sandbox, (Path.cwd(), args.artifacts.expanduser().absolute(), *args.write),
+                             args.read or ("/",), args.network, scoped=False),
     )
 
 

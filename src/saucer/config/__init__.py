@@ -41,6 +41,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from saucer.config._explain import _ENV_ALIASES, ENV_PREFIX, ConfigError, _describe, _nest
+from saucer.config.shell import ShellSettings
+
 __all__ = [
     "ConfigError",
     "Settings",
@@ -55,6 +58,7 @@ __all__ = [
     "QueueSettings",
     "DesktopSettings",
     "ServiceDeviceSettings",
+    "ShellSettings",
     "SaveExperience",
     "load_settings",
     "DEFAULT_CONFIG_FILE",
@@ -62,20 +66,7 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG_FILE = "saucer.toml"
-ENV_PREFIX = "SAUCER_"
 SaveExperience = Literal["always", "ask", "auto", "always_not"]
-
-#: Short environment variable forms -> settings path.
-_ENV_ALIASES: dict[str, tuple[str, str]] = {
-    "SAUCER_STORE_URL": ("store", "url"),
-    "SAUCER_LLM_BASE_URL": ("llm", "base_url"),
-    "SAUCER_LLM_API_KEY": ("llm", "api_key"),
-    "SAUCER_LLM_MODEL": ("llm", "model"),
-}
-
-
-class ConfigError(ValueError):
-    """Settings could not be loaded; the message is one sentence naming the key and its source."""
 
 
 class _Section(BaseModel):
@@ -484,6 +475,7 @@ class Settings(BaseSettings):
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     desktop: DesktopSettings = Field(default_factory=DesktopSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
+    shell: ShellSettings = Field(default_factory=ShellSettings)
 
     _config_file: Path | None = PrivateAttr(None)
 
@@ -503,77 +495,6 @@ class Settings(BaseSettings):
     def config_file(self) -> Path | None:
         """The settings file that was read (None when there was none)."""
         return self._config_file
-
-
-def _nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"system.max_step": 3}`` or ``{"system": {"max_step": 3}}`` -> nested dict; None values are skipped."""
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        if isinstance(value, Mapping) and "." not in key:
-            inner = _nest(value)
-            if inner:
-                out.setdefault(key, {}).update(inner)
-            continue
-        parts = key.split(".")
-        node = out
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {key!r} conflicts with another override")
-        node[parts[-1]] = value
-    return out
-
-
-def _has_path(data: Any, loc: tuple[Any, ...]) -> bool:
-    for part in loc:
-        if not isinstance(data, Mapping) or part not in data:
-            return False
-        data = data[part]
-    return True
-
-
-def _env_var_for(loc: tuple[Any, ...]) -> str | None:
-    nested = ENV_PREFIX + "__".join(str(p).upper() for p in loc)
-    for var in os.environ:
-        if var.upper() == nested:
-            return var
-    if len(loc) >= 2:
-        for var, path in _ENV_ALIASES.items():
-            if path == tuple(loc[:2]) and os.environ.get(var):
-                return var
-    return None
-
-
-def _describe(exc: ValidationError, overrides: dict[str, Any], file_path: Path, file_data: dict[str, Any]) -> str:
-    """One sentence per problem, each naming the key and its source."""
-    sentences = []
-    for error in exc.errors():
-        loc = tuple(error["loc"])
-        dotted = ".".join(str(p) for p in loc) or "(settings)"
-        if error["type"] == "extra_forbidden":
-            problem = "unknown key"
-        else:
-            problem = error["msg"][0].lower() + error["msg"][1:]
-            if "input" in error and not isinstance(error["input"], (dict, list)):
-                value = error["input"]
-                if isinstance(value, SecretStr):
-                    value = "**********"
-                problem += f" (got {value!r})"
-        if _has_path(overrides, loc):
-            source, where = "overrides", f"override {dotted}"
-        elif (var := _env_var_for(loc)) is not None:
-            source = where = f"environment variable {var}"
-        elif _has_path(file_data, loc):
-            source, where = str(file_path), f"{file_path}: {dotted}"
-        else:
-            source, where = "settings", f"setting {dotted}"
-        if error["type"] == "extra_forbidden":
-            sentences.append(f"{source}: unknown key {dotted!r}")
-        else:
-            sentences.append(f"{where}: {problem}")
-    return "; ".join(sentences)
 
 
 def load_settings(config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
