@@ -42,23 +42,9 @@ from pydantic_settings import (
 )
 
 __all__ = [
-    "ConfigError",
-    "Settings",
-    "SystemSettings",
-    "StoreSettings",
-    "MCPSettings",
-    "MCPServerConfig",
-    "AgentsSettings",
-    "LogsSettings",
-    "LLMSettings",
-    "ServiceSettings",
-    "QueueSettings",
-    "DesktopSettings",
-    "ServiceDeviceSettings",
-    "SaveExperience",
-    "load_settings",
-    "DEFAULT_CONFIG_FILE",
-    "ENV_PREFIX",
+    "ConfigError", "Settings", "SystemSettings", "StoreSettings", "MCPSettings", "MCPServerConfig", "AgentsSettings",
+    "LogsSettings", "LLMSettings", "ServiceSettings", "QueueSettings", "DesktopSettings", "ServiceDeviceSettings",
+    "ApprovalSettings", "SaveExperience", "load_settings", "DEFAULT_CONFIG_FILE", "ENV_PREFIX",
 ]
 
 DEFAULT_CONFIG_FILE = "saucer.toml"
@@ -413,6 +399,14 @@ class QueueSettings(_Section):
     shutdown_timeout: float = Field(30.0, ge=0, description="On SIGTERM, how long sessions run on before they are handed back.")
 
 
+class ApprovalSettings(_Section):
+    """Sensitive steps nobody at a terminal can confirm wait as pending approvals (``saucer approve``)."""
+
+    timeout: float = Field(
+        300.0, ge=0, description="Seconds a pending approval waits before it is refused by timeout (0: refuse at once)."
+    )
+
+
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("saucer_config_file", default=None)
 
 
@@ -484,6 +478,7 @@ class Settings(BaseSettings):
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     desktop: DesktopSettings = Field(default_factory=DesktopSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
+    approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
 
     _config_file: Path | None = PrivateAttr(None)
 
