@@ -50,6 +50,7 @@ __all__ = [
     "DECISION_KIND",
     "Approval",
     "ApprovalError",
+    "ApprovalNotFound",
     "ApprovalStatus",
     "approvals_of",
     "read_approvals",
@@ -76,6 +77,10 @@ _MAX_TRIES = 50
 
 class ApprovalError(Exception):
     """An approval that cannot be listed or decided: one sentence saying why."""
+
+
+class ApprovalNotFound(ApprovalError):
+    """No such session, or no approval of that number in it."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +182,7 @@ def read_approvals(store: EventStore, session_id: str) -> list[Approval]:
     try:
         return approvals_of(store.iter_events(session_id))
     except SessionNotFoundError:
-        raise ApprovalError(f"no session {session_id!r} in this store") from None
+        raise ApprovalNotFound(f"no session {session_id!r} in this store") from None
 
 
 def pending_approvals(store: EventStore, session_ids: Iterable[str] | None = None) -> list[Approval]:
@@ -247,13 +252,13 @@ def decide(
         try:
             head = store.head(session_id)
             if not isinstance(number, int) or number < 1 or number > head:
-                raise ApprovalError(f"session {session_id!r} has no approval {number}")
+                raise ApprovalNotFound(f"session {session_id!r} has no approval {number}")
             events = list(store.read(session_id, number - 1, head))
         except SessionNotFoundError:
-            raise ApprovalError(f"no session {session_id!r} in this store") from None
+            raise ApprovalNotFound(f"no session {session_id!r} in this store") from None
         found = approvals_of(events)
         if not found or found[0].number != number:
-            raise ApprovalError(f"session {session_id!r} has no approval {number}")
+            raise ApprovalNotFound(f"session {session_id!r} has no approval {number}")
         approval = found[0]
         if not approval.pending:
             raise ApprovalError(
