@@ -65,6 +65,8 @@ class ContextCore:
         self._author = "system"
         self._durability: Durability = "step"
         self._read_only = False
+        # Conflicts re-base the whole batch after the other writers instead of failing (see commit.py).
+        self._serialise = False
         self._fence: int | None = None
         self._lock = threading.RLock()
         self._closed = False
@@ -90,6 +92,7 @@ class ContextCore:
         meta: dict[str, Any] | None = None,
         fence: int | None = None,
         keep_snapshots: int = KEEP_SNAPSHOTS,
+        serialise: bool = False,
     ) -> Self:
         """Open (or create) a session's Context in ``store`` (an :class:`EventStore` or a URL).
 
@@ -104,6 +107,10 @@ class ContextCore:
         only the newest ``keep_snapshots`` of the session are kept.
         A store given as a URL is opened for this Context (and its forks) and
         closed with the last of them; a store object stays the caller's.
+        ``serialise=True`` makes every commit succeed over concurrent writers:
+        its changes are re-based and ordered after theirs in the log, instead
+        of raising :class:`~saucer.store.ConflictError` (what the engine's
+        steps do: their commands ran, so their record must not be lost).
         """
         if durability not in DURABILITIES:
             raise ValueError(f"durability must be one of {', '.join(DURABILITIES)}, not {durability!r}")
@@ -129,6 +136,7 @@ class ContextCore:
             ctx._snapshot_every = snapshot_every
             ctx._keep_snapshots = keep_snapshots
             ctx._fence = fence
+            ctx._serialise = bool(serialise)
             ctx._hydrate(at)
         except BaseException:
             if ctx._handle is not None:
@@ -216,6 +224,15 @@ class ContextCore:
     def pending(self) -> list[dict[str, Any]]:
         """The operations made since the last commit (a copy)."""
         return copy_json(self._pending)
+
+    @property
+    def serialise(self) -> bool:
+        """Whether a commit that meets a concurrent writer is ordered after it instead of failing."""
+        return self._serialise
+
+    @serialise.setter
+    def serialise(self, value: bool) -> None:
+        self._serialise = bool(value)
 
     @property
     def fence(self) -> int | None:

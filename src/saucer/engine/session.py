@@ -483,6 +483,7 @@ class Session(ResumableSession, SessionOutcome):
             snapshot_every=self.settings.store.snapshot_every,
             create=False,
             fence=lease.token,
+            serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
         )
         if ended is not None and continued is None:
             self.result = self._stored_result(point_meta)

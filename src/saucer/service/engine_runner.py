@@ -392,7 +392,7 @@ class EngineTaskRunner:
             _log.warning("session %s: its end is not recorded in the event store: %s", session_id, exc)
             return
         try:
-            ctx = Context.open(store, session_id, author="system", create=False, fence=lease.token)
+            ctx = Context.open(store, session_id, author="system", create=False, fence=lease.token, serialise=True)
             try:
                 reason = outcome.error or outcome.status
                 ctx.set(ContextNames.ROUND_RESULT, reason)

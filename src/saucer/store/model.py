@@ -87,7 +87,8 @@ class StoreError(Exception):
 class ConflictError(StoreError):
     """Another writer committed first: the commit was based on a stale version.
 
-    ``keys`` names the keys of the refused batch that were plain writes.
+    ``keys`` names the keys the other writers changed since that version (what
+    a reload brings in), when the committer could read them.
     """
 
     def __init__(self, session_id: str, expected: int, actual: int | None, keys: Sequence[str] = ()) -> None:
