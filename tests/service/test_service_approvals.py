@@ -8,7 +8,9 @@ step's result, which is what an agent reads.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,6 +91,19 @@ def _saucer(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _readme_api(port: int, token: str, sid: str, number: int) -> list[dict[str, Any]]:
+    """Run the README's approvals API block (curl) with ``$TOKEN``, ``$SID`` and ``$N``; one JSON answer per command."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### People in the loop"):]
+    script = re.findall(r"```sh\n(.*?)```", section[: section.index("\n## ")], re.S)[-1]
+    assert script.count("curl ") == 3 and ":8765/" in script
+    script = script.replace(":8765/", f":{port}/").replace("curl ", "curl -s -w '\\n' ")
+    env = {**os.environ, "TOKEN": token, "SID": sid, "N": str(number)}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
 def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: Processes, tmp_path: Path) -> None:
     port, store_url, workspace = _start(processes, tmp_path, timeout=120)
     (workspace / "junk.txt").write_text("junk")
@@ -115,11 +130,11 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         assert (workspace / "junk.txt").exists()
         assert alice.post(f"/api/sessions/{sid}/approvals/999/approve").status_code == 404
 
-        decided = alice.post(f"/api/sessions/{sid}/approvals/{number}/approve")
-        assert decided.status_code == 200, decided.text
-        assert decided.json()["status"] == "approved" and decided.json()["decided_by"] == "principal:alice"
-        again = alice.post(f"/api/sessions/{sid}/approvals/{number}/refuse")
-        assert again.status_code == 409 and "already approved by principal:alice" in again.json()["error"]["message"]
+        # alice approves with the README's curl lines, run as written: list, approve, then a refusal that comes too late.
+        listed, decided, again = _readme_api(port, ALICE, sid, number)
+        assert [a["status"] for a in listed["approvals"]] == ["pending"]
+        assert decided["status"] == "approved" and decided["decided_by"] == "principal:alice"
+        assert again["error"]["code"] == "not_pending" and "already approved by principal:alice" in again["error"]["message"]
 
         body = _ended(alice, sid)
         assert body["session"]["status"] == "completed", body["session"]["error"]

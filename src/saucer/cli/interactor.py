@@ -128,14 +128,16 @@ class RichInteractor:
 
     def approval_pending(self, approval: Any) -> None:
         """A sensitive step waits as a pending approval in the session: say how to decide on it."""
-        sid = shlex.quote(approval.session_id)
+        from saucer.cli.common import program_name
+
+        sid, saucer = shlex.quote(approval.session_id), program_name()
         text = Text(f"{approval.action}\n{approval.detail}", style="bold")
         if approval.reason:
             text.append(f"\n{approval.reason}")
         text.append(
             f"\n\nThere is no terminal to ask: this step waits as approval {approval.number} of session "
-            f"{approval.session_id}. Decide from another terminal:\n  saucer approve {sid} {approval.number}\n"
-            f"  saucer refuse {sid} {approval.number} --reason TEXT"
+            f"{approval.session_id}. Decide from another terminal:\n  {saucer} approve {sid} {approval.number}\n"
+            f"  {saucer} refuse {sid} {approval.number} --reason TEXT"
         )
         if approval.timeout is not None:
             text.append(f"\nWithout a decision it is refused in {approval.timeout:g} s.")

@@ -179,20 +179,30 @@ def register(app: typer.Typer) -> None:
     def approvals_cmd(
         session: Optional[str] = typer.Argument(None, help="A session: all its approvals. Default: the pending ones of every running session."),
         as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+        wait: float = typer.Option(
+            0.0, "--wait", min=0, help="Wait up to this many seconds for a pending approval to appear (for scripts)."
+        ),
         store: Optional[str] = StoreOption,
         config: Optional[Path] = ConfigOption,
     ) -> None:
         """Sensitive steps waiting for a person's decision (saucer approve / saucer refuse), and past decisions."""
-        from saucer.engine.approvals import ApprovalError, pending_approvals, read_approvals
+        import time
 
+        from saucer.engine.approvals import DEFAULT_POLL_INTERVAL, ApprovalError, pending_approvals, read_approvals
+
+        deadline = time.monotonic() + wait
         with open_existing_store(store, config) as st:
-            try:
-                if session is None:
-                    found = pending_approvals(st)
-                else:
-                    found = read_approvals(st, resolve_session(st, session))
-            except ApprovalError as exc:
-                raise UserError(str(exc)) from None
+            while True:
+                try:
+                    if session is None:
+                        found = pending_approvals(st)
+                    else:
+                        found = read_approvals(st, resolve_session(st, session))
+                except ApprovalError as exc:
+                    raise UserError(str(exc)) from None
+                if any(a.pending for a in found) or time.monotonic() >= deadline:
+                    break
+                time.sleep(DEFAULT_POLL_INTERVAL)
         if as_json:
             print_json([a.to_dict() for a in found])
             return
