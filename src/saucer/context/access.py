@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from saucer.context.commit import Durable
+from saucer.context.core import PARTICIPANTS_VAR
 from saucer.context.events import apply_ops, copy_json, to_wire
 from saucer.context.names import (
     DERIVED_LEDGERS,
@@ -25,6 +26,7 @@ from saucer.context.names import (
     ContextNames,
     lookup,
 )
+from saucer.store.model import check_participants
 
 __all__ = ["TypedAccess"]
 
@@ -241,6 +243,37 @@ class TypedAccess(Durable):
     def delete_var(self, key: str) -> None:
         """Delete one context variable (no error if it is not set)."""
         self.update_vars(delete=[key])
+
+    # ========================================================= participants
+
+    @property
+    def participants(self) -> frozenset[str] | None:
+        """Who may write to this session: those it was made with and those added since;
+        None when it declares none (every writer may). The session's runner always may."""
+        store, sid = self._require_store()
+        info, _ = store.session_info_without_plan(sid)
+        if info.participants is None:
+            return None
+        added = self._state.vars.get(PARTICIPANTS_VAR)
+        return info.participants | frozenset(a for a in (added if isinstance(added, list) else []) if isinstance(a, str))
+
+    def add_participants(self, *names: str) -> None:
+        """Let ``names`` write to this session too, from this Context's next commit on (an
+        atomic append to the context variable ``saucer.participants``, committed like any
+        change, by a participant: the commit of a non-participant is refused).
+
+        A session that declares no participants is open to every writer already:
+        adding to it is a ValueError (declare them when it is made).
+        """
+        known = self.participants
+        if known is None:
+            raise ValueError(
+                f"session {self._session_id!r} declares no participants, so every writer may write already; "
+                "name them when it is made (participants=...)"
+            )
+        for name in check_participants(names):
+            if name not in known:
+                self.append(PARTICIPANTS_VAR, name)
 
     # ========================================================== atomic ops
 

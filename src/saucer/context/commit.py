@@ -19,6 +19,16 @@ concurrent versions it was ordered after and the keys they changed (see
 :func:`serialised_meta`). Plain sets and deletes are applied after theirs
 (the later write wins), atomic operations keep every update, and a
 compare-and-set that no longer holds is left out and named under ``"dropped"``.
+
+A session that declares participants (:attr:`saucer.store.SessionInfo.participants`,
+and those added since, :data:`~saucer.context.core.PARTICIPANTS_VAR`) refuses a
+commit by any other author with :class:`~saucer.store.NotParticipantError`
+before anything is sent. The check is made against the committed state the
+commit is based on, so the store's version check makes it hold under races on
+every backend: a commit based on a version that a later change of the
+participants follows is a conflict, and is checked again once re-based. A
+commit carrying the session's lease token (its runner: the engine's own
+agents) is always allowed; a session that declares none is open to every writer.
 """
 
 from __future__ import annotations
@@ -31,12 +41,20 @@ from typing import Any, Generator, Iterator, Self
 
 import orjson
 
-from saucer.context.core import check_text
-from saucer.context.events import ATOMIC_OPS, Event, ValueNotStorableError, apply_ops, copy_json, op_key, to_wire
+from saucer.context.core import _UNREAD, PARTICIPANTS_VAR, check_text
+from saucer.context.events import ATOMIC_OPS, Event, State, ValueNotStorableError, apply_ops, copy_json, op_key, to_wire
 from saucer.context.names import lookup
 from saucer.context.snapshots import Snapshots
 from saucer.store.base import EventStore
-from saucer.store.model import ConflictError, FencedError, OutcomeUnknownError, StoreError, check_version
+from saucer.store.model import (
+    ConflictError,
+    FencedError,
+    NotParticipantError,
+    OutcomeUnknownError,
+    SessionExistsError,
+    StoreError,
+    check_version,
+)
 
 __all__ = ["Durable", "serialised_meta"]
 
@@ -227,6 +245,12 @@ class Durable(Snapshots):
         _check_commit_args(author, round, step, meta)
         if not self._settle_unknown(meta):
             return None
+        if self._creation is not None and self._creation.get("dropped"):
+            try:  # this Context's first commit was refused and its empty session removed: make it again
+                store.create_session(sid, meta=self._creation["meta"], participants=self._creation["participants"])
+            except SessionExistsError:
+                pass
+            self._creation["dropped"] = False
         return _Commit(store, sid, author, round, step, meta)
 
     def _attempts(self, job: _Commit) -> Generator[_Append | _Wait, None, None]:
@@ -239,12 +263,20 @@ class Durable(Snapshots):
         first. The core returns when the changes are written and raises what
         cannot be retried.
         """
+        try:
+            yield from self._attempts_of(job)
+        except StoreError:
+            self._drop_if_empty()
+            raise
+
+    def _attempts_of(self, job: _Commit) -> Generator[_Append | _Wait, None, None]:
         base = self._version
         meta = job.meta
         changed: dict[str, None] = {}
         dropped: list[str] = []
         for attempt in range(_MAX_REBASES):
             ops = self._pending
+            self._check_participant(job)
             try:
                 yield _Append(ops, self._version, meta)
                 return
@@ -266,6 +298,43 @@ class Durable(Snapshots):
                 else:
                     self._rebase(ops)
         raise ConflictError(job.session_id, self._version, None, ["(too many concurrent writers)"])
+
+    def _check_participant(self, job: _Commit) -> None:
+        """Refuse a commit by a non-participant of a session that declares its participants
+        (:class:`NotParticipantError`), judged on the committed state the commit is based on."""
+        if self._fence is not None:
+            return  # the session's runner (its lease token is checked by the store)
+        if self._declared is _UNREAD:
+            info, _ = job.store.session_info_without_plan(job.session_id)
+            self._declared = info.participants
+        declared = self._declared
+        if declared is None or job.author in declared:  # type: ignore[operator]
+            return
+        added = self._added
+        if isinstance(added, list) and job.author in added:
+            return
+        raise NotParticipantError(job.session_id, job.author)
+
+    def _track_participants(self, ops: list[dict[str, Any]]) -> None:
+        """Keep the committed list of added participants up to date with ``ops`` (just committed)."""
+        mine = [op for op in ops if op.get("var") == PARTICIPANTS_VAR]
+        if mine:
+            state = State(vars={} if self._added is None else {PARTICIPANTS_VAR: copy_json(self._added)})
+            self._added = apply_ops(state, mine).vars.get(PARTICIPANTS_VAR)
+
+    def _drop_if_empty(self) -> None:
+        """After a refused commit: remove the session this Context made if it is still empty
+        (nothing else wrote to it), so a refused first write leaves nothing behind."""
+        creation = self._creation
+        if creation is None or self._version != 0 or creation.get("dropped"):
+            return
+        store, sid = self._require_store()
+        try:
+            if store.head(sid) == 0:
+                store.delete_session(sid)
+                creation["dropped"] = True
+        except StoreError:
+            pass  # it stays, empty: harmless
 
     def _keys_since(self, version: int) -> list[str]:
         """The keys the events after ``version`` changed, in log order (each once)."""
@@ -358,8 +427,11 @@ class Durable(Snapshots):
         (called by the store as soon as they are)."""
         with self._lock:
             count = len(self._pending) if count is None else count
+            self._track_participants(self._pending[:count])
             self._tail_ops += count
             self._version = event.version
+            if self._creation is not None:
+                self._creation = None  # the session holds a write: it is not removed any more
             self._pending = self._pending[count:]
             self._step_mark = max(0, self._step_mark - count)
 

@@ -12,7 +12,7 @@ a session (:meth:`ContextCore.open`) and loads its committed state
 from __future__ import annotations
 
 import threading
-from typing import Any, Literal, Mapping, Self
+from typing import Any, Iterable, Literal, Mapping, Self
 
 from saucer.context.events import STATE_MAX_DEPTH, Event, State, ValueNotStorableError, copy_json, state_to_wire, to_wire, unpack
 from saucer.context.handle import StoreHandle
@@ -21,12 +21,19 @@ from saucer.context.replay import replay
 from saucer.store.base import EventStore
 from saucer.store.model import ReadOnlyError, SessionExistsError, check_session_id, check_version
 
-__all__ = ["ContextCore", "Durability", "DURABILITIES", "KEEP_SNAPSHOTS", "check_text"]
+__all__ = ["ContextCore", "Durability", "DURABILITIES", "KEEP_SNAPSHOTS", "PARTICIPANTS_VAR", "check_text"]
 
 Durability = Literal["step", "strict", "exit"]
 DURABILITIES: tuple[Durability, ...] = ("step", "strict", "exit")
 #: Snapshots kept per session: the newest, and one to fall back on if it is damaged.
 KEEP_SNAPSHOTS = 2
+#: The context variable listing the participants added to a session since it was made
+#: (:meth:`~saucer.context.Context.add_participants`); those it was made with are
+#: :attr:`saucer.store.SessionInfo.participants`.
+PARTICIPANTS_VAR = "saucer.participants"
+
+_UNREAD = object()
+
 
 def check_text(value: Any, what: str) -> str:
     """A string every store can hold (no NUL, valid Unicode), or TypeError/ValueNotStorableError."""
@@ -74,6 +81,13 @@ class ContextCore:
         # The event of a commit whose outcome is unknown (the connection broke):
         # the next commit adopts it if the store has it, instead of writing it twice.
         self._unknown: Event | None = None
+        # Participants: those the session was made with (read once, on the first commit
+        # that needs them; None: it declared none) and, as committed, those added since.
+        self._declared: frozenset[str] | None | object = _UNREAD
+        self._added: Any = None
+        # Set when this Context made its session: how, so that a first commit that is
+        # refused leaves no empty session behind (see Durable._drop_if_empty).
+        self._creation: dict[str, Any] | None = None
         self.command_dispatcher = None
 
     # ================================================================ opening
@@ -93,6 +107,7 @@ class ContextCore:
         fence: int | None = None,
         keep_snapshots: int = KEEP_SNAPSHOTS,
         serialise: bool = False,
+        participants: Iterable[str] | None = None,
     ) -> Self:
         """Open (or create) a session's Context in ``store`` (an :class:`EventStore` or a URL).
 
@@ -111,6 +126,10 @@ class ContextCore:
         its changes are re-based and ordered after theirs in the log, instead
         of raising :class:`~saucer.store.ConflictError` (what the engine's
         steps do: their commands ran, so their record must not be lost).
+        ``participants`` declares who may write to a session this call creates
+        (ignored for one that exists; see :meth:`~saucer.context.Context.add_participants`);
+        if this Context's first commit to the session it created is refused, the
+        empty session is removed again (and made anew by its next commit).
         """
         if durability not in DURABILITIES:
             raise ValueError(f"durability must be one of {', '.join(DURABILITIES)}, not {durability!r}")
@@ -130,7 +149,7 @@ class ContextCore:
         else:
             ctx._store = store
         try:
-            ctx._attach(ctx._store, session_id, at=at, create=create, meta=meta)
+            ctx._attach(ctx._store, session_id, at=at, create=create, meta=meta, participants=participants)
             ctx._author = author
             ctx._durability = durability
             ctx._snapshot_every = snapshot_every
@@ -144,13 +163,18 @@ class ContextCore:
             raise
         return ctx
 
-    def _attach(self, store: EventStore, session_id: str, *, at: int | None, create: bool, meta: dict[str, Any] | None) -> None:
+    def _attach(
+        self, store: EventStore, session_id: str, *, at: int | None, create: bool, meta: dict[str, Any] | None,
+        participants: Iterable[str] | None = None,
+    ) -> None:
         """Bind to ``session_id`` in ``store``, creating it unless ``create`` is False or ``at`` is given."""
         if not store.exists(session_id):
             if at is not None or not create:
                 store.session_info(session_id)  # raises SessionNotFoundError
+            creation = {"meta": meta, "participants": None if participants is None else list(participants)}
             try:
-                store.create_session(session_id, meta=meta)
+                store.create_session(session_id, **creation)
+                self._creation = creation
             except SessionExistsError:
                 pass  # another writer created it just now: open theirs
         self._session_id = session_id
@@ -178,6 +202,7 @@ class ContextCore:
         self._pending = []
         self._step_mark = 0
         self._unknown = None
+        self._added = copy_json(loaded.state.vars.get(PARTICIPANTS_VAR))
 
     def _require_store(self) -> tuple[EventStore, str]:
         if self._store is None or self._session_id is None:
