@@ -89,9 +89,16 @@ def test_a_waiting_step_runs_once_approved_from_another_process(tmp_path: Path) 
 
 
 def test_a_refusal_from_another_process_is_the_failed_result_with_its_reason(tmp_path: Path) -> None:
-    run = _start(tmp_path, "cli-no")
+    run = _start(tmp_path, "cli-no", "--participant", "user:bob")
     try:
         number = str(_pending(tmp_path, run)["number"])
+        # The session names its participants: anyone else's decision is refused, and nothing is written.
+        outsider = _saucer(tmp_path, "approve", "cli-no", number, "--author", "user:mallory")
+        assert outsider.returncode == 2 and outsider.stderr.strip() == (
+            "error: 'user:mallory' is not a participant of session 'cli-no', so nothing was written "
+            "(a participant can add it: Context.add_participants)"
+        )
+        assert json.loads(_saucer(tmp_path, "approvals", "cli-no", "--json").stdout)[0]["status"] == "pending"
         done = _saucer(tmp_path, "refuse", "cli-no", number, "--reason", "keep it", "--author", "user:bob")
         assert done.returncode == 0, done.stderr
     finally:

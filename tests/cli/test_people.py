@@ -51,8 +51,8 @@ def test_set_and_vars_errors_are_one_line(run_cli, tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(ECHO_PLAN))
     run_cli("run", "--plan", "plan.json", "--session-id", "s1", check=True)
     cases = [
-        (("set", "s1", "note=hi"), "error: 'note=hi': the value of 'note' is not JSON (Expecting value at column 1); a string is quoted: note='\"hi\"'"),
-        (("set", "s1", "justakey"), "error: 'justakey' is not KEY=JSON"),
+        (("set", "s1", "note=hi"), "error: saucer set SESSION note: 'hi' is not JSON (Expecting value at column 1); quote a string: note='\"...\"'"),
+        (("set", "s1", "justakey"), "error: saucer set SESSION 'justakey': write KEY=JSON"),
         (("set", "s1"), "error: nothing to write: give KEY=JSON and/or --delete KEY"),
         (("set", "nosuch", "a=1"), "error: no session 'nosuch' in this store."),
         (("set", "s1", "a=1", "--author", " "), "error: --author must not be blank"),
@@ -110,3 +110,16 @@ def test_set_on_a_running_session_is_written_and_the_run_goes_on(tmp_path: Path)
     with open_store(_store(tmp_path)) as store:
         assert Context.open(store, "live", create=False, at=store.head("live")).vars == {"seen_by": "a person"}
         assert sum(1 for e in store.read("live") if e.meta.get("kind") == "step") == 3
+
+
+def test_a_session_with_participants_refuses_a_set_by_anyone_else(run_cli, tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text(json.dumps(ECHO_PLAN))
+    run_cli("run", "--plan", "plan.json", "--session-id", "p1", "--participant", "user:alice", check=True)
+    refused = run_cli("set", "p1", "x=1", "--author", "user:mallory")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: 'user:mallory' is not a participant of session 'p1', so nothing was written "
+        "(a participant can add it: Context.add_participants)"
+    )
+    run_cli("set", "p1", "x=2", "--author", "user:alice", check=True)
+    run_cli("set", "p1", "y=3", check=True)  # the user who ran it (user:<login>) always is one
+    assert json.loads(run_cli("vars", "p1", "--json", check=True).stdout) == {"x": 2, "y": 3}

@@ -68,7 +68,7 @@ def _pending(http: httpx.Client, sid: str, timeout: float = 30) -> dict[str, Any
         waiting = [a for a in response.json()["approvals"] if a["status"] == "pending"]
         if waiting:
             return waiting[0]
-        status = http.get(f"/api/sessions/{sid}").json()["session"]["status"]
+        status = http.get(f"/api/sessions/{sid}").json().get("session", {}).get("status")  # None: not this token's
         assert status not in FINAL, f"session {sid} ended ({status}) without asking for an approval"
         time.sleep(0.2)
     raise AssertionError(f"no pending approval in session {sid} within {timeout} s")
@@ -125,7 +125,7 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         for attempt in (bob.post(f"/api/sessions/{sid}/approvals/{number}/approve"), bob.get(f"/api/sessions/{sid}/approvals")):
             assert attempt.status_code == 403, attempt.text
             assert attempt.json()["error"]["message"] == (
-                f"principal 'bob' may not see or decide approvals of session '{sid}' (its owner and the service admins may)"
+                f"principal 'bob' may not see or decide approvals of session '{sid}' (its owner, its participants and the service admins may)"
             )
         assert (workspace / "junk.txt").exists()
         assert alice.post(f"/api/sessions/{sid}/approvals/999/approve").status_code == 404
@@ -133,8 +133,8 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         # alice approves with the README's curl lines, run as written: list, approve, then a refusal that comes too late.
         listed, decided, again = _readme_api(port, ALICE, sid, number)
         assert [a["status"] for a in listed["approvals"]] == ["pending"]
-        assert decided["status"] == "approved" and decided["decided_by"] == "principal:alice"
-        assert again["error"]["code"] == "not_pending" and "already approved by principal:alice" in again["error"]["message"]
+        assert decided["status"] == "approved" and decided["decided_by"] == "alice"
+        assert again["error"]["code"] == "not_pending" and "already approved by alice" in again["error"]["message"]
 
         body = _ended(alice, sid)
         assert body["session"]["status"] == "completed", body["session"]["error"]
@@ -150,14 +150,26 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         body = _ended(alice, second)
         assert body["session"]["status"] == "failed"
         error = body["steps"][1]["results"][0]["error"]
-        assert error.startswith("refused: tool 'shell.run'") and "refused by principal:ops" in error, error
+        assert error.startswith("refused: tool 'shell.run'") and "refused by ops" in error, error
         assert error.endswith(": keep the junk"), error
         assert (workspace / "junk.txt").exists()
+
+        # A session that names bob as a participant: bob decides; the admin, not named, is refused.
+        third = _submit(alice, {**_plan("rm -f junk.txt"), "participants": ["bob"]})
+        approval = _pending(bob, third)
+        outsider = ops.post(f"/api/sessions/{third}/approvals/{approval['number']}/approve")
+        assert outsider.status_code == 403 and outsider.json()["error"]["message"].startswith(
+            f"'ops' is not a participant of session '{third}', so nothing was written"
+        ), outsider.text
+        approved = bob.post(f"/api/sessions/{third}/approvals/{approval['number']}/approve")
+        assert approved.status_code == 200 and approved.json()["decided_by"] == "bob", approved.text
+        assert _ended(alice, third)["session"]["status"] == "completed"
+        assert not (workspace / "junk.txt").exists()
 
     # The request and the decision are events of the session, each with its author.
     with open_store(store_url) as store:
         kinds = [(e.meta.get("kind"), e.author) for e in store.read(sid) if str(e.meta.get("kind", "")).startswith("approval")]
-    assert kinds == [("approval_request", "system"), ("approval_decision", "principal:alice")]
+    assert kinds == [("approval_request", "system"), ("approval_decision", "alice")]
 
 
 def test_an_unanswered_approval_is_refused_by_timeout_and_the_agent_reads_it(processes: Processes, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ set what, and a decision on an approval is an event too
 
 from __future__ import annotations
 
-import getpass
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -22,15 +21,17 @@ from saucer.cli.common import (
     UserError,
     console,
     friendly,
+    local_user,
     open_existing_store,
     open_ctx,
+    parse_vars,
     program_name,
     resolve_session,
     store_flag,
 )
 from saucer.cli.output import print_json, styled, visible
 
-__all__ = ["register", "default_author", "parse_assignment"]
+__all__ = ["register"]
 
 _SessionArgument = typer.Argument(..., help="Session id, a unique prefix of one, or 'last' (the most recently updated).")
 _AuthorOption = typer.Option(
@@ -38,35 +39,12 @@ _AuthorOption = typer.Option(
 )
 
 
-def default_author() -> str:
-    """``user:<login name>`` (``user`` when the login name cannot be found)."""
-    try:
-        name = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry, no LOGNAME: still a usable author
-        return "user"
-    return f"user:{name}" if name else "user"
-
-
 def _author(author: Optional[str]) -> str:
     if author is None:
-        return default_author()
+        return local_user()
     if not author.strip():
         raise UserError("--author must not be blank")
     return author
-
-
-def parse_assignment(text: str) -> tuple[str, Any]:
-    """``KEY=JSON`` as ``(key, value)``; :class:`UserError` naming the argument when it is not."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise UserError(f"{text!r} is not KEY=JSON (for example: count=3, note='\"hi\"', flags='{{\"ok\": true}}')")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"{text!r}: the value of {key!r} is not JSON ({exc.msg} at column {exc.colno}); "
-            f"a string is quoted: {key}='\"{raw}\"'"
-        ) from None
 
 
 def _standing_end(store: Any, session_id: str) -> dict[str, Any]:
@@ -136,7 +114,7 @@ def register(app: typer.Typer) -> None:
         """
         from saucer.context import Context
 
-        values = dict(parse_assignment(a) for a in assignments or [])
+        values = parse_vars(assignments or [], option="saucer set SESSION")
         deleted = list(dict.fromkeys(delete or []))
         if not values and not deleted:
             raise UserError("nothing to write: give KEY=JSON and/or --delete KEY")

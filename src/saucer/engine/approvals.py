@@ -40,9 +40,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Awaitable, Callable, Iterable, Literal
 
-from saucer.context import ContextNames
+from saucer.context import Context, ContextNames
 from saucer.engine.interactor import ask, interactor_approver, nobody_to_ask
-from saucer.store import ConflictError, Event, EventStore, SessionNotFoundError, StoreError
+from saucer.store import ConflictError, Event, EventStore, NotParticipantError, SessionNotFoundError, StoreError
 from saucer.store.summary import ENDED
 
 __all__ = [
@@ -51,6 +51,8 @@ __all__ = [
     "Approval",
     "ApprovalError",
     "ApprovalNotFound",
+    "NotAllowedToDecide",
+    "check_decider",
     "ApprovalStatus",
     "approvals_of",
     "read_approvals",
@@ -81,6 +83,22 @@ class ApprovalError(Exception):
 
 class ApprovalNotFound(ApprovalError):
     """No such session, or no approval of that number in it."""
+
+
+class NotAllowedToDecide(ApprovalError):
+    """The author is not a participant of a session that declares its participants."""
+
+
+def check_decider(store: EventStore, session_id: str, author: str, version: int) -> None:
+    """:class:`NotAllowedToDecide` unless ``author`` may write to the session as it is at
+    ``version`` (a session that declares no participants is open to every writer)."""
+    ctx = Context.open(store, session_id, create=False, at=version)
+    try:
+        allowed = ctx.participants
+    finally:
+        ctx.close()
+    if allowed is not None and author not in allowed:
+        raise NotAllowedToDecide(str(NotParticipantError(session_id, author)))
 
 
 @dataclass(frozen=True)
@@ -245,7 +263,9 @@ def decide(
     note: str | None = None,
 ) -> Approval:
     """Decide on a pending approval; return it decided. :class:`ApprovalError` (one sentence) when
-    the session or the approval does not exist, it was already decided, or the session has ended."""
+    the session or the approval does not exist, it was already decided, the session has ended, or
+    ``author`` is not a participant of a session that declares its participants. The decision is
+    appended on the version these were checked at (a change meanwhile: checked again)."""
     if status not in _DECIDED:
         raise ValueError(f"status must be one of {', '.join(_DECIDED)}, not {status!r}")
     for _ in range(_MAX_TRIES):
@@ -268,6 +288,8 @@ def decide(
         ended = _ended(store, session_id)
         if ended is not None:
             raise ApprovalError(f"session {session_id!r} has ended ({ended}); its approval {number} can no longer run")
+        if status != "timed_out":  # the runner's own timeout is not a person's write
+            check_decider(store, session_id, author, head)
         data: dict[str, Any] = {"number": number, "status": status}
         if note:
             data["note"] = note

@@ -14,9 +14,12 @@ timeout running, until a principal decides::
     POST /api/sessions/{id}/approvals/{n}/refuse      {"reason": "..."}: it does not run
 
 ``saucer approve``/``saucer refuse`` on the server's event store do the same.
-Who may decide: the session's owner (the principal that submitted it) and the
-service admins; any other principal gets 403. Each decision is an event whose
-author is ``principal:<name>``. An approved command is sent with its call id
+Who may decide: the session's owner (the principal that submitted it), the
+service admins and the session's participants (``participants`` of the task,
+and those added since); any other principal gets 403, and so does an admin
+that a session declaring its participants does not name (a non-participant's
+write is refused). Each decision is an event whose author is the principal's
+name, as participants name principals. An approved command is sent with its call id
 in the ``command`` frame's ``approved`` list, which the device accepts as the
 confirmation nobody could give at the device; a refused one is not sent (its
 result is a failure that says who refused it, or that it timed out), and the
@@ -43,6 +46,8 @@ from saucer.engine.approvals import (
     DEFAULT_POLL_INTERVAL,
     ApprovalError,
     ApprovalNotFound,
+    NotAllowedToDecide,
+    check_decider,
     decide,
     read_approvals,
     request_approval,
@@ -59,8 +64,9 @@ _log = logging.getLogger("saucer.service.approvals")
 
 
 def principal_author(principal: str) -> str:
-    """The author of an event a principal writes through the API."""
-    return f"principal:{principal}"
+    """The author of an event a principal writes through the API: its name, as the session's
+    participants name principals (the submitting principal is one)."""
+    return principal
 
 
 def listed_reason(tools: Mapping[str, Any], command: Command) -> str | None:
@@ -122,6 +128,21 @@ class ApprovalGate:
         return len(commands), approved, None
 
 
+async def _participant(store: EventStore, session_id: str, principal: str) -> bool:
+    """Whether the session (once its engine session exists) names ``principal`` among its participants."""
+
+    def check() -> bool:
+        if not store.exists(session_id):
+            return False
+        try:
+            check_decider(store, session_id, principal_author(principal), store.head(session_id))
+        except ApprovalError:
+            return False
+        return store.session_info(session_id).participants is not None
+
+    return await asyncio.to_thread(check)
+
+
 class ApprovalRoutes:
     """The approvals part of the HTTP API (see the module docs), over the runner's event store."""
 
@@ -156,11 +177,11 @@ class ApprovalRoutes:
         store = self._store()
         if owner is None or store is None:
             return error_response(404, "unknown_session", f"no session {session_id!r} with approvals on this server")
-        if principal != owner and principal not in self.admins:
+        if principal != owner and principal not in self.admins and not await _participant(store, session_id, principal):
             return error_response(
                 403, "not_allowed",
                 f"principal {principal!r} may not see or decide approvals of session {session_id!r} "
-                "(its owner and the service admins may)",
+                "(its owner, its participants and the service admins may)",
             )
         return principal, session_id, store
 
@@ -207,6 +228,8 @@ class ApprovalRoutes:
             )
         except ApprovalNotFound as exc:
             return error_response(404, "unknown_approval", str(exc))
+        except NotAllowedToDecide as exc:
+            return error_response(403, "not_participant", str(exc))
         except ApprovalError as exc:
             return error_response(409, "not_pending", str(exc))
         return json_response(decided.to_dict())
