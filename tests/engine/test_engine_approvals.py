@@ -204,3 +204,16 @@ def test_a_zero_timeout_refuses_at_once_as_before(make_settings: Any, tmp_path: 
     result = asyncio.run(session.run())
     assert result.status == "failed" and (tmp_path / "junk.txt").exists()
     assert read_approvals(store, "w0") == []  # nothing waited
+
+
+def test_only_participants_decide_in_a_session_that_declares_them(store: EventStore) -> None:
+    store.create_session("p", meta={"status": "running"}, participants=["user:alice"])
+    approval = _ask(store, "p")
+    with pytest.raises(ApprovalError) as caught:
+        decide(store, "p", approval.number, status="approved", author="user:mallory")
+    assert str(caught.value) == (
+        "'user:mallory' is not a participant of session 'p', so nothing was written "
+        "(a participant can add it: Context.add_participants)"
+    )
+    assert read_approvals(store, "p")[0].pending and store.head("p") == approval.number  # nothing was written
+    assert decide(store, "p", approval.number, status="refused", author="user:alice").decided_by == "user:alice"
