@@ -60,9 +60,15 @@ def _finish(run: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 
 def test_a_waiting_step_runs_once_approved_from_another_process(tmp_path: Path) -> None:
+    # Started before the run, in a directory without a store yet: --wait waits for the store, then the approval.
+    watcher = subprocess.Popen([*SAUCER, "approvals", "--wait", "50", "--json"], cwd=tmp_path, env=cli_env(),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = _start(tmp_path, "cli-ok")
     try:
-        approval = _pending(tmp_path, run)
+        seen, problems = watcher.communicate(timeout=60)
+        assert watcher.returncode == 0, problems
+        approval = json.loads(seen)[0]
+        assert approval == _pending(tmp_path, run)
         assert approval["session_id"] == "cli-ok" and approval["status"] == "pending"
         assert approval["action"] == "run shell.run" and "matches sensitive pattern 'rm *'" in approval["reason"]
         assert (tmp_path / "ws" / "junk.txt").exists()

@@ -83,6 +83,17 @@ def _write_vars(ctx: Any, values: dict[str, Any], deleted: list[str], author: st
     raise AssertionError("unreachable")
 
 
+def _approvals(session: Optional[str], store: Optional[str], config: Optional[Path]) -> list[Any]:
+    """All approvals of ``session``, or the pending ones of every running session."""
+    from saucer.engine.approvals import ApprovalError, pending_approvals, read_approvals
+
+    with open_existing_store(store, config) as st:
+        try:
+            return pending_approvals(st) if session is None else read_approvals(st, resolve_session(st, session))
+        except ApprovalError as exc:
+            raise UserError(str(exc)) from None
+
+
 def _decided_line(approval: Any) -> Any:
     verb = {"approved": "approved", "refused": "refused", "timed_out": "refused by timeout"}[approval.status]
     line = styled(f"approval {approval.number} of session {visible(approval.session_id)} ", (verb, "bold"))
@@ -166,21 +177,21 @@ def register(app: typer.Typer) -> None:
         """Sensitive steps waiting for a person's decision (saucer approve / saucer refuse), and past decisions."""
         import time
 
-        from saucer.engine.approvals import DEFAULT_POLL_INTERVAL, ApprovalError, pending_approvals, read_approvals
+        from saucer.engine.approvals import DEFAULT_POLL_INTERVAL, ApprovalError
+
+        from saucer.store import SessionNotFoundError
 
         deadline = time.monotonic() + wait
-        with open_existing_store(store, config) as st:
-            while True:
-                try:
-                    if session is None:
-                        found = pending_approvals(st)
-                    else:
-                        found = read_approvals(st, resolve_session(st, session))
-                except ApprovalError as exc:
-                    raise UserError(str(exc)) from None
-                if any(a.pending for a in found) or time.monotonic() >= deadline:
-                    break
-                time.sleep(DEFAULT_POLL_INTERVAL)
+        while True:  # with --wait, a store or a session not made yet (a run just started) is waited for too
+            try:
+                found = _approvals(session, store, config)
+            except (UserError, SessionNotFoundError, ApprovalError):
+                if time.monotonic() >= deadline:
+                    raise
+                found = []
+            if any(a.pending for a in found) or time.monotonic() >= deadline:
+                break
+            time.sleep(DEFAULT_POLL_INTERVAL)
         if as_json:
             print_json([a.to_dict() for a in found])
             return
