@@ -123,3 +123,9 @@ def test_a_session_with_participants_refuses_a_set_by_anyone_else(run_cli, tmp_p
     run_cli("set", "p1", "x=2", "--author", "user:alice", check=True)
     run_cli("set", "p1", "y=3", check=True)  # the user who ran it (user:<login>) always is one
     assert json.loads(run_cli("vars", "p1", "--json", check=True).stdout) == {"x": 2, "y": 3}
+
+
+def test_the_people_commands_have_help(run_cli) -> None:
+    for command in ("set", "vars", "approvals", "approve", "refuse"):
+        proc = run_cli(command, "--help", check=True)
+        assert "Usage" in proc.stdout and "--store" in proc.stdout
