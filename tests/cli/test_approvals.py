@@ -92,6 +92,9 @@ def test_a_waiting_step_runs_once_approved_from_another_process(tmp_path: Path) 
         decisions = [(e.author, e.meta["approval"]) for e in store.read("cli-ok") if e.meta.get("kind") == "approval_decision"]
     assert decisions == [("user:alice", {"number": int(number), "status": "approved"})]
     assert json.loads(_saucer(tmp_path, "approvals", "--json").stdout) == []  # nothing pending any more
+    shown = _saucer(tmp_path, "show", "cli-ok").stdout  # the timeline says who allowed what, in its round
+    assert f"v{number} approval {number} asked: run shell.run" in shown
+    assert f"approval {number} approved by user:alice\n" in shown
 
 
 def test_a_refusal_from_another_process_is_the_failed_result_with_its_reason(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "check_decider",
     "ApprovalStatus",
     "approvals_of",
+    "approval_line",
     "read_approvals",
     "pending_approvals",
     "request_approval",
@@ -195,6 +196,20 @@ def approvals_of(events: Iterable[Event]) -> list[Approval]:
     return [found[n] for n in sorted(found)]
 
 
+def approval_line(event: Event) -> str | None:
+    """What an approval event says, in one line (None for any other event): the timeline's text."""
+    request = _request_of(event)
+    if request is not None:
+        because = f" ({request.reason})" if request.reason else ""
+        return f"approval {request.number} asked: {request.action} {request.detail}{because}"
+    decision = _decision_of(event)
+    if decision is None:
+        return None
+    number, status, note = decision
+    verb = "refused by timeout" if status == "timed_out" else f"{status} by {event.author}"
+    return f"approval {number} {verb}" + (f": {note}" if note else "")
+
+
 def read_approvals(store: EventStore, session_id: str) -> list[Approval]:
     """The approvals of one session (:class:`ApprovalError` when there is no such session)."""
     try:
@@ -294,7 +309,9 @@ def decide(
         if note:
             data["note"] = note
         try:
-            event = store.append(session_id, head, [], author=author, meta={"kind": DECISION_KIND, "approval": data})
+            event = store.append(
+                session_id, head, [], author=author, round=approval.round, meta={"kind": DECISION_KIND, "approval": data}
+            )
         except ConflictError:
             continue  # something was written meanwhile (maybe a decision): check again
         return replace(approval, status=status, decided_by=author, decided_at=event.timestamp, note=note or None)
