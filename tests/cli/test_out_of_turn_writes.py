@@ -13,15 +13,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from conftest import SAUCER, cli_env
-
+SAUCER = [sys.executable, "-m", "saucer"]
 POSTGRES_ENV = "SAUCER_TEST_POSTGRES_URL"
 STEPS = 8
 WRITES = 40
@@ -82,7 +80,7 @@ def test_a_running_session_takes_40_out_of_turn_writes_unharmed(tmp_path: Path, 
         ],
     }
     (tmp_path / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
-    env = cli_env()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     run = subprocess.Popen(
         [*SAUCER, "run", "--plan", "plan.json", "--session-id", "oob", "--yes", "--store", store_url],
         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -100,3 +100,33 @@ def test_the_async_commit_is_serialised_too() -> None:
     assert asyncio.run(engine.acommit_step(meta={"kind": "step"})) == 3
     assert engine.get_var("flag") is True
     assert list(store.read("s", 2))[0].meta["serialised"]["based_on"] == 1
+
+
+def test_catch_up_brings_in_other_writers_and_the_commit_still_records_its_base() -> None:
+    store = MemoryStore()
+    engine, other = _pair(store)
+    engine.incr("n")
+    engine.set(ContextNames.SUBTASK, "mine")
+    other.update_vars(set={"flag": True, "n": 10})
+    other.commit()
+    assert engine.get_var("flag") is None
+    assert engine.catch_up() == 1
+    assert engine.get_var("flag") is True and engine.get_var("n") == 11  # its pending incr on top
+    assert engine.catch_up() == 0
+    assert engine.commit(meta={"kind": "step"}) == 3  # no conflict left: still recorded as ordered after v2
+    meta = list(store.read("s", 2))[0].meta
+    assert meta["serialised"] == {"based_on": 1, "ordered_after": [2], "changed": ["vars.flag", "vars.n"]}
+    assert Context.open(store, "s").get_var("n") == 11
+    # A plain Context does not catch up (its commit raises instead).
+    assert other.catch_up() == 0
+
+
+def test_catch_up_without_pending_changes_just_reloads() -> None:
+    store = MemoryStore()
+    engine, other = _pair(store)
+    other.update_vars(set={"x": 1})
+    other.commit()
+    assert engine.catch_up() == 1 and engine.get_var("x") == 1 and engine.version == 2
+    engine.update_vars(set={"y": 2})
+    assert engine.commit() == 3
+    assert "serialised" not in list(store.read("s", 2))[0].meta

@@ -104,3 +104,11 @@ def test_a_refused_first_commit_leaves_no_empty_session_behind(store_url: str) -
     ctx.close()
     with open_store(store_url) as store:
         assert store.session_info("new").participants == {"human:alice"}
+
+
+def test_participants_given_to_open_an_existing_session_are_not_silently_ignored(store_url: str) -> None:
+    _declared(store_url, "human:alice")
+    same = Context.open(store_url, "s", author="human:alice", participants=["human:alice"])  # as declared: fine
+    same.close()
+    with pytest.raises(ValueError, match="exists, and its participants were declared when it was made"):
+        Context.open(store_url, "s", author="human:eve", participants=["human:eve"])

@@ -25,6 +25,7 @@ from saucer.context.names import (
     NUMBER_NAMES,
     ContextNames,
     lookup,
+    typed_name,
 )
 from saucer.store.model import check_participants
 
@@ -130,7 +131,9 @@ class TypedAccess(Durable):
         return frozenset(self._state.opaque)
 
     def get_var(self, key: str, default: Any = None) -> Any:
-        """One context variable, or ``default`` when it is not set."""
+        """One context variable, or ``default`` when it is not set (a typed name's string is a
+        TypeError: see :func:`~saucer.context.names.typed_name`; read it with :meth:`get`)."""
+        self._check_var_key(key)
         value = self._state.vars.get(key, _MISSING)
         if value is _MISSING:
             return default
@@ -238,6 +241,11 @@ class TypedAccess(Durable):
     def _check_var_key(key: Any) -> None:
         if not isinstance(key, str) or not key:
             raise TypeError(f"context variable names are non-empty strings, not {key!r}")
+        if typed_name(key) is not None:
+            raise TypeError(
+                f"{key!r} names the typed ContextNames.{key}, not a context variable: "
+                "read and write it with get/set (incr/append/compare_and_set take it too)"
+            )
         to_wire(key, "vars")  # a name that JSON cannot hold is refused too
 
     def delete_var(self, key: str) -> None:
@@ -280,11 +288,14 @@ class TypedAccess(Durable):
     def _target(self, key: ContextNames | str) -> tuple[dict[str, Any], str]:
         """The op target for ``key`` and its display label.
 
-        A :class:`ContextNames` member targets the typed name (a derived
-        ``CURRENT_ROUND_*`` name its ledger entry for the current round); a
-        plain string targets a context variable.
+        By the one rule (:func:`~saucer.context.names.typed_name`): a
+        :class:`ContextNames` member or its name targets the typed name (a
+        derived ``CURRENT_ROUND_*`` name its ledger entry for the current
+        round); any other string targets a context variable.
         """
-        if isinstance(key, ContextNames):
+        member = typed_name(key)
+        if member is not None:
+            key = member
             if not key.durable:
                 raise TypeError(f"{key.value} is runtime-only; atomic operations need a durable name")
             ledger = DERIVED_LEDGERS.get(key.value)
@@ -339,6 +350,7 @@ class TypedAccess(Durable):
         """
         target, label = self._target(key)
         depth = 0
+        key = typed_name(key) or key
         if isinstance(key, ContextNames):
             if not key.accepts(new):
                 raise TypeError(f"{label} expects {_type_name(key.type)}, got {type(new).__name__}")

@@ -10,6 +10,10 @@ other conflict raises :class:`~saucer.store.ConflictError` naming the keys the
 *other* writers changed, and any other store error is raised; either way the
 changes are kept pending. The two differ only in how they append and how they wait.
 
+After a commit whose outcome is unknown (the connection broke in flight), the
+next commit first checks whether the store has its event, and adopts it
+rather than writing it twice.
+
 A Context opened with ``serialise=True`` (the engine's, whose steps already
 ran their commands) never fails on a conflict: its whole batch is re-based
 onto the newest version, ordered after the concurrent writers in the log
@@ -41,7 +45,7 @@ from typing import Any, Generator, Iterator, Self
 
 import orjson
 
-from saucer.context.core import _UNREAD, PARTICIPANTS_VAR, check_text
+from saucer.context.core import PARTICIPANTS_VAR, check_text
 from saucer.context.events import ATOMIC_OPS, Event, State, ValueNotStorableError, apply_ops, copy_json, op_key, to_wire
 from saucer.context.names import lookup
 from saucer.context.snapshots import Snapshots
@@ -265,15 +269,18 @@ class Durable(Snapshots):
         """
         try:
             yield from self._attempts_of(job)
-        except StoreError:
+        except (NotParticipantError, FencedError):  # refused, nothing written (an unknown outcome is not)
             self._drop_if_empty()
             raise
 
     def _attempts_of(self, job: _Commit) -> Generator[_Append | _Wait, None, None]:
-        base = self._version
+        # The version the pending changes were made on (older than this Context's version
+        # after a catch_up, which re-based them already), and what the re-bases left out.
+        base = self._version if self._pending_base is None else self._pending_base
+        dropped = list(self._caught_dropped)
         meta = job.meta
-        changed: dict[str, None] = {}
-        dropped: list[str] = []
+        if self._serialise and base < self._version:
+            meta = serialised_meta(job.meta, base, self._version, self._keys_since(base, self._version), dropped)
         for attempt in range(_MAX_REBASES):
             ops = self._pending
             self._check_participant(job)
@@ -291,10 +298,8 @@ class Durable(Snapshots):
                 yield _Wait(delay)
             with self._lock:
                 if self._serialise:
-                    seen = self._version
-                    changed.update(dict.fromkeys(self._keys_since(seen)))
                     dropped += self._rebase_all(ops)
-                    meta = serialised_meta(job.meta, base, self._version, list(changed), dropped)
+                    meta = serialised_meta(job.meta, base, self._version, self._keys_since(base, self._version), dropped)
                 else:
                     self._rebase(ops)
         raise ConflictError(job.session_id, self._version, None, ["(too many concurrent writers)"])
@@ -304,11 +309,11 @@ class Durable(Snapshots):
         (:class:`NotParticipantError`), judged on the committed state the commit is based on."""
         if self._fence is not None:
             return  # the session's runner (its lease token is checked by the store)
-        if self._declared is _UNREAD:
+        if not self._declared_read:  # fixed when the session was made: read once
             info, _ = job.store.session_info_without_plan(job.session_id)
-            self._declared = info.participants
+            self._declared, self._declared_read = info.participants, True
         declared = self._declared
-        if declared is None or job.author in declared:  # type: ignore[operator]
+        if declared is None or job.author in declared:
             return
         added = self._added
         if isinstance(added, list) and job.author in added:
@@ -323,8 +328,9 @@ class Durable(Snapshots):
             self._added = apply_ops(state, mine).vars.get(PARTICIPANTS_VAR)
 
     def _drop_if_empty(self) -> None:
-        """After a refused commit: remove the session this Context made if it is still empty
-        (nothing else wrote to it), so a refused first write leaves nothing behind."""
+        """After a refused commit (not a participant, fenced off): remove the session this Context
+        made if it is still empty (nothing else wrote to it), so a refused first write leaves
+        nothing behind."""
         creation = self._creation
         if creation is None or self._version != 0 or creation.get("dropped"):
             return
@@ -336,11 +342,11 @@ class Durable(Snapshots):
         except StoreError:
             pass  # it stays, empty: harmless
 
-    def _keys_since(self, version: int) -> list[str]:
-        """The keys the events after ``version`` changed, in log order (each once)."""
+    def _keys_since(self, version: int, upto: int | None = None) -> list[str]:
+        """The keys the events after ``version`` (up to ``upto``) changed, in log order (each once)."""
         store, sid = self._require_store()
         keys: dict[str, None] = {}
-        for event in store.read(sid, version):
+        for event in store.read(sid, version, upto):
             keys.update(dict.fromkeys(event.keys()))
         return list(keys)
 
@@ -369,8 +375,9 @@ class Durable(Snapshots):
         that no longer holds, or an operation that no longer applies (another
         writer changed the value's type), is left out.
         """
-        mark = self._step_mark
+        mark, pending_base, caught = self._step_mark, self._pending_base, self._caught_dropped
         self._hydrate()
+        self._pending_base, self._caught_dropped = pending_base, caught
         kept: list[dict[str, Any]] = []
         dropped: list[str] = []
         for i, op in enumerate(ops):
@@ -390,6 +397,8 @@ class Durable(Snapshots):
             kept.append(op)
         self._pending = kept
         self._step_mark = max(0, mark)
+        if not kept:
+            self._pending_base = None
         return dropped
 
     def _cas_holds(self, op: dict[str, Any]) -> bool:
@@ -434,6 +443,8 @@ class Durable(Snapshots):
                 self._creation = None  # the session holds a write: it is not removed any more
             self._pending = self._pending[count:]
             self._step_mark = max(0, self._step_mark - count)
+            if not self._pending:
+                self._pending_base, self._caught_dropped = None, []
 
     def _commit_failed(self, exc: StoreError) -> None:
         """A commit failed with ``exc`` (not a conflict): keep the changes pending and say so."""
@@ -460,6 +471,32 @@ class Durable(Snapshots):
         ):
             self._written(written, count)
         return bool(self._pending or meta)
+
+    def catch_up(self) -> int:
+        """Bring in what other writers committed since this Context's version; return how many versions.
+
+        For a Context that serialises its commits (the engine's): its pending changes
+        stay on top, re-based as a serialised commit re-bases them, so that what it
+        decides next (a transition of the graph) sees an out-of-turn write made while
+        its step ran. Their commit then records the version they were made on and the
+        versions they follow (``meta["serialised"]``). A no-op (0) for any other Context,
+        and while a commit of unknown outcome is unsettled.
+        """
+        if self._store is None or self._read_only or not self._serialise or self._unknown is not None:
+            return 0
+        with self._lock:
+            self._check_writable()
+            store, sid = self._require_store()
+            before = self._version
+            if store.head(sid) <= before:
+                return 0
+            if not self._pending:
+                self._hydrate()
+                return self._version - before
+            base = before if self._pending_base is None else self._pending_base
+            self._pending_base = base
+            self._caught_dropped = self._caught_dropped + self._rebase_all(self._pending)
+            return self._version - before
 
     # ================================================================ steps
 

@@ -32,9 +32,6 @@ KEEP_SNAPSHOTS = 2
 #: :attr:`saucer.store.SessionInfo.participants`.
 PARTICIPANTS_VAR = "saucer.participants"
 
-_UNREAD = object()
-
-
 def check_text(value: Any, what: str) -> str:
     """A string every store can hold (no NUL, valid Unicode), or TypeError/ValueNotStorableError."""
     if not isinstance(value, str):
@@ -66,6 +63,10 @@ class ContextCore:
         self._tail_ops = 0
         self._keep_snapshots = KEEP_SNAPSHOTS
         self._pending: list[dict[str, Any]] = []
+        # The version the pending changes were made on, when a catch_up has moved this
+        # Context past it (None: its version), and the keys the re-bases left out since.
+        self._pending_base: int | None = None
+        self._caught_dropped: list[str] = []
         # len(self._pending) at the last step boundary: in ``exit`` mode the
         # pending list spans many steps, and only the unfinished one is discarded.
         self._step_mark = 0
@@ -83,7 +84,8 @@ class ContextCore:
         self._unknown: Event | None = None
         # Participants: those the session was made with (read once, on the first commit
         # that needs them; None: it declared none) and, as committed, those added since.
-        self._declared: frozenset[str] | None | object = _UNREAD
+        self._declared: frozenset[str] | None = None
+        self._declared_read = False
         self._added: Any = None
         # Set when this Context made its session: how, so that a first commit that is
         # refused leaves no empty session behind (see Durable._drop_if_empty).
@@ -126,8 +128,9 @@ class ContextCore:
         its changes are re-based and ordered after theirs in the log, instead
         of raising :class:`~saucer.store.ConflictError` (what the engine's
         steps do: their commands ran, so their record must not be lost).
-        ``participants`` declares who may write to a session this call creates
-        (ignored for one that exists; see :meth:`~saucer.context.Context.add_participants`);
+        ``participants`` declares who may write to a session this call creates (for
+        one that exists, a ValueError unless they are those it was made with; see
+        :meth:`~saucer.context.Context.add_participants`);
         if this Context's first commit to the session it created is refused, the
         empty session is removed again (and made anew by its next commit).
         """
@@ -177,6 +180,13 @@ class ContextCore:
                 self._creation = creation
             except SessionExistsError:
                 pass  # another writer created it just now: open theirs
+        if participants is not None and self._creation is None:
+            declared = store.session_info_without_plan(session_id)[0].participants
+            if declared != frozenset(participants):
+                raise ValueError(
+                    f"session {session_id!r} exists, and its participants were declared when it was made; "
+                    "a participant adds others with Context.add_participants"
+                )
         self._session_id = session_id
         if at is not None:
             store.check_readable(session_id, at)
@@ -200,6 +210,7 @@ class ContextCore:
         self._tail_ops = head - loaded.snapshot_version
         self._version = head
         self._pending = []
+        self._pending_base, self._caught_dropped = None, []
         self._step_mark = 0
         self._unknown = None
         self._added = copy_json(loaded.state.vars.get(PARTICIPANTS_VAR))
