@@ -166,6 +166,11 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         assert _ended(alice, third)["session"]["status"] == "completed"
         assert not (workspace / "junk.txt").exists()
 
+        # One source: the CLI on the server's store and the API show the same approvals.
+        for session_id in (sid, second, third):
+            cli = _saucer("approvals", session_id, "--json", "--store", store_url)
+            assert json.loads(cli.stdout) == alice.get(f"/api/sessions/{session_id}/approvals").json()["approvals"]
+
     # The request and the decision are events of the session, each with its author.
     with open_store(store_url) as store:
         kinds = [(e.meta.get("kind"), e.author) for e in store.read(sid) if str(e.meta.get("kind", "")).startswith("approval")]

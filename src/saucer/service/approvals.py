@@ -150,7 +150,7 @@ class ApprovalRoutes:
         self,
         auth: TokenAuthenticator,
         store: Callable[[], EventStore | None],
-        owner_of: Callable[[str], Any],
+        owner_of: Callable[[str], Any],  # async: session id -> (owner, participants its task named) or None
         admins: Iterable[str],
     ) -> None:
         self.auth = auth
@@ -173,11 +173,15 @@ class ApprovalRoutes:
         if principal is None:
             return unauthorized()
         session_id = request.path_params["session_id"]
-        owner = await self._owner_of(session_id)
+        found = await self._owner_of(session_id)
         store = self._store()
-        if owner is None or store is None:
+        if found is None or store is None:
             return error_response(404, "unknown_session", f"no session {session_id!r} with approvals on this server")
-        if principal != owner and principal not in self.admins and not await _participant(store, session_id, principal):
+        owner, named = found
+        if (
+            principal != owner and principal not in self.admins and principal not in named
+            and not await _participant(store, session_id, principal)  # added since
+        ):
             return error_response(
                 403, "not_allowed",
                 f"principal {principal!r} may not see or decide approvals of session {session_id!r} "

@@ -155,11 +155,11 @@ def create_app(
 
 
 def _owner_of(store: SessionRecordStore) -> Any:
-    """The owner principal of a session from its record (None: no such session)."""
+    """The owner principal of a session and the participants its task named, from its record (None: no such session)."""
 
-    async def owner_of(session_id: str) -> str | None:
+    async def owner_of(session_id: str) -> tuple[str, list[str]] | None:
         record = await store.get_session(session_id)
-        return record.owner if record is not None else None
+        return (record.owner, list(record.task.participants)) if record is not None else None
 
     return owner_of
 
