@@ -7,6 +7,7 @@ go on when ``saucer approve``/``saucer refuse`` or the timeout decides).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -49,6 +50,12 @@ def _pending(tmp_path: Path, run: subprocess.Popen[str], timeout: float = 40) ->
             return json.loads(listed.stdout)[0]
         time.sleep(0.3)
     raise AssertionError("no pending approval appeared")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _finish(run: subprocess.Popen[str]) -> tuple[int, str, str]:
@@ -101,6 +108,10 @@ def test_a_refusal_from_another_process_is_the_failed_result_with_its_reason(tmp
     run = _start(tmp_path, "cli-no", "--participant", "user:bob")
     try:
         number = str(_pending(tmp_path, run)["number"])
+        # Waiting does not spin: the run follows its log at a modest pace (CPU seconds over 3 s of waiting).
+        before = _cpu_seconds(run.pid)
+        time.sleep(3)
+        assert _cpu_seconds(run.pid) - before < 0.5
         # The session names its participants: anyone else's decision is refused, and nothing is written.
         outsider = _saucer(tmp_path, "approve", "cli-no", number, "--author", "user:mallory")
         assert outsider.returncode == 2 and outsider.stderr.strip() == (
