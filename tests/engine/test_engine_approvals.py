@@ -112,6 +112,11 @@ def test_decide_says_what_is_wrong_in_one_sentence(store: EventStore) -> None:
     store.append(sid, store.head(sid), [], author="system", meta={"kind": "session_end", "session_status": "failed"})
     with pytest.raises(ApprovalError, match=r"has ended \(failed\); its approval 4 can no longer run$"):
         decide(store, sid, later.number, status="approved", author="u")
+    cancelled = _session(store, "c")
+    number = _ask(store, cancelled).number
+    store.append(cancelled, store.head(cancelled), [], author="system", meta={"kind": "session_end", "session_status": "cancelled"})
+    with pytest.raises(ApprovalError, match=r"has ended \(cancelled\)"):  # a service session its owner cancelled
+        decide(store, cancelled, number, status="approved", author="u")
 
 
 def test_two_people_deciding_at_once_make_one_decision() -> None:

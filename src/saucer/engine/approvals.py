@@ -235,7 +235,11 @@ def _ended(store: EventStore, session_id: str) -> str | None:
     if head == 0:
         return None
     last = next(iter(store.read(session_id, head - 1, head)), None)
-    status = last.meta.get("session_status") if last is not None else None
+    if last is None:
+        return None
+    status = last.meta.get("session_status")
+    if last.meta.get("kind") == "session_end":  # whatever its status (a service session's "cancelled" too)
+        return str(status or "ended")
     return status if status in ENDED else None
 
 
