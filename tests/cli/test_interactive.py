@@ -64,7 +64,8 @@ def test_sensitive_step_approved_at_the_prompt(tmp_path: Path) -> None:
 
 def test_without_a_terminal_sensitive_steps_are_refused_unless_yes(run_cli, tmp_path: Path) -> None:
     workspace = _prepare(tmp_path)
-    refused = run_cli("run", "--plan", "plan.json", "--workspace", "ws")
+    # approvals.timeout = 0: refused at once instead of waiting as a pending approval (tests/cli/test_approvals.py).
+    refused = run_cli("run", "--plan", "plan.json", "--workspace", "ws", env={"SAUCER_APPROVALS__TIMEOUT": "0"})
     assert refused.returncode == 1 and "refused" in refused.stdout
     # Nobody was asked, so it does not say "refused by the user": it says how to approve.
     assert "refused by the user" not in refused.stdout

@@ -17,7 +17,8 @@ def test_run_plan_without_a_terminal_refuses_hidden_rm_unless_yes(run_cli, tmp_p
     workspace.mkdir()
     (workspace / "v").write_text("keep me\n")
 
-    refused = run_cli("run", "--plan", "plan.json", "--workspace", "ws")
+    # --approval-timeout 0: refused at once instead of waiting as a pending approval (tests/cli/test_approvals.py).
+    refused = run_cli("run", "--plan", "plan.json", "--workspace", "ws", "--approval-timeout", "0")
     assert refused.returncode != 0, refused.stdout + refused.stderr
     assert "refused" in refused.stdout + refused.stderr and "rm *" in refused.stdout + refused.stderr
     assert (workspace / "v").read_text() == "keep me\n"

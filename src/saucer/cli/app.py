@@ -22,7 +22,7 @@ import typer
 
 from saucer import __version__
 from saucer.cli import inspect as view
-from saucer.cli import doctor_cmd, queue_cmds, running, service_cmds, store_cmds, ui_cmd
+from saucer.cli import doctor_cmd, people, queue_cmds, running, service_cmds, store_cmds, ui_cmd
 from saucer.cli.common import (
     ConfigOption,
     StoreOption,
@@ -476,6 +476,7 @@ app.command("run")(running.run_cmd)
 app.command("resume")(running.resume_cmd)
 app.command("demo")(running.demo_cmd)
 app.command("ui")(ui_cmd.ui_cmd)
+people.register(app)  # set, vars, approvals, approve, refuse
 
 
 # ================================================================== store

@@ -172,7 +172,7 @@ def settings_for(config: Optional[Path], overrides: dict[str, Any] | None = None
 CONFIG_FILE = "saucer.toml"
 #: The sections of the settings (``saucer.config.Settings``): a ``SAUCER_<SECTION>`` or
 #: ``SAUCER_<SECTION>_...`` variable may set one of them (tests check this list against the model).
-SETTINGS_SECTIONS = ("system", "store", "mcp", "agents", "logs", "llm", "service", "desktop", "queue", "shell")
+SETTINGS_SECTIONS = ("system", "store", "mcp", "agents", "logs", "llm", "service", "desktop", "queue", "shell", "approvals")
 #: ``SAUCER_*`` variables that set no store setting but ``store.url`` (``--store``'s own variable,
 #: so typer has already read it) or are read by the store itself (its key).
 _STORE_VARS_READ_ELSEWHERE = ("SAUCER_STORE_URL", "SAUCER_STORE_KEY")

@@ -314,8 +314,15 @@ def _changes(event: Event, show_all: bool, Text: Any = Text) -> Any:
 
 
 def _system_line(event: Event, Text: Any = Text) -> Any:
+    from saucer.engine.approvals import approval_line
+
     meta = event.meta
     kind = meta.get("kind")
+    approval = approval_line(event)
+    if approval is not None:
+        line = Text(f"v{event.version} ", style="dim")
+        line.append(short(approval, 160), style="yellow")
+        return line
     if kind == "round_start":
         return None  # the round's heading says it
     label = _SYSTEM_KINDS.get(kind or "")

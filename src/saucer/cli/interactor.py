@@ -9,7 +9,8 @@ these documented defaults apply:
 ``experience_asker``              do not save (``--yes``: save)
 ``batch_experience_asker``        not asked: a pool treats ``ask`` as ``auto``
 ``question_asker``                empty answer
-``sensitive_step_asker``          refuse (``--yes``: approve); the failed result says to pass ``--yes``
+``sensitive_step_asker``          a pending approval in the session (``saucer approve``; ``--yes``: approve;
+                                  ``approvals.timeout = 0``: refuse, the failed result says to pass ``--yes``)
 ================================  =============================================
 
 Panels show an agent's question or a command's parameters exactly as they
@@ -18,8 +19,9 @@ are (rich ``Text``, never markup).
 
 from __future__ import annotations
 
+import shlex
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.panel import Panel
@@ -123,6 +125,23 @@ class RichInteractor:
         text.append("\n\nThis step is marked sensitive. Run it?")
         self._panel(text, "confirm", "red")
         return Confirm.ask("run it", default=False, console=self.console)
+
+    def approval_pending(self, approval: Any) -> None:
+        """A sensitive step waits as a pending approval in the session: say how to decide on it."""
+        from saucer.cli.common import program_name
+
+        sid, saucer = shlex.quote(approval.session_id), program_name()
+        text = Text(f"{approval.action}\n{approval.detail}", style="bold")
+        if approval.reason:
+            text.append(f"\n{approval.reason}")
+        text.append(
+            f"\n\nThere is no terminal to ask: this step waits as approval {approval.number} of session "
+            f"{approval.session_id}. Decide from another terminal:\n  {saucer} approve {sid} {approval.number}\n"
+            f"  {saucer} refuse {sid} {approval.number} --reason TEXT"
+        )
+        if approval.timeout is not None:
+            text.append(f"\nWithout a decision it is refused in {approval.timeout:g} s.")
+        self._panel(text, "waiting for approval", "red")
 
     def refusal_reason(self) -> str | None:
         """Why a sensitive step was refused, when no one was asked (None: the user said no)."""

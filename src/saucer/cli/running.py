@@ -57,14 +57,25 @@ def _run_settings(config: Optional[Path], store: Optional[str], **flags: Any) ->
     return settings_for(config, overrides)
 
 
-def _factory(settings: Any, yes: bool, workspace: Optional[Path], show_session: bool = False) -> Any:
+NoInputOption = typer.Option(
+    False, "--no-input", help="Never ask at the terminal: a sensitive step waits as a pending approval (saucer approve / refuse)."
+)
+ApprovalTimeoutOption = typer.Option(
+    None, "--approval-timeout", min=0,
+    help="Seconds a pending approval waits before it is refused by timeout (0: refuse at once). Default: approvals.timeout, 300.",
+)
+
+
+def _factory(
+    settings: Any, yes: bool, workspace: Optional[Path], show_session: bool = False, no_input: bool = False
+) -> Any:
     from saucer.cli.interactor import RichInteractor
     from saucer.cli.progress import StepPrinter
     from saucer.engine.factory import SessionFactory
 
     return SessionFactory(
         settings,
-        interactor=RichInteractor(err, assume_yes=yes),
+        interactor=RichInteractor(err, assume_yes=yes, interactive=False if no_input else None),
         observer=StepPrinter(console, show_session=show_session),
         workspace=workspace,
     )
@@ -174,6 +185,8 @@ def run_cmd(
     session_id: Optional[str] = typer.Option(None, "--session-id", help="Id of the new session (default: generated). Not for a folder of plans."),
     workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Directory the built-in shell and files tools act in (default: the current directory)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
+    no_input: bool = NoInputOption,
+    approval_timeout: Optional[float] = ApprovalTimeoutOption,
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Sessions run at once for a folder of plans."),
     max_step: Optional[int] = typer.Option(None, "--max-step", min=1, help="Override system.max_step."),
     max_round: Optional[int] = typer.Option(None, "--max-round", min=1, help="Override system.max_round."),
@@ -207,7 +220,8 @@ def run_cmd(
     mode = mode or ("normal" if plan is None else "batch_normal" if plan.is_dir() else "follower")
     if session_id is not None and plan is not None and plan.is_dir():
         raise UserError("--session-id names one session; a folder of plans runs one session per plan, with ids made from the plans")
-    flags = {"system.max_step": max_step, "system.max_round": max_round, "store.durability": durability}
+    flags = {"system.max_step": max_step, "system.max_round": max_round, "store.durability": durability,
+             "approvals.timeout": approval_timeout}
     seed = {"context_vars": parse_vars(var), "participants": list(participant), "user": local_user()}
     settings = _run_settings(config, store, **flags)
     if queue or wait or priority is not None or queue_name is not None:
@@ -237,7 +251,7 @@ def run_cmd(
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
     name = task or ("request" if plan is None else None)
-    with _factory(settings, yes, workspace, show_session=plan is not None and plan.is_dir()) as factory:
+    with _factory(settings, yes, workspace, show_session=plan is not None and plan.is_dir(), no_input=no_input) as factory:
         if session_id is not None and factory.store.exists(session_id):
             raise UserError(
                 f"session {session_id!r} already exists; continue it with: "
@@ -269,6 +283,8 @@ def resume_cmd(
     ),
     workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Tools directory (default: the session's own)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
+    no_input: bool = NoInputOption,
+    approval_timeout: Optional[float] = ApprovalTimeoutOption,
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
@@ -279,12 +295,12 @@ def resume_cmd(
     A finished session only reports its result, and so does a failed one
     unless --retry-failed.
     """
-    settings = _run_settings(config, store)
+    settings = _run_settings(config, store, **{"approvals.timeout": approval_timeout})
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
-    with _factory(settings, yes, workspace) as factory:
+    with _factory(settings, yes, workspace, no_input=no_input) as factory:
         kw: dict[str, Any] = {"workspace": workspace} if workspace is not None else {}
         resumed = factory.resume_session(sid, retry_failed=retry_failed, **kw)
         try:

@@ -266,7 +266,8 @@ def register(app: typer.Typer) -> None:
             "--yes",
             "-y",
             help="Run sensitive commands (rm, sudo, ... and tools marked sensitive) without asking. Without it they "
-            "fail with a result saying so: nobody is at a device to approve them.",
+            "wait on the server for the session's owner (or an admin) to approve them (saucer approve, or the API), "
+            "and run only when approved.",
         ),
         cafile: Optional[Path] = typer.Option(None, "--cafile", help="CA bundle (PEM) to verify a wss:// server's certificate with."),
         backoff_initial: float = typer.Option(0.5, "--backoff-initial", min=0.01, help="First wait (seconds) before reconnecting."),
@@ -340,7 +341,7 @@ async def _run_device(
 ) -> None:
     from saucer.dispatch.local import LocalCommandDispatcher
     from saucer.dispatch.servers import DesktopServer, configured_servers
-    from saucer.service.device import DeviceClient
+    from saucer.service.device import DeviceClient, server_approver
 
     desktop = None
     if settings.desktop.enabled:
@@ -354,12 +355,17 @@ async def _run_device(
     with contextlib.suppress(NotImplementedError, RuntimeError):
         import signal
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-    async with LocalCommandDispatcher.from_config(servers, assume_yes=assume_yes) as dispatcher:
+    approved: set[str] = set()  # call ids the server sends as approved by a person
+    async with LocalCommandDispatcher.from_config(
+        servers, assume_yes=assume_yes, approver=None if assume_yes else server_approver(approved)
+    ) as dispatcher:
         failed = await dispatcher.start()
         for name, reason in failed.items():
             cli.err.print(f"warning: tool server {name!r} did not start: {reason}")
         tools = await dispatcher.list_tools()
         info: dict[str, Any] = {"tools_count": len(tools)}
+        if assume_yes:
+            info["assume_yes"] = True  # the server does not ask for approvals: this device runs sensitive commands
         if not settings.mcp.servers:
             info["workspace"] = str(workspace.resolve())
         compact = _compact_tools(tools)
@@ -401,5 +407,6 @@ async def _run_device(
             backoff_max=backoff[1],
             ssl=ssl_context,
             stop=stop,
+            approved_calls=approved,
         )
         await client.run()

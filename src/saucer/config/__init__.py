@@ -59,6 +59,7 @@ __all__ = [
     "DesktopSettings",
     "ServiceDeviceSettings",
     "ShellSettings",
+    "ApprovalSettings",
     "SaveExperience",
     "load_settings",
     "DEFAULT_CONFIG_FILE",
@@ -404,6 +405,14 @@ class QueueSettings(_Section):
     shutdown_timeout: float = Field(30.0, ge=0, description="On SIGTERM, how long sessions run on before they are handed back.")
 
 
+class ApprovalSettings(_Section):
+    """Sensitive steps nobody at a terminal can confirm wait as pending approvals (``saucer approve``)."""
+
+    timeout: float = Field(
+        300.0, ge=0, description="Seconds a pending approval waits before it is refused by timeout (0: refuse at once)."
+    )
+
+
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("saucer_config_file", default=None)
 
 
@@ -476,6 +485,7 @@ class Settings(BaseSettings):
     desktop: DesktopSettings = Field(default_factory=DesktopSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     shell: ShellSettings = Field(default_factory=ShellSettings)
+    approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
 
     _config_file: Path | None = PrivateAttr(None)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -238,8 +238,13 @@ class WebSocketCommandDispatcher:
         #: After such a cancel: None when the device acknowledged it (or nothing was running), else what happened.
         self.cancel_outcome: str | None = None
 
-    async def execute_commands(self, commands: Sequence[Command], timeout: float | None = None) -> list[Result]:
-        """Send ``commands`` to the device and return exactly one Result per Command, in order."""
+    async def execute_commands(
+        self, commands: Sequence[Command], timeout: float | None = None, *, approved: Collection[str] = ()
+    ) -> list[Result]:
+        """Send ``commands`` to the device and return exactly one Result per Command, in order.
+
+        ``approved``: call ids of sensitive commands a person approved (sent in the frame, so the
+        device runs them without the confirmation nobody can give there)."""
         commands = list(commands)
         if not commands:
             return []
@@ -257,8 +262,10 @@ class WebSocketCommandDispatcher:
         # Set before sending: a disconnect seen from here on fails (or holds) this batch.
         batch.connection_id = connection_id
         remaining = max(deadline - loop.time(), 0.001)
+        allowed = [c.call_id for c in batch.commands if c.call_id in approved]
         frame = CommandFrame(
-            response_id=batch.response_id, session_id=self.session_id, commands=batch.commands, timeout=remaining
+            response_id=batch.response_id, session_id=self.session_id, commands=batch.commands, timeout=remaining,
+            approved=allowed or None,
         )
         try:
             await self.link.send_frame(self.device_id, connection_id, frame)

@@ -85,6 +85,8 @@ class CommandFrame(BaseFrame):
     session_id: str
     commands: list[Command]
     timeout: float = Field(gt=0)
+    #: Call ids of sensitive commands a person approved on the server (the device runs them without asking).
+    approved: list[str] | None = None
 
 
 class CancelFrame(BaseFrame):

@@ -60,6 +60,7 @@ from saucer.engine.errors import (
     PlatformNotSupportedError,
     ServiceModeError,
 )
+from saucer.engine.approvals import pending_approver
 from saucer.engine.interactor import interactor_approver
 from saucer.engine.logs import log_dir_for
 from saucer.engine.plan import (
@@ -135,11 +136,16 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
             shell=settings.shell, artifacts=desktop.artifacts if desktop is not None else None,
         )
         interactor = getattr(session, "interactor", None)
-        return local.LocalCommandDispatcher.from_config(
+        dispatcher = local.LocalCommandDispatcher.from_config(
             servers,
             approver=interactor_approver(interactor),
             assume_yes=bool(getattr(interactor, "assume_yes", False)),
         )
+        # Nobody at a terminal: a sensitive command waits as a pending approval in the session's log.
+        dispatcher.approver = pending_approver(
+            session, interactor, timeout=settings.approvals.timeout, reason_of=dispatcher.sensitive_reason
+        )
+        return dispatcher
 
     return make
 

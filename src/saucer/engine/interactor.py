@@ -17,9 +17,11 @@ method                     non-interactive answer
 Optional extras an interactor may have: ``interactive`` (False: nobody can
 answer, so a pool treats ``save_experience = "ask"`` as ``auto``),
 ``batch_experience_asker(count)`` (the one question a pool asks instead of
-asking each session) and ``refusal_reason()`` (why a sensitive step was
+asking each session), ``refusal_reason()`` (why a sensitive step was
 refused, e.g. "no terminal to ask; pass --yes"), which the dispatcher puts
-in the failed result.
+in the failed result, and ``approval_pending(approval)`` (told when a
+sensitive step nobody can confirm here waits as a pending approval in the
+session, see :mod:`saucer.engine.approvals`; the default logs it).
 
 Methods may be plain or ``async``. An interactor whose plain methods block
 (reading a terminal) sets ``blocking = True`` so the engine calls them in a
@@ -31,10 +33,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 from collections import deque
 from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkable
 
-__all__ = ["Interactor", "NonInteractiveInteractor", "ask", "interactor_approver"]
+_log = logging.getLogger("saucer.engine.approvals")
+
+__all__ = ["Interactor", "NonInteractiveInteractor", "ask", "interactor_approver", "nobody_to_ask"]
 
 
 @runtime_checkable
@@ -94,6 +99,12 @@ class NonInteractiveInteractor:
     def sensitive_step_asker(self, action: str, target: str) -> bool:
         return self.assume_yes
 
+    def approval_pending(self, approval: Any) -> None:
+        _log.info(
+            "session %s: approval %d waits (%s); saucer approve %s %d, or saucer refuse",
+            approval.session_id, approval.number, approval.action, approval.session_id, approval.number,
+        )
+
 
 _DEFAULT = NonInteractiveInteractor()
 
@@ -136,3 +147,16 @@ def interactor_approver(interactor: Any) -> Callable[[Any], Awaitable[bool | str
         return (explain() if callable(explain) else None) or False
 
     return approve
+
+
+def nobody_to_ask(interactor: Any) -> bool:
+    """Whether a sensitive step would be refused without asking anyone: no interactor, a
+    non-interactive one, or one whose ``refusal_reason()`` says so (no terminal). ``assume_yes`` approves."""
+    if interactor is None:
+        return True
+    if getattr(interactor, "assume_yes", False):
+        return False
+    if isinstance(interactor, NonInteractiveInteractor):
+        return True
+    explain = getattr(interactor, "refusal_reason", None)
+    return callable(explain) and explain() is not None

@@ -130,6 +130,7 @@ class DeviceClient:
         cache_size: int = 256,
         ssl: ssl_module.SSLContext | None = None,
         stop: asyncio.Event | None = None,
+        approved_calls: set[str] | None = None,
     ) -> None:
         if backoff_initial <= 0 or backoff_max < backoff_initial:
             raise ValueError("need 0 < backoff_initial <= backoff_max")
@@ -138,6 +139,8 @@ class DeviceClient:
         self.dispatcher = dispatcher
         self.info = dict(info or {})
         self.stop = stop or asyncio.Event()
+        #: Call ids the server sent as approved by a person (see :func:`server_approver`).
+        self.approved_calls = approved_calls if approved_calls is not None else set()
         self.registrations = 0
         self.server_instance: str | None = None
         self._token = token
@@ -307,6 +310,7 @@ class DeviceClient:
     # -------------------------------------------------------------- commands
 
     def _start(self, frame: CommandFrame) -> None:
+        self.approved_calls.update(frame.approved or ())
         key = _batch_key(frame.commands)
         execution = self._cache.get(key)
         if execution is None:
@@ -357,6 +361,8 @@ class DeviceClient:
         except Exception as exc:
             _log.exception("device %s: dispatcher failed", self.device_id)
             return failure_results(commands, f"{source}: {type(exc).__name__}: {exc}")
+        finally:
+            self.approved_calls.difference_update(c.call_id for c in commands)
         try:
             checked = [r if isinstance(r, Result) else Result.model_validate(r) for r in results]
         except Exception as exc:
@@ -443,6 +449,21 @@ async def run_device(
         if not callable(getattr(dispatcher, "execute_commands", None)):
             raise DeviceError(f"{type(dispatcher).__name__} has no execute_commands(commands, timeout) method")
         await DeviceClient(server_url, token, device_id, dispatcher, **options).run()
+
+
+def server_approver(approved: set[str]) -> Callable[[Command], Any]:
+    """The approver of a device's dispatcher: a sensitive command runs when the server sent its
+    call id as approved by a person (see :mod:`saucer.service.approvals`), else it is refused."""
+
+    async def approve(command: Command) -> bool | str:
+        if command.call_id in approved:
+            return True
+        return (
+            "nobody at this device can confirm it and the server did not send it as approved "
+            "(run saucer device with --yes to run sensitive commands unasked)"
+        )
+
+    return approve
 
 
 def _batch_key(commands: list[Command]) -> str:

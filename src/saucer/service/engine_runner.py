@@ -67,6 +67,7 @@ from saucer.engine.logs import StepRecord as EngineStepRecord
 from saucer.engine.plan import Plan, PlanCommand, PlanStep, initial_vars
 from saucer.engine.session import Session, SessionResult
 from saucer.engine.step_format import upcast_step
+from saucer.service.approvals import ApprovalGate, listed_reason
 from saucer.service.protocol import TaskSpec
 from saucer.service.records import StepAlreadyCommitted, StepRecord
 from saucer.service.runner import DEFAULT_STEP_TIMEOUT, CommandDispatcher, SessionRecorder, TaskOutcome, step_call_id
@@ -139,13 +140,17 @@ class _SessionDispatcher:
     recorded commands carry the ids the device saw.
     """
 
-    def __init__(self, inner: CommandDispatcher, session_id: str, task: TaskSpec, default_timeout: float) -> None:
+    def __init__(
+        self, inner: CommandDispatcher, session_id: str, task: TaskSpec, default_timeout: float, approval_timeout: float = 0.0
+    ) -> None:
         self.inner = inner
         self.session_id = session_id
         self.task = task
         self.default_timeout = default_timeout
         self.session: Session | None = None
         self._batches: dict[int, int] = {}
+        #: Sensitive commands wait here for a person's approval before they are sent (saucer.service.approvals).
+        self.gate = ApprovalGate(session_id, approval_timeout)
 
     async def execute_commands(self, commands: Sequence[Command], timeout: float | None = None) -> list[Result]:
         """Name the commands after their place in the session, then run them on the device."""
@@ -164,6 +169,17 @@ class _SessionDispatcher:
                 command.call_id = f"{self.session_id}.{round_id}.{step}.{batch}.{position}"
         if timeout is None:
             timeout = (plan_step.timeout if plan_step is not None else None) or self.task.timeout or self.default_timeout
+        store = self.session.store if self.session is not None else None
+        sendable, approved, refused = await self.gate.check(store, commands, self._device_info(), round_id)
+        results = list(await self._send(commands[:sendable], timeout, approved)) if sendable else []
+        if refused is not None:
+            results.append(refused)
+            results += [Result.skipped(c, "not run: an earlier command of the batch was refused") for c in commands[sendable + 1 :]]
+        return results
+
+    async def _send(self, commands: list[Command], timeout: float, approved: list[str]) -> list[Result]:
+        if approved:
+            return await self.inner.execute_commands(commands, timeout, approved=approved)  # type: ignore[call-arg]
         return await self.inner.execute_commands(commands, timeout)
 
     def _device(self) -> Any:
@@ -171,10 +187,21 @@ class _SessionDispatcher:
         device_id = getattr(self.inner, "device_id", None)
         return link.get(device_id) if link is not None and device_id is not None and hasattr(link, "get") else None
 
+    async def sensitive_reason(self, command: Command) -> str | None:
+        """Why ``command`` needs approval by its device's rules (None: it does not); the dispatcher
+        asks for it (so an LLM agent leaves the asking to it)."""
+        tools = self._device_info().get("tools")
+        return listed_reason(tools, command) if isinstance(tools, dict) else None
+
+    def _device_info(self) -> dict[str, Any]:
+        """What the device registered with (its ``tools`` and whether it runs with ``assume_yes``)."""
+        device = self._device()
+        info = getattr(device, "info", None) if device is not None else None
+        return info if isinstance(info, dict) else {}
+
     def list_tools(self) -> dict[str, Any]:
         """The tools the device listed when it registered (``info["tools"]``); what LLM agents may call."""
-        device = self._device()
-        tools = (getattr(device, "info", None) or {}).get("tools") if device is not None else None
+        tools = self._device_info().get("tools")
         return dict(tools) if isinstance(tools, dict) else {}
 
     def device_info(self) -> list[dict[str, Any]]:
@@ -286,7 +313,9 @@ class EngineTaskRunner:
             self.validate(task)
         except ValueError as exc:
             return TaskOutcome(status="failed", error=str(exc))
-        remote = _SessionDispatcher(dispatcher, session_id, task, self.default_step_timeout)
+        remote = _SessionDispatcher(
+            dispatcher, session_id, task, self.default_step_timeout, approval_timeout=self.settings.approvals.timeout
+        )
         options: dict[str, Any] = dict(
             settings=self.settings,
             dispatcher=remote,

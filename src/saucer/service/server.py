@@ -16,6 +16,8 @@ HTTP API (``Authorization: Bearer <token>`` on everything but ``/health``)::
     GET  /api/sessions/{id}?wait=S        status, committed steps, outcome (long-poll up to S s)
     GET  /api/sessions/{id}/results       status and results only
     POST /api/sessions/{id}/cancel        cancel a session that has not ended
+    GET  /api/sessions/{id}/approvals     its sensitive commands waiting for a decision, and past decisions
+    POST /api/sessions/{id}/approvals/{n}/approve|refuse   decide (owner, admins; :mod:`saucer.service.approvals`)
 
 A session belongs to the principal (token name) that submitted it; another
 principal gets 404 for it, as for an id that never existed. A device belongs
@@ -53,6 +55,7 @@ from starlette.routing import Route, WebSocketRoute
 from saucer.service.access import AccessPolicy
 from saucer.service.api import ServiceApi, quiet_refused_handshakes
 from saucer.redaction import RedactingLogFilter
+from saucer.service.approvals import ApprovalRoutes
 from saucer.service.auth import QueryTokenMiddleware, TokenAuthenticator
 from saucer.service.device_api import DeviceRoutes
 from saucer.service.hub import TRANSPORT_ALIVE_KEY, DeviceHub
@@ -145,6 +148,7 @@ def create_app(
             Route("/api/sessions/{session_id}", api.get_session, methods=["GET"]),
             Route("/api/sessions/{session_id}/results", api.get_results, methods=["GET"]),
             Route("/api/sessions/{session_id}/cancel", api.cancel, methods=["POST"]),
+            *ApprovalRoutes(auth, lambda: getattr(runner, "store", None), _owner_of(store), config.admins).routes(),
             WebSocketRoute(WEBSOCKET_PATH, api.websocket),
             *viewer_mount(runner, store, hub, auth),  # the web viewer at /ui (saucer.service.viewer)
         ],
@@ -184,6 +188,16 @@ class _LivenessWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if scope is not None:
             scope[TRANSPORT_ALIVE_KEY] = self.loop.time()  # type: ignore[literal-required]
+
+
+def _owner_of(store: SessionRecordStore) -> Any:
+    """The owner principal of a session and the participants its task named, from its record (None: no such session)."""
+
+    async def owner_of(session_id: str) -> tuple[str, list[str]] | None:
+        record = await store.get_session(session_id)
+        return (record.owner, list(record.task.participants)) if record is not None else None
+
+    return owner_of
 
 
 def _uvicorn_config(app: Starlette, config: ServiceConfig, **overrides: Any) -> uvicorn.Config:

@@ -1,0 +1,252 @@
+"""People in the loop: ``saucer set``, ``saucer vars``, ``saucer approvals``, ``saucer approve``, ``saucer refuse``.
+
+Each works on a running session (from another terminal, while it runs) as
+well as on an ended one. A write is one event of the session with its author
+(``--author``, default ``user:<login name>``): ``saucer history`` shows who
+set what, and a decision on an approval is an event too
+(:mod:`saucer.engine.approvals`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from saucer.cli.common import (
+    ConfigOption,
+    StoreOption,
+    UserError,
+    console,
+    friendly,
+    local_user,
+    open_existing_store,
+    open_ctx,
+    parse_vars,
+    program_name,
+    resolve_session,
+    store_flag,
+)
+from saucer.cli.output import print_json, styled, visible
+
+__all__ = ["register"]
+
+_SessionArgument = typer.Argument(..., help="Session id, a unique prefix of one, or 'last' (the most recently updated).")
+_AuthorOption = typer.Option(
+    None, "--author", help="Who writes (recorded with the event). Default: user:<your login name>."
+)
+
+
+def _author(author: Optional[str]) -> str:
+    if author is None:
+        return local_user()
+    if not author.strip():
+        raise UserError("--author must not be blank")
+    return author
+
+
+def _standing_end(store: Any, session_id: str) -> dict[str, Any]:
+    """For a write after a session's end: its end's status, summary and reason, carried by the
+    write's event so that the newest event still says how the session ended."""
+    from saucer.engine.status import stored_status
+
+    status = stored_status(store, session_id)
+    if not status.ended:
+        return {}
+    carried: dict[str, Any] = {"session_status": status.status}
+    if status.summary:
+        carried["summary"] = dict(status.summary)
+        if isinstance(status.summary.get("reason"), str):
+            carried["reason"] = status.summary["reason"]
+    return carried
+
+
+def _write_vars(ctx: Any, values: dict[str, Any], deleted: list[str], author: str, carried: dict[str, Any]) -> int:
+    """Commit the writes as one event; blind writes, so after another writer's commit they are
+    simply written again on top of it (concurrent writes serialise in log order)."""
+    from saucer.store import ConflictError
+
+    with ctx:
+        for attempt in range(20):
+            try:
+                ctx.update_vars(set=values, delete=deleted)
+            except (TypeError, ValueError) as exc:
+                raise UserError(str(exc)) from None
+            try:
+                return int(ctx.commit(author=author, meta={"kind": "vars", **carried}))
+            except ConflictError:
+                if attempt == 19:
+                    raise
+                ctx.reload()
+    raise AssertionError("unreachable")
+
+
+def _approvals(session: Optional[str], store: Optional[str], config: Optional[Path]) -> list[Any]:
+    """All approvals of ``session``, or the pending ones of every running session."""
+    from saucer.engine.approvals import ApprovalError, pending_approvals, read_approvals
+
+    with open_existing_store(store, config) as st:
+        try:
+            return pending_approvals(st) if session is None else read_approvals(st, resolve_session(st, session))
+        except ApprovalError as exc:
+            raise UserError(str(exc)) from None
+
+
+def _decided_line(approval: Any) -> Any:
+    verb = {"approved": "approved", "refused": "refused", "timed_out": "refused by timeout"}[approval.status]
+    line = styled(f"approval {approval.number} of session {visible(approval.session_id)} ", (verb, "bold"))
+    line.append(f" by {visible(approval.decided_by or '')}")
+    if approval.note:
+        line.append(f": {visible(approval.note)}")
+    return line
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``set``, ``vars``, ``approvals``, ``approve`` and ``refuse`` to ``app``."""
+
+    @app.command("set")
+    @friendly
+    def set_cmd(
+        session: str = _SessionArgument,
+        assignments: Optional[list[str]] = typer.Argument(None, help="KEY=JSON: the context variable KEY gets the JSON value."),
+        delete: Optional[list[str]] = typer.Option(None, "--delete", help="Delete this context variable (repeat for several)."),
+        author: Optional[str] = _AuthorOption,
+        store: Optional[str] = StoreOption,
+        config: Optional[Path] = ConfigOption,
+    ) -> None:
+        """Set or delete context variables of a session, running or ended, as one event with its author.
+
+        A running session sees the new values at its next step (its routing
+        conditions included); an ended one keeps them, and a resume starts
+        from them. Deletes apply first, then sets. Values are JSON: 3, true,
+        '"text"', '[1, 2]', '{"a": 1}'.
+        """
+        from saucer.context import Context
+
+        values = parse_vars(assignments or [], option="saucer set SESSION")
+        deleted = list(dict.fromkeys(delete or []))
+        if not values and not deleted:
+            raise UserError("nothing to write: give KEY=JSON and/or --delete KEY")
+        who = _author(author)
+        with open_existing_store(store, config) as st:
+            sid = resolve_session(st, session)
+            version = _write_vars(Context.open(st, sid, author=who, create=False), values, deleted, who, _standing_end(st, sid))
+        parts = []
+        if values:
+            parts.append("set " + ", ".join(values))
+        if deleted:
+            parts.append("deleted " + ", ".join(deleted))
+        console.print(f"session {visible(sid)} v{version}: {visible('; '.join(parts))} (author {visible(who)})")
+
+    @app.command("vars")
+    @friendly
+    def vars_cmd(
+        session: str = _SessionArgument,
+        at: Optional[int] = typer.Option(None, "--at", help="Version to read (default: the latest)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object: variable -> value."),
+        store: Optional[str] = StoreOption,
+        config: Optional[Path] = ConfigOption,
+    ) -> None:
+        """The context variables of a session (what its routing conditions read), one per line as NAME = JSON."""
+        with open_existing_store(store, config) as st:
+            sid = resolve_session(st, session)
+            variables = dict(open_ctx(st, sid, at).vars)
+        if as_json:
+            print_json(variables)
+            return
+        if not variables:
+            console.print(f"session {visible(sid)} has no context variables; set one with: "
+                          f"{program_name()} set {sid} KEY=JSON{store_flag(store)}")
+            return
+        for key in sorted(variables):
+            console.print(f"{visible(key)} = {visible(json.dumps(variables[key], ensure_ascii=False, sort_keys=True))}")
+
+    @app.command("approvals")
+    @friendly
+    def approvals_cmd(
+        session: Optional[str] = typer.Argument(None, help="A session: all its approvals. Default: the pending ones of every running session."),
+        as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+        wait: float = typer.Option(
+            0.0, "--wait", min=0, help="Wait up to this many seconds for a pending approval to appear (for scripts)."
+        ),
+        store: Optional[str] = StoreOption,
+        config: Optional[Path] = ConfigOption,
+    ) -> None:
+        """Sensitive steps waiting for a person's decision (saucer approve / saucer refuse), and past decisions."""
+        import time
+
+        from saucer.engine.approvals import DEFAULT_POLL_INTERVAL, ApprovalError
+
+        from saucer.store import SessionNotFoundError
+
+        deadline = time.monotonic() + wait
+        while True:  # with --wait, a store or a session not made yet (a run just started) is waited for too
+            try:
+                found = _approvals(session, store, config)
+            except (UserError, SessionNotFoundError, ApprovalError):
+                if time.monotonic() >= deadline:
+                    raise
+                found = []
+            if any(a.pending for a in found) or time.monotonic() >= deadline:
+                break
+            time.sleep(DEFAULT_POLL_INTERVAL)
+        if as_json:
+            print_json([a.to_dict() for a in found])
+            return
+        if not found:
+            console.print("no pending approvals" if session is None else f"session {visible(session)} has no approvals")
+            return
+        for a in found:
+            state = a.status.replace("_", " ")
+            if not a.pending:
+                state += f" by {a.decided_by}" + (f": {a.note}" if a.note else "")
+            line = f"{a.session_id} {a.number} {state} · {a.action} {a.detail}"
+            if a.reason:
+                line += f" · {a.reason}"
+            console.print(visible(line))
+        waiting = [a for a in found if a.pending]
+        if waiting:
+            first = waiting[0]
+            console.print(styled((
+                f"decide with: {program_name()} approve {first.session_id} {first.number}{store_flag(store)}"
+                f"  (or refuse ... --reason TEXT)", "dim")))
+
+    def _decide(session: str, number: int, status: str, author: Optional[str], note: Optional[str],
+                store: Optional[str], config: Optional[Path]) -> None:
+        from saucer.engine.approvals import ApprovalError, decide
+
+        who = _author(author)
+        with open_existing_store(store, config) as st:
+            sid = resolve_session(st, session)
+            try:
+                decided = decide(st, sid, number, status=status, author=who, note=note)  # type: ignore[arg-type]
+            except ApprovalError as exc:
+                raise UserError(str(exc)) from None
+        console.print(_decided_line(decided))
+
+    @app.command("approve")
+    @friendly
+    def approve_cmd(
+        session: str = _SessionArgument,
+        number: int = typer.Argument(..., help="The approval's number (saucer approvals SESSION lists them)."),
+        author: Optional[str] = _AuthorOption,
+        store: Optional[str] = StoreOption,
+        config: Optional[Path] = ConfigOption,
+    ) -> None:
+        """Let a waiting sensitive step run; the decision is an event of the session with its author."""
+        _decide(session, number, "approved", author, None, store, config)
+
+    @app.command("refuse")
+    @friendly
+    def refuse_cmd(
+        session: str = _SessionArgument,
+        number: int = typer.Argument(..., help="The approval's number (saucer approvals SESSION lists them)."),
+        reason: Optional[str] = typer.Option(None, "--reason", help="Why (the agent is told)."),
+        author: Optional[str] = _AuthorOption,
+        store: Optional[str] = StoreOption,
+        config: Optional[Path] = ConfigOption,
+    ) -> None:
+        """Refuse a waiting sensitive step: it does not run, and its failed result says who refused it and why."""
+        _decide(session, number, "refused", author, reason, store, config)

@@ -1,0 +1,394 @@
+"""Pending approvals: a sensitive step that nobody at a terminal can confirm waits in the session's log.
+
+::
+
+    approval = request_approval(store, "s1", action="run shell.run", detail='{"command": "rm -f junk"}',
+                                reason="command 'rm -f junk' matches sensitive pattern 'rm'", author="follower",
+                                timeout=300)
+    # another process, another host, the service's API:
+    decide(store, "s1", approval.number, approved=True, author="user:alice")
+    # the waiting step:
+    decided = await wait_for_decision(store, approval)      # .status == "approved"
+
+An approval is two events of the session, each attributable like any other:
+
+- ``approval_request`` (``meta["approval"]``: what would run, why it needs
+  approval, how long it waits) written by the session's runner while its step
+  waits; the approval's **number** is that event's version, so it is unique in
+  the session without a counter anyone could race on;
+- ``approval_decision`` (``meta["approval"]``: the number, ``approved``,
+  ``refused`` or ``timed_out``, and a note) written by whoever decides:
+  ``saucer approve``/``saucer refuse``, the service's API, or the waiting side
+  itself when the timeout passes (author ``system``). The first decision in log
+  order counts; :func:`decide` appends only on the version it checked, so two
+  people deciding at once get one decision and one clear error.
+
+Neither event changes the Context's state (no operations): they are the
+session's record of who allowed what. :func:`approvals_of` is the one fold
+from events to :class:`Approval` rows, used by the CLI, the API and the waiter.
+The waiter does not spin: it follows the log with
+:meth:`~saucer.store.EventStore.watch` (PostgreSQL's ``LISTEN``/``NOTIFY``,
+else a poll every ``interval`` seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Awaitable, Callable, Iterable, Literal
+
+from saucer.context import Context, ContextNames
+from saucer.engine.interactor import ask, interactor_approver, nobody_to_ask
+from saucer.store import ConflictError, Event, EventStore, NotParticipantError, SessionNotFoundError, StoreError
+from saucer.store.summary import ENDED
+
+__all__ = [
+    "REQUEST_KIND",
+    "DECISION_KIND",
+    "Approval",
+    "ApprovalError",
+    "ApprovalNotFound",
+    "NotAllowedToDecide",
+    "check_decider",
+    "ApprovalStatus",
+    "approvals_of",
+    "approval_line",
+    "read_approvals",
+    "pending_approvals",
+    "request_approval",
+    "decide",
+    "wait_for_decision",
+    "pending_approver",
+    "DEFAULT_POLL_INTERVAL",
+]
+
+REQUEST_KIND = "approval_request"
+"""``meta["kind"]`` of the event that asks for an approval."""
+DECISION_KIND = "approval_decision"
+"""``meta["kind"]`` of the event that answers one."""
+DEFAULT_POLL_INTERVAL = 0.5
+"""Seconds between two reads of the log while waiting (when the store has no notifications)."""
+
+ApprovalStatus = Literal["pending", "approved", "refused", "timed_out"]
+_DECIDED = ("approved", "refused", "timed_out")
+_DETAIL_CHARS = 2000
+_MAX_TRIES = 50
+
+
+class ApprovalError(Exception):
+    """An approval that cannot be listed or decided: one sentence saying why."""
+
+
+class ApprovalNotFound(ApprovalError):
+    """No such session, or no approval of that number in it."""
+
+
+class NotAllowedToDecide(ApprovalError):
+    """The author is not a participant of a session that declares its participants."""
+
+
+def check_decider(store: EventStore, session_id: str, author: str, version: int) -> None:
+    """:class:`NotAllowedToDecide` unless ``author`` may write to the session as it is at
+    ``version`` (a session that declares no participants is open to every writer)."""
+    ctx = Context.open(store, session_id, create=False, at=version)
+    try:
+        allowed = ctx.participants
+    finally:
+        ctx.close()
+    if allowed is not None and author not in allowed:
+        raise NotAllowedToDecide(str(NotParticipantError(session_id, author)))
+
+
+@dataclass(frozen=True)
+class Approval:
+    """One approval of a session, as its events say (see the module docs)."""
+
+    session_id: str
+    number: int
+    action: str
+    detail: str
+    reason: str
+    requested_by: str
+    requested_at: float
+    round: int | None = None
+    step: int | None = None
+    timeout: float | None = None
+    status: ApprovalStatus = "pending"
+    decided_by: str | None = None
+    decided_at: float | None = None
+    note: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether nobody has decided yet."""
+        return self.status == "pending"
+
+    @property
+    def deadline(self) -> float | None:
+        """When an unanswered approval becomes a refusal (epoch seconds; None: it waits as long as its runner)."""
+        return None if self.timeout is None else self.requested_at + self.timeout
+
+    def refusal(self) -> str:
+        """What the agent is told when this approval did not allow the step (its result's error text)."""
+        what = f"approval {self.number} of session {self.session_id}"
+        if self.status == "timed_out":
+            return f"refused by timeout: nobody decided on {what} within {self.timeout or 0:g} s"
+        note = f": {self.note}" if self.note else ""
+        return f"refused by {self.decided_by} ({what}){note}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (what ``saucer approvals --json`` and the API show)."""
+        data = asdict(self)
+        data["deadline"] = self.deadline
+        return data
+
+
+def _request_of(event: Event) -> Approval | None:
+    data = event.meta.get("approval")
+    if event.meta.get("kind") != REQUEST_KIND or not isinstance(data, dict):
+        return None
+    timeout = data.get("timeout")
+    return Approval(
+        session_id=event.session_id,
+        number=event.version,
+        action=str(data.get("action") or ""),
+        detail=str(data.get("detail") or ""),
+        reason=str(data.get("reason") or ""),
+        requested_by=event.author,
+        requested_at=event.timestamp,
+        round=event.round,
+        step=event.step,
+        timeout=float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None,
+    )
+
+
+def _decision_of(event: Event) -> tuple[int, str, str | None] | None:
+    data = event.meta.get("approval")
+    if event.meta.get("kind") != DECISION_KIND or not isinstance(data, dict):
+        return None
+    number, status = data.get("number"), data.get("status")
+    if not isinstance(number, int) or status not in _DECIDED:
+        return None
+    note = data.get("note")
+    return number, str(status), note if isinstance(note, str) and note else None
+
+
+def approvals_of(events: Iterable[Event]) -> list[Approval]:
+    """Every approval the events ask for, with its decision (the first one in log order), by number."""
+    found: dict[int, Approval] = {}
+    for event in events:
+        request = _request_of(event)
+        if request is not None:
+            found[request.number] = request
+            continue
+        decision = _decision_of(event)
+        if decision is None:
+            continue
+        number, status, note = decision
+        current = found.get(number)
+        if current is not None and current.pending:
+            found[number] = replace(
+                current, status=status, decided_by=event.author, decided_at=event.timestamp, note=note  # type: ignore[arg-type]
+            )
+    return [found[n] for n in sorted(found)]
+
+
+def approval_line(event: Event) -> str | None:
+    """What an approval event says, in one line (None for any other event): the timeline's text."""
+    request = _request_of(event)
+    if request is not None:
+        because = f" ({request.reason})" if request.reason else ""
+        return f"approval {request.number} asked: {request.action} {request.detail}{because}"
+    decision = _decision_of(event)
+    if decision is None:
+        return None
+    number, status, note = decision
+    verb = "refused by timeout" if status == "timed_out" else f"{status} by {event.author}"
+    return f"approval {number} {verb}" + (f": {note}" if note else "")
+
+
+def read_approvals(store: EventStore, session_id: str) -> list[Approval]:
+    """The approvals of one session (:class:`ApprovalError` when there is no such session)."""
+    try:
+        return approvals_of(store.iter_events(session_id))
+    except SessionNotFoundError:
+        raise ApprovalNotFound(f"no session {session_id!r} in this store") from None
+
+
+def pending_approvals(store: EventStore, session_ids: Iterable[str] | None = None) -> list[Approval]:
+    """Pending approvals of the given sessions, or of every running session (those not running
+    cannot be waiting on one), oldest first."""
+    if session_ids is None:
+        session_ids = [s.session_id for s in store.list_sessions(status="running")]
+    out: list[Approval] = []
+    for session_id in session_ids:
+        out += [a for a in read_approvals(store, session_id) if a.pending]
+    return sorted(out, key=lambda a: (a.requested_at, a.session_id, a.number))
+
+
+def _ended(store: EventStore, session_id: str) -> str | None:
+    """The status a session ended with (None while it has not ended)."""
+    head = store.head(session_id)
+    if head == 0:
+        return None
+    last = next(iter(store.read(session_id, head - 1, head)), None)
+    if last is None:
+        return None
+    status = last.meta.get("session_status")
+    if last.meta.get("kind") == "session_end":  # whatever its status (a service session's "cancelled" too)
+        return str(status or "ended")
+    return status if status in ENDED else None
+
+
+def request_approval(
+    store: EventStore,
+    session_id: str,
+    *,
+    action: str,
+    detail: str = "",
+    reason: str = "",
+    author: str = "system",
+    round: int | None = None,
+    step: int | None = None,
+    timeout: float | None = None,
+) -> Approval:
+    """Record a pending approval in the session (an ``approval_request`` event) and return it."""
+    data: dict[str, Any] = {"action": action, "detail": detail[:_DETAIL_CHARS], "reason": reason}
+    if timeout is not None:
+        data["timeout"] = float(timeout)
+    meta = {"kind": REQUEST_KIND, "approval": data}
+    for _ in range(_MAX_TRIES):
+        head = store.head(session_id)
+        try:
+            event = store.append(session_id, head, [], author=author, round=round, step=step, meta=meta)
+        except ConflictError:
+            continue  # another writer went first: append after it
+        request = _request_of(event)
+        assert request is not None
+        return request
+    raise ApprovalError(f"session {session_id!r}: too many concurrent writers to record an approval request")
+
+
+def decide(
+    store: EventStore,
+    session_id: str,
+    number: int,
+    *,
+    status: Literal["approved", "refused", "timed_out"],
+    author: str,
+    note: str | None = None,
+) -> Approval:
+    """Decide on a pending approval; return it decided. :class:`ApprovalError` (one sentence) when
+    the session or the approval does not exist, it was already decided, the session has ended, or
+    ``author`` is not a participant of a session that declares its participants. The decision is
+    appended on the version these were checked at (a change meanwhile: checked again)."""
+    if status not in _DECIDED:
+        raise ValueError(f"status must be one of {', '.join(_DECIDED)}, not {status!r}")
+    for _ in range(_MAX_TRIES):
+        try:
+            head = store.head(session_id)
+            if not isinstance(number, int) or number < 1 or number > head:
+                raise ApprovalNotFound(f"session {session_id!r} has no approval {number}")
+            events = list(store.read(session_id, number - 1, head))
+        except SessionNotFoundError:
+            raise ApprovalNotFound(f"no session {session_id!r} in this store") from None
+        found = approvals_of(events)
+        if not found or found[0].number != number:
+            raise ApprovalNotFound(f"session {session_id!r} has no approval {number}")
+        approval = found[0]
+        if not approval.pending:
+            raise ApprovalError(
+                f"approval {number} of session {session_id!r} was already {approval.status.replace('_', ' ')}"
+                + (f" by {approval.decided_by}" if approval.status != "timed_out" else "")
+            )
+        ended = _ended(store, session_id)
+        if ended is not None:
+            raise ApprovalError(f"session {session_id!r} has ended ({ended}); its approval {number} can no longer run")
+        if status != "timed_out":  # the runner's own timeout is not a person's write
+            check_decider(store, session_id, author, head)
+        data: dict[str, Any] = {"number": number, "status": status}
+        if note:
+            data["note"] = note
+        try:
+            event = store.append(
+                session_id, head, [], author=author, round=approval.round, meta={"kind": DECISION_KIND, "approval": data}
+            )
+        except ConflictError:
+            continue  # something was written meanwhile (maybe a decision): check again
+        return replace(approval, status=status, decided_by=author, decided_at=event.timestamp, note=note or None)
+    raise ApprovalError(f"session {session_id!r}: too many concurrent writers to record a decision")
+
+
+async def wait_for_decision(
+    store: EventStore, approval: Approval, *, interval: float = DEFAULT_POLL_INTERVAL
+) -> Approval:
+    """Wait until someone decides on ``approval``; when its timeout passes first, record that it
+    timed out (author ``system``) and return it so. The log is followed with ``store.watch``."""
+    deadline = approval.deadline
+    loop = asyncio.get_running_loop()
+    when = None if deadline is None else loop.time() + max(0.0, deadline - time.time())
+    stream = store.watch(approval.session_id, approval.number, interval=interval)
+    try:
+        async with asyncio.timeout_at(when):
+            async for event in stream:
+                decision = _decision_of(event)
+                if decision is not None and decision[0] == approval.number:
+                    _, status, note = decision
+                    return replace(
+                        approval, status=status, decided_by=event.author, decided_at=event.timestamp, note=note  # type: ignore[arg-type]
+                    )
+    except TimeoutError:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            await stream.aclose()  # type: ignore[attr-defined]
+    try:
+        return await asyncio.to_thread(
+            decide, store, approval.session_id, approval.number, status="timed_out", author="system"
+        )
+    except ApprovalError:
+        # Decided meanwhile (or the session was taken away): what the log says counts.
+        for found in await asyncio.to_thread(read_approvals, store, approval.session_id):
+            if found.number == approval.number and not found.pending:
+                return found
+        raise
+    except StoreError as exc:
+        raise ApprovalError(f"approval {approval.number} of session {approval.session_id!r}: {exc}") from None
+
+
+def pending_approver(
+    session: Any,
+    interactor: Any,
+    *,
+    timeout: float,
+    reason_of: Callable[[Any], Awaitable[str | None]] | None = None,
+    interval: float = DEFAULT_POLL_INTERVAL,
+) -> Callable[[Any], Awaitable[bool | str]]:
+    """The ``approver`` of a session's local dispatcher: the interactor when someone can answer
+    (a terminal, or ``assume_yes``); otherwise a pending approval in the session's log that waits
+    up to ``timeout`` seconds for ``saucer approve``/``refuse`` (0: refused at once, as before).
+    ``reason_of(command)`` says why the command needs approval (stored with the request)."""
+    asker = interactor_approver(interactor)
+
+    async def approve(command: Any) -> bool | str:
+        store = getattr(session, "store", None)
+        if timeout <= 0 or store is None or not nobody_to_ask(interactor):
+            return await asker(command)
+        try:
+            detail = json.dumps(command.parameters, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            detail = repr(command.parameters)
+        reason = (await reason_of(command) if reason_of is not None else None) or ""
+        ctx = session.context
+        approval = await asyncio.to_thread(
+            request_approval, store, session.session_id, action=f"run {command.tool_name}", detail=detail,
+            reason=reason, round=int(ctx.get(ContextNames.CURRENT_ROUND_ID)), timeout=timeout,
+        )
+        await ask(interactor, "approval_pending", approval)
+        decided = await wait_for_decision(store, approval, interval=interval)
+        return True if decided.status == "approved" else decided.refusal()
+
+    return approve

@@ -1,0 +1,57 @@
+"""The README's "People in the loop" examples run as written (the API's curl block runs in
+tests/service/test_service_approvals.py, against a real server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import cli_env
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def people_section() -> str:
+    """The text of the README's "People in the loop" subsection."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("### People in the loop")
+    end = text.index("\n## ", start)
+    return text[start:end]
+
+
+def blocks(language: str) -> list[str]:
+    """The section's fenced blocks of ``language``, in order."""
+    return re.findall(rf"```{language}\n(.*?)```", people_section(), re.S)
+
+
+def _bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = cli_env({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_the_readme_people_in_the_loop_examples_run(tmp_path: Path) -> None:
+    [plan] = blocks("json")
+    (tmp_path / "cleanup.json").write_text(plan)
+    assert json.loads(plan)["task"] == "cleanup"
+    variables, approvals, _api = blocks("sh")
+
+    (tmp_path / "junk.txt").write_text("junk")
+    done = _bash(variables, tmp_path)
+    assert 'note = "checked by hand"\nreviewed = true' in done.stdout, done.stdout + done.stderr
+    assert '{\n  "reviewed": true\n}' in done.stdout
+    assert "tidy: finished" in done.stdout and "user:alice" in done.stdout, done.stdout + done.stderr
+    assert not (tmp_path / "junk.txt").exists()
+
+    (tmp_path / "junk.txt").write_text("junk")
+    done = _bash(approvals, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cleanup 6 pending · run shell.run" in done.stdout, done.stdout + done.stderr
+    assert "approval 6 of session cleanup approved by user:alice" in done.stdout
+    assert "session cleanup: finished" in done.stdout
+    assert "cleanup 6 approved by user:alice · run shell.run" in done.stdout
+    assert not (tmp_path / "junk.txt").exists()
