@@ -21,10 +21,11 @@ def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults() -> None:
     s = load_settings()
-    assert s.system.max_step == 50 and s.system.max_round is None
-    assert s.system.eva_session is False and s.system.eva_round is False
+    # The seed's defaults (README: "Defaults, the seed's and saucer's").
+    assert s.system.max_step == 50 and s.system.max_round == 10
+    assert s.system.eva_session is True and s.system.eva_round is False
     assert s.system.save_experience == "ask" and s.system.log_to_markdown is True
-    assert s.system.save_ui_tree is False and s.system.sleep_time == 0.0
+    assert s.system.save_ui_tree is True and s.system.sleep_time == 0.0
     assert s.store.url == "sqlite:///.saucer/saucer.db" and s.store.durability == "step"
     assert s.store.lease_ttl == 30.0 and s.store.snapshot_every == 100
     assert s.mcp.servers == {} and s.logs.root == Path("logs")

@@ -42,23 +42,9 @@ from pydantic_settings import (
 )
 
 __all__ = [
-    "ConfigError",
-    "Settings",
-    "SystemSettings",
-    "StoreSettings",
-    "MCPSettings",
-    "MCPServerConfig",
-    "AgentsSettings",
-    "LogsSettings",
-    "LLMSettings",
-    "ServiceSettings",
-    "QueueSettings",
-    "DesktopSettings",
-    "ServiceDeviceSettings",
-    "SaveExperience",
-    "load_settings",
-    "DEFAULT_CONFIG_FILE",
-    "ENV_PREFIX",
+    "ConfigError", "Settings", "SystemSettings", "StoreSettings", "MCPSettings", "MCPServerConfig", "AgentsSettings",
+    "LogsSettings", "LLMSettings", "ServiceSettings", "QueueSettings", "DesktopSettings", "ServiceDeviceSettings",
+    "SaveExperience", "load_settings", "DEFAULT_CONFIG_FILE", "ENV_PREFIX",
 ]
 
 DEFAULT_CONFIG_FILE = "saucer.toml"
@@ -86,8 +72,8 @@ class SystemSettings(_Section):
     """How sessions run."""
 
     max_step: int = Field(50, ge=1, description="Most agent steps in one session.")
-    max_round: int | None = Field(None, ge=1, description="Most rounds in one session; None means no limit.")
-    eva_session: bool = Field(False, description="Evaluate each session when it ends.")
+    max_round: int | None = Field(10, ge=1, description="Most rounds in one session (plan steps count); None: no limit.")
+    eva_session: bool = Field(True, description="Evaluate each session when it ends.")
     eva_round: bool = Field(False, description="Evaluate each round when it ends.")
     save_experience: SaveExperience = Field(
         "ask",
@@ -97,10 +83,10 @@ class SystemSettings(_Section):
     experience_dir: Path | None = Field(None, description="Where experience plans go (default: the session's log folder).")
     log_to_markdown: bool = Field(True, description="Write output.md next to the logs when a session ends.")
     save_ui_tree: bool = Field(
-        False,
+        True,
         description="Before each step, save the focused window's UI tree and a screenshot (desktop.ui_tree, "
         "desktop.screenshot) as the step's artifacts, listed in its record and by saucer show; starts the "
-        "built-in desktop server.",
+        "built-in desktop server when there is an X display (without one it is skipped, and the session says so).",
     )
     sleep_time: float = Field(0.0, ge=0, description="Seconds to wait between steps (asyncio.sleep, never blocking).")
 
@@ -262,9 +248,6 @@ class MCPSettings(_Section):
     isolate: bool | list[Literal["shell", "files"]] = Field(False, description="true or [shell, files]: stdio processes")
 
 
-_COMPONENT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
-
-
 class AgentsSettings(_Section):
     """The agents and evaluator the engine runs, each named by ``package.module:attribute``.
 
@@ -274,23 +257,23 @@ class AgentsSettings(_Section):
 
     follower: str = Field(
         "saucer.agents.follower:FollowerAgent",
-        pattern=_COMPONENT_PATH,
+        pattern=_IMPORT_PATH.pattern,  # the same form as an MCP import_path
         description="Agent class, called with no arguments, that runs the command steps of a plan.",
     )
     evaluator: str = Field(
         "saucer.agents.evaluator:RuleEvaluator",
-        pattern=_COMPONENT_PATH,
+        pattern=_IMPORT_PATH.pattern,
         description="Evaluator class, called with no arguments, that judges sessions and rounds "
         "(system.eva_session, system.eva_round) when the session's agents bring none.",
     )
     provider: str = Field(
         "saucer.agents.llm:create_agent_provider",
-        pattern=_COMPONENT_PATH,
+        pattern=_IMPORT_PATH.pattern,
         description="Function called with the settings that returns the LLM agents for requests.",
     )
     operator: str = Field(
         "saucer.agents.operator:create_operator_provider",
-        pattern=_COMPONENT_PATH,
+        pattern=_IMPORT_PATH.pattern,
         description="Function called with the settings and mode=operator|normal_operator that returns "
         "the computer-use agent of the operator modes.",
     )
@@ -340,6 +323,7 @@ class LLMSettings(_Section):
     max_consecutive_failures: int = Field(3, ge=1)
     judge_model: str | None = None
     system_prompt: str | None = None
+    ask_user: bool = Field(True, description="Give the agents an ask_user tool: the model may ask the user a question.")
 
     @model_validator(mode="after")
     def _window_holds_a_reply(self) -> "LLMSettings":
@@ -413,7 +397,9 @@ class QueueSettings(_Section):
     shutdown_timeout: float = Field(30.0, ge=0, description="On SIGTERM, how long sessions run on before they are handed back.")
 
 
-_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("saucer_config_file", default=None)
+# The file given, and its settings when a reader of another format (saucer.ufo_config) has read them.
+_FileSpec = tuple[Path | None, dict[str, Any] | None]
+_CONFIG_FILE: contextvars.ContextVar[_FileSpec] = contextvars.ContextVar("saucer_config_file", default=(None, None))
 
 
 class _TomlSource(PydanticBaseSettingsSource):
@@ -421,9 +407,9 @@ class _TomlSource(PydanticBaseSettingsSource):
 
     def __init__(self, settings_cls: type[BaseSettings]) -> None:
         super().__init__(settings_cls)
-        explicit = _CONFIG_FILE.get()
+        explicit, given = _CONFIG_FILE.get()
         self.path = explicit if explicit is not None else Path(DEFAULT_CONFIG_FILE)
-        self.data = _read_toml(self.path, required=explicit is not None)
+        self.data = given if given is not None else _read_toml(self.path, required=explicit is not None)
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
         return self.data.get(field_name), field_name, False
@@ -576,22 +562,25 @@ def _describe(exc: ValidationError, overrides: dict[str, Any], file_path: Path, 
     return "; ".join(sentences)
 
 
-def load_settings(config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+def load_settings(
+    config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None, *, file_data: dict[str, Any] | None = None
+) -> Settings:
     """Read the settings: defaults < ``config_file`` (default ``./saucer.toml``) < ``SAUCER_*`` < ``overrides``.
 
     ``overrides`` holds flag values, nested (``{"system": {"max_step": 3}}``) or
     dotted (``{"system.max_step": 3}``); None values are ignored, so unset flags
-    can be passed as they are. Raises :class:`ConfigError` naming the key and its source.
+    can be passed as they are. ``file_data``: the file's settings, already read (by a reader of
+    another format, e.g. UFO's YAML in :mod:`saucer.ufo_config`). Raises :class:`ConfigError` naming the key and its source.
     """
     path = Path(config_file) if config_file is not None else None
     nested = _nest(overrides or {})
-    token = _CONFIG_FILE.set(path)
+    token = _CONFIG_FILE.set((path, file_data))
     try:
         try:
             settings = Settings(**nested)
         except ValidationError as exc:
             file_path = path if path is not None else Path(DEFAULT_CONFIG_FILE)
-            file_data = _read_toml(file_path, required=False)
+            file_data = file_data if file_data is not None else _read_toml(file_path, required=False)
             raise ConfigError(_describe(exc, nested, file_path, file_data)) from None
     finally:
         _CONFIG_FILE.reset(token)
