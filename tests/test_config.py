@@ -99,7 +99,7 @@ def test_env_and_override_errors_name_their_source(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match="environment variable SAUCER_SYSTEM__MAX_STPE: unknown key 'system.max_stpe'"):
         load_settings()
     monkeypatch.delenv("SAUCER_SYSTEM__MAX_STPE")
-    with pytest.raises(ConfigError, match=r"override system.max_round: input should be greater than or equal to 1 \(got -1\)"):
+    with pytest.raises(ConfigError, match=r"override system.max_round: input should be greater than or equal to 0 \(got -1\)"):
         load_settings(overrides={"system.max_round": -1})
     with pytest.raises(ConfigError, match="overrides: unknown key 'system.turbo'"):
         load_settings(overrides={"system.turbo": True})

@@ -72,7 +72,7 @@ class SystemSettings(_Section):
     """How sessions run."""
 
     max_step: int = Field(50, ge=1, description="Most agent steps in one session.")
-    max_round: int | None = Field(10, ge=1, description="Most rounds in one session (plan steps count); None: no limit.")
+    max_round: int | None = Field(10, ge=0, description="Most rounds in one session (plan steps count); 0 or None: no limit.")
     eva_session: bool = Field(True, description="Evaluate each session when it ends.")
     eva_round: bool = Field(False, description="Evaluate each round when it ends.")
     save_experience: SaveExperience = Field(
