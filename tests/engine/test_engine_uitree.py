@@ -77,9 +77,12 @@ def test_one_tree_and_one_screenshot_before_each_step(make_settings: Any) -> Non
     assert "  - UI tree before the step: [9 elements](</art/step-0003-tree.json>)" in markdown
 
 
-def test_off_by_default_and_skipped_for_an_agent_that_looks_itself(make_settings: Any) -> None:
+def test_on_by_default_off_when_set_and_skipped_for_an_agent_that_looks_itself(make_settings: Any) -> None:
     dispatcher = DesktopFake()
-    session, _ = _run(make_settings(), dispatcher)
+    session, _ = _run(make_settings(), dispatcher)  # the seed's default: on
+    assert all(len(s.artifacts) == 2 for s in read_step_log(session.log_path))
+    dispatcher = DesktopFake()
+    session, _ = _run(make_settings(**{"system.save_ui_tree": False}), dispatcher)
     assert all(not s.artifacts for s in read_step_log(session.log_path))
     assert [c.tool_name for c in dispatcher.ran] == ["files.write"] * 3
 
@@ -121,3 +124,27 @@ def test_look_bounds_what_it_keeps() -> None:
     view = asyncio.run(look(chatty, "step-0001"))
     assert "returned 2 results for 1 command" in view.errors["ui_tree"]
     assert asyncio.run(look(None, "s")).artifacts()[0] == {"kind": "ui_tree", "error": "no command dispatcher"}
+
+
+def test_without_desktop_tools_it_is_skipped_said_once_and_recorded(make_settings: Any, caplog: Any) -> None:
+    """The default cannot apply without a desktop: no look is attempted, one warning line, and the
+    session's start and end events (and its result) say what was skipped and why."""
+    import logging
+
+    from saucer.engine import defaults
+
+    defaults._SAID.clear()
+    settings = make_settings()
+    assert settings.system.save_ui_tree is True
+    with caplog.at_level(logging.WARNING, logger="saucer.engine"):
+        first, result = _run(settings, FakeDispatcher())  # files only: no desktop.ui_tree
+        second, _ = _run(settings, FakeDispatcher())
+    assert result.status == "finished"
+    assert all(not s.artifacts for s in read_step_log(first.log_path))
+    lines = [r.getMessage() for r in caplog.records if "save_ui_tree" in r.getMessage()]
+    assert lines == [f"system.save_ui_tree is on but skipped: {defaults.NO_DESKTOP}"]  # once for both sessions
+    events = list(first.store.read(first.session_id))
+    start = next(e for e in events if e.meta.get("kind") == "session_start")
+    end = next(e for e in events if e.meta.get("kind") == "session_end")
+    assert start.meta["skipped"] == end.meta["skipped"] == {"save_ui_tree": defaults.NO_DESKTOP}
+    assert result.skipped == {"save_ui_tree": defaults.NO_DESKTOP}

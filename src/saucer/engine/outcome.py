@@ -19,6 +19,7 @@ from saucer.engine import experience
 from saucer.engine.accounting import CostSummary
 from saucer.engine.components import new_evaluator
 from saucer.engine.cursor import Progress
+from saucer.engine.defaults import NO_TERMINAL, say_once
 from saucer.engine.errors import EngineError, LeaseLostError
 from saucer.engine.evaluation import Evaluation, judge
 from saucer.engine.logs import EvaluationLogEntry, SessionLogs
@@ -52,6 +53,7 @@ class SessionOutcome:
     evaluator: Any
     experience_saver: Callable[..., Any] | None
     save_experience: str | None
+    skipped: dict[str, str]
     result: SessionResult | None
     _phase: str
     _notify: ObserverCaller
@@ -141,6 +143,8 @@ class SessionOutcome:
             "evaluations": [e.model_dump(mode="json") for e in self._evaluations],
             "cursor": self._cursor("end", None, None),
         }
+        if self.skipped:
+            meta["skipped"] = dict(self.skipped)
         version = await self.context.acommit(author="system", meta=meta)
         self.result = self._result(
             status, reason, error or p.error, version, cost, experience_path=experience_path, evaluations=self._evaluations
@@ -184,6 +188,7 @@ class SessionOutcome:
         log_path: str | None = None,
         experience_path: str | None = None,
         evaluations: list[Evaluation] | None = None,
+        skipped: dict[str, str] | None = None,
     ) -> SessionResult:
         """The one place a :class:`SessionResult` is made: this run's counters unless told otherwise."""
         if log_path is None and self.logs.path is not None:
@@ -202,6 +207,7 @@ class SessionOutcome:
             experience_path=experience_path,
             evaluations=list(evaluations or ()),
             version=version,
+            skipped=dict(self.skipped if skipped is None else skipped),
         )
 
     def _stored_result(self, meta: dict[str, Any]) -> SessionResult:
@@ -218,6 +224,7 @@ class SessionOutcome:
             log_path=self.context.get(ContextNames.LOG_PATH) or None,
             experience_path=meta.get("experience_path"),
             evaluations=[Evaluation.model_validate(e) for e in meta.get("evaluations") or []],
+            skipped=dict(meta.get("skipped") or {}),
         )
 
     def cost_summary(self) -> CostSummary:
@@ -239,10 +246,19 @@ class SessionOutcome:
     async def _save_experience(self, status: str) -> str | None:
         mode = self.save_experience or self.settings.system.save_experience
         finished = status == SessionStatus.FINISHED
-        if not await experience.wanted(mode, finished, self._evaluations, self.interactor):
+        if mode == "always_not" or not finished:
             return None
         plan = self.experience_plan()
-        if not plan.steps:
+        if not plan.steps:  # said before anyone is asked: there is nothing to save
+            self.skipped["save_experience"] = experience.NOTHING_TO_SAVE
+            if mode in ("ask", "always"):
+                _log.warning("session %s: experience not saved: %s", self.session_id, experience.NOTHING_TO_SAVE)
+            return None
+        why_not = await experience.wanted(mode, finished, self._evaluations, self.interactor)
+        if why_not == NO_TERMINAL:  # the seed's "ask" could not apply
+            self.skipped["save_experience"] = why_not
+            say_once({"save_experience": why_not})
+        if why_not is not None:
             return None
         path = experience.experience_path(self.task, self.session_id, self.settings.system.experience_dir, self.logs)
         if path is None:

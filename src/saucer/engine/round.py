@@ -114,6 +114,8 @@ class RoundHost(Protocol):
     session_step: int
     #: Fill ``STRUCTURAL_LOGS`` with one entry per step.
     structural_logs: bool
+    #: Settings that are on but cannot apply to this session -> why (:mod:`saucer.engine.defaults`).
+    skipped: dict[str, str]
 
     def check_lease(self) -> None:
         """Before each step: raise if this runner lost its lease on the session."""
@@ -191,7 +193,7 @@ class Round:
         session = self.session
         limits = session.limits
         sleep_time = session.settings.system.sleep_time
-        save_ui_tree = session.settings.system.save_ui_tree
+        save_ui_tree = session.settings.system.save_ui_tree and "save_ui_tree" not in session.skipped
         agent = self.agent
         state = agent.state
         round_step = session.context.current_round_step

@@ -55,6 +55,7 @@ from saucer.engine.accounting import Limits
 from saucer.engine.agent import Agent, AgentSet, as_agent_set
 from saucer.engine.components import new_follower
 from saucer.engine.cursor import Progress
+from saucer.engine.defaults import inapplicable, say_once
 from saucer.engine.dispatching import DispatcherHolder
 from saucer.engine.errors import EngineError, LeaseLostError, LLMUnavailableError
 from saucer.engine.evaluation import Evaluation
@@ -137,6 +138,8 @@ class Session(ResumableSession, SessionOutcome):
         self.ask_new_requests = ask_new_requests if ask_new_requests is not None else mode == "normal"
         #: Fill ``STRUCTURAL_LOGS`` with one entry per step.
         self.structural_logs = True
+        #: Settings that are on but cannot apply to this session -> why; in its start and end events.
+        self.skipped: dict[str, str] = {}
         #: Called as ``hook(session, round, agent)`` after a step that ends a subtask.
         self.subtask_end_hook: Callable[..., Any] | None = None
         #: The session's counters and verdict so far (carried by every resume cursor).
@@ -499,7 +502,12 @@ class Session(ResumableSession, SessionOutcome):
             ctx.set(ContextNames.LOG_PATH, str(self.logs.path))
         if tool_info:
             ctx.set(ContextNames.TOOL_INFO, tool_info)
-        await ctx.acommit_step(author="system", meta=self._start_meta(point, continued))
+        self.skipped = inapplicable(self.settings, tools=tool_info, logs_on=self.logs.path is not None)
+        say_once(self.skipped)
+        start_meta = self._start_meta(point, continued)
+        if self.skipped:
+            start_meta["skipped"] = dict(self.skipped)
+        await ctx.acommit_step(author="system", meta=start_meta)
         for hook in self._start_hooks:
             hook(self)
         self._lease.start_renewing()
