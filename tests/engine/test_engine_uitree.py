@@ -148,3 +148,58 @@ def test_without_desktop_tools_it_is_skipped_said_once_and_recorded(make_setting
     end = next(e for e in events if e.meta.get("kind") == "session_end")
     assert start.meta["skipped"] == end.meta["skipped"] == {"save_ui_tree": defaults.NO_DESKTOP}
     assert result.skipped == {"save_ui_tree": defaults.NO_DESKTOP}
+
+
+class WindowsFake(FakeDispatcher):
+    """A desktop whose focused window is the calculator once it is launched."""
+
+    def __init__(self) -> None:
+        super().__init__(tools=[{"name": "desktop.windows"}, {"name": "desktop.launch"}, {"name": "files.write"}])
+        self.launched = False
+
+    async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
+        out = []
+        for c in commands:
+            self.ran.append(c)
+            if c.tool_name == "desktop.launch":
+                self.launched = True
+                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id, result={
+                    "pid": 42, "command": ["/usr/bin/gnome-calculator"], "running": True, "ready": True,
+                    "app": "gnome-calculator", "windows": ["Calculator"], "log": "/x.log"}))
+            elif c.tool_name == "desktop.windows":
+                windows = [{"id": "0x1", "title": "Terminal", "app": "xterm", "pid": 7, "bounds": [0, 0, 9, 9], "focused": False}]
+                if self.launched:
+                    windows.append({"id": "0x2", "title": "Calculator", "app": "Gnome-calculator", "pid": 42,
+                                    "bounds": [0, 0, 365, 496], "focused": True})
+                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id, result={"windows": windows, "focused": None}))
+            else:
+                out.append(Result(status=ResultStatus.SUCCESS, result={"ok": True}, call_id=c.call_id))
+        return out
+
+
+def test_application_names_come_from_the_focused_window(make_settings: Any) -> None:
+    from saucer.context import ContextNames
+    from saucer.engine.plan import parse_plan
+
+    plan = parse_plan({"task": "calc", "steps": [
+        {"subtask": "write", "commands": [{"tool_name": "files.write", "parameters": {"path": "a", "content": "b"}}]},
+        {"subtask": "start", "commands": [{"tool_name": "desktop.launch", "parameters": {"command": "gnome-calculator"}}]},
+    ]}, "plan")
+    dispatcher = WindowsFake()
+    store = MemoryStore()
+    session = Session("calc", mode="follower", settings=make_settings(), store=store, dispatcher=dispatcher, plan=plan)
+    assert asyncio.run(session.run()).status == "finished"
+    # After each step one windows call, never one of the step's commands.
+    assert [c.tool_name for c in dispatcher.ran] == ["files.write", "desktop.windows", "desktop.launch", "desktop.windows"]
+    steps = [e for e in store.read(session.session_id) if e.meta.get("kind") == "step"]
+    assert all("APPLICATION_WINDOW_INFO" not in str(op) for op in steps[0].ops)  # nothing focused yet: unchanged
+    ctx = session.context
+    assert ctx.get(ContextNames.APPLICATION_WINDOW_INFO) == {
+        "id": "0x2", "title": "Calculator", "app": "Gnome-calculator", "pid": 42, "bounds": [0, 0, 365, 496]}
+    assert ctx.get(ContextNames.APPLICATION_ROOT_NAME) == "Gnome-calculator"
+    assert ctx.get(ContextNames.APPLICATION_PROCESS_NAME) == "gnome-calculator"  # the launched executable
+    # Without a desktop in its tools a session asks nothing.
+    plain = FakeDispatcher()
+    asyncio.run(Session("p", mode="follower", settings=make_settings(), store=MemoryStore(), dispatcher=plain,
+                        plan=command_plan(1)).run())
+    assert [c.tool_name for c in plain.ran] == ["files.write"]

@@ -4,6 +4,7 @@ Each step::
 
     [system.save_ui_tree: the desktop's UI tree and a screenshot, saved as the step's artifacts]
       →  handle (agent.state.handle)  →  choose next state and agent (states or graph)
+      →  [a desktop session: APPLICATION_* from the focused window (saucer.engine.application)]
       →  ledger (SESSION_STEP, ROUND_STEP, cost, subtasks) + structural log entry
       →  ONE commit: the step's Context changes + its StepRecord + the cursor
       →  response.log line, observer.on_step
@@ -42,6 +43,7 @@ from saucer.engine.uitree import artifact_name, look
 if TYPE_CHECKING:
     from saucer.config import Settings
     from saucer.context import Context
+    from saucer.engine.application import ApplicationWatch
     from saucer.engine.plan import PlanStep
 
 __all__ = ["Round", "RoundResult", "RoundStatus", "RoundHost"]
@@ -116,6 +118,8 @@ class RoundHost(Protocol):
     structural_logs: bool
     #: Settings that are on but cannot apply to this session -> why (:mod:`saucer.engine.defaults`).
     skipped: dict[str, str]
+    #: Fills UFO's APPLICATION_* names after each step, in a session with a desktop (else None).
+    application: "ApplicationWatch | None"
 
     def check_lease(self) -> None:
         """Before each step: raise if this runner lost its lease on the session."""
@@ -219,6 +223,9 @@ class Round:
                 raise
             except Exception as exc:  # noqa: BLE001 - one failed step fails this round, not the process
                 return await self._step_failed(agent, record, exc, t0)
+            if session.application is not None:  # the focused application, in this step's commit
+                dispatcher = getattr(session.context, "command_dispatcher", None)
+                await session.application.after_step(dispatcher, session.context, record.commands, record.results)
             t1 = _perf()
             subtask_end = next_state.is_subtask_end()
             self._charge(record, subtask_end)

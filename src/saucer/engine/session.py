@@ -53,6 +53,7 @@ from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
 from saucer.engine.accounting import Limits
 from saucer.engine.agent import Agent, AgentSet, as_agent_set
+from saucer.engine.application import ApplicationWatch
 from saucer.engine.components import new_follower
 from saucer.engine.cursor import Progress
 from saucer.engine.defaults import inapplicable, say_once
@@ -140,6 +141,8 @@ class Session(ResumableSession, SessionOutcome):
         self.structural_logs = True
         #: Settings that are on but cannot apply to this session -> why; in its start and end events.
         self.skipped: dict[str, str] = {}
+        #: Fills UFO's APPLICATION_* names after each step when the session's tools include a desktop.
+        self.application: ApplicationWatch | None = None
         #: Called as ``hook(session, round, agent)`` after a step that ends a subtask.
         self.subtask_end_hook: Callable[..., Any] | None = None
         #: The session's counters and verdict so far (carried by every resume cursor).
@@ -504,6 +507,8 @@ class Session(ResumableSession, SessionOutcome):
             ctx.set(ContextNames.TOOL_INFO, tool_info)
         self.skipped = inapplicable(self.settings, tools=tool_info, logs_on=self.logs.path is not None)
         say_once(self.skipped)
+        if ApplicationWatch.wanted(tool_info):
+            self.application = ApplicationWatch()
         start_meta = self._start_meta(point, continued)
         if self.skipped:
             start_meta["skipped"] = dict(self.skipped)
