@@ -74,10 +74,18 @@ class SessionOutcome:
         self.evaluator = new_evaluator(self.settings)
         return self.evaluator
 
-    async def _evaluate(self, scope: str, round_id: int | None, plan_index: int | None = None) -> Evaluation:
-        evaluator = self._resolve_evaluator()
-        name = getattr(evaluator, "name", None) or type(evaluator).__name__
-        verdict = await judge(evaluator, self.context, scope, round_id)  # type: ignore[arg-type]
+    async def evaluation(self, scope: str = "session", round_id: int | None = None) -> Evaluation:
+        """UFO's ``Session.evaluation()``: the session's evaluator judges the session (or round
+        ``round_id``) now. While the session runs the verdict is kept as ``system.eva_session``'s is
+        (``evaluation.log``, its cost in ``SESSION_COST`` with the next commit, listed by the session's
+        end); a session that has ended is judged on its final Context and nothing is recorded."""
+        if self.result is not None or self.context is None:
+            return await judge(self._resolve_evaluator(), self.context, scope, round_id)  # type: ignore[arg-type]
+        return await self._judge(scope, round_id)
+
+    async def _judge(self, scope: str, round_id: int | None) -> Evaluation:
+        """The evaluator's verdict, logged, charged and kept for the session's end (not committed)."""
+        verdict = await judge(self._resolve_evaluator(), self.context, scope, round_id)  # type: ignore[arg-type]
         cost = verdict.cost
         if cost is None:
             self.progress.unknown_cost = True
@@ -86,6 +94,13 @@ class SessionOutcome:
             self.context.incr(ContextNames.SESSION_COST, cost)
         self._evaluations.append(verdict)
         self.logs.write_evaluation(EvaluationLogEntry(**verdict.model_dump(), timestamp=time.time()))
+        return verdict
+
+    async def _evaluate(self, scope: str, round_id: int | None, plan_index: int | None = None) -> Evaluation:
+        verdict = await self._judge(scope, round_id)
+        evaluator = self._resolve_evaluator()
+        name = getattr(evaluator, "name", None) or type(evaluator).__name__
+        cost = verdict.cost
         phase = "round_end" if scope == "round" else "session_eval"
         await self.context.acommit_step(
             author=f"evaluator:{name}",

@@ -60,7 +60,7 @@ from saucer.engine.defaults import inapplicable, say_once
 from saucer.engine.dispatching import DispatcherHolder
 from saucer.engine.errors import EngineError, LeaseLostError, LLMUnavailableError
 from saucer.engine.evaluation import Evaluation
-from saucer.engine.interactor import ask
+from saucer.engine.interactor import ask, request_of
 from saucer.engine.lease import LeaseKeeper, lease_owner
 from saucer.engine.logs import SessionLogs, StepRecord, slug
 from saucer.engine.observer import CompositeObserver, ObserverCaller
@@ -169,6 +169,7 @@ class Session(ResumableSession, SessionOutcome):
         self._next_round_id = 0
         self._next_plan_index = 0
         self._round: Round | None = None
+        self._rounds: dict[int, Round] = {}
         self._pending_round_eval: int | None = None
         self._finish_flag = False
         self._evaluations: list[Evaluation] = []
@@ -182,6 +183,12 @@ class Session(ResumableSession, SessionOutcome):
     def resumed(self) -> bool:
         """True for a session made by :meth:`resume` (it continues a stored session)."""
         return self._resuming
+
+    @property
+    def rounds(self) -> dict[int, Round]:
+        """UFO's ``Session.rounds``: round id -> :class:`Round`, for the rounds this run opened (a resumed
+        session's earlier rounds are in its store: ``saucer show``, :mod:`saucer.context` queries)."""
+        return self._rounds
 
     @property
     def lease(self) -> Lease | None:
@@ -329,8 +336,8 @@ class Session(ResumableSession, SessionOutcome):
                 if not request:
                     raise EngineError("no request was given (pass a request, or run with a terminal to type one)")
         elif self.ask_new_requests:
-            request = await ask(self.interactor, "new_request")
-            if not request or (isinstance(request, str) and request.strip().upper() == "N"):
+            request = request_of(await ask(self.interactor, "new_request"))
+            if request is None:
                 return None
         else:
             return None
@@ -378,6 +385,7 @@ class Session(ResumableSession, SessionOutcome):
     def _round_opened(self, rnd: Round) -> Round:
         """Count a round whose start is committed."""
         self._next_round_id = rnd.id + 1
+        self._rounds[rnd.id] = rnd
         if rnd.plan_index is not None:
             self._next_plan_index = rnd.plan_index + 1
         if self.context.durability == "exit":
