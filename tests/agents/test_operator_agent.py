@@ -90,7 +90,9 @@ class DesktopDispatcher:
 def _settings(tmp_path: Path, base_url: str, **extra: Any) -> Any:
     return load_settings(overrides={
         "store.url": "memory://", "logs.root": str(tmp_path / "logs"), "llm.base_url": base_url,
-        "llm.model": "vision-model", "llm.api_key": SECRET_KEY, "llm.max_retries": 0, **extra,
+        "llm.model": "vision-model", "llm.api_key": SECRET_KEY, "llm.max_retries": 0,
+        "system.eva_session": False,  # every model call is scripted: no session judge
+        **extra,
     })
 
 
