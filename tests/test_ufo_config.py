@@ -204,3 +204,42 @@ def test_precedence_env_over_ufo_file(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("SAUCER_SYSTEM__MAX_STEP", "9")
     s = load_any_settings(folder, {"system.max_round": 4})
     assert (s.system.max_step, s.system.max_round, s.system.sleep_time) == (9, 4, 0.5)
+
+
+def test_the_readme_conversion_is_what_saucer_config_convert_prints(tmp_path: Path) -> None:
+    """README "Coming from UFO": its two YAML files, converted by the real command, give its TOML block."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Coming from UFO", 1)[1].split("\n## ", 1)[0]
+    files = re.findall(r"```yaml\n# (config/ufo/\w+\.yaml)\n(.*?)```", section, re.S)
+    assert [name for name, _ in files] == ["config/ufo/system.yaml", "config/ufo/agents.yaml"]
+    for name, body in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    [shown] = re.findall(r"```toml\n(.*?)```", section, re.S)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
+    proc = subprocess.run([sys.executable, "-m", "saucer", "config", "convert", "config/ufo/"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == shown
+    (tmp_path / "saucer.toml").write_text(proc.stdout)
+    assert load_any_settings(tmp_path / "saucer.toml").model_dump() == load_any_settings(tmp_path / "config/ufo").model_dump()
+    assert "### AIP devices" in section  # the wire protocol's place in this section
+
+
+def test_convert_errors_are_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "bad.yaml").write_text("MAX_STEP: [\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
+    proc = subprocess.run([sys.executable, "-m", "saucer", "config", "convert", "bad.yaml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().startswith("error: config file bad.yaml is not valid YAML") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
