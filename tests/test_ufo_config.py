@@ -164,6 +164,11 @@ def test_empty_max_round_is_no_limit(tmp_path: Path) -> None:
     s = load_any_settings(tmp_path / "config.yaml")
     assert s.system.max_round == 0 and s.system.max_step == 50  # an empty MAX_STEP leaves saucer's default
     assert "max_round = 0" in convert(tmp_path / "config.yaml")
+    (tmp_path / "saucer.toml").write_text("")
+    with pytest.raises(ConfigError, match="is not UFO's YAML"):
+        convert(tmp_path / "saucer.toml")
+    (tmp_path / "d.yaml").write_text('APP_AGENT:\n  API_MODEL: "m"\n  API_DEPLOYMENT_ID: "dep"\n')
+    assert "APP_AGENT.API_DEPLOYMENT_ID" in read_ufo(tmp_path / "d.yaml").ignored  # only an aoai agent uses it
 
 
 def test_convert_round_trips(tmp_path: Path) -> None:

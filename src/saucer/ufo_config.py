@@ -241,7 +241,9 @@ def _map_agents(agents: dict[str, tuple[str, Mapping[Any, Any]]], file: Path, ou
             continue
         written, raw = agents[name]
         table = {str(k).upper(): v for k, v in raw.items()}
-        used = {"API_TYPE", "API_BASE", "API_KEY", "API_MODEL", "API_DEPLOYMENT_ID"}
+        used = {"API_TYPE", "API_BASE", "API_KEY", "API_MODEL"}
+        if str(table.get("API_TYPE", "openai")).lower() == "aoai":
+            used.add("API_DEPLOYMENT_ID")  # an Azure agent's model
         if name not in (*_MODEL_TABLES, _JUDGE_TABLE):
             out.ignore(written, NO_COUNTERPART.get(name, "no counterpart in saucer"), raw)
             continue
@@ -375,6 +377,8 @@ def _comment_value(key: str, value: Any) -> str:
 def convert(path: str | Path) -> str:
     """saucer's TOML for UFO's YAML ``path`` (file or folder): every mapped key, and a comment for each
     key without a counterpart saying why. Loading it gives the same settings as loading ``path``."""
+    if not is_yaml(Path(path)):
+        raise ConfigError(f"{path} is not UFO's YAML: give a .yaml file (config.yaml, system.yaml, agents.yaml) or their folder")
     ufo = read_ufo(path)
     _check(ufo)
     lines = [f"# saucer settings converted from UFO's {', '.join(str(f) for f in ufo.files)} (saucer config convert)"]
