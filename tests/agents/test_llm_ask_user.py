@@ -85,3 +85,4 @@ def test_the_host_agent_asks_without_counting_a_failed_assignment(fake: FakeOpen
     assert interactor.questions == [("Which folder?", 0)]
     assert _tool_messages(fake.requests[1])[-1]["content"] == "the user answered: none"
     assert result.status != "error" and "invalid assignments" not in result.reason, result  # a question is no invalid assignment
+
