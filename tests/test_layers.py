@@ -16,6 +16,8 @@ The rules, with no exceptions list:
   beside ``agents``, neither importing the other;
 * ``tools``, ``config`` and ``redaction`` import nothing of saucer's other
   packages (they stand beside the layers, usable from any of them);
+* ``ufo_config`` (UFO's YAML files read into the settings) imports ``config``
+  and nothing else of saucer;
 * no file-level import cycle (two files importing each other, directly or
   around a loop, lazily or not; an import under ``if TYPE_CHECKING:`` never
   runs, so it counts for the layers but not for cycles);
