@@ -21,10 +21,11 @@ def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults() -> None:
     s = load_settings()
-    assert s.system.max_step == 50 and s.system.max_round is None
-    assert s.system.eva_session is False and s.system.eva_round is False
+    # The seed's defaults (README: "Defaults, the seed's and saucer's").
+    assert s.system.max_step == 50 and s.system.max_round == 10
+    assert s.system.eva_session is True and s.system.eva_round is False
     assert s.system.save_experience == "ask" and s.system.log_to_markdown is True
-    assert s.system.save_ui_tree is False and s.system.sleep_time == 0.0
+    assert s.system.save_ui_tree is True and s.system.sleep_time == 0.0
     assert s.store.url == "sqlite:///.saucer/saucer.db" and s.store.durability == "step"
     assert s.store.lease_ttl == 30.0 and s.store.snapshot_every == 100
     assert s.mcp.servers == {} and s.logs.root == Path("logs")
@@ -98,7 +99,7 @@ def test_env_and_override_errors_name_their_source(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match="environment variable SAUCER_SYSTEM__MAX_STPE: unknown key 'system.max_stpe'"):
         load_settings()
     monkeypatch.delenv("SAUCER_SYSTEM__MAX_STPE")
-    with pytest.raises(ConfigError, match=r"override system.max_round: input should be greater than or equal to 1 \(got -1\)"):
+    with pytest.raises(ConfigError, match=r"override system.max_round: input should be greater than or equal to 0 \(got -1\)"):
         load_settings(overrides={"system.max_round": -1})
     with pytest.raises(ConfigError, match="overrides: unknown key 'system.turbo'"):
         load_settings(overrides={"system.turbo": True})

@@ -55,7 +55,9 @@ class FakeDispatcher:
 def app_settings(tmp_path: Path, **system: Any) -> Any:
     from saucer.config import load_settings
 
-    overrides = {"store.url": "memory://", "logs.root": str(tmp_path / "logs")}
+    # These tests script every model call: the session's judge (eva_session, on by default as in the
+    # seed) is off unless a test turns it on, so it asks the model nothing they did not script.
+    overrides: dict[str, Any] = {"store.url": "memory://", "logs.root": str(tmp_path / "logs"), "system.eva_session": False}
     overrides.update({f"system.{k}": v for k, v in system.items()})
     return load_settings(overrides=overrides)
 

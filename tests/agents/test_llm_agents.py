@@ -52,7 +52,7 @@ def test_single_agent_calls_a_tool_and_finishes(fake: FakeOpenAI, settings: Mode
     assert system["role"] == "system" and "Tools: files__delete, files__read, shell__run" in system["content"]
     assert "Run a shell command" not in system["content"]  # descriptions go once, in the tool schemas
     assert user == {"role": "user", "content": "Request: list the files\n\nPrevious subtasks:\n(none)"}
-    assert sorted(first.tool_names) == ["files__delete", "files__read", "shell__run"]
+    assert sorted(first.tool_names) == ["ask_user", "files__delete", "files__read", "shell__run"]  # [llm] ask_user
     shell = next(t for t in first.json["tools"] if t["function"]["name"] == "shell__run")
     assert shell["function"]["parameters"]["required"] == ["cmd"]
 
@@ -268,8 +268,8 @@ def test_host_hands_subtasks_to_the_app_agent(fake: FakeOpenAI, settings: ModelS
     assert result.steps == 7
 
     host1, app1, app2, host2, app3, app4, host3 = fake.requests
-    # the host is offered only assign_subtask, and sees the app agent's tools in its prompt
-    assert host1.tool_names == ["assign_subtask"] and host1.json["tool_choice"] == "auto"
+    # the host is offered only assign_subtask (and ask_user), and sees the app agent's tools in its prompt
+    assert host1.tool_names == ["assign_subtask", "ask_user"] and host1.json["tool_choice"] == "auto"
     assert "files__read (files.read)" in host1.messages[0]["content"]
     assert "host agent" in host1.messages[0]["content"]
     # the app agent gets the subtask and the host's message, and the real tools

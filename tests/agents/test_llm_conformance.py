@@ -129,6 +129,7 @@ def _run_cli_and_check(proxy: RecordingProxy, tmp_path: Path) -> bool:
         'price_file = "prices.json"\n'
         "[system]\n"
         "max_step = 6\n"
+        "eva_session = false\n"  # only the agent's calls, each with its tools (the judge sends none)
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     env.update(COLUMNS="200", NO_COLOR="1")

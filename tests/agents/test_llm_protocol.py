@@ -313,7 +313,7 @@ def test_tool_descriptions_are_sent_once_and_short(fake: FakeOpenAI, settings: M
 
     fake.push(fake.text("a"), fake.text("b"))
     run(go(settings))
-    [tool] = fake.requests[0].json["tools"]
+    [tool] = [t for t in fake.requests[0].json["tools"] if t["function"]["name"] != "ask_user"]
     fn = tool["function"]
     assert fn["description"].startswith("Run a shell command on this machine and return its output. More detail.")
     assert fn["description"].endswith("More detail.") and len(fn["description"]) <= 160  # cut at a sentence's end

@@ -90,7 +90,9 @@ class DesktopDispatcher:
 def _settings(tmp_path: Path, base_url: str, **extra: Any) -> Any:
     return load_settings(overrides={
         "store.url": "memory://", "logs.root": str(tmp_path / "logs"), "llm.base_url": base_url,
-        "llm.model": "vision-model", "llm.api_key": SECRET_KEY, "llm.max_retries": 0, **extra,
+        "llm.model": "vision-model", "llm.api_key": SECRET_KEY, "llm.max_retries": 0,
+        "system.eva_session": False,  # every model call is scripted: no session judge
+        **extra,
     })
 
 
@@ -108,6 +110,7 @@ def test_each_call_sends_the_newest_screenshot_and_keeps_only_text(fake: FakeOpe
     session, result = _run(tmp_path, fake, dispatcher, **{"system.save_ui_tree": True})
     assert result.status == "finished"
     first, second = fake.requests
+    assert "ask_user" not in first.tool_names  # the operator modes offer no ask_user (normal mode does)
     for request in (first, second):
         text, image = request.messages[-1]["content"]
         assert text["text"].startswith(OBSERVATION_HEADER)

@@ -44,6 +44,7 @@ def main(argv: list[str]) -> int:
             "store.lease_ttl": 1.0,
             "logs.root": logs_root,
             "system.max_step": 1000,
+            "system.max_round": 0,  # no limit: the plan is longer than the default 10 rounds
             "system.save_experience": "always_not",
         }
     )

@@ -224,12 +224,12 @@ def test_pending_and_confirm_states_ask_the_interactor(settings: Any, approve: b
 
 def test_non_interactive_interactor_defaults() -> None:
     quiet = NonInteractiveInteractor()
-    assert quiet.first_request() is None and quiet.new_request() is None
+    assert quiet.first_request() is None and quiet.new_request() == ("", True)  # UFO's (request, complete)
     assert quiet.experience_asker() is False and quiet.question_asker("q", 0) == ""
     assert quiet.sensitive_step_asker("rm", "x") is False
     assert NonInteractiveInteractor(assume_yes=True).sensitive_step_asker("rm", "x") is True
     queued = NonInteractiveInteractor(requests=["a", "b"])
-    assert (queued.first_request(), queued.new_request(), queued.new_request()) == ("a", "b", None)
+    assert (queued.first_request(), queued.new_request(), queued.new_request()) == ("a", ("b", False), ("", True))
 
 
 def test_normal_mode_takes_new_requests_until_the_user_is_done(settings: Any) -> None:
@@ -250,3 +250,42 @@ def test_normal_mode_without_any_request_is_a_clear_error(settings: Any) -> None
     result = asyncio.run(session.run())
     assert result.status == "error"
     assert "no request was given" in result.reason
+
+
+def test_ufo_shapes_new_request_rounds_and_public_evaluation(settings: Any) -> None:
+    """new_request answers (request, complete) as UFO's does (a plain string still works); Session.rounds is
+    UFO's dict of round id -> Round; evaluation() is public and its verdict is kept with the session's end."""
+    from saucer.engine import Round
+    from saucer.engine.interactor import request_of
+
+    assert request_of(("next", False)) == "next" and request_of(("ignored", True)) is None
+    assert request_of("plain") == "plain" and request_of("n") is None and request_of(None) is None
+
+    class Tupled:
+        def __init__(self) -> None:
+            self.answers = [("second", False), ("", True)]
+
+        def first_request(self) -> str:
+            return "first"
+
+        def new_request(self) -> tuple[str, bool]:
+            return self.answers.pop(0)
+
+    verdicts: list[Any] = []
+
+    class Judging(ScriptedAgent):
+        async def act(self, context: Context) -> AgentStatus:
+            verdicts.append(await session.evaluation())
+            return await super().act(context)
+
+    store = MemoryStore()
+    session = Session("chat", settings=settings, store=store, agents=Judging("doer", steps=1), interactor=Tupled())
+    result = asyncio.run(session.run())
+    assert result.status == "finished" and result.rounds == 2
+    assert sorted(session.rounds) == [0, 1] and all(isinstance(r, Round) for r in session.rounds.values())
+    assert [r.request for r in session.rounds.values()] == ["first", "second"]
+    assert len(verdicts) == 2 and verdicts[0].scope == "session"
+    end = [e for e in store.read(session.session_id) if e.meta.get("kind") == "session_end"][0]
+    assert len(end.meta["evaluations"]) == 2 + int(settings.system.eva_session)  # the two asked for, then eva_session's
+    after = asyncio.run(session.evaluation())  # an ended session is judged, nothing recorded
+    assert after.scope == "session" and len(session.result.evaluations) == len(end.meta["evaluations"])

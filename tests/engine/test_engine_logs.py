@@ -58,9 +58,11 @@ def test_response_log_reads_back_with_the_same_schema_as_the_events(make_setting
     line = json.loads((path / "response.log").read_text().splitlines()[0])
     assert list(line) == [*StepRecord.__dataclass_fields__, "step_format"] and line["step_format"] == STEP_FORMAT
     assert all(e.meta["step_format"] == STEP_FORMAT for e in events)
-    # evaluation.log: one verdict per round, readable through its schema.
+    # evaluation.log: one verdict per round, then the session's (eva_session is on by default), readable through its schema.
     verdicts = list(read_evaluation_log(path))
-    assert [(v.scope, v.round, v.complete) for v in verdicts] == [("round", 0, "yes"), ("round", 1, "yes"), ("round", 2, "yes")]
+    assert [(v.scope, v.round, v.complete) for v in verdicts] == [
+        ("round", 0, "yes"), ("round", 1, "yes"), ("round", 2, "yes"), ("session", None, "yes")
+    ]
     markdown = (path / "output.md").read_text()
     assert "## Round 2" in markdown and "`files.write`" in markdown and "status: finished" in markdown
 

@@ -121,7 +121,10 @@ def test_experience_modes(make_settings: Any, mode: str, answer: bool | None, ve
 
 
 def test_experience_is_a_plan_that_replays_in_follower_mode(make_settings: Any, tmp_path: Path) -> None:
-    settings = make_settings(**{"system.save_experience": "always", "system.experience_dir": str(tmp_path / "exp")})
+    # No session evaluation: the rule evaluator would judge the failed "broken" command "not complete",
+    # and no experience is saved for an incomplete task (test_experience_modes); here the plan's shape is tested.
+    settings = make_settings(**{"system.save_experience": "always", "system.experience_dir": str(tmp_path / "exp"),
+                                "system.eva_session": False})
 
     class Doer(Agent):
         async def act(self, context: Context) -> AgentStatus:
@@ -226,3 +229,48 @@ def test_exit_durability_commits_once_and_still_saves_experience(make_settings: 
     assert [e.meta.get("kind") for e in events] == ["session_end"]
     assert len(load_plan(result.experience_path).steps) == 2
     assert len(list(read_step_log(result.log_path))) == 2
+
+
+def test_experience_not_saved_says_why(make_settings: Any, caplog: Any) -> None:
+    """Nothing to save is said before anyone is asked; "ask" with no one to ask is said once and recorded."""
+    import logging
+
+    from saucer.engine import defaults, experience
+
+    defaults._SAID.clear()
+
+    class Talker(Agent):
+        async def act(self, context: Context) -> AgentStatus:
+            return AgentStatus.FINISH  # runs no command
+
+    interactor = Approving(True)
+    settings = make_settings(**{"system.save_experience": "ask"})
+    with caplog.at_level(logging.WARNING, logger="saucer.engine"):
+        store = MemoryStore()
+        session = Session("chat", settings=settings, request="hello", agents=Talker(), dispatcher=FakeDispatcher(),
+                          interactor=interactor, store=store)
+        result = asyncio.run(session.run())
+    assert result.status == "finished" and result.experience_path is None
+    assert interactor.asked == 0  # not asked to save nothing
+    assert result.skipped["save_experience"] == experience.NOTHING_TO_SAVE == "no commands ran successfully, nothing to save"
+    assert any(f"{session.session_id}: experience not saved: {experience.NOTHING_TO_SAVE}" in r.getMessage() for r in caplog.records)
+    end = [e for e in store.read(session.session_id) if e.meta.get("kind") == "session_end"][0]
+    assert end.meta["skipped"]["save_experience"] == experience.NOTHING_TO_SAVE
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="saucer.engine"):
+        for _ in range(2):  # no interactor: no one to ask
+            session = Session("exp", mode="follower", settings=settings, plan=command_plan(1), dispatcher=FakeDispatcher())
+            result = asyncio.run(session.run())
+            assert result.experience_path is None and result.skipped["save_experience"] == defaults.NO_TERMINAL
+    said = [r.getMessage() for r in caplog.records if "save_experience" in r.getMessage()]
+    assert said == [f"system.save_experience is on but skipped: {defaults.NO_TERMINAL}"]
+
+
+def test_log_to_markdown_without_logs_is_recorded_as_skipped(make_settings: Any) -> None:
+    from saucer.engine import defaults
+
+    session = Session("nolog", mode="follower", settings=make_settings(**{"logs.enabled": False}), plan=command_plan(1),
+                      dispatcher=FakeDispatcher())
+    result = asyncio.run(session.run())
+    assert result.skipped["log_to_markdown"] == defaults.LOGS_OFF

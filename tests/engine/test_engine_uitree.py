@@ -88,9 +88,12 @@ def test_one_tree_and_one_screenshot_before_each_step(make_settings: Any) -> Non
     assert "  - UI tree after the step: [9 elements](</art/step-0003-after-tree.json>)" in markdown
 
 
-def test_off_by_default_and_skipped_for_an_agent_that_looks_itself(make_settings: Any) -> None:
+def test_on_by_default_off_when_set_and_skipped_for_an_agent_that_looks_itself(make_settings: Any) -> None:
     dispatcher = DesktopFake()
-    session, _ = _run(make_settings(), dispatcher)
+    session, _ = _run(make_settings(), dispatcher)  # the seed's default: on
+    assert all(len(s.artifacts) == 2 for s in read_step_log(session.log_path))
+    dispatcher = DesktopFake()
+    session, _ = _run(make_settings(**{"system.save_ui_tree": False}), dispatcher)
     assert all(not s.artifacts for s in read_step_log(session.log_path))
     assert [c.tool_name for c in dispatcher.ran] == ["files.write"] * 3
 
@@ -134,3 +137,82 @@ def test_look_bounds_what_it_keeps() -> None:
     view = asyncio.run(look(chatty, "step-0001"))
     assert "returned 2 results for 1 command" in view.errors["ui_tree"]
     assert asyncio.run(look(None, "s")).artifacts()[0] == {"kind": "ui_tree", "error": "no command dispatcher"}
+
+
+def test_without_desktop_tools_it_is_skipped_said_once_and_recorded(make_settings: Any, caplog: Any) -> None:
+    """The default cannot apply without a desktop: no look is attempted, one warning line, and the
+    session's start and end events (and its result) say what was skipped and why."""
+    import logging
+
+    from saucer.engine import defaults
+
+    defaults._SAID.clear()
+    settings = make_settings()
+    assert settings.system.save_ui_tree is True
+    with caplog.at_level(logging.WARNING, logger="saucer.engine"):
+        first, result = _run(settings, FakeDispatcher())  # files only: no desktop.ui_tree
+        second, _ = _run(settings, FakeDispatcher())
+    assert result.status == "finished"
+    assert all(not s.artifacts for s in read_step_log(first.log_path))
+    lines = [r.getMessage() for r in caplog.records if "save_ui_tree" in r.getMessage()]
+    assert lines == [f"system.save_ui_tree is on but skipped: {defaults.NO_DESKTOP}"]  # once for both sessions
+    events = list(first.store.read(first.session_id))
+    start = next(e for e in events if e.meta.get("kind") == "session_start")
+    end = next(e for e in events if e.meta.get("kind") == "session_end")
+    assert start.meta["skipped"] == end.meta["skipped"] == {"save_ui_tree": defaults.NO_DESKTOP}
+    assert result.skipped == {"save_ui_tree": defaults.NO_DESKTOP}
+
+
+class WindowsFake(FakeDispatcher):
+    """A desktop whose focused window is the calculator once it is launched."""
+
+    def __init__(self) -> None:
+        super().__init__(tools=[{"name": "desktop.windows"}, {"name": "desktop.launch"}, {"name": "files.write"}])
+        self.launched = False
+
+    async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
+        out = []
+        for c in commands:
+            self.ran.append(c)
+            if c.tool_name == "desktop.launch":
+                self.launched = True
+                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id, result={
+                    "pid": 42, "command": ["/usr/bin/gnome-calculator"], "running": True, "ready": True,
+                    "app": "gnome-calculator", "windows": ["Calculator"], "log": "/x.log"}))
+            elif c.tool_name == "desktop.windows":
+                windows = [{"id": "0x1", "title": "Terminal", "app": "xterm", "pid": 7, "bounds": [0, 0, 9, 9], "focused": False}]
+                if self.launched:
+                    windows.append({"id": "0x2", "title": "Calculator", "app": "Gnome-calculator", "pid": 42,
+                                    "bounds": [0, 0, 365, 496], "focused": True})
+                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id, result={"windows": windows, "focused": None}))
+            else:
+                out.append(Result(status=ResultStatus.SUCCESS, result={"ok": True}, call_id=c.call_id))
+        return out
+
+
+def test_application_names_come_from_the_focused_window(make_settings: Any) -> None:
+    from saucer.context import ContextNames
+    from saucer.engine.plan import parse_plan
+
+    plan = parse_plan({"task": "calc", "steps": [
+        {"subtask": "write", "commands": [{"tool_name": "files.write", "parameters": {"path": "a", "content": "b"}}]},
+        {"subtask": "start", "commands": [{"tool_name": "desktop.launch", "parameters": {"command": "gnome-calculator"}}]},
+    ]}, "plan")
+    dispatcher = WindowsFake()
+    store = MemoryStore()
+    session = Session("calc", mode="follower", settings=make_settings(), store=store, dispatcher=dispatcher, plan=plan)
+    assert asyncio.run(session.run()).status == "finished"
+    # After each step one windows call, never one of the step's commands.
+    assert [c.tool_name for c in dispatcher.ran] == ["files.write", "desktop.windows", "desktop.launch", "desktop.windows"]
+    steps = [e for e in store.read(session.session_id) if e.meta.get("kind") == "step"]
+    assert all("APPLICATION_WINDOW_INFO" not in str(op) for op in steps[0].ops)  # nothing focused yet: unchanged
+    ctx = session.context
+    assert ctx.get(ContextNames.APPLICATION_WINDOW_INFO) == {
+        "id": "0x2", "title": "Calculator", "app": "Gnome-calculator", "pid": 42, "bounds": [0, 0, 365, 496]}
+    assert ctx.get(ContextNames.APPLICATION_ROOT_NAME) == "Gnome-calculator"
+    assert ctx.get(ContextNames.APPLICATION_PROCESS_NAME) == "gnome-calculator"  # the launched executable
+    # Without a desktop in its tools a session asks nothing.
+    plain = FakeDispatcher()
+    asyncio.run(Session("p", mode="follower", settings=make_settings(), store=MemoryStore(), dispatcher=plain,
+                        plan=command_plan(1)).run())
+    assert [c.tool_name for c in plain.ran] == ["files.write"]

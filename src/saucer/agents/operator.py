@@ -115,6 +115,8 @@ class OperatorAgent(ToolUsingAgent):
 
     #: The round does not look at the desktop for ``system.save_ui_tree`` before this agent's steps: it does.
     looks_at_desktop = True
+    #: Only the desktop's tools are offered: no ask_user.
+    offers_ask_user = False
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ import typer
 
 from saucer import __version__
 from saucer.cli import inspect as view
-from saucer.cli import doctor_cmd, people, queue_cmds, running, service_cmds, store_cmds, ui_cmd
+from saucer.cli import config_cmds, doctor_cmd, people, queue_cmds, running, service_cmds, store_cmds, ui_cmd
 from saucer.cli.common import (
     ConfigOption,
     StoreOption,
@@ -55,6 +55,7 @@ app = typer.Typer(
 )
 store_app = typer.Typer(help="Maintain the event store: migrate, rekey, prune, delete.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
+config_cmds.register(app)
 
 SessionArgument = typer.Argument(..., help="Session id, a unique prefix of one, or 'last' (the most recently updated).")
 

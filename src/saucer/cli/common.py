@@ -66,7 +66,9 @@ StoreOption = typer.Option(
     help="Store URL (memory://, sqlite:///path.db, postgresql://...). Default: store.url from saucer.toml, else sqlite:///.saucer/saucer.db.",
     envvar="SAUCER_STORE_URL",
 )
-ConfigOption = typer.Option(None, "--config", help="Settings file (default: ./saucer.toml when present).")
+ConfigOption = typer.Option(
+    None, "--config", help="Settings file (default: ./saucer.toml when present); UFO's YAML (a file or its folder) is read too."
+)
 
 
 class UserError(Exception):
@@ -162,10 +164,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def settings_for(config: Optional[Path], overrides: dict[str, Any] | None = None) -> Any:
-    """The settings: defaults < ``saucer.toml`` (or ``config``) < ``SAUCER_*`` < ``overrides``."""
-    from saucer.config import load_settings
+    """The settings: defaults < ``saucer.toml`` (or ``config``: saucer's TOML or UFO's YAML) < ``SAUCER_*`` < ``overrides``."""
+    from saucer.ufo_config import load_any_settings
 
-    return load_settings(config_file=config, overrides=overrides or {})
+    return load_any_settings(config, overrides or {})
 
 
 #: The settings file read when there is no ``--config`` (``saucer.config.DEFAULT_CONFIG_FILE``).

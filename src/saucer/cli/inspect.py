@@ -341,6 +341,8 @@ def _system_line(event: Event, Text: Any = Text) -> Any:
         line.append(f": {short(reason, 80)}")
     if meta.get("error"):
         line.append(f"  {short(meta['error'], 80)}", style="red")
+    if kind == "session_end" and isinstance(meta.get("skipped"), dict) and meta["skipped"]:
+        line.append(f"  (skipped: {', '.join(str(k) for k in meta['skipped'])})", style="yellow")
     return line
 
 

@@ -5,7 +5,7 @@ these documented defaults apply:
 
 ================================  =============================================
 ``first_request``                 None: no request (pass ``--request`` or ``--plan``)
-``new_request``                   None: finish the session
+``new_request``                   ``("", True)``: finish the session (UFO's ``(request, complete)``)
 ``experience_asker``              do not save (``--yes``: save)
 ``batch_experience_asker``        not asked: a pool treats ``ask`` as ``auto``
 ``question_asker``                empty answer
@@ -79,15 +79,15 @@ class RichInteractor:
             if text:
                 return text
 
-    def new_request(self) -> str | None:
-        """The next request, or None when the user types N (finish)."""
+    def new_request(self) -> tuple[str, bool]:
+        """UFO's ``(request, complete)``: complete when the user types N (or there is no terminal)."""
         if not self.interactive:
-            return None
+            return "", True
         self._panel("Enter your next request, or N to finish the session.", "next round")
         text = Prompt.ask("[bold]request[/]", console=self.console).strip()
         if text.upper() in ("N", ""):
-            return None
-        return text
+            return "", True
+        return text, False
 
     def experience_asker(self) -> bool:
         """Whether to save this session as a replayable plan."""

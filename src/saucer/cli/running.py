@@ -189,7 +189,7 @@ def run_cmd(
     approval_timeout: Optional[float] = ApprovalTimeoutOption,
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Sessions run at once for a folder of plans."),
     max_step: Optional[int] = typer.Option(None, "--max-step", min=1, help="Override system.max_step."),
-    max_round: Optional[int] = typer.Option(None, "--max-round", min=1, help="Override system.max_round."),
+    max_round: Optional[int] = typer.Option(None, "--max-round", min=0, help="Override system.max_round (0: no limit)."),
     durability: Optional[str] = typer.Option(None, "--durability", help="step (default), strict or exit."),
     queue: bool = typer.Option(False, "--queue", help="Put the sessions on the queue for saucer worker processes (PostgreSQL stores), once per plan."),
     wait: bool = typer.Option(False, "--wait", help="With --queue: show their progress until all have ended."),

@@ -78,8 +78,8 @@ class SystemSettings(_Section):
     """How sessions run."""
 
     max_step: int = Field(50, ge=1, description="Most agent steps in one session.")
-    max_round: int | None = Field(None, ge=1, description="Most rounds in one session; None means no limit.")
-    eva_session: bool = Field(False, description="Evaluate each session when it ends.")
+    max_round: int | None = Field(10, ge=0, description="Most rounds in one session (plan steps count); 0 or None: no limit.")
+    eva_session: bool = Field(True, description="Evaluate each session when it ends.")
     eva_round: bool = Field(False, description="Evaluate each round when it ends.")
     save_experience: SaveExperience = Field(
         "ask",
@@ -89,10 +89,10 @@ class SystemSettings(_Section):
     experience_dir: Path | None = Field(None, description="Where experience plans go (default: the session's log folder).")
     log_to_markdown: bool = Field(True, description="Write output.md next to the logs when a session ends.")
     save_ui_tree: bool = Field(
-        False,
+        True,
         description="Before each step, save the focused window's UI tree and a screenshot (desktop.ui_tree, "
         "desktop.screenshot) as the step's artifacts, listed in its record and by saucer show; starts the "
-        "built-in desktop server.",
+        "built-in desktop server when there is an X display (without one it is skipped, and the session says so).",
     )
     sleep_time: float = Field(0.0, ge=0, description="Seconds to wait between steps (asyncio.sleep, never blocking).")
 
@@ -332,6 +332,7 @@ class LLMSettings(_Section):
     max_consecutive_failures: int = Field(3, ge=1)
     judge_model: str | None = None
     system_prompt: str | None = None
+    ask_user: bool = Field(True, description="Give the agents an ask_user tool: the model may ask the user a question.")
 
     @model_validator(mode="after")
     def _window_holds_a_reply(self) -> "LLMSettings":
@@ -413,7 +414,9 @@ class ApprovalSettings(_Section):
     )
 
 
-_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("saucer_config_file", default=None)
+# The file given, and its settings when a reader of another format (saucer.ufo_config) has read them.
+_FileSpec = tuple[Path | None, dict[str, Any] | None]
+_CONFIG_FILE: contextvars.ContextVar[_FileSpec] = contextvars.ContextVar("saucer_config_file", default=(None, None))
 
 
 class _TomlSource(PydanticBaseSettingsSource):
@@ -421,9 +424,9 @@ class _TomlSource(PydanticBaseSettingsSource):
 
     def __init__(self, settings_cls: type[BaseSettings]) -> None:
         super().__init__(settings_cls)
-        explicit = _CONFIG_FILE.get()
+        explicit, given = _CONFIG_FILE.get()
         self.path = explicit if explicit is not None else Path(DEFAULT_CONFIG_FILE)
-        self.data = _read_toml(self.path, required=explicit is not None)
+        self.data = given if given is not None else _read_toml(self.path, required=explicit is not None)
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
         return self.data.get(field_name), field_name, False
@@ -507,22 +510,25 @@ class Settings(BaseSettings):
         return self._config_file
 
 
-def load_settings(config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+def load_settings(
+    config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None, *, file_data: dict[str, Any] | None = None
+) -> Settings:
     """Read the settings: defaults < ``config_file`` (default ``./saucer.toml``) < ``SAUCER_*`` < ``overrides``.
 
     ``overrides`` holds flag values, nested (``{"system": {"max_step": 3}}``) or
     dotted (``{"system.max_step": 3}``); None values are ignored, so unset flags
-    can be passed as they are. Raises :class:`ConfigError` naming the key and its source.
+    can be passed as they are. ``file_data``: the file's settings, already read (by a reader of
+    another format, e.g. UFO's YAML in :mod:`saucer.ufo_config`). Raises :class:`ConfigError` naming the key and its source.
     """
     path = Path(config_file) if config_file is not None else None
     nested = _nest(overrides or {})
-    token = _CONFIG_FILE.set(path)
+    token = _CONFIG_FILE.set((path, file_data))
     try:
         try:
             settings = Settings(**nested)
         except ValidationError as exc:
             file_path = path if path is not None else Path(DEFAULT_CONFIG_FILE)
-            file_data = _read_toml(file_path, required=False)
+            file_data = file_data if file_data is not None else _read_toml(file_path, required=False)
             raise ConfigError(_describe(exc, nested, file_path, file_data)) from None
     finally:
         _CONFIG_FILE.reset(token)

@@ -13,8 +13,8 @@ class Limits:
     """When a session stops on its own.
 
     ``max_step`` caps the steps of the whole session (``SESSION_STEP``, as in
-    UFO); ``max_round`` caps its rounds (None: no limit; in follower mode
-    every plan step runs unless ``max_round`` is set lower). When a stopped
+    UFO); ``max_round`` caps its rounds, a plan's steps included (0 or None:
+    no limit; the seed's default is 10). When a stopped
     session is continued, the limits count from where it stopped
     (``step_base``, ``round_base``).
     """
@@ -28,7 +28,7 @@ class Limits:
         return session_step - self.step_base >= self.max_step
 
     def round_reached(self, rounds: int) -> bool:
-        return self.max_round is not None and rounds - self.round_base >= self.max_round
+        return bool(self.max_round) and rounds - self.round_base >= self.max_round
 
     def from_here(self, session_step: int, rounds: int) -> "Limits":
         """The same limits, counted from ``session_step`` steps and ``rounds`` rounds."""

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 from saucer.engine.accounting import CostSummary
 from saucer.engine.evaluation import Evaluation
+from saucer.engine.defaults import NO_TERMINAL, can_answer
 from saucer.engine.interactor import ask
 from saucer.engine.logs import EXPERIENCE_FILE, SessionLogs, read_step_log, render_markdown, slug
 from saucer.engine.plan import Plan, plan_from_rounds
@@ -23,7 +24,10 @@ from saucer.engine.step_format import upcast_step
 from saucer.engine.uitree import replayable
 from saucer.store import EventStore
 
-__all__ = ["experience_plan", "experience_path", "wanted", "save_plan", "write_output_markdown"]
+__all__ = ["experience_plan", "experience_path", "wanted", "save_plan", "write_output_markdown", "NOTHING_TO_SAVE"]
+
+#: Why a finished session leaves no experience when none of its commands succeeded (or it ran none).
+NOTHING_TO_SAVE = "no commands ran successfully, nothing to save"
 
 _log = logging.getLogger("saucer.engine")
 
@@ -50,19 +54,21 @@ def experience_plan(task: str, store: EventStore, session_id: str, version: int,
     return plan_from_rounds(task, rounds)
 
 
-async def wanted(mode: str, finished: bool, evaluations: Sequence[Evaluation], interactor: Any) -> bool:
-    """Whether to save the experience under ``save_experience`` mode ``mode``."""
-    if not finished or mode == "always_not":
-        return False
+async def wanted(mode: str, finished: bool, evaluations: Sequence[Evaluation], interactor: Any) -> str | None:
+    """Why the experience is not saved under ``save_experience`` mode ``mode``; None: save it."""
+    if mode == "always_not":
+        return "system.save_experience is always_not"
+    if not finished:
+        return "the session did not finish"
     session_verdicts = [e for e in evaluations if e.scope == "session"]
     judged = session_verdicts[-1:] or list(evaluations)  # the session's verdict, else every round's
     if any(v.complete == "no" for v in judged):
-        return False  # an evaluation says the task is not done: never a good plan
+        return "an evaluation says the task is not complete"  # never a good plan
     if mode == "auto" and session_verdicts and session_verdicts[-1].complete != "yes":
-        return False
+        return "auto: the evaluation does not say the task is complete"
     if mode == "ask" and not await ask(interactor, "experience_asker"):
-        return False
-    return True
+        return "the user said no" if can_answer(interactor) else NO_TERMINAL
+    return None
 
 
 def experience_path(task: str, session_id: str, experience_dir: Path | None, logs: SessionLogs) -> Path | None:

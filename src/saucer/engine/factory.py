@@ -44,6 +44,7 @@ created per session and closed with it; pass ``dispatcher_factory`` (or
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,10 +106,12 @@ class _UnavailableDispatcher:
 
 
 def _desktop_server(settings: Settings, session: Session) -> DesktopServer | None:
-    """The built-in desktop server when ``[desktop] enabled``, ``system.save_ui_tree`` or an operator mode
-    (added to ``mcp.servers`` too, unless they have a ``desktop``); its artifacts go to
+    """The built-in desktop server when ``[desktop] enabled``, an operator mode, or ``system.save_ui_tree``
+    with an X display (without one the session skips it and says so: :mod:`saucer.engine.defaults`);
+    added to ``mcp.servers`` too, unless they have a ``desktop``; its artifacts go to
     ``desktop.artifacts_dir``, else to the session's log folder."""
-    wanted = settings.desktop.enabled or settings.system.save_ui_tree or session.mode in OPERATOR_MODES
+    display = settings.desktop.display or os.environ.get("DISPLAY")
+    wanted = settings.desktop.enabled or (settings.system.save_ui_tree and bool(display)) or session.mode in OPERATOR_MODES
     if not wanted:
         return None
     return DesktopServer(artifacts=_artifacts(settings, session), display=settings.desktop.display, sandbox=settings.shell)

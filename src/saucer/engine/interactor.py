@@ -8,7 +8,7 @@ implementation; without a terminal (CI, pipes, services) the
 method                     non-interactive answer
 =========================  ===========================================
 ``first_request()``        the next queued request, else None (no request)
-``new_request()``          the next queued request, else None (finish)
+``new_request()``          ``(next queued request, False)``, else ``("", True)`` (complete)
 ``experience_asker()``     False (do not save)
 ``question_asker(q, i)``   "" (no answer)
 ``sensitive_step_asker``   ``assume_yes`` (False unless ``--yes``)
@@ -39,7 +39,7 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkab
 
 _log = logging.getLogger("saucer.engine.approvals")
 
-__all__ = ["Interactor", "NonInteractiveInteractor", "ask", "interactor_approver", "nobody_to_ask"]
+__all__ = ["Interactor", "NonInteractiveInteractor", "ask", "interactor_approver", "nobody_to_ask", "request_of"]
 
 
 @runtime_checkable
@@ -50,8 +50,11 @@ class Interactor(Protocol):
         """The first request of a session; None or "" means there is none."""
         ...
 
-    def new_request(self) -> str | None | Awaitable[str | None]:
-        """The next request; None (the user typed N) finishes the session."""
+    def new_request(self) -> tuple[str, bool] | Awaitable[tuple[str, bool]]:
+        """UFO's shape: ``(request, complete)``; ``complete`` (the user typed N) finishes the session.
+
+        The engine also takes a plain ``str`` (None or "" finishes), as older interactors return.
+        """
         ...
 
     def experience_asker(self) -> bool | Awaitable[bool]:
@@ -84,8 +87,8 @@ class NonInteractiveInteractor:
     def first_request(self) -> str | None:
         return self._requests.popleft() if self._requests else None
 
-    def new_request(self) -> str | None:
-        return self._requests.popleft() if self._requests else None
+    def new_request(self) -> tuple[str, bool]:
+        return (self._requests.popleft(), False) if self._requests else ("", True)
 
     def experience_asker(self) -> bool:
         return False
@@ -107,6 +110,16 @@ class NonInteractiveInteractor:
 
 
 _DEFAULT = NonInteractiveInteractor()
+
+
+def request_of(answer: Any) -> str | None:
+    """The request in a ``new_request`` answer: UFO's ``(request, complete)`` or a plain string; None: finish."""
+    if isinstance(answer, tuple) and len(answer) == 2:
+        request, complete = answer
+        return None if complete or not request else str(request)
+    if not answer or (isinstance(answer, str) and answer.strip().upper() == "N"):
+        return None
+    return str(answer)
 
 
 async def ask(interactor: Any, method: str, *args: Any) -> Any:

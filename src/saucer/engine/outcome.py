@@ -19,6 +19,7 @@ from saucer.engine import experience
 from saucer.engine.accounting import CostSummary
 from saucer.engine.components import new_evaluator
 from saucer.engine.cursor import Progress
+from saucer.engine.defaults import NO_TERMINAL, say_once
 from saucer.engine.errors import EngineError, LeaseLostError
 from saucer.engine.evaluation import Evaluation, judge
 from saucer.engine.logs import EvaluationLogEntry, SessionLogs
@@ -52,6 +53,7 @@ class SessionOutcome:
     evaluator: Any
     experience_saver: Callable[..., Any] | None
     save_experience: str | None
+    skipped: dict[str, str]
     result: SessionResult | None
     _phase: str
     _notify: ObserverCaller
@@ -72,10 +74,18 @@ class SessionOutcome:
         self.evaluator = new_evaluator(self.settings)
         return self.evaluator
 
-    async def _evaluate(self, scope: str, round_id: int | None, plan_index: int | None = None) -> Evaluation:
-        evaluator = self._resolve_evaluator()
-        name = getattr(evaluator, "name", None) or type(evaluator).__name__
-        verdict = await judge(evaluator, self.context, scope, round_id)  # type: ignore[arg-type]
+    async def evaluation(self, scope: str = "session", round_id: int | None = None) -> Evaluation:
+        """UFO's ``Session.evaluation()``: the session's evaluator judges the session (or round
+        ``round_id``) now. While the session runs the verdict is kept as ``system.eva_session``'s is
+        (``evaluation.log``, its cost in ``SESSION_COST`` with the next commit, listed by the session's
+        end); a session that has ended is judged on its final Context and nothing is recorded."""
+        if self.result is not None or self.context is None:
+            return await judge(self._resolve_evaluator(), self.context, scope, round_id)  # type: ignore[arg-type]
+        return await self._judge(scope, round_id)
+
+    async def _judge(self, scope: str, round_id: int | None) -> Evaluation:
+        """The evaluator's verdict, logged, charged and kept for the session's end (not committed)."""
+        verdict = await judge(self._resolve_evaluator(), self.context, scope, round_id)  # type: ignore[arg-type]
         cost = verdict.cost
         if cost is None:
             self.progress.unknown_cost = True
@@ -84,6 +94,13 @@ class SessionOutcome:
             self.context.incr(ContextNames.SESSION_COST, cost)
         self._evaluations.append(verdict)
         self.logs.write_evaluation(EvaluationLogEntry(**verdict.model_dump(), timestamp=time.time()))
+        return verdict
+
+    async def _evaluate(self, scope: str, round_id: int | None, plan_index: int | None = None) -> Evaluation:
+        verdict = await self._judge(scope, round_id)
+        evaluator = self._resolve_evaluator()
+        name = getattr(evaluator, "name", None) or type(evaluator).__name__
+        cost = verdict.cost
         phase = "round_end" if scope == "round" else "session_eval"
         await self.context.acommit_step(
             author=f"evaluator:{name}",
@@ -141,6 +158,8 @@ class SessionOutcome:
             "evaluations": [e.model_dump(mode="json") for e in self._evaluations],
             "cursor": self._cursor("end", None, None),
         }
+        if self.skipped:
+            meta["skipped"] = dict(self.skipped)
         version = await self.context.acommit(author="system", meta=meta)
         self.result = self._result(
             status, reason, error or p.error, version, cost, experience_path=experience_path, evaluations=self._evaluations
@@ -184,6 +203,7 @@ class SessionOutcome:
         log_path: str | None = None,
         experience_path: str | None = None,
         evaluations: list[Evaluation] | None = None,
+        skipped: dict[str, str] | None = None,
     ) -> SessionResult:
         """The one place a :class:`SessionResult` is made: this run's counters unless told otherwise."""
         if log_path is None and self.logs.path is not None:
@@ -202,6 +222,7 @@ class SessionOutcome:
             experience_path=experience_path,
             evaluations=list(evaluations or ()),
             version=version,
+            skipped=dict(self.skipped if skipped is None else skipped),
         )
 
     def _stored_result(self, meta: dict[str, Any]) -> SessionResult:
@@ -218,6 +239,7 @@ class SessionOutcome:
             log_path=self.context.get(ContextNames.LOG_PATH) or None,
             experience_path=meta.get("experience_path"),
             evaluations=[Evaluation.model_validate(e) for e in meta.get("evaluations") or []],
+            skipped=dict(meta.get("skipped") or {}),
         )
 
     def cost_summary(self) -> CostSummary:
@@ -239,10 +261,19 @@ class SessionOutcome:
     async def _save_experience(self, status: str) -> str | None:
         mode = self.save_experience or self.settings.system.save_experience
         finished = status == SessionStatus.FINISHED
-        if not await experience.wanted(mode, finished, self._evaluations, self.interactor):
+        if mode == "always_not" or not finished:
             return None
         plan = self.experience_plan()
-        if not plan.steps:
+        if not plan.steps:  # said before anyone is asked: there is nothing to save
+            self.skipped["save_experience"] = experience.NOTHING_TO_SAVE
+            if mode in ("ask", "always"):
+                _log.warning("session %s: experience not saved: %s", self.session_id, experience.NOTHING_TO_SAVE)
+            return None
+        why_not = await experience.wanted(mode, finished, self._evaluations, self.interactor)
+        if why_not == NO_TERMINAL:  # the seed's "ask" could not apply
+            self.skipped["save_experience"] = why_not
+            say_once({"save_experience": why_not})
+        if why_not is not None:
             return None
         path = experience.experience_path(self.task, self.session_id, self.settings.system.experience_dir, self.logs)
         if path is None:

@@ -52,7 +52,7 @@ def session_row(head: SessionHead, now: float | None = None) -> dict[str, Any]:
 #: The fields of an event's meta that the timeline carries as they are.
 EVENT_FIELDS = (
     "agent", "state", "status", "next_agent", "next_state", "subtask", "plan_index", "error", "request",
-    "round_status", "session_status", "reason", "scope", "verdict", "summary", "continues", "artifacts",
+    "round_status", "session_status", "reason", "scope", "verdict", "summary", "continues", "artifacts", "skipped",
 )
 
 

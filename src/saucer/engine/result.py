@@ -40,6 +40,8 @@ class SessionResult:
     experience_path: str | None = None
     evaluations: list[Evaluation] = field(default_factory=list)
     version: int = 0
+    #: Settings that were on but could not apply (or experience not saved) -> why, as its end event says.
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -60,6 +62,7 @@ class SessionResult:
             "experience_path": self.experience_path,
             "evaluations": [e.model_dump(mode="json") for e in self.evaluations],
             "version": self.version,
+            "skipped": dict(self.skipped),
         }
 
 

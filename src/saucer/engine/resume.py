@@ -61,6 +61,7 @@ class ResumableSession:
     _retry_failed: bool
     _phase: str
     _round: Round | None
+    _rounds: dict[int, Round]
     _next_round_id: int
     _next_plan_index: int
     _pending_round_eval: int | None
@@ -223,6 +224,7 @@ class ResumableSession:
                 start_agent=point.agent,
                 start_state=point.state,
             )
+            self._rounds[round_id] = self._round
         elif point.phase == "round_end" and point.evaluated is False and self.settings.system.eva_round:
             self._pending_round_eval = round_id
 

@@ -5,6 +5,7 @@ Each step::
     [system.save_ui_tree: the desktop's UI tree and a screenshot, saved as the step's artifacts]
       →  handle (agent.state.handle)  →  choose next state and agent (states or graph)
       →  [save_ui_tree, the round's last step: the desktop once more, artifacts marked "after"]
+      →  [a desktop session: APPLICATION_* from the focused window (saucer.engine.application)]
       →  ledger (SESSION_STEP, ROUND_STEP, cost, subtasks) + structural log entry
       →  ONE commit: the step's Context changes + its StepRecord + the cursor
       →  response.log line, observer.on_step
@@ -43,6 +44,7 @@ from saucer.engine.uitree import artifact_name, look
 if TYPE_CHECKING:
     from saucer.config import Settings
     from saucer.context import Context
+    from saucer.engine.application import ApplicationWatch
     from saucer.engine.plan import PlanStep
 
 __all__ = ["Round", "RoundResult", "RoundStatus", "RoundHost"]
@@ -115,6 +117,10 @@ class RoundHost(Protocol):
     session_step: int
     #: Fill ``STRUCTURAL_LOGS`` with one entry per step.
     structural_logs: bool
+    #: Settings that are on but cannot apply to this session -> why (:mod:`saucer.engine.defaults`).
+    skipped: dict[str, str]
+    #: Fills UFO's APPLICATION_* names after each step, in a session with a desktop (else None).
+    application: "ApplicationWatch | None"
 
     def check_lease(self) -> None:
         """Before each step: raise if this runner lost its lease on the session."""
@@ -192,7 +198,7 @@ class Round:
         session = self.session
         limits = session.limits
         sleep_time = session.settings.system.sleep_time
-        save_ui_tree = session.settings.system.save_ui_tree
+        save_ui_tree = session.settings.system.save_ui_tree and "save_ui_tree" not in session.skipped
         agent = self.agent
         state = agent.state
         round_step = session.context.current_round_step
@@ -218,6 +224,9 @@ class Round:
                 raise
             except Exception as exc:  # noqa: BLE001 - one failed step fails this round, not the process
                 return await self._step_failed(agent, record, exc, t0)
+            if session.application is not None:  # the focused application, in this step's commit
+                dispatcher = getattr(session.context, "command_dispatcher", None)
+                await session.application.after_step(dispatcher, session.context, record.commands, record.results)
             t1 = _perf()
             if save_ui_tree and (next_state.is_round_end() or limits.step_reached(record.session_step)):
                 # The state the round leaves behind: nothing else would capture it (UFO saves it too).

@@ -53,12 +53,14 @@ from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
 from saucer.engine.accounting import Limits
 from saucer.engine.agent import Agent, AgentSet, as_agent_set
+from saucer.engine.application import ApplicationWatch
 from saucer.engine.components import new_follower
 from saucer.engine.cursor import Progress
+from saucer.engine.defaults import inapplicable, say_once
 from saucer.engine.dispatching import DispatcherHolder
 from saucer.engine.errors import EngineError, LeaseLostError, LLMUnavailableError
 from saucer.engine.evaluation import Evaluation
-from saucer.engine.interactor import ask
+from saucer.engine.interactor import ask, request_of
 from saucer.engine.lease import LeaseKeeper, lease_owner
 from saucer.engine.logs import SessionLogs, StepRecord, slug
 from saucer.engine.observer import CompositeObserver, ObserverCaller
@@ -146,6 +148,10 @@ class Session(ResumableSession, SessionOutcome):
         self.ask_new_requests = ask_new_requests if ask_new_requests is not None else mode == "normal"
         #: Fill ``STRUCTURAL_LOGS`` with one entry per step.
         self.structural_logs = True
+        #: Settings that are on but cannot apply to this session -> why; in its start and end events.
+        self.skipped: dict[str, str] = {}
+        #: Fills UFO's APPLICATION_* names after each step when the session's tools include a desktop.
+        self.application: ApplicationWatch | None = None
         #: Called as ``hook(session, round, agent)`` after a step that ends a subtask.
         self.subtask_end_hook: Callable[..., Any] | None = None
         #: The session's counters and verdict so far (carried by every resume cursor).
@@ -172,6 +178,7 @@ class Session(ResumableSession, SessionOutcome):
         self._next_round_id = 0
         self._next_plan_index = 0
         self._round: Round | None = None
+        self._rounds: dict[int, Round] = {}
         self._pending_round_eval: int | None = None
         self._finish_flag = False
         self._evaluations: list[Evaluation] = []
@@ -185,6 +192,12 @@ class Session(ResumableSession, SessionOutcome):
     def resumed(self) -> bool:
         """True for a session made by :meth:`resume` (it continues a stored session)."""
         return self._resuming
+
+    @property
+    def rounds(self) -> dict[int, Round]:
+        """UFO's ``Session.rounds``: round id -> :class:`Round`, for the rounds this run opened (a resumed
+        session's earlier rounds are in its store: ``saucer show``, :mod:`saucer.context` queries)."""
+        return self._rounds
 
     @property
     def lease(self) -> Lease | None:
@@ -332,8 +345,8 @@ class Session(ResumableSession, SessionOutcome):
                 if not request:
                     raise EngineError("no request was given (pass a request, or run with a terminal to type one)")
         elif self.ask_new_requests:
-            request = await ask(self.interactor, "new_request")
-            if not request or (isinstance(request, str) and request.strip().upper() == "N"):
+            request = request_of(await ask(self.interactor, "new_request"))
+            if request is None:
                 return None
         else:
             return None
@@ -381,6 +394,7 @@ class Session(ResumableSession, SessionOutcome):
     def _round_opened(self, rnd: Round) -> Round:
         """Count a round whose start is committed."""
         self._next_round_id = rnd.id + 1
+        self._rounds[rnd.id] = rnd
         if rnd.plan_index is not None:
             self._next_plan_index = rnd.plan_index + 1
         if self.context.durability == "exit":
@@ -514,7 +528,14 @@ class Session(ResumableSession, SessionOutcome):
             ctx.set(ContextNames.DEVICE_INFO, device_info)
         if self.context_vars and not self._resuming:
             ctx.update_vars(set=self.context_vars)
-        await ctx.acommit_step(author="system", meta=self._start_meta(point, continued))
+        self.skipped = inapplicable(self.settings, tools=tool_info, logs_on=self.logs.path is not None)
+        say_once(self.skipped)
+        if ApplicationWatch.wanted(tool_info):
+            self.application = ApplicationWatch()
+        start_meta = self._start_meta(point, continued)
+        if self.skipped:
+            start_meta["skipped"] = dict(self.skipped)
+        await ctx.acommit_step(author="system", meta=start_meta)
         for hook in self._start_hooks:
             hook(self)
         self._lease.start_renewing()

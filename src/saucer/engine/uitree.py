@@ -24,7 +24,7 @@ from typing import Any
 
 from saucer.dispatch.messages import Command, Result, ResultStatus
 
-__all__ = ["DesktopView", "look", "artifact_name", "replayable", "UI_TREE_TOOL", "SCREENSHOT_TOOL"]
+__all__ = ["DesktopView", "look", "artifact_name", "call_one", "replayable", "UI_TREE_TOOL", "SCREENSHOT_TOOL"]
 
 UI_TREE_TOOL = "desktop.ui_tree"
 SCREENSHOT_TOOL = "desktop.screenshot"
@@ -76,7 +76,8 @@ class DesktopView:
         return out
 
 
-async def _call(dispatcher: Any, command: Command) -> Result:
+async def call_one(dispatcher: Any, command: Command) -> Result:
+    """``command``'s one result through ``dispatcher``; a failure result (never an exception) when it fails."""
     try:
         out = dispatcher.execute_commands([command])
         if inspect.isawaitable(out):
@@ -112,8 +113,8 @@ async def look(
     parameters: dict[str, Any] = {"include_tree": include_tree, **(tree_parameters or {})}
     if save_tree:
         parameters["save_as"] = f"{name}-tree"
-    tree = await _call(dispatcher, Command(tool_name=UI_TREE_TOOL, parameters=parameters, tool_type="data_collection"))
-    shot = await _call(dispatcher, Command(
+    tree = await call_one(dispatcher, Command(tool_name=UI_TREE_TOOL, parameters=parameters, tool_type="data_collection"))
+    shot = await call_one(dispatcher, Command(
         tool_name=SCREENSHOT_TOOL, parameters={"name": f"{name}-screen", **(screenshot_parameters or {})},
         tool_type="data_collection"))
     for key, result in (("ui_tree", tree), ("screenshot", shot)):

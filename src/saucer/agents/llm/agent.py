@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from saucer.agents.llm.ask import ASK_USER_TOOL, ask_the_user, ask_user_spec
 from saucer.agents.llm.client import (
     DEFAULT_CHARS_PER_TOKEN,
     ModelCallError,
@@ -125,6 +126,9 @@ def _clip(text: str, limit: int = MAX_TOOL_RESULT_CHARS) -> str:
 class LLMAgent(Agent):
     """Base of saucer's LLM agents: model client, settings, tools, durable conversation."""
 
+    #: Offer ``ask_user`` when ``[llm] ask_user`` is on (normal mode; the operator modes offer only the desktop).
+    offers_ask_user = True
+
     def __init__(
         self,
         name: str | None = None,
@@ -192,8 +196,9 @@ class LLMAgent(Agent):
         return self.settings.tool_choice == "required"
 
     def offered(self, tools: ToolSet) -> ToolSet:
-        """What the model is offered: ``tools``, plus ``finish`` when it must always call a tool."""
-        return tools.with_tools(finish_spec()) if self.finish_tool else tools
+        """What the model is offered: ``tools``, plus ``finish`` when it must always call a tool, plus ``ask_user``."""
+        extra = ([finish_spec()] if self.finish_tool else []) + ([ask_user_spec()] if self.settings.ask_user and self.offers_ask_user else [])
+        return tools.with_tools(*extra) if extra else tools
 
     @staticmethod
     def answer_of(reply: ModelReply) -> str | None:
@@ -483,6 +488,9 @@ class ToolUsingAgent(LLMAgent):
             spec = tools.resolve(call.function_name)
             if call.function_name == FINISH_TOOL and self.finish_tool:
                 contents[i] = f"not finished: call {FINISH_TOOL} alone, after the other calls' results"
+                continue
+            if call.function_name == ASK_USER_TOOL and self.settings.ask_user and self.offers_ask_user:
+                contents[i] = await ask_the_user(self, self._interactor(), call)
                 continue
             if spec is None:
                 available = ", ".join(s.function_name for s in tools.specs) or "none"

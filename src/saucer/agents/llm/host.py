@@ -32,6 +32,7 @@ from saucer.agents.llm.agent import (
     nothing_done_reason,
     previous_subtask_entry,
 )
+from saucer.agents.llm.ask import ASK_USER_TOOL, ask_the_user
 from saucer.agents.llm.client import ModelCallError, ModelClient, ModelSettings
 from saucer.agents.llm.prompts import app_agent_system_prompt, host_agent_system_prompt, request_message
 from saucer.agents.llm.tools import ToolSet, ToolSpec
@@ -129,8 +130,13 @@ class HostAgent(LLMAgent):
             return AgentStatus.CONTINUE.value
         chosen = None
         answers: list[dict[str, Any]] = []
+        asked = False
         for call in reply.tool_calls:
             problem = None
+            if call.function_name == ASK_USER_TOOL and self.settings.ask_user:
+                asked = True
+                answers.append({"role": "tool", "tool_call_id": call.id, "content": await ask_the_user(self, self._interactor(), call)})
+                continue
             if call.function_name == FINISH_TOOL and self.finish_tool:
                 problem = f"not finished: call {FINISH_TOOL} alone, after the subtasks are done"
             elif call.function_name != ASSIGN_TOOL:
@@ -146,6 +152,9 @@ class HostAgent(LLMAgent):
             else:
                 answers.append({"role": "tool", "tool_call_id": call.id, "content": problem})
         self._append(context, messages, *answers)
+        if chosen is None and asked:  # a question is no failed assignment: the model reads the answer next step
+            self._save_meta(context, meta)
+            return AgentStatus.CONTINUE.value
         if chosen is None:
             meta["failures"] = int(meta.get("failures", 0)) + 1
             self._save_meta(context, meta)

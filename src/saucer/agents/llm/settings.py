@@ -62,6 +62,7 @@ class ModelSettings(BaseModel):
     max_consecutive_failures: int = Field(3, ge=1)
     judge_model: str | None = Field(None, description="model of the evaluation agent (default: model)")
     system_prompt: str | None = Field(None, description="extra instructions appended to the agent's system prompt")
+    ask_user: bool = Field(True, description="offer the ask_user tool: the model may ask the user a question")
 
     @field_validator("base_url", "model", "judge_model", "price_file", "system_prompt", mode="before")
     @classmethod
