@@ -65,6 +65,7 @@ class ResumableSession:
     _next_round_id: int
     _next_plan_index: int
     _pending_round_eval: int | None
+    skipped: dict[str, str]
     _plan: Plan | None = None
     #: A resumed session's plan is read when first needed: the id of the session whose stored meta holds it.
     _stored_plan: str | None = None
@@ -162,7 +163,7 @@ class ResumableSession:
             resumed_at = point.to_meta() if point is not None else self._cursor("start", None, None)
             if self.limits.step_base or self.limits.round_base:
                 resumed_at["limit_base"] = {"steps": self.limits.step_base, "rounds": self.limits.round_base}
-            meta = {
+            meta: dict[str, Any] = {
                 "kind": "session_resume",
                 "owner": self.owner,
                 "session_status": SessionStatus.RUNNING,
@@ -170,20 +171,23 @@ class ResumableSession:
             }
             if continued is not None:
                 meta["continues"] = continued
-            return meta
-        ctx = self.context
-        ctx.set(ContextNames.ID, int(self.id))
-        ctx.set(ContextNames.MODE, self.mode)
-        if self.plan is not None and self.plan.object:
-            ctx.set(ContextNames.APPLICATION_ROOT_NAME, self.plan.object)
-        return {
-            "kind": "session_start",
-            "task": self.task,
-            "mode": self.mode,
-            "owner": self.owner,
-            "session_status": SessionStatus.RUNNING,
-            "cursor": self._cursor("start", None, None),
-        }
+        else:
+            ctx = self.context
+            ctx.set(ContextNames.ID, int(self.id))
+            ctx.set(ContextNames.MODE, self.mode)
+            if self.plan is not None and self.plan.object:
+                ctx.set(ContextNames.APPLICATION_ROOT_NAME, self.plan.object)
+            meta = {
+                "kind": "session_start",
+                "task": self.task,
+                "mode": self.mode,
+                "owner": self.owner,
+                "session_status": SessionStatus.RUNNING,
+                "cursor": self._cursor("start", None, None),
+            }
+        if self.skipped:  # the seed's defaults this run cannot apply, and why
+            meta["skipped"] = dict(self.skipped)
+        return meta
 
     def _creation_meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {

@@ -532,10 +532,7 @@ class Session(ResumableSession, SessionOutcome):
         say_once(self.skipped)
         if ApplicationWatch.wanted(tool_info):
             self.application = ApplicationWatch()
-        start_meta = self._start_meta(point, continued)
-        if self.skipped:
-            start_meta["skipped"] = dict(self.skipped)
-        await ctx.acommit_step(author="system", meta=start_meta)
+        await ctx.acommit_step(author="system", meta=self._start_meta(point, continued))
         for hook in self._start_hooks:
             hook(self)
         self._lease.start_renewing()
