@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Iterator, Sequence
 
 from saucer.redaction import redact
 from saucer.store.listing import SessionListing
+from saucer.store.summary import NOT_STARTED
 from saucer.store.streaming import EventStreaming
 from saucer.store.upcast import FORMAT_VERSION
 from saucer.store.model import (
@@ -222,7 +223,9 @@ class EventStore(SessionListing, EventStreaming, ABC):
         """Create an empty session, or a fork of ``parent_id`` at ``parent_version``.
 
         ``session_id`` must follow :func:`check_session_id`. A fork records
-        ``forked_from`` and ``at`` in its meta, and reads its parent's log up to
+        ``forked_from`` and ``at`` in its meta, inherits its parent's ``task``
+        and ``mode`` (unless ``meta`` names its own), is ``not started`` until
+        it runs (a fork of an engine session), and reads its parent's log up to
         ``parent_version`` (nothing is copied); a version of the parent that was
         pruned cannot be forked (:class:`VersionPrunedError`).
         """
@@ -239,6 +242,11 @@ class EventStore(SessionListing, EventStreaming, ABC):
             version = parent_version
             meta.setdefault("forked_from", parent_id)
             meta.setdefault("at", parent_version)
+            for inherited in ("task", "mode"):
+                if isinstance(parent.meta.get(inherited), str):
+                    meta.setdefault(inherited, parent.meta[inherited])
+            if isinstance(parent.meta.get("status"), str):  # an engine session's fork waits to be resumed
+                meta.setdefault("status", NOT_STARTED)
         info = SessionInfo(session_id, version, now, now, parent_id, parent_version, meta)
         self._create_with(info, self._new_counters(info))
         return info

@@ -18,8 +18,9 @@ query. The counters follow what the engine writes into an event's ``meta``
 - a ``session_end`` event's ``meta["summary"]`` (the engine's own final
   figures) overrides rounds, steps, cost and reason.
 
-A fork starts from its parent's counters at its branch point; a prune keeps
-them (the versions it drops were counted). The listed ``status`` is derived
+A fork starts from its parent's counters at its branch point, with the status
+of its meta (``not started``, :data:`NOT_STARTED`, for an engine session's fork)
+until a run of its own writes one; a prune keeps them (the versions it drops were counted). The listed ``status`` is derived
 as :mod:`saucer.engine.status` does: a session that has not ended and whose
 runner's lease has expired (or that has none) is ``interrupted``.
 """
@@ -31,15 +32,19 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 __all__ = [
-    "ENDED", "INTERRUPTED", "REQUEST_CHARS", "SORT_KEYS", "Counters", "Delta", "ListQuery", "SessionSummary",
+    "ENDED", "INTERRUPTED", "NOT_STARTED", "SETTLED", "REQUEST_CHARS", "SORT_KEYS", "Counters", "Delta", "ListQuery", "SessionSummary",
     "apply", "ascii_lower", "brief_of", "delta_of", "fold", "fold_events", "initial_counters", "listed_sql",
-    "listed_status", "make_summary", "order_sql", "select",
+    "listed_status", "make_summary", "order_sql", "select", "fork_counters",
 ]
 
 #: Statuses of a session that has ended (its last event is ``session_end``).
 ENDED = frozenset({"finished", "failed", "error", "stopped"})
 #: The listed status of a session that has not ended and whose runner is gone.
 INTERRUPTED = "interrupted"
+#: The status of a fork of an engine session until it is resumed (its first own run writes ``running``).
+NOT_STARTED = "not started"
+#: Statuses a listing shows as they are, whatever the lease says.
+SETTLED = ENDED | {NOT_STARTED}
 #: What :meth:`~saucer.store.EventStore.list_sessions` can sort by.
 SORT_KEYS = ("updated", "created", "id", "task", "status", "rounds", "steps", "cost", "version")
 #: A request longer than this is cut in the summary (the session meta keeps it whole).
@@ -174,12 +179,22 @@ def initial_counters(meta: Mapping[str, Any]) -> Counters:
     return Counters(status=status if isinstance(status, str) else None)
 
 
+def fork_counters(parent: Counters, meta: Mapping[str, Any]) -> Counters:
+    """The counters of a new fork: its parent's at the branch point, with the status its ``meta``
+    gives (``not started`` for an engine session's fork, until it runs), if any."""
+    status = meta.get("status")
+    if not isinstance(status, str):
+        return parent
+    return Counters(status, parent.rounds, parent.steps, parent.cost, parent.cost_unknown, parent.reason)
+
+
 def listed_status(status: str | None, lease_owner: str | None, lease_expires: float | None, now: float) -> tuple[str, str | None]:
     """``(status as listed, runner)``: ``-`` for no status, ``interrupted`` for a session that has
-    not ended without a live lease; ``runner`` is the live lease's owner while running."""
+    not ended without a live lease (a fork not started yet is listed as such); ``runner`` is the
+    live lease's owner while running."""
     if status is None:
         return "-", None
-    if status in ENDED:
+    if status in SETTLED:
         return status, None
     if lease_owner is not None and lease_expires is not None and lease_expires > now:
         return status, lease_owner
@@ -247,7 +262,7 @@ def make_summary(row: Sequence[Any]) -> SessionSummary:
 def listed_sql(now: str) -> tuple[str, str]:
     """SQL expressions ``(listed status, runner)`` over ``s`` (sessions) and ``l`` (leases),
     as :func:`listed_status` computes them; ``now`` is the SQL of the current time."""
-    ended = ", ".join(f"'{s}'" for s in sorted(ENDED))
+    ended = ", ".join(f"'{s}'" for s in sorted(SETTLED))
     live = f"l.expires_at > {now}"
     status = (
         f"CASE WHEN s.status IS NULL THEN '-' WHEN s.status IN ({ended}) THEN s.status "
