@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 __all__ = [
     "ENDED", "INTERRUPTED", "NOT_STARTED", "SETTLED", "REQUEST_CHARS", "SORT_KEYS", "Counters", "Delta", "ListQuery", "SessionSummary",
     "apply", "ascii_lower", "brief_of", "delta_of", "fold", "fold_events", "initial_counters", "listed_sql",
-    "listed_status", "make_summary", "order_sql", "select", "fork_counters",
+    "listed_status", "make_summary", "order_sql", "select", "fork_counters", "cost_text",
 ]
 
 #: Statuses of a session that has ended (its last event is ``session_end``).
@@ -233,12 +233,34 @@ class SessionSummary(NamedTuple):
         """The row as JSON data (field names as above)."""
         return dict(zip(self._fields, self))
 
+    def row(self) -> dict[str, Any]:
+        """The session's columns as every surface shows them (``saucer sessions/show --json`` and the
+        viewer's table and page): id, task and mode (``-`` when none), status, rounds, steps, cost
+        (see :meth:`counts`), version, created_at, updated_at, parent (``"id@version"``), runner,
+        request and reason."""
+        rounds, steps, cost = self.counts()
+        return {
+            "id": self.session_id, "task": "-" if self.task is None else self.task,
+            "mode": "-" if self.mode is None else self.mode, "status": self.status, "rounds": rounds,
+            "steps": steps, "cost": cost, "version": self.version, "created_at": self.created_at,
+            "updated_at": self.updated_at, "parent": self.origin, "runner": self.runner,
+            "request": self.request, "reason": self.reason,
+        }
+
     def counts(self) -> tuple[int | None, int | None, float | None]:
         """``(rounds, steps, cost)`` as listings show them: None each for a session the engine
         did not make (status ``-`` and nothing counted), as its own page shows it."""
         if self.status != "-" or self.rounds or self.steps:
             return self.rounds, self.steps, self.cost
         return None, None, None
+
+
+def cost_text(cost: float | None, status: str) -> str:
+    """A session's cost as the CLI and the viewer print it: four decimals; ``unknown`` for an ended
+    session that could not be priced; ``-`` while there is no total yet."""
+    if cost is not None:
+        return f"{cost:.4f}"
+    return "unknown" if status in ENDED else "-"
 
 
 def make_summary(row: Sequence[Any]) -> SessionSummary:

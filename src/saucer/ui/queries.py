@@ -18,9 +18,9 @@ from typing import Any, Iterable, Mapping
 from saucer.context import Context
 from saucer.context.events import op_key
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, read_evaluation_log, read_request_log
-from saucer.engine.overview import session_row, timeline_data
-from saucer.engine.status import ENDED
-from saucer.store import Event, EventStore, SessionHead, SessionInfo
+from saucer.engine.status import ENDED, NOT_STARTED
+from saucer.store import Event, EventStore, SessionInfo, SessionNotFoundError
+from saucer.ui.steps import path_of, shape_rounds
 from saucer.store.summary import SessionSummary
 
 __all__ = [
@@ -29,6 +29,9 @@ __all__ = [
     "list_sessions",
     "SessionView",
     "session_view",
+    "session_row_of",
+    "session_logs",
+    "session_log_folder",
     "state_at",
     "diff",
     "history",
@@ -38,7 +41,7 @@ __all__ = [
 
 PAGE_SIZE = 50
 #: The columns the sessions table sorts by (``updated``: most recently updated first by default).
-SORTS = ("updated", "created", "id", "task", "mode", "status", "steps", "cost", "version")
+SORTS = ("updated", "created", "id", "task", "mode", "status", "steps", "cost", "version", "duration")
 
 
 def _day(text: str | None, offset_minutes: int, end: bool) -> float | None:
@@ -96,7 +99,7 @@ class SessionQuery:
             tz_offset=number("tzo", 0, -24 * 60, 24 * 60),
             q=params.get("q", "").strip(),
             sort=sort,
-            desc=params.get("dir", "desc" if sort in ("updated", "created", "cost", "steps", "version") else "asc") != "asc",
+            desc=params.get("dir", "desc" if sort in ("updated", "created", "cost", "steps", "version", "duration") else "asc") != "asc",
             page=number("page", 1, 1, 10**9),
         )
         query.window()  # check the dates now
@@ -130,10 +133,13 @@ class SessionsPage:
     modes: list[str]
     tasks: list[str]
     store_total: int  # sessions this viewer may see, unfiltered
+    status_counts: list[tuple[str, int]] = field(default_factory=list)  # per status, the other filters applied
+    total_cost: float = 0.0  # of the sessions matching the filters, those with a known cost
+    unknown_costs: int = 0  # how many of them have no known cost
 
 
 #: The statuses a session can have (see :mod:`saucer.engine.status`).
-STATUSES = ("running", "interrupted", *sorted(ENDED), "-")
+STATUSES = ("running", "interrupted", NOT_STARTED, *sorted(ENDED), "-")
 
 
 def _sort_key(sort: str) -> Any:
@@ -141,22 +147,24 @@ def _sort_key(sort: str) -> Any:
         return lambda r: (r["updated_at"], r["id"])
     if sort == "created":
         return lambda r: (r["created_at"], r["id"])
+    if sort == "duration":
+        return lambda r: (r["updated_at"] - r["created_at"], r["id"])
     if sort in ("steps", "cost", "version"):
-        # Unknown numbers sort below every known one.
-        return lambda r: (r[sort] is not None, r[sort] or 0, r["id"])
+        return lambda r: (r[sort], r["id"])
     return lambda r: (str(r[sort]).lower(), r["id"])
 
 
+def _sorted(rows: list[dict[str, Any]], sort: str, desc: bool) -> list[dict[str, Any]]:
+    """Rows in the order of ``sort``; an unknown number (None) last both ways, as ``saucer sessions`` sorts."""
+    if sort in ("steps", "cost", "version"):
+        known = sorted((r for r in rows if r[sort] is not None), key=_sort_key(sort), reverse=desc)
+        return known + sorted((r for r in rows if r[sort] is None), key=lambda r: r["id"])
+    return sorted(rows, key=_sort_key(sort), reverse=desc)
+
+
 def _listed_row(s: SessionSummary) -> dict[str, Any]:
-    """A session's columns, named as :func:`~saucer.engine.overview.session_row` names them,
-    from the summary its commits keep (its request cut to 500 characters)."""
-    rounds, steps, cost = s.counts()
-    return {
-        "id": s.session_id, "task": "-" if s.task is None else s.task, "mode": "-" if s.mode is None else s.mode,
-        "status": s.status, "rounds": rounds, "steps": steps, "cost": cost, "version": s.version,
-        "created_at": s.created_at, "updated_at": s.updated_at, "parent": s.origin, "runner": s.runner,
-        "request": s.request, "reason": s.reason,
-    }
+    """A session's columns: :meth:`SessionSummary.row`, what ``saucer sessions --json`` shows."""
+    return s.row()
 
 
 def list_sessions(
@@ -188,14 +196,20 @@ def list_sessions(
             r for r in rows
             if needle in r["id"].casefold() or needle in str(r["task"]).casefold() or needle in (r["request"] or "").casefold()
         ]
+    counts: dict[str, int] = {}
+    for r in rows:  # what each status would show, with the other filters applied
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
     if query.status:
         rows = [r for r in rows if r["status"] == query.status]
     if query.sort != "updated" or not query.desc:  # the store's order is already most recently updated first
-        rows.sort(key=_sort_key(query.sort), reverse=query.desc)
+        rows = _sorted(rows, query.sort, query.desc)
+    known = [r["cost"] for r in rows if r["cost"] is not None]
+    unknown = sum(1 for r in rows if r["cost"] is None and r["status"] != "-")
     pages = max(1, -(-len(rows) // page_size))
     page = min(query.page, pages)
     shown = rows[(page - 1) * page_size: page * page_size]
-    return SessionsPage(shown, len(rows), page, pages, list(STATUSES), modes, tasks, store_total)
+    return SessionsPage(shown, len(rows), page, pages, list(STATUSES), modes, tasks, store_total,
+                        [(s, counts[s]) for s in STATUSES if s in counts], sum(known), unknown)
 
 
 @dataclass
@@ -203,8 +217,8 @@ class SessionView:
     """Everything a session's page shows."""
 
     info: SessionInfo
-    row: dict[str, Any]
-    rounds: list[dict[str, Any]]  # each: round, request, status, steps, cost, tokens, events (timeline items)
+    row: dict[str, Any]  # :meth:`SessionSummary.row`: the numbers ``saucer sessions/show --json`` show
+    rounds: list[dict[str, Any]]  # see :func:`saucer.ui.steps.shape_rounds`
     first: int  # the first readable version
     forks: list[SessionInfo]
     parent: str | None
@@ -212,6 +226,10 @@ class SessionView:
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     log_problem: str | None = None
     shown_from: int = 0  # the oldest version whose event is listed (older ones are paged away)
+    first_failure: int | None = None  # the version of the first failed step shown
+    path: dict[str, Any] = field(default_factory=dict)  # see :func:`saucer.ui.steps.path_of`
+    parent_version: int | None = None
+    log_folder: str | None = None
 
 
 def _log_folder(events: list[Event]) -> str | None:
@@ -235,51 +253,46 @@ def _logs(folder: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     return calls, verdicts, None
 
 
-def _new_round(key: Any) -> dict[str, Any]:
-    return {"round": key, "request": None, "status": None, "steps": 0, "cost": 0.0, "cost_unknown": False, "tokens": 0, "events": []}
+def session_logs(store: EventStore, sid: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """The session's LLM calls and evaluations from its logs (and a problem reading them, if any)."""
+    return _logs(session_log_folder(store, sid))
+
+
+def session_log_folder(store: EventStore, sid: str) -> str | None:
+    """The session's ``LOG_PATH`` at its head (from the Context, a bounded read)."""
+    version, state = state_at(store, sid, None)
+    folder = state.get("LOG_PATH")
+    return folder if isinstance(folder, str) and folder else None
+
+
+def session_row_of(store: EventStore, sid: str) -> dict[str, Any]:
+    """The session's columns from its kept summary (:meth:`SessionSummary.row`), as the table and the CLI show them."""
+    found = store.list_sessions(ids=[sid])
+    if not found:
+        raise SessionNotFoundError(sid)
+    return found[0].row()
 
 
 def session_view(store: EventStore, sid: str, *, limit: int = 200, before: int | None = None) -> SessionView:
-    """A session's row, rounds (each with its steps, cost and tokens), forks and logs.
+    """A session's row, rounds (each with its steps, cost, tokens and time), forks, path and logs.
 
     Every round is summarised; only ``limit`` events are listed in full: the
     newest ones, or the newest before version ``before``.
     """
     info = store.session_info(sid)
-    row = session_row(SessionHead(info, store.last_event(info), store.lease_of(sid)))
+    row = session_row_of(store, sid)
     events = list(store.read(sid))
-    calls, verdicts, problem = _logs(_log_folder(events))
-    rounds: dict[Any, dict[str, Any]] = {}
-    for event in events:  # the summary of every round: a light pass over the whole log
-        meta = event.meta
-        entry = rounds.get(event.round)
-        if entry is None:
-            entry = rounds[event.round] = _new_round(event.round)
-        kind = meta.get("kind") or ("step" if event.step is not None else "change")
-        if kind == "round_start":
-            entry["request"] = meta.get("request")
-        elif kind == "step":
-            entry["steps"] += 1
-        elif kind == "round_end":
-            entry["status"] = meta.get("round_status")
-        if "cost" in meta:
-            cost = meta["cost"]
-            if cost is None:
-                entry["cost_unknown"] = True
-            elif isinstance(cost, (int, float)) and not isinstance(cost, bool):
-                entry["cost"] += cost
-    for call in calls:
-        entry = rounds.get(call.get("round"))
-        if entry is not None:
-            entry["tokens"] += int(call.get("prompt_tokens") or 0) + int(call.get("completion_tokens") or 0)
+    folder = _log_folder(events)
+    calls, verdicts, problem = _logs(folder)
     shown = [e for e in events if before is None or e.version < before][-limit:]
-    for item in timeline_data(shown)["events"]:
-        rounds[item["round"]]["events"].append(item)
+    shown_from = shown[0].version if shown else info.version + 1
+    rounds, first_failure = shape_rounds(events, shown_from, calls, shown[-1].version if shown else None)
     parent = info.parent_id or info.meta.get("forked_from")
+    at = info.parent_version if info.parent_id else info.meta.get("at")
     return SessionView(
-        info, row, list(rounds.values()), store.first_version(sid), store.forks(sid),
-        parent if isinstance(parent, str) else None, calls, verdicts, problem,
-        shown[0].version if shown else info.version + 1,
+        info, row, rounds, store.first_version(sid), store.forks(sid),
+        parent if isinstance(parent, str) else None, calls, verdicts, problem, shown_from, first_failure,
+        path_of(events), at if isinstance(at, int) else None, folder,
     )
 
 
