@@ -95,7 +95,9 @@ class SessionListingContract:
         assert ids(store.list_sessions(sort="id", descending=True)) == ["d-bare", "c-new", "b-mid", "a-old"]
         assert ids(store.list_sessions(sort="created", descending=False)) == ["a-old", "b-mid", "c-new", "d-bare"]
         assert ids(store.list_sessions(sort="steps")) == ["b-mid", "c-new", "a-old", "d-bare"]
-        assert ids(store.list_sessions(sort="cost")) == ["a-old", "b-mid", "d-bare", "c-new"]  # unknown (None) last
+        # Unknown (None) last; so is a session the engine did not make, whose cost is listed as none.
+        assert ids(store.list_sessions(sort="cost")) == ["a-old", "b-mid", "c-new", "d-bare"]
+        assert ids(store.list_sessions(sort="cost", descending=False)) == ["a-old", "b-mid", "c-new", "d-bare"]  # a tie: by id
         assert ids(store.list_sessions(sort="task")) == ["a-old", "c-new", "b-mid", "d-bare"]  # by code point; None last
         assert ids(store.list_sessions(sort="status", limit=1)) == ["c-new"]  # running > finished > failed > -
         assert ids(store.list_sessions(status="failed", task="build", since=mid, limit=5)) == ["b-mid"]

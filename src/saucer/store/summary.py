@@ -372,9 +372,13 @@ def select(rows: Iterable[SessionSummary], query: ListQuery) -> list[SessionSumm
     ]
     name = _SORT_FIELD[query.sort]
     kept.sort(key=lambda r: r.session_id)
-    present = [r for r in kept if getattr(r, name) is not None]
-    missing = [r for r in kept if getattr(r, name) is None]
-    present.sort(key=lambda r: getattr(r, name), reverse=query.descending)
+
+    def key(r: SessionSummary) -> Any:  # the cost as listed: none for a session the engine did not make
+        return r.counts()[2] if name == "cost" else getattr(r, name)
+
+    present = [r for r in kept if key(r) is not None]
+    missing = [r for r in kept if key(r) is None]
+    present.sort(key=key, reverse=query.descending)
     out = present + missing
     return out if query.limit is None else out[: query.limit]
 
@@ -389,6 +393,8 @@ def order_sql(query: ListQuery, status: str, task: str, collate: str = "") -> st
     key = {
         "updated": "s.updated_at", "created": "s.created_at", "id": f"s.session_id{collate}", "task": f"{task}{collate}",
         "status": f"({status}){collate}", "rounds": "s.rounds", "steps": "s.steps",
-        "cost": "(CASE WHEN s.cost_unknown THEN NULL ELSE s.cost END)", "version": "s.head",
+        # the cost as listed (SessionSummary.counts): unknown, or none for a session the engine did not make
+        "cost": "(CASE WHEN s.cost_unknown OR (s.status IS NULL AND s.rounds = 0 AND s.steps = 0) THEN NULL ELSE s.cost END)",
+        "version": "s.head",
     }[query.sort]
     return f"ORDER BY ({key} IS NULL), {key} {'DESC' if query.descending else 'ASC'}, s.session_id{collate}"

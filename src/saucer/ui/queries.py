@@ -144,21 +144,20 @@ STATUSES = ("running", "interrupted", NOT_STARTED, *sorted(ENDED), "-")
 
 def _sort_key(sort: str) -> Any:
     if sort == "updated":
-        return lambda r: (r["updated_at"], r["id"])
+        return lambda r: r["updated_at"]
     if sort == "created":
-        return lambda r: (r["created_at"], r["id"])
+        return lambda r: r["created_at"]
     if sort == "duration":
-        return lambda r: (r["updated_at"] - r["created_at"], r["id"])
-    if sort in ("steps", "cost", "version"):
-        return lambda r: (r[sort], r["id"])
-    return lambda r: (str(r[sort]).lower(), r["id"])
+        return lambda r: r["updated_at"] - r["created_at"]
+    return lambda r: str(r[sort]).lower()
 
 
 def _sorted(rows: list[dict[str, Any]], sort: str, desc: bool) -> list[dict[str, Any]]:
     """Rows in the order of ``sort``; an unknown number (None) last both ways, as ``saucer sessions`` sorts."""
+    rows = sorted(rows, key=lambda r: r["id"])  # ties by id, ascending either way (as the store's listing)
     if sort in ("steps", "cost", "version"):
-        known = sorted((r for r in rows if r[sort] is not None), key=_sort_key(sort), reverse=desc)
-        return known + sorted((r for r in rows if r[sort] is None), key=lambda r: r["id"])
+        known = sorted((r for r in rows if r[sort] is not None), key=lambda r: r[sort], reverse=desc)
+        return known + [r for r in rows if r[sort] is None]
     return sorted(rows, key=_sort_key(sort), reverse=desc)
 
 
@@ -260,9 +259,22 @@ def session_logs(store: EventStore, sid: str) -> tuple[list[dict[str, Any]], lis
 
 def session_log_folder(store: EventStore, sid: str) -> str | None:
     """The session's ``LOG_PATH`` at its head (from the Context, a bounded read)."""
-    version, state = state_at(store, sid, None)
-    folder = state.get("LOG_PATH")
-    return folder if isinstance(folder, str) and folder else None
+    return ledgers(store, sid)[2]
+
+
+def ledgers(store: EventStore, sid: str) -> tuple[dict[int, float | None], dict[int, int], str | None]:
+    """The Context's per-round ledgers at the head, ``ROUND_COST`` and ``ROUND_STEP`` (what
+    ``saucer state`` shows), and its ``LOG_PATH`` (None: not set); a bounded read (snapshot + tail)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ctx = Context.open(store, sid, create=False)
+    try:
+        costs = {int(k): v for k, v in (ctx.get("ROUND_COST") or {}).items()}
+        steps = {int(k): int(v) for k, v in (ctx.get("ROUND_STEP") or {}).items()}
+        folder = ctx.get("LOG_PATH")
+    finally:
+        ctx.close()
+    return costs, steps, folder if isinstance(folder, str) and folder else None
 
 
 def session_row_of(store: EventStore, sid: str) -> dict[str, Any]:
@@ -282,11 +294,12 @@ def session_view(store: EventStore, sid: str, *, limit: int = 200, before: int |
     info = store.session_info(sid)
     row = session_row_of(store, sid)
     events = list(store.read(sid))
-    folder = _log_folder(events)
+    costs, steps, folder = ledgers(store, sid)
+    folder = folder or _log_folder(events)
     calls, verdicts, problem = _logs(folder)
     shown = [e for e in events if before is None or e.version < before][-limit:]
     shown_from = shown[0].version if shown else info.version + 1
-    rounds, first_failure = shape_rounds(events, shown_from, calls, shown[-1].version if shown else None)
+    rounds, first_failure = shape_rounds(events, shown_from, calls, shown[-1].version if shown else None, (costs, steps))
     parent = info.parent_id or info.meta.get("forked_from")
     at = info.parent_version if info.parent_id else info.meta.get("at")
     return SessionView(

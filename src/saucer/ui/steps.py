@@ -49,11 +49,16 @@ def new_round(key: Any) -> dict[str, Any]:
 
 
 def shape_rounds(events: list[Event], shown_from: int, calls: Iterable[Mapping[str, Any]] = (),
-                 shown_to: int | None = None) -> tuple[list[dict[str, Any]], int | None]:
+                 shown_to: int | None = None,
+                 ledgers: tuple[Mapping[int, float | None], Mapping[int, int]] | None = None) -> tuple[list[dict[str, Any]], int | None]:
     """Every round summarised (request, status, steps, cost, tokens, start, end, duration, failures),
     with the events from version ``shown_from`` to ``shown_to`` as timeline items (each with its ``duration``
     in seconds, its bar's ``offset`` and ``width`` in % of its round, and ``failed``); and the
-    version of the first failed step (None: none)."""
+    version of the first failed step (None: none).
+
+    With ``ledgers`` (the Context's ``ROUND_COST`` and ``ROUND_STEP`` at the head) a round's cost
+    and steps are the ledger's: the same numbers as ``saucer state``, also for rounds a prune
+    removed from the log (listed with no events)."""
     rounds: dict[Any, dict[str, Any]] = {}
     previous: float | None = None
     first_failure: int | None = None
@@ -88,6 +93,17 @@ def shape_rounds(events: list[Event], shown_from: int, calls: Iterable[Mapping[s
                 first_failure = item["version"]
         if item["version"] >= shown_from and (shown_to is None or item["version"] <= shown_to):
             entry["events"].append(item)
+    if ledgers is not None:
+        costs, steps = ledgers
+        for number in sorted(set(costs) | set(steps)):
+            entry = rounds.get(number)
+            if entry is None:
+                entry = rounds[number] = new_round(number)
+            if number in costs:
+                entry["cost"], entry["cost_unknown"] = (costs[number] or 0.0), costs[number] is None
+            if number in steps:
+                entry["steps"] = steps[number]
+        rounds = dict(sorted(rounds.items(), key=lambda kv: (kv[0] is not None, kv[0] if kv[0] is not None else 0)))
     for call in calls:
         entry = rounds.get(call.get("round"))
         if entry is not None:
