@@ -45,7 +45,7 @@ def _number(value: Any) -> bool:
 def new_round(key: Any) -> dict[str, Any]:
     """An empty round entry of :func:`shape_rounds`."""
     return {"round": key, "request": None, "status": None, "steps": 0, "cost": 0.0, "cost_unknown": False,
-            "tokens": 0, "events": [], "start": None, "end": None, "duration": None, "failures": 0}
+            "tokens": 0, "events": [], "start": None, "end": None, "duration": None, "failures": 0, "failed_any": False}
 
 
 def shape_rounds(events: list[Event], shown_from: int, calls: Iterable[Mapping[str, Any]] = (),
@@ -88,7 +88,8 @@ def shape_rounds(events: list[Event], shown_from: int, calls: Iterable[Mapping[s
         entry["cost_unknown"] = entry["cost_unknown"] or (delta.unknown and kind in ("step", "evaluation"))
         item["failed"] = is_failure(item)
         if item["failed"]:
-            entry["failures"] += 1
+            entry["failed_any"] = True
+            entry["failures"] += kind not in SEPARATORS  # failed steps; a failed end is shown, not counted
             if first_failure is None and item["version"] >= shown_from:
                 first_failure = item["version"]
         if item["version"] >= shown_from and (shown_to is None or item["version"] <= shown_to):
