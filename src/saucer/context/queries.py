@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Self
 
-from saucer.context.events import Event, op_key
+from saucer.context.events import Event, apply_ops, op_key, state_from_wire, state_to_wire
 from saucer.context.names import DERIVED_LEDGERS, ContextNames, lookup
 from saucer.context.snapshots import Snapshots
 from saucer.store.model import check_version
@@ -70,6 +70,27 @@ class HistoryQueries(Snapshots):
             for k in sorted(a.keys() | b.keys())
             if a.get(k) != b.get(k)
         }
+
+    def change_at(self, version: int) -> dict[str, dict[str, Any]]:
+        """What the event at ``version`` changed: :meth:`diff` of ``version - 1`` and ``version``,
+        from one hydrate (the state before, and that event's operations put through the one fold)."""
+        store, sid = self._require_store()
+        version = check_version(version)
+        before = self.state_at(version - 1)
+        try:
+            event = next(iter(store.read(sid, version - 1, version)), None)
+            if event is None:
+                return {}
+            a = before._plain()
+            with before._lock:
+                state = state_from_wire(state_to_wire(before._state, whole=True))
+        finally:
+            before.close()
+        b = state_to_wire(apply_ops(state, event.ops))
+        after = dict(b["names"])
+        after.update({f"vars.{k}": v for k, v in b["vars"].items()})
+        after.update({f"retired.{k}": v for k, v in b.get("retired", {}).items()})
+        return {k: {"before": a.get(k), "after": after.get(k)} for k in sorted(a.keys() | after.keys()) if a.get(k) != after.get(k)}
 
     def fork(self, new_session_id: str, at: int | None = None, *, author: str | None = None) -> Self:
         """A writable Context for a new session starting from this one's state at ``at``.

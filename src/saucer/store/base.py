@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Iterator, Sequence
 
 from saucer.redaction import redact
 from saucer.store.listing import SessionListing
-from saucer.store.summary import NOT_STARTED
+from saucer.store.summary import fork_meta
 from saucer.store.streaming import EventStreaming
 from saucer.store.upcast import FORMAT_VERSION
 from saucer.store.model import (
@@ -223,9 +223,8 @@ class EventStore(SessionListing, EventStreaming, ABC):
         """Create an empty session, or a fork of ``parent_id`` at ``parent_version``.
 
         ``session_id`` must follow :func:`check_session_id`. A fork records
-        ``forked_from`` and ``at`` in its meta, inherits its parent's ``task``
-        and ``mode`` (unless ``meta`` names its own), is ``not started`` until
-        it runs (a fork of an engine session), and reads its parent's log up to
+        ``forked_from`` and ``at`` in its meta (with its parent's task and mode:
+        :func:`~saucer.store.summary.fork_meta`), and reads its parent's log up to
         ``parent_version`` (nothing is copied); a version of the parent that was
         pruned cannot be forked (:class:`VersionPrunedError`).
         """
@@ -240,13 +239,7 @@ class EventStore(SessionListing, EventStreaming, ABC):
             parent_version = check_version(parent_version, "parent_version")
             self._check_readable(parent, parent_version)
             version = parent_version
-            meta.setdefault("forked_from", parent_id)
-            meta.setdefault("at", parent_version)
-            for inherited in ("task", "mode"):
-                if isinstance(parent.meta.get(inherited), str):
-                    meta.setdefault(inherited, parent.meta[inherited])
-            if isinstance(parent.meta.get("status"), str):  # an engine session's fork waits to be resumed
-                meta.setdefault("status", NOT_STARTED)
+            meta = fork_meta(parent.meta, meta, parent_id, parent_version)
         info = SessionInfo(session_id, version, now, now, parent_id, parent_version, meta)
         self._create_with(info, self._new_counters(info))
         return info

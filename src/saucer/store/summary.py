@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 __all__ = [
     "ENDED", "INTERRUPTED", "NOT_STARTED", "SETTLED", "REQUEST_CHARS", "SORT_KEYS", "Counters", "Delta", "ListQuery", "SessionSummary",
     "apply", "ascii_lower", "brief_of", "delta_of", "fold", "fold_events", "initial_counters", "listed_sql",
-    "listed_status", "make_summary", "order_sql", "select", "fork_counters", "cost_text",
+    "listed_status", "make_summary", "order_sql", "select", "fork_counters", "fork_meta", "cost_text",
 ]
 
 #: Statuses of a session that has ended (its last event is ``session_end``).
@@ -177,6 +177,20 @@ def initial_counters(meta: Mapping[str, Any]) -> Counters:
     """The counters of a new session (not a fork): its meta's ``status``, nothing counted."""
     status = meta.get("status")
     return Counters(status=status if isinstance(status, str) else None)
+
+
+def fork_meta(parent: Mapping[str, Any], meta: Mapping[str, Any], parent_id: str, at: int) -> dict[str, Any]:
+    """The meta of a new fork: ``forked_from`` and ``at``, its parent's ``task`` and ``mode`` (unless
+    ``meta`` names its own), and ``status`` ``not started`` for an engine session's fork (until it runs)."""
+    out = dict(meta)
+    out.setdefault("forked_from", parent_id)
+    out.setdefault("at", at)
+    for inherited in ("task", "mode"):
+        if isinstance(parent.get(inherited), str):
+            out.setdefault(inherited, parent[inherited])
+    if isinstance(parent.get("status"), str):
+        out.setdefault("status", NOT_STARTED)
+    return out
 
 
 def fork_counters(parent: Counters, meta: Mapping[str, Any]) -> Counters:

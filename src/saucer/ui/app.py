@@ -39,7 +39,7 @@ from starlette.staticfiles import StaticFiles
 from saucer.store import EventStore, SessionNotFoundError, StoreError, VersionNotFoundError
 from saucer.ui import queries
 from saucer.ui.render import render
-from saucer.ui.steps import artifact_file, is_failure, new_round, step_detail
+from saucer.ui.steps import Tallies, artifact_file, item_of, new_round, step_detail
 from saucer.ui.values import value_html
 
 __all__ = ["Scope", "create_app", "COOKIE"]
@@ -96,6 +96,7 @@ class Viewer:
         self.authenticate = authenticate
         self.scope: Scope = scope or _Everything()
         self.title = title
+        self.tallies = Tallies()  # each session's page reads only what was committed since its last view
 
     # ------------------------------------------------------------ plumbing
 
@@ -173,7 +174,9 @@ class Viewer:
         def build() -> _Page:
             before = _int_param(request, "before")
             step = _int_param(request, "step")
-            view = queries.session_view(self.store, sid, before=before)
+            if step is not None and before is None and step <= self.store.head(sid) - 200:
+                before = step + 100  # an older step: show the events around it
+            view = queries.session_view(self.store, sid, before=before, tallies=self.tallies)
             detail = None
             if step is not None:  # the inspector open on a step: an address to share
                 try:
@@ -331,19 +334,12 @@ class Viewer:
     async def _events(self, sid: str, after: int, base: str) -> AsyncIterator[ServerSentEvent]:
         """Each new event as a timeline item. An ended session is still watched: another process may
         resume it (a stopped, failed or interrupted session), and its new steps then come in too."""
-        from saucer.engine.overview import timeline_items
-
         seen_rounds: set[Any] = set()
         previous: float | None = None
         try:
             async for event in self.store.watch(sid, after, interval=0.2):
-                [item] = list(timeline_items([event]))
-                began = event.meta.get("started_at")
-                began = began if isinstance(began, (int, float)) and not isinstance(began, bool) and began else previous
-                if item["kind"] == "step" and began is not None and event.timestamp >= began:
-                    item["duration"] = event.timestamp - began
+                item = item_of(event, previous)
                 previous = event.timestamp
-                item["failed"] = is_failure(item)
                 html = render("timeline_item.html", item=item, sid=sid, base=base)
                 payload = {
                     "version": event.version,

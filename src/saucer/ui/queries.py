@@ -20,7 +20,7 @@ from saucer.context.events import op_key
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, read_evaluation_log, read_request_log
 from saucer.engine.status import ENDED, NOT_STARTED
 from saucer.store import Event, EventStore, SessionInfo, SessionNotFoundError
-from saucer.ui.steps import path_of, shape_rounds
+from saucer.ui.steps import Tallies, item_of, rounds_view
 from saucer.store.summary import SessionSummary
 
 __all__ = [
@@ -285,27 +285,38 @@ def session_row_of(store: EventStore, sid: str) -> dict[str, Any]:
     return found[0].row()
 
 
-def session_view(store: EventStore, sid: str, *, limit: int = 200, before: int | None = None) -> SessionView:
+def session_view(store: EventStore, sid: str, *, limit: int = 200, before: int | None = None,
+                 tallies: Tallies | None = None) -> SessionView:
     """A session's row, rounds (each with its steps, cost, tokens and time), forks, path and logs.
 
-    Every round is summarised; only ``limit`` events are listed in full: the
-    newest ones, or the newest before version ``before``.
+    Every round is summarised (from ``tallies``, which reads only what was committed since the
+    last page of this session); only ``limit`` events are listed in full: the newest ones, or the
+    newest before version ``before``.
     """
     info = store.session_info(sid)
     row = session_row_of(store, sid)
-    events = list(store.read(sid))
+    tally = (tallies or Tallies(1)).of(store, info)
+    first = store.first_version(sid)
     costs, steps, folder = ledgers(store, sid)
-    folder = folder or _log_folder(events)
     calls, verdicts, problem = _logs(folder)
-    shown = [e for e in events if before is None or e.version < before][-limit:]
-    shown_from = shown[0].version if shown else info.version + 1
-    rounds, first_failure = shape_rounds(events, shown_from, calls, shown[-1].version if shown else None, (costs, steps))
+    upto = info.version if before is None else max(min(before - 1, info.version), first - 1)
+    low = max(upto - limit, first - 1)  # shown: versions low+1..upto; the one at low gives the first its start
+    events = list(store.read(sid, max(low - 1, first - 1, 0), upto)) if upto > low else []
+    shown: list[dict[str, Any]] = []
+    previous: float | None = None
+    for event in events:
+        item = item_of(event, previous)
+        previous = event.timestamp
+        if event.version > low:
+            shown.append(item)
+    rounds = rounds_view(tally, shown, calls, (costs, steps))
     parent = info.parent_id or info.meta.get("forked_from")
     at = info.parent_version if info.parent_id else info.meta.get("at")
     return SessionView(
-        info, row, rounds, store.first_version(sid), store.forks(sid),
-        parent if isinstance(parent, str) else None, calls, verdicts, problem, shown_from, first_failure,
-        path_of(events), at if isinstance(at, int) else None, folder,
+        info, row, rounds, first, store.forks(sid),
+        parent if isinstance(parent, str) else None, calls, verdicts, problem,
+        shown[0]["version"] if shown else info.version + 1, tally.first_failure,
+        tally.path(), at if isinstance(at, int) else None, folder,
     )
 
 

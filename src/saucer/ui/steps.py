@@ -8,15 +8,18 @@ round's total is what the Context's ``ROUND_COST`` ledger holds and ``saucer sta
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from saucer.context import Context
 from saucer.engine.overview import timeline_items
-from saucer.store import Event, EventStore
+from saucer.store import Event, EventStore, SessionInfo, StoreError
 from saucer.store.summary import delta_of
 
-__all__ = ["shape_rounds", "path_of", "step_detail", "is_failure", "artifact_file", "SEPARATORS"]
+__all__ = ["SessionTally", "Tallies", "item_of", "rounds_view", "path_of", "step_detail", "is_failure", "artifact_file", "new_round",
+           "SEPARATORS"]
 
 #: Event kinds shown as thin separators between steps (not as steps).
 SEPARATORS = frozenset({"session_start", "session_resume", "round_start", "round_end", "session_end"})
@@ -43,37 +46,47 @@ def _number(value: Any) -> bool:
 
 
 def new_round(key: Any) -> dict[str, Any]:
-    """An empty round entry of :func:`shape_rounds`."""
+    """An empty round entry of :func:`rounds_view`."""
     return {"round": key, "request": None, "status": None, "steps": 0, "cost": 0.0, "cost_unknown": False,
             "tokens": 0, "events": [], "start": None, "end": None, "duration": None, "failures": 0, "failed_any": False}
 
 
-def shape_rounds(events: list[Event], shown_from: int, calls: Iterable[Mapping[str, Any]] = (),
-                 shown_to: int | None = None,
-                 ledgers: tuple[Mapping[int, float | None], Mapping[int, int]] | None = None) -> tuple[list[dict[str, Any]], int | None]:
-    """Every round summarised (request, status, steps, cost, tokens, start, end, duration, failures),
-    with the events from version ``shown_from`` to ``shown_to`` as timeline items (each with its ``duration``
-    in seconds, its bar's ``offset`` and ``width`` in % of its round, and ``failed``); and the
-    version of the first failed step (None: none).
+def item_of(event: Event, previous: float | None) -> dict[str, Any]:
+    """The timeline item of ``event`` (:func:`~saucer.engine.overview.timeline_items`) with ``failed``, and
+    for a step its ``duration`` in seconds from its ``started_at`` (else from ``previous``, the time
+    of the event before it) and ``began``."""
+    [item] = list(timeline_items([event]))
+    began = event.meta.get("started_at")
+    start = began if _number(began) and began else previous
+    if item["kind"] == "step" and start is not None and item["time"] >= start:
+        item["duration"] = item["time"] - start
+        item["began"] = start
+    item["failed"] = is_failure(item)
+    return item
 
-    With ``ledgers`` (the Context's ``ROUND_COST`` and ``ROUND_STEP`` at the head) a round's cost
-    and steps are the ledger's: the same numbers as ``saucer state``, also for rounds a prune
-    removed from the log (listed with no events)."""
-    rounds: dict[Any, dict[str, Any]] = {}
-    previous: float | None = None
-    first_failure: int | None = None
-    for event, item in zip(events, timeline_items(events)):
-        entry = rounds.get(item["round"])
+
+class SessionTally:
+    """What a session's page shows of its whole log, folded event by event so that a later page
+    reads only the events committed since (:meth:`add`): each round's request, status, steps,
+    cost (the kept summaries' rule), start, end and failures; the path (:func:`path_of`); the
+    first failure. Its events' items are not kept."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.previous: float | None = None
+        self.rounds: dict[Any, dict[str, Any]] = {}
+        self.first_failure: int | None = None
+        self.nodes: dict[str, int] = {}
+        self.edges: dict[tuple[str, str], int] = {}
+
+    def add(self, event: Event) -> None:
+        """Fold one more event (the next version) in."""
+        item = item_of(event, self.previous)
+        self.previous, self.version = event.timestamp, event.version
+        entry = self.rounds.get(item["round"])
         if entry is None:
-            entry = rounds[item["round"]] = new_round(item["round"])
-        kind = item["kind"]
-        time = item["time"]
-        began = event.meta.get("started_at")
-        start = began if _number(began) and began else previous
-        if kind == "step" and start is not None and time >= start:
-            item["duration"] = time - start
-            item["began"] = start
-        previous = time
+            entry = self.rounds[item["round"]] = new_round(item["round"])
+        kind, time = item["kind"], item["time"]
         if entry["start"] is None:
             entry["start"] = item.get("began", time)
         entry["end"] = time
@@ -81,30 +94,101 @@ def shape_rounds(events: list[Event], shown_from: int, calls: Iterable[Mapping[s
             entry["request"] = item.get("request")
         elif kind == "step":
             entry["steps"] += 1
+            self._path(event.meta)
         elif kind == "round_end":
             entry["status"] = item.get("round_status")
         delta = delta_of(item["step"], item)  # the kept summaries' rule: a round's end repeats its steps' cost
         entry["cost"] += delta.cost_add
         entry["cost_unknown"] = entry["cost_unknown"] or (delta.unknown and kind in ("step", "evaluation"))
-        item["failed"] = is_failure(item)
         if item["failed"]:
             entry["failed_any"] = True
             entry["failures"] += kind not in SEPARATORS  # failed steps; a failed end is shown, not counted
-            if first_failure is None and item["version"] >= shown_from:
-                first_failure = item["version"]
-        if item["version"] >= shown_from and (shown_to is None or item["version"] <= shown_to):
-            entry["events"].append(item)
+            if self.first_failure is None and kind not in SEPARATORS:
+                self.first_failure = item["version"]
+
+    def _path(self, meta: Mapping[str, Any]) -> None:
+        if not meta.get("agent"):
+            return
+        here = f"{meta['agent']}: {meta.get('state') or '-'}"
+        self.nodes[here] = self.nodes.get(here, 0) + 1
+        if meta.get("next_agent") or meta.get("next_state"):
+            there = f"{meta.get('next_agent') or meta['agent']}: {meta.get('next_state') or '-'}"
+            self.nodes.setdefault(there, 0)
+            self.edges[(here, there)] = self.edges.get((here, there), 0) + 1
+
+    def path(self) -> dict[str, Any]:
+        """The path the session's agents took: ``nodes`` (agent and state, with how many steps ran there)
+        and ``edges`` (from, to, how many times), in the order first seen."""
+        order = {name: i for i, name in enumerate(self.nodes)}
+        return {
+            "nodes": [{"name": n, "steps": c, "index": order[n]} for n, c in self.nodes.items()],
+            "edges": [{"from": order[a], "to": order[b], "count": c, "source": a, "target": b}
+                      for (a, b), c in self.edges.items()],
+        }
+
+
+class Tallies:
+    """Each session's :class:`SessionTally`, kept between pages (the ``size`` most recently shown) and
+    brought up to date by reading only the events committed since: a page of a session of 10^4
+    steps decodes its whole log once, not on every view."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[str, tuple[float, SessionTally]] = OrderedDict()
+
+    def of(self, store: EventStore, info: SessionInfo) -> SessionTally:
+        """The tally of ``info``'s session at ``info.version``."""
+        sid = info.session_id
+        with self._lock:
+            found = self._kept.pop(sid, None)  # held by this thread alone while it catches up
+        tally = found[1] if found is not None and found[0] == info.created_at and found[1].version <= info.version else None
+        try:
+            tally = self._catch_up(store, sid, tally or SessionTally(), info.version)
+        except StoreError:  # pruned past what it had: start again from what is readable
+            tally = self._catch_up(store, sid, SessionTally(), info.version)
+        with self._lock:
+            self._kept[sid] = (info.created_at, tally)
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return tally
+
+    @staticmethod
+    def _catch_up(store: EventStore, sid: str, tally: SessionTally, upto: int) -> SessionTally:
+        if tally.version < upto:
+            for event in store.read(sid, tally.version, upto):
+                tally.add(event)
+        return tally
+
+
+def path_of(events: Iterable[Event]) -> dict[str, Any]:
+    """:meth:`SessionTally.path` of these events."""
+    tally = SessionTally()
+    for event in events:
+        tally.add(event)
+    return tally.path()
+
+
+def rounds_view(tally: SessionTally, shown: list[dict[str, Any]], calls: Iterable[Mapping[str, Any]] = (),
+                ledgers: tuple[Mapping[int, float | None], Mapping[int, int]] | None = None) -> list[dict[str, Any]]:
+    """Every round of ``tally`` summarised (request, status, steps, cost, tokens, start, end,
+    duration, failures), with the ``shown`` items (:func:`item_of`) in their rounds, each step's
+    bar ``offset`` and ``width`` in % of its round (the waterfall).
+
+    With ``ledgers`` (the Context's ``ROUND_COST`` and ``ROUND_STEP`` at the head) a round's cost
+    and steps are the ledger's: the same numbers as ``saucer state``, also for rounds a prune
+    removed from the log (listed with no events)."""
+    rounds = {key: {**entry, "events": []} for key, entry in tally.rounds.items()}
+    for item in shown:
+        rounds.setdefault(item["round"], new_round(item["round"]))["events"].append(item)
     if ledgers is not None:
         costs, steps = ledgers
-        for number in sorted(set(costs) | set(steps)):
-            entry = rounds.get(number)
-            if entry is None:
-                entry = rounds[number] = new_round(number)
+        for number in set(costs) | set(steps):
+            entry = rounds.setdefault(number, new_round(number))
             if number in costs:
                 entry["cost"], entry["cost_unknown"] = (costs[number] or 0.0), costs[number] is None
             if number in steps:
                 entry["steps"] = steps[number]
-        rounds = dict(sorted(rounds.items(), key=lambda kv: (kv[0] is not None, kv[0] if kv[0] is not None else 0)))
     for call in calls:
         entry = rounds.get(call.get("round"))
         if entry is not None:
@@ -115,32 +199,9 @@ def shape_rounds(events: list[Event], shown_from: int, calls: Iterable[Mapping[s
         span = entry["duration"] or 0.0
         for item in entry["events"]:
             if "duration" in item and span > 0:
-                item["offset"] = round(100 * (item["began"] - entry["start"]) / span, 3)
+                item["offset"] = round(100 * max(0.0, item["began"] - entry["start"]) / span, 3)
                 item["width"] = round(100 * item["duration"] / span, 3)
-    return list(rounds.values()), first_failure
-
-
-def path_of(events: Iterable[Event]) -> dict[str, Any]:
-    """The path the session's agents took: ``nodes`` (agent and state, with how many steps ran there)
-    and ``edges`` (from, to, how many times), in the order first seen."""
-    nodes: dict[str, int] = {}
-    edges: dict[tuple[str, str], int] = {}
-    for event in events:
-        meta = event.meta
-        if meta.get("kind") != "step" or not meta.get("agent"):
-            continue
-        here = f"{meta['agent']}: {meta.get('state') or '-'}"
-        nodes[here] = nodes.get(here, 0) + 1
-        if meta.get("next_agent") or meta.get("next_state"):
-            there = f"{meta.get('next_agent') or meta['agent']}: {meta.get('next_state') or '-'}"
-            nodes.setdefault(there, 0)
-            edges[(here, there)] = edges.get((here, there), 0) + 1
-    order = list(nodes)
-    return {
-        "nodes": [{"name": n, "steps": c, "index": i} for i, (n, c) in enumerate(nodes.items())],
-        "edges": [{"from": order.index(a), "to": order.index(b), "count": c, "source": a, "target": b}
-                  for (a, b), c in edges.items()],
-    }
+    return [rounds[k] for k in sorted(rounds, key=lambda k: (k is not None, k if isinstance(k, int) else 0))]
 
 
 def _terminal(result: Any) -> dict[str, Any] | None:
@@ -163,8 +224,7 @@ def step_detail(store: EventStore, sid: str, version: int, calls: list[dict[str,
     event = next(iter(store.read(sid, version - 1, version)), None) if version > 0 else None
     if event is None:
         raise LookupError(f"session {sid!r} has no event at v{version}")
-    [item] = list(timeline_items([event]))
-    item["failed"] = is_failure(item)
+    item = item_of(event, None)
     for command in item.get("commands") or []:
         result = command.get("result") or {}
         command["terminal"] = _terminal(result.get("result")) if isinstance(result, Mapping) else None
@@ -172,9 +232,9 @@ def step_detail(store: EventStore, sid: str, version: int, calls: list[dict[str,
                if op.get("op") == "delete" and not op.get("path")}
     changes: dict[str, dict[str, Any]] = {}
     if version - 1 >= store.first_version(sid):
-        ctx = Context.open(store, sid, create=False, at=version)
+        ctx = Context.open(store, sid, create=False, at=version - 1)
         try:
-            changes = ctx.diff(version - 1, version)
+            changes = ctx.change_at(version)  # one hydrate: the state before, and this event folded onto it
         finally:
             ctx.close()
     for key, change in changes.items():

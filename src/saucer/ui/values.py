@@ -142,8 +142,8 @@ def change_html(before: Any, after: Any, *, missing_before: bool = False, missin
     left = '<span class="muted">(not set)</span>' if missing_before else _value(before)
     if missing_after:
         return Markup(
-            f'<div class="change"><div class="before ch-removed">{left}</div><div class="arrow">→</div>'
-            f'<div class="after"><span class="muted">(deleted)</span></div></div>'
+            f'<div class="change"><div class="before val ch-removed">{left}</div><div class="arrow">→</div>'
+            f'<div class="after val"><span class="muted">(deleted)</span></div></div>'
         )
     summary = ""
     if not missing_before and isinstance(before, list) and isinstance(after, list):
@@ -156,6 +156,6 @@ def change_html(before: Any, after: Any, *, missing_before: bool = False, missin
         right = _value(after, mark=" ch-changed" if not missing_before else " ch-added")
     note = f'<div class="change-summary muted">{escape(summary)}</div>' if summary else ""
     return Markup(
-        f'<div class="change">{note}<div class="before">{left}</div><div class="arrow">→</div>'
-        f'<div class="after">{right}</div></div>'
+        f'<div class="change">{note}<div class="before val">{left}</div><div class="arrow">→</div>'
+        f'<div class="after val">{right}</div></div>'
     )
