@@ -14,9 +14,10 @@ Targets (issue 30): each page <= 300 ms server time, the inspector's data <= 100
 
 Each page is requested ``--repeat`` times through the app in-process
 (Starlette's TestClient: no network, so the time is the server's: store
-reads, queries, rendering). For comparison it also times the listing as it
-was before ``session_heads`` (one read of the last event and one of the
-lease per session).
+reads, queries, rendering), after one request that warms it; then a fresh
+viewer times what a user meets first: the session's page (its whole log
+read once), a click on a step in the middle (a hydrate there), and the step
+after it (one event from the state the click left).
 
     .venv/bin/python bench/ui.py [--sessions 10000] [--steps 10000] [--repeat 15] [--postgres-url URL]
 """
@@ -31,7 +32,6 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
 
 from starlette.testclient import TestClient
 
@@ -121,12 +121,16 @@ def _bench(label: str, store: EventStore, sessions: int, steps: int, repeat: int
     for name, url in pages:
         times = _times(client, url, repeat)
         _row(name, times, len(client.get(url).content))
-    from saucer.cli.inspect import session_summary
-
-    before: Callable[[], object] = lambda: [session_summary(store, info) for info in store.sessions()]
-    start = time.perf_counter()
-    before()
-    _row("(before: one read per session, the whole table)", [(time.perf_counter() - start) * 1000])
+    # What a user meets first: a fresh viewer (nothing kept), the session's page and a click on a
+    # step in the middle; then the step after it (↓), which starts from the state the click left.
+    middle = store.head("long") // 2
+    cold = TestClient(create_app(store))
+    for name, url in [("first view of the session page (cold)", "/sessions/long"),
+                      ("first click on a middle step (cold)", f"/sessions/long/steps/{middle}"),
+                      ("the next step (↓) after it", f"/sessions/long/steps/{middle + 1}")]:
+        start = time.perf_counter()
+        assert cold.get(url).status_code == 200
+        _row(name, [(time.perf_counter() - start) * 1000])
 
 
 def main() -> int:

@@ -278,3 +278,46 @@ def test_without_a_token_only_this_machines_names_reach_the_viewer(store: EventS
     assert c.get("/sessions", headers={"Host": "localhost:8766"}).status_code == 200
     rebound = c.get("/sessions", headers={"Host": "attacker.example:8766"})
     assert rebound.status_code == 400 and "s" not in rebound.text.replace("Invalid host header", "")
+
+
+def test_a_steps_change_from_a_kept_state_equals_the_diff_of_two_versions(store: EventStore) -> None:
+    from saucer.context.queries import change_of
+
+    write_session(store, "s", steps=4)
+    ctx = Context.open(store, "s", create=False)
+    ctx.append("log", "a")
+    ctx.commit()
+    ctx.append("log", "b")
+    ctx.update_vars(delete=["n"])
+    ctx.commit()
+    before = None
+    for version in range(1, store.head("s") + 1):
+        changes, before = change_of(store, "s", version, before)  # each from the one before: one event each
+        assert changes == ctx.diff(version - 1, version) == ctx.change_at(version), version
+    ctx.close()
+
+
+def test_artifacts_are_served_from_the_sessions_log_folder_only(store: EventStore, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "shot.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    (logs / "tree.json").write_text('{"role": "window", "children": [{"name": "<b>OK</b>"}]}')
+    (tmp_path / "secret.png").write_bytes(b"\x89PNG secret")
+    ctx = Context.open(store, "art", author="system")
+    ctx.set("LOG_PATH", str(logs))
+    ctx.commit_step(author="agent", round=1, step=1, meta={"kind": "step", "agent": "op", "state": "ACT", "artifacts": [
+        {"kind": "screenshot", "path": str(logs / "shot.png"), "width": 4, "height": 4},
+        {"kind": "ui_tree", "path": str(logs / "tree.json"), "nodes": 2},
+        {"kind": "screenshot", "path": str(tmp_path / "secret.png")},
+        {"kind": "screenshot", "path": str(logs / ".." / "secret.png")},
+    ]})
+    ctx.close()
+    c = client(store)
+    panel = c.get("/sessions/art/steps/1")
+    assert panel.status_code == 200 and '<img class="shot" src="/sessions/art/steps/1/artifacts/0"' in panel.text
+    shot = c.get("/sessions/art/steps/1/artifacts/0")
+    assert shot.status_code == 200 and shot.headers["content-type"] == "image/png" and shot.content.endswith(b"fake")
+    tree = c.get("/sessions/art/steps/1/artifacts/1", params={"as": "html"})
+    assert tree.status_code == 200 and "&lt;b&gt;OK&lt;/b&gt;" in tree.text and "<b>OK" not in tree.text
+    for index in (2, 3, 9):
+        assert c.get(f"/sessions/art/steps/1/artifacts/{index}").status_code == 404

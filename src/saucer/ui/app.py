@@ -39,7 +39,7 @@ from starlette.staticfiles import StaticFiles
 from saucer.store import EventStore, SessionNotFoundError, StoreError, VersionNotFoundError
 from saucer.ui import queries
 from saucer.ui.render import render
-from saucer.ui.steps import Tallies, artifact_file, item_of, new_round, step_detail
+from saucer.ui.steps import States, Tallies, artifact_file, item_of, new_round, step_detail
 from saucer.ui.values import value_html
 
 __all__ = ["Scope", "create_app", "COOKIE"]
@@ -97,6 +97,7 @@ class Viewer:
         self.scope: Scope = scope or _Everything()
         self.title = title
         self.tallies = Tallies()  # each session's page reads only what was committed since its last view
+        self.states = States()  # the inspector's next step costs one event
 
     # ------------------------------------------------------------ plumbing
 
@@ -180,7 +181,7 @@ class Viewer:
             detail = None
             if step is not None:  # the inspector open on a step: an address to share
                 try:
-                    detail = step_detail(self.store, sid, step, view.calls)
+                    detail = step_detail(self.store, sid, step, view.calls, self.states)
                 except LookupError as exc:
                     raise _NotFound(str(exc)) from None
             return _Page("session.html", {"view": view, "sid": sid, "before": before, "detail": detail})
@@ -196,7 +197,7 @@ class Viewer:
             def build() -> str:
                 version = _int_path(request, "version")
                 calls, _, _ = queries.session_logs(self.store, sid)
-                detail = step_detail(self.store, sid, version, calls)
+                detail = step_detail(self.store, sid, version, calls, self.states)
                 base = request.scope.get("root_path", "").rstrip("/")
                 return render("inspector.html", detail=detail, sid=sid, base=base)
 

@@ -13,12 +13,12 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from saucer.context import Context
+from saucer.context.queries import change_of
 from saucer.engine.overview import timeline_items
 from saucer.store import Event, EventStore, SessionInfo, StoreError
 from saucer.store.summary import delta_of
 
-__all__ = ["SessionTally", "Tallies", "item_of", "rounds_view", "path_of", "step_detail", "is_failure", "artifact_file", "new_round",
+__all__ = ["SessionTally", "Tallies", "States", "item_of", "rounds_view", "path_of", "step_detail", "is_failure", "artifact_file", "new_round",
            "SEPARATORS"]
 
 #: Event kinds shown as thin separators between steps (not as steps).
@@ -217,7 +217,30 @@ def _terminal(result: Any) -> dict[str, Any] | None:
     return None
 
 
-def step_detail(store: EventStore, sid: str, version: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
+class States:
+    """The Context's state after the steps the inspector showed last (a few per session), so that the
+    next step (↓) costs one event instead of a hydrate (:func:`~saucer.context.queries.change_of`)."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, int, float], Any] = OrderedDict()
+
+    def change(self, store: EventStore, sid: str, version: int) -> dict[str, dict[str, Any]]:
+        """What the event at ``version`` changed, from a kept state at ``version - 1`` when there is one."""
+        created = store.session_info(sid).created_at
+        with self._lock:
+            before = self._kept.get((sid, version - 1, created))
+        changes, after = change_of(store, sid, version, before)
+        with self._lock:
+            self._kept[(sid, version, created)] = after
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return changes
+
+
+def step_detail(store: EventStore, sid: str, version: int, calls: list[dict[str, Any]],
+                states: States | None = None) -> dict[str, Any]:
     """One step (or any event) in full: the timeline item, its commands with results (shell output
     as terminal blocks), the Context keys it changed before → after, its LLM calls and artifacts."""
     store.check_readable(sid, version)
@@ -232,11 +255,7 @@ def step_detail(store: EventStore, sid: str, version: int, calls: list[dict[str,
                if op.get("op") == "delete" and not op.get("path")}
     changes: dict[str, dict[str, Any]] = {}
     if version - 1 >= store.first_version(sid):
-        ctx = Context.open(store, sid, create=False, at=version - 1)
-        try:
-            changes = ctx.change_at(version)  # one hydrate: the state before, and this event folded onto it
-        finally:
-            ctx.close()
+        changes = states.change(store, sid, version) if states is not None else change_of(store, sid, version)[0]
     for key, change in changes.items():
         change["missing_before"] = change["before"] is None
         change["missing_after"] = change["after"] is None and key in deleted
