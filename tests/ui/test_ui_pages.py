@@ -321,3 +321,31 @@ def test_artifacts_are_served_from_the_sessions_log_folder_only(store: EventStor
     assert tree.status_code == 200 and "&lt;b&gt;OK&lt;/b&gt;" in tree.text and "<b>OK" not in tree.text
     for index in (2, 3, 9):
         assert c.get(f"/sessions/art/steps/1/artifacts/{index}").status_code == 404
+
+
+def test_the_diff_from_one_hydrate_equals_the_contexts_diff(store: EventStore) -> None:
+    from saucer.context.queries import diff_of
+
+    write_session(store, "d", steps=5, big=50)
+    ctx = Context.open(store, "d", create=False)
+    head = store.head("d")
+    for v1, v2 in ((0, head), (2, 5), (5, 2), (3, 3), (1, head - 1)):
+        assert diff_of(store, "d", v1, v2) == ctx.diff(v1, v2), (v1, v2)
+    ctx.close()
+
+
+def test_a_kept_history_catches_up_with_new_commits_and_a_prune(store: EventStore) -> None:
+    from saucer.context.retention import prune
+    from saucer.ui.queries import Histories, history
+
+    write_session(store, "h", steps=3)
+    kept = Histories()
+    assert history(store, "h", "vars.n", kept) == history(store, "h", "vars.n") and len(history(store, "h", "vars.n")) == 3
+    ctx = Context.open(store, "h", create=False)
+    for _ in range(4):
+        ctx.incr("n")
+        ctx.commit()
+    ctx.close()
+    assert history(store, "h", "vars.n", kept) == history(store, "h", "vars.n") and len(history(store, "h", "vars.n")) == 7
+    prune(store, "h", keep_last=2)
+    assert history(store, "h", "vars.n", kept) == history(store, "h", "vars.n")

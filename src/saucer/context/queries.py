@@ -19,7 +19,7 @@ from saucer.store.model import check_version
 if TYPE_CHECKING:
     from saucer.store import EventStore
 
-__all__ = ["HistoryQueries", "change_of"]
+__all__ = ["HistoryQueries", "change_of", "diff_of"]
 
 
 class HistoryQueries(Snapshots):
@@ -136,3 +136,19 @@ def change_of(store: EventStore, session_id: str, version: int, before: State | 
     b = _flat(after)
     changes = {k: {"before": a.get(k), "after": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
     return changes, after
+
+
+def diff_of(store: EventStore, session_id: str, v1: int, v2: int) -> dict[str, dict[str, Any]]:
+    """:meth:`Queries.diff` of ``v1 <= v2`` from one hydrate: the state at ``v1``, then the events up
+    to ``v2`` put through the one fold (two hydrates cost twice as much far from a snapshot)."""
+    if v2 < v1:
+        swapped = diff_of(store, session_id, v2, v1)
+        return {k: {"before": c["after"], "after": c["before"]} for k, c in swapped.items()}
+    before = replay(store, session_id, v1).state
+    a = _flat(before)
+    after = state_from_wire(state_to_wire(before, whole=True))
+    for event in store.read(session_id, v1, v2):
+        apply_ops(after, event.ops)
+    store.check_readable(session_id, v2)
+    b = _flat(after)
+    return {k: {"before": a.get(k), "after": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}

@@ -98,6 +98,7 @@ class Viewer:
         self.title = title
         self.tallies = Tallies()  # each session's page reads only what was committed since its last view
         self.states = States()  # the inspector's next step costs one event
+        self.histories = queries.Histories()  # a key's history, read again, reads only what is new
 
     # ------------------------------------------------------------ plumbing
 
@@ -277,7 +278,7 @@ class Viewer:
             if not key:
                 raise ValueError("name a key: history?key=REQUEST (a Context name) or key=vars.NAME")
             before = _int_param(request, "before")
-            changes = queries.history(self.store, sid, key)
+            changes = queries.history(self.store, sid, key, self.histories)
             total = len(changes)
             if before is not None:
                 changes = [c for c in changes if c["version"] < before]

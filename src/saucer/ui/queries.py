@@ -10,12 +10,15 @@ once. Every answer is plain data; :mod:`saucer.ui.render` turns it into HTML.
 from __future__ import annotations
 
 import datetime as _dt
+import threading
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from saucer.context import Context
+from saucer.context.queries import diff_of
 from saucer.context.events import op_key
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, read_evaluation_log, read_request_log
 from saucer.engine.status import ENDED, NOT_STARTED
@@ -35,6 +38,7 @@ __all__ = [
     "state_at",
     "diff",
     "history",
+    "Histories",
     "SORTS",
     "PAGE_SIZE",
 ]
@@ -231,15 +235,6 @@ class SessionView:
     log_folder: str | None = None
 
 
-def _log_folder(events: list[Event]) -> str | None:
-    """The session's ``LOG_PATH``: the value its newest write of that name set (none when never set)."""
-    for event in reversed(events):
-        for op in reversed(event.ops):
-            if op.get("name") == "LOG_PATH" and op["op"] == "set" and not op.get("path"):
-                return op["value"] if isinstance(op["value"], str) else None
-    return None
-
-
 def _logs(folder: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
     """The session's request and evaluation logs, from the folder its ``LOG_PATH`` names."""
     if not folder or not Path(folder).is_dir():
@@ -337,25 +332,55 @@ def state_at(store: EventStore, sid: str, at: int | None) -> tuple[int, dict[str
 
 
 def diff(store: EventStore, sid: str, v1: int, v2: int) -> dict[str, dict[str, Any]]:
-    """Keys whose values differ between two versions: ``{key: {"before": a, "after": b}}``."""
+    """Keys whose values differ between two versions: ``{key: {"before": a, "after": b}}``
+    (:meth:`Context.diff`'s answer, from one hydrate: :func:`~saucer.context.queries.diff_of`)."""
     store.check_readable(sid, v1)
     store.check_readable(sid, v2)
-    ctx = Context.open(store, sid, create=False, at=store.head(sid))
-    try:
-        return ctx.diff(v1, v2)
-    finally:
-        ctx.close()
+    return diff_of(store, sid, v1, v2)
 
 
-def history(store: EventStore, sid: str, key: str) -> list[dict[str, Any]]:
-    """Every change to ``key`` (a name or ``vars.NAME``): version, time, author, round, step and the operation."""
-    wanted = Context.history_key(key)
+def history(store: EventStore, sid: str, key: str, kept: "Histories | None" = None) -> list[dict[str, Any]]:
+    """Every change to ``key`` (a name or ``vars.NAME``): version, time, author, round, step and the operation.
+
+    With ``kept`` (the viewer's), a later view of the same key reads only the events committed since."""
+    if kept is not None:
+        return kept.of(store, store.session_info(sid), key)
+    return _changes(store, sid, Context.history_key(key), 0, None)
+
+
+def _changes(store: EventStore, sid: str, wanted: Any, after: int, upto: int | None) -> list[dict[str, Any]]:
     changes: list[dict[str, Any]] = []
-    for event in store.read(sid):
+    for event in store.read(sid, after, upto):
         for op in event.ops:
             if op_key(op) == wanted:
                 changes.append(_change(event, op))
     return changes
+
+
+class Histories:
+    """The changes of the keys whose history was shown last (``size`` of them), each brought up to
+    date by reading only the events committed since."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, str, float], tuple[int, int, list[dict[str, Any]]]] = OrderedDict()
+
+    def of(self, store: EventStore, info: SessionInfo, key: str) -> list[dict[str, Any]]:
+        """Every change to ``key`` in ``info``'s session up to ``info.version``."""
+        wanted = Context.history_key(key)
+        slot = (info.session_id, key, info.created_at)
+        with self._lock:
+            version, since, changes = self._kept.pop(slot, (0, 0, []))
+        first = store.first_version(info.session_id)
+        if version > info.version or since != first:  # a prune rewrote the log's start: read it again
+            version, changes = 0, []
+        changes = changes + _changes(store, info.session_id, wanted, version, info.version)
+        with self._lock:
+            self._kept[slot] = (info.version, first, changes)
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return list(changes)
 
 
 def _change(event: Event, op: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from saucer.context.queries import change_of
+from saucer.context.replay import replay
 from saucer.engine.overview import timeline_items
 from saucer.store import Event, EventStore, SessionInfo, StoreError
 from saucer.store.summary import delta_of
@@ -231,8 +232,11 @@ class States:
         created = store.session_info(sid).created_at
         with self._lock:
             before = self._kept.get((sid, version - 1, created))
+        if before is None:  # a hydrate there; kept too: the same step again, or ↑ after ↓, costs nothing more
+            before = replay(store, sid, version - 1).state
         changes, after = change_of(store, sid, version, before)
         with self._lock:
+            self._kept[(sid, version - 1, created)] = before
             self._kept[(sid, version, created)] = after
             while len(self._kept) > self.size:
                 self._kept.popitem(last=False)
