@@ -146,28 +146,25 @@ class SessionsPage:
 STATUSES = ("running", "interrupted", NOT_STARTED, *sorted(ENDED), "-")
 
 
-def _sort_key(sort: str) -> Any:
-    if sort == "updated":
-        return lambda r: r["updated_at"]
-    if sort == "created":
-        return lambda r: r["created_at"]
-    if sort == "duration":
-        return lambda r: r["updated_at"] - r["created_at"]
-    return lambda r: str(r[sort]).lower()
+def _cost(s: SessionSummary) -> float | None:
+    return s.counts()[2]  # the cost as listed: none for a session the engine did not make
 
 
-def _sorted(rows: list[dict[str, Any]], sort: str, desc: bool) -> list[dict[str, Any]]:
+#: The value each column of the table sorts by, from a summary (None: last, either way).
+_SORT_VALUE: dict[str, Any] = {
+    # text by code point, as the store's listing (``saucer sessions --sort``) orders it; no task or mode last
+    "updated": lambda s: s.updated_at, "created": lambda s: s.created_at, "id": lambda s: s.session_id,
+    "task": lambda s: s.task, "mode": lambda s: s.mode, "status": lambda s: s.status, "steps": lambda s: s.counts()[1], "cost": _cost, "version": lambda s: s.version,
+    "duration": lambda s: s.updated_at - s.created_at,
+}
+
+
+def _sorted(rows: list[SessionSummary], sort: str, desc: bool) -> list[SessionSummary]:
     """Rows in the order of ``sort``; an unknown number (None) last both ways, as ``saucer sessions`` sorts."""
-    rows = sorted(rows, key=lambda r: r["id"])  # ties by id, ascending either way (as the store's listing)
-    if sort in ("steps", "cost", "version"):
-        known = sorted((r for r in rows if r[sort] is not None), key=lambda r: r[sort], reverse=desc)
-        return known + [r for r in rows if r[sort] is None]
-    return sorted(rows, key=_sort_key(sort), reverse=desc)
-
-
-def _listed_row(s: SessionSummary) -> dict[str, Any]:
-    """A session's columns: :meth:`SessionSummary.row`, what ``saucer sessions --json`` shows."""
-    return s.row()
+    rows = sorted(rows, key=lambda s: s.session_id)  # ties by id, ascending either way (as the store's listing)
+    value = _SORT_VALUE[sort]
+    known = sorted((s for s in rows if value(s) is not None), key=value, reverse=desc)
+    return known + [s for s in rows if value(s) is None]
 
 
 def list_sessions(
@@ -177,42 +174,44 @@ def list_sessions(
 
     One :meth:`~saucer.store.EventStore.list_sessions` call whatever the number
     of sessions (the summaries hold status, steps and cost already); the
-    filters, the search and the sorting run over those rows.
+    filters, the search and the sorting run over those summaries, and the rows
+    shown are :meth:`SessionSummary.row`, what ``saucer sessions --json`` shows.
     """
     wanted = None if allowed is None else set(allowed)
-    rows = [_listed_row(s) for s in store.list_sessions() if wanted is None or s.session_id in wanted]
-    modes = sorted({str(r["mode"]) for r in rows})
-    tasks = sorted({str(r["task"]) for r in rows})
+    rows = [s for s in store.list_sessions() if wanted is None or s.session_id in wanted]
+    modes = sorted({"-" if s.mode is None else s.mode for s in rows})
+    tasks = sorted({"-" if s.task is None else s.task for s in rows})
     store_total = len(rows)
     start, end = query.window()
     needle = query.q.casefold()
     if query.mode:
-        rows = [r for r in rows if str(r["mode"]) == query.mode]
+        rows = [s for s in rows if ("-" if s.mode is None else s.mode) == query.mode]
     if query.task:
-        rows = [r for r in rows if str(r["task"]) == query.task]
+        rows = [s for s in rows if ("-" if s.task is None else s.task) == query.task]
     if start is not None:
-        rows = [r for r in rows if r["updated_at"] >= start]
+        rows = [s for s in rows if s.updated_at >= start]
     if end is not None:
-        rows = [r for r in rows if r["created_at"] < end]
+        rows = [s for s in rows if s.created_at < end]
     if needle:
         rows = [
-            r for r in rows
-            if needle in r["id"].casefold() or needle in str(r["task"]).casefold() or needle in (r["request"] or "").casefold()
+            s for s in rows
+            if needle in s.session_id.casefold() or needle in ("-" if s.task is None else s.task).casefold()
+            or needle in (s.request or "").casefold()
         ]
     counts: dict[str, int] = {}
-    for r in rows:  # what each status would show, with the other filters applied
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    for s in rows:  # what each status would show, with the other filters applied
+        counts[s.status] = counts.get(s.status, 0) + 1
     if query.status:
-        rows = [r for r in rows if r["status"] == query.status]
+        rows = [s for s in rows if s.status == query.status]
     if query.sort != "updated" or not query.desc:  # the store's order is already most recently updated first
         rows = _sorted(rows, query.sort, query.desc)
-    known = [r["cost"] for r in rows if r["cost"] is not None]
-    unknown = sum(1 for r in rows if r["cost"] is None and r["status"] != "-")
+    costs = [_cost(s) for s in rows]
+    unknown = sum(1 for s, c in zip(rows, costs) if c is None and s.status != "-")
     pages = max(1, -(-len(rows) // page_size))
     page = min(query.page, pages)
-    shown = rows[(page - 1) * page_size: page * page_size]
+    shown = [s.row() for s in rows[(page - 1) * page_size: page * page_size]]
     return SessionsPage(shown, len(rows), page, pages, list(STATUSES), modes, tasks, store_total,
-                        [(s, counts[s]) for s in STATUSES if s in counts], sum(known), unknown)
+                        [(s, counts[s]) for s in STATUSES if s in counts], sum(c for c in costs if c is not None), unknown)
 
 
 @dataclass
