@@ -179,6 +179,9 @@ def test_round_costs_are_the_contexts_ledger_never_counted_twice(made: dict[str,
             if made["listed"][sid]["cost"] is not None and total is not None:
                 assert made["listed"][sid]["cost"] == pytest.approx(total), sid
         assert checked >= 2  # the priced and the unpriced LLM sessions at least
+        # The chart of cost and tokens is drawn when there is something to draw, never as an empty box.
+        assert 'id="chart"' in client.get("/sessions/llm-priced").text
+        assert 'id="chart"' not in client.get("/sessions/plan-ok").text
 
 
 def test_unknown_costs_sort_last_both_ways_as_in_the_cli(made: dict[str, Any]) -> None:
