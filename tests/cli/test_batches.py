@@ -34,7 +34,8 @@ def test_two_runs_over_one_folder_never_run_a_plan_twice(run_cli, tmp_path: Path
     assert len(rows) == 6 and {r["status"] for r in rows} == {"finished"}
     assert not list(tmp_path.rglob("tasks_status.json"))  # the batch's status is in the store
     # Each finished plan was saved as experience: "ask" without a terminal is "auto" for a pool.
-    assert len(list((tmp_path / "logs" / "plans").glob("*/experience.json"))) == 6
+    # Each plan keeps its own task ("p0".."p5"), and its logs are under it.
+    assert len(list((tmp_path / "logs").glob("p*/*/experience.json"))) == 6
 
     again = run_cli("run", "--plan", "plans", "-w", "ws", check=True)
     assert "6 plan(s) in plans: 0 to run, 0 to continue, 6 skipped" in again.stdout
@@ -60,4 +61,4 @@ def test_a_pool_in_a_terminal_asks_about_experience_once(tmp_path: Path) -> None
     assert child.exitstatus == 0
     assert "running session" not in before  # asked before any session started
     assert "Save this session" not in child.before  # and never again, per session
-    assert len(list((tmp_path / "logs" / "plans").glob("*/experience.json"))) == 2
+    assert len(list((tmp_path / "logs").glob("p*/*/experience.json"))) == 2  # under each plan's own task

@@ -129,6 +129,16 @@ def test_folder_of_plans_runs_as_a_pool(run_cli, tmp_path: Path) -> None:
     run_cli("run", "--plan", "plans", "--concurrency", "2", "--workspace", "ws", check=True, timeout=90)
     assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == ["f0.txt", "f1.txt", "f2.txt"]
     assert len(_session_ids(run_cli)) == 3
+    listed = json.loads(run_cli("sessions", "--json", check=True).stdout)
+    assert sorted(row["task"] for row in listed) == ["p0", "p1", "p2"]  # each plan's own task, not the folder's name
+
+
+def test_a_session_id_that_is_a_path_segment_is_refused(run_cli, tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    for bad in (".", ".."):
+        proc = run_cli("run", "--plan", "plan.json", "--session-id", bad)
+        assert proc.returncode != 0 and "is not valid" in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_store_commands(run_cli, tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def test_a_prune_and_a_fork_standing_alone_keep_the_plan_in_its_column(tmp_path:
         assert prune(store, "p", keep_last=3) == 7
         p, f = store.session_info("p"), store.session_info("f")
         assert list(p.meta.items()) == [("task", "p"), ("plan", PLAN), ("mode", "normal"), ("pruned_to", 7)]
-        assert f.parent_id is None and list(f.meta.items()) == [("plan", [1]), ("task", "f"), ("forked_from", "p"), ("at", 5)]
-        assert store.session_info_without_plan("f")[0].meta == {"task": "f", "forked_from": "p", "at": 5}
+        assert f.parent_id is None and list(f.meta.items()) == [("plan", [1]), ("task", "f"), ("forked_from", "p"), ("at", 5), ("mode", "normal")]  # its parent's mode, inherited
+        assert store.session_info_without_plan("f")[0].meta == {"task": "f", "forked_from": "p", "at": 5, "mode": "normal"}
     columns = _columns(path)
     assert columns == {"p": _split(p.meta), "f": _split(f.meta)}

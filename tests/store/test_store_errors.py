@@ -47,7 +47,7 @@ GOOD_IDS = [
     "run-2024-01-01.1_x:y@z+w",
     "x" * SESSION_ID_MAX_LENGTH,
 ]
-BAD_IDS = ["", "a b", "a\x00b", "naïve", "a/b", "tab\there", "x" * (SESSION_ID_MAX_LENGTH + 1), "y" * 8000]
+BAD_IDS = ["", "a b", "a\x00b", "naïve", "a/b", "tab\there", "x" * (SESSION_ID_MAX_LENGTH + 1), "y" * 8000, ".", ".."]
 
 
 def test_every_id_the_engine_makes_is_valid_and_commits(store: EventStore) -> None:

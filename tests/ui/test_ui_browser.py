@@ -169,7 +169,8 @@ def test_browse_search_click_in_step_versions_and_diff(scene: dict[str, Any], pa
     assert rows.count() == 3
     assert page.locator(f'a[href="/sessions/{demo}"]').is_visible() and page.locator(f'a[href="/sessions/{service}"]').is_visible()
     stamp = page.locator("table.sessions time").first
-    assert stamp.inner_text() == _local(stamp.get_attribute("datetime"))  # the viewer's zone, not the server's
+    assert stamp.inner_text().endswith(" ago")  # relative, with the time in the viewer's zone (not the server's) as its title
+    assert stamp.get_attribute("title") == _local(stamp.get_attribute("datetime"))
     page.screenshot(path=str(artifacts / "1-sessions.png"), full_page=True)
 
     # A filter's select asks at once; back to "any" shows every session again.
@@ -208,7 +209,8 @@ def test_browse_search_click_in_step_versions_and_diff(scene: dict[str, Any], pa
     page.screenshot(path=str(artifacts / "5-diff.png"), full_page=True)
 
     page.goto(f"{scene['viewer']}/sessions/{service}")
-    assert "<script>alert" in page.locator("#timeline").inner_text()  # shown literally, never run
+    page.locator("#timeline li.kind-step a.inspect").first.click()
+    expect(page.locator("#inspected")).to_contain_text("<script>alert")  # shown literally, never run
     page.screenshot(path=str(artifacts / "6-service-session.png"), full_page=True)
 
 
@@ -230,8 +232,9 @@ def test_follow_a_live_session_while_another_process_commits(scene: dict[str, An
         writer.kill()
     assert page.evaluate("window.__notReloaded") is True  # the steps came in without a reload
     assert page.locator("#head-version").inner_text() == str(head + 4)
-    assert "live step 3 <done>" in page.locator(f"#v{head + 3}").inner_text()
-    assert page.locator("#live-note").inner_text() == "the session ended"
+    page.click(f"#v{head + 3} a.inspect")  # the step's result, in the inspector
+    expect(page.locator("#inspected")).to_contain_text("live step 3 <done>")
+    assert page.locator("#live-note").inner_text() == "the session ended (finished); still following in case it is resumed"
     page.screenshot(path=str(artifacts / "8-live-ended.png"), full_page=True)
 
 

@@ -15,6 +15,7 @@ from saucer.store import EventStore, open_store
 from saucer.store.sqlite import SQLiteStore
 from saucer.ui import COOKIE, create_app
 from saucer.ui.queries import SessionQuery, list_sessions
+from saucer.ui.values import key_html
 
 from ui_helpers import HOSTILE, many_sessions, run_demo, write_session
 
@@ -57,14 +58,15 @@ def test_the_demo_session_on_every_page(demo: tuple[str, str]) -> None:
         body = text(page.text)
         assert "round 1" in body and "files.write" in page.text and "success" in body
         head = st.head(sid)
-        assert f'id="head-version">{head}<' in page.text and 'data-live="no"' in page.text
+        # An ended session is still followed: another process may resume it.
+        assert f'id="head-version">{head}<' in page.text and 'data-live="yes"' in page.text
         state = c.get(f"/sessions/{sid}/state", params={"at": 3})
         assert state.status_code == 200 and "v3" in text(state.text) and 'id="next"' in state.text
         at4 = c.get(re.search(r'id="next" rel="next" href="([^"]+)"', state.text)[1].replace("&amp;", "&"))
         assert "State at v4" in text(at4.text)
         changes = Context.open(st, sid, create=False, at=head).diff(3, head)
         diff = c.get(f"/sessions/{sid}/diff", params={"from": 3, "to": head})
-        assert diff.status_code == 200 and all(f">{key}<" in diff.text for key in changes)
+        assert diff.status_code == 200 and all(str(key_html(key)) in diff.text for key in changes)
         history = c.get(f"/sessions/{sid}/history", params={"key": "REQUEST"})
         assert history.status_code == 200 and text(history.text).count("set") >= 1
         event = c.get(f"/sessions/{sid}/events/5")
@@ -92,7 +94,9 @@ def test_a_large_value_is_cut_with_a_link_to_all_of_it(store: EventStore) -> Non
     full = c.get(link)
     assert full.status_code == 200 and "x" * 10_000 in full.text
     session = c.get("/sessions/big")
-    assert "x" * 10_000 not in session.text and "show all" in session.text
+    assert "x" * 10_000 not in session.text  # the timeline lists steps; the inspector shows their values
+    step = c.get("/sessions/big/steps/3")
+    assert step.status_code == 200 and "show all 10000 characters" in step.text
     assert "x" * 10_000 in c.get("/sessions/big/events/3").text
 
 
@@ -214,7 +218,7 @@ def test_forks_and_parents_link_to_each_other(store: EventStore) -> None:
     assert 'href="/sessions/p-fork"' in c.get("/sessions/p").text
     child = c.get("/sessions/p-fork")
     assert 'href="/sessions/p"' in child.text and "at v3" in text(child.text)
-    assert "fork of p@3" in text(c.get("/sessions").text)
+    assert 'fork of <a class="parent" href="/sessions/p">p</a>@3' in c.get("/sessions").text
 
 
 def test_a_session_the_engine_did_not_make_has_no_counts_in_the_listing(store: EventStore) -> None:
@@ -274,3 +278,74 @@ def test_without_a_token_only_this_machines_names_reach_the_viewer(store: EventS
     assert c.get("/sessions", headers={"Host": "localhost:8766"}).status_code == 200
     rebound = c.get("/sessions", headers={"Host": "attacker.example:8766"})
     assert rebound.status_code == 400 and "s" not in rebound.text.replace("Invalid host header", "")
+
+
+def test_a_steps_change_from_a_kept_state_equals_the_diff_of_two_versions(store: EventStore) -> None:
+    from saucer.context.queries import change_of
+
+    write_session(store, "s", steps=4)
+    ctx = Context.open(store, "s", create=False)
+    ctx.append("log", "a")
+    ctx.commit()
+    ctx.append("log", "b")
+    ctx.update_vars(delete=["n"])
+    ctx.commit()
+    before = None
+    for version in range(1, store.head("s") + 1):
+        changes, before = change_of(store, "s", version, before)  # each from the one before: one event each
+        assert changes == ctx.diff(version - 1, version) == ctx.change_at(version), version
+    ctx.close()
+
+
+def test_artifacts_are_served_from_the_sessions_log_folder_only(store: EventStore, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "shot.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    (logs / "tree.json").write_text('{"role": "window", "children": [{"name": "<b>OK</b>"}]}')
+    (tmp_path / "secret.png").write_bytes(b"\x89PNG secret")
+    ctx = Context.open(store, "art", author="system")
+    ctx.set("LOG_PATH", str(logs))
+    ctx.commit_step(author="agent", round=1, step=1, meta={"kind": "step", "agent": "op", "state": "ACT", "artifacts": [
+        {"kind": "screenshot", "path": str(logs / "shot.png"), "width": 4, "height": 4},
+        {"kind": "ui_tree", "path": str(logs / "tree.json"), "nodes": 2},
+        {"kind": "screenshot", "path": str(tmp_path / "secret.png")},
+        {"kind": "screenshot", "path": str(logs / ".." / "secret.png")},
+    ]})
+    ctx.close()
+    c = client(store)
+    panel = c.get("/sessions/art/steps/1")
+    assert panel.status_code == 200 and '<img class="shot" src="/sessions/art/steps/1/artifacts/0"' in panel.text
+    shot = c.get("/sessions/art/steps/1/artifacts/0")
+    assert shot.status_code == 200 and shot.headers["content-type"] == "image/png" and shot.content.endswith(b"fake")
+    tree = c.get("/sessions/art/steps/1/artifacts/1", params={"as": "html"})
+    assert tree.status_code == 200 and "&lt;b&gt;OK&lt;/b&gt;" in tree.text and "<b>OK" not in tree.text
+    for index in (2, 3, 9):
+        assert c.get(f"/sessions/art/steps/1/artifacts/{index}").status_code == 404
+
+
+def test_the_diff_from_one_hydrate_equals_the_contexts_diff(store: EventStore) -> None:
+    from saucer.context.queries import diff_of
+
+    write_session(store, "d", steps=5, big=50)
+    ctx = Context.open(store, "d", create=False)
+    head = store.head("d")
+    for v1, v2 in ((0, head), (2, 5), (5, 2), (3, 3), (1, head - 1)):
+        assert diff_of(store, "d", v1, v2) == ctx.diff(v1, v2), (v1, v2)
+    ctx.close()
+
+
+def test_a_kept_history_catches_up_with_new_commits_and_a_prune(store: EventStore) -> None:
+    from saucer.context.retention import prune
+    from saucer.ui.queries import Histories, history
+
+    write_session(store, "h", steps=3)
+    kept = Histories()
+    assert history(store, "h", "vars.n", kept) == history(store, "h", "vars.n") and len(history(store, "h", "vars.n")) == 3
+    ctx = Context.open(store, "h", create=False)
+    for _ in range(4):
+        ctx.incr("n")
+        ctx.commit()
+    ctx.close()
+    assert history(store, "h", "vars.n", kept) == history(store, "h", "vars.n") and len(history(store, "h", "vars.n")) == 7
+    prune(store, "h", keep_last=2)
+    assert history(store, "h", "vars.n", kept) == history(store, "h", "vars.n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -33,7 +34,12 @@ def test_serve_shows_each_principal_its_own_sessions_and_devices(processes: Proc
         mine = http.get("/ui/sessions", headers=auth(ALICE))
         assert mine.status_code == 200 and f'href="/ui/sessions/{sid}"' in mine.text and 'href="/ui/devices"' in mine.text
         page = http.get(f"/ui/sessions/{sid}", headers=auth(ALICE))
-        assert page.status_code == 200 and "echo" in page.text and "&lt;hi&gt;" in page.text and "<hi>" not in page.text
+        assert page.status_code == 200 and "echo" in page.text and "<hi>" not in page.text
+        step = re.search(r'<li class="item kind-step[^"]*"[^>]*>\s*<a class="inspect" href="[^"]*" data-fragment="([^"]+)"', page.text)
+        assert step is not None
+        panel = http.get(step[1], headers=auth(ALICE))  # the step inspector: the command's parameters, escaped
+        assert panel.status_code == 200 and "&lt;hi&gt;" in panel.text and "<hi>" not in panel.text
+        assert http.get(step[1], headers=auth(BOB)).status_code == 404
         assert 'src="/ui/static/htmx.min.js"' in page.text
         assert http.get("/ui/static/htmx.min.js").status_code == 200
         theirs = http.get("/ui/sessions", headers=auth(BOB))

@@ -83,7 +83,7 @@ def sessions_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="At most N sessions (the first N in the order of --sort)."),
     status: Optional[list[str]] = typer.Option(
-        None, "--status", help="Only sessions with this status (running, interrupted, finished, failed, error, stopped, or - for one the engine did not make); repeat for several."
+        None, "--status", help="Only sessions with this status (running, interrupted, not started, finished, failed, error, stopped, or - for one the engine did not make); repeat for several."
     ),
     task: Optional[str] = typer.Option(None, "--task", help="Only sessions whose task contains this text (letters compared without case)."),
     since: Optional[str] = typer.Option(
@@ -101,11 +101,11 @@ def sessions_cmd(
     'interrupted'; a cost that could not be priced is 'unknown' (null in JSON).
     In a terminal, a long list shows what fits the screen and says so.
     """
-    from saucer.store.summary import ENDED, INTERRUPTED, SORT_KEYS
+    from saucer.store.summary import ENDED, INTERRUPTED, NOT_STARTED, SORT_KEYS
 
     if sort not in SORT_KEYS:
         raise UserError(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}")
-    known = ["running", INTERRUPTED, *sorted(ENDED), "-"]
+    known = ["running", INTERRUPTED, NOT_STARTED, *sorted(ENDED), "-"]
     for wanted in status or []:
         if wanted not in known:
             raise UserError(f"--status {wanted!r} is not one of {', '.join(known)}")

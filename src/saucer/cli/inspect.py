@@ -151,19 +151,11 @@ def listed_row(summary: Any) -> dict[str, Any]:
 
     A session the engine did not make (status ``-``) has no rounds, steps or cost (None).
     """
-    rounds, steps, cost = summary.counts()
+    row = summary.row()  # the viewer shows the same fields from the same function
     return {
-        "id": summary.session_id,
-        "task": summary.task if summary.task is not None else "-",
-        "mode": summary.mode if summary.mode is not None else "-",
-        "status": summary.status,
-        "rounds": rounds,
-        "steps": steps,
-        "cost": cost,
-        "version": summary.version,
-        "updated": when(summary.updated_at),
-        "parent": summary.origin,
-        "runner": summary.runner,
+        "id": row["id"], "task": row["task"], "mode": row["mode"], "status": row["status"], "rounds": row["rounds"],
+        "steps": row["steps"], "cost": row["cost"], "version": row["version"], "updated": when(row["updated_at"]),
+        "parent": row["parent"], "runner": row["runner"],
     }
 
 
@@ -197,12 +189,9 @@ def write_sessions(out: Any, rows: Iterable[Mapping[str, Any]]) -> None:
 
 
 def _cost_text(row: Mapping[str, Any]) -> str:
-    if row.get("cost") is not None:
-        return f"{row['cost']:.4f}"
-    from saucer.store.summary import ENDED  # what saucer.engine.status uses; importing the engine costs a listing its start-up
+    from saucer.store.summary import cost_text  # the viewer's rule too; importing the engine costs a listing its start-up
 
-    # An ended session without a cost could not be priced; a running one has no total yet.
-    return "unknown" if row.get("status") in ENDED else "-"
+    return cost_text(row.get("cost"), str(row.get("status")))
 
 
 def _count(value: Any) -> str:

@@ -257,11 +257,13 @@ def run_cmd(
                 f"session {session_id!r} already exists; continue it with: "
                 f"{program_name()} resume {shlex.quote(session_id)}{store_flag(store)}"
             )
+        extra: dict[str, Any] = {"session_id": session_id} if session_id is not None else {}
         if name is None:
             from saucer.engine.plan import load_plan
 
             name = load_plan(plan).task if plan.is_file() else plan.name  # type: ignore[union-attr]
-        extra = {"session_id": session_id} if session_id is not None else {}
+            if plan.is_dir():  # type: ignore[union-attr]
+                extra["plan_tasks"] = True  # each plan of the folder keeps its own task
         sessions = factory.create_session(name, mode, plan=plan, request=request or "", **extra, **seed)
         batch = mode == "batch_normal"
         try:

@@ -263,7 +263,10 @@ def stored_session_brief(store: EventStore, session_id: str) -> tuple[dict[str, 
         first = next(iter(store.read(session_id, at, at + 1)), None)
         workspace = first.meta.get("workspace") if first is not None else None
     seen = 0
-    while "mode" not in info.meta and origin is not None and store.exists(origin) and seen < 100:
+    # A fork's meta names its origin (and, since forks inherit them, its task and mode): its creation
+    # meta and plan are its origin's.
+    while ("mode" not in info.meta or (not has_plan and "forked_from" in info.meta)) and origin is not None \
+            and store.exists(origin) and seen < 100:
         info, has_plan = store.session_info_without_plan(origin)
         origin, _ = fork_origin(info)
         seen += 1

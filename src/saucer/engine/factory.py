@@ -288,10 +288,12 @@ class SessionFactory:
         ``interactor``, ``observer``, ``evaluator``, ``agents``, ``graph``,
         ``context_vars`` (the context variables it starts with), ``participants``
         and ``user`` (who else may write to it while it runs)...). A ``plan``
-        of ``""`` is no plan, as in UFO.
+        of ``""`` is no plan, as in UFO. With ``plan_tasks=True`` each plan of a
+        folder keeps its own ``"task"`` (``task`` names the folder, for what is not a plan's own).
         """
         if isinstance(plan, str) and not plan.strip():
             plan = None  # UFO passes plan="" for the modes that take none
+        plan_tasks = bool(kw.pop("plan_tasks", False))
         platform = self._check_platform(platform_override)
         if mode not in MODES:
             raise ModeError(f"unknown mode {mode!r}; use one of: {', '.join(MODES)}")
@@ -309,9 +311,9 @@ class SessionFactory:
             agents = kw.pop("agents", None) or self.agent_provider(mode)
             return [self._session(task, mode, request=request, agents=agents, **kw)]
         if mode == "follower":
-            return self._follower(task, plan, request, **kw)
+            return self._follower(task, plan, request, plan_tasks, **kw)
         if mode == "batch_normal":
-            return self._batch(task, plan, **kw)
+            return self._batch(task, plan, plan_tasks, **kw)
         return self._service(task, plan, request, **kw)
 
     def create_service_session(
@@ -432,7 +434,7 @@ class SessionFactory:
                 raise LLMUnavailableError(f"plan step {i}{where} ({plan.steps[i]!r:.80}) is a text step and needs an LLM agent: {exc}") from None
             raise LLMUnavailableError(f"the plan{where} has no steps, so its task is a request for an LLM agent: {exc}") from None
 
-    def _follower(self, task: str, plan: Any, request: str, **kw: Any) -> list[Session]:
+    def _follower(self, task: str, plan: Any, request: str, plan_tasks: bool = False, **kw: Any) -> list[Session]:
         plans = self._plans(plan, "follower")
         sessions = []
         for i, (plan_file, p) in enumerate(plans):
@@ -445,10 +447,11 @@ class SessionFactory:
                 extra.pop("session_id", None)
                 extra.setdefault("id", i)
                 extra["session_id"] = new_session_id(Path(plan_file or task).stem)
-            sessions.append(self._session(task, "follower", plan=p, plan_file=plan_file, request=request, **extra))
+            own = p.task if plan_tasks and len(plans) > 1 else task
+            sessions.append(self._session(own, "follower", plan=p, plan_file=plan_file, request=request, **extra))
         return sessions
 
-    def _batch(self, task: str, plan: Any, **kw: Any) -> list[Session]:
+    def _batch(self, task: str, plan: Any, plan_tasks: bool = False, **kw: Any) -> list[Session]:
         if plan is None or isinstance(plan, (Plan, Mapping)) or not Path(plan).is_dir():
             raise ModeError("batch_normal mode needs a folder of plans")
         plans = load_plan_folder_with_identity(Path(plan))
@@ -474,7 +477,7 @@ class SessionFactory:
             else:
                 extra.setdefault("id", i)
                 session = self._session(
-                    task,
+                    p.task if plan_tasks else task,
                     "batch_normal",
                     plan=p,
                     plan_file=str(path),

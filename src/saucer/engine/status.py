@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saucer.store import EventStore, SessionHead, SessionInfo
-from saucer.store.summary import ENDED, INTERRUPTED  # one rule for this and the store's listing
+from saucer.store.summary import ENDED, INTERRUPTED, NOT_STARTED, SETTLED  # one rule for this and the store's listing
 
-__all__ = ["StoredStatus", "stored_status", "status_of", "INTERRUPTED", "ENDED"]
+__all__ = ["StoredStatus", "stored_status", "status_of", "INTERRUPTED", "ENDED", "NOT_STARTED"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def stored_status(store: EventStore, info: SessionInfo | str) -> StoredStatus:
         info = store.session_info(info)
     last = next(iter(store.read(info.session_id, info.version - 1, info.version)), None) if info.version else None
     status = info.meta.get("status")
-    if last is not None:
+    if last is not None and last.version > _fork_point(info):
         status = last.meta.get("session_status", status)
     lease = None if status is None or status in ENDED else store.lease_of(info.session_id)
     return status_of(SessionHead(info, last, lease))
@@ -50,6 +50,10 @@ def status_of(head: SessionHead, now: float | None = None) -> StoredStatus:
     info, last = head.info, head.last
     summary: dict[str, Any] = dict(info.meta.get("summary") or {})
     status = info.meta.get("status")
+    if last is not None and last.version <= _fork_point(info):
+        # A fork that has not run: its newest event is its parent's, whose status is not the fork's.
+        summary.update(last.meta.get("summary") or {})
+        return StoredStatus("-" if status is None else str(status), summary)
     if last is not None:
         summary.update(last.meta.get("summary") or {})
         status = last.meta.get("session_status", status)
@@ -57,9 +61,15 @@ def status_of(head: SessionHead, now: float | None = None) -> StoredStatus:
             summary["cost"] = None  # older ends stored the known part as the total
     if status is None:
         return StoredStatus("-", summary)
-    if status in ENDED:
+    if status in SETTLED:
         return StoredStatus(str(status), summary)
     lease = head.lease
     if lease is not None and lease.expires_at > (time.time() if now is None else now):
         return StoredStatus(str(status), summary, lease.owner)
     return StoredStatus(INTERRUPTED, summary)
+
+
+def _fork_point(info: SessionInfo) -> int:
+    """The version a fork branched at (its parent's newest it reads); -1 for a session that is no fork."""
+    at = info.parent_version if info.parent_id is not None else info.meta.get("at") if info.meta.get("forked_from") else None
+    return at if isinstance(at, int) and not isinstance(at, bool) else -1

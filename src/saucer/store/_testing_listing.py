@@ -95,7 +95,9 @@ class SessionListingContract:
         assert ids(store.list_sessions(sort="id", descending=True)) == ["d-bare", "c-new", "b-mid", "a-old"]
         assert ids(store.list_sessions(sort="created", descending=False)) == ["a-old", "b-mid", "c-new", "d-bare"]
         assert ids(store.list_sessions(sort="steps")) == ["b-mid", "c-new", "a-old", "d-bare"]
-        assert ids(store.list_sessions(sort="cost")) == ["a-old", "b-mid", "d-bare", "c-new"]  # unknown (None) last
+        # Unknown (None) last; so is a session the engine did not make, whose cost is listed as none.
+        assert ids(store.list_sessions(sort="cost")) == ["a-old", "b-mid", "c-new", "d-bare"]
+        assert ids(store.list_sessions(sort="cost", descending=False)) == ["a-old", "b-mid", "c-new", "d-bare"]  # a tie: by id
         assert ids(store.list_sessions(sort="task")) == ["a-old", "c-new", "b-mid", "d-bare"]  # by code point; None last
         assert ids(store.list_sessions(sort="status", limit=1)) == ["c-new"]  # running > finished > failed > -
         assert ids(store.list_sessions(status="failed", task="build", since=mid, limit=5)) == ["b-mid"]
@@ -114,9 +116,13 @@ class SessionListingContract:
         head, early = _row(store, "at-head"), _row(store, "at-3")
         assert (head.steps, head.rounds, head.cost, head.origin) == (3, 3, 3.0, "p@7")
         assert (early.steps, early.rounds, early.cost, early.origin) == (1, 1, 1.0, "p@3")
-        assert (early.task, early.status) == (None, "interrupted")  # its own meta; running with no runner
-        store.append("at-3", 3, [], author="agent", round=2, step=8, meta={"kind": "step", "cost": 0.5})
+        # Its parent's task and mode; not started (never "interrupted": no runner ever held it) until it runs.
+        assert (early.task, early.mode, early.status, head.status) == ("Fork me", _row(store, "p").mode, "not started", "not started")
+        assert store.list_sessions(status="not started", sort="id") == [early, head]
+        store.append("at-3", 3, [], author="agent", round=2, step=8, meta={"kind": "session_resume", "session_status": "running"})
+        store.append("at-3", 4, [], author="agent", round=2, step=8, meta={"kind": "step", "cost": 0.5})
         assert (_row(store, "at-3").steps, _row(store, "at-3").cost, _row(store, "p").steps) == (8, 1.5, 3)
+        assert _row(store, "at-3").status == "interrupted"  # it ran, and its runner is gone
 
     def test_the_kept_summaries_equal_the_summaries_folded_from_the_logs(self, store: EventStore) -> None:
         _engine_session(store, "one", "A", steps=2, costs=[0.3, None], end="finished")

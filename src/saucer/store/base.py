@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Iterator, Sequence
 from saucer.redaction import redact
 from saucer.store.listing import SessionListing
 from saucer.store.rewriting import RecordRewriting
+from saucer.store.summary import fork_meta
 from saucer.store.streaming import EventStreaming
 from saucer.store.upcast import FORMAT_VERSION
 from saucer.store.model import (
@@ -228,7 +229,8 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         """Create an empty session, or a fork of ``parent_id`` at ``parent_version``.
 
         ``session_id`` must follow :func:`check_session_id`. A fork records
-        ``forked_from`` and ``at`` in its meta, and reads its parent's log up to
+        ``forked_from`` and ``at`` in its meta (with its parent's task and mode:
+        :func:`~saucer.store.summary.fork_meta`), and reads its parent's log up to
         ``parent_version`` (nothing is copied); a version of the parent that was
         pruned cannot be forked (:class:`VersionPrunedError`). ``participants``
         declares who may write (:attr:`SessionInfo.participants`, kept with the
@@ -248,8 +250,7 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
             parent_version = check_version(parent_version, "parent_version")
             self._check_readable(parent, parent_version)
             version = parent_version
-            meta.setdefault("forked_from", parent_id)
-            meta.setdefault("at", parent_version)
+            meta = fork_meta(parent.meta, meta, parent_id, parent_version)
         info = SessionInfo(session_id, version, now, now, parent_id, parent_version, meta)
         self._create_with(info, self._new_counters(info))
         return info

@@ -22,6 +22,7 @@ from saucer.store.summary import (
     SessionSummary,
     brief_of,
     fold_events,
+    fork_counters,
     initial_counters,
     listed_status,
     make_summary,
@@ -109,10 +110,10 @@ class SessionListing:
         if parent.version == info.parent_version:
             stored = self._stored_counters(parent.session_id)
             if stored is not None:
-                return stored
+                return fork_counters(stored, info.meta)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return self._counters_at(parent, info.parent_version)
+            return fork_counters(self._counters_at(parent, info.parent_version), info.meta)
 
     def _counters_at(self, info: SessionInfo, upto: int) -> Counters:
         """The summary counters of ``info``'s session at version ``upto``, folded from its lineage
@@ -120,7 +121,7 @@ class SessionListing:
         after = 0
         if info.parent_id is not None and info.parent_version is not None:
             parent = self._info(info.parent_id)  # type: ignore[attr-defined]
-            base = Counters() if parent is None else self._counters_at(parent, min(upto, info.parent_version))
+            base = Counters() if parent is None else fork_counters(self._counters_at(parent, min(upto, info.parent_version)), info.meta)
             after = info.parent_version
         else:
             base = initial_counters(info.meta)

@@ -418,18 +418,21 @@ def check_session_id(session_id: Any) -> str:
     """Return ``session_id`` if it is a valid id for a new session, else raise.
 
     The rule, the same on every backend: 1 to :data:`SESSION_ID_MAX_LENGTH`
-    characters, each an ASCII letter or digit or one of ``. _ - : @ +``.
-    Raises :class:`InvalidSessionIdError` (a ``StoreError`` and a ``ValueError``).
+    characters, each an ASCII letter or digit or one of ``. _ - : @ +``,
+    and not ``.`` or ``..`` (a path segment that means "here" or "up": a link
+    to such a session would lead a browser elsewhere). Raises :class:`InvalidSessionIdError` (a ``StoreError`` and a ``ValueError``).
     """
     if not isinstance(session_id, str):
         raise InvalidSessionIdError(f"a session id is a string, not {type(session_id).__name__}")
-    if _SESSION_ID.fullmatch(session_id) and len(session_id) <= SESSION_ID_MAX_LENGTH:
+    if _SESSION_ID.fullmatch(session_id) and len(session_id) <= SESSION_ID_MAX_LENGTH and session_id not in (".", ".."):
         return session_id
     shown = repr(session_id if len(session_id) <= 60 else session_id[:60] + "...")
     if not session_id:
         problem = "it is empty"
     elif len(session_id) > SESSION_ID_MAX_LENGTH:
         problem = f"it has {len(session_id)} characters"
+    elif session_id in (".", ".."):
+        problem = "it is a path segment of its own"
     else:
         bad = _SESSION_ID_BAD.search(session_id)
         assert bad is not None

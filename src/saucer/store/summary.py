@@ -18,8 +18,9 @@ query. The counters follow what the engine writes into an event's ``meta``
 - a ``session_end`` event's ``meta["summary"]`` (the engine's own final
   figures) overrides rounds, steps, cost and reason.
 
-A fork starts from its parent's counters at its branch point; a prune keeps
-them (the versions it drops were counted). The listed ``status`` is derived
+A fork starts from its parent's counters at its branch point, with the status
+of its meta (``not started``, :data:`NOT_STARTED`, for an engine session's fork)
+until a run of its own writes one; a prune keeps them (the versions it drops were counted). The listed ``status`` is derived
 as :mod:`saucer.engine.status` does: a session that has not ended and whose
 runner's lease has expired (or that has none) is ``interrupted``.
 """
@@ -31,15 +32,19 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 __all__ = [
-    "ENDED", "INTERRUPTED", "REQUEST_CHARS", "SORT_KEYS", "Counters", "Delta", "ListQuery", "SessionSummary",
+    "ENDED", "INTERRUPTED", "NOT_STARTED", "SETTLED", "REQUEST_CHARS", "SORT_KEYS", "Counters", "Delta", "ListQuery", "SessionSummary",
     "apply", "ascii_lower", "brief_of", "delta_of", "fold", "fold_events", "initial_counters", "listed_sql",
-    "listed_status", "make_summary", "order_sql", "select",
+    "listed_status", "make_summary", "order_sql", "select", "fork_counters", "fork_meta", "cost_text",
 ]
 
 #: Statuses of a session that has ended (its last event is ``session_end``).
 ENDED = frozenset({"finished", "failed", "error", "stopped"})
 #: The listed status of a session that has not ended and whose runner is gone.
 INTERRUPTED = "interrupted"
+#: The status of a fork of an engine session until it is resumed (its first own run writes ``running``).
+NOT_STARTED = "not started"
+#: Statuses a listing shows as they are, whatever the lease says.
+SETTLED = ENDED | {NOT_STARTED}
 #: What :meth:`~saucer.store.EventStore.list_sessions` can sort by.
 SORT_KEYS = ("updated", "created", "id", "task", "status", "rounds", "steps", "cost", "version")
 #: A request longer than this is cut in the summary (the session meta keeps it whole).
@@ -174,12 +179,36 @@ def initial_counters(meta: Mapping[str, Any]) -> Counters:
     return Counters(status=status if isinstance(status, str) else None)
 
 
+def fork_meta(parent: Mapping[str, Any], meta: Mapping[str, Any], parent_id: str, at: int) -> dict[str, Any]:
+    """The meta of a new fork: ``forked_from`` and ``at``, its parent's ``task`` and ``mode`` (unless
+    ``meta`` names its own), and ``status`` ``not started`` for an engine session's fork (until it runs)."""
+    out = dict(meta)
+    out.setdefault("forked_from", parent_id)
+    out.setdefault("at", at)
+    for inherited in ("task", "mode"):
+        if isinstance(parent.get(inherited), str):
+            out.setdefault(inherited, parent[inherited])
+    if isinstance(parent.get("status"), str):
+        out.setdefault("status", NOT_STARTED)
+    return out
+
+
+def fork_counters(parent: Counters, meta: Mapping[str, Any]) -> Counters:
+    """The counters of a new fork: its parent's at the branch point, with the status its ``meta``
+    gives (``not started`` for an engine session's fork, until it runs), if any."""
+    status = meta.get("status")
+    if not isinstance(status, str):
+        return parent
+    return Counters(status, parent.rounds, parent.steps, parent.cost, parent.cost_unknown, parent.reason)
+
+
 def listed_status(status: str | None, lease_owner: str | None, lease_expires: float | None, now: float) -> tuple[str, str | None]:
     """``(status as listed, runner)``: ``-`` for no status, ``interrupted`` for a session that has
-    not ended without a live lease; ``runner`` is the live lease's owner while running."""
+    not ended without a live lease (a fork not started yet is listed as such); ``runner`` is the
+    live lease's owner while running."""
     if status is None:
         return "-", None
-    if status in ENDED:
+    if status in SETTLED:
         return status, None
     if lease_owner is not None and lease_expires is not None and lease_expires > now:
         return status, lease_owner
@@ -218,12 +247,34 @@ class SessionSummary(NamedTuple):
         """The row as JSON data (field names as above)."""
         return dict(zip(self._fields, self))
 
+    def row(self) -> dict[str, Any]:
+        """The session's columns as every surface shows them (``saucer sessions/show --json`` and the
+        viewer's table and page): id, task and mode (``-`` when none), status, rounds, steps, cost
+        (see :meth:`counts`), version, created_at, updated_at, parent (``"id@version"``), runner,
+        request and reason."""
+        rounds, steps, cost = self.counts()
+        return {
+            "id": self.session_id, "task": "-" if self.task is None else self.task,
+            "mode": "-" if self.mode is None else self.mode, "status": self.status, "rounds": rounds,
+            "steps": steps, "cost": cost, "version": self.version, "created_at": self.created_at,
+            "updated_at": self.updated_at, "parent": self.origin, "runner": self.runner,
+            "request": self.request, "reason": self.reason,
+        }
+
     def counts(self) -> tuple[int | None, int | None, float | None]:
         """``(rounds, steps, cost)`` as listings show them: None each for a session the engine
         did not make (status ``-`` and nothing counted), as its own page shows it."""
         if self.status != "-" or self.rounds or self.steps:
             return self.rounds, self.steps, self.cost
         return None, None, None
+
+
+def cost_text(cost: float | None, status: str) -> str:
+    """A session's cost as the CLI and the viewer print it: four decimals; ``unknown`` for an ended
+    session that could not be priced; ``-`` while there is no total yet."""
+    if cost is not None:
+        return f"{cost:.4f}"
+    return "unknown" if status in ENDED else "-"
 
 
 def make_summary(row: Sequence[Any]) -> SessionSummary:
@@ -247,7 +298,7 @@ def make_summary(row: Sequence[Any]) -> SessionSummary:
 def listed_sql(now: str) -> tuple[str, str]:
     """SQL expressions ``(listed status, runner)`` over ``s`` (sessions) and ``l`` (leases),
     as :func:`listed_status` computes them; ``now`` is the SQL of the current time."""
-    ended = ", ".join(f"'{s}'" for s in sorted(ENDED))
+    ended = ", ".join(f"'{s}'" for s in sorted(SETTLED))
     live = f"l.expires_at > {now}"
     status = (
         f"CASE WHEN s.status IS NULL THEN '-' WHEN s.status IN ({ended}) THEN s.status "
@@ -335,9 +386,13 @@ def select(rows: Iterable[SessionSummary], query: ListQuery) -> list[SessionSumm
     ]
     name = _SORT_FIELD[query.sort]
     kept.sort(key=lambda r: r.session_id)
-    present = [r for r in kept if getattr(r, name) is not None]
-    missing = [r for r in kept if getattr(r, name) is None]
-    present.sort(key=lambda r: getattr(r, name), reverse=query.descending)
+
+    def key(r: SessionSummary) -> Any:  # the cost as listed: none for a session the engine did not make
+        return r.counts()[2] if name == "cost" else getattr(r, name)
+
+    present = [r for r in kept if key(r) is not None]
+    missing = [r for r in kept if key(r) is None]
+    present.sort(key=key, reverse=query.descending)
     out = present + missing
     return out if query.limit is None else out[: query.limit]
 
@@ -352,6 +407,8 @@ def order_sql(query: ListQuery, status: str, task: str, collate: str = "") -> st
     key = {
         "updated": "s.updated_at", "created": "s.created_at", "id": f"s.session_id{collate}", "task": f"{task}{collate}",
         "status": f"({status}){collate}", "rounds": "s.rounds", "steps": "s.steps",
-        "cost": "(CASE WHEN s.cost_unknown THEN NULL ELSE s.cost END)", "version": "s.head",
+        # the cost as listed (SessionSummary.counts): unknown, or none for a session the engine did not make
+        "cost": "(CASE WHEN s.cost_unknown OR (s.status IS NULL AND s.rounds = 0 AND s.steps = 0) THEN NULL ELSE s.cost END)",
+        "version": "s.head",
     }[query.sort]
     return f"ORDER BY ({key} IS NULL), {key} {'DESC' if query.descending else 'ASC'}, s.session_id{collate}"

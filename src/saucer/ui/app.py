@@ -39,6 +39,8 @@ from starlette.staticfiles import StaticFiles
 from saucer.store import EventStore, SessionNotFoundError, StoreError, VersionNotFoundError
 from saucer.ui import queries
 from saucer.ui.render import render
+from saucer.ui.steps import States, Tallies, artifact_file, item_of, new_round, step_detail
+from saucer.ui.values import value_html
 
 __all__ = ["Scope", "create_app", "COOKIE"]
 
@@ -94,6 +96,9 @@ class Viewer:
         self.authenticate = authenticate
         self.scope: Scope = scope or _Everything()
         self.title = title
+        self.tallies = Tallies()  # each session's page reads only what was committed since its last view
+        self.states = States()  # the inspector's next step costs one event
+        self.histories = queries.Histories()  # a key's history, read again, reads only what is new
 
     # ------------------------------------------------------------ plumbing
 
@@ -170,10 +175,68 @@ class Viewer:
 
         def build() -> _Page:
             before = _int_param(request, "before")
-            view = queries.session_view(self.store, sid, before=before)
-            return _Page("session.html", {"view": view, "sid": sid, "before": before})
+            step = _int_param(request, "step")
+            if step is not None and before is None and step <= self.store.head(sid) - 200:
+                before = step + 100  # an older step: show the events around it
+            view = queries.session_view(self.store, sid, before=before, tallies=self.tallies)
+            detail = None
+            if step is not None:  # the inspector open on a step: an address to share
+                try:
+                    detail = step_detail(self.store, sid, step, view.calls, self.states)
+                except LookupError as exc:
+                    raise _NotFound(str(exc)) from None
+            return _Page("session.html", {"view": view, "sid": sid, "before": before, "detail": detail})
 
         return await self._run(request, sid, build)
+
+    async def step(self, request: Request) -> Response:
+        """The step inspector of one event, as an HTML fragment (the session's page loads it in place)."""
+        sid = request.path_params["session_id"]
+        try:
+            await self._guard(request, sid)
+
+            def build() -> str:
+                version = _int_path(request, "version")
+                calls, _, _ = queries.session_logs(self.store, sid)
+                detail = step_detail(self.store, sid, version, calls, self.states)
+                base = request.scope.get("root_path", "").rstrip("/")
+                return render("inspector.html", detail=detail, sid=sid, base=base)
+
+            html = await asyncio.to_thread(build)
+        except _SignIn:
+            return Response("sign in first", status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        except (_NotFound, SessionNotFoundError, LookupError) as exc:
+            return Response(str(exc), status_code=404, headers=_SECURITY_HEADERS)
+        except (VersionNotFoundError, ValueError, TypeError) as exc:
+            return Response(str(exc), status_code=400, headers=_SECURITY_HEADERS)
+        return HTMLResponse(html, headers=_SECURITY_HEADERS)
+
+    async def artifact(self, request: Request) -> Response:
+        """A step's screenshot (PNG) or UI tree (JSON; ``?as=html``: as readable HTML), from the session's log folder only."""
+        sid = request.path_params["session_id"]
+        try:
+            await self._guard(request, sid)
+
+            def build() -> Response:
+                version = _int_path(request, "version")
+                index = _int_path(request, "index")
+                self.store.check_readable(sid, version)
+                event = next(iter(self.store.read(sid, version - 1, version)), None) if version > 0 else None
+                if event is None:
+                    raise LookupError(f"no event at v{version}")
+                path, kind = artifact_file(event, index, queries.session_log_folder(self.store, sid))
+                if kind == "application/json" and request.query_params.get("as") == "html":
+                    data = orjson.loads(path.read_bytes()[: 8 * 1024 * 1024])
+                    return HTMLResponse(str(value_html(data)), headers=_SECURITY_HEADERS)
+                return Response(path.read_bytes(), media_type=kind, headers=_SECURITY_HEADERS)
+
+            return await asyncio.to_thread(build)
+        except _SignIn:
+            return Response("sign in first", status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        except (_NotFound, SessionNotFoundError, LookupError, OSError) as exc:
+            return Response(str(exc), status_code=404, headers=_SECURITY_HEADERS)
+        except (VersionNotFoundError, ValueError, TypeError) as exc:
+            return Response(str(exc), status_code=400, headers=_SECURITY_HEADERS)
 
     async def state(self, request: Request) -> Response:
         sid = request.path_params["session_id"]
@@ -215,7 +278,7 @@ class Viewer:
             if not key:
                 raise ValueError("name a key: history?key=REQUEST (a Context name) or key=vars.NAME")
             before = _int_param(request, "before")
-            changes = queries.history(self.store, sid, key)
+            changes = queries.history(self.store, sid, key, self.histories)
             total = len(changes)
             if before is not None:
                 changes = [c for c in changes if c["version"] < before]
@@ -271,30 +334,31 @@ class Viewer:
         return EventSourceResponse(self._events(sid, after, base), ping=15, headers={"Cache-Control": "no-store"})
 
     async def _events(self, sid: str, after: int, base: str) -> AsyncIterator[ServerSentEvent]:
-        from saucer.engine.overview import timeline_data
-
+        """Each new event as a timeline item. An ended session is still watched: another process may
+        resume it (a stopped, failed or interrupted session), and its new steps then come in too."""
         seen_rounds: set[Any] = set()
+        previous: float | None = None
         try:
             async for event in self.store.watch(sid, after, interval=0.2):
-                [item] = timeline_data([event])["events"]
+                item = item_of(event, previous)
+                previous = event.timestamp
                 html = render("timeline_item.html", item=item, sid=sid, base=base)
                 payload = {
                     "version": event.version,
                     "round": event.round,
                     "round_key": _round_key(event.round),
                     "round_html": render(
-                        "round.html", entry={"round": event.round, "request": event.meta.get("request"), "status": None,
-                                             "steps": 0, "cost": 0.0, "cost_unknown": False, "tokens": 0, "events": []},
+                        "round.html", entry={**new_round(event.round), "request": event.meta.get("request")},
                         sid=sid, base=base, open=True,
                     ) if event.round not in seen_rounds else None,
                     "html": html,
                     "status": event.meta.get("session_status"),
+                    "failed": item["failed"],
                 }
                 seen_rounds.add(event.round)
                 yield ServerSentEvent(orjson.dumps(payload).decode(), event="step", id=str(event.version))
                 if event.meta.get("kind") == "session_end":
-                    yield ServerSentEvent("ended", event="end")
-                    return
+                    yield ServerSentEvent(str(event.meta.get("session_status") or "ended"), event="end")
         except StoreError as exc:  # the session was deleted or its store went away: say so, then stop
             yield ServerSentEvent(str(exc), event="problem")
 
@@ -404,6 +468,8 @@ def create_app(
         Route("/sessions/{session_id}/diff", viewer.diff),
         Route("/sessions/{session_id}/history", viewer.history),
         Route("/sessions/{session_id}/events/{version}", viewer.event),
+        Route("/sessions/{session_id}/steps/{version}", viewer.step),
+        Route("/sessions/{session_id}/steps/{version}/artifacts/{index}", viewer.artifact),
         Route("/sessions/{session_id}/stream", viewer.stream),
         Route("/devices", viewer.devices),
         Route("/login", viewer.login, methods=["GET", "POST"]),

@@ -10,17 +10,20 @@ once. Every answer is plain data; :mod:`saucer.ui.render` turns it into HTML.
 from __future__ import annotations
 
 import datetime as _dt
+import threading
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from saucer.context import Context
+from saucer.context.queries import diff_of
 from saucer.context.events import op_key
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, read_evaluation_log, read_request_log
-from saucer.engine.overview import session_row, timeline_data
-from saucer.engine.status import ENDED
-from saucer.store import Event, EventStore, SessionHead, SessionInfo
+from saucer.engine.status import ENDED, NOT_STARTED
+from saucer.store import Event, EventStore, SessionInfo, SessionNotFoundError
+from saucer.ui.steps import Tallies, item_of, rounds_view
 from saucer.store.summary import SessionSummary
 
 __all__ = [
@@ -29,16 +32,20 @@ __all__ = [
     "list_sessions",
     "SessionView",
     "session_view",
+    "session_row_of",
+    "session_logs",
+    "session_log_folder",
     "state_at",
     "diff",
     "history",
+    "Histories",
     "SORTS",
     "PAGE_SIZE",
 ]
 
 PAGE_SIZE = 50
 #: The columns the sessions table sorts by (``updated``: most recently updated first by default).
-SORTS = ("updated", "created", "id", "task", "mode", "status", "steps", "cost", "version")
+SORTS = ("updated", "created", "id", "task", "mode", "status", "steps", "cost", "version", "duration")
 
 
 def _day(text: str | None, offset_minutes: int, end: bool) -> float | None:
@@ -96,7 +103,7 @@ class SessionQuery:
             tz_offset=number("tzo", 0, -24 * 60, 24 * 60),
             q=params.get("q", "").strip(),
             sort=sort,
-            desc=params.get("dir", "desc" if sort in ("updated", "created", "cost", "steps", "version") else "asc") != "asc",
+            desc=params.get("dir", "desc" if sort in ("updated", "created", "cost", "steps", "version", "duration") else "asc") != "asc",
             page=number("page", 1, 1, 10**9),
         )
         query.window()  # check the dates now
@@ -130,33 +137,34 @@ class SessionsPage:
     modes: list[str]
     tasks: list[str]
     store_total: int  # sessions this viewer may see, unfiltered
+    status_counts: list[tuple[str, int]] = field(default_factory=list)  # per status, the other filters applied
+    total_cost: float = 0.0  # of the sessions matching the filters, those with a known cost
+    unknown_costs: int = 0  # how many of them have no known cost
 
 
 #: The statuses a session can have (see :mod:`saucer.engine.status`).
-STATUSES = ("running", "interrupted", *sorted(ENDED), "-")
+STATUSES = ("running", "interrupted", NOT_STARTED, *sorted(ENDED), "-")
 
 
-def _sort_key(sort: str) -> Any:
-    if sort == "updated":
-        return lambda r: (r["updated_at"], r["id"])
-    if sort == "created":
-        return lambda r: (r["created_at"], r["id"])
-    if sort in ("steps", "cost", "version"):
-        # Unknown numbers sort below every known one.
-        return lambda r: (r[sort] is not None, r[sort] or 0, r["id"])
-    return lambda r: (str(r[sort]).lower(), r["id"])
+def _cost(s: SessionSummary) -> float | None:
+    return s.counts()[2]  # the cost as listed: none for a session the engine did not make
 
 
-def _listed_row(s: SessionSummary) -> dict[str, Any]:
-    """A session's columns, named as :func:`~saucer.engine.overview.session_row` names them,
-    from the summary its commits keep (its request cut to 500 characters)."""
-    rounds, steps, cost = s.counts()
-    return {
-        "id": s.session_id, "task": "-" if s.task is None else s.task, "mode": "-" if s.mode is None else s.mode,
-        "status": s.status, "rounds": rounds, "steps": steps, "cost": cost, "version": s.version,
-        "created_at": s.created_at, "updated_at": s.updated_at, "parent": s.origin, "runner": s.runner,
-        "request": s.request, "reason": s.reason,
-    }
+#: The value each column of the table sorts by, from a summary (None: last, either way).
+_SORT_VALUE: dict[str, Any] = {
+    # text by code point, as the store's listing (``saucer sessions --sort``) orders it; no task or mode last
+    "updated": lambda s: s.updated_at, "created": lambda s: s.created_at, "id": lambda s: s.session_id,
+    "task": lambda s: s.task, "mode": lambda s: s.mode, "status": lambda s: s.status, "steps": lambda s: s.counts()[1], "cost": _cost, "version": lambda s: s.version,
+    "duration": lambda s: s.updated_at - s.created_at,
+}
+
+
+def _sorted(rows: list[SessionSummary], sort: str, desc: bool) -> list[SessionSummary]:
+    """Rows in the order of ``sort``; an unknown number (None) last both ways, as ``saucer sessions`` sorts."""
+    rows = sorted(rows, key=lambda s: s.session_id)  # ties by id, ascending either way (as the store's listing)
+    value = _SORT_VALUE[sort]
+    known = sorted((s for s in rows if value(s) is not None), key=value, reverse=desc)
+    return known + [s for s in rows if value(s) is None]
 
 
 def list_sessions(
@@ -166,36 +174,44 @@ def list_sessions(
 
     One :meth:`~saucer.store.EventStore.list_sessions` call whatever the number
     of sessions (the summaries hold status, steps and cost already); the
-    filters, the search and the sorting run over those rows.
+    filters, the search and the sorting run over those summaries, and the rows
+    shown are :meth:`SessionSummary.row`, what ``saucer sessions --json`` shows.
     """
     wanted = None if allowed is None else set(allowed)
-    rows = [_listed_row(s) for s in store.list_sessions() if wanted is None or s.session_id in wanted]
-    modes = sorted({str(r["mode"]) for r in rows})
-    tasks = sorted({str(r["task"]) for r in rows})
+    rows = [s for s in store.list_sessions() if wanted is None or s.session_id in wanted]
+    modes = sorted({"-" if s.mode is None else s.mode for s in rows})
+    tasks = sorted({"-" if s.task is None else s.task for s in rows})
     store_total = len(rows)
     start, end = query.window()
     needle = query.q.casefold()
     if query.mode:
-        rows = [r for r in rows if str(r["mode"]) == query.mode]
+        rows = [s for s in rows if ("-" if s.mode is None else s.mode) == query.mode]
     if query.task:
-        rows = [r for r in rows if str(r["task"]) == query.task]
+        rows = [s for s in rows if ("-" if s.task is None else s.task) == query.task]
     if start is not None:
-        rows = [r for r in rows if r["updated_at"] >= start]
+        rows = [s for s in rows if s.updated_at >= start]
     if end is not None:
-        rows = [r for r in rows if r["created_at"] < end]
+        rows = [s for s in rows if s.created_at < end]
     if needle:
         rows = [
-            r for r in rows
-            if needle in r["id"].casefold() or needle in str(r["task"]).casefold() or needle in (r["request"] or "").casefold()
+            s for s in rows
+            if needle in s.session_id.casefold() or needle in ("-" if s.task is None else s.task).casefold()
+            or needle in (s.request or "").casefold()
         ]
+    counts: dict[str, int] = {}
+    for s in rows:  # what each status would show, with the other filters applied
+        counts[s.status] = counts.get(s.status, 0) + 1
     if query.status:
-        rows = [r for r in rows if r["status"] == query.status]
+        rows = [s for s in rows if s.status == query.status]
     if query.sort != "updated" or not query.desc:  # the store's order is already most recently updated first
-        rows.sort(key=_sort_key(query.sort), reverse=query.desc)
+        rows = _sorted(rows, query.sort, query.desc)
+    costs = [_cost(s) for s in rows]
+    unknown = sum(1 for s, c in zip(rows, costs) if c is None and s.status != "-")
     pages = max(1, -(-len(rows) // page_size))
     page = min(query.page, pages)
-    shown = rows[(page - 1) * page_size: page * page_size]
-    return SessionsPage(shown, len(rows), page, pages, list(STATUSES), modes, tasks, store_total)
+    shown = [s.row() for s in rows[(page - 1) * page_size: page * page_size]]
+    return SessionsPage(shown, len(rows), page, pages, list(STATUSES), modes, tasks, store_total,
+                        [(s, counts[s]) for s in STATUSES if s in counts], sum(c for c in costs if c is not None), unknown)
 
 
 @dataclass
@@ -203,8 +219,8 @@ class SessionView:
     """Everything a session's page shows."""
 
     info: SessionInfo
-    row: dict[str, Any]
-    rounds: list[dict[str, Any]]  # each: round, request, status, steps, cost, tokens, events (timeline items)
+    row: dict[str, Any]  # :meth:`SessionSummary.row`: the numbers ``saucer sessions/show --json`` show
+    rounds: list[dict[str, Any]]  # see :func:`saucer.ui.steps.shape_rounds`
     first: int  # the first readable version
     forks: list[SessionInfo]
     parent: str | None
@@ -212,15 +228,10 @@ class SessionView:
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     log_problem: str | None = None
     shown_from: int = 0  # the oldest version whose event is listed (older ones are paged away)
-
-
-def _log_folder(events: list[Event]) -> str | None:
-    """The session's ``LOG_PATH``: the value its newest write of that name set (none when never set)."""
-    for event in reversed(events):
-        for op in reversed(event.ops):
-            if op.get("name") == "LOG_PATH" and op["op"] == "set" and not op.get("path"):
-                return op["value"] if isinstance(op["value"], str) else None
-    return None
+    first_failure: int | None = None  # the version of the first failed step shown
+    path: dict[str, Any] = field(default_factory=dict)  # see :func:`saucer.ui.steps.path_of`
+    parent_version: int | None = None
+    log_folder: str | None = None
 
 
 def _logs(folder: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
@@ -235,51 +246,71 @@ def _logs(folder: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     return calls, verdicts, None
 
 
-def _new_round(key: Any) -> dict[str, Any]:
-    return {"round": key, "request": None, "status": None, "steps": 0, "cost": 0.0, "cost_unknown": False, "tokens": 0, "events": []}
+def session_logs(store: EventStore, sid: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """The session's LLM calls and evaluations from its logs (and a problem reading them, if any)."""
+    return _logs(session_log_folder(store, sid))
 
 
-def session_view(store: EventStore, sid: str, *, limit: int = 200, before: int | None = None) -> SessionView:
-    """A session's row, rounds (each with its steps, cost and tokens), forks and logs.
+def session_log_folder(store: EventStore, sid: str) -> str | None:
+    """The session's ``LOG_PATH`` at its head (from the Context, a bounded read)."""
+    return ledgers(store, sid)[2]
 
-    Every round is summarised; only ``limit`` events are listed in full: the
-    newest ones, or the newest before version ``before``.
+
+def ledgers(store: EventStore, sid: str) -> tuple[dict[int, float | None], dict[int, int], str | None]:
+    """The Context's per-round ledgers at the head, ``ROUND_COST`` and ``ROUND_STEP`` (what
+    ``saucer state`` shows), and its ``LOG_PATH`` (None: not set); a bounded read (snapshot + tail)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ctx = Context.open(store, sid, create=False)
+    try:
+        costs = {int(k): v for k, v in (ctx.get("ROUND_COST") or {}).items()}
+        steps = {int(k): int(v) for k, v in (ctx.get("ROUND_STEP") or {}).items()}
+        folder = ctx.get("LOG_PATH")
+    finally:
+        ctx.close()
+    return costs, steps, folder if isinstance(folder, str) and folder else None
+
+
+def session_row_of(store: EventStore, sid: str) -> dict[str, Any]:
+    """The session's columns from its kept summary (:meth:`SessionSummary.row`), as the table and the CLI show them."""
+    found = store.list_sessions(ids=[sid])
+    if not found:
+        raise SessionNotFoundError(sid)
+    return found[0].row()
+
+
+def session_view(store: EventStore, sid: str, *, limit: int = 200, before: int | None = None,
+                 tallies: Tallies | None = None) -> SessionView:
+    """A session's row, rounds (each with its steps, cost, tokens and time), forks, path and logs.
+
+    Every round is summarised (from ``tallies``, which reads only what was committed since the
+    last page of this session); only ``limit`` events are listed in full: the newest ones, or the
+    newest before version ``before``.
     """
     info = store.session_info(sid)
-    row = session_row(SessionHead(info, store.last_event(info), store.lease_of(sid)))
-    events = list(store.read(sid))
-    calls, verdicts, problem = _logs(_log_folder(events))
-    rounds: dict[Any, dict[str, Any]] = {}
-    for event in events:  # the summary of every round: a light pass over the whole log
-        meta = event.meta
-        entry = rounds.get(event.round)
-        if entry is None:
-            entry = rounds[event.round] = _new_round(event.round)
-        kind = meta.get("kind") or ("step" if event.step is not None else "change")
-        if kind == "round_start":
-            entry["request"] = meta.get("request")
-        elif kind == "step":
-            entry["steps"] += 1
-        elif kind == "round_end":
-            entry["status"] = meta.get("round_status")
-        if "cost" in meta:
-            cost = meta["cost"]
-            if cost is None:
-                entry["cost_unknown"] = True
-            elif isinstance(cost, (int, float)) and not isinstance(cost, bool):
-                entry["cost"] += cost
-    for call in calls:
-        entry = rounds.get(call.get("round"))
-        if entry is not None:
-            entry["tokens"] += int(call.get("prompt_tokens") or 0) + int(call.get("completion_tokens") or 0)
-    shown = [e for e in events if before is None or e.version < before][-limit:]
-    for item in timeline_data(shown)["events"]:
-        rounds[item["round"]]["events"].append(item)
+    row = session_row_of(store, sid)
+    tally = (tallies or Tallies(1)).of(store, info)
+    first = store.first_version(sid)
+    costs, steps, folder = ledgers(store, sid)
+    calls, verdicts, problem = _logs(folder)
+    upto = info.version if before is None else max(min(before - 1, info.version), first - 1)
+    low = max(upto - limit, first - 1)  # shown: versions low+1..upto; the one at low gives the first its start
+    events = list(store.read(sid, max(low - 1, first - 1, 0), upto)) if upto > low else []
+    shown: list[dict[str, Any]] = []
+    previous: float | None = None
+    for event in events:
+        item = item_of(event, previous)
+        previous = event.timestamp
+        if event.version > low:
+            shown.append(item)
+    rounds = rounds_view(tally, shown, calls, (costs, steps))
     parent = info.parent_id or info.meta.get("forked_from")
+    at = info.parent_version if info.parent_id else info.meta.get("at")
     return SessionView(
-        info, row, list(rounds.values()), store.first_version(sid), store.forks(sid),
+        info, row, rounds, first, store.forks(sid),
         parent if isinstance(parent, str) else None, calls, verdicts, problem,
-        shown[0].version if shown else info.version + 1,
+        shown[0]["version"] if shown else info.version + 1, tally.first_failure,
+        tally.path(), at if isinstance(at, int) else None, folder,
     )
 
 
@@ -300,25 +331,55 @@ def state_at(store: EventStore, sid: str, at: int | None) -> tuple[int, dict[str
 
 
 def diff(store: EventStore, sid: str, v1: int, v2: int) -> dict[str, dict[str, Any]]:
-    """Keys whose values differ between two versions: ``{key: {"before": a, "after": b}}``."""
+    """Keys whose values differ between two versions: ``{key: {"before": a, "after": b}}``
+    (:meth:`Context.diff`'s answer, from one hydrate: :func:`~saucer.context.queries.diff_of`)."""
     store.check_readable(sid, v1)
     store.check_readable(sid, v2)
-    ctx = Context.open(store, sid, create=False, at=store.head(sid))
-    try:
-        return ctx.diff(v1, v2)
-    finally:
-        ctx.close()
+    return diff_of(store, sid, v1, v2)
 
 
-def history(store: EventStore, sid: str, key: str) -> list[dict[str, Any]]:
-    """Every change to ``key`` (a name or ``vars.NAME``): version, time, author, round, step and the operation."""
-    wanted = Context.history_key(key)
+def history(store: EventStore, sid: str, key: str, kept: "Histories | None" = None) -> list[dict[str, Any]]:
+    """Every change to ``key`` (a name or ``vars.NAME``): version, time, author, round, step and the operation.
+
+    With ``kept`` (the viewer's), a later view of the same key reads only the events committed since."""
+    if kept is not None:
+        return kept.of(store, store.session_info(sid), key)
+    return _changes(store, sid, Context.history_key(key), 0, None)
+
+
+def _changes(store: EventStore, sid: str, wanted: Any, after: int, upto: int | None) -> list[dict[str, Any]]:
     changes: list[dict[str, Any]] = []
-    for event in store.read(sid):
+    for event in store.read(sid, after, upto):
         for op in event.ops:
             if op_key(op) == wanted:
                 changes.append(_change(event, op))
     return changes
+
+
+class Histories:
+    """The changes of the keys whose history was shown last (``size`` of them), each brought up to
+    date by reading only the events committed since."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, str, float], tuple[int, int, list[dict[str, Any]]]] = OrderedDict()
+
+    def of(self, store: EventStore, info: SessionInfo, key: str) -> list[dict[str, Any]]:
+        """Every change to ``key`` in ``info``'s session up to ``info.version``."""
+        wanted = Context.history_key(key)
+        slot = (info.session_id, key, info.created_at)
+        with self._lock:
+            version, since, changes = self._kept.pop(slot, (0, 0, []))
+        first = store.first_version(info.session_id)
+        if version > info.version or since != first:  # a prune rewrote the log's start: read it again
+            version, changes = 0, []
+        changes = changes + _changes(store, info.session_id, wanted, version, info.version)
+        with self._lock:
+            self._kept[slot] = (info.version, first, changes)
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return list(changes)
 
 
 def _change(event: Event, op: Mapping[str, Any]) -> dict[str, Any]:

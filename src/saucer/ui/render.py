@@ -16,6 +16,10 @@ import orjson
 from jinja2 import ChainableUndefined, Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 
+from saucer.store.summary import cost_text
+from saucer.ui.steps import SEPARATORS
+from saucer.ui.values import change_html, key_html, value_html
+
 __all__ = ["templates", "render", "text_of", "clip", "CLIP"]
 
 #: Characters of a value shown before it is cut (the full value is a link away).
@@ -50,13 +54,15 @@ def clip(value: Any, limit: int = CLIP) -> dict[str, Any]:
     return {"text": text[:limit], "cut": True, "size": len(text)}
 
 
-def timestamp(ts: Any) -> Markup:
-    """A ``<time>`` element: UTC in the markup, the viewer's local zone once the script ran."""
+def timestamp(ts: Any, relative: bool = False) -> Markup:
+    """A ``<time>`` element: UTC in the markup, the viewer's local zone once the script ran
+    (``relative``: "5 min ago", the local time as its tooltip)."""
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not ts:
         return Markup("-")
     moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
     iso = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return Markup('<time datetime="{}">{}</time>').format(iso, moment.strftime("%Y-%m-%d %H:%M:%S UTC"))
+    flag = Markup(' data-relative="1"') if relative else Markup("")
+    return Markup('<time datetime="{}"{}>{}</time>').format(iso, flag, moment.strftime("%Y-%m-%d %H:%M:%S UTC"))
 
 
 def query(params: dict[str, Any]) -> str:
@@ -79,8 +85,26 @@ templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-templates.filters.update(clip=clip, pretty=pretty, text=text_of, ts=timestamp, query=query, number=_number)
-templates.globals.update(escape=escape)
+def seconds(value: Any) -> str:
+    """A duration: ``850 ms``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    if value < 3600:
+        return f"{int(value // 60)} min {int(value % 60):02d} s"
+    return f"{int(value // 3600)} h {int(value % 3600 // 60):02d} min"
+
+
+def _cost(row: Any) -> str:
+    return cost_text(row["cost"], row["status"])
+
+
+templates.filters.update(clip=clip, pretty=pretty, text=text_of, ts=timestamp, query=query, number=_number,
+                         value=value_html, keyname=key_html, seconds=seconds, cost=_cost)
+templates.globals.update(escape=escape, change_html=change_html, separators=SEPARATORS)
 
 
 def render(name: str, **values: Any) -> str:
