@@ -248,6 +248,13 @@ def run_cmd(
                 raise UserError("normal mode needs a request: pass --request TEXT (there is no terminal to ask)")
     if mode == "service":
         raise UserError("service-mode sessions run on a server: start it with saucer serve and submit tasks to it")
+    if session_id is not None:
+        from saucer.store.model import InvalidSessionIdError, check_session_id
+
+        try:  # a bad id is the user's mistake: said before anything is started or printed
+            check_session_id(session_id)
+        except InvalidSessionIdError as exc:
+            raise UserError(str(exc)) from None
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
     name = task or ("request" if plan is None else None)
