@@ -34,7 +34,6 @@ import fnmatch
 import hashlib
 import os
 import secrets
-import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -42,6 +41,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from saucer.store.inflate import InflateError, inflate
 from saucer.store.model import StoreKeyError
 
 __all__ = [
@@ -137,7 +137,10 @@ class KeyRing:
                 "(damaged, or moved from another session or key)"
             ) from None
         if plain[:1] == b"x":  # sealed compressed (formats 4, 5): zlib's first byte; no JSON text starts with "x"
-            plain = zlib.decompress(plain)
+            try:
+                plain = inflate(plain)
+            except InflateError as exc:
+                raise StoreKeyError(f"session {session_id!r}: the sealed value of {target} does not inflate ({exc})") from None
         return orjson.loads(plain)
 
 
