@@ -54,7 +54,10 @@ def timestamp(ts: Any) -> Markup:
     """A ``<time>`` element: UTC in the markup, the viewer's local zone once the script ran."""
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not ts:
         return Markup("-")
-    moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    try:
+        moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    except (OverflowError, ValueError, OSError):  # a stored time no calendar can show: the number it is
+        return Markup("{} (not a valid time)").format(repr(ts))
     iso = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return Markup('<time datetime="{}">{}</time>').format(iso, moment.strftime("%Y-%m-%d %H:%M:%S UTC"))
 
