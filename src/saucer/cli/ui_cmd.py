@@ -89,7 +89,7 @@ def ui_cmd(
             st.close()
             raise
     # Without a token, only this machine's names reach the pages (no DNS rebinding from a web page).
-    hosts = ["127.0.0.1", "localhost", host] if authenticate is None and ":" not in host else None
+    hosts = ["127.0.0.1", "::1", "localhost", host] if authenticate is None else None
     app = create_app(st, authenticate=authenticate, on_close=st.close, allowed_hosts=hosts)
     shown = f"[{host}]" if ":" in host else host
     err.print(f"saucer ui on http://{shown}:{port}{page} · store: {url}" + ("" if authenticate is None else " · token required"), highlight=False)

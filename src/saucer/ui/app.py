@@ -30,7 +30,6 @@ import orjson
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -38,6 +37,7 @@ from starlette.staticfiles import StaticFiles
 
 from saucer.store import EventStore, SessionNotFoundError, StoreError, VersionNotFoundError
 from saucer.ui import queries
+from saucer.ui.guard import FormTokens, HostCheck, OriginCheck
 from saucer.ui.render import render
 
 __all__ = ["Scope", "create_app", "COOKIE"]
@@ -94,6 +94,7 @@ class Viewer:
         self.authenticate = authenticate
         self.scope: Scope = scope or _Everything()
         self.title = title
+        self.forms = FormTokens()
 
     # ------------------------------------------------------------ plumbing
 
@@ -109,11 +110,22 @@ class Viewer:
 
     def _page(self, request: Request, template: str, status: int = 200, **values: Any) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
+        csrf, nonce = self.forms.issue(request)  # every page may hold a form (sign out): each carries the token
         html = render(
             template, base=base, title=self.title, signed_in=self.authenticate is not None,
-            devices_page=values.pop("devices_page", False), **values,
+            devices_page=values.pop("devices_page", False), csrf=csrf, **values,
         )
-        return HTMLResponse(html, status_code=status, headers=_SECURITY_HEADERS)
+        response = HTMLResponse(html, status_code=status, headers=_SECURITY_HEADERS)
+        self.forms.set_cookie(response, nonce, request)
+        return response
+
+    async def _form(self, request: Request) -> dict[str, list[str]] | None:
+        """The fields of a posted form whose token this app issued; None when it is too large or its token is wrong."""
+        body = await request.body()
+        if len(body) > 8192:
+            return None
+        form = parse_qs(body.decode("utf-8", "replace"))
+        return form if self.forms.valid(request, (form.get("csrf") or [""])[0]) else None
 
     async def _guard(self, request: Request, sid: str | None = None) -> tuple[str | None, set[str] | None]:
         """The principal and the sessions it may see; raises for a missing sign-in or a session it may not see."""
@@ -304,10 +316,9 @@ class Viewer:
         target = _safe_next(request.query_params.get("next", ""), request)
         if request.method == "GET":
             return self._page(request, "login.html", next=target, problem=None)
-        body = await request.body()
-        if len(body) > 8192:
-            return self._page(request, "login.html", 413, next=target, problem="that form is too large")
-        form = parse_qs(body.decode("utf-8", "replace"))
+        form = await self._form(request)
+        if form is None:
+            return self._page(request, "login.html", 403, next=target, problem=_STALE_FORM)
         token = (form.get("token") or [""])[0].strip()
         target = _safe_next((form.get("next") or [target])[0], request)
         if self.authenticate is None or self.authenticate(token) is None:
@@ -321,9 +332,14 @@ class Viewer:
 
     async def logout(self, request: Request) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
+        if await self._form(request) is None:
+            return self._page(request, "error.html", 403, message=_STALE_FORM, devices_page=False)
         response = RedirectResponse(f"{base}/login", status_code=303)
         response.delete_cookie(COOKIE, path=f"{base}/")
         return response
+
+
+_STALE_FORM = "that form is not one of this page's (too large, expired, or sent from another site): reload and try again"
 
 
 class _SignIn(Exception):
@@ -382,7 +398,9 @@ def create_app(
     devices page). ``on_close`` runs when the app shuts down.
     ``allowed_hosts`` refuses requests whose ``Host`` is another name (400): on
     loopback without a token, a web page elsewhere cannot then read the viewer
-    by pointing a name of its own at 127.0.0.1 (DNS rebinding).
+    by pointing a name of its own at 127.0.0.1 or ::1 (DNS rebinding). Every
+    POST is refused when another site sent it (Origin) or its form token is
+    wrong (:mod:`saucer.ui.guard`).
     """
     viewer = Viewer(store, authenticate, scope, title)
 
@@ -410,5 +428,7 @@ def create_app(
         Route("/logout", viewer.logout, methods=["POST"]),
         Mount("/static", app=StaticFiles(packages=[("saucer.ui", "static")]), name="static"),
     ]
-    middleware = [] if allowed_hosts is None else [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
+    middleware = [Middleware(OriginCheck)]
+    if allowed_hosts is not None:
+        middleware.insert(0, Middleware(HostCheck, allowed=list(allowed_hosts)))
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
