@@ -365,11 +365,8 @@ class ServiceSettings(_Section):
 
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
-    tokens: list[SecretStr] = Field(
-        default_factory=list,
-        description="Bearer tokens, each 'name=token' (the name owns the sessions it submits) or a bare token; "
-        "SAUCER_SERVICE_TOKENS (name=token,...) adds more.",
-    )
+    tokens: list[SecretStr] = Field(default_factory=list, description="Bearer tokens, each 'name=token' (the name owns "
+                                    "the sessions it submits) or a bare token; SAUCER_SERVICE_TOKENS (name=token,...) adds more.")
     devices: dict[str, ServiceDeviceSettings] = Field(
         default_factory=dict,
         description="Sharing per device id: a device is usable by the principal that registered it, the principals "
@@ -382,6 +379,7 @@ class ServiceSettings(_Section):
     reconnect_grace: float = Field(0.0, ge=0, description="Seconds pending commands wait for a lost device to reconnect.")
     step_timeout: float = Field(300.0, gt=0, description="Default seconds for one step's command batch.")
     max_frame_bytes: int = Field(1024 * 1024, ge=1024, description="Largest WebSocket frame or request body accepted.")
+    max_streams: int = Field(16, ge=1, description="Live viewer pages (saucer serve's /ui, saucer ui) one principal may keep open.")
     certfile: Path | None = Field(None, description="TLS certificate (PEM); with keyfile, the server speaks https/wss.")
     keyfile: Path | None = Field(None, description="TLS private key (PEM).")
 

@@ -142,7 +142,7 @@ def create_app(
             Route("/api/sessions/{session_id}/results", api.get_results, methods=["GET"]),
             Route("/api/sessions/{session_id}/cancel", api.cancel, methods=["POST"]),
             WebSocketRoute(WEBSOCKET_PATH, api.websocket),
-            *viewer_mount(runner, store, hub, auth),  # the web viewer at /ui (saucer.service.viewer)
+            *viewer_mount(runner, store, hub, auth, config.max_streams),  # the web viewer at /ui (saucer.service.viewer)
         ],
         lifespan=lifespan,
     )

@@ -66,9 +66,11 @@ Watching
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 import warnings
+import weakref
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, TypeVar
 
 import psycopg
@@ -92,6 +94,7 @@ from saucer.store._postgres_conn import (
     split_url,
 )
 from saucer.store._postgres_conn import migrate as migrate_schema
+from saucer.store._postgres_listen import Listener
 from saucer.store._postgres_sql import INFO_COLUMNS, ROW_COLUMNS, Statements, row_info
 from saucer.store.base import (
     EventStore,
@@ -186,6 +189,7 @@ class PostgresStore(KeepsSummaries, EventStore):
             ) from None
         self._db = Connections(url, self.conninfo, self.schema, pool_size=pool_size, connect_timeout=connect_timeout)
         self._committer = GroupCommitter(self._write_batch, self._write_one)
+        self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Listener] = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
         self._db.close()
@@ -553,46 +557,41 @@ class PostgresStore(KeepsSummaries, EventStore):
     ) -> AsyncIterator[Event]:
         """Yield the session's new events as they are committed, woken by NOTIFY.
 
+        All the watchers of this store on one event loop share ONE LISTEN
+        connection (:class:`~saucer.store._postgres_listen.Listener`).
         Without notifications (no LISTEN possible, or the listening connection
         was lost) it polls every ``interval`` seconds; with them it still
         re-reads every few seconds as a safety net.
         """
+        listener = self._listeners.setdefault(asyncio.get_running_loop(), Listener(self._db.alisten, self.channel))
         try:
-            listener = await self._db.aconnect()
-            await listener.execute(f"LISTEN {quote(self.channel)}")
+            sub = await listener.subscribe(session_id)
         except psycopg.Error as exc:
             warnings.warn(
-                f"store {display_url(self.url)}: cannot LISTEN ({exc}); watching {session_id!r} by polling",
+                f"store {display_url(self.url)}: cannot LISTEN ({one_line(exc)}); watching {session_id!r} by polling",
                 RuntimeWarning,
                 stacklevel=2,
             )
             async for event in super().watch(session_id, after, interval=interval):
                 yield event
             return
-        safety = max(interval, 5.0)
         last = after
         try:
-            while True:
+            while sub.lost is None:
+                sub.wake.clear()  # before the read: a commit after it wakes the wait below
                 fresh = await asyncio.to_thread(lambda: list(self.read(session_id, last)))
                 for event in fresh:
                     last = event.version
                     yield event
-                if fresh:
-                    continue
-                try:
-                    async for note in listener.notifies(timeout=safety):
-                        _, _, sid = note.payload.partition(" ")
-                        if sid == session_id:
-                            break
-                except psycopg.Error as exc:
-                    warnings.warn(
-                        f"store {display_url(self.url)}: lost the LISTEN connection ({one_line(exc)}); "
-                        f"watching {session_id!r} by polling",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                    break
+                if not fresh:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(sub.wake.wait(), max(interval, 5.0))
         finally:
-            await listener.close()
+            await listener.unsubscribe(sub)
+        warnings.warn(
+            f"store {display_url(self.url)}: lost the LISTEN connection ({sub.lost}); watching {session_id!r} by polling",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         async for event in super().watch(session_id, last, interval=interval):
             yield event

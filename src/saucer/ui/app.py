@@ -29,6 +29,7 @@ from urllib.parse import parse_qs
 import orjson
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -40,11 +41,13 @@ from saucer.ui import queries
 from saucer.ui.guard import FormTokens, HostCheck, OriginCheck
 from saucer.ui.render import render
 
-__all__ = ["Scope", "create_app", "COOKIE"]
+__all__ = ["Scope", "create_app", "COOKIE", "DEFAULT_MAX_STREAMS"]
 
 #: The cookie that carries the token after a sign-in (HttpOnly, SameSite=Strict).
 COOKIE = "saucer_ui_token"
 _HISTORY_LIMIT = 500
+#: Live pages (server-sent event streams) one principal may hold open at once.
+DEFAULT_MAX_STREAMS = 16
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
@@ -88,13 +91,17 @@ class Viewer:
     """The handlers, over one store."""
 
     def __init__(
-        self, store: EventStore, authenticate: Callable[[str], str | None] | None, scope: Scope | None, title: str
+        self, store: EventStore, authenticate: Callable[[str], str | None] | None, scope: Scope | None, title: str,
+        max_streams: int = DEFAULT_MAX_STREAMS,
     ) -> None:
         self.store = store
         self.authenticate = authenticate
         self.scope: Scope = scope or _Everything()
         self.title = title
         self.forms = FormTokens()
+        self.max_streams = max_streams
+        #: Open live streams per principal (None: the one user of a viewer without tokens).
+        self.streams: dict[str | None, int] = {}
 
     # ------------------------------------------------------------ plumbing
 
@@ -267,7 +274,7 @@ class Viewer:
         """Server-sent events: ``step`` (one new timeline item, as HTML) for each new event, until the session ends."""
         sid = request.path_params["session_id"]
         try:
-            await self._guard(request, sid)
+            principal, _ = await self._guard(request, sid)
             after = _int_param(request, "after") or 0
             resumed = request.headers.get("last-event-id", "")
             if resumed.isdigit():  # a reconnecting EventSource continues after the last step it received
@@ -279,8 +286,21 @@ class Viewer:
             return Response(str(exc), status_code=404)
         except (VersionNotFoundError, ValueError, TypeError) as exc:
             return Response(str(exc), status_code=400)
+        if self.streams.get(principal, 0) >= self.max_streams:
+            return Response(
+                f"too many live pages open ({self.max_streams}, the viewer's max_streams): close one", status_code=429
+            )
+        self.streams[principal] = self.streams.get(principal, 0) + 1
+
+        def release() -> None:  # as a background task: it runs even if the client left before the first event
+            self.streams[principal] -= 1
+            if not self.streams[principal]:
+                del self.streams[principal]
+
         base = request.scope.get("root_path", "").rstrip("/")
-        return EventSourceResponse(self._events(sid, after, base), ping=15, headers={"Cache-Control": "no-store"})
+        return EventSourceResponse(
+            self._events(sid, after, base), ping=15, headers={"Cache-Control": "no-store"}, background=BackgroundTask(release)
+        )
 
     async def _events(self, sid: str, after: int, base: str) -> AsyncIterator[ServerSentEvent]:
         from saucer.engine.overview import timeline_data
@@ -389,6 +409,7 @@ def create_app(
     title: str = "saucer",
     on_close: Callable[[], Awaitable[None] | None] | None = None,
     allowed_hosts: Sequence[str] | None = None,
+    max_streams: int = DEFAULT_MAX_STREAMS,
 ) -> Starlette:
     """The viewer over ``store``.
 
@@ -400,9 +421,11 @@ def create_app(
     loopback without a token, a web page elsewhere cannot then read the viewer
     by pointing a name of its own at 127.0.0.1 or ::1 (DNS rebinding). Every
     POST is refused when another site sent it (Origin) or its form token is
-    wrong (:mod:`saucer.ui.guard`).
+    wrong (:mod:`saucer.ui.guard`). ``max_streams`` caps the live pages one
+    principal holds open (429 past it); on PostgreSQL they all share one
+    LISTEN connection of the store.
     """
-    viewer = Viewer(store, authenticate, scope, title)
+    viewer = Viewer(store, authenticate, scope, title, max_streams)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
