@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from saucer.context.events import Event, State, ValueNotStorableError, apply_ops, state_to_wire, to_wire
 from saucer.context.names import DERIVED_LEDGERS, RETIRED, ContextNames, UnknownStoredNameError, stored_name
+from saucer.redaction import redact_known
 from saucer.store.base import EventStore
 from saucer.store.model import SessionInfo, Snapshot, check_session_id, timestamp_problem
 
@@ -68,7 +69,7 @@ def export_header(store: EventStore, session_id: str) -> dict[str, Any]:
             "updated_at": info.updated_at,
             "parent_id": info.parent_id,
             "parent_version": info.parent_version,
-            "meta": info.meta,
+            "meta": redact_known(info.meta),  # a plan stored before plans were redacted: no known secret leaves
         },
         "base": {"version": first, "state": state_to_wire(base)},
     }

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg.sql import Identifier, SQL
 
-__all__ = ["Listener", "Subscription"]
+from saucer.store._postgres_conn import display_url
+
+__all__ = ["Listener", "Subscription", "watch_notified"]
 
 
 @dataclass(eq=False)
@@ -105,3 +108,42 @@ class Listener:
                     self._conn = self._reader = None
                     with contextlib.suppress(Exception):
                         await conn.close()
+
+
+async def watch_notified(
+    store: Any,
+    listener: Listener,
+    session_id: str,
+    after: int,
+    interval: float,
+    polling: Callable[..., AsyncIterator[Any]],
+) -> AsyncIterator[Any]:
+    """The body of ``PostgresStore.watch``: the session's new events, read when ``listener`` says it
+    changed (and every few seconds as a safety net); by ``polling(after)`` every ``interval``
+    seconds when it cannot listen, or from the moment the listening connection is lost."""
+    where = f"store {display_url(store.url)}"
+    try:
+        sub = await listener.subscribe(session_id)
+    except psycopg.Error as exc:
+        warnings.warn(f"{where}: cannot LISTEN ({' '.join(str(exc).split())}); watching {session_id!r} by polling",
+                      RuntimeWarning, stacklevel=3)
+        async for event in polling(after=after):
+            yield event
+        return
+    last = after
+    try:
+        while sub.lost is None:
+            sub.wake.clear()  # before the read: a commit after it wakes the wait below
+            fresh = await asyncio.to_thread(lambda: list(store.read(session_id, last)))
+            for event in fresh:
+                last = event.version
+                yield event
+            if not fresh:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(sub.wake.wait(), max(interval, 5.0))
+    finally:
+        await listener.unsubscribe(sub)
+    warnings.warn(f"{where}: lost the LISTEN connection ({sub.lost}); watching {session_id!r} by polling",
+                  RuntimeWarning, stacklevel=3)
+    async for event in polling(after=last):
+        yield event
