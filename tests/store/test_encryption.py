@@ -248,11 +248,11 @@ def test_an_interrupted_rekey_is_finished_by_running_it_again(tmp_path: Path, ke
         calls = {"n": 0}
         real = store.inner.rewrite_events
 
-        def dies_on_the_second_session(sid: str, events: Any) -> None:
+        def dies_on_the_second_session(sid: str, events: Any, *rest: Any) -> None:
             calls["n"] += 1
             if calls["n"] == 2:
                 raise KeyboardInterrupt("killed mid-rekey")
-            real(sid, events)
+            real(sid, events, *rest)
 
         monkeypatch.setattr(store.inner, "rewrite_events", dies_on_the_second_session)
         with pytest.raises(KeyboardInterrupt):

@@ -22,6 +22,13 @@ from ui_helpers import HOSTILE, many_sessions, run_demo, write_session
 TOKEN = "alice-token-0123456789"
 
 
+def form_token(html: str) -> str:
+    """The form token a page carries (every form of the viewer has one)."""
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+    assert found, "the page has no form token"
+    return found.group(1)
+
+
 def text(html: str) -> str:
     """The page's visible text, roughly (tags dropped, entities kept)."""
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
@@ -172,16 +179,17 @@ def test_a_token_guards_every_page(store: EventStore) -> None:
     assert c.get("/sessions/s/stream").status_code == 401
     assert c.get("/sessions", headers={"Authorization": "Bearer wrong-token-0123456"}, follow_redirects=False).status_code == 303
     assert c.get("/sessions", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
-    refused = c.post("/login", data={"token": "nope", "next": "/sessions/s"}, follow_redirects=False)
+    csrf = form_token(c.get("/login").text)
+    refused = c.post("/login", data={"token": "nope", "next": "/sessions/s", "csrf": csrf}, follow_redirects=False)
     assert refused.status_code == 401 and "not valid" in refused.text and COOKIE not in refused.headers.get("set-cookie", "")
-    signed = c.post("/login", data={"token": TOKEN, "next": "/sessions/s"}, follow_redirects=False)
+    signed = c.post("/login", data={"token": TOKEN, "next": "/sessions/s", "csrf": csrf}, follow_redirects=False)
     assert signed.status_code == 303 and signed.headers["location"] == "/sessions/s"
     cookie = signed.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
     assert c.get("/sessions/s").status_code == 200  # the cookie now
-    elsewhere = c.post("/login", data={"token": TOKEN, "next": "//evil.example/x"}, follow_redirects=False)
+    elsewhere = c.post("/login", data={"token": TOKEN, "next": "//evil.example/x", "csrf": csrf}, follow_redirects=False)
     assert elsewhere.headers["location"] == "/sessions"
-    c.post("/logout")
+    c.post("/logout", data={"csrf": form_token(c.get("/sessions").text)})
     assert c.get("/sessions", follow_redirects=False).status_code == 303
 
 

@@ -49,7 +49,8 @@ def test_serve_shows_each_principal_its_own_sessions_and_devices(processes: Proc
         devices = http.get("/ui/devices", headers=auth(ALICE))
         assert devices.status_code == 200 and "dev-a" in devices.text and "online" in devices.text
 
-        signed = http.post("/ui/login", data={"token": ALICE, "next": f"/ui/sessions/{sid}"}, follow_redirects=False)
+        csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', http.get("/ui/login").text).group(1)  # type: ignore[union-attr]
+        signed = http.post("/ui/login", data={"token": ALICE, "next": f"/ui/sessions/{sid}", "csrf": csrf}, follow_redirects=False)
         assert signed.status_code == 303 and signed.headers["location"] == f"/ui/sessions/{sid}"
         assert "Path=/ui/" in signed.headers["set-cookie"] and http.cookies.get(COOKIE) == ALICE
         assert http.get(f"/ui/sessions/{sid}").status_code == 200  # by the cookie alone

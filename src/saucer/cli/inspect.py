@@ -45,10 +45,14 @@ _STATUS_STYLE = {"success": "green", "failure": "red", "skipped": "yellow", "non
 
 
 def when(ts: float | None) -> str:
-    """A local timestamp, to the second."""
+    """A local timestamp, to the second; a stored time no calendar can show (imported before its
+    range was checked: ``1e300``, NaN) is shown as the number it is, never an error."""
     if not ts:
         return "-"
-    return _second(int(ts))
+    try:
+        return _second(int(ts))
+    except (OverflowError, ValueError, OSError, TypeError):
+        return f"{ts!r} (not a valid time)"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -172,7 +176,8 @@ def _session_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
         _count(row["rounds"]),
         _count(row["steps"]),
         _cost_text(row),
-        row["updated"][5:16],
+        # Month to minute of a time; "-" or the number of a stored time no calendar shows (see when()).
+        row["updated"][5:16] if row["updated"][4:5] == "-" else row["updated"].split(" ")[0],
     )
 
 

@@ -211,6 +211,7 @@ def register(app: typer.Typer) -> None:
             reconnect_grace=svc.reconnect_grace,
             step_timeout=svc.step_timeout,
             max_frame_bytes=svc.max_frame_bytes,
+            max_streams=svc.max_streams,
             ssl_certfile=svc.certfile,
             ssl_keyfile=svc.keyfile,
             log_level=level,

@@ -89,8 +89,11 @@ def ui_cmd(
             st.close()
             raise
     # Without a token, only this machine's names reach the pages (no DNS rebinding from a web page).
-    hosts = ["127.0.0.1", "localhost", host] if authenticate is None and ":" not in host else None
-    app = create_app(st, authenticate=authenticate, on_close=st.close, allowed_hosts=hosts)
+    hosts = ["127.0.0.1", "::1", "localhost", host] if authenticate is None else None
+    from saucer.cli.common import settings_for
+
+    max_streams = settings_for(config).service.max_streams
+    app = create_app(st, authenticate=authenticate, on_close=st.close, allowed_hosts=hosts, max_streams=max_streams)
     shown = f"[{host}]" if ":" in host else host
     err.print(f"saucer ui on http://{shown}:{port}{page} · store: {url}" + ("" if authenticate is None else " · token required"), highlight=False)
     err.print("  Ctrl-C stops", style="dim", highlight=False)

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import contextvars
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -113,27 +113,27 @@ class StoreSettings(_Section):
     )
 
 
-# The shell's command rules (saucer.tools.rules) read the same two forms; config imports nothing of
-# saucer, so the check of a pattern's form is here, where a bad table is reported with its key.
+# Checked here, where a bad table is named by its key: config imports nothing of saucer.tools.rules (nor .linear, RE2's).
 _REGEX_PREFIX = "re:"
+_RE2_QUIET = re2.Options()
+_RE2_QUIET.log_errors = False  # the reason goes into the error, not to stderr
 
 
 def _check_command_pattern(pattern: str) -> None:
-    """A ValueError naming ``pattern`` when it is empty or its ``re:`` expression does not compile."""
+    """A ValueError naming ``pattern`` when it is empty or its ``re:`` expression does not compile with RE2."""
     if not isinstance(pattern, str) or not pattern.strip():
         raise ValueError(f"a command rule must be a non-empty string, got {pattern!r}")
-    if pattern.startswith(_REGEX_PREFIX):
-        try:
-            re.compile(pattern[len(_REGEX_PREFIX) :])
-        except re.error as exc:
-            raise ValueError(f"invalid regular expression in rule '{pattern}': {exc}") from exc
+    try:  # with RE2, as the rules will match it: in linear time
+        pattern.startswith(_REGEX_PREFIX) and re2.compile(pattern[len(_REGEX_PREFIX) :], _RE2_QUIET)
+    except re2.error as exc:
+        raise ValueError(f"invalid regular expression in rule '{pattern}' (RE2 syntax): {exc.args[0].decode()}") from None
 
 
 MCPTransport = Literal["stdio", "http", "inprocess"]
 #: Seconds one command may take on an MCP server unless its table says otherwise.
 DEFAULT_MCP_TIMEOUT = 30.0
 
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_IMPORT_PATH = re2.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # The key that selects each transport, and the keys only that transport accepts.
 _SELECTOR: dict[str, MCPTransport] = {"command": "stdio", "url": "http", "import_path": "inprocess"}
 _OWN_FIELDS: dict[MCPTransport, tuple[str, ...]] = {
@@ -358,11 +358,8 @@ class ServiceSettings(_Section):
 
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
-    tokens: list[SecretStr] = Field(
-        default_factory=list,
-        description="Bearer tokens, each 'name=token' (the name owns the sessions it submits) or a bare token; "
-        "SAUCER_SERVICE_TOKENS (name=token,...) adds more.",
-    )
+    tokens: list[SecretStr] = Field(default_factory=list, description="Bearer tokens, each 'name=token' (the name owns "
+                                    "the sessions it submits) or a bare token; SAUCER_SERVICE_TOKENS (name=token,...) adds more.")
     devices: dict[str, ServiceDeviceSettings] = Field(
         default_factory=dict,
         description="Sharing per device id: a device is usable by the principal that registered it, the principals "
@@ -375,6 +372,7 @@ class ServiceSettings(_Section):
     reconnect_grace: float = Field(0.0, ge=0, description="Seconds pending commands wait for a lost device to reconnect.")
     step_timeout: float = Field(300.0, gt=0, description="Default seconds for one step's command batch.")
     max_frame_bytes: int = Field(1024 * 1024, ge=1024, description="Largest WebSocket frame or request body accepted.")
+    max_streams: int = Field(16, ge=1, description="Live viewer pages (saucer serve's /ui, saucer ui) one principal may keep open.")
     certfile: Path | None = Field(None, description="TLS certificate (PEM); with keyfile, the server speaks https/wss.")
     keyfile: Path | None = Field(None, description="TLS private key (PEM).")
 

@@ -89,7 +89,7 @@ class TypedAccess(Durable):
                 self._unpack(key)
             names = self._state.names
             entries = names.get(key)
-            if entries:
+            if entries and isinstance(entries, dict):  # not a ledger sealed at rest and read without the key
                 value = entries.get(names.get("CURRENT_ROUND_ID", 0))
                 if value is not None:
                     return value

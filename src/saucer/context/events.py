@@ -37,6 +37,7 @@ import orjson
 
 from saucer.context.names import ContextNames, stored_name
 from saucer.redaction import redact_known, redact_known_text
+from saucer.store.inflate import MAX_INFLATED_BYTES, inflate
 from saucer.store.model import CorruptRecordError, Event, copy_json, op_key, paused_gc
 
 __all__ = [
@@ -149,12 +150,12 @@ class Packed:
         """The base value in wire form and the operations of the tails;
         :class:`~saucer.store.CorruptRecordError` when they do not decode."""
         try:
-            value = orjson.loads(_unb64z(self.data))
+            value = orjson.loads(_unb64z(self.data, self.size))
             ops: list[Mapping[str, Any]] = []
             for tail in self.tails:
                 ops.extend(orjson.loads(_unb64z(tail)))
             return value, ops
-        except (ValueError, TypeError, zlib.error) as exc:
+        except (ValueError, TypeError) as exc:  # InflateError is a ValueError
             raise self._corrupt(f"the snapshot's packed value of {name} does not decode ({exc})") from None
 
     def whole_json(self) -> bytes | None:
@@ -163,8 +164,8 @@ class Packed:
         if self.tails or self.ops:
             return None
         try:
-            text = _unb64z(self.data)
-        except (ValueError, TypeError, zlib.error) as exc:
+            text = _unb64z(self.data, self.size)
+        except (ValueError, TypeError) as exc:  # InflateError is a ValueError
             raise self._corrupt(f"a snapshot's packed value does not decompress ({exc})") from None
         if len(text) != self.size or text[:1] not in (b"{", b"["):  # only dicts and lists are packed
             raise self._corrupt("a snapshot's packed value is not the JSON object or array it was")
@@ -202,8 +203,11 @@ def _b64z(blob: bytes) -> str:
     return base64.b64encode(zlib.compress(blob, 1)).decode("ascii")
 
 
-def _unb64z(text: str) -> bytes:
-    return zlib.decompress(base64.b64decode(text, validate=True))
+def _unb64z(text: str, size: int = MAX_INFLATED_BYTES) -> bytes:
+    # Capped by the size the base declares: a packed value never inflates past what it says it is.
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"declared size {size!r} is not a byte count")
+    return inflate(base64.b64decode(text, validate=True), size)
 
 
 def unpack(state: State, name: str) -> None:

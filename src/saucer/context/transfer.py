@@ -22,8 +22,9 @@ from typing import Any, Mapping
 
 from saucer.context.events import Event, State, ValueNotStorableError, apply_ops, state_to_wire, to_wire
 from saucer.context.names import DERIVED_LEDGERS, RETIRED, ContextNames, UnknownStoredNameError, stored_name
+from saucer.redaction import redact_known
 from saucer.store.base import EventStore
-from saucer.store.model import SessionInfo, Snapshot, check_session_id
+from saucer.store.model import SessionInfo, Snapshot, check_session_id, timestamp_problem
 
 __all__ = ["FORMAT", "export_session", "export_header", "Lineage", "import_session"]
 
@@ -68,7 +69,7 @@ def export_header(store: EventStore, session_id: str) -> dict[str, Any]:
             "updated_at": info.updated_at,
             "parent_id": info.parent_id,
             "parent_version": info.parent_version,
-            "meta": info.meta,
+            "meta": redact_known(info.meta),  # a plan stored before plans were redacted: no known secret leaves
         },
         "base": {"version": first, "state": state_to_wire(base)},
     }
@@ -193,8 +194,9 @@ def _event(raw: Any, index: int, target: str) -> Event:
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ValueError(f"export field '{where}.version' must be an int >= 1")
     timestamp = raw.get("timestamp")
-    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
-        raise ValueError(f"export field '{where}.timestamp' must be a finite number")
+    problem = timestamp_problem(timestamp)  # the same limit as a live event's time
+    if problem is not None:
+        raise ValueError(f"export field '{where}.timestamp' {problem}")
     author = raw.get("author")
     if not isinstance(author, str) or "\x00" in author:
         raise ValueError(f"export field '{where}.author' must be a string without NUL characters")

@@ -211,7 +211,12 @@ def _parse_plan_bytes(raw: bytes, p: Path) -> Plan:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PlanError(f"plan file {p} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
-    return parse_plan(data, str(p))
+    except RecursionError:  # the decoder's own guard, before any of it is used
+        raise PlanError(f"plan file {p} nests lists or objects too deeply to be a plan") from None
+    try:
+        return parse_plan(data, str(p))
+    except RecursionError:
+        raise PlanError(f"plan file {p} nests lists or objects too deeply to be a plan") from None
 
 
 def load_plan(path: str | Path) -> Plan:

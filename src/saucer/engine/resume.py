@@ -28,6 +28,7 @@ from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, TEXT_LOG, SessionLog
 from saucer.engine.plan import Plan, parse_plan
 from saucer.engine.result import SessionStatus
 from saucer.engine.round import Round
+from saucer.redaction import redact_known
 from saucer.store import EventStore, open_store
 
 if TYPE_CHECKING:
@@ -200,7 +201,8 @@ class ResumableSession:
         if self.workspace is not None:
             meta["workspace"] = self.workspace
         if self.plan is not None:
-            meta["plan"] = self.plan.model_dump(mode="json", exclude_defaults=True)
+            # Known secrets (configured keys and tokens) never reach the store, a plan written with one literally included.
+            meta["plan"] = redact_known(self.plan.model_dump(mode="json", exclude_defaults=True))
             meta["plan_file"] = self.plan_file
         return meta
 

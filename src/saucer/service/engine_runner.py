@@ -101,8 +101,11 @@ def server_identity(state_dir: str | Path | None) -> str:
         return f"saucer-serve:{existing}"
     path.parent.mkdir(parents=True, exist_ok=True)
     name = uuid.uuid4().hex
-    tmp = path.with_name(f".{_IDENTITY_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(name + "\n", encoding="utf-8")
+    tmp = path.with_name(f".{_IDENTITY_FILE}.{uuid.uuid4().hex}.tmp")
+    # A new file (O_EXCL), never through a link planted at its name (O_NOFOLLOW).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "w", encoding="utf-8") as handle:
+        handle.write(name + "\n")
     try:
         # link() publishes the whole file at once, and fails if another process was first: theirs wins.
         os.link(tmp, path)

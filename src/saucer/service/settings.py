@@ -47,6 +47,7 @@ class ServiceConfig(BaseModel):
     register_timeout: float = Field(default=10.0, gt=0, description="seconds a new connection has to register")
     send_timeout: float = Field(default=10.0, gt=0, description="seconds a frame may take to leave")
     compression: bool = Field(default=False, description="permessage-deflate on the WebSocket")
+    max_streams: int = Field(default=16, ge=1, description="live viewer pages one principal may hold open")
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     log_level: str = "info"

@@ -50,10 +50,14 @@ class ServiceScope:
         ]
 
 
-def viewer_mount(runner: Any, records: SessionRecordStore, hub: DeviceHub, auth: TokenAuthenticator) -> list[Mount]:
+def viewer_mount(
+    runner: Any, records: SessionRecordStore, hub: DeviceHub, auth: TokenAuthenticator, max_streams: int
+) -> list[Mount]:
     """The ``/ui`` mount over the runner's event store (none for a runner without one, such as the plan runner)."""
     store = getattr(runner, "store", None)
     if not isinstance(store, EventStore):
         return []
-    app = create_app(store, authenticate=auth.principal, scope=ServiceScope(records, hub), title="saucer serve")
+    app = create_app(
+        store, authenticate=auth.principal, scope=ServiceScope(records, hub), title="saucer serve", max_streams=max_streams
+    )
     return [Mount(UI_PATH, app=app)]

@@ -6,7 +6,7 @@ version it was written in (``"v"``): older records are upcast on read
 (:mod:`saucer.store.upcast`), newer ones refused.
 
 Records over :data:`COMPRESS_OVER` bytes are stored zlib-compressed (level
-:data:`COMPRESS_LEVEL`). Measured on real engine sessions (``bench/store_scale.py``),
+:data:`COMPRESS_LEVEL`) and inflated with a cap (:mod:`saucer.store.inflate`). Measured on real engine sessions (``bench/store_scale.py``),
 that is what keeps most events inside their table's page: SQLite moves a row of
 a ``WITHOUT ROWID`` table over ~1 KB to overflow pages of its own, each 4 KB and
 mostly empty; compressed, a step's record (commands, results, cursor) is 40-50%
@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import orjson
 
+from saucer.store.inflate import InflateError, check_record_size, inflate
 from saucer.store.model import CorruptRecordError, Event, Snapshot
 from saucer.store.upcast import FORMAT_VERSION, record_format, upcast_event, upcast_snapshot
 
@@ -44,6 +45,7 @@ def encode_payload(event: Event, owner: str | None = None) -> tuple[bytes, int]:
     if owner is not None and event.session_id != owner:
         data["session"] = event.session_id
     payload = orjson.dumps(data)
+    check_record_size(len(payload), f"session {event.session_id!r}: the event at version {event.version}")
     if len(payload) > COMPRESS_OVER:
         payload = zlib.compress(payload, COMPRESS_LEVEL)
     return payload, zlib.crc32(payload)
@@ -57,8 +59,8 @@ def decode_payload(payload: bytes, crc: int | None, what: str = "an event") -> d
         raise DamagedRecord("checksum mismatch")
     if payload[:1] != b"{":  # JSON objects start with "{"; anything else is zlib (format 4)
         try:
-            payload = zlib.decompress(payload)
-        except zlib.error as exc:
+            payload = inflate(payload)
+        except InflateError as exc:
             raise DamagedRecord(f"undecodable payload: {exc}") from None
     try:
         data = orjson.loads(payload)
@@ -77,8 +79,8 @@ def payload_format(payload: bytes) -> int:
     blob = bytes(payload)
     if blob[:1] != b"{":
         try:
-            blob = zlib.decompress(blob)
-        except zlib.error as exc:
+            blob = inflate(blob)
+        except InflateError as exc:
             raise DamagedRecord(f"undecodable record: {exc}") from None
     try:
         data = orjson.loads(blob)
@@ -100,6 +102,7 @@ COMPRESS_LEVEL = 6
 def encode_state(state: dict[str, Any]) -> tuple[bytes, int]:
     """The stored form of a snapshot's state and its checksum (of the stored bytes)."""
     blob = orjson.dumps({"v": FORMAT_VERSION, **state})
+    check_record_size(len(blob), "a snapshot")
     if len(blob) > COMPRESS_OVER:
         blob = zlib.compress(blob, COMPRESS_LEVEL)
     return blob, zlib.crc32(blob)
@@ -114,8 +117,8 @@ def decode_state(blob: bytes, crc: int | None, what: str = "a snapshot") -> dict
         raise DamagedRecord("checksum mismatch")
     if blob[:1] != b"{":  # JSON objects start with "{"; anything else is zlib
         try:
-            blob = zlib.decompress(blob)
-        except zlib.error as exc:
+            blob = inflate(blob)
+        except InflateError as exc:
             raise DamagedRecord(f"undecodable snapshot: {exc}") from None
     try:
         data = orjson.loads(blob)

@@ -256,9 +256,13 @@ class Connections:
         """A new connection of its own, outside the pools (for migrations)."""
         return _connect(self.conninfo, self._connect_timeout)
 
-    async def aconnect(self) -> psycopg.AsyncConnection[Any]:
-        """A new asynchronous connection of its own (to LISTEN)."""
-        return await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True, connect_timeout=self._connect_timeout)
+    async def alisten(self) -> psycopg.AsyncConnection[Any]:
+        """A new asynchronous connection of its own, to LISTEN: named ``saucer listen <schema>`` in
+        ``pg_stat_activity`` (one per process and event loop, see :mod:`saucer.store._postgres_listen`)."""
+        return await psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, connect_timeout=self._connect_timeout,
+            application_name=f"saucer listen {self.schema}"[:63],
+        )
 
     def conn(self) -> Any:
         """A pooled connection (a context manager), in autocommit mode."""

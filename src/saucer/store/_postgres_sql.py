@@ -240,6 +240,19 @@ class Statements:
                 rows,
             )
 
+    def rewrite_extras(
+        self, conn: psycopg.Connection[Any], session_id: str, snapshots: Any, meta: dict[str, Any] | None
+    ) -> None:
+        """The rest of ``_rewrite`` (in its transaction): snapshots replaced, and the meta with the fields a listing shows."""
+        for snapshot in snapshots:
+            self.insert_snapshot(conn, snapshot)
+        if meta is not None:
+            task, mode, request = brief_of(meta)[:3]
+            conn.execute(
+                f"UPDATE {self._s}.sessions SET meta = %s, task = %s, mode = %s, request = %s WHERE session_id = %s",
+                (_jsonb(meta), task, mode, request, session_id),
+            )
+
     def insert_snapshot(self, conn: psycopg.Connection[Any], snapshot: Snapshot, *, replace: bool = True) -> None:
         blob, crc = encode_state(snapshot.state)
         conflict = "DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc" if replace else "DO NOTHING"

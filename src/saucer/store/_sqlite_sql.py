@@ -166,8 +166,14 @@ def detach_fork(conn: sqlite3.Connection, info: SessionInfo, events: list[Event]
     return True
 
 
-def rewrite_rows(conn: sqlite3.Connection, session_id: str, events: list[Event]) -> None:
-    """The body of ``EventStore._rewrite``: new payloads for own events (in either table)."""
+def rewrite_rows(
+    conn: sqlite3.Connection, session_id: str, events: list[Event], snapshots: Any = (), meta: dict[str, Any] | None = None
+) -> None:
+    """The body of ``EventStore._rewrite``: new payloads for own events (in either table), snapshots and meta."""
+    for snapshot in snapshots:
+        insert_snapshot(conn, snapshot)
+    if meta is not None:
+        _set_meta(conn, session_id, meta)
     rows = []
     for event in events:
         payload, crc = encode_payload(event, session_id)

@@ -34,7 +34,6 @@ import fnmatch
 import hashlib
 import os
 import secrets
-import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -42,6 +41,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from saucer.store.inflate import InflateError, inflate
 from saucer.store.model import StoreKeyError
 
 __all__ = [
@@ -63,6 +63,16 @@ KEY_ENV = "SAUCER_STORE_KEY"
 _KEY_ID = 8
 _NONCE = 12
 _VALUE_FIELDS = ("value", "expected", "by")
+
+#: The keys of a session's meta that stay plain when the meta is sealed: what the listings show without
+#: the key (task and mode) and what the store itself reads (a fork's origin, a prune's first version).
+PLAIN_SESSION_META = frozenset({"task", "mode", "status", "forked_from", "at", "pruned_to", "imported_from"})
+#: The keys of an event's meta that stay plain: what the per-session summary is counted from (kind,
+#: status and its reason, cost; see :mod:`saucer.store.summary`) and a prune's marker. The rest (the
+#: round's request, the step's commands, results and cursor, LLM calls...) is sealed.
+PLAIN_EVENT_META = frozenset({"kind", "session_status", "reason", "cost", "cost_summary", "summary", "pruned", "damaged"})
+#: Meta is sealed when the patterns cover this name: the meta holds the request (and all the session did).
+META_GUARD = "REQUEST"
 
 
 def new_key() -> str:
@@ -137,7 +147,10 @@ class KeyRing:
                 "(damaged, or moved from another session or key)"
             ) from None
         if plain[:1] == b"x":  # sealed compressed (formats 4, 5): zlib's first byte; no JSON text starts with "x"
-            plain = zlib.decompress(plain)
+            try:
+                plain = inflate(plain)
+            except InflateError as exc:
+                raise StoreKeyError(f"session {session_id!r}: the sealed value of {target} does not inflate ({exc})") from None
         return orjson.loads(plain)
 
 
@@ -217,6 +230,64 @@ class Sealer:
             out[index] = opened
         return ops if out is None else out
 
+    # -------------------------------------------------------------- meta
+
+    @property
+    def seals_meta(self) -> bool:
+        """Whether session and event meta are sealed (the patterns cover :data:`META_GUARD`)."""
+        return self.covers(META_GUARD)
+
+    def seal_meta(self, session_id: str, target: str, meta: dict[str, Any], plain: frozenset[str]) -> dict[str, Any]:
+        """``meta`` with every key but ``plain`` sealed under ``"sealed"`` (a plan on its own, under
+        ``"plan"``: a store keeps it apart); the same dict when nothing is to be sealed."""
+        hidden = {k: v for k, v in meta.items() if k not in plain}
+        if not self.seals_meta or not hidden or _is_token(meta.get("sealed")):
+            return meta
+        ring = self._require(session_id, META_GUARD)
+        out = {k: v for k, v in meta.items() if k in plain}
+        if "plan" in hidden and isinstance(hidden["plan"], dict) and set(hidden["plan"]) == {"sealed"}:
+            out["plan"] = hidden.pop("plan")  # sealed already
+        if "plan" in hidden:
+            out["plan"] = {"sealed": ring.seal(session_id, f"{target}.plan", hidden.pop("plan"))}
+        if hidden:
+            out["sealed"] = ring.seal(session_id, target, hidden)
+        if isinstance(hidden.get("request"), str):  # what a listing shows of it, sealed on its own: see open_brief
+            out["request"] = ring.seal(session_id, f"{target}.request", _brief(hidden["request"]))
+        return out
+
+    def open_brief(self, session_id: str, text: str | None) -> str | None:
+        """A listing's request as the store kept it: opened when sealed by :meth:`seal_meta`
+        (:data:`ENCRYPTED` without the key), as it is otherwise."""
+        if text is None or not _looks_sealed(text):
+            return text
+        if self.ring is None:
+            return ENCRYPTED
+        try:
+            opened = self.ring.open(session_id, "meta.request", text)
+        except StoreKeyError:
+            return text  # not a token after all: a request written before meta was sealed
+        return opened if isinstance(opened, str) else text
+
+    def open_meta(self, session_id: str, target: str, meta: dict[str, Any]) -> dict[str, Any]:
+        """``meta`` opened; without the key its sealed part is :data:`ENCRYPTED` and its plan left out."""
+        token = meta.get("sealed")
+        plan = meta.get("plan")
+        plan_token = plan["sealed"] if isinstance(plan, dict) and set(plan) == {"sealed"} and _is_token(plan["sealed"]) else None
+        if not _is_token(token) and plan_token is None:
+            return meta
+        out = {k: v for k, v in meta.items() if k != "sealed" and not (k == "plan" and plan_token is not None)}
+        if self.ring is None:
+            if _is_token(token):
+                out["sealed"] = ENCRYPTED
+                if "request" in out:
+                    out["request"] = ENCRYPTED
+            return out
+        if _is_token(token):
+            out.update(self.ring.open(session_id, target, token))
+        if plan_token is not None:
+            out["plan"] = self.ring.open(session_id, f"{target}.plan", plan_token)
+        return out
+
     # --------------------------------------------------------- snapshots
 
     def seal_state(self, session_id: str, state: dict[str, Any]) -> dict[str, Any]:
@@ -249,3 +320,26 @@ class Sealer:
                 for k, token in tokens.items():
                     values[k] = self.ring.open(session_id, prefix + k, token)
         return out
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, str) and value != ENCRYPTED
+
+
+def _brief(request: str) -> str:
+    # Short enough that its token stays under the listing's cut (summary.REQUEST_CHARS, 500): 280 bytes of
+    # JSON give a token of 4/3 * (8 + 12 + 280 + 16) < 430 characters.
+    brief = request[:200]
+    while len(orjson.dumps(brief)) > 280:
+        brief = brief[: len(brief) * 3 // 4]
+    return brief
+
+
+def _looks_sealed(text: str) -> bool:
+    if len(text) < 48 or len(text) % 4 or " " in text:  # a token is at least 36 bytes (key id, nonce, tag)
+        return False
+    try:
+        base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True

@@ -11,12 +11,14 @@ still sealed with the old key).
 from __future__ import annotations
 
 import base64
+import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from saucer.store.base import EventStore
-from saucer.store.crypto import SNAPSHOT_SECTIONS, KeyRing, StoreKeyError, target_of
+from saucer.store.crypto import ENCRYPTED, SNAPSHOT_SECTIONS, KeyRing, StoreKeyError, target_of
 from saucer.store.model import Event, StoreError
 from saucer.store.upcast import FORMAT_VERSION
 
@@ -24,6 +26,8 @@ __all__ = ["SessionFormats", "format_census", "rewrite_old_records", "RekeyRepor
 
 #: Events rewritten per transaction.
 BATCH = 500
+#: Seconds ``rekey`` pauses after writing each session (a fault point for the tests that kill it; unset: none).
+PAUSE_ENV = "SAUCER_REKEY_PAUSE"
 
 
 def _backend(store: EventStore) -> EventStore:
@@ -135,7 +139,30 @@ def _reseal_ops(event: Event, old: KeyRing, new: KeyRing) -> tuple[Event, int]:
             op = {**op, "sealed": new.seal(event.session_id, target, old.open(event.session_id, target, op["sealed"]))}
             count += 1
         ops.append(op)
-    return (replace(event, ops=ops) if count else event), count
+    meta, sealed_meta = _reseal_meta(event.session_id, f"meta@{event.version}", event.meta, old, new)
+    count += sealed_meta
+    return (replace(event, ops=ops, meta=meta) if count else event), count
+
+
+def _reseal_meta(session_id: str, target: str, meta: dict[str, Any], old: KeyRing, new: KeyRing) -> tuple[dict[str, Any], int]:
+    """A meta sealed by :meth:`Sealer.seal_meta` with its tokens (rest, plan, listing's request) under ``new``."""
+    out, count = dict(meta), 0
+
+    def reseal(token: str, where: str) -> str:
+        nonlocal count
+        if _key_id(token) == new.id:
+            return token
+        count += 1
+        return new.seal(session_id, where, old.open(session_id, where, token))
+
+    if isinstance(meta.get("sealed"), str) and meta["sealed"] != ENCRYPTED:
+        out["sealed"] = reseal(meta["sealed"], target)
+        if isinstance(meta.get("request"), str):
+            out["request"] = reseal(meta["request"], f"{target}.request")
+    plan = meta.get("plan")
+    if isinstance(plan, dict) and set(plan) == {"sealed"} and isinstance(plan["sealed"], str):
+        out["plan"] = {"sealed": reseal(plan["sealed"], f"{target}.plan")}
+    return (out if count else meta), count
 
 
 def _reseal_state(session_id: str, state: dict[str, Any], old: KeyRing, new: KeyRing) -> tuple[dict[str, Any], int]:
@@ -158,45 +185,53 @@ def rekey(
 ) -> RekeyReport:
     """Re-seal every value sealed with ``old_key`` with ``new_key`` (``saucer store rekey``).
 
-    Every own event and snapshot of every session is read as stored; those
-    holding values sealed with the old key are rewritten, a batch per
-    transaction. Values already under the new key are left alone, so an
-    interrupted rekey is finished by running it again with the same keys; a
-    value under a third key is a :class:`StoreKeyError` (nothing of that batch
-    is written).
+    Every own event and snapshot of every session, and its meta, is read as
+    stored; what holds values sealed with the old key is rewritten, ONE
+    transaction per session, so a session is always wholly under one key,
+    whatever kill happens when. Values already under the new key are left
+    alone, so an interrupted rekey is finished by running it again with the
+    same keys; a value under a third key is a :class:`StoreKeyError` (nothing
+    of that session is written). ``SAUCER_REKEY_PAUSE`` (seconds) pauses after
+    each session is written: a fault point for the tests that kill it.
     """
     if old_key == new_key:
         raise StoreKeyError("the new store key is the same as the old one")
     old, new = KeyRing(old_key), KeyRing(new_key)
     raw = _backend(store)
     report = RekeyReport()
+    pause = float(os.environ.get(PAUSE_ENV) or 0)
     for info in sorted(raw.sessions(), key=lambda i: i.session_id):
         sid = info.session_id
-        events, snaps = raw.record_formats(sid)
-        changed = 0
-        versions = sorted(events)
-        for start in range(0, len(versions), BATCH):
+        events_at, snaps = raw.record_formats(sid)
+        versions = sorted(events_at)
+        events: list[Event] = []
+        for start in range(0, len(versions), BATCH):  # read in batches, written in one transaction
             chunk = versions[start : start + BATCH]
-            batch = []
             for event in raw._read(sid, chunk[0] - 1, chunk[-1]):
                 event, count = _reseal_ops(event, old, new)
                 if count:
-                    batch.append(event)
+                    events.append(event)
                     report.values += count
-            if batch:
-                raw.rewrite_events(sid, batch)
-                report.events += len(batch)
-                changed += len(batch)
+        snapshots = []
         for version in sorted(snaps):
             snap = raw._snapshot(sid, version)
             if snap is None or snap.version != version:
                 continue
             state, count = _reseal_state(sid, snap.state, old, new)
             if count:
-                raw.save_snapshot(replace(snap, state=state))
-                report.snapshots += 1
+                snapshots.append(replace(snap, state=state))
                 report.values += count
-                changed += 1
+        stored = raw._info(sid)
+        meta, count = _reseal_meta(sid, "meta", stored.meta, old, new) if stored is not None else ({}, 0)
+        report.values += count
+        if events or snapshots or count:
+            # ONE transaction per session: killed at any point, a session is wholly under one key.
+            raw.rewrite_events(sid, events, snapshots, meta if count else None)
+            if pause:
+                time.sleep(pause)
+        report.events += len(events)
+        report.snapshots += len(snapshots)
+        changed = len(events) + len(snapshots) + bool(count)
         report.sessions += bool(changed)
         if progress is not None:
             progress(sid, changed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from saucer.store.base import (
     ConflictError,
@@ -151,8 +151,14 @@ class MemoryStore(KeepsSummaries, EventStore):
             snaps = list(d.snapshots.get(session_id) or {})
         return dict.fromkeys(events, FORMAT_VERSION), dict.fromkeys(snaps, FORMAT_VERSION)
 
-    def _rewrite(self, session_id: str, events: list[Event]) -> None:
+    def _rewrite(
+        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot] = (), meta: dict[str, Any] | None = None
+    ) -> None:
         with self._transaction() as d:
+            if meta is not None:
+                d.infos[session_id] = replace(d.infos[session_id], meta=copy_json(meta))
+            for snapshot in snapshots:
+                d.snapshots.setdefault(session_id, {})[snapshot.version] = replace(snapshot, state=copy_json(snapshot.state))
             log = d.events.get(session_id) or []
             first = log[0].version if log else 0
             for event in events:

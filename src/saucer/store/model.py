@@ -49,6 +49,8 @@ __all__ = [
     "VersionNotFoundError",
     "VersionPrunedError",
     "SESSION_ID_MAX_LENGTH",
+    "MAX_TIMESTAMP",
+    "timestamp_problem",
     "check_session_id",
     "check_version",
     "SessionInfo",
@@ -441,6 +443,19 @@ def check_session_id(session_id: Any) -> str:
         f"session id {shown} is not valid ({problem}): use 1 to {SESSION_ID_MAX_LENGTH} "
         "ASCII letters, digits and . _ - : @ +"
     )
+
+
+#: The latest time a stored record may carry (9999-12-31T23:59:59 UTC): every surface can show it.
+MAX_TIMESTAMP = 253402300799.0
+
+
+def timestamp_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a stored time (seconds since the epoch, as ``time.time()`` gives), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number of seconds, not {type(value).__name__}"
+    if not 0 <= value <= MAX_TIMESTAMP:  # also refuses NaN
+        return f"must be a time between 1970 and 9999 (0 to {MAX_TIMESTAMP:.0f} seconds), not {value!r}"
+    return None
 
 
 def check_version(value: Any, what: str = "version") -> int:

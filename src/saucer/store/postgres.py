@@ -68,8 +68,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-import warnings
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, TypeVar
+import weakref
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -92,6 +92,7 @@ from saucer.store._postgres_conn import (
     split_url,
 )
 from saucer.store._postgres_conn import migrate as migrate_schema
+from saucer.store._postgres_listen import Listener, watch_notified
 from saucer.store._postgres_sql import INFO_COLUMNS, ROW_COLUMNS, Statements, row_info
 from saucer.store.base import (
     EventStore,
@@ -186,6 +187,7 @@ class PostgresStore(KeepsSummaries, EventStore):
             ) from None
         self._db = Connections(url, self.conninfo, self.schema, pool_size=pool_size, connect_timeout=connect_timeout)
         self._committer = GroupCommitter(self._write_batch, self._write_one)
+        self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Listener] = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
         self._db.close()
@@ -415,7 +417,9 @@ class PostgresStore(KeepsSummaries, EventStore):
         return formats_of(rows), formats_of(snaps)
 
     @_translated(retry=False)
-    def _rewrite(self, session_id: str, events: list[Event]) -> None:
+    def _rewrite(
+        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot] = (), meta: dict[str, Any] | None = None
+    ) -> None:
         rows = []
         for event in events:
             payload, crc = encode_payload(event, session_id)
@@ -428,6 +432,7 @@ class PostgresStore(KeepsSummaries, EventStore):
                         f"UPDATE {self._s}.events SET payload = %s, crc = %s WHERE session_id = %s AND version = %s", row
                     )
                     found += cur.rowcount
+            self._sql.rewrite_extras(conn, session_id, snapshots, meta)
             if found != len(rows):
                 raise StoreError(
                     f"session {session_id!r}: some of the events to rewrite are not in its own log; nothing was rewritten"
@@ -551,48 +556,9 @@ class PostgresStore(KeepsSummaries, EventStore):
     async def watch(
         self, session_id: str, after: int = 0, *, interval: float = 0.2
     ) -> AsyncIterator[Event]:
-        """Yield the session's new events as they are committed, woken by NOTIFY.
-
-        Without notifications (no LISTEN possible, or the listening connection
-        was lost) it polls every ``interval`` seconds; with them it still
-        re-reads every few seconds as a safety net.
-        """
-        try:
-            listener = await self._db.aconnect()
-            await listener.execute(f"LISTEN {quote(self.channel)}")
-        except psycopg.Error as exc:
-            warnings.warn(
-                f"store {display_url(self.url)}: cannot LISTEN ({exc}); watching {session_id!r} by polling",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            async for event in super().watch(session_id, after, interval=interval):
-                yield event
-            return
-        safety = max(interval, 5.0)
-        last = after
-        try:
-            while True:
-                fresh = await asyncio.to_thread(lambda: list(self.read(session_id, last)))
-                for event in fresh:
-                    last = event.version
-                    yield event
-                if fresh:
-                    continue
-                try:
-                    async for note in listener.notifies(timeout=safety):
-                        _, _, sid = note.payload.partition(" ")
-                        if sid == session_id:
-                            break
-                except psycopg.Error as exc:
-                    warnings.warn(
-                        f"store {display_url(self.url)}: lost the LISTEN connection ({one_line(exc)}); "
-                        f"watching {session_id!r} by polling",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                    break
-        finally:
-            await listener.close()
-        async for event in super().watch(session_id, last, interval=interval):
+        """Yield the session's new events as they are committed, woken by NOTIFY: all the watchers of
+        this store on one event loop share ONE LISTEN connection (see :func:`watch_notified`)."""
+        listener = self._listeners.setdefault(asyncio.get_running_loop(), Listener(self._db.alisten, self.channel))
+        polling = functools.partial(super().watch, session_id, interval=interval)
+        async for event in watch_notified(self, listener, session_id, after, interval, polling):
             yield event

@@ -9,9 +9,9 @@ store upcast or re-sealed events again through it; a backend implements
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
-from saucer.store.model import Event, Feature, NotSupportedError
+from saucer.store.model import Event, Feature, NotSupportedError, Snapshot
 
 __all__ = ["RecordRewriting"]
 
@@ -26,21 +26,22 @@ class RecordRewriting:
         self.session_info(session_id)  # type: ignore[attr-defined]
         return self._formats(session_id)
 
-    def rewrite_events(self, session_id: str, events: Sequence[Event]) -> None:
-        """Store ``events`` again, in the current format, in place of this session's own
-        events at the same versions, in ONE transaction; needs :attr:`Feature.REWRITE`.
-        The caller promises the same meaning (an upcast record, a value sealed with
-        another key); only the payload (ops and meta) is written."""
+    def rewrite_events(
+        self, session_id: str, events: Sequence[Event], snapshots: Sequence[Snapshot] = (), meta: dict[str, Any] | None = None
+    ) -> None:
+        """Store ``events`` again (current format) in place of this session's own events at the same versions,
+        with ``snapshots`` and its stored ``meta`` if given, in ONE transaction (all or none after a crash; needs
+        :attr:`Feature.REWRITE`); the caller promises the same meaning (upcast, or sealed with another key)."""
         self._require(Feature.REWRITE, "rewrite events")  # type: ignore[attr-defined]
         info = self.session_info(session_id)  # type: ignore[attr-defined]
         low = info.parent_version or 0
         if bad := [e.version for e in events if not low < e.version <= info.version]:
             raise ValueError(f"session {session_id!r} has no own events at versions {bad} to rewrite")
-        if events:
-            self._rewrite(session_id, list(events))
+        if events or snapshots or meta is not None:
+            self._rewrite(session_id, list(events), list(snapshots), meta)
 
     def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
         raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _formats")
 
-    def _rewrite(self, session_id: str, events: list[Event]) -> None:
+    def _rewrite(self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot], meta: dict[str, Any] | None) -> None:
         raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _rewrite")

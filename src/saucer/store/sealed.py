@@ -4,7 +4,11 @@
 and snapshot it hands down has the values ``store.encrypt`` covers sealed, and
 every one it reads back has them opened with the key (without the key they
 stay sealed and read as ``<encrypted>``). The backend never sees a covered
-value in plain text, and never sees the key. Everything else -- sessions,
+value in plain text, and never sees the key. When the patterns cover
+``REQUEST``, the meta of sessions and events is sealed too, all but the keys
+listings and summaries need (:data:`~saucer.store.crypto.PLAIN_SESSION_META`,
+:data:`~saucer.store.crypto.PLAIN_EVENT_META`); without the key, no session
+is created (nothing is written). Everything else -- sessions,
 versions, leases, forks, prunes -- is the backend's, unchanged.
 """
 
@@ -14,8 +18,8 @@ from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from saucer.store.base import EventStore
-from saucer.store.crypto import Sealer
-from saucer.store.model import Event, Lease, OutcomeUnknownError, SessionInfo, Snapshot
+from saucer.store.crypto import KEY_ENV, PLAIN_EVENT_META, PLAIN_SESSION_META, Sealer
+from saucer.store.model import Event, Lease, OutcomeUnknownError, SessionInfo, Snapshot, StoreKeyError
 from saucer.store.summary import Counters, ListQuery, SessionSummary
 
 __all__ = ["SealedStore"]
@@ -40,11 +44,29 @@ class SealedStore(EventStore):
 
     def _seal(self, event: Event) -> Event:
         ops = self.sealer.seal_ops(event.session_id, event.ops)
-        return event if ops is event.ops else replace(event, ops=ops)
+        meta = self.sealer.seal_meta(event.session_id, f"meta@{event.version}", event.meta, PLAIN_EVENT_META)
+        return event if ops is event.ops and meta is event.meta else replace(event, ops=ops, meta=meta)
 
     def _open(self, event: Event) -> Event:
         ops = self.sealer.open_ops(event.session_id, event.ops)
-        return event if ops is event.ops else replace(event, ops=ops)
+        meta = self.sealer.open_meta(event.session_id, f"meta@{event.version}", event.meta)
+        return event if ops is event.ops and meta is event.meta else replace(event, ops=ops, meta=meta)
+
+    def _seal_info(self, info: SessionInfo) -> SessionInfo:
+        if self.sealer.patterns and self.sealer.ring is None:
+            # Before anything is written: a session made without the key would hold what it must not.
+            raise StoreKeyError(
+                f"session {info.session_id!r}: store.encrypt is set ({', '.join(self.sealer.patterns)}), but no store "
+                f"key is given; set {KEY_ENV} or store.key_file (nothing was written)"
+            )
+        meta = self.sealer.seal_meta(info.session_id, "meta", info.meta, PLAIN_SESSION_META)
+        return info if meta is info.meta else replace(info, meta=meta)
+
+    def _open_info(self, info: SessionInfo | None) -> Any:
+        if info is None:
+            return None
+        meta = self.sealer.open_meta(info.session_id, "meta", info.meta)
+        return info if meta is info.meta else replace(info, meta=meta)
 
     def _seal_snapshot(self, snapshot: Snapshot) -> Snapshot:
         return replace(snapshot, state=self.sealer.seal_state(snapshot.session_id, snapshot.state))
@@ -57,26 +79,30 @@ class SealedStore(EventStore):
     # ---------------------------------------------------------- primitives
 
     def _create(self, info: SessionInfo) -> None:
-        self.inner._create(info)
+        self.inner._create(self._seal_info(info))
 
     def _info(self, session_id: str) -> SessionInfo | None:
-        return self.inner._info(session_id)
+        return self._open_info(self.inner._info(session_id))
 
     def _row(self, session_id: str) -> SessionInfo | None:
-        return self.inner._row(session_id)
+        return self._open_info(self.inner._row(session_id))
 
     def _info_without_plan(self, session_id: str) -> tuple[SessionInfo, bool] | None:
-        return self.inner._info_without_plan(session_id)  # a session's meta is not sealed
+        found = self.inner._info_without_plan(session_id)
+        return None if found is None else (self._open_info(found[0]), found[1])
 
-    # The summaries are the backend's: they are counted from event meta, which is never sealed.
+    # The summaries are the backend's: they are counted from the plain part of event meta (PLAIN_EVENT_META).
     def _create_with(self, info: SessionInfo, counters: Counters) -> None:
-        self.inner._create_with(info, counters)
+        self.inner._create_with(self._seal_info(info), counters)
 
     def _stored_counters(self, session_id: str) -> Counters | None:
         return self.inner._stored_counters(session_id)
 
     def _list(self, query: ListQuery) -> list[SessionSummary]:
-        return self.inner._list(query)
+        rows = self.inner._list(query)
+        if not self.sealer.seals_meta:
+            return rows
+        return [row._replace(request=self.sealer.open_brief(row.session_id, row.request)) for row in rows]
 
     def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
         try:
@@ -105,10 +131,10 @@ class SealedStore(EventStore):
         self.inner.save_snapshot(self._seal_snapshot(snapshot))
 
     def sessions(self) -> list[SessionInfo]:
-        return self.inner.sessions()
+        return [self._open_info(info) for info in self.inner.sessions()]
 
     def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
-        return self.inner.find_sessions(prefix, limit)
+        return [self._open_info(info) for info in self.inner.find_sessions(prefix, limit)]
 
     def find_session_ids(self, prefix: str = "", limit: int | None = None) -> list[str]:
         return self.inner.find_session_ids(prefix, limit)
@@ -141,7 +167,7 @@ class SealedStore(EventStore):
         self.inner.close()
 
     def _forks(self, session_id: str) -> list[SessionInfo]:
-        return self.inner._forks(session_id)
+        return [self._open_info(info) for info in self.inner._forks(session_id)]
 
     def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
         return self.inner._prune(session_id, cut, self._seal(base), self._seal_snapshot(snapshot))
@@ -151,7 +177,7 @@ class SealedStore(EventStore):
         return self.inner._materialise(info, [self._seal(e) for e in events], sealed, meta)
 
     def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
-        self.inner._import(info, [self._seal(e) for e in events], [self._seal_snapshot(s) for s in snapshots])
+        self.inner._import(self._seal_info(info), [self._seal(e) for e in events], [self._seal_snapshot(s) for s in snapshots])
 
     async def watch(self, session_id: str, after: int = 0, *, interval: float = 0.2) -> AsyncIterator[Event]:
         async for event in self.inner.watch(session_id, after, interval=interval):
@@ -160,5 +186,10 @@ class SealedStore(EventStore):
     def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
         return self.inner._formats(session_id)
 
-    def _rewrite(self, session_id: str, events: list[Event]) -> None:
-        self.inner._rewrite(session_id, [self._seal(e) for e in events])
+    def _rewrite(
+        self, session_id: str, events: list[Event], snapshots: Any = (), meta: dict[str, Any] | None = None
+    ) -> None:
+        self.inner._rewrite(
+            session_id, [self._seal(e) for e in events], [self._seal_snapshot(s) for s in snapshots],
+            None if meta is None else self._seal_info(SessionInfo(session_id, 0, 0, 0, None, None, meta)).meta,
+        )

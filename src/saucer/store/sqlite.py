@@ -36,7 +36,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import orjson
 
@@ -471,9 +471,11 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return formats_of(rows), formats_of(snaps)
 
     @_translated
-    def _rewrite(self, session_id: str, events: list[Event]) -> None:
+    def _rewrite(
+        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot] = (), meta: dict[str, Any] | None = None
+    ) -> None:
         with self._transaction() as conn:
-            rewrite_rows(conn, session_id, events)
+            rewrite_rows(conn, session_id, events, snapshots, meta)
 
     @_translated
     def quarantine_record(self, session_id: str, version: int) -> bool:

@@ -27,7 +27,6 @@ import argparse
 import codecs
 import errno
 import os
-import re
 import stat as stat_module
 import sys
 from collections.abc import Iterable, Sequence
@@ -51,6 +50,7 @@ from saucer.tools._common import (
     positive_int,
     serve_stdio,
 )
+from saucer.tools.linear import LinearPattern, compile_linear
 from saucer.tools.files_models import (
     DirEntry,
     FileContent,
@@ -367,7 +367,7 @@ class FileTools:
             is_symlink=stat_module.S_ISLNK(info.st_mode),
         )
 
-    def _search_file(self, rel: SandboxPath, compiled: re.Pattern[str]) -> list[tuple[int, str]] | None:
+    def _search_file(self, rel: SandboxPath, compiled: LinearPattern) -> list[tuple[int, str]] | None:
         """Matching (line number, text) pairs of one file, or None when it is skipped (binary, big, gone)."""
         try:
             fd = self.sandbox.open(rel, _READ_FLAGS)
@@ -401,11 +401,10 @@ class FileTools:
             raise ToolError("pattern is empty")
         if max_results <= 0:
             raise ToolError(f"max_results must be > 0, got {max_results}")
-        flags = 0 if case_sensitive else re.IGNORECASE
         try:
-            compiled = re.compile(pattern if regex else re.escape(pattern), flags)
-        except re.error as exc:
-            raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from exc
+            compiled = compile_linear(pattern, ignore_case=not case_sensitive, literal=not regex)
+        except ValueError as exc:
+            raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from None
         rel = self._path(path)
         fd = self._open(rel, path, _READ_FLAGS, what="path")
         try:

@@ -26,11 +26,11 @@ able to write only to the workspace, the artifacts and a private TMPDIR.
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from saucer.tools.linear import LinearPattern, compile_linear
 from saucer.tools.shellparse import CommandLine, Invocation, analyse
 
 __all__ = [
@@ -84,7 +84,7 @@ class CommandRule:
 
     pattern: str
     # Rules are shown as written (not repr'd) so a regex's backslashes read as configured.
-    _regex: re.Pattern[str] | None = field(default=None, repr=False, compare=False)
+    _regex: LinearPattern | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def compile(cls, pattern: str) -> "CommandRule":
@@ -92,16 +92,16 @@ class CommandRule:
         if not isinstance(pattern, str) or not pattern.strip():
             raise ValueError(f"a command rule must be a non-empty string, got {pattern!r}")
         if pattern.startswith(REGEX_PREFIX):
-            try:
-                return cls(pattern, re.compile(pattern[len(REGEX_PREFIX) :]))
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression in rule '{pattern}': {exc}") from exc
+            try:  # in linear time: a plan's command text must not freeze the host on a user's rule
+                return cls(pattern, compile_linear(pattern[len(REGEX_PREFIX) :]))
+            except ValueError as exc:
+                raise ValueError(f"invalid regular expression in rule '{pattern}': {exc}") from None
         return cls(pattern)
 
     def matches(self, text: str) -> bool:
         """Whether this rule matches ``text`` (one command line or one segment of it)."""
         if self._regex is not None:
-            return self._regex.search(text) is not None
+            return self._regex.search(text)
         return fnmatch.fnmatchcase(text, self.pattern)
 
 

@@ -29,8 +29,8 @@ from urllib.parse import parse_qs
 import orjson
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -38,15 +38,18 @@ from starlette.staticfiles import StaticFiles
 
 from saucer.store import EventStore, SessionNotFoundError, StoreError, VersionNotFoundError
 from saucer.ui import queries
+from saucer.ui.guard import FormTokens, HostCheck, OriginCheck
 from saucer.ui.render import render
 from saucer.ui.steps import States, Tallies, artifact_file, item_of, new_round, step_detail
 from saucer.ui.values import value_html
 
-__all__ = ["Scope", "create_app", "COOKIE"]
+__all__ = ["Scope", "create_app", "COOKIE", "DEFAULT_MAX_STREAMS"]
 
 #: The cookie that carries the token after a sign-in (HttpOnly, SameSite=Strict).
 COOKIE = "saucer_ui_token"
 _HISTORY_LIMIT = 500
+#: Live pages (server-sent event streams) one principal may hold open at once.
+DEFAULT_MAX_STREAMS = 16
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
@@ -90,7 +93,8 @@ class Viewer:
     """The handlers, over one store."""
 
     def __init__(
-        self, store: EventStore, authenticate: Callable[[str], str | None] | None, scope: Scope | None, title: str
+        self, store: EventStore, authenticate: Callable[[str], str | None] | None, scope: Scope | None, title: str,
+        max_streams: int = DEFAULT_MAX_STREAMS,
     ) -> None:
         self.store = store
         self.authenticate = authenticate
@@ -99,6 +103,10 @@ class Viewer:
         self.tallies = Tallies()  # each session's page reads only what was committed since its last view
         self.states = States()  # the inspector's next step costs one event
         self.histories = queries.Histories()  # a key's history, read again, reads only what is new
+        self.forms = FormTokens()
+        self.max_streams = max_streams
+        #: Open live streams per principal (None: the one user of a viewer without tokens).
+        self.streams: dict[str | None, int] = {}
 
     # ------------------------------------------------------------ plumbing
 
@@ -114,11 +122,22 @@ class Viewer:
 
     def _page(self, request: Request, template: str, status: int = 200, **values: Any) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
+        csrf, nonce = self.forms.issue(request)  # every page may hold a form (sign out): each carries the token
         html = render(
             template, base=base, title=self.title, signed_in=self.authenticate is not None,
-            devices_page=values.pop("devices_page", False), **values,
+            devices_page=values.pop("devices_page", False), csrf=csrf, **values,
         )
-        return HTMLResponse(html, status_code=status, headers=_SECURITY_HEADERS)
+        response = HTMLResponse(html, status_code=status, headers=_SECURITY_HEADERS)
+        self.forms.set_cookie(response, nonce, request)
+        return response
+
+    async def _form(self, request: Request) -> dict[str, list[str]] | None:
+        """The fields of a posted form whose token this app issued; None when it is too large or its token is wrong."""
+        body = await request.body()
+        if len(body) > 8192:
+            return None
+        form = parse_qs(body.decode("utf-8", "replace"))
+        return form if self.forms.valid(request, (form.get("csrf") or [""])[0]) else None
 
     async def _guard(self, request: Request, sid: str | None = None) -> tuple[str | None, set[str] | None]:
         """The principal and the sessions it may see; raises for a missing sign-in or a session it may not see."""
@@ -318,7 +337,7 @@ class Viewer:
         """Server-sent events: ``step`` (one new timeline item, as HTML) for each new event, until the session ends."""
         sid = request.path_params["session_id"]
         try:
-            await self._guard(request, sid)
+            principal, _ = await self._guard(request, sid)
             after = _int_param(request, "after") or 0
             resumed = request.headers.get("last-event-id", "")
             if resumed.isdigit():  # a reconnecting EventSource continues after the last step it received
@@ -330,8 +349,21 @@ class Viewer:
             return Response(str(exc), status_code=404)
         except (VersionNotFoundError, ValueError, TypeError) as exc:
             return Response(str(exc), status_code=400)
+        if self.streams.get(principal, 0) >= self.max_streams:
+            return Response(
+                f"too many live pages open ({self.max_streams}, the viewer's max_streams): close one", status_code=429
+            )
+        self.streams[principal] = self.streams.get(principal, 0) + 1
+
+        def release() -> None:  # as a background task: it runs even if the client left before the first event
+            self.streams[principal] -= 1
+            if not self.streams[principal]:
+                del self.streams[principal]
+
         base = request.scope.get("root_path", "").rstrip("/")
-        return EventSourceResponse(self._events(sid, after, base), ping=15, headers={"Cache-Control": "no-store"})
+        return EventSourceResponse(
+            self._events(sid, after, base), ping=15, headers={"Cache-Control": "no-store"}, background=BackgroundTask(release)
+        )
 
     async def _events(self, sid: str, after: int, base: str) -> AsyncIterator[ServerSentEvent]:
         """Each new event as a timeline item. An ended session is still watched: another process may
@@ -368,10 +400,9 @@ class Viewer:
         target = _safe_next(request.query_params.get("next", ""), request)
         if request.method == "GET":
             return self._page(request, "login.html", next=target, problem=None)
-        body = await request.body()
-        if len(body) > 8192:
-            return self._page(request, "login.html", 413, next=target, problem="that form is too large")
-        form = parse_qs(body.decode("utf-8", "replace"))
+        form = await self._form(request)
+        if form is None:
+            return self._page(request, "login.html", 403, next=target, problem=_STALE_FORM)
         token = (form.get("token") or [""])[0].strip()
         target = _safe_next((form.get("next") or [target])[0], request)
         if self.authenticate is None or self.authenticate(token) is None:
@@ -385,9 +416,14 @@ class Viewer:
 
     async def logout(self, request: Request) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
+        if await self._form(request) is None:
+            return self._page(request, "error.html", 403, message=_STALE_FORM, devices_page=False)
         response = RedirectResponse(f"{base}/login", status_code=303)
         response.delete_cookie(COOKIE, path=f"{base}/")
         return response
+
+
+_STALE_FORM = "that form is not one of this page's (too large, expired, or sent from another site): reload and try again"
 
 
 class _SignIn(Exception):
@@ -437,6 +473,7 @@ def create_app(
     title: str = "saucer",
     on_close: Callable[[], Awaitable[None] | None] | None = None,
     allowed_hosts: Sequence[str] | None = None,
+    max_streams: int = DEFAULT_MAX_STREAMS,
 ) -> Starlette:
     """The viewer over ``store``.
 
@@ -446,9 +483,13 @@ def create_app(
     devices page). ``on_close`` runs when the app shuts down.
     ``allowed_hosts`` refuses requests whose ``Host`` is another name (400): on
     loopback without a token, a web page elsewhere cannot then read the viewer
-    by pointing a name of its own at 127.0.0.1 (DNS rebinding).
+    by pointing a name of its own at 127.0.0.1 or ::1 (DNS rebinding). Every
+    POST is refused when another site sent it (Origin) or its form token is
+    wrong (:mod:`saucer.ui.guard`). ``max_streams`` caps the live pages one
+    principal holds open (429 past it); on PostgreSQL they all share one
+    LISTEN connection of the store.
     """
-    viewer = Viewer(store, authenticate, scope, title)
+    viewer = Viewer(store, authenticate, scope, title, max_streams)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -476,5 +517,7 @@ def create_app(
         Route("/logout", viewer.logout, methods=["POST"]),
         Mount("/static", app=StaticFiles(packages=[("saucer.ui", "static")]), name="static"),
     ]
-    middleware = [] if allowed_hosts is None else [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
+    middleware = [Middleware(OriginCheck)]
+    if allowed_hosts is not None:
+        middleware.insert(0, Middleware(HostCheck, allowed=list(allowed_hosts)))
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

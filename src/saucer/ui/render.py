@@ -59,7 +59,10 @@ def timestamp(ts: Any, relative: bool = False) -> Markup:
     (``relative``: "5 min ago", the local time as its tooltip)."""
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not ts:
         return Markup("-")
-    moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    try:
+        moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    except (OverflowError, ValueError, OSError):  # a stored time no calendar can show: the number it is
+        return Markup("{} (not a valid time)").format(repr(ts))
     iso = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     flag = Markup(' data-relative="1"') if relative else Markup("")
     return Markup('<time datetime="{}"{}>{}</time>').format(iso, flag, moment.strftime("%Y-%m-%d %H:%M:%S UTC"))

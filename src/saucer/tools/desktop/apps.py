@@ -9,8 +9,9 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from saucer.tools.confine import ConfinementError, Confiner, Policy
 from saucer.tools.desktop import DesktopError
@@ -69,12 +70,12 @@ class Launcher:
             self._confiner = Confiner(self.policy)
         return self._confiner
 
-    def start(self, argv: list[str], *, cwd: Path, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
-        """Start ``argv`` in a new session with stdout and stderr appended to ``log``."""
+    def start(self, argv: list[str], *, cwd: Path, env: Mapping[str, str], log: Callable[[], BinaryIO]) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in a new session with stdout and stderr appended to the file ``log()`` opens
+        (:meth:`saucer.tools.desktop.artifacts.Artifacts.open_log`: through the folder's descriptor)."""
         if shutil.which(argv[0], path=env.get("PATH")) is None:
             raise DesktopError(f"program {argv[0]!r} not found (not on PATH and not an executable file)")
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
+        with log() as out:
             try:
                 proc = self.confiner.popen(  # the user approved this command (launch is sensitive)
                     argv,

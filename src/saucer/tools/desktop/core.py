@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import functools
 import io
 import json
 import os
@@ -509,7 +510,8 @@ class Desktop:
             with contextlib.suppress(DesktopError):
                 before = {w.id for w in await self._xcall(lambda d: d.windows())}
             log, _ = self.artifacts.path(None, f"launch-{Path(argv[0]).name}", ".log")
-            proc = await asyncio.to_thread(self.launcher.start, argv, cwd=Path.cwd(), env=child_env, log=log)
+            opener = functools.partial(self.artifacts.open_log, log)
+            proc = await asyncio.to_thread(self.launcher.start, argv, cwd=Path.cwd(), env=child_env, log=opener)
             result = LaunchResult(pid=proc.pid, command=argv, running=True, ready=False, log=str(log))
             deadline = time.monotonic() + wait
             x_only_since: float | None = None

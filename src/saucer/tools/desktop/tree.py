@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.atspi import DETAILS, MANY_CHILDREN, AtspiBus, NodeInfo, Ref, read_details, read_node
+from saucer.tools.linear import compile_linear
 
 __all__ = [
     "ID_PATTERN",
@@ -262,11 +263,11 @@ def _pattern(text: str | None, what: str) -> Callable[[str], bool] | None:
     if text is None:
         return None
     if text.startswith("re:"):
-        try:
-            compiled = re.compile(text[3:])
-        except re.error as exc:
+        try:  # in linear time: a model's pattern must not freeze the host (see saucer.tools.linear)
+            compiled = compile_linear(text[3:])
+        except ValueError as exc:
             raise DesktopError(f"{what} {text!r} is not a valid regular expression: {exc}") from None
-        return lambda value: compiled.search(value) is not None
+        return compiled.search
     wanted = " ".join(text.split()).casefold()
     return lambda value: " ".join(value.split()).casefold() == wanted
 
