@@ -79,7 +79,8 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with FakeOpenAI() as fake:
         look = lambda: fake.tool_calls(("files.list", {"path": "."}), usage=(1000, 500))  # noqa: E731
         fake.push(look(), fake.text("done", usage=(2000, 100)), look(), fake.text("done", usage=(10, 5)))
-        llm = {"SAUCER_LLM_BASE_URL": fake.base_url, "SAUCER_LLM_API_KEY": "sk-test"}
+        # The model is scripted call by call: no session judge (eva_session) asks it for more.
+        llm = {"SAUCER_LLM_BASE_URL": fake.base_url, "SAUCER_LLM_API_KEY": "sk-test", "SAUCER_SYSTEM__EVA_SESSION": "false"}
         cli("run", "--mode", "normal", "--request", "look around", "--session-id", "llm-priced", "--workspace", "ws",
             env=llm | {"SAUCER_LLM_MODEL": "gpt-4o"})
         cli("run", "--mode", "normal", "--request", "look again", "--session-id", "llm-unpriced", "--workspace", "ws",
