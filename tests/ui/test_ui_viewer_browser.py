@@ -253,7 +253,8 @@ def test_a_stopped_session_is_followed_when_another_process_resumes_it(scene: di
                             capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     assert resume.returncode == 0, resume.stdout + resume.stderr
     expect(page.locator("#status")).to_have_text("finished")
-    expect(page.locator("#timeline li.item:not(.sep)")).to_have_count(before + 2)
+    # the two steps left, and the session's verdict (eva_session is on by default)
+    expect(page.locator("#timeline li.item:not(.sep)")).to_have_count(before + 3)
     assert page.locator("#status-cell.status-finished").count() == 1  # coloured as in the table
     assert page.evaluate("window.__notReloaded") is True
 
