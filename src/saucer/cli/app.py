@@ -29,6 +29,7 @@ from saucer.cli.common import (
     UserError,
     console,
     err,
+    fork_workspace,
     friendly,
     one_shot,
     open_ctx,
@@ -360,29 +361,36 @@ def fork_cmd(
     at: Optional[int] = typer.Option(None, "--at", help="Version to fork at (default: the latest)."),
     new_id: Optional[str] = typer.Option(None, "--as", help="Id of the new session (default: generated)."),
     workspace: Optional[Path] = typer.Option(
-        None, "--workspace", "-w", help="The fork's own directory for the built-in tools (default: its parent's)."
+        None,
+        "--workspace",
+        "-w",
+        help="The fork's own directory for the built-in tools, never its parent's "
+        "(default: a new folder beside the parent's, printed).",
     ),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Start a new session from a session's state at a version (its log is referenced, not copied).
 
-    A resumed fork writes its own log folder; with --workspace its tools act
-    in their own directory instead of the parent's.
+    A fork never runs in its parent's workspace: its tools act in --workspace
+    DIR, by default a new, empty folder beside the parent's (printed). A
+    resumed fork writes its own log folder.
     """
+    from saucer.engine.cursor import stored_session_brief
+
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
         target = new_id or f"{sid[:180]}-fork-{uuid.uuid4().hex[:6]}"
+        own = fork_workspace(stored_session_brief(st, sid)[0].get("workspace"), target, workspace)
         parent = open_ctx(st, sid)
         child = parent.fork(target, at=at)
         version = child.version
-        if workspace is not None:
-            workspace.mkdir(parents=True, exist_ok=True)
-            child.commit(author="user", meta={"kind": "fork", "workspace": str(workspace.resolve())})
+        own.mkdir(parents=True, exist_ok=True)
+        child.commit(author="user", meta={"kind": "fork", "workspace": str(own)})
         child.close()
     console.print(styled(f"forked {sid} at v{version} as ", (target, "bold")))
-    if workspace is not None:
-        console.print(f"  its tools act in: {workspace.resolve()}")
+    console.print(f"  its tools act in: {visible(str(own))}")
+    console.print("  (its own workspace: a fork never runs in its parent's)")
     flag = store_flag(store)
     console.print(f"  inspect it: {program_name()} state {shlex.quote(target)}{flag}")
     console.print(f"  run it: {program_name()} resume {shlex.quote(target)}{flag}")
