@@ -139,6 +139,15 @@ def sessions_cmd(
             view.write_sessions(out, rows)
 
 
+def ended_badly_reason(store: EventStore, session_id: str, status: str) -> str | None:
+    """Why a session ended ``failed`` or ``error`` (one line, as stored), else None."""
+    if status not in ("failed", "error"):
+        return None
+    from saucer.engine.status import stored_status
+
+    return str(stored_status(store, session_id).summary.get("reason") or "") or None
+
+
 @app.command("show")
 @friendly
 @one_shot
@@ -165,6 +174,7 @@ def show_cmd(
         sid = resolve_session(st, session)
         info = st.session_info(sid)
         summary = view.listed_row(st.list_sessions(ids=[sid])[0])
+        reason = ended_badly_reason(st, sid, summary["status"])
         screen = None if as_json or not console.is_terminal else max(10, console.size.height // 3)
         window = window_for(st, sid, limit=limit, since=since, round=round_, default_limit=screen)
         if as_json:
@@ -173,13 +183,13 @@ def show_cmd(
             tally = RoundTally()
             out = JsonStream(binary_stdout())
             out.object([
-                ("session", summary),
+                ("session", summary | ({"reason": reason} if reason else {})),
                 ("events", (tally.add(item) for item in view.timeline_items(window.events(st)))),
                 ("rounds", tally.rounds),  # complete once the events are written
             ])
             out.end()
             return
-        title = f"session {sid} · v{info.version} · {summary['status']}"
+        title = f"session {sid} · v{info.version} · {summary['status']}" + (f": {' '.join(reason.split())}" if reason else "")
         if info.parent_id or info.meta.get("forked_from"):
             title += f" · fork of {info.parent_id or info.meta['forked_from']}@{info.parent_version or info.meta.get('at')}"
         title = visible(title)  # an imported session's meta is whatever its file said
