@@ -139,15 +139,6 @@ def sessions_cmd(
             view.write_sessions(out, rows)
 
 
-def ended_badly_reason(store: EventStore, session_id: str, status: str) -> str | None:
-    """Why a session ended ``failed`` or ``error`` (one line, as stored), else None."""
-    if status not in ("failed", "error"):
-        return None
-    from saucer.engine.status import stored_status
-
-    return str(stored_status(store, session_id).summary.get("reason") or "") or None
-
-
 @app.command("show")
 @friendly
 @one_shot
@@ -174,7 +165,7 @@ def show_cmd(
         sid = resolve_session(st, session)
         info = st.session_info(sid)
         summary = view.listed_row(st.list_sessions(ids=[sid])[0])
-        reason = ended_badly_reason(st, sid, summary["status"])
+        reason = view.ended_badly_reason(st, sid, summary["status"])
         screen = None if as_json or not console.is_terminal else max(10, console.size.height // 3)
         window = window_for(st, sid, limit=limit, since=since, round=round_, default_limit=screen)
         if as_json:
@@ -339,7 +330,11 @@ def state_cmd(
     flat = dict(data["names"])
     flat.update({f"vars.{k}": v for k, v in data["vars"].items()})
     flat.update({f"{k} (retired)": v for k, v in data.get("retired", {}).items()})
-    console.print(view.state_table(flat, f"session {data['session_id']} at v{data['version']} (empty values hidden)"))
+    title = f"session {data['session_id']} at v{data['version']}"
+    if console.is_terminal:
+        console.print(view.state_table(flat, title))
+    else:
+        view.plain_lines(view.state_lines(flat, title))
 
 
 @app.command("diff")
@@ -360,8 +355,10 @@ def diff_cmd(
         print_json(changes)
     elif not changes:
         console.print(f"no differences between v{v1} and v{v2}")
-    else:
+    elif console.is_terminal:
         console.print(view.diff_table(changes, v1, v2))
+    else:
+        view.plain_lines(view.diff_lines(changes, v1, v2))
 
 
 @app.command("fork")

@@ -60,13 +60,14 @@ class HistoryQueries(Snapshots):
     def diff(self, v1: int, v2: int) -> dict[str, dict[str, Any]]:
         """Keys whose values differ between two versions: ``{key: {"before": a, "after": b}}``.
 
-        Context variables appear as ``vars.NAME``; a missing value is None.
+        Context variables appear as ``vars.NAME``; a missing variable is None, and
+        a name not written yet has its default, as ``state`` shows it at that version.
         Both versions must be readable (see :meth:`state_at`).
         """
         a = self.state_at(v1)._plain()
         b = self.state_at(v2)._plain()
         return {
-            k: {"before": a.get(k), "after": b.get(k)}
+            k: {"before": _or_default(a, k), "after": _or_default(b, k)}
             for k in sorted(a.keys() | b.keys())
             if a.get(k) != b.get(k)
         }
@@ -101,3 +102,14 @@ class HistoryQueries(Snapshots):
         store, sid = self._require_store()
         async for event in store.watch(sid, self._version, interval=interval):
             yield event
+
+
+def _or_default(plain: dict[str, Any], key: str) -> Any:
+    """``plain[key]``, else the JSON form of the default of the name ``key`` (None for a variable)."""
+    if key in plain:
+        return plain[key]
+    try:
+        default = ContextNames[key].default_value
+    except KeyError:
+        return None
+    return getattr(default, "value", default) if key == "WEAVING_MODE" else default
