@@ -41,3 +41,45 @@ def test_state_and_diff_agree_in_text_and_json(run_cli, tmp_path: Path) -> None:
         key, rest = line.split(": ", 1)
         if key in names:
             assert rest == f"{shown(changes[key]['before'], 80)} -> {shown(changes[key]['after'], 80)}"
+
+
+def test_the_live_progress_line_shows_every_command_of_a_step(run_cli) -> None:
+    out = run_cli("demo", check=True, timeout=120).stdout
+    [line] = [x for x in out.splitlines() if "files.search" in x and " step " in x]
+    assert line.count("files.search success") == 2, line  # the demo's step 8 runs two searches
+
+
+def test_ui_open_says_when_no_browser_opens(tmp_path: Path) -> None:
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    from conftest import SAUCER, cli_env
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    from saucer.store import open_store
+
+    with open_store(f"sqlite:///{tmp_path / 's.db'}") as store:
+        store.create_session("one")
+    env = cli_env({"BROWSER": "false"})  # the only browser there is fails, as on a headless machine
+    env.pop("DISPLAY", None)
+    proc = subprocess.Popen([*SAUCER, "ui", "--open", "--port", str(port), "--store", f"sqlite:///{tmp_path / 's.db'}"],
+                            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                continue
+        time.sleep(2)  # the opener runs once the server listens
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    [said] = [x for x in err.splitlines() if x.startswith("--open:")]
+    assert f"http://127.0.0.1:{port}/" in said and "no browser could be opened" in said
