@@ -232,10 +232,18 @@ def status_cmd(
     console.print(", ".join(f"{counts[k]} {k}" for k in ("queued", "running", "done", "failed", "cancelled", "retried")) + f" · {counts['total']} jobs")
     if not status.jobs:
         return
-    table = Table("session", "state", "session status", "worker", "retries", "queue", "source", show_edge=False)
-    for j in status.jobs:
-        table.add_row(visible(j.session_id), j.state, j.session or "-", visible(j.worker or "-"), str(j.retries), visible(j.queue), visible(j.source))
-    console.print(table)
+    columns = ("session", "state", "session status", "worker", "retries", "queue", "source")
+    rows = [(visible(j.session_id), j.state, j.session or "-", visible(j.worker or "-"), str(j.retries), visible(j.queue), visible(j.source))
+            for j in status.jobs]
+    if console.is_terminal:
+        table = Table(*columns, show_edge=False)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    else:  # piped: plain lines, one per job, never a box table
+        print("\t".join(columns))
+        for row in rows:
+            print("\t".join(row))
     failed = [j for j in status.jobs if j.reason]
     if failed:
         console.print("why they failed:")
