@@ -21,8 +21,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/saucer demo
 
+# make test ARGS='tests/cli -x' (or PYTEST_ARGS=...) passes its arguments to pytest.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) $(ARGS)
 
 # The peers (LangGraph, Burr) come with the bench extra; PostgreSQL columns
 # need SAUCER_TEST_POSTGRES_URL (or --postgres-url).

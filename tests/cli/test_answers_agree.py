@@ -55,7 +55,8 @@ def test_ui_open_says_when_no_browser_opens(tmp_path: Path) -> None:
     import subprocess
     import time
 
-    from conftest import SAUCER, cli_env
+    import os
+    import sys
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -64,9 +65,9 @@ def test_ui_open_says_when_no_browser_opens(tmp_path: Path) -> None:
 
     with open_store(f"sqlite:///{tmp_path / 's.db'}") as store:
         store.create_session("one")
-    env = cli_env({"BROWSER": "false"})  # the only browser there is fails, as on a headless machine
-    env.pop("DISPLAY", None)
-    proc = subprocess.Popen([*SAUCER, "ui", "--open", "--port", str(port), "--store", f"sqlite:///{tmp_path / 's.db'}"],
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_") and k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env.update({"BROWSER": "false", "NO_COLOR": "1"})  # the only browser there is fails, as on a headless machine
+    proc = subprocess.Popen([sys.executable, "-m", "saucer", "ui", "--open", "--port", str(port), "--store", f"sqlite:///{tmp_path / 's.db'}"],
                             cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
