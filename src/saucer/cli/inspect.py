@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from saucer.cli.conversation import CONVERSATION_KEY, conversation_lines
 from saucer.cli.output import json_key, visible
 from saucer.context import Context, Event
 from saucer.context.events import StoredJson, op_key
@@ -295,6 +296,8 @@ def _changes(event: Event, show_all: bool, Text: Any = Text) -> Any:
     hidden = 0
     for op in event.ops:
         key = op_key(op)
+        if not show_all and CONVERSATION_KEY.match(key):
+            continue  # shown as the conversation (conversation_lines)
         if not show_all and key in BOOKKEEPING:
             hidden += 1
             continue
@@ -377,6 +380,7 @@ def timeline_entries(
         if meta.get("subtask"):
             parts.append(Text(f"  subtask: {short(meta['subtask'], 80)}"))
         parts.extend(_artifacts_text(meta, Text))
+        parts.extend(Text("  " + line, style="cyan") for line in conversation_lines(event))
         parts.extend(_commands_text(meta, Text))
         if changes is not None:
             parts.append(changes)
