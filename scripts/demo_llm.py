@@ -33,21 +33,8 @@ REQUEST = "create notes.txt containing hello, then show it"
 
 
 def saucer_env(base_url: str) -> dict[str, str]:
-    """The settings a session needs for the local model, as ``SAUCER_*`` variables.
-
-    ``tool_choice = "required"``: llama-server then constrains the reply with a
-    grammar to a call of one of the offered tools (the agent adds a ``finish``
-    tool to end its work), so a 135M model cannot answer in prose instead of acting.
-    """
-    return {
-        "SAUCER_LLM__BASE_URL": base_url,
-        "SAUCER_LLM__MODEL": "smollm2-135m-instruct",
-        "SAUCER_LLM__TOOL_CHOICE": "required",
-        "SAUCER_LLM__CONTEXT_WINDOW": "8192",
-        "SAUCER_LLM__MAX_TOKENS": "256",
-        "SAUCER_LLM__TIMEOUT": "300",
-        "SAUCER_SYSTEM__MAX_STEP": "8",
-    }
+    """The settings a session needs for the local model (:func:`llama_server.saucer_settings`)."""
+    return llama_server.saucer_settings(base_url)
 
 
 def saucer_command() -> list[str]:
@@ -79,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--request", default=REQUEST)
     parser.add_argument("--store", default="sqlite:///.saucer/demo-llm.db")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="llama-server's -t (1: steadiest on a busy 2-core machine)")
     args = parser.parse_args(argv)
     llama_server.fetch_model()
     llama_server.build_server()
