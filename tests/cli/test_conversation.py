@@ -24,6 +24,7 @@ def test_an_llm_step_reads_as_a_conversation() -> None:
         {"op": "append", "var": "_llm.app.messages", "value": {"role": "tool", "tool_call_id": "c1", "content": "wrote 5 bytes"}},
         {"op": "append", "var": "_llm.app.messages", "value": {"role": "assistant", "content": "Done: notes.txt says hello."}},
         {"op": "set", "var": "_llm.app.meta", "value": {"failures": 0}},
+        {"op": "incr", "var": "_llm.tokens", "by": 1699},
     ])
     assert conversation_lines(event) == [
         "user → app: create notes.txt containing hello, then show it",

@@ -18,7 +18,7 @@ from saucer.context.events import op_key
 __all__ = ["CONVERSATION_KEY", "conversation_lines"]
 
 #: The variables of an LLM agent's conversation, as ``op_key`` names them.
-CONVERSATION_KEY = re.compile(r"^vars\._llm\.(?P<agent>[^.]+)\.(?P<what>messages|meta)$")
+CONVERSATION_KEY = re.compile(r"^vars\._llm\.(?:tokens|(?P<agent>[^.]+)\.(?P<what>messages|meta))$")
 
 
 def conversation_lines(event: Event) -> list[str]:
