@@ -5,7 +5,7 @@ VENV   := .venv
 UV_VERSION := 0.13.9
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench install clean lock llama-server
+.PHONY: demo test bench install clean lock llama-server llm demo-llm
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "saucer needs Python >= 3.11, found " + sys.version'
@@ -21,8 +21,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/saucer demo
 
+# make test ARGS='tests/cli -x' (or PYTEST_ARGS=...) passes its arguments to pytest.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) $(ARGS)
 
 # The peers (LangGraph, Burr) come with the bench extra; PostgreSQL columns
 # need SAUCER_TEST_POSTGRES_URL (or --postgres-url).
@@ -50,6 +51,14 @@ bench: $(VENV)/bin/python
 # (tests/agents/test_llm_conformance.py) runs against them. A second run finds them cached.
 llama-server: $(VENV)/bin/python
 	$(VENV)/bin/python scripts/llama_server.py
+
+# llama-server with the settings saucer needs, in the foreground (builds or reuses it; prints them).
+llm: $(VENV)/bin/python
+	$(VENV)/bin/python scripts/llama_server.py --serve
+
+# A normal-mode session against the local model: "create notes.txt containing hello, then show it".
+demo-llm: $(STAMP)
+	$(VENV)/bin/python scripts/demo_llm.py
 
 lock: $(VENV)/bin/python
 	$(VENV)/bin/uv lock

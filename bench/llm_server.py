@@ -15,6 +15,11 @@ Prints, through saucer's own :class:`~saucer.agents.llm.ModelClient`:
 
 ``--record FILE`` writes one request and its response as they went over the
 wire (through a recording proxy) to FILE as JSON.
+
+``--sessions N`` instead runs ``make demo-llm``'s request ("create notes.txt
+containing hello, then show it") N times as whole ``saucer run`` sessions,
+with the settings of ``scripts/llama_server.py`` (``tool_choice = "required"``,
+grammar-constrained tool calls), and prints how many finished and how long each took.
 """
 
 from __future__ import annotations
@@ -88,10 +93,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="llama-server's -t (1: steadiest on a busy 2-core machine)")
     parser.add_argument("--record", type=Path, default=None, help="write one recorded request/response here (JSON)")
+    parser.add_argument("--sessions", type=int, default=0, help="run the demo request N times as sessions; count the finished")
     args = parser.parse_args()
     gaps = llama_server.missing()
     if gaps:
         sys.exit(f"missing {', '.join(gaps)}; build them with: {llama_server.BUILD_COMMAND}")
+    if args.sessions:
+        import demo_llm
+
+        sys.exit(demo_llm.main(["--runs", str(args.sessions), "--threads", str(args.threads)]))
     info = asyncio.run(_builtin_tool_info())
     with llama_server.serve(ctx_size=8192, threads=args.threads) as server, RecordingProxy(server.base_url.removesuffix("/v1")) as proxy:
         figures = asyncio.run(_measure(proxy.base_url, args.calls, args.max_tokens, info))

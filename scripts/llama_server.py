@@ -295,11 +295,56 @@ def _running(command: list[str], port: int, health: str, log_dir: Path | None, n
             process.wait()
 
 
+#: The settings a saucer session needs for this server (``make llm`` prints them, ``make demo-llm`` uses them).
+#: ``tool_choice = "required"`` makes llama-server constrain every reply with a grammar to a call of
+#: one of the offered tools (the agent adds a ``finish`` tool to end its work): a 135M model that
+#: would answer in prose has to act.
+def saucer_settings(base_url: str) -> dict[str, str]:
+    """``SAUCER_*`` variables for a normal-mode session against the server at ``base_url``."""
+    return {
+        "SAUCER_LLM__BASE_URL": base_url,
+        "SAUCER_LLM__MODEL": "smollm2-135m-instruct",
+        "SAUCER_LLM__TOOL_CHOICE": "required",
+        "SAUCER_LLM__CONTEXT_WINDOW": "8192",
+        "SAUCER_LLM__MAX_TOKENS": "128",
+        "SAUCER_LLM__TIMEOUT": "600",
+        "SAUCER_SYSTEM__MAX_STEP": "8",
+    }
+
+
+def _serve_foreground(port: int = 8088) -> int:
+    fetch_model()
+    build_server()
+    command = [
+        str(server_path()), "-m", str(model_path()), "--host", "127.0.0.1", "--port", str(port),
+        "-c", "8192", "-np", "1", "-t", "1", "--jinja", "--chat-template-file", str(template_path()),
+    ]
+    print("llama-server, as saucer needs it (--jinja and a chat template with tools: tool calls are parsed,")
+    print("and tool_choice \"required\" is enforced with a grammar):")
+    print("  " + " ".join(command))
+    print("a session uses it with these settings (or the same keys under [llm] / [system] in saucer.toml):")
+    for key, value in saucer_settings(f"http://127.0.0.1:{port}/v1").items():
+        print(f"  export {key}={value}")
+    print('then: saucer run --request "create notes.txt containing hello, then show it"   (Ctrl-C stops the server)')
+    sys.stdout.flush()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        process.wait()
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--check", action="store_true", help="only report whether both are cached")
     parser.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    parser.add_argument("--serve", action="store_true",
+                        help="then run the server in the foreground (Ctrl-C stops it) and print saucer's settings for it")
     args = parser.parse_args(argv)
+    if args.serve:
+        return _serve_foreground()
     if args.check:
         gaps = missing()
         for gap in gaps:

@@ -46,7 +46,7 @@ def _healthy(port: int) -> bool:
 async def _ended(http: httpx.AsyncClient, sid: str) -> dict[str, Any]:
     for _ in range(30):
         body = (await http.get(f"/api/sessions/{sid}", params={"wait": 2})).json()
-        if body["session"]["status"] in ("completed", "failed", "cancelled"):
+        if body["session"]["status"] in ("finished", "failed", "cancelled"):
             return body
     raise AssertionError(f"session {sid} did not end")
 
@@ -88,7 +88,7 @@ async def test_saucer_serve_drives_a_device_that_speaks_only_aip(processes: Proc
             ]}
             sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()["session_id"]
             body = await _ended(http, sid)
-            assert body["session"]["status"] == "completed", body["session"]
+            assert body["session"]["status"] == "finished", body["session"]
             assert body["steps"][0]["results"][0]["result"]["stdout"] == "hello from AIP\n"
             failing = {"task": "exit2", "steps": [{"subtask": "ls", "commands": [
                 {"tool_name": "execute_command", "parameters": {"command": "ls /nonexistent-dir"}}]}]}
@@ -217,7 +217,7 @@ async def test_saucer_device_protocol_aip_serves_saucer_serve_and_stops_a_cancel
         assert described["protocol"] == "aip" and "shell.run" in described["info"]["tools"]
         plan = {"task": "hi", "steps": [{"commands": [{"tool_name": "shell.run", "parameters": {"command": "echo hi > hi.txt"}}]}]}
         sid = (await http.post("/api/sessions", json={"device_id": "box", "task": plan})).json()["session_id"]
-        assert (await _ended(http, sid))["session"]["status"] == "completed"
+        assert (await _ended(http, sid))["session"]["status"] == "finished"
         assert (workspace / "hi.txt").read_text() == "hi\n"
         long = {"task": "long", "timeout": 120, "steps": [{"commands": [
             {"tool_name": "shell.run", "parameters": {"command": "touch started; sleep 30; touch finished", "timeout": 120}}]}]}

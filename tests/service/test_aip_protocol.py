@@ -293,7 +293,7 @@ async def test_sessions_on_an_aip_device_run_commands_and_read_verdicts_from_res
                 plan = {"task": "ok", "steps": [{"commands": [{"tool_name": "execute_command", "parameters": {"command": "echo hi"}}]}]}
                 sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()["session_id"]
                 body = (await http.get(f"/api/sessions/{sid}", params={"wait": 20})).json()
-                assert body["session"]["status"] == "completed", body
+                assert body["session"]["status"] == "finished", body
                 [result] = body["steps"][0]["results"]
                 assert result["status"] == "success" and result["result"]["stdout"] == "hi\n" and result["namespace"] == "linux"
                 # exit code 2 comes back as AIP "success": the verdict reads the result, and fails the session.
@@ -460,7 +460,7 @@ async def test_a_device_credential_is_added_on_the_wire_only_to_the_tools_that_d
             assert body["session"]["status"] == "failed"
             assert "success is false: Authentication failed" in body["steps"][0]["results"][0]["error"]
             continue
-        assert body["session"]["status"] == "completed", body
+        assert body["session"]["status"] == "finished", body
         listing, run = sent[0]["actions"], sent[-1]["actions"]
         assert "api_key" not in listing[0]["parameters"]  # list_tools takes no credential
         assert run[0]["parameters"] == {"command": "echo ok", "api_key": key}  # declared by execute_command

@@ -95,7 +95,7 @@ def test_a_device_is_only_seen_and_used_by_its_owner_those_it_is_shared_with_and
         # Sharing by configuration, and the admin, work; the owner's session cannot be cancelled by others.
         shared = bob.post("/api/sessions", json={"device_id": "shared-box", "task": _plan({"tool_name": "whoami"})})
         assert shared.status_code == 201
-        assert _wait_status(bob, shared.json()["session_id"], ("completed",))["session"]["owner"] == "bob"
+        assert _wait_status(bob, shared.json()["session_id"], ("finished",))["session"]["owner"] == "bob"
         admin = ops.post("/api/sessions", json={"device_id": "alice-box", "task": _plan({"tool_name": "echo"})})
         assert admin.status_code == 201
         long = alice.post("/api/sessions", json={"device_id": "alice-box", "task": _plan(
@@ -116,7 +116,7 @@ def test_a_device_is_only_seen_and_used_by_its_owner_those_it_is_shared_with_and
         forbidden = bob.put("/api/devices/alice-box/grants/fleet")
         assert forbidden.status_code == 403 and forbidden.json()["error"]["code"] == "not_device_owner"
         ran = bob.post("/api/sessions", json={"device_id": "alice-box", "task": _plan({"tool_name": "whoami"})})
-        assert _wait_status(bob, ran.json()["session_id"], ("completed",))["session"]["device_id"] == "alice-box"
+        assert _wait_status(bob, ran.json()["session_id"], ("finished",))["session"]["device_id"] == "alice-box"
         assert ops.get("/api/devices/shared-box/grants").json() == {
             "device_id": "shared-box", "owner": "fleet", "configured": ["bob"], "granted": []}
 

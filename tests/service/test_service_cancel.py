@@ -67,7 +67,7 @@ def test_cancel_kills_the_running_shell_command_on_the_device_within_a_second_an
         again = http.post("/api/sessions", json={"device_id": "dev-cancel", "task": {"task": "after", "steps": [
             {"commands": [{"tool_name": "shell.run", "parameters": {"command": "echo alive"}}]}]}})
         sid2 = again.json()["session_id"]
-        wait_until(lambda: http.get(f"/api/sessions/{sid2}").json()["session"]["status"] == "completed", 30,
+        wait_until(lambda: http.get(f"/api/sessions/{sid2}").json()["session"]["status"] == "finished", 30,
                    "a session after the cancel", device)
 
         # Killed outright, the device takes its running command with it: its shell server sees the client

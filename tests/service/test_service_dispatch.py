@@ -274,7 +274,7 @@ async def test_tls_end_to_end(tmp_path: Path) -> None:
                 created = await http.post("/api/sessions", json={"device_id": "secure", "task": task})
                 assert created.status_code == 201, created.text
                 session = (await http.get(f"/api/sessions/{created.json()['session_id']}", params={"wait": 10})).json()
-                assert session["session"]["status"] == "completed"
+                assert session["session"]["status"] == "finished"
         finally:
             await device.close()
 
@@ -312,7 +312,7 @@ async def test_graceful_server_restart_leaves_sessions_to_resume(tmp_path: Path)
             await device.registered(2)  # the same device process reconnects with backoff
             async with httpx.AsyncClient(base_url=second.http_url, headers=auth(ALICE)) as http:
                 body = (await http.get(f"/api/sessions/{session_id}", params={"wait": 10})).json()
-            assert body["session"]["status"] == "completed", body["session"]["error"]
+            assert body["session"]["status"] == "finished", body["session"]["error"]
             assert body["session"]["attempts"] == 2 and body["session"]["resumed_from_step"] == 0
             assert lines.read_text().splitlines() == ["step-0", "step-1"]
             # The engine session was resumed, not started over.

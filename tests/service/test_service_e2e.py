@@ -48,7 +48,7 @@ async def _finished(http: httpx.AsyncClient, session_id: str, timeout: float = 2
         response = await http.get(f"/api/sessions/{session_id}", params={"wait": 2})
         assert response.status_code == 200, response.text
         body = response.json()
-        if body["session"]["status"] in ("completed", "failed", "cancelled"):
+        if body["session"]["status"] in ("finished", "failed", "cancelled"):
             return body
     pytest.fail(f"session {session_id} did not end within {timeout} s")
 
@@ -119,7 +119,7 @@ async def test_two_devices_run_tasks_concurrently_for_one_client(cluster: Cluste
         }
         bodies = await asyncio.gather(*(_finished(http, sid) for sid in ids.values()))
         for (name, path), body in zip(files.items(), bodies):
-            assert body["session"]["status"] == "completed", body["session"]["error"]
+            assert body["session"]["status"] == "finished", body["session"]["error"]
             assert body["session"]["device_id"] == name
             first = body["steps"][0]["results"]
             # The command ran in that device's own process, and call_ids survived the trip.
@@ -176,7 +176,7 @@ async def test_sessions_belong_to_their_submitter(cluster: Cluster) -> None:
             assert response.json()["error"]["code"] == "unknown_session"
         assert sid not in {s["session_id"] for s in (await bob.get("/api/sessions")).json()["sessions"]}
         results = (await alice.get(f"/api/sessions/{sid}/results")).json()
-        assert results["status"] == "completed" and results["results"][0]["results"][0]["result"] == {"secret": 42}
+        assert results["status"] == "finished" and results["results"][0]["results"][0]["result"] == {"secret": 42}
         # Clients cannot choose (or replay) a session id.
         replay = await alice.post(
             "/api/sessions", json={"session_id": sid, "device_id": "dev-a", "task": _plan([{"tool_name": "echo"}])}
@@ -268,7 +268,7 @@ async def test_forged_and_replayed_response_ids_are_refused(cluster: Cluster) ->
 
             await _send(device, answer("genuine"))
             done = await _finished(http, sid)
-            assert done["session"]["status"] == "completed"
+            assert done["session"]["status"] == "finished"
             assert done["steps"][0]["results"][0]["result"] == "genuine"
 
             await _send(device, answer("replayed"))
@@ -310,7 +310,7 @@ async def test_a_websocket_client_submits_a_task_and_is_told_when_it_ends(cluste
         httpx.AsyncClient(base_url=cluster.http, headers=auth(BOB)) as bob,
         httpx.AsyncClient(base_url=cluster.http, headers=auth(ALICE)) as alice,
     ):
-        assert (await bob.get(f"/api/sessions/{sid}")).json()["session"]["status"] == "completed"
+        assert (await bob.get(f"/api/sessions/{sid}")).json()["session"]["status"] == "finished"
         assert (await alice.get(f"/api/sessions/{sid}")).status_code == 404
 
 

@@ -22,7 +22,7 @@ from service_support import ALICE, BOB, FLEET, Processes, auth, device_online, f
 from saucer.context import Context, ContextNames
 from saucer.store import open_store
 
-FINAL = ("completed", "failed", "cancelled")
+FINAL = ("finished", "failed", "cancelled")
 
 
 def _wait_ended(http: httpx.Client, session_id: str, timeout: float = 30) -> dict[str, Any]:
@@ -106,7 +106,7 @@ def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(proce
         }
         sid = _submit(http, "laptop", plan)
         body = _wait_ended(http, sid)
-        assert body["session"]["status"] == "completed", body["session"]["error"]
+        assert body["session"]["status"] == "finished", body["session"]["error"]
         assert (workspace / "notes.txt").read_text() == "hello"
         assert [s["index"] for s in body["steps"]] == [0, 1]
         read, count = body["steps"][1]["results"]
@@ -192,7 +192,7 @@ def test_saucer_serve_killed_mid_session_resumes_from_the_store_without_repeatin
         wait_until(lambda: device_online(port, "box"), 20, "the device to reconnect", device)
         done = _wait_ended(http, sid)
         session = done["session"]
-        assert session["status"] == "completed", session["error"]
+        assert session["status"] == "finished", session["error"]
         assert (session["attempts"], session["resumed_from_step"]) == (2, 2)
         assert [s["index"] for s in done["steps"]] == list(range(steps))
     # Every step ran exactly once on the device, the one in flight at the crash included.
@@ -226,7 +226,7 @@ def test_a_device_starts_its_tools_once_not_per_session(processes: Processes, tm
         for i in range(3):
             sid = _submit(http, "box", {"task": f"ppid{i}", "steps": [{"subtask": "who", "commands": [_shell("echo $PPID")]}]})
             body = _wait_ended(http, sid)
-            assert body["session"]["status"] == "completed", body["session"]["error"]
+            assert body["session"]["status"] == "finished", body["session"]["error"]
             parents.append(int(body["steps"][0]["results"][0]["result"]["stdout"]))
     assert len(set(parents)) == 1, parents
     [parent] = set(parents)

@@ -128,3 +128,15 @@ async def test_plan_runner_stops_at_a_failed_step_and_never_reruns_it() -> None:
 async def test_plan_runner_refuses_a_plan_without_steps() -> None:
     with pytest.raises(ValueError, match="at least one step"):
         PlanTaskRunner().validate(TaskSpec(task="no steps"))
+
+
+def test_the_service_says_finished_like_the_cli_and_reads_older_records() -> None:
+    """One vocabulary (issue 33): the API's status of a session that ended well is the engine's word."""
+    from saucer.engine.session import SessionStatus as EngineStatus
+    from saucer.service.records import SessionRecord
+
+    assert SessionStatus.COMPLETED.value == EngineStatus.FINISHED == "finished"
+    old = SessionRecord.model_validate_json(
+        '{"session_id": "a", "owner": "o", "device_id": "d", "task": {"task": "t", "steps": []}, "status": "completed"}'
+    )
+    assert old.status is SessionStatus.COMPLETED and old.status.terminal

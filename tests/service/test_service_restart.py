@@ -23,7 +23,7 @@ def _wait_ended(http: httpx.Client, session_id: str, timeout: float = 30) -> dic
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         body = http.get(f"/api/sessions/{session_id}", params={"wait": 2}).json()
-        if body["session"]["status"] in ("completed", "failed", "cancelled"):
+        if body["session"]["status"] in ("finished", "failed", "cancelled"):
             return body
     raise AssertionError(f"session {session_id} did not end within {timeout} s")
 
@@ -40,7 +40,7 @@ def test_server_killed_mid_session_resumes_from_the_last_committed_step(processe
             "/api/sessions",
             json={"device_id": "dev-r", "task": {"task": "quick", "steps": [{"commands": [{"tool_name": "echo", "parameters": {"q": 1}}]}]}},
         ).json()["session_id"]
-        assert _wait_ended(http, quick)["session"]["status"] == "completed"
+        assert _wait_ended(http, quick)["session"]["status"] == "finished"
 
         # Each step appends its line *first*, then works for 0.4 s: a kill during
         # that time catches the step executed on the device but not yet committed.
@@ -74,7 +74,7 @@ def test_server_killed_mid_session_resumes_from_the_last_committed_step(processe
         wait_until(lambda: device_online(port, "dev-r"), 20, "the device to reconnect", device)
         done = _wait_ended(http, session_id)
         session = done["session"]
-        assert session["status"] == "completed", session["error"]
+        assert session["status"] == "finished", session["error"]
         assert session["attempts"] == 2
         assert session["resumed_from_step"] == 2
         assert [s["index"] for s in done["steps"]] == list(range(STEPS))
@@ -83,7 +83,7 @@ def test_server_killed_mid_session_resumes_from_the_last_committed_step(processe
         assert _lines(steps_file) == [f"step-{i}" for i in range(STEPS)]
 
         before = http.get(f"/api/sessions/{quick}/results").json()
-        assert before["status"] == "completed"
+        assert before["status"] == "finished"
         assert before["results"][0]["results"][0]["result"] == {"q": 1}
         ids = [s["session_id"] for s in http.get("/api/sessions").json()["sessions"]]
         assert ids == [quick, session_id]

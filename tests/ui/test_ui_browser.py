@@ -110,7 +110,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[di
         assert answer.status_code == 201, answer.text
         service_sid = answer.json()["session_id"]
         deadline = time.monotonic() + 60
-        while httpx.get(f"{serve}/api/sessions/{service_sid}", headers=auth(ALICE), timeout=20).json()["session"]["status"] != "completed":
+        while httpx.get(f"{serve}/api/sessions/{service_sid}", headers=auth(ALICE), timeout=20).json()["session"]["status"] != "finished":
             assert time.monotonic() < deadline, "the service session did not complete"
             time.sleep(0.3)
         with open_store(url) as store:

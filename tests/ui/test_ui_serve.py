@@ -24,7 +24,7 @@ def test_serve_shows_each_principal_its_own_sessions_and_devices(processes: Proc
         assert submitted.status_code == 201, submitted.text
         sid = submitted.json()["session_id"]
         deadline = time.monotonic() + 30
-        while http.get(f"/api/sessions/{sid}", headers=auth(ALICE)).json()["session"]["status"] != "completed":
+        while http.get(f"/api/sessions/{sid}", headers=auth(ALICE)).json()["session"]["status"] != "finished":
             assert time.monotonic() < deadline
             time.sleep(0.2)
 

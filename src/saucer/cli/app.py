@@ -29,6 +29,7 @@ from saucer.cli.common import (
     UserError,
     console,
     err,
+    fork_workspace,
     friendly,
     one_shot,
     open_ctx,
@@ -165,6 +166,7 @@ def show_cmd(
         sid = resolve_session(st, session)
         info = st.session_info(sid)
         summary = view.listed_row(st.list_sessions(ids=[sid])[0])
+        reason = view.ended_badly_reason(st, sid, summary["status"])
         screen = None if as_json or not console.is_terminal else max(10, console.size.height // 3)
         window = window_for(st, sid, limit=limit, since=since, round=round_, default_limit=screen)
         if as_json:
@@ -173,13 +175,13 @@ def show_cmd(
             tally = RoundTally()
             out = JsonStream(binary_stdout())
             out.object([
-                ("session", summary),
+                ("session", summary | ({"reason": reason} if reason else {})),
                 ("events", (tally.add(item) for item in view.timeline_items(window.events(st)))),
                 ("rounds", tally.rounds),  # complete once the events are written
             ])
             out.end()
             return
-        title = f"session {sid} · v{info.version} · {summary['status']}"
+        title = f"session {sid} · v{info.version} · {summary['status']}" + (f": {' '.join(reason.split())}" if reason else "")
         if info.parent_id or info.meta.get("forked_from"):
             title += f" · fork of {info.parent_id or info.meta['forked_from']}@{info.parent_version or info.meta.get('at')}"
         title = visible(title)  # an imported session's meta is whatever its file said
@@ -329,7 +331,11 @@ def state_cmd(
     flat = dict(data["names"])
     flat.update({f"vars.{k}": v for k, v in data["vars"].items()})
     flat.update({f"{k} (retired)": v for k, v in data.get("retired", {}).items()})
-    console.print(view.state_table(flat, f"session {data['session_id']} at v{data['version']} (empty values hidden)"))
+    title = f"session {data['session_id']} at v{data['version']}"
+    if console.is_terminal:
+        console.print(view.state_table(flat, title))
+    else:
+        view.plain_lines(view.state_lines(flat, title))
 
 
 @app.command("diff")
@@ -350,8 +356,10 @@ def diff_cmd(
         print_json(changes)
     elif not changes:
         console.print(f"no differences between v{v1} and v{v2}")
-    else:
+    elif console.is_terminal:
         console.print(view.diff_table(changes, v1, v2))
+    else:
+        view.plain_lines(view.diff_lines(changes, v1, v2))
 
 
 @app.command("fork")
@@ -361,29 +369,36 @@ def fork_cmd(
     at: Optional[int] = typer.Option(None, "--at", help="Version to fork at (default: the latest)."),
     new_id: Optional[str] = typer.Option(None, "--as", help="Id of the new session (default: generated)."),
     workspace: Optional[Path] = typer.Option(
-        None, "--workspace", "-w", help="The fork's own directory for the built-in tools (default: its parent's)."
+        None,
+        "--workspace",
+        "-w",
+        help="The fork's own directory for the built-in tools, never its parent's "
+        "(default: a new folder beside the parent's, printed).",
     ),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Start a new session from a session's state at a version (its log is referenced, not copied).
 
-    A resumed fork writes its own log folder; with --workspace its tools act
-    in their own directory instead of the parent's.
+    A fork never runs in its parent's workspace: its tools act in --workspace
+    DIR, by default a new, empty folder beside the parent's (printed). A
+    resumed fork writes its own log folder.
     """
+    from saucer.engine.cursor import stored_session_brief
+
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
         target = new_id or f"{sid[:180]}-fork-{uuid.uuid4().hex[:6]}"
+        own = fork_workspace(stored_session_brief(st, sid)[0].get("workspace"), target, workspace)
         parent = open_ctx(st, sid)
         child = parent.fork(target, at=at)
         version = child.version
-        if workspace is not None:
-            workspace.mkdir(parents=True, exist_ok=True)
-            child.commit(author="user", meta={"kind": "fork", "workspace": str(workspace.resolve())})
+        own.mkdir(parents=True, exist_ok=True)
+        child.commit(author="user", meta={"kind": "fork", "workspace": str(own)})
         child.close()
     console.print(styled(f"forked {sid} at v{version} as ", (target, "bold")))
-    if workspace is not None:
-        console.print(f"  its tools act in: {workspace.resolve()}")
+    console.print(f"  its tools act in: {visible(str(own))}")
+    console.print("  (its own workspace: a fork never runs in its parent's)")
     flag = store_flag(store)
     console.print(f"  inspect it: {program_name()} state {shlex.quote(target)}{flag}")
     console.print(f"  run it: {program_name()} resume {shlex.quote(target)}{flag}")

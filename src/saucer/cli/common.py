@@ -284,3 +284,24 @@ def store_flag(store: Optional[str]) -> str:
     import shlex
 
     return f" --store {shlex.quote(store)}"
+
+
+def fork_workspace(parent: Optional[str], fork_id: str, given: Optional[Path] = None) -> Path:
+    """The absolute workspace of a new fork: ``given``, else a new folder beside the parent's
+    (``.saucer/forks/ID`` when the parent ran in the current directory).
+
+    A fork never runs in its parent's workspace: a ``given`` folder that is the
+    parent's, or inside it, or holds it, is a one-line error.
+    """
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", fork_id)[:200] or "fork"
+    if given is None:
+        base = Path(parent).parent if parent else Path(".saucer") / "forks"
+        return (base / name).resolve()
+    own = given.resolve()
+    if parent:
+        theirs = Path(parent).resolve()
+        if own == theirs or theirs in own.parents or own in theirs.parents:
+            fail(f"--workspace {given}: a fork never runs in its parent's workspace ({theirs}); give it a folder of its own")
+    return own

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import sys
 from typing import Any, Iterable, Iterator, Mapping
 
 import orjson
@@ -18,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from saucer.cli.conversation import CONVERSATION_KEY, conversation_lines
 from saucer.cli.output import json_key, visible
 from saucer.context import Context, Event
 from saucer.context.events import StoredJson, op_key
@@ -289,6 +291,8 @@ def _changes(event: Event, show_all: bool, Text: Any = Text) -> Any:
     hidden = 0
     for op in event.ops:
         key = op_key(op)
+        if not show_all and CONVERSATION_KEY.match(key):
+            continue  # shown as the conversation (conversation_lines)
         if not show_all and key in BOOKKEEPING:
             hidden += 1
             continue
@@ -380,6 +384,7 @@ def timeline_entries(
         if meta.get("subtask"):
             parts.append(Text(f"  subtask: {short(meta['subtask'], 80)}"))
         parts.extend(_artifacts_text(meta, Text))
+        parts.extend(Text("  " + line, style="cyan") for line in conversation_lines(event))
         parts.extend(_commands_text(meta, Text))
         if changes is not None:
             parts.append(changes)
@@ -523,24 +528,57 @@ def write_history(out: Any, events: Iterable[Event], key: str | None, *, sample:
     return count
 
 
+def shown(value: Any, width: int = 60) -> str:
+    """How ``state`` and ``diff`` write a value in text: :func:`short`, with an empty string as ``""``
+    (zero, false and null are written as JSON writes them: ``0``, ``0.0``, ``false``, ``null``)."""
+    return '""' if isinstance(value, str) and value == "" else short(value, width)
+
+
 def state_table(state: Mapping[str, Any], title: str) -> Table:
-    """The non-empty values of a state (names and ``vars.*``)."""
+    """Every value of a state (names and ``vars.*``), empty ones included, for a terminal."""
     table = Table(title=Text(title), title_justify="left")
     table.add_column("key", no_wrap=True)
     table.add_column("value", overflow="fold")
     for key, value in state.items():
-        if value in (None, "", [], {}, 0, 0.0) and not key.startswith("vars."):
-            continue
-        table.add_row(*_cells(key, short(value, 200)))
+        table.add_row(*_cells(key, shown(value, 200)))
     return table
 
 
+def state_lines(state: Mapping[str, Any], title: str) -> Iterator[str]:
+    """:func:`state_table` as plain lines (``KEY = VALUE``), for a pipe."""
+    yield visible(title)
+    for key, value in state.items():
+        yield f"{visible(key)} = {shown(value, 200)}"
+
+
 def diff_table(diff: Mapping[str, Mapping[str, Any]], v1: int, v2: int) -> Table:
-    """Keys that changed between two versions."""
+    """Keys that changed between two versions, for a terminal."""
     table = Table(title=f"changes from v{v1} to v{v2}", title_justify="left")
     table.add_column("key", no_wrap=True)
     table.add_column(f"v{v1}", overflow="fold")
     table.add_column(f"v{v2}", overflow="fold")
     for key, change in diff.items():
-        table.add_row(*_cells(key, short(change["before"], 80), short(change["after"], 80)))
+        table.add_row(*_cells(key, shown(change["before"], 80), shown(change["after"], 80)))
     return table
+
+
+def diff_lines(diff: Mapping[str, Mapping[str, Any]], v1: int, v2: int) -> Iterator[str]:
+    """:func:`diff_table` as plain lines (``KEY: BEFORE -> AFTER``), for a pipe."""
+    yield f"changes from v{v1} to v{v2}"
+    for key, change in diff.items():
+        yield f"{visible(key)}: {shown(change['before'], 80)} -> {shown(change['after'], 80)}"
+
+
+def plain_lines(lines: Iterable[str]) -> None:
+    """Lines to a pipe as they are: no table, no wrapping, no markup."""
+    for line in lines:
+        sys.stdout.write(line + "\n")
+
+
+def ended_badly_reason(store: Any, session_id: str, status: str) -> str | None:
+    """Why a session ended ``failed`` or ``error`` (one line, as stored), else None."""
+    if status not in ("failed", "error"):
+        return None
+    from saucer.engine.status import stored_status
+
+    return str(stored_status(store, session_id).summary.get("reason") or "") or None

@@ -1,6 +1,6 @@
 """Live progress of running sessions (a :class:`~saucer.engine.observer.SessionObserver`).
 
-One line per committed step — round, step, agent and state, the last command
+One line per committed step — round, step, agent and state, every command
 and its status, running cost — so the output reads the same in a terminal, a
 pipe or a CI log. Pools add a progress bar with per-session status (see
 :class:`saucer.engine.pool.SessionPool`). Every value is printed as it is
@@ -64,15 +64,16 @@ class StepPrinter:
         line.append(f"  step {record.session_step} ")
         line.append(visible(record.agent), style="magenta")
         line.append(f"/{visible(record.state)}")
-        if record.commands:
-            last = record.commands[-1]
-            status = str(record.results[-1].get("status", "-")) if record.results else "-"
-            line.append(f"  {visible(str(last.get('tool_name', '?')))} ")
+        for i, command in enumerate(record.commands or ()):  # every command of the step, each with its status
+            result = record.results[i] if i < len(record.results or ()) else {}
+            status = str(result.get("status", "-"))
+            line.append("  " if i == 0 else ", ")
+            line.append(f"{visible(str(command.get('tool_name', '?')))} ")
             line.append(status, style=_STATUS_STYLE.get(status, ""))
-            error = str(record.results[-1].get("error") or "").strip()
+            error = str(result.get("error") or "").strip()
             if status == "failure" and error:
                 line.append(f" {short(error.splitlines()[0], 100)}", style="dim")
-        elif record.subtask:
+        if not record.commands and record.subtask:
             line.append(f"  {short(record.subtask, 60)}")
         if record.error:
             line.append(f"  {short(record.error, 80)}", style="red")

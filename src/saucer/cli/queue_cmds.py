@@ -147,7 +147,7 @@ def _wait_for(settings: Any, sessions: set[str]) -> None:
     bad = [j for j in rows if j.state != "done" or j.session not in ("finished",)]
     console.print(f"{len(rows) - len(bad)} of {len(rows)} finished")
     for j in bad:
-        console.print(f"  {visible(j.session_id)}: {j.state}" + (f", session {j.session}" if j.session else ""))
+        console.print(visible(f"  {job_line(j)}"), soft_wrap=True)
     if bad:
         raise typer.Exit(1)
 
@@ -184,7 +184,8 @@ def _worker_cmd(
     err.print(f"saucer worker on queue(s) {', '.join(names)} of {_display(settings)}, {concurrency or settings.queue.concurrency} at once")
     with _queue_errors():
         import asyncio
-        runner = asyncio.run(run_worker(settings, queues=names, concurrency=concurrency, observer=_WorkerLog()))
+        runner = asyncio.run(run_worker(settings, queues=names, concurrency=concurrency, observer=_WorkerLog(),
+                                        report=lambda line: err.print(visible(line), soft_wrap=True)))
     err.print(f"saucer worker stopped after {len(runner.finished)} session(s)")
 
 
@@ -234,10 +235,29 @@ def status_cmd(
     console.print(", ".join(f"{counts[k]} {k}" for k in ("queued", "running", "done", "failed", "cancelled", "retried")) + f" · {counts['total']} jobs")
     if not status.jobs:
         return
-    table = Table("session", "state", "session status", "worker", "retries", "queue", "source", show_edge=False)
-    for j in status.jobs:
-        table.add_row(visible(j.session_id), j.state, j.session or "-", visible(j.worker or "-"), str(j.retries), visible(j.queue), visible(j.source))
-    console.print(table)
+    columns = ("session", "state", "session status", "worker", "retries", "queue", "source")
+    rows = [(visible(j.session_id), j.state, j.session or "-", visible(j.worker or "-"), str(j.retries), visible(j.queue), visible(j.source))
+            for j in status.jobs]
+    if console.is_terminal:
+        table = Table(*columns, show_edge=False)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    else:  # piped: plain lines, one per job, never a box table
+        print("\t".join(columns))
+        for row in rows:
+            print("\t".join(row))
+    failed = [j for j in status.jobs if j.reason]
+    if failed:
+        console.print("why they failed:")
+        for j in failed:
+            console.print(visible(f"  {job_line(j)}"), soft_wrap=True)
+
+
+def job_line(job: Any) -> str:
+    """One line for a job that did not finish: ``SESSION: STATE, session STATUS: REASON``."""
+    line = f"{job.session_id}: {job.state}" + (f", session {job.session}" if job.session else "")
+    return line + (f": {job.reason}" if job.reason else "")
 
 
 @queue_app.command("retry")

@@ -148,7 +148,8 @@ def _next_steps(store: EventStore, session_id: str, status: str, flag: str) -> l
         pairs.append((f"time travel: the Context as it was after the first step (version {at})", f"state {sid} --at {at}"))
         if head > at:
             pairs.append((f"what changed from version {at} to the last one ({head})", f"diff {sid} {at} {head}"))
-        pairs.append((f"branch off a new session from version {at}", f"fork {sid} --at {at}"))
+        pairs.append((f"branch off a new session from version {at}, in its own new workspace "
+                      "(a fork never touches this one's)", f"fork {sid} --at {at}"))
     if status in _ENDED_BADLY:
         pairs.append(("run the failed step again, then go on", f"resume --retry-failed {sid}"))
     elif status == "stopped":
@@ -284,6 +285,13 @@ def run_cmd(
     _exit_for(results)
 
 
+def _fork_without_workspace(store: EventStore, session_id: str) -> bool:
+    from saucer.engine.cursor import fork_origin, stored_session_brief
+
+    origin, _ = fork_origin(store.session_info_without_plan(session_id)[0])
+    return origin is not None and not stored_session_brief(store, session_id)[0].get("workspace")
+
+
 @friendly
 def resume_cmd(
     session: str = typer.Argument(..., help="Session id, a unique prefix of one, or 'last'."),
@@ -307,6 +315,9 @@ def resume_cmd(
     settings = _run_settings(config, store, **{"approvals.timeout": approval_timeout})
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
+        if workspace is None and _fork_without_workspace(st, sid):
+            fail(f"{sid} is a fork with no workspace of its own, and a fork never runs in its parent's; "
+                 f"give it one: {program_name()} resume {shlex.quote(sid)} --workspace DIR{store_flag(store)}")
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
     with _factory(settings, yes, workspace, no_input=no_input) as factory:

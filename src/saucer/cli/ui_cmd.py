@@ -113,7 +113,7 @@ def _settings_tokens(config: Optional[Path]) -> list[object]:
 
 
 def _open_when_started(server: object, url: str) -> None:
-    """Open ``url`` in a browser once the server listens (a thread that waits for it)."""
+    """Open ``url`` in a browser once the server listens (a thread that waits for it); say so when none opens."""
     import threading
     import time
     import webbrowser
@@ -121,7 +121,13 @@ def _open_when_started(server: object, url: str) -> None:
     def wait() -> None:
         for _ in range(200):
             if getattr(server, "started", False):
-                webbrowser.open(url)
+                try:
+                    opened = webbrowser.open(url)
+                except Exception:  # noqa: BLE001  # a broken browser setting is the same news: no browser
+                    opened = False
+                if not opened:
+                    err.print(f"--open: no browser could be opened here (no display, or none found; set BROWSER); open {url} yourself",
+                              highlight=False, soft_wrap=True)
                 return
             time.sleep(0.05)
 

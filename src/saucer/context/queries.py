@@ -63,16 +63,11 @@ class HistoryQueries(Snapshots):
     def diff(self, v1: int, v2: int) -> dict[str, dict[str, Any]]:
         """Keys whose values differ between two versions: ``{key: {"before": a, "after": b}}``.
 
-        Context variables appear as ``vars.NAME``; a missing value is None.
+        Context variables appear as ``vars.NAME``; a missing variable is None, and
+        a name not written yet has its default, as ``state`` shows it at that version.
         Both versions must be readable (see :meth:`state_at`).
         """
-        a = self.state_at(v1)._plain()
-        b = self.state_at(v2)._plain()
-        return {
-            k: {"before": a.get(k), "after": b.get(k)}
-            for k in sorted(a.keys() | b.keys())
-            if a.get(k) != b.get(k)
-        }
+        return _changes(self.state_at(v1)._plain(), self.state_at(v2)._plain())
 
     def change_at(self, version: int) -> dict[str, dict[str, Any]]:
         """What the event at ``version`` changed: :meth:`diff` of ``version - 1`` and ``version``,
@@ -132,9 +127,7 @@ def change_of(store: EventStore, session_id: str, version: int, before: State | 
     after = state_from_wire(state_to_wire(before, whole=True))  # a copy: ``before`` stays as it was
     if event is not None:
         apply_ops(after, event.ops)
-    b = _flat(after)
-    changes = {k: {"before": a.get(k), "after": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
-    return changes, after
+    return _changes(a, _flat(after)), after
 
 
 def diff_of(store: EventStore, session_id: str, v1: int, v2: int) -> dict[str, dict[str, Any]]:
@@ -149,5 +142,25 @@ def diff_of(store: EventStore, session_id: str, v1: int, v2: int) -> dict[str, d
     for event in store.read(session_id, v1, v2):
         apply_ops(after, event.ops)
     store.check_readable(session_id, v2)
-    b = _flat(after)
-    return {k: {"before": a.get(k), "after": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+    return _changes(a, _flat(after))
+
+
+def _changes(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The one rule of a diff between two flat states: the keys whose values differ, each with its
+    value before and after, a name not written yet shown with its default (as ``state`` shows it)."""
+    return {
+        k: {"before": _or_default(a, k), "after": _or_default(b, k)}
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k) != b.get(k)
+    }
+
+
+def _or_default(plain: dict[str, Any], key: str) -> Any:
+    """``plain[key]``, else the JSON form of the default of the name ``key`` (None for a variable)."""
+    if key in plain:
+        return plain[key]
+    try:
+        default = ContextNames[key].default_value
+    except KeyError:
+        return None
+    return getattr(default, "value", default) if key == "WEAVING_MODE" else default

@@ -254,11 +254,13 @@ def stored_session_brief(store: EventStore, session_id: str) -> tuple[dict[str, 
 
     What :meth:`~saucer.engine.session.Session.resume` reads: a plan is read
     (``store.session_plan(holder)``) when a step of it is first needed.
-    A fork's own first event may give it its own workspace (``saucer fork --workspace``).
+    A fork's own first event may give it its own workspace (``saucer fork``); a fork never
+    inherits its parent's.
     """
     info, has_plan = store.session_info_without_plan(session_id)
     workspace = None
     origin, at = fork_origin(info)
+    origin_of_fork = origin
     if origin is not None and at is not None:
         first = next(iter(store.read(session_id, at, at + 1)), None)
         workspace = first.meta.get("workspace") if first is not None else None
@@ -271,6 +273,9 @@ def stored_session_brief(store: EventStore, session_id: str) -> tuple[dict[str, 
         origin, _ = fork_origin(info)
         seen += 1
     meta = dict(info.meta)
+    if origin_of_fork is not None:
+        # A fork never runs in its parent's workspace: it has its own (``saucer fork``) or none.
+        meta.pop("workspace", None)
     if workspace:
         meta["workspace"] = workspace
     return meta, info.session_id if has_plan else None

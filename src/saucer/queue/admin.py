@@ -56,6 +56,7 @@ class JobRow:
     priority: int | None
     worker: str | None = None
     session: str | None = None  # the session's status in the store, when it has one
+    reason: str | None = None  # why it failed, one line: the worker's, else the session's own (failed or error)
 
     @property
     def retried(self) -> bool:
@@ -82,7 +83,7 @@ class QueueStatus:
 
 _SELECT = (
     "SELECT s.key, s.session_id, s.source, s.kind, s.queue_name, s.job_id, s.requeues, j.status::text, j.attempts, "
-    "j.priority, j.args FROM saucer_jobs s LEFT JOIN procrastinate_jobs j ON j.id = s.job_id"
+    "j.priority, j.args, s.reason FROM saucer_jobs s LEFT JOIN procrastinate_jobs j ON j.id = s.job_id"
 )
 
 
@@ -105,11 +106,14 @@ def _retries(requeues: int, status: str | None, attempts: int | None) -> int:
 def _describe(client: QueueClient, rows: list[tuple[Any, ...]], sessions: bool = True) -> list[JobRow]:
     out = []
     store = client.store if sessions else None
-    for _key, sid, source, kind, queue, job_id, requeues, status, attempts, priority, _args in rows:
+    for _key, sid, source, kind, queue, job_id, requeues, status, attempts, priority, _args, reason in rows:
         row = JobRow(sid, source, kind, queue, _STATE_OF.get(status, str(status)), job_id, _retries(requeues, status, attempts), priority)
+        row.reason = reason if row.state == "failed" else None
         if store is not None and store.exists(sid):
             state = stored_status(store, sid)
             row.session = state.status
+            if row.reason is None and state.status in ("failed", "error"):
+                row.reason = state.summary.get("reason") or None
             if row.state in ("running", "cancelling"):
                 row.worker = state.holder
         out.append(row)
@@ -148,7 +152,7 @@ async def retry_jobs(client: QueueClient, sessions: list[str]) -> list[tuple[str
     running, or whose session finished, is left as it is.
     """
     out = []
-    for key, sid, source, kind, queue, _job, _req, status, _att, priority, args in await _select(client, sessions, ("failed", "cancelled")):
+    for key, sid, source, kind, queue, _job, _req, status, _att, priority, args, _reason in await _select(client, sessions, ("failed", "cancelled")):
         if args is None:
             out.append((sid, "has no job to retry yet (being queued)"))
             continue

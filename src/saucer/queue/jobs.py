@@ -39,6 +39,7 @@ from saucer.store import EventStore, LeaseHeldError, SessionExistsError
 
 __all__ = [
     "TASK_NAME",
+    "failure_reason",
     "SessionJobFailed",
     "HandedBack",
     "SessionBusy",
@@ -50,6 +51,21 @@ __all__ = [
 TASK_NAME = "saucer.session"
 #: Seconds a job waits before its session starts, so the worker can fetch the jobs of its other slots.
 _LET_THE_WORKER_FETCH = 0.02
+
+
+#: The creation meta flag of a session that a job failed to start (see :meth:`SessionRunner.run_job`).
+_QUEUE_ERROR = "queue_error"
+#: The longest reason kept for a failed job, in characters.
+_REASON_CHARS = 500
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why a job failed, in one line: saucer's own errors as they are, anything else with its type."""
+    from saucer.engine.errors import EngineError
+
+    text = str(exc) if isinstance(exc, (EngineError, SessionJobFailed, PlanError)) else f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 1] + "…"
 
 
 class SessionJobFailed(Exception):
@@ -102,9 +118,37 @@ class SessionRunner:
         self.settings = settings
         self.store = store
         self.factory = SessionFactory(settings, store=store, agents=agents, dispatcher_factory=dispatcher_factory, workspace=workspace)
+        self._injected_dispatcher = dispatcher_factory is not None
         self.observer = observer
         #: Results of the sessions this runner ran, newest last (for the worker's log and for tests).
         self.finished: list[SessionResult] = []
+
+    async def cannot_run(self) -> list[str]:
+        """What this worker cannot run, one sentence each, checked when it starts: requests and text
+        steps without LLM settings (``[llm]``); plans whose tool servers do not start."""
+        from saucer.engine.errors import LLMUnavailableError
+
+        out: list[str] = []
+        try:
+            self.factory.agent_provider()
+        except LLMUnavailableError as exc:
+            out.append(f"requests and text steps (they will fail): {' '.join(str(exc).split())}")
+        if self._injected_dispatcher:
+            return out
+        import tempfile
+        from types import SimpleNamespace
+
+        with tempfile.TemporaryDirectory(prefix="saucer-worker-check-") as where:
+            probe = SimpleNamespace(workspace=where, mode="follower", task="worker-check", session_id="worker-check", interactor=None)
+            try:
+                async with self.factory.dispatcher_factory(probe) as dispatcher:
+                    await dispatcher.list_tools()
+                    errors = dict(getattr(dispatcher, "server_errors", None) or {})
+            except Exception as exc:  # noqa: BLE001  # any failure to start the tools is what the worker reports
+                errors = {"tools": failure_reason(exc)}
+        for name, why in errors.items():
+            out.append(f"plans using tool server {name!r} (it does not start): {' '.join(str(why).split())}")
+        return out
 
     def _agents_for(self, args: dict[str, Any]) -> Any:
         plan = args.get("plan")
@@ -137,7 +181,10 @@ class SessionRunner:
     def _session(self, args: dict[str, Any]) -> Session:
         sid = args["session_id"]
         if self.store.exists(sid):
-            return self._resume(sid, args)
+            info = self.store.session_info(sid)
+            if not (info.version == 0 and info.meta.get(_QUEUE_ERROR)):
+                return self._resume(sid, args)
+            self.store.delete_session(sid)  # only the record of a failure before it started: start it afresh
         return Session(
             args["task"],
             mode=args["mode"],
@@ -180,7 +227,53 @@ class SessionRunner:
         return result
 
     async def run_job(self, context: job_context.JobContext, args: dict[str, Any]) -> dict[str, Any]:
-        """The body of a session job: the session under ``queue.job_timeout``, handed back on shutdown."""
+        """The body of a session job: the session under ``queue.job_timeout``, handed back on shutdown.
+
+        A job that fails leaves its reason, one line, in the queue (``saucer queue status``) and, when
+        it failed before its session existed (no ``[llm]`` for a request...), as that session's
+        ``error`` status with the reason (``saucer show``)."""
+        try:
+            out = await self._run_job(context, args)
+        except (HandedBack, SessionBusy):
+            raise
+        except Exception as exc:
+            reason = failure_reason(exc)
+            await asyncio.to_thread(self._record_session_error, args, reason)
+            await self._set_reason(context, reason)
+            raise
+        await self._set_reason(context, None)
+        return out
+
+    async def _set_reason(self, context: job_context.JobContext, reason: str | None) -> None:
+        if context.app is None or context.job is None:
+            return
+        await context.app.connector.execute_query_async(
+            "UPDATE saucer_jobs SET reason = %(reason)s WHERE job_id = %(job_id)s",  # type: ignore[arg-type]  # a literal
+            reason=reason,
+            job_id=context.job.id,
+        )
+
+    def _record_session_error(self, args: dict[str, Any], reason: str) -> None:
+        """A job that failed before its session was created: the session is created with status ``error``
+        and the reason, and no events, so every reader of the store sees why (a retry starts it afresh)."""
+        sid = args["session_id"]
+        if self.store.exists(sid):
+            return  # the session recorded its own end (or was taken over); its status says what happened
+        meta: dict[str, Any] = {
+            "task": args.get("task") or sid,
+            "mode": args.get("mode") or "normal",
+            "request": args.get("request") or "",
+            "status": SessionStatus.ERROR,
+            "summary": {"status": SessionStatus.ERROR, "rounds": 0, "steps": 0, "cost": 0.0, "reason": reason},
+            "error": reason,
+            _QUEUE_ERROR: True,
+        }
+        try:
+            self.store.create_session(sid, meta=meta)
+        except SessionExistsError:
+            pass
+
+    async def _run_job(self, context: job_context.JobContext, args: dict[str, Any]) -> dict[str, Any]:
         timeout = self.settings.queue.job_timeout
         sid = args["session_id"]
         # The store's calls block the event loop while they wait for the database, and a session that

@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS saucer_jobs (
 );
 CREATE INDEX IF NOT EXISTS saucer_jobs_session_idx ON saucer_jobs (session_id);
 CREATE INDEX IF NOT EXISTS saucer_jobs_job_idx ON saucer_jobs (job_id);
+ALTER TABLE saucer_jobs ADD COLUMN IF NOT EXISTS reason text;
 """
 
 

@@ -74,10 +74,12 @@ async def run_worker(
     agents: Any = None,
     observer: Any = None,
     until_idle: bool = False,
+    report: Callable[[str], None] | None = None,
 ) -> SessionRunner:
     """Run a worker on the queue of ``settings.store.url`` until SIGTERM/SIGINT (or, ``until_idle``, until no job is left).
 
-    Returns its :class:`SessionRunner` (``finished`` holds the results).
+    Returns its :class:`SessionRunner` (``finished`` holds the results). ``report(line)`` is told, at
+    start, what this worker cannot run (:meth:`SessionRunner.cannot_run`).
     """
     location = queue_location(settings.store.url)
     await asyncio.to_thread(ensure_queue, location)
@@ -85,6 +87,9 @@ async def run_worker(
     slots = concurrency or settings.queue.concurrency
     store = open_store(settings.store.url)
     runner = SessionRunner(settings, store, dispatcher_factory=dispatcher_factory, agents=agents, observer=observer)
+    if report is not None:
+        for line in await runner.cannot_run():
+            report(f"this worker cannot run {line}")
     app = make_app(location, pool_size=slots + 3)
     try:
         async with app.open_async():

@@ -37,9 +37,15 @@ class SessionStatus(str, Enum):
     PENDING = "pending"
     RUNNING = "running"
     WAITING_DEVICE = "waiting_device"
-    COMPLETED = "completed"
+    #: ``finished``, the word of the CLI, the viewer and the engine; records written before read ``completed``.
+    COMPLETED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+    @classmethod
+    def _missing_(cls, value: object) -> "SessionStatus | None":
+        # A record stored by an earlier release, and a device's task_end (the wire keeps UFO's word).
+        return cls.COMPLETED if value == "completed" else None
 
     @property
     def terminal(self) -> bool:
@@ -245,7 +251,7 @@ CREATE TABLE IF NOT EXISTS device_grants (
 );
 """
 
-_TERMINAL = tuple(s.value for s in SessionStatus if s.terminal)
+_TERMINAL = (*(s.value for s in SessionStatus if s.terminal), "completed")  # "completed": rows of earlier releases
 
 
 class SqliteSessionRecordStore:
