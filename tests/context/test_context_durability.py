@@ -224,12 +224,13 @@ def test_history_names_author_round_and_step(db_url: str) -> None:
 
 def test_diff_between_versions(db_url: str) -> None:
     ctx = _three_versions(db_url)
+    # a name not written yet is shown with its default, as state shows it at that version
     assert ctx.diff(1, 2) == {
-        "ROUND_STEP": {"before": None, "after": {"1": 1}},
+        "ROUND_STEP": {"before": {}, "after": {"1": 1}},
         "vars.status": {"before": "planning", "after": "working"},
     }
     assert set(ctx.diff(2, 3)) == {"CURRENT_ROUND_ID", "REQUEST"}
-    assert ctx.diff(0, 1)["REQUEST"] == {"before": None, "after": "first"}
+    assert ctx.diff(0, 1)["REQUEST"] == {"before": "", "after": "first"}
     assert ctx.diff(3, 3) == {}
     ctx.close()
 
