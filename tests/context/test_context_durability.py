@@ -456,14 +456,16 @@ def test_plain_set_conflict_names_the_keys_and_reload_recovers(db_url: str) -> N
     a = Context.open(store, "s")
     b = Context.open(store, "s")
     a.update_vars(set={"owner": "a"})
+    a.set(N.SUBTASK, "a's subtask")
     a.commit()
     b.update_vars(set={"owner": "b"})
     b.set(N.REQUEST, "b's request")
     b.incr("n")
     with pytest.raises(ConflictError) as info:
         b.commit()
-    assert info.value.keys == ["REQUEST", "vars.owner"]
-    assert "REQUEST" in str(info.value) and "reload" in str(info.value)
+    # The keys the OTHER writer changed (what a reload brings in), not b's own.
+    assert info.value.keys == ["vars.owner", "SUBTASK"]
+    assert "SUBTASK" in str(info.value) and "REQUEST" not in str(info.value) and "reload" in str(info.value)
     b.reload()
     assert b.version == 1 and b.get_var("owner") == "a" and b.pending == []
     b.update_vars(set={"owner": "b"})

@@ -10,7 +10,7 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import typer
 
@@ -22,12 +22,15 @@ from saucer.store import (
     EventStore,
     LeaseHeldError,
     SessionExistsError,
+    NotParticipantError,
     SessionNotFoundError,
     StoreError,
     open_store,
 )
 
 __all__ = [
+    "local_user",
+    "parse_vars",
     "console",
     "err",
     "UserError",
@@ -107,7 +110,7 @@ def friendly(fn: F) -> F:
             raise
         except SessionNotFoundError as exc:
             fail(f"{exc}. List sessions with: {program_name()} sessions")
-        except (UserError, SessionExistsError, LeaseHeldError, ConflictError, CorruptRecordError) as exc:
+        except (UserError, SessionExistsError, LeaseHeldError, ConflictError, CorruptRecordError, NotParticipantError) as exc:
             fail(str(exc))
         except _user_errors() as exc:
             fail(str(exc))
@@ -121,6 +124,33 @@ def friendly(fn: F) -> F:
             fail("interrupted", 130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def local_user() -> str:
+    """Who runs this command, as an author of sessions: ``user:<login name>`` (the submitting
+    user of ``saucer run``, always a participant of the sessions it starts)."""
+    import getpass
+
+    try:
+        return f"user:{getpass.getuser()}"
+    except (KeyError, OSError):  # no login name for this uid (a container)
+        return f"user:{os.getuid()}"
+
+
+def parse_vars(items: Sequence[str], option: str = "--var") -> dict[str, Any]:
+    """``KEY=JSON`` items as a dict (a later KEY wins); :class:`UserError` in one line for a bad one."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"{option} {item!r}: write KEY=JSON, e.g. {option} phase='\"draft\"' or {option} retries=3")
+        try:
+            out[key] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{option} {key}: {text!r} is not JSON ({exc.msg} at column {exc.colno}); quote a string: {key}='\"...\"'") from None
+    return out
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

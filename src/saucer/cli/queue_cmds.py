@@ -86,16 +86,19 @@ def queued_run(
     queue_name: Optional[str],
     overrides: dict[str, Any],
     store_option: Optional[str],
+    seed: dict[str, Any] | None = None,
 ) -> None:
-    """Put a plan, a folder of plans or a request on the queue; with ``wait``, follow them to their end."""
+    """Put a plan, a folder of plans or a request on the queue; with ``wait``, follow them to their end.
+    ``seed``: the sessions' ``context_vars``, ``participants`` and ``user`` (see ``saucer run --var``)."""
     from saucer.queue import plan_jobs, request_job
 
     if plan is not None:
         if session_id is not None:
             raise UserError("--session-id does not go with --queue --plan: a queued plan's session id is made from its path and content")
-        specs = plan_jobs(plan, task=task, workspace=workspace, yes=yes, overrides=overrides)
+        specs = plan_jobs(plan, task=task, workspace=workspace, yes=yes, overrides=overrides, **(seed or {}))
     else:
-        specs = [request_job(request or "", task=task or "request", session_id=session_id, workspace=workspace, yes=yes, overrides=overrides)]
+        specs = [request_job(request or "", task=task or "request", session_id=session_id, workspace=workspace, yes=yes,
+                             overrides=overrides, **(seed or {}))]
 
     async def enqueue(client: Any) -> list[Any]:
         return await client.enqueue(specs, queue=queue_name, priority=priority)

@@ -25,7 +25,9 @@ from saucer.cli.common import (
     err,
     fail,
     friendly,
+    local_user,
     open_existing_store,
+    parse_vars,
     program_name,
     resolve_session,
     settings_for,
@@ -170,6 +172,8 @@ def run_cmd(
     wait: bool = typer.Option(False, "--wait", help="With --queue: show their progress until all have ended."),
     priority: Optional[int] = typer.Option(None, "--priority", help="With --queue: the jobs' priority (higher first). Default: queue.priority."),
     queue_name: Optional[str] = typer.Option(None, "--queue-name", help="With --queue: the queue to use. Default: queue.name."),
+    var: list[str] = typer.Option([], "--var", help="KEY=JSON: a context variable the session starts with (repeatable; over the plan's \"vars\"), e.g. --var retries=3 --var phase='\"draft\"'."),
+    participant: list[str] = typer.Option([], "--participant", help="NAME: another author allowed to write to the session while it runs (repeatable; with the plan's \"participants\"). None named: anyone may."),
     store: Optional[str] = StoreOption,
     config: Optional[Path] = ConfigOption,
 ) -> None:
@@ -194,6 +198,7 @@ def run_cmd(
     if session_id is not None and plan is not None and plan.is_dir():
         raise UserError("--session-id names one session; a folder of plans runs one session per plan, with ids made from the plans")
     flags = {"system.max_step": max_step, "system.max_round": max_round, "store.durability": durability}
+    seed = {"context_vars": parse_vars(var), "participants": list(participant), "user": local_user()}
     settings = _run_settings(config, store, **flags)
     if queue or wait or priority is not None or queue_name is not None:
         if not queue:
@@ -201,7 +206,7 @@ def run_cmd(
         from saucer.cli.queue_cmds import queued_run
 
         return queued_run(settings, plan=plan, request=request, task=task, session_id=session_id, workspace=workspace, yes=yes,
-                          wait=wait, priority=priority, queue_name=queue_name, overrides=flags, store_option=store)
+                          wait=wait, priority=priority, queue_name=queue_name, overrides=flags, store_option=store, seed=seed)
     if mode in ("operator", "normal_operator"):
         from saucer.agents.llm import require_model_settings
 
@@ -233,7 +238,7 @@ def run_cmd(
 
             name = load_plan(plan).task if plan.is_file() else plan.name  # type: ignore[union-attr]
         extra = {"session_id": session_id} if session_id is not None else {}
-        sessions = factory.create_session(name, mode, plan=plan, request=request or "", **extra)
+        sessions = factory.create_session(name, mode, plan=plan, request=request or "", **extra, **seed)
         batch = mode == "batch_normal"
         try:
             import asyncio

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from saucer.context.commit import Durable
+from saucer.context.core import PARTICIPANTS_VAR
 from saucer.context.events import apply_ops, copy_json, to_wire
 from saucer.context.names import (
     DERIVED_LEDGERS,
@@ -24,7 +25,9 @@ from saucer.context.names import (
     NUMBER_NAMES,
     ContextNames,
     lookup,
+    typed_name,
 )
+from saucer.store.model import check_participants
 
 __all__ = ["TypedAccess"]
 
@@ -128,7 +131,9 @@ class TypedAccess(Durable):
         return frozenset(self._state.opaque)
 
     def get_var(self, key: str, default: Any = None) -> Any:
-        """One context variable, or ``default`` when it is not set."""
+        """One context variable, or ``default`` when it is not set (a typed name's string is a
+        TypeError: see :func:`~saucer.context.names.typed_name`; read it with :meth:`get`)."""
+        self._check_var_key(key)
         value = self._state.vars.get(key, _MISSING)
         if value is _MISSING:
             return default
@@ -236,22 +241,61 @@ class TypedAccess(Durable):
     def _check_var_key(key: Any) -> None:
         if not isinstance(key, str) or not key:
             raise TypeError(f"context variable names are non-empty strings, not {key!r}")
+        if typed_name(key) is not None:
+            raise TypeError(
+                f"{key!r} names the typed ContextNames.{key}, not a context variable: "
+                "read and write it with get/set (incr/append/compare_and_set take it too)"
+            )
         to_wire(key, "vars")  # a name that JSON cannot hold is refused too
 
     def delete_var(self, key: str) -> None:
         """Delete one context variable (no error if it is not set)."""
         self.update_vars(delete=[key])
 
+    # ========================================================= participants
+
+    @property
+    def participants(self) -> frozenset[str] | None:
+        """Who may write to this session: those it was made with and those added since;
+        None when it declares none (every writer may). The session's runner always may."""
+        store, sid = self._require_store()
+        info, _ = store.session_info_without_plan(sid)
+        if info.participants is None:
+            return None
+        added = self._state.vars.get(PARTICIPANTS_VAR)
+        return info.participants | frozenset(a for a in (added if isinstance(added, list) else []) if isinstance(a, str))
+
+    def add_participants(self, *names: str) -> None:
+        """Let ``names`` write to this session too, from this Context's next commit on (an
+        atomic append to the context variable ``saucer.participants``, committed like any
+        change, by a participant: the commit of a non-participant is refused).
+
+        A session that declares no participants is open to every writer already:
+        adding to it is a ValueError (declare them when it is made).
+        """
+        known = self.participants
+        if known is None:
+            raise ValueError(
+                f"session {self._session_id!r} declares no participants, so every writer may write already; "
+                "name them when it is made (participants=...)"
+            )
+        for name in check_participants(names):
+            if name not in known:
+                self.append(PARTICIPANTS_VAR, name)
+
     # ========================================================== atomic ops
 
     def _target(self, key: ContextNames | str) -> tuple[dict[str, Any], str]:
         """The op target for ``key`` and its display label.
 
-        A :class:`ContextNames` member targets the typed name (a derived
-        ``CURRENT_ROUND_*`` name its ledger entry for the current round); a
-        plain string targets a context variable.
+        By the one rule (:func:`~saucer.context.names.typed_name`): a
+        :class:`ContextNames` member or its name targets the typed name (a
+        derived ``CURRENT_ROUND_*`` name its ledger entry for the current
+        round); any other string targets a context variable.
         """
-        if isinstance(key, ContextNames):
+        member = typed_name(key)
+        if member is not None:
+            key = member
             if not key.durable:
                 raise TypeError(f"{key.value} is runtime-only; atomic operations need a durable name")
             ledger = DERIVED_LEDGERS.get(key.value)
@@ -306,6 +350,7 @@ class TypedAccess(Durable):
         """
         target, label = self._target(key)
         depth = 0
+        key = typed_name(key) or key
         if isinstance(key, ContextNames):
             if not key.accepts(new):
                 raise TypeError(f"{label} expects {_type_name(key.type)}, got {type(new).__name__}")

@@ -10,14 +10,27 @@ serialisable (see ARCHITECTURE.md, "Compatibility with UFO's documented Context"
 
 from __future__ import annotations
 
+import functools
+import types
 import warnings
-from typing import Any, Mapping, Self
+from typing import Any, Callable, Mapping, Self
 
 from saucer.context.access import TypedAccess
 from saucer.context.events import StoredJson, copy_json, to_wire
-from saucer.context.names import DERIVED_LEDGERS, ContextNames, lookup
+from saucer.context.names import DERIVED_LEDGERS, ContextNames, typed_name
 
 __all__ = ["UfoCompat"]
+
+
+class _ClassOrInstance:
+    """A method that acts on the instance it is called on, or on a new instance when called on the class."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]  # a descriptor object, not a function
+
+    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
+        return types.MethodType(self.fn, cls() if obj is None else obj)
 
 
 class UfoCompat(TypedAccess):
@@ -133,22 +146,45 @@ class UfoCompat(TypedAccess):
             )
         return out
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Self:
-        """A new detached Context from :meth:`to_dict` output (or its JSON round trip)."""
-        ctx = cls()
+    @_ClassOrInstance
+    def from_dict(self, data: Mapping[str, Any]) -> Self:
+        """Load :meth:`to_dict` output (or its JSON round trip): ``Context.from_dict(d)`` gives
+        a new detached Context; ``ctx.from_dict(d)`` (UFO's form) loads into ``ctx`` and returns it.
+
+        The names present are set (a None value is skipped), context variables (``_vars``)
+        too, as one change on a Context bound to a store. A key that is neither a
+        :class:`ContextNames` name nor ``_vars`` is skipped with one warning naming them all,
+        as UFO skips it (not a KeyError).
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"from_dict takes a dict (what to_dict gives), not {type(data).__name__}")
         items = dict(data)
         context_vars = items.pop("_vars", None) or {}
-        ordered = sorted(items.items(), key=lambda kv: kv[0] != "CURRENT_ROUND_ID")
-        for key, value in ordered:
-            member = lookup(key)
+        unknown = [k for k in items if typed_name(k) is None]
+        if unknown:
+            warnings.warn(
+                f"from_dict skipped {len(unknown)} key(s) that are not context names: {', '.join(map(repr, unknown))}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        known = {typed_name(k): v for k, v in items.items() if typed_name(k) is not None}
+        values: dict[ContextNames, Any] = {}
+        for member, value in known.items():
+            assert member is not None
             if value is None:
                 continue
-            if member.derived and DERIVED_LEDGERS[member.value] in items:
+            if member.derived and DERIVED_LEDGERS[member.value] in known:
                 continue  # the ledger itself carries it
             if member.durable:
                 value = member.restore(to_wire(value, member.value, int_keys=member.int_key_depth))
-            ctx.set(member, value)
+            values[member] = value
+        if values:
+            self.update_dict(values)  # every value checked, then set as one change (round id first)
         if context_vars:
-            ctx.update_vars(set=context_vars)
-        return ctx
+            self.update_vars(set=context_vars)
+        return self
+
+    def _sync_round_values(self) -> None:
+        """UFO's way to copy the current round's step, cost and subtask count into their
+        ``CURRENT_ROUND_*`` names; a documented no-op here: those values are derived from the
+        per-round ledgers when they are read (reads never write), so they are always in sync."""

@@ -12,7 +12,7 @@ a session (:meth:`ContextCore.open`) and loads its committed state
 from __future__ import annotations
 
 import threading
-from typing import Any, Literal, Mapping, Self
+from typing import Any, Iterable, Literal, Mapping, Self
 
 from saucer.context.events import STATE_MAX_DEPTH, Event, State, ValueNotStorableError, copy_json, state_to_wire, to_wire, unpack
 from saucer.context.handle import StoreHandle
@@ -21,12 +21,16 @@ from saucer.context.replay import replay
 from saucer.store.base import EventStore
 from saucer.store.model import ReadOnlyError, SessionExistsError, check_session_id, check_version
 
-__all__ = ["ContextCore", "Durability", "DURABILITIES", "KEEP_SNAPSHOTS", "check_text"]
+__all__ = ["ContextCore", "Durability", "DURABILITIES", "KEEP_SNAPSHOTS", "PARTICIPANTS_VAR", "check_text"]
 
 Durability = Literal["step", "strict", "exit"]
 DURABILITIES: tuple[Durability, ...] = ("step", "strict", "exit")
 #: Snapshots kept per session: the newest, and one to fall back on if it is damaged.
 KEEP_SNAPSHOTS = 2
+#: The context variable listing the participants added to a session since it was made
+#: (:meth:`~saucer.context.Context.add_participants`); those it was made with are
+#: :attr:`saucer.store.SessionInfo.participants`.
+PARTICIPANTS_VAR = "saucer.participants"
 
 def check_text(value: Any, what: str) -> str:
     """A string every store can hold (no NUL, valid Unicode), or TypeError/ValueNotStorableError."""
@@ -59,12 +63,18 @@ class ContextCore:
         self._tail_ops = 0
         self._keep_snapshots = KEEP_SNAPSHOTS
         self._pending: list[dict[str, Any]] = []
+        # The version the pending changes were made on, when a catch_up has moved this
+        # Context past it (None: its version), and the keys the re-bases left out since.
+        self._pending_base: int | None = None
+        self._caught_dropped: list[str] = []
         # len(self._pending) at the last step boundary: in ``exit`` mode the
         # pending list spans many steps, and only the unfinished one is discarded.
         self._step_mark = 0
         self._author = "system"
         self._durability: Durability = "step"
         self._read_only = False
+        # Conflicts re-base the whole batch after the other writers instead of failing (see commit.py).
+        self._serialise = False
         self._fence: int | None = None
         self._lock = threading.RLock()
         self._closed = False
@@ -72,6 +82,14 @@ class ContextCore:
         # The event of a commit whose outcome is unknown (the connection broke):
         # the next commit adopts it if the store has it, instead of writing it twice.
         self._unknown: Event | None = None
+        # Participants: those the session was made with (read once, on the first commit
+        # that needs them; None: it declared none) and, as committed, those added since.
+        self._declared: frozenset[str] | None = None
+        self._declared_read = False
+        self._added: Any = None
+        # Set when this Context made its session: how, so that a first commit that is
+        # refused leaves no empty session behind (see Durable._drop_if_empty).
+        self._creation: dict[str, Any] | None = None
         self.command_dispatcher = None
 
     # ================================================================ opening
@@ -90,6 +108,8 @@ class ContextCore:
         meta: dict[str, Any] | None = None,
         fence: int | None = None,
         keep_snapshots: int = KEEP_SNAPSHOTS,
+        serialise: bool = False,
+        participants: Iterable[str] | None = None,
     ) -> Self:
         """Open (or create) a session's Context in ``store`` (an :class:`EventStore` or a URL).
 
@@ -104,6 +124,15 @@ class ContextCore:
         only the newest ``keep_snapshots`` of the session are kept.
         A store given as a URL is opened for this Context (and its forks) and
         closed with the last of them; a store object stays the caller's.
+        ``serialise=True`` makes every commit succeed over concurrent writers:
+        its changes are re-based and ordered after theirs in the log, instead
+        of raising :class:`~saucer.store.ConflictError` (what the engine's
+        steps do: their commands ran, so their record must not be lost).
+        ``participants`` declares who may write to a session this call creates (for
+        one that exists, a ValueError unless they are those it was made with; see
+        :meth:`~saucer.context.Context.add_participants`);
+        if this Context's first commit to the session it created is refused, the
+        empty session is removed again (and made anew by its next commit).
         """
         if durability not in DURABILITIES:
             raise ValueError(f"durability must be one of {', '.join(DURABILITIES)}, not {durability!r}")
@@ -123,12 +152,13 @@ class ContextCore:
         else:
             ctx._store = store
         try:
-            ctx._attach(ctx._store, session_id, at=at, create=create, meta=meta)
+            ctx._attach(ctx._store, session_id, at=at, create=create, meta=meta, participants=participants)
             ctx._author = author
             ctx._durability = durability
             ctx._snapshot_every = snapshot_every
             ctx._keep_snapshots = keep_snapshots
             ctx._fence = fence
+            ctx._serialise = bool(serialise)
             ctx._hydrate(at)
         except BaseException:
             if ctx._handle is not None:
@@ -136,15 +166,27 @@ class ContextCore:
             raise
         return ctx
 
-    def _attach(self, store: EventStore, session_id: str, *, at: int | None, create: bool, meta: dict[str, Any] | None) -> None:
+    def _attach(
+        self, store: EventStore, session_id: str, *, at: int | None, create: bool, meta: dict[str, Any] | None,
+        participants: Iterable[str] | None = None,
+    ) -> None:
         """Bind to ``session_id`` in ``store``, creating it unless ``create`` is False or ``at`` is given."""
         if not store.exists(session_id):
             if at is not None or not create:
                 store.session_info(session_id)  # raises SessionNotFoundError
+            creation = {"meta": meta, "participants": None if participants is None else list(participants)}
             try:
-                store.create_session(session_id, meta=meta)
+                store.create_session(session_id, **creation)
+                self._creation = creation
             except SessionExistsError:
                 pass  # another writer created it just now: open theirs
+        if participants is not None and self._creation is None:
+            declared = store.session_info_without_plan(session_id)[0].participants
+            if declared != frozenset(participants):
+                raise ValueError(
+                    f"session {session_id!r} exists, and its participants were declared when it was made; "
+                    "a participant adds others with Context.add_participants"
+                )
         self._session_id = session_id
         if at is not None:
             store.check_readable(session_id, at)
@@ -168,8 +210,10 @@ class ContextCore:
         self._tail_ops = head - loaded.snapshot_version
         self._version = head
         self._pending = []
+        self._pending_base, self._caught_dropped = None, []
         self._step_mark = 0
         self._unknown = None
+        self._added = copy_json(loaded.state.vars.get(PARTICIPANTS_VAR))
 
     def _require_store(self) -> tuple[EventStore, str]:
         if self._store is None or self._session_id is None:
@@ -216,6 +260,15 @@ class ContextCore:
     def pending(self) -> list[dict[str, Any]]:
         """The operations made since the last commit (a copy)."""
         return copy_json(self._pending)
+
+    @property
+    def serialise(self) -> bool:
+        """Whether a commit that meets a concurrent writer is ordered after it instead of failing."""
+        return self._serialise
+
+    @serialise.setter
+    def serialise(self, value: bool) -> None:
+        self._serialise = bool(value)
 
     @property
     def fence(self) -> int | None:

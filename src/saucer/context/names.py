@@ -29,6 +29,7 @@ __all__ = [
     "RETIRED",
     "UnknownStoredNameError",
     "lookup",
+    "typed_name",
     "stored_name",
     "NUMBER_NAMES",
     "INT_NAMES",
@@ -283,6 +284,16 @@ def lookup(name: Any) -> ContextNames:
 
 # A str-valued Enum member hashes and compares as its value, so these work for members and names.
 _BY_KEY: dict[str, ContextNames] = {m.value: m for m in ContextNames}
+
+
+def typed_name(key: Any) -> ContextNames | None:
+    """THE rule for what a key addresses in a Context, applied by every method that takes one:
+    a :class:`ContextNames` member, or a string equal to a member's name (``"REQUEST"``,
+    ``"PREVIOUS_SUBTASKS"``), is that typed name; any other string is a free context variable
+    (None). So ``append("PREVIOUS_SUBTASKS", x)`` appends to the typed list, as
+    ``set("REQUEST", ...)`` sets the typed request, and no context variable can take a typed name.
+    """
+    return _BY_KEY.get(key) if isinstance(key, str) else None
 
 #: Names by the kind of value they hold, for the checks of the atomic operations.
 NUMBER_NAMES = frozenset(m.value for m in ContextNames if m.type in (int, float))

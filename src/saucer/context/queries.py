@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Self
 
 from saucer.context.events import Event, op_key
-from saucer.context.names import DERIVED_LEDGERS, ContextNames, lookup
+from saucer.context.names import DERIVED_LEDGERS, ContextNames, typed_name
 from saucer.context.snapshots import Snapshots
 from saucer.store.model import check_version
 
@@ -42,11 +42,10 @@ class HistoryQueries(Snapshots):
         """The key events use for ``key``: a name (a derived name's ledger) or ``vars.NAME``."""
         if isinstance(key, str) and key.startswith("vars."):
             return key
-        try:
-            name = lookup(key).value
-        except KeyError:
+        member = typed_name(key)  # the one rule of what a key addresses
+        if member is None:
             return f"vars.{key}"
-        return DERIVED_LEDGERS.get(name, name)
+        return DERIVED_LEDGERS.get(member.value, member.value)
 
     def state_at(self, version: int) -> Self:
         """A read-only Context of this session as it was at ``version`` (an int).

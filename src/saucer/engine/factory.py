@@ -268,8 +268,13 @@ class SessionFactory:
         """Sessions for ``task`` in ``mode`` (a list: a folder of plans gives one per plan).
 
         ``kw`` goes to :class:`Session` (``session_id``, ``dispatcher``,
-        ``interactor``, ``observer``, ``evaluator``, ``agents``, ``graph``...).
+        ``interactor``, ``observer``, ``evaluator``, ``agents``, ``graph``,
+        ``context_vars`` (the context variables it starts with), ``participants``
+        and ``user`` (who else may write to it while it runs)...). A ``plan``
+        of ``""`` is no plan, as in UFO.
         """
+        if isinstance(plan, str) and not plan.strip():
+            plan = None  # UFO passes plan="" for the modes that take none
         platform = self._check_platform(platform_override)
         if mode not in MODES:
             raise ModeError(f"unknown mode {mode!r}; use one of: {', '.join(MODES)}")
@@ -291,6 +296,34 @@ class SessionFactory:
         if mode == "batch_normal":
             return self._batch(task, plan, **kw)
         return self._service(task, plan, request, **kw)
+
+    def create_service_session(
+        self,
+        task: str,
+        should_evaluate: bool,
+        id: str | int,
+        request: str,
+        task_protocol: Any = None,
+        platform_override: str | None = None,
+        **kw: Any,
+    ) -> Session:
+        """One service-mode session, in UFO's shape (a Session, not a list).
+
+        ``id`` is its session id (an int is UFO's index instead, :attr:`Session.id`);
+        ``should_evaluate`` overrides ``system.eva_session`` for it; ``task_protocol``
+        carries its commands to the device (an object with ``execute_commands``, used as
+        its dispatcher; default: the factory's ``remote_dispatcher_factory``). ``kw``
+        goes to :class:`Session` as for :meth:`create_session`.
+        """
+        if task_protocol is not None:
+            kw["dispatcher"] = task_protocol
+        kw["session_id" if isinstance(id, str) else "id"] = id
+        if bool(should_evaluate) != self.settings.system.eva_session:
+            settings = self.settings.model_copy(deep=True)
+            settings.system.eva_session = bool(should_evaluate)
+            kw["settings"] = settings
+        [session] = self.create_session(task, "service", request=request, platform_override=platform_override, **kw)
+        return session
 
     def resume_session(self, session_id: str, **kw: Any) -> Session:
         """A Session continuing ``session_id`` (see :meth:`Session.resume`)."""
@@ -343,7 +376,8 @@ class SessionFactory:
         kw.setdefault("evaluator", self.evaluator)
         if self.workspace is not None:
             kw.setdefault("workspace", self.workspace)
-        return Session(task, mode=mode, settings=self.settings, store=self.store, **kw)
+        kw.setdefault("settings", self.settings)
+        return Session(task, mode=mode, store=self.store, **kw)
 
     def _check_platform(self, override: str | None) -> str:
         here = current_platform()

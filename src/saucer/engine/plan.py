@@ -6,6 +6,8 @@
       "task": "tidy the notes folder",
       "object": "notes/",            # optional: what the task is about (recorded)
       "close": false,                # optional: UFO's "close the app afterwards" (recorded)
+      "vars": {"phase": "draft"},    # optional: context variables the session starts with
+      "participants": ["user:ana"],  # optional: who else may write to it while it runs
       "steps": [
         "summarise what changed",    # a text step: needs an LLM agent
         {"subtask": "list the notes",
@@ -29,10 +31,12 @@ from typing import Annotated, Any, Iterable, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
+from saucer.context.events import to_wire
 from saucer.dispatch.messages import Command
 from saucer.dispatch.toolcheck import command_problem
 from saucer.engine.errors import PlanError
 from saucer.engine.logs import slug
+from saucer.store.model import check_participants
 
 __all__ = [
     "Plan",
@@ -46,6 +50,8 @@ __all__ = [
     "PlanIdentity",
     "plan_identity",
     "load_plan_folder_with_identity",
+    "initial_vars",
+    "declared_participants",
 ]
 
 
@@ -112,6 +118,10 @@ class Plan(BaseModel):
     object: str | None = None
     close: bool = False
     steps: list[StepSpec] = Field(default_factory=list)
+    #: Context variables the session starts with (``--var`` and ``context_vars=`` win over them).
+    vars: dict[str, Any] = Field(default_factory=dict)
+    #: Who else may write to the session while it runs (its runner and its user always may).
+    participants: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
 
     def step_text(self, index: int) -> str:
         """The request a step stands for (its text, or its subtask)."""
@@ -157,6 +167,30 @@ def parse_plan(data: Any, source: str = "plan") -> Plan:
         return Plan.model_validate(data)
     except ValidationError as exc:
         raise PlanError(f"{source}: {_problems(exc)}") from None
+
+
+def initial_vars(plan: Plan | None, context_vars: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The context variables a new session starts with: the plan's ``vars``, then ``context_vars``
+    over them. Each is checked as a write would be (a name that is not a non-empty str is a
+    TypeError, a value that cannot be stored a ``ValueNotStorableError`` naming it)."""
+    merged = {**(plan.vars if plan is not None else {}), **dict(context_vars or {})}
+    for key, value in merged.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"context variable names are non-empty strings, not {key!r}")
+        to_wire(value, f"vars.{key}")
+    return merged
+
+
+def declared_participants(plan: Plan | None, participants: Iterable[str] | None, user: str | None) -> list[str] | None:
+    """Who a new session declares may write to it: the plan's ``participants`` and
+    ``participants``, with ``user`` (who submitted it) among them; None when neither names
+    anyone (the session is open to every writer). Its runner always may."""
+    if isinstance(participants, str):
+        raise TypeError("participants are a list of names, not a str")
+    named = [*(plan.participants if plan is not None else []), *(participants or [])]
+    if not named:
+        return None
+    return check_participants([*named, *([user] if user else [])])
 
 
 def _read_plan_file(p: Path) -> bytes:

@@ -308,6 +308,8 @@ class Round:
         if next_state.is_round_end() and next_state.name() == AgentStatus.ERROR.value:
             return agent, next_state  # an error ends the round whatever the graph says
         tools = tuple(c["tool_name"] for c in record.commands)
+        # What other writers committed while the step ran (an observer's flag) counts for this decision.
+        self.session.context.catch_up()
         target = graph.route(RouteInput(self.session.context, agent.name, tools, self.turns))
         self.turns += 1
         if isinstance(target, StayTarget):

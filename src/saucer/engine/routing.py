@@ -17,8 +17,9 @@ After each step the round asks the graph where to go. Transitions are tried
 by descending ``priority`` (ties: in the order given); the first whose
 condition holds gives the target, else ``default_target``. Conditions read the
 session's live Context, so they see values written earlier in the same step.
-A key is looked up among the context variables first, then among the typed
-``ContextNames``; a missing key is None. With a graph, the graph alone picks
+A key that is a ``ContextNames`` name reads that typed name, any other key a
+context variable (the Context's one rule, :func:`~saucer.context.names.typed_name`);
+a missing key is None. With a graph, the graph alone picks
 the next agent (``agent.handoff`` and ``next_agent`` are not used); only an
 ``ERROR`` status ends the round regardless of it.
 
@@ -41,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
-from saucer.context.names import ContextNames
+from saucer.context.names import ContextNames, typed_name
 from saucer.engine.errors import ExpressionError, GraphError, UnknownConditionError
 from saucer.engine.expression import compile_expression
 
@@ -69,8 +70,6 @@ __all__ = [
     "target_types",
 ]
 
-_MISSING = object()
-_NAMES = ContextNames.__members__
 
 
 @dataclass(slots=True)
@@ -83,16 +82,14 @@ class RouteInput:
     turn: int = 0
 
     def value(self, key: str) -> Any:
-        """A context variable, else a typed name, else None."""
+        """What ``key`` addresses by the Context's one rule (:func:`~saucer.context.names.typed_name`):
+        a typed name's value, else a context variable's (None when unset)."""
         ctx = self.context
         if isinstance(ctx, Mapping):
             return ctx.get(key)
-        value = ctx.get_var(key, _MISSING)
-        if value is not _MISSING:
-            return value
-        if key in _NAMES:
+        if typed_name(key) is not None:
             return ctx.get(key)
-        return None
+        return ctx.get_var(key)
 
 
 # ------------------------------------------------------------------ registries

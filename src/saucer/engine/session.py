@@ -47,7 +47,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
@@ -63,7 +63,7 @@ from saucer.engine.lease import LeaseKeeper, lease_owner
 from saucer.engine.logs import SessionLogs, StepRecord, slug
 from saucer.engine.observer import CompositeObserver, ObserverCaller
 from saucer.engine.outcome import SessionOutcome
-from saucer.engine.plan import Plan, PlanStep, parse_plan
+from saucer.engine.plan import Plan, PlanStep, declared_participants, initial_vars, parse_plan
 from saucer.engine.result import SessionResult, SessionStatus
 from saucer.engine.resume import ResumableSession
 from saucer.engine.round import Round, RoundResult, RoundStatus
@@ -110,6 +110,9 @@ class Session(ResumableSession, SessionOutcome):
         stop_on_failure: bool | None = None,
         ask_new_requests: bool | None = None,
         workspace: str | Path | None = None,
+        context_vars: Mapping[str, Any] | None = None,
+        participants: Iterable[str] | None = None,
+        user: str | None = None,
     ) -> None:
         if not isinstance(task, str) or not task.strip():
             raise ValueError("a session needs a task name")
@@ -120,6 +123,11 @@ class Session(ResumableSession, SessionOutcome):
         self.request = request or ""
         self.plan = parse_plan(plan, plan_file or "plan") if plan is not None else None
         self.plan_file = plan_file
+        #: Context variables a new session starts with (the plan's ``vars``, then ``context_vars``).
+        self.context_vars = initial_vars(self.plan, context_vars)
+        #: Who may write to it besides its runner (None: everyone), declared when it is created:
+        #: the plan's ``participants`` and ``participants``, and ``user`` (who submitted it) with them.
+        self.participants = declared_participants(self.plan, participants, user)
         self.platform = platform
         #: The directory the built-in tools act in; stored so a resumed session uses the same one.
         self.workspace: str | None = str(Path(workspace).resolve()) if workspace else None
@@ -468,7 +476,7 @@ class Session(ResumableSession, SessionOutcome):
             if not store.exists(sid):  # (never parses the stored meta, which may hold a whole plan)
                 raise SessionNotFoundError(sid)
         else:
-            store.create_session(sid, meta=self._creation_meta())
+            store.create_session(sid, meta=self._creation_meta(), participants=self.participants)
         self._lease = LeaseKeeper(store, sid, self.owner, self.settings.store.lease_ttl, self._new_fence)
         lease = await self._lease.acquire(self.lease_wait)
         # Where to continue, read under the lease and before anything is written
@@ -484,6 +492,7 @@ class Session(ResumableSession, SessionOutcome):
             snapshot_every=self.settings.store.snapshot_every,
             create=False,
             fence=lease.token,
+            serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
         )
         if ended is not None and continued is None:
             self.result = self._stored_result(point_meta)
@@ -503,6 +512,8 @@ class Session(ResumableSession, SessionOutcome):
         device_info = await self._dispatcher.device_info(sid)
         if device_info and device_info != ctx.get(ContextNames.DEVICE_INFO):
             ctx.set(ContextNames.DEVICE_INFO, device_info)
+        if self.context_vars and not self._resuming:
+            ctx.update_vars(set=self.context_vars)
         await ctx.acommit_step(author="system", meta=self._start_meta(point, continued))
         for hook in self._start_hooks:
             hook(self)

@@ -42,7 +42,7 @@ from saucer.queue.jobs import TASK_NAME, make_app
 from saucer.queue.schema import QueueLocation, ensure_queue, queue_location
 from saucer.store import EventStore, open_store
 
-__all__ = ["JobSpec", "Enqueued", "QueueClient", "plan_jobs", "request_job", "enqueue_task", "ORPHAN_CLAIM_SECONDS", "lock_for"]
+__all__ = ["JobSpec", "Enqueued", "QueueClient", "plan_jobs", "request_job", "seed_args", "enqueue_task", "ORPHAN_CLAIM_SECONDS", "lock_for"]
 
 #: A claim without a job (left by an older saucer, which wrote them in two steps) is taken over after this long.
 ORPHAN_CLAIM_SECONDS = 60.0
@@ -78,8 +78,14 @@ def plan_jobs(
     workspace: str | Path | None = None,
     yes: bool = False,
     overrides: dict[str, Any] | None = None,
+    context_vars: dict[str, Any] | None = None,
+    participants: list[str] | None = None,
+    user: str | None = None,
 ) -> list[JobSpec]:
-    """One job per plan of a folder (mode ``batch_normal``), or the one plan of a file (mode ``follower``)."""
+    """One job per plan of a folder (mode ``batch_normal``), or the one plan of a file (mode ``follower``).
+
+    ``context_vars``, ``participants`` and ``user`` are what each new session starts with
+    (see :class:`~saucer.engine.Session`), as :func:`seed_args` puts them in the job."""
     p = Path(path)
     if p.is_dir():
         found = load_plan_folder_with_identity(p)
@@ -102,6 +108,7 @@ def plan_jobs(
             "workspace": where,
             "yes": yes,
             "settings": dict(overrides or {}),
+            **seed_args(context_vars, participants, user),
         }
         specs.append(JobSpec(identity.key, identity.session_id(), "plan", str(file), args))
     return specs
@@ -115,6 +122,9 @@ def request_job(
     workspace: str | Path | None = None,
     yes: bool = False,
     overrides: dict[str, Any] | None = None,
+    context_vars: dict[str, Any] | None = None,
+    participants: list[str] | None = None,
+    user: str | None = None,
 ) -> JobSpec:
     """A job for a request in plain language (mode ``normal``, answered by the LLM agents on the worker)."""
     sid = session_id or new_session_id(task)
@@ -126,8 +136,24 @@ def request_job(
         "workspace": str(Path(workspace).resolve()) if workspace is not None else os.getcwd(),
         "yes": yes,
         "settings": dict(overrides or {}),
+        **seed_args(context_vars, participants, user),
     }
     return JobSpec(sid, sid, "request", "request", args)
+
+
+def seed_args(context_vars: dict[str, Any] | None, participants: list[str] | None, user: str | None) -> dict[str, Any]:
+    """The job arguments a worker's new session starts from: ``vars`` (checked now, so a
+    value that cannot be stored is refused before it is queued), ``participants``, ``user``."""
+    from saucer.engine.plan import declared_participants, initial_vars
+
+    out: dict[str, Any] = {}
+    if context_vars:
+        out["vars"] = initial_vars(None, context_vars)
+    if participants:
+        out["participants"] = declared_participants(None, participants, None)
+    if user:
+        out["user"] = user
+    return out
 
 
 def lock_for(settings: Settings, queue: str, spec: JobSpec) -> str:
@@ -276,9 +302,12 @@ class QueueClient:
         return "" if await cur.fetchone() is not None else "being queued by another run"
 
 
-async def enqueue_task(settings: Settings, task: dict[str, Any], *, session_id: str | None = None, yes: bool = False) -> Enqueued:
-    """Queue one task as the service receives it (``{"task": ..., "steps": [...]}``): a plan when it has
-    steps, else its ``task`` as a request. Used by ``POST /api/sessions`` with ``"queue": true``."""
+async def enqueue_task(
+    settings: Settings, task: dict[str, Any], *, session_id: str | None = None, yes: bool = False, user: str | None = None
+) -> Enqueued:
+    """Queue one task as the service receives it (``{"task": ..., "steps": [...], "vars": {...},
+    "participants": [...]}``): a plan when it has steps, else its ``task`` as a request. Used by
+    ``POST /api/sessions`` with ``"queue": true``; ``user`` is the principal that submitted it."""
     from saucer.engine.plan import parse_plan
 
     steps = [{k: v for k, v in step.items() if k != "timeout"} for step in task.get("steps") or []]  # tools' own timeouts apply
@@ -286,10 +315,12 @@ async def enqueue_task(settings: Settings, task: dict[str, Any], *, session_id: 
         plan = parse_plan({"task": task["task"], "steps": steps}, "the submitted task")
         sid = session_id or new_session_id(plan.task)
         args = {"session_id": sid, "task": plan.task, "mode": "follower", "plan": plan.model_dump(mode="json", exclude_defaults=True),
-                "plan_file": None, "workspace": None, "yes": yes, "settings": {}}
+                "plan_file": None, "workspace": None, "yes": yes, "settings": {},
+                **seed_args(task.get("vars"), task.get("participants"), user)}
         spec = JobSpec(sid, sid, "plan", "service", args)
     else:
-        spec = request_job(task["task"], task="request", session_id=session_id, yes=yes)
+        spec = request_job(task["task"], task="request", session_id=session_id, yes=yes,
+                           context_vars=task.get("vars"), participants=task.get("participants"), user=user)
         spec.args["workspace"] = None
     with open_store(settings.store.url) as store:
         async with QueueClient(settings, store) as client:

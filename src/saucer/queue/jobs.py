@@ -149,6 +149,9 @@ class SessionRunner:
             request=args.get("request") or "",
             ask_new_requests=False,
             workspace=args.get("workspace") or self.factory.workspace,
+            context_vars=args.get("vars"),
+            participants=args.get("participants"),
+            user=args.get("user"),
             **self._common(args),
         )
 

@@ -347,7 +347,8 @@ async def _enqueue(config: Any, principal: str, submit: _SubmitRequest) -> Respo
     if principal not in config.admins:
         return _error(403, ErrorCode.UNAUTHORIZED, "only service admins may queue tasks for saucer worker processes")
     try:
-        done = await enqueue_task(load_settings(overrides={"store.url": config.event_store_url}), submit.task.model_dump(mode="json"))
+        task = submit.task.submitted_by(principal).model_dump(mode="json")
+        done = await enqueue_task(load_settings(overrides={"store.url": config.event_store_url}), task, user=principal)
     except QueueUnavailableError as exc:
         return _error(409, ErrorCode.INVALID_TASK, str(exc))
     return _json({"session_id": done.spec.session_id, "queued": done.outcome != "skipped", "job_id": done.job_id}, 202)

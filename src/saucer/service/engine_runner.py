@@ -64,7 +64,7 @@ from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine.errors import EngineError
 from saucer.engine.factory import SessionFactory
 from saucer.engine.logs import StepRecord as EngineStepRecord
-from saucer.engine.plan import Plan, PlanCommand, PlanStep
+from saucer.engine.plan import Plan, PlanCommand, PlanStep, initial_vars
 from saucer.engine.session import Session, SessionResult
 from saucer.engine.step_format import upcast_step
 from saucer.service.protocol import TaskSpec
@@ -273,6 +273,10 @@ class EngineTaskRunner:
                     f"task.steps.{index}: a step needs at least one command "
                     "(a task without steps is a request for the LLM agent)"
                 )
+        try:
+            initial_vars(None, task.vars)
+        except TypeError as exc:  # a value that cannot be stored
+            raise ValueError(f"task.vars: {exc}") from None
 
     async def run(
         self, session_id: str, task: TaskSpec, dispatcher: CommandDispatcher, record: SessionRecorder
@@ -314,6 +318,8 @@ class EngineTaskRunner:
                     session_id=session_id,
                     plan=task_plan(task) if task.steps else None,
                     request="" if task.steps else task.task,
+                    context_vars=task.vars,
+                    participants=task.participants,
                     **options,
                 )
             session.owner = self.owner
@@ -372,7 +378,7 @@ class EngineTaskRunner:
             _log.warning("session %s: its end is not recorded in the event store: %s", session_id, exc)
             return
         try:
-            ctx = Context.open(store, session_id, author="system", create=False, fence=lease.token)
+            ctx = Context.open(store, session_id, author="system", create=False, fence=lease.token, serialise=True)
             try:
                 reason = outcome.error or outcome.status
                 ctx.set(ContextNames.ROUND_RESULT, reason)

@@ -114,6 +114,17 @@ class TaskSpec(BaseModel):
     task: str = Field(min_length=1)
     steps: list[PlanStep] = Field(default_factory=list)
     timeout: float | None = Field(default=None, gt=0, description="default seconds per step batch")
+    vars: dict[str, Any] = Field(default_factory=dict, description="context variables the session starts with")
+    participants: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="who else may write to the session while it runs (the submitting principal always may); none: anyone",
+    )
+
+    def submitted_by(self, owner: str) -> "TaskSpec":
+        """This task as ``owner`` submits it: ``owner`` is one of its participants when it names any."""
+        if not self.participants or owner in self.participants:
+            return self
+        return self.model_copy(update={"participants": [*self.participants, owner]})
 
 
 # -------------------------------------------------------------------------- frames

@@ -90,6 +90,7 @@ class SessionManager:
         problem = _tool_problem(task, getattr(device, "info", {}).get("tools"))
         if problem is not None:
             raise ProtocolError(ErrorCode.INVALID_TASK, f"{problem} (tools of device {device_id!r})")
+        task = task.submitted_by(owner)
         record = SessionRecord(session_id=uuid.uuid4().hex, owner=owner, device_id=device_id, task=task)
         await self.store.create_session(record)
         session = ServiceSession(record, submitter)

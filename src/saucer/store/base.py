@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Iterator, Sequence
 
 from saucer.redaction import redact
 from saucer.store.listing import SessionListing
+from saucer.store.rewriting import RecordRewriting
 from saucer.store.streaming import EventStreaming
 from saucer.store.upcast import FORMAT_VERSION
 from saucer.store.model import (
@@ -44,6 +45,7 @@ from saucer.store.model import (
     InvalidSessionIdError,
     Lease,
     LeaseHeldError,
+    NotParticipantError,
     NotSupportedError,
     OutcomeUnknownError,
     ReadOnlyError,
@@ -54,6 +56,8 @@ from saucer.store.model import (
     StoreError,
     VersionNotFoundError,
     VersionPrunedError,
+    PARTICIPANTS_KEY,
+    check_participants,
     check_session_id,
     check_version,
 )
@@ -62,13 +66,14 @@ __all__ = [
     "StoreError", "ConflictError", "FencedError", "FormatTooNewError", "StoreKeyError",
     "SessionNotFoundError", "SessionExistsError", "CorruptRecordError", "DamagedStoreError",
     "InvalidSessionIdError", "OutcomeUnknownError", "ReadOnlyError", "LeaseHeldError", "NotSupportedError",
+    "NotParticipantError",
     "VersionNotFoundError", "VersionPrunedError", "SESSION_ID_MAX_LENGTH",
     "check_session_id", "check_version", "SessionInfo", "Snapshot", "Lease", "Event", "Feature",
     "EventStore",
 ]
 
 
-class EventStore(SessionListing, EventStreaming, ABC):
+class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
     """An append-only, versioned log of events per session, with snapshots and leases."""
 
     url: str = ""
@@ -218,18 +223,24 @@ class EventStore(SessionListing, EventStreaming, ABC):
         parent_id: str | None = None,
         parent_version: int | None = None,
         meta: dict[str, Any] | None = None,
+        participants: Sequence[str] | None = None,
     ) -> SessionInfo:
         """Create an empty session, or a fork of ``parent_id`` at ``parent_version``.
 
         ``session_id`` must follow :func:`check_session_id`. A fork records
         ``forked_from`` and ``at`` in its meta, and reads its parent's log up to
         ``parent_version`` (nothing is copied); a version of the parent that was
-        pruned cannot be forked (:class:`VersionPrunedError`).
+        pruned cannot be forked (:class:`VersionPrunedError`). ``participants``
+        declares who may write (:attr:`SessionInfo.participants`, kept with the
+        row from the first moment; None: every writer may).
         """
         check_session_id(session_id)
         now = time.time()
         version = 0
         meta = dict(meta or {})
+        meta.pop(PARTICIPANTS_KEY, None)  # only the typed argument declares them
+        if participants is not None:
+            meta[PARTICIPANTS_KEY] = check_participants(participants)
         if parent_id is not None:
             parent = self.session_info(parent_id)
             if parent_version is None:
@@ -545,33 +556,6 @@ class EventStore(SessionListing, EventStreaming, ABC):
         ):
             raise ValueError(f"the events of {info.session_id!r} must be versions {start}..{info.version} of that session")
         self._import(info, list(events), list(snapshots))
-
-    # ------------------------------------------------------------- rewrite
-    def record_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
-        """``({version: format}, {snapshot version: format})`` of this session's *own*
-        stored records (damaged ones left out); needs :attr:`Feature.REWRITE`."""
-        self._require(Feature.REWRITE, "report record formats")
-        self.session_info(session_id)
-        return self._formats(session_id)
-
-    def rewrite_events(self, session_id: str, events: Sequence[Event]) -> None:
-        """Store ``events`` again, in the current format, in place of this session's own
-        events at the same versions, in ONE transaction; needs :attr:`Feature.REWRITE`.
-        The caller promises the same meaning (an upcast record, a value sealed with
-        another key); only the payload (ops and meta) is written."""
-        self._require(Feature.REWRITE, "rewrite events")
-        info = self.session_info(session_id)
-        low = info.parent_version or 0
-        if bad := [e.version for e in events if not low < e.version <= info.version]:
-            raise ValueError(f"session {session_id!r} has no own events at versions {bad} to rewrite")
-        if events:
-            self._rewrite(session_id, list(events))
-
-    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
-        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _formats")
-
-    def _rewrite(self, session_id: str, events: list[Event]) -> None:
-        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _rewrite")
 
     def _require(self, feature: Feature, what: str) -> None:
         if feature not in self.features:

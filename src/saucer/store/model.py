@@ -32,6 +32,9 @@ __all__ = [
     "StoreError",
     "ConflictError",
     "FencedError",
+    "NotParticipantError",
+    "PARTICIPANTS_KEY",
+    "check_participants",
     "SessionNotFoundError",
     "SessionExistsError",
     "CorruptRecordError",
@@ -87,7 +90,8 @@ class StoreError(Exception):
 class ConflictError(StoreError):
     """Another writer committed first: the commit was based on a stale version.
 
-    ``keys`` names the keys of the refused batch that were plain writes.
+    ``keys`` names the keys the other writers changed since that version (what
+    a reload brings in), when the committer could read them.
     """
 
     def __init__(self, session_id: str, expected: int, actual: int | None, keys: Sequence[str] = ()) -> None:
@@ -116,6 +120,18 @@ class FencedError(ConflictError):
         self.actual = current
         self.keys = []
         self.holder = holder
+
+
+class NotParticipantError(StoreError):
+    """A write by an author who is not a participant of a session that declares its participants."""
+
+    def __init__(self, session_id: str, author: str) -> None:
+        self.session_id = session_id
+        self.author = author
+        super().__init__(
+            f"{author!r} is not a participant of session {session_id!r}, so nothing was written "
+            "(a participant can add it: Context.add_participants)"
+        )
 
 
 class SessionNotFoundError(StoreError, KeyError):
@@ -319,6 +335,23 @@ def copy_json(value: Any) -> Any:
     return value
 
 
+#: Where a session's row keeps the participants it was made with (written only by
+#: ``EventStore.create_session(participants=...)``, read through :attr:`SessionInfo.participants`).
+PARTICIPANTS_KEY = "participants"
+
+
+def check_participants(names: Any) -> list[str]:
+    """``names`` (an iterable of non-empty strings) as a sorted list without duplicates, else TypeError/ValueError."""
+    if isinstance(names, str) or not hasattr(names, "__iter__"):
+        raise TypeError(f"participants are a list of names, not {type(names).__name__}")
+    out = set()
+    for name in names:
+        if not isinstance(name, str) or not name.strip() or "\x00" in name:
+            raise ValueError(f"a participant is a non-empty name, not {name!r}")
+        out.add(name)
+    return sorted(out)
+
+
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
     """A session's row: its head version and, for a fork, where it branched off."""
@@ -330,6 +363,14 @@ class SessionInfo:
     parent_id: str | None = None
     parent_version: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def participants(self) -> frozenset[str] | None:
+        """The authors the session was made with as its participants; None: it declared none
+        (every writer may write). Those added since are in its state (see
+        :meth:`saucer.context.Context.add_participants`)."""
+        names = self.meta.get(PARTICIPANTS_KEY)
+        return frozenset(names) if isinstance(names, list) else None
 
 
 @dataclass(frozen=True, slots=True)

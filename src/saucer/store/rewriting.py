@@ -1,0 +1,46 @@
+"""Rewriting a store's own records in place, in the current format (:attr:`Feature.REWRITE`).
+
+:class:`RecordRewriting` is a base of :class:`~saucer.store.EventStore` (built
+on its ``session_info`` and ``_require``): ``saucer store migrate --rewrite``
+and ``saucer store rekey`` report the formats of a session's records and
+store upcast or re-sealed events again through it; a backend implements
+``_formats`` and ``_rewrite`` when it declares the feature.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from saucer.store.model import Event, Feature, NotSupportedError
+
+__all__ = ["RecordRewriting"]
+
+
+class RecordRewriting:
+    """``record_formats`` and ``rewrite_events`` of an event store."""
+
+    def record_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+        """``({version: format}, {snapshot version: format})`` of this session's *own*
+        stored records (damaged ones left out); needs :attr:`Feature.REWRITE`."""
+        self._require(Feature.REWRITE, "report record formats")  # type: ignore[attr-defined]
+        self.session_info(session_id)  # type: ignore[attr-defined]
+        return self._formats(session_id)
+
+    def rewrite_events(self, session_id: str, events: Sequence[Event]) -> None:
+        """Store ``events`` again, in the current format, in place of this session's own
+        events at the same versions, in ONE transaction; needs :attr:`Feature.REWRITE`.
+        The caller promises the same meaning (an upcast record, a value sealed with
+        another key); only the payload (ops and meta) is written."""
+        self._require(Feature.REWRITE, "rewrite events")  # type: ignore[attr-defined]
+        info = self.session_info(session_id)  # type: ignore[attr-defined]
+        low = info.parent_version or 0
+        if bad := [e.version for e in events if not low < e.version <= info.version]:
+            raise ValueError(f"session {session_id!r} has no own events at versions {bad} to rewrite")
+        if events:
+            self._rewrite(session_id, list(events))
+
+    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _formats")
+
+    def _rewrite(self, session_id: str, events: list[Event]) -> None:
+        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _rewrite")
