@@ -12,6 +12,8 @@ import time
 from dataclasses import replace
 from typing import Any, Iterator
 
+import orjson
+
 from saucer.store.base import (
     ConflictError,
     EventStore,
@@ -53,6 +55,15 @@ class _Data:
 
     def __exit__(self, *exc: object) -> None:
         self.lock.release()
+
+
+def _private(meta: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``meta`` that aliases nothing of the caller's: through its JSON (one C call each
+    way) when it is JSON data, as a durable backend keeps it; else copied as it is."""
+    try:
+        return orjson.loads(orjson.dumps(meta))  # type: ignore[no-any-return]
+    except TypeError:  # orjson.JSONEncodeError included
+        return copy_json(meta)  # type: ignore[no-any-return]
 
 
 _SHARED: dict[str, _Data] = {}
@@ -127,10 +138,17 @@ class MemoryStore(KeepsSummaries, EventStore):
                     raise FencedError(event.session_id, fence, current, lease.owner if lease else None)
             if info.version != expected_version:
                 raise ConflictError(event.session_id, expected_version, info.version)
-            # Keep a private copy, as a durable backend would: the caller's
-            # lists must not alias the log.
-            d.events[event.session_id].append(replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta)))
-            d.infos[event.session_id] = replace(info, version=event.version, updated_at=event.timestamp)
+            # Keep the operations as they are (a caller never changes them after an append: see
+            # EventStore.append; a Context's hold values normalised, copied, when they were set),
+            # in a list of the log's own; the meta, which aliases the caller's objects (a step's
+            # record), as a private copy, as a durable backend would. Reads copy both.
+            d.events[event.session_id].append(Event(
+                event.session_id, event.version, event.timestamp, event.author, event.round, event.step,
+                list(event.ops), _private(event.meta),
+            ))
+            d.infos[event.session_id] = SessionInfo(
+                info.session_id, event.version, info.created_at, event.timestamp, info.parent_id, info.parent_version, info.meta
+            )
             d.counters[event.session_id] = fold(d.counters.get(event.session_id) or Counters(), event.step, event.meta)
 
     def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
