@@ -17,25 +17,26 @@ _scalars = st.one_of(
 )
 _values = st.recursive(
     _scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.text(max_size=4), st.just("\udfff")), inner, max_size=4)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.text(max_size=4), st.just("\udfff"), st.integers(-3, 3)), inner, max_size=4)),
     max_leaves=16,
 )
 
 
-def _full(value: object, room: int = MAX_DEPTH) -> object:
-    return wire._to_wire(value, "k", "", 0, room)
+def _full(value: object, depth: int, room: int = MAX_DEPTH) -> object:
+    return wire._to_wire(value, "k", "", depth, room)
 
 
 @settings(max_examples=400, deadline=None)
-@given(_values)
-def test_the_fast_copy_is_the_full_check(value: object) -> None:
+@given(_values, st.sampled_from([0, 1, 2, True]))
+def test_the_fast_copy_is_the_full_check(value: object, int_keys: int) -> None:
+    depth = 1 << 30 if int_keys is True else int_keys
     try:
-        expected = _full(value)
+        expected = _full(value, depth)
     except ValueNotStorableError:
         with pytest.raises(ValueNotStorableError):
-            to_wire(value, "k")
+            to_wire(value, "k", int_keys=int_keys)
         return
-    got = to_wire(value, "k")
+    got = to_wire(value, "k", int_keys=int_keys)
     assert repr(got) == repr(expected)  # repr: nan == nan, and -0.0 stays -0.0
     if isinstance(value, (dict, list)):
         assert got is not value  # a copy the caller's value does not alias

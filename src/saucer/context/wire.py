@@ -66,12 +66,12 @@ def to_wire(value: Any, key: str, *, int_keys: bool | int = False, max_depth: in
             return value
     elif cls is bool or value is None:
         return value
-    elif cls is dict or cls is list:
-        try:  # plain JSON data (most values): copied in one pass, without building paths
-            return redact_known(_plain(value, max_depth))
-        except _NotPlain:
-            pass  # the full check below says what is wrong, and where (or handles int keys, tuples, enums)
     depth = _ANY_DEPTH if int_keys is True else int(int_keys)
+    if cls is dict or cls is list:
+        try:  # plain JSON data (most values): copied in one pass, without building paths
+            return redact_known(_plain(value, max_depth, depth))
+        except _NotPlain:
+            pass  # the full check below says what is wrong, and where (or handles tuples and enums)
     try:
         return redact_known(_to_wire(value, key, "", depth, max_depth))
     except _TooDeep as exc:
@@ -92,10 +92,11 @@ class _NotPlain(Exception):
     """The value is not plain JSON data (or is too deep): :func:`_to_wire` decides."""
 
 
-def _plain(value: Any, room: int) -> Any:
-    """A copy of ``value`` if it is plain JSON data -- exact dicts with str keys, lists, valid
-    strs, 64-bit ints, finite floats, bools, None -- nested at most ``room`` levels; else
-    :class:`_NotPlain`. Exactly what :func:`_to_wire` returns for such a value."""
+def _plain(value: Any, room: int, depth: int) -> Any:
+    """A copy of ``value`` if it is plain JSON data -- exact dicts with str keys (or int keys in
+    the first ``depth`` levels of dicts), lists, valid strs, 64-bit ints, finite floats, bools,
+    None -- nested at most ``room`` levels; else :class:`_NotPlain`. Exactly what
+    :func:`_to_wire` returns for such a value."""
     cls = value.__class__
     if cls is str:
         if value.isascii() or _valid_text(value):
@@ -112,12 +113,14 @@ def _plain(value: Any, room: int) -> Any:
         if cls is dict:
             out: dict[str, Any] = {}
             for k, v in value.items():
-                if k.__class__ is not str or not (k.isascii() or _valid_text(k)):
+                if k.__class__ is int and depth > 0:
+                    k = str(k)
+                elif k.__class__ is not str or not (k.isascii() or _valid_text(k)):
                     raise _NotPlain
-                out[k] = _plain(v, room - 1)
+                out[k] = _plain(v, room - 1, depth - 1)
             return out
         if cls is list:
-            return [_plain(v, room - 1) for v in value]
+            return [_plain(v, room - 1, depth) for v in value]
     raise _NotPlain
 
 
