@@ -12,8 +12,6 @@ import time
 from dataclasses import replace
 from typing import Any, Iterator
 
-import orjson
-
 from saucer.store.base import (
     ConflictError,
     EventStore,
@@ -55,15 +53,6 @@ class _Data:
 
     def __exit__(self, *exc: object) -> None:
         self.lock.release()
-
-
-def _private(meta: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``meta`` that aliases nothing of the caller's: through its JSON (one C call each
-    way) when it is JSON data, as a durable backend keeps it; else copied as it is."""
-    try:
-        return orjson.loads(orjson.dumps(meta))  # type: ignore[no-any-return]
-    except TypeError:  # orjson.JSONEncodeError included
-        return copy_json(meta)  # type: ignore[no-any-return]
 
 
 _SHARED: dict[str, _Data] = {}
@@ -144,7 +133,7 @@ class MemoryStore(KeepsSummaries, EventStore):
             # record), as a private copy, as a durable backend would. Reads copy both.
             d.events[event.session_id].append(Event(
                 event.session_id, event.version, event.timestamp, event.author, event.round, event.step,
-                list(event.ops), _private(event.meta),
+                list(event.ops), copy_json(event.meta),
             ))
             d.infos[event.session_id] = SessionInfo(
                 info.session_id, event.version, info.created_at, event.timestamp, info.parent_id, info.parent_version, info.meta
