@@ -132,3 +132,37 @@ def test_the_loop_runs_while_a_batch_is_written_and_a_cancelled_leader_reports_i
         assert store.head("s") == 1
     finally:
         store.close()
+
+
+@postgres
+def test_a_runner_s_lease_and_snapshots_never_call_psycopg_synchronously_on_the_loop(
+    store_url: str, loop_calls: list[str]
+) -> None:
+    """What the engine does on the loop besides its commits: take and renew the session's lease,
+    commit with its token, and store a snapshot every few events."""
+    from saucer.context import Context
+    from saucer.engine.lease import LeaseKeeper
+
+    store = open_store(store_url)
+    try:
+        ctx = Context.open(store, "run", snapshot_every=2)
+        tokens: list[int] = []
+        keeper = LeaseKeeper(store, "run", "runner", 0.3, tokens.append)
+        loop_calls.clear()
+
+        async def main() -> None:
+            lease = await keeper.acquire()
+            ctx.fence = lease.token
+            keeper.start_renewing()
+            for k in range(6):
+                ctx.incr("n")
+                await ctx.acommit(step=k)
+            await asyncio.sleep(0.35)  # the keeper renews every 0.1 s
+            keeper.stop()
+
+        asyncio.run(main())
+        assert loop_calls == [], "\n".join(loop_calls[:5])
+        assert store.head("run") == 6 and store.latest_snapshot("run") is not None
+        assert keeper.lease is not None and keeper._renewed > 0
+    finally:
+        store.close()

@@ -51,8 +51,8 @@ class LeaseKeeper:
         """Take the lease, waiting up to ``wait`` seconds for another holder's lease to expire."""
         deadline = time.monotonic() + wait
         while True:
-            try:
-                self.lease = self.store.acquire_lease(self.session_id, self.owner, self.ttl)
+            try:  # in a thread: the store may wait on a server, the loop's other sessions must not
+                self.lease = await asyncio.to_thread(self.store.acquire_lease, self.session_id, self.owner, self.ttl)
                 self._renewed = time.monotonic()
                 return self.lease
             except LeaseHeldError as exc:
@@ -90,12 +90,18 @@ class LeaseKeeper:
     def _renew(self) -> None:
         try:
             lease = self.store.acquire_lease(self.session_id, self.owner, self.ttl)
-        except LeaseHeldError as exc:
+        except (LeaseHeldError, StoreError) as exc:
+            self._renewal_failed(exc)
+            return
+        self._renewed_as(lease)
+
+    def _renewal_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, LeaseHeldError):
             self._lost = exc
-            return
-        except StoreError as exc:  # transient: the next renewal tries again
+        else:  # transient: the next renewal tries again
             _log.warning("session %s: lease renewal failed: %s", self.session_id, exc)
-            return
+
+    def _renewed_as(self, lease: Lease) -> None:
         self._renewed = time.monotonic()
         if self.lease is None or lease.token != self.lease.token:
             self._on_token(lease.token)
@@ -105,4 +111,9 @@ class LeaseKeeper:
         interval = self.ttl / 3.0
         while True:
             await asyncio.sleep(interval)
-            self._renew()
+            try:  # in a thread (see acquire); what it returns is applied here, on the loop
+                lease = await asyncio.to_thread(self.store.acquire_lease, self.session_id, self.owner, self.ttl)
+            except (LeaseHeldError, StoreError) as exc:
+                self._renewal_failed(exc)
+                continue
+            self._renewed_as(lease)
