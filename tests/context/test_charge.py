@@ -47,3 +47,18 @@ def test_charge_checks_everything_before_it_applies_anything() -> None:
         with pytest.raises(error):
             ctx.charge(incs, entry)
         assert ctx.pending == [] and ctx.get(ContextNames.SESSION_STEP) == 0
+
+
+def test_an_increment_whose_result_leaves_64_bits_is_refused() -> None:
+    from saucer.context.wire import ValueNotStorableError
+
+    ctx = _open("big")
+    ctx.incr("n", 2**63 - 2)
+    ctx.incr("n", 1)  # 2**63 - 1: the largest that fits
+    for by in (1, 2**64, -(2**65)):
+        with pytest.raises(ValueNotStorableError, match="64-bit"):
+            ctx.incr("n", by)
+    ctx.incr("m", -(2**63))
+    with pytest.raises(ValueNotStorableError, match="64-bit"):
+        ctx.charge({"m": -1})
+    assert ctx.get_var("n") == 2**63 - 1 and ctx.get_var("m") == -(2**63)

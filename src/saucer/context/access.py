@@ -32,6 +32,8 @@ from saucer.store.model import check_participants
 __all__ = ["TypedAccess"]
 
 _MISSING: Any = object()
+#: The least 64-bit integer: an int increment and its result within range need no further check.
+_I64 = -(2**63)
 
 # get() is the hottest call of the runtime: one dict lookup tells it what a
 # name is. kind 0: durable, stored as is; 1: derived from a per-round ledger;
@@ -332,8 +334,10 @@ class TypedAccess(Durable):
         current = self._current(target)
         if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
             raise TypeError(f"incr: {label} holds {type(current).__name__}, not a number")
-        to_wire((current or 0) + by, label)  # refuses a result JSON cannot hold (inf, > 64 bits)
-        to_wire(by, label)
+        result = (current or 0) + by
+        if not (result.__class__ is int and by.__class__ is int and _I64 <= result < -_I64 and _I64 <= by < -_I64):
+            to_wire(result, label)  # refuses a result JSON cannot hold (inf, > 64 bits)
+            to_wire(by, label)
         return {"op": "incr", **target, "by": by}, target
 
     def append(self, key: ContextNames | str, value: Any) -> None:
