@@ -95,3 +95,14 @@ def test_create_service_session_has_ufos_shape(settings: Any) -> None:
     assert Context.open(store, "svc-1", create=False).get(ContextNames.REQUEST) == "list the notes"
     evaluated = factory.create_service_session("remote", True, 7, "x", task_protocol=remote)
     assert evaluated.id == 7 and evaluated.settings.system.eva_session is True
+
+
+def test_a_resumed_session_keeps_what_it_started_with(settings: Any) -> None:
+    store = MemoryStore()
+    session = Session("t", session_id="r1", settings=settings, store=store, request="go", agents=ScriptedAgent("a"),
+                      dispatcher=FakeDispatcher(), context_vars={"v": 1})
+    asyncio.run(session.run())
+    with pytest.raises(TypeError, match="Session.resume takes context_vars from the stored session"):
+        Session.resume("r1", store=store, settings=settings, context_vars={"v": 2})
+    with pytest.raises(TypeError, match="takes participants from the stored session"):
+        Session.resume("r1", store=store, settings=settings, participants=["x"])

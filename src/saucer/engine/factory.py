@@ -450,7 +450,9 @@ class SessionFactory:
             extra = {k: v for k, v in kw.items() if k not in ("session_id", "agents", "request", "plan", "plan_file")}
             if state is not None:
                 retry = state.status in (SessionStatus.FAILED, SessionStatus.ERROR)
-                session = self.resume_session(sid, agents=agents, retry_failed=retry, **extra)
+                # A continued session started with its variables and participants already.
+                kept = {k: v for k, v in extra.items() if k not in ("context_vars", "participants", "user")}
+                session = self.resume_session(sid, agents=agents, retry_failed=retry, **kept)
                 report.continued.append((str(path), sid, state.status))
             else:
                 extra.setdefault("id", i)

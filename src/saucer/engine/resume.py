@@ -125,7 +125,7 @@ class ResumableSession:
         kwargs.setdefault("platform", meta.get("platform") or "linux")
         if meta.get("workspace"):
             kwargs.setdefault("workspace", meta["workspace"])
-        for fixed in ("task", "mode", "request", "plan", "plan_file", "session_id"):
+        for fixed in ("task", "mode", "request", "plan", "plan_file", "session_id", "context_vars", "participants"):
             if fixed in kwargs:
                 raise TypeError(f"Session.resume takes {fixed} from the stored session, not as an argument")
         session = cls(  # type: ignore[call-arg]  # cls is Session
