@@ -46,6 +46,7 @@ class LeaseKeeper:
         self._renewed = 0.0
         self._lost: BaseException | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._renewing = False
 
     async def acquire(self, wait: float = 0.0) -> Lease:
         """Take the lease, waiting up to ``wait`` seconds for another holder's lease to expire."""
@@ -67,7 +68,7 @@ class LeaseKeeper:
 
     def check(self) -> None:
         """Before each step: :class:`LeaseLostError` if the lease was lost; renew it if it is due."""
-        if self._lost is None and time.monotonic() - self._renewed > self.ttl / 3.0:
+        if self._lost is None and not self._renewing and time.monotonic() - self._renewed > self.ttl / 3.0:
             self._renew()
         if self._lost is not None:
             raise LeaseLostError(f"session {self.session_id!r}: this runner lost its lease ({self._lost})")
@@ -111,9 +112,12 @@ class LeaseKeeper:
         interval = self.ttl / 3.0
         while True:
             await asyncio.sleep(interval)
+            self._renewing = True  # check() leaves it to this renewal meanwhile
             try:  # in a thread (see acquire); what it returns is applied here, on the loop
                 lease = await asyncio.to_thread(self.store.acquire_lease, self.session_id, self.owner, self.ttl)
             except (LeaseHeldError, StoreError) as exc:
                 self._renewal_failed(exc)
                 continue
+            finally:
+                self._renewing = False
             self._renewed_as(lease)
