@@ -166,3 +166,38 @@ def test_a_runner_s_lease_and_snapshots_never_call_psycopg_synchronously_on_the_
         assert keeper.lease is not None and keeper._renewed > 0
     finally:
         store.close()
+
+
+def test_a_renewal_in_flight_when_the_runner_stops_does_not_take_the_lease_back(tmp_path: Any) -> None:
+    """The renewal runs in a thread that a cancellation does not stop: release() waits for it,
+    so the lease is free afterwards (another runner takes it at once)."""
+    import threading
+
+    from saucer.engine.lease import LeaseKeeper
+
+    store = open_store(f"sqlite:///{tmp_path / 'l.db'}")
+    store.create_session("s")
+    keeper = LeaseKeeper(store, "s", "runner", 0.15, lambda token: None)
+    in_renewal, finish = threading.Event(), threading.Event()
+    original = store.acquire_lease
+
+    def slow_acquire(*args: Any) -> Any:
+        if keeper.lease is not None:  # a renewal: hold it in flight
+            in_renewal.set()
+            finish.wait(5)
+        return original(*args)
+
+    store.acquire_lease = slow_acquire  # type: ignore[method-assign]
+
+    async def main() -> None:
+        await keeper.acquire()
+        keeper.start_renewing()
+        while not in_renewal.is_set():
+            await asyncio.sleep(0.01)
+        keeper.stop()
+        threading.Timer(0.2, finish.set).start()
+        keeper.release()  # after the renewal in flight
+
+    asyncio.run(main())
+    assert original("s", "other", 10.0).owner == "other"  # free: not taken back by the late renewal
+    store.close()
