@@ -15,8 +15,8 @@ Scenarios
                 ``snapshot_every`` = 10,000: the step loop itself (handle → ledger →
                 structural log → one commit → next state).
 ``loop-nostruct`` the same without ``STRUCTURAL_LOGS`` entries.
-``context-only`` the Context calls one step makes (2 ``incr``, a structural log
-                entry, one commit with the same meta) without the engine: what
+``context-only`` the Context calls one step makes (one ``charge``: 2 increments and a
+                structural log entry; one commit with the same meta) without the engine: what
                 the engine adds is ``loop`` minus this.
 ``snap100``     one session of 10,000 steps with the default ``snapshot_every`` = 100:
                 every snapshot serialises the whole state, and ``STRUCTURAL_LOGS``
@@ -149,9 +149,10 @@ def scenario_context_only(tmp: Path, n: int) -> dict[str, Any]:
     ctx.commit()
     t = time.perf_counter()
     for i in range(1, n + 1):
-        ctx.incr(ContextNames.SESSION_STEP)
-        ctx.incr(ContextNames.CURRENT_ROUND_STEP)
-        ctx.add_to_structural_logs({"Round": 0, "SubtaskIndex": 0, "Step": i, "Agent": "noop", "State": "CONTINUE", "Status": "CONTINUE"})
+        ctx.charge(
+            {ContextNames.SESSION_STEP: 1, ContextNames.CURRENT_ROUND_STEP: 1},
+            {"Round": 0, "SubtaskIndex": 0, "Step": i, "Agent": "noop", "State": "CONTINUE", "Status": "CONTINUE"},
+        )
         ctx.commit(author="noop", round=0, step=i, meta={
             "round": 0, "step": i, "session_step": i, "agent": "noop", "state": "CONTINUE", "status": "CONTINUE",
             "next_agent": "noop", "next_state": "CONTINUE", "subtask_index": 0, "started_at": time.time(),

@@ -109,3 +109,55 @@ def test_the_log_filter_takes_tokens_out_of_lines_and_urls() -> None:
     plain = logging.LogRecord("x", logging.INFO, __file__, 1, "nothing %s", ("here",), None)
     RedactingLogFilter().filter(plain)
     assert (plain.msg, plain.args) == ("nothing %s", ("here",))  # untouched when there is nothing to hide
+
+
+# ------------------------------------------------ the one-scan check of a value's JSON text
+
+QUOTED = 'q"uoted\\secret-0123456789'  # a secret JSON escapes: it does not read the same in the JSON text
+
+_WORDS = ["ok", "Bearer abcdefgh12345678", "api_key=abcd1234", "sk-proj-abcdefghijklmnop0123", TOKEN, f"x{TOKEN}y",
+          "Authorization: Basic dXNlcjpw", "PASSWORD", "rapid", "Token", "é", "line\nbreak", "tab\t", 'a "quote"']
+
+
+def _json_values():
+    from hypothesis import strategies as st
+
+    keys = st.sampled_from(["a", "Authorization", "api_key", "X-API-KEY", "password", "Passwd", "note", "token"])
+    leaves = st.one_of(st.sampled_from(_WORDS), st.text(max_size=12), st.integers(-5, 5), st.none(), st.booleans())
+    return st.recursive(leaves, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
+                        max_leaves=12)
+
+
+def test_the_json_scan_misses_nothing_the_walk_would_replace() -> None:
+    """redact() skips the walk of a value whose JSON text holds no secret nor hint: the result is
+    always the walk's (every secret, every shape, every credential key name)."""
+    from hypothesis import given, settings
+
+    from saucer import redaction
+
+    register_secret(TOKEN)
+
+    @settings(max_examples=300, deadline=None)
+    @given(_json_values())
+    def check(value: object) -> None:
+        assert redact(value) == redaction._walk(value, redact_text, True)
+        assert redaction.redact_known(value) == redaction._walk(value, redaction.redact_known_text, False)
+
+    check()
+
+
+def test_every_credential_key_name_defeats_the_json_scan() -> None:
+    from saucer import redaction
+
+    for key in redaction._SECRET_KEYS:
+        for shown in (key, key.upper(), key.title()):
+            assert redact({"headers": [{shown: "plain-value"}]}) == {"headers": [{shown: REDACTED}]}, shown
+
+
+def test_a_secret_that_json_escapes_is_still_found_inside_a_structure() -> None:
+    register_secret(QUOTED)
+    value = {"results": [{"stdout": f"got {QUOTED} back"}]}
+    assert redact(value) == {"results": [{"stdout": f"got {REDACTED} back"}]}
+    from saucer.redaction import redact_known
+
+    assert redact_known(value) == {"results": [{"stdout": f"got {REDACTED} back"}]}

@@ -36,6 +36,8 @@ import re
 import threading
 from typing import Any, TypeVar
 
+import orjson
+
 __all__ = [
     "REDACTED",
     "SECRET_ENV_VARS",
@@ -120,6 +122,9 @@ class _Secrets:
         self._env: tuple[str | None, ...] = ()
         self.values: tuple[str, ...] = ()
         self.pattern: re.Pattern[str] | None = None
+        #: Whether every secret reads the same inside JSON text (no character JSON escapes):
+        #: then a value's JSON text holds a secret whenever one of its strings does.
+        self.json_safe = True
 
     def register(self, values: tuple[str | None, ...]) -> None:
         """Add ``values`` and read the secret environment variables again."""
@@ -144,6 +149,7 @@ class _Secrets:
         # Longest first, so a secret that contains another is replaced whole.
         ordered = sorted(values, key=len, reverse=True)
         self.values = tuple(ordered)
+        self.json_safe = not any(c in '"\\' or c < " " for v in ordered for c in v)
         # Not inside a longer run of letters and digits: a secret is a whole token, never part of a number.
         alternatives = "|".join(re.escape(v) for v in ordered)
         self.pattern = re.compile(f"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])") if ordered else None
@@ -177,7 +183,7 @@ def redact_known(value: _T) -> _T:
 
     Containers are rebuilt only where something changed; the argument is never modified.
     """
-    if not _secrets.values:
+    if not _secrets.values or (value.__class__ in _CONTAINERS and _clean_json(value, False)):
         return value
     return _walk(value, redact_known_text, False)  # type: ignore[no-any-return]
 
@@ -196,8 +202,41 @@ def redact(value: _T) -> _T:
     """``value`` with secrets replaced in every string, dict key's value and list item (see the module docs).
 
     Containers are rebuilt only where something changed; the argument is never modified.
+    A dict or list is first scanned once as JSON text: when that text holds no
+    known secret and no hint of a credential, none of its strings can, and it is
+    returned as it is without a walk (a step's record, on every commit).
     """
+    if value.__class__ in _CONTAINERS and _clean_json(value, True):
+        return value
     return _walk(value, redact_text, True)  # type: ignore[no-any-return]
+
+
+_CONTAINERS = (dict, list)
+
+
+def _clean_json(value: Any, shapes: bool) -> bool:
+    """Whether no string of ``value`` can hold a known secret (nor, with ``shapes``, a credential
+    by shape or under a credential's key name), judged on its JSON text in one scan.
+
+    Every hint (:func:`_may_hold_credential`, and ``passw``) and every JSON-safe
+    secret reads the same in a string and in the JSON text of a value holding
+    it, so the text misses none; it may hit more (a key name, a dataclass's
+    field), and then the value is walked. A value JSON cannot encode is walked too.
+    """
+    if not _secrets.json_safe:
+        return False
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:  # orjson.JSONEncodeError included: not plain JSON data
+        return False
+    for secret in _secrets.values:
+        if secret in text:
+            return False
+    if not shapes:
+        return True
+    # Every name of _SECRET_KEYS holds one of these hints (a test checks it).
+    lowered = text.lower()
+    return not (_may_hold_credential(lowered) or "passw" in lowered)
 
 
 def _walk(value: Any, text: Any, by_key: bool) -> Any:

@@ -32,6 +32,8 @@ from saucer.store.model import check_participants
 __all__ = ["TypedAccess"]
 
 _MISSING: Any = object()
+#: The least 64-bit integer: an int increment and its result within range need no further check.
+_I64 = -(2**63)
 
 # get() is the hottest call of the runtime: one dict lookup tells it what a
 # name is. kind 0: durable, stored as is; 1: derived from a per-round ledger;
@@ -310,6 +312,14 @@ class TypedAccess(Durable):
 
         Increments re-base onto concurrent writers at commit, so none is lost.
         """
+        with self._lock:
+            op, target = self._incr_op(key, by)
+            self._record([op])
+            return self._current(target)
+
+    def _incr_op(self, key: ContextNames | str, by: int | float) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The operation adding ``by`` to ``key`` and its target, checked against the current value
+        (under the lock): TypeError for what is not a number, ValueNotStorableError for a result JSON cannot hold."""
         if isinstance(by, bool) or not isinstance(by, (int, float)):
             raise TypeError(f"incr: 'by' must be a number, got {type(by).__name__}")
         target, label = self._target(key)
@@ -321,14 +331,14 @@ class TypedAccess(Durable):
                 raise TypeError(f"incr: {label} is an int; 'by' must be an int, not {by!r}")
             if name in FLOAT_NAMES:
                 by = float(by)  # keeps a float ledger float, live and on replay
-        with self._lock:
-            current = self._current(target)
-            if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
-                raise TypeError(f"incr: {label} holds {type(current).__name__}, not a number")
-            to_wire((current or 0) + by, label)  # refuses a result JSON cannot hold (inf, > 64 bits)
+        current = self._current(target)
+        if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
+            raise TypeError(f"incr: {label} holds {type(current).__name__}, not a number")
+        result = (current or 0) + by
+        if not (result.__class__ is int and by.__class__ is int and _I64 <= result < -_I64 and _I64 <= by < -_I64):
+            to_wire(result, label)  # refuses a result JSON cannot hold (inf, > 64 bits)
             to_wire(by, label)
-            self._record([{"op": "incr", **target, "by": by}])
-            return self._current(target)
+        return {"op": "incr", **target, "by": by}, target
 
     def append(self, key: ContextNames | str, value: Any) -> None:
         """Atomically append ``value`` to a list (a var, or a list-valued typed name)."""

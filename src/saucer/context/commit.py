@@ -232,9 +232,15 @@ class Durable(Snapshots):
                 pass
         finally:
             self._committing = False
+        if self._snapshot_due():
+            import asyncio
+
+            await asyncio.to_thread(self._snapshot_locked)  # it writes the whole state: never on the loop
+        return self._version
+
+    def _snapshot_locked(self) -> None:
         with self._lock:
             self._maybe_snapshot()
-            return self._version
 
     def _begin(self, author: str | None, round: int | None, step: int | None, meta: dict[str, Any] | None) -> _Commit | None:
         """Under the lock: what a commit writes, or None when there is nothing to write."""

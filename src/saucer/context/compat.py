@@ -72,17 +72,34 @@ class UfoCompat(TypedAccess):
 
         Ignored when either key is missing, as in UFO.
         """
+        op = self._structural_op(data)
+        if op is not None:
+            self._record([op])
+
+    def charge(self, increments: Mapping[ContextNames | str, int | float], structural_log: Mapping[str, Any] | None = None) -> None:
+        """A step's ledger as ONE change: add each ``by`` of ``increments`` (``{name or var: by}``)
+        as :meth:`incr` does, and append ``structural_log`` as :meth:`add_to_structural_logs`
+        does; everything is checked before anything is applied (the engine charges each step so)."""
+        entry = None if structural_log is None else self._structural_op(structural_log)
+        with self._lock:
+            ops = [self._incr_op(key, by)[0] for key, by in increments.items()]
+            if entry is not None:
+                ops.append(entry)
+            if ops:
+                self._record(ops)
+
+    @staticmethod
+    def _structural_op(data: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The operation appending ``data`` to the structural logs (None without Round or SubtaskIndex)."""
         round_key = data.get("Round")
         subtask_key = data.get("SubtaskIndex")
         if round_key is None or subtask_key is None:
-            return
+            return None
         try:
             path = [int(round_key), int(subtask_key)]
         except (TypeError, ValueError):
             raise TypeError(f"structural log keys Round/SubtaskIndex must be ints, got {round_key!r}/{subtask_key!r}") from None
-        self._record(
-            [{"op": "append", "name": "STRUCTURAL_LOGS", "path": path, "value": to_wire(dict(data), "STRUCTURAL_LOGS")}]
-        )
+        return {"op": "append", "name": "STRUCTURAL_LOGS", "path": path, "value": to_wire(dict(data), "STRUCTURAL_LOGS")}
 
     def filter_structural_logs(self, round_key: int, subtask_key: int, keys: str | list[str]) -> list[Any]:
         """Values of ``keys`` (a str gives a list of values, a list gives a list of dicts)."""

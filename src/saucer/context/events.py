@@ -27,16 +27,14 @@ live writes and for replay alike, so both always agree.
 from __future__ import annotations
 
 import base64
-import math
 import zlib
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Iterable, Mapping
 
 import orjson
 
 from saucer.context.names import ContextNames, stored_name
-from saucer.redaction import redact_known, redact_known_text
+from saucer.context.wire import MAX_DEPTH, STATE_MAX_DEPTH, ValueNotStorableError, to_wire
 from saucer.store.inflate import MAX_INFLATED_BYTES, inflate
 from saucer.store.model import CorruptRecordError, Event, copy_json, op_key, paused_gc
 
@@ -70,17 +68,6 @@ _NAMES: dict[str, ContextNames] = dict(ContextNames.__members__)
 
 #: What a value sealed at rest reads as without the store key.
 ENCRYPTED = "<encrypted>"
-
-
-class ValueNotStorableError(TypeError):
-    """A value cannot be stored durably; the message names the key and the path inside it."""
-
-    def __init__(self, key: str, path: str, reason: str) -> None:
-        self.key = key
-        self.path = path
-        self.reason = reason
-        where = f"{key}{path}" if path else key
-        super().__init__(f"value for {where!s} cannot be stored: {reason}")
 
 
 @dataclass(slots=True)
@@ -235,110 +222,6 @@ def unpack(state: State, name: str) -> None:
 def _unpack_all(state: State) -> None:
     for name in list(state.packed):
         unpack(state, name)
-
-
-# ---------------------------------------------------------------- wire form
-
-#: JSON numbers every backend and reader hold exactly: signed 64-bit integers.
-_INT_MIN = -(2**63)
-_INT_MAX = 2**63 - 1
-#: ``int_keys=True``: int dict keys are allowed at every depth.
-_ANY_DEPTH = 1 << 30
-#: How deeply a value may nest lists and dicts (a scalar is depth 0). Deeper
-#: values are refused when they are written: the JSON encoder of every store
-#: has a recursion limit, and a value it cannot encode must never reach a commit.
-MAX_DEPTH = 100
-#: How deeply a stored value may nest once in the state: a value at
-#: :data:`MAX_DEPTH` appended under ``STRUCTURAL_LOGS[round][subtask]`` (or to a
-#: list) sits up to three levels deeper. Snapshots hold it well within every
-#: encoder's limit.
-STATE_MAX_DEPTH = MAX_DEPTH + 3
-
-
-def to_wire(value: Any, key: str, *, int_keys: bool | int = False, max_depth: int = MAX_DEPTH) -> Any:
-    """Return a JSON-canonical, independent copy of ``value``, saucer's own known secrets redacted (:func:`saucer.redaction.redact_known`).
-
-    Tuples become lists, str enums their value. Anything JSON cannot hold
-    faithfully (sets, objects, NaN, ints beyond 64 bits, strings that are not
-    valid Unicode, int dict keys, lists and dicts nested more than
-    :data:`MAX_DEPTH` levels deep) raises :class:`ValueNotStorableError`
-    naming ``key`` and the path inside it.
-
-    ``int_keys`` allows int dict keys (stored as their decimal strings): ``True``
-    at every depth, an int ``n`` in the first ``n`` levels of dicts only (the
-    per-round ledgers need 1, ``STRUCTURAL_LOGS`` 2). ``max_depth`` is for
-    values read back from a state (:data:`STATE_MAX_DEPTH`).
-    """
-    cls = value.__class__
-    if cls is str:
-        if value.isascii():
-            return redact_known_text(value)
-    elif cls is int:
-        if _INT_MIN <= value <= _INT_MAX:
-            return value
-    elif cls is bool or value is None:
-        return value
-    depth = _ANY_DEPTH if int_keys is True else int(int_keys)
-    try:
-        return redact_known(_to_wire(value, key, "", depth, max_depth))
-    except _TooDeep as exc:
-        shown = exc.path if len(exc.path) <= 40 else exc.path[:40] + "..."
-        raise ValueNotStorableError(key, shown, f"lists and dicts nest more than {max_depth} levels deep") from None
-
-
-def _check_str(value: str, key: str, path: str) -> str:
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueNotStorableError(key, path, f"string has an unpaired surrogate at index {exc.start}") from None
-    return value
-
-
-class _TooDeep(Exception):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-
-def _to_wire(value: Any, key: str, path: str, depth: int, room: int) -> Any:
-    if isinstance(value, Enum):
-        value = value.value
-    if isinstance(value, str):
-        return _check_str(str.__str__(value), key, path)
-    if isinstance(value, bool) or value is None:
-        return value if value is None else bool(value)
-    if isinstance(value, int):
-        if not _INT_MIN <= value <= _INT_MAX:
-            raise ValueNotStorableError(key, path, f"{value} does not fit in a 64-bit integer")
-        return int(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueNotStorableError(key, path, f"{value!r} is not a finite number")
-        return float(value)
-    if isinstance(value, dict):
-        if room <= 0:
-            raise _TooDeep(path)
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            if isinstance(k, Enum):
-                k = k.value
-            if isinstance(k, str):
-                k = _check_str(str.__str__(k), key, path)
-            elif isinstance(k, int) and not isinstance(k, bool):
-                if depth <= 0:
-                    raise ValueNotStorableError(
-                        key, path, f"dict key {k!r} is an int; JSON keys are strings, so use {str(k)!r}"
-                    )
-                k = str(int(k))
-            else:
-                raise ValueNotStorableError(key, path, f"dict key {k!r} is not a string")
-            out[k] = _to_wire(v, key, f"{path}[{k!r}]", depth - 1, room - 1)
-        return out
-    if isinstance(value, (list, tuple)):
-        if room <= 0:
-            raise _TooDeep(path)
-        return [_to_wire(v, key, f"{path}[{i}]", depth, room - 1) for i, v in enumerate(value)]
-    raise ValueNotStorableError(key, path, f"{type(value).__name__} is not JSON data")
 
 
 def _restore(name: str, wire: Any, owned: bool = False) -> Any:

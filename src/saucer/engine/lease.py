@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from typing import Callable
@@ -46,13 +47,19 @@ class LeaseKeeper:
         self._renewed = 0.0
         self._lost: BaseException | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._renewing = False
+        # A renewal runs in a thread, which a cancellation does not stop: release() waits for it
+        # under this lock, and a renewal that starts after stop() is not made.
+        self._store_lock = threading.Lock()
+        self._stopped = False
+        self._held: Lease | None = None  # the newest lease a renewal got (release() gives that one back)
 
     async def acquire(self, wait: float = 0.0) -> Lease:
         """Take the lease, waiting up to ``wait`` seconds for another holder's lease to expire."""
         deadline = time.monotonic() + wait
         while True:
-            try:
-                self.lease = self.store.acquire_lease(self.session_id, self.owner, self.ttl)
+            try:  # in a thread: the store may wait on a server, the loop's other sessions must not
+                self.lease = await asyncio.to_thread(self.store.acquire_lease, self.session_id, self.owner, self.ttl)
                 self._renewed = time.monotonic()
                 return self.lease
             except LeaseHeldError as exc:
@@ -63,17 +70,19 @@ class LeaseKeeper:
 
     def start_renewing(self) -> None:
         """Renew every third of the lease's time to live, from a background task."""
+        self._stopped = False
         self._renewer = asyncio.create_task(self._renew_loop(), name=f"saucer-lease-{self.session_id}")
 
     def check(self) -> None:
         """Before each step: :class:`LeaseLostError` if the lease was lost; renew it if it is due."""
-        if self._lost is None and time.monotonic() - self._renewed > self.ttl / 3.0:
+        if self._lost is None and not self._renewing and time.monotonic() - self._renewed > self.ttl / 3.0:
             self._renew()
         if self._lost is not None:
             raise LeaseLostError(f"session {self.session_id!r}: this runner lost its lease ({self._lost})")
 
     def stop(self) -> None:
         """Stop renewing (the task is cancelled, not awaited: awaiting would swallow a cancellation of the caller)."""
+        self._stopped = True
         if self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
@@ -83,26 +92,50 @@ class LeaseKeeper:
         if self.lease is None:
             return
         try:
-            self.store.release_lease(self.lease)
+            with self._store_lock:  # after a renewal still in flight (it would take the lease again)
+                held = self._held
+                self.store.release_lease(held if held is not None and held.token >= self.lease.token else self.lease)
         except Exception as exc:  # noqa: BLE001
             _log.warning("session %s: releasing the lease failed: %s", self.session_id, exc)
 
     def _renew(self) -> None:
         try:
             lease = self.store.acquire_lease(self.session_id, self.owner, self.ttl)
-        except LeaseHeldError as exc:
+        except (LeaseHeldError, StoreError) as exc:
+            self._renewal_failed(exc)
+            return
+        self._renewed_as(lease)
+
+    def _renewal_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, LeaseHeldError):
             self._lost = exc
-            return
-        except StoreError as exc:  # transient: the next renewal tries again
+        else:  # transient: the next renewal tries again
             _log.warning("session %s: lease renewal failed: %s", self.session_id, exc)
-            return
+
+    def _renewed_as(self, lease: Lease) -> None:
         self._renewed = time.monotonic()
         if self.lease is None or lease.token != self.lease.token:
             self._on_token(lease.token)
         self.lease = lease
 
+    def _renew_unless_stopped(self) -> Lease | None:
+        with self._store_lock:
+            if self._stopped:
+                return None
+            lease = self._held = self.store.acquire_lease(self.session_id, self.owner, self.ttl)
+            return lease
+
     async def _renew_loop(self) -> None:
         interval = self.ttl / 3.0
         while True:
             await asyncio.sleep(interval)
-            self._renew()
+            self._renewing = True  # check() leaves it to this renewal meanwhile
+            try:  # in a thread (see acquire); what it returns is applied here, on the loop
+                lease = await asyncio.to_thread(self._renew_unless_stopped)
+            except (LeaseHeldError, StoreError) as exc:
+                self._renewal_failed(exc)
+                continue
+            finally:
+                self._renewing = False
+            if lease is not None:
+                self._renewed_as(lease)

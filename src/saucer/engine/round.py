@@ -273,8 +273,7 @@ class Round:
     def _charge(self, record: StepRecord, subtask_end: bool) -> None:
         """The step's share of the ledger (steps, cost, subtasks, structural log), in its commit."""
         ctx = self.session.context
-        ctx.incr(_SESSION_STEP)
-        ctx.incr(_ROUND_STEP)
+        increments: dict[ContextNames, int | float] = {_SESSION_STEP: 1, _ROUND_STEP: 1}
         cost = record.cost
         if cost is None:  # unknown: the round's ledger entry becomes None and stays so
             if self.cost is not None:
@@ -282,14 +281,13 @@ class Round:
             self.cost = None
             self.session.note_unknown_cost()
         elif cost:
-            ctx.incr(_SESSION_COST, cost)
+            increments[_SESSION_COST] = cost
             if self.cost is not None:
-                ctx.incr(_ROUND_COST, cost)
+                increments[_ROUND_COST] = cost
                 self.cost += cost
         if subtask_end:
-            ctx.incr(_ROUND_SUBTASKS)
-        if self.session.structural_logs:
-            ctx.add_to_structural_logs(_structural_entry(record))
+            increments[_ROUND_SUBTASKS] = 1
+        ctx.charge(increments, _structural_entry(record) if self.session.structural_logs else None)
 
     async def _commit(self, agent: Agent, record: StepRecord, next_agent: Agent, t0: float, t1: float) -> None:
         """ONE commit: the step's Context changes, its record and the cursor (who acts next)."""

@@ -17,10 +17,13 @@ Two kinds of callers share one queue:
   sessions: a coroutine queues its append and awaits a future. A coroutine
   that finds the committer idle leads: it yields to its event loop once, so
   that every other session that was ready to run queues its append too, then
-  writes the batch in the loop's thread and resolves the others' futures. A
-  hundred sessions of one loop then share one transaction with no thread
-  switch at all. (The loop is blocked while the batch is written, as it would
-  be by a synchronous commit.)
+  writes the batch and resolves the others' futures. A hundred sessions of one
+  loop then share one transaction. By default the batch is written in the
+  loop's thread, with no thread switch at all (the loop is blocked while it
+  is written, as by a synchronous commit: right for a local file). A backend
+  whose writes wait on a server passes ``off_loop=True`` (PostgreSQL): the
+  leader hands the batch to the committer's one writer thread and awaits it,
+  and the loop runs its other sessions meanwhile; they queue the next batch.
 
 Every append is still durable when it returns: a caller is released only after
 the COMMIT of the transaction that holds its event. A failing append (a
@@ -40,6 +43,7 @@ import sys
 import threading
 import warnings
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # asyncio is imported by the coroutines that use it: a command that only reads never loads it
@@ -128,10 +132,13 @@ class GroupCommitter:
         write_one: Callable[[Pending], None],
         *,
         max_batch: int = 1000,
+        off_loop: bool = False,
     ) -> None:
         self._write_batch = write_batch
         self._write_one = write_one
         self.max_batch = max_batch
+        self.off_loop = off_loop
+        self._writer: ThreadPoolExecutor | None = None  # made when a coroutine first leads off the loop
         self._mutex = threading.Lock()
         self._written = threading.Condition(self._mutex)  # notified after every batch
         self._queue: deque[Pending] = deque()
@@ -236,7 +243,10 @@ class GroupCommitter:
                         if lead:
                             self._scheduled = None
                     if lead:
-                        self._lead(entry)
+                        if self.off_loop:
+                            await self._lead_off_loop(loop, entry)
+                        else:
+                            self._lead(entry)
                 if entry._state == _DONE:
                     break
                 future = entry._future
@@ -262,6 +272,36 @@ class GroupCommitter:
         if entry.error is not None:
             error, entry.error = entry.error, None
             raise error
+
+    async def _lead_off_loop(self, loop: asyncio.AbstractEventLoop, own: Pending) -> None:
+        """:meth:`_lead` on the writer thread while the loop runs on. The batch is taken at once, and
+        once taken its write completes: a cancellation reaches the caller only after it has."""
+        import asyncio
+
+        with self._mutex:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="saucer-group-commit")
+            writer = self._writer
+        future = loop.run_in_executor(writer, self._lead, own)
+        cancelled = False
+        while True:
+            try:
+                await asyncio.shield(future)
+                break
+            except asyncio.CancelledError:
+                if future.done():  # the write is over: the cancellation was this task's own
+                    cancelled = True
+                    break
+                cancelled = True  # wait for the write, then let the cancellation through
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def close(self) -> None:
+        """Let the writer thread (if any) end once it is idle."""
+        with self._mutex:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown(wait=False)
 
     @staticmethod
     def _call(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:

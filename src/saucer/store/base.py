@@ -294,7 +294,13 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         meta: dict[str, Any] | None = None,
         fence: int | None = None,
     ) -> Event:
-        """Commit ``ops`` as one event based on ``expected_version``; return the event."""
+        """Commit ``ops`` as one event based on ``expected_version``; return the event.
+
+        The operations are the store's once appended: a caller never changes them
+        (nor their values) afterwards, so a store may keep them without a copy
+        (the memory store does; a Context's operations hold values normalised and
+        copied when they were set). ``meta`` stays the caller's.
+        """
         event = _new_event(session_id, expected_version, ops, author, round, step, meta)
         self._append(event, expected_version, fence)
         return event

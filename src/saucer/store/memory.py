@@ -127,10 +127,17 @@ class MemoryStore(KeepsSummaries, EventStore):
                     raise FencedError(event.session_id, fence, current, lease.owner if lease else None)
             if info.version != expected_version:
                 raise ConflictError(event.session_id, expected_version, info.version)
-            # Keep a private copy, as a durable backend would: the caller's
-            # lists must not alias the log.
-            d.events[event.session_id].append(replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta)))
-            d.infos[event.session_id] = replace(info, version=event.version, updated_at=event.timestamp)
+            # Keep the operations as they are (a caller never changes them after an append: see
+            # EventStore.append; a Context's hold values normalised, copied, when they were set),
+            # in a list of the log's own; the meta, which aliases the caller's objects (a step's
+            # record), as a private copy, as a durable backend would. Reads copy both.
+            d.events[event.session_id].append(Event(
+                event.session_id, event.version, event.timestamp, event.author, event.round, event.step,
+                list(event.ops), copy_json(event.meta),
+            ))
+            d.infos[event.session_id] = SessionInfo(
+                info.session_id, event.version, info.created_at, event.timestamp, info.parent_id, info.parent_version, info.meta
+            )
             d.counters[event.session_id] = fold(d.counters.get(event.session_id) or Counters(), event.step, event.meta)
 
     def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:

@@ -186,10 +186,11 @@ class PostgresStore(KeepsSummaries, EventStore):
                 f"PostgreSQL at {display_url(url)}: cannot create or migrate schema {self.schema!r}: {one_line(exc)}"
             ) from None
         self._db = Connections(url, self.conninfo, self.schema, pool_size=pool_size, connect_timeout=connect_timeout)
-        self._committer = GroupCommitter(self._write_batch, self._write_one)
+        self._committer = GroupCommitter(self._write_batch, self._write_one, off_loop=True)
         self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Listener] = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
+        self._committer.close()
         self._db.close()
 
     # ------------------------------------------------------------ migration

@@ -1,0 +1,54 @@
+"""to_wire's one-pass copy of plain JSON data gives exactly what the full check gives (or refuses alike)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from saucer.context import wire
+from saucer.context.wire import MAX_DEPTH, ValueNotStorableError, to_wire
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8), st.sampled_from(["\ud800", "é", "ok"]),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.text(max_size=4), st.just("\udfff"), st.integers(-3, 3)), inner, max_size=4)),
+    max_leaves=16,
+)
+
+
+def _full(value: object, depth: int, room: int = MAX_DEPTH) -> object:
+    return wire._to_wire(value, "k", "", depth, room)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_values, st.sampled_from([0, 1, 2, True]))
+def test_the_fast_copy_is_the_full_check(value: object, int_keys: int) -> None:
+    depth = 1 << 30 if int_keys is True else int_keys
+    try:
+        expected = _full(value, depth)
+    except ValueNotStorableError:
+        with pytest.raises(ValueNotStorableError):
+            to_wire(value, "k", int_keys=int_keys)
+        return
+    got = to_wire(value, "k", int_keys=int_keys)
+    assert repr(got) == repr(expected)  # repr: nan == nan, and -0.0 stays -0.0
+    if isinstance(value, (dict, list)):
+        assert got is not value  # a copy the caller's value does not alias
+
+
+def test_depth_and_non_finite_numbers_are_refused_with_their_path() -> None:
+    deep: list = []
+    for _ in range(MAX_DEPTH):
+        deep = [deep]
+    with pytest.raises(ValueNotStorableError, match="nest more than"):
+        to_wire({"a": deep}, "k")
+    with pytest.raises(ValueNotStorableError, match=r"k\['b'\]\[1\]"):
+        to_wire({"b": [1.0, math.inf]}, "k")
+    with pytest.raises(ValueNotStorableError, match="unpaired surrogate"):
+        to_wire({"b": ["\ud800"]}, "k")
