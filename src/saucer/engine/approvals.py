@@ -331,17 +331,18 @@ def decide(
     appended on the version these were checked at (a change meanwhile: checked again)."""
     if status not in _DECIDED:
         raise ValueError(f"status must be one of {', '.join(_DECIDED)}, not {status!r}")
+    sought = "question" if status == "answered" else "approval"
     for _ in range(_MAX_TRIES):
         try:
             head = store.head(session_id)
             if not isinstance(number, int) or number < 1 or number > head:
-                raise ApprovalNotFound(f"session {session_id!r} has no approval or question {number}")
+                raise ApprovalNotFound(f"session {session_id!r} has no {sought} {number}")
             events = list(store.read(session_id, number - 1, head))
         except SessionNotFoundError:
             raise ApprovalNotFound(f"no session {session_id!r} in this store") from None
         found = approvals_of(events)
         if not found or found[0].number != number:
-            raise ApprovalNotFound(f"session {session_id!r} has no approval or question {number}")
+            raise ApprovalNotFound(f"session {session_id!r} has no {sought} {number}")
         approval = found[0]
         what = approval.what
         if approval.kind == "question" and status in ("approved", "refused"):
@@ -358,7 +359,8 @@ def decide(
             )
         ended = _ended(store, session_id)
         if ended is not None:
-            raise ApprovalError(f"session {session_id!r} has ended ({ended}); its {what} {number} can no longer be decided")
+            raise ApprovalError(f"session {session_id!r} has ended ({ended}); its {what} {number} can no longer "
+                               + ("be answered" if what == "question" else "run"))
         if status != "timed_out":  # the runner's own timeout is not a person's write
             check_decider(store, session_id, author, head)
         data: dict[str, Any] = {"number": number, "status": status}
