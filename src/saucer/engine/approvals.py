@@ -175,6 +175,7 @@ class Approval:
         """A JSON-ready dict (what ``saucer approvals --json`` and the API show)."""
         data = asdict(self)
         data["deadline"] = self.deadline
+        data["answer"] = self.answer
         return data
 
 
