@@ -6,6 +6,7 @@ pending question stored in the session: another process lists it (``saucer appro
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -107,3 +108,27 @@ def test_an_unanswered_question_times_out_and_the_model_reads_it(fake: FakeOpenA
     assert content.startswith("no answer (timeout): nobody answered question "), content
     [recorded] = json.loads(_saucer(tmp_path, "approvals", "ask1", "--json").stdout)
     assert (recorded["status"], recorded["decided_by"], recorded["answer"]) == ("timed_out", "system", None)
+
+
+def test_the_readme_questions_example_runs(fake: FakeOpenAI, tmp_path: Path) -> None:
+    """The README's "People in the loop" questions block, run as written with the fake model in saucer.toml."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### People in the loop"):]
+    section = section[: section.index("\n## ")]
+    [script] = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "saucer answer" in b]
+    fake.push(
+        fake.tool_calls(("ask_user", {"question": "Which file holds your notes?"}, "call_q")),
+        fake.tool_calls(("files.read", {"path": "notes.txt"}, "call_read")),
+        fake.text("Your notes say: buy milk."),
+    )
+    _config(tmp_path, fake, timeout=60)
+    (tmp_path / "notes.txt").write_text("buy milk\n")  # the README's run has no --workspace: the current folder
+    env = {**_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "notes 3 pending · question: Which file holds your notes?" in done.stdout, done.stdout + done.stderr
+    assert "question 3 of session notes answered by user:alice: notes.txt" in done.stdout
+    assert "session notes: finished" in done.stdout, done.stdout
+    assert _tool_message(fake.requests[1], "call_q") == "the user (user:alice) answered: notes.txt"
+    assert "buy milk" in _tool_message(fake.requests[2], "call_read")
