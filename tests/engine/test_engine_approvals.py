@@ -103,6 +103,8 @@ def test_a_question_is_answered_not_approved_and_an_approval_not_answered(store:
         decide(store, sid, approval.number, status="answered", author="u", note="yes")
     with pytest.raises(ApprovalError, match=r"^the answer must not be blank$"):
         decide(store, sid, question.number, status="answered", author="u", note="")
+    with pytest.raises(ApprovalError, match=r"^the answer has 10001 characters; at most 10000 are taken$"):
+        decide(store, sid, question.number, status="answered", author="u", note="x" * 10_001)
     with pytest.raises(ApprovalNotFound, match=r"^session 's' has no question 99$"):
         decide(store, sid, 99, status="answered", author="u", note="x")
     answered = decide(store, sid, question.number, status="answered", author="user:ana", note="notes.txt")

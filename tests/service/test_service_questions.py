@@ -5,6 +5,9 @@ another principal is refused; unanswered, it times out into "no answer (timeout)
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -107,12 +110,19 @@ def test_the_owner_answers_the_models_question_through_the_api(processes: Proces
         assert wrong.status_code == 409 and "is a question, not an approval" in wrong.json()["error"]["message"], wrong.text
         blank = alice.post(f"/api/sessions/{sid}/approvals/{number}/answer", json={"answer": " "})
         assert blank.status_code == 422, blank.text
+        huge = alice.post(f"/api/sessions/{sid}/approvals/{number}/answer", json={"answer": "x" * 10_001})
+        assert huge.status_code == 422 and huge.json()["error"]["message"] == "answer: at most 10000 characters", huge.text
 
         answered = alice.post(f"/api/sessions/{sid}/approvals/{number}/answer", json={"answer": "notes.txt"})
         assert answered.status_code == 200, answered.text
         assert (answered.json()["status"], answered.json()["answer"], answered.json()["decided_by"]) == ("answered", "notes.txt", "alice")
         body = _ended(alice, sid)
         assert body["session"]["status"] == "completed", body["session"]
+        # One source: the CLI on the server's event store and the API show the same question.
+        cli = subprocess.run([sys.executable, "-m", "saucer", "approvals", sid, "--json", "--store", store_url],
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                             env={k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")})
+        assert json.loads(cli.stdout) == alice.get(f"/api/sessions/{sid}/approvals").json()["approvals"], cli.stderr
     assert _tool_message(fake.requests[1], "call_q") == "the user (alice) answered: notes.txt"
     assert _tool_message(fake.requests[2], "call_read").find("buy milk") >= 0
     with open_store(store_url) as store:

@@ -73,6 +73,7 @@ __all__ = [
     "request_question",
     "pending_question",
     "QUESTION_TIMED_OUT",
+    "MAX_ANSWER_CHARS",
     "DEFAULT_POLL_INTERVAL",
 ]
 
@@ -89,6 +90,8 @@ _DECIDED = ("approved", "refused", "timed_out", "answered")
 QUESTION_TIMED_OUT = "no answer (timeout)"
 """How a question nobody answered in time begins (what the model reads)."""
 _DETAIL_CHARS = 2000
+MAX_ANSWER_CHARS = 10_000
+"""The longest answer to a question (what a model reads; a longer one is refused, not cut)."""
 _MAX_TRIES = 50
 
 
@@ -353,6 +356,8 @@ def decide(
             raise ApprovalError(f"{number} of session {session_id!r} is an approval, not a question: approve or refuse it")
         if status == "answered" and not (note or "").strip():
             raise ApprovalError("the answer must not be blank")
+        if status == "answered" and len(note or "") > MAX_ANSWER_CHARS:
+            raise ApprovalError(f"the answer has {len(note or '')} characters; at most {MAX_ANSWER_CHARS} are taken")
         if not approval.pending:
             raise ApprovalError(
                 f"{what} {number} of session {session_id!r} was already {approval.status.replace('_', ' ')}"

@@ -50,6 +50,7 @@ from starlette.routing import Route
 from saucer.dispatch.messages import Command, Result
 from saucer.engine.approvals import (
     DEFAULT_POLL_INTERVAL,
+    MAX_ANSWER_CHARS,
     ApprovalError,
     ApprovalNotFound,
     NotAllowedToDecide,
@@ -239,6 +240,8 @@ class ApprovalRoutes:
             note = reason or None
         if status == "answered" and not (note or "").strip():
             return error_response(422, "invalid_body", 'the body must be {"answer": "..."} with a non-blank answer')
+        if status == "answered" and len(note or "") > MAX_ANSWER_CHARS:
+            return error_response(422, "invalid_body", f"answer: at most {MAX_ANSWER_CHARS} characters")
         try:
             decided = await asyncio.to_thread(
                 decide, store, session_id, request.path_params["number"],
