@@ -52,7 +52,7 @@ def _tool_message(request: Any, call_id: str) -> str:
 
 def test_a_question_is_answered_from_another_process(fake: FakeOpenAI, tmp_path: Path) -> None:
     fake.push(
-        fake.tool_calls(("ask_user", {"question": "Which file holds your notes?"}, "call_q")),
+        fake.tool_calls(("ask_user", {"question": "Which file holds your [bold]notes[/bold]?"}, "call_q")),
         fake.tool_calls(("files.read", {"path": "notes.txt"}, "call_read")),
         fake.text("Your notes say: buy milk."),
     )
@@ -63,7 +63,7 @@ def test_a_question_is_answered_from_another_process(fake: FakeOpenAI, tmp_path:
         assert listed.returncode == 0, listed.stderr
         [line] = [ln for ln in listed.stdout.splitlines() if ln.startswith("ask1 ")]
         number = line.split()[1]
-        assert line == f"ask1 {number} pending · question: Which file holds your notes?", listed.stdout
+        assert line == f"ask1 {number} pending · question: Which file holds your [bold]notes[/bold]?", listed.stdout
         assert f"saucer answer ask1 {number} TEXT" in listed.stdout
         assert len(fake.requests) == 1  # the model waits for the answer
 
@@ -71,9 +71,9 @@ def test_a_question_is_answered_from_another_process(fake: FakeOpenAI, tmp_path:
         assert wrong.returncode != 0 and wrong.stderr.strip() == (
             f"error: {number} of session 'ask1' is a question, not an approval: answer it (saucer answer ask1 {number} TEXT)"
         )
-        answered = _saucer(tmp_path, "answer", "ask1", number, "notes.txt in the workspace", "--author", "user:ana")
+        answered = _saucer(tmp_path, "answer", "ask1", number, "notes.txt in [red]the workspace[/red]", "--author", "user:ana")
         assert answered.returncode == 0, answered.stderr
-        assert answered.stdout.strip() == f"question {number} of session ask1 answered by user:ana: notes.txt in the workspace"
+        assert answered.stdout.strip() == f"question {number} of session ask1 answered by user:ana: notes.txt in [red]the workspace[/red]"
         out, _ = run.communicate(timeout=60)
     finally:
         if run.poll() is None:
@@ -81,17 +81,18 @@ def test_a_question_is_answered_from_another_process(fake: FakeOpenAI, tmp_path:
             run.wait()
     assert run.returncode == 0, out
     assert f"saucer answer ask1 {number} TEXT" in out  # the run said how to answer it
-    assert _tool_message(fake.requests[1], "call_q") == "the user (user:ana) answered: notes.txt in the workspace"
+    assert "Which file holds your [bold]notes[/bold]?" in out
+    assert _tool_message(fake.requests[1], "call_q") == "the user (user:ana) answered: notes.txt in [red]the workspace[/red]"
     again = _saucer(tmp_path, "answer", "ask1", number, "late")
     assert again.returncode != 0 and again.stderr.strip() == (
         f"error: question {number} of session 'ask1' was already answered by user:ana"
     )
     recorded = json.loads(_saucer(tmp_path, "approvals", "ask1", "--json").stdout)
     assert [(q["kind"], q["status"], q["decided_by"], q["answer"]) for q in recorded] == [
-        ("question", "answered", "user:ana", "notes.txt in the workspace")
+        ("question", "answered", "user:ana", "notes.txt in [red]the workspace[/red]")
     ]
-    timeline = _saucer(tmp_path, "show", "ask1").stdout
-    assert f"question {number} answered by user:ana: notes.txt in the workspace" in timeline, timeline
+    timeline = _saucer(tmp_path, "show", "ask1").stdout  # markup-like text printed literally everywhere
+    assert f"question {number} answered by user:ana: notes.txt in [red]the workspace[/red]" in timeline, timeline
 
 
 def test_an_unanswered_question_times_out_and_the_model_reads_it(fake: FakeOpenAI, tmp_path: Path) -> None:
