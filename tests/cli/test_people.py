@@ -126,6 +126,6 @@ def test_a_session_with_participants_refuses_a_set_by_anyone_else(run_cli, tmp_p
 
 
 def test_the_people_commands_have_help(run_cli) -> None:
-    for command in ("set", "vars", "approvals", "approve", "refuse"):
+    for command in ("set", "vars", "approvals", "approve", "refuse", "answer"):
         proc = run_cli(command, "--help", check=True)
         assert "Usage" in proc.stdout and "--store" in proc.stdout

@@ -38,7 +38,7 @@ def test_the_readme_people_in_the_loop_examples_run(tmp_path: Path) -> None:
     [plan] = blocks("json")
     (tmp_path / "cleanup.json").write_text(plan)
     assert json.loads(plan)["task"] == "cleanup"
-    variables, approvals, _api = blocks("sh")
+    variables, approvals, _questions, _api = blocks("sh")  # questions: tests/agents/test_ask_user_pending.py
 
     (tmp_path / "junk.txt").write_text("junk")
     done = _bash(variables, tmp_path)

@@ -21,6 +21,7 @@ from saucer.engine.approvals import (
     pending_approvals,
     read_approvals,
     request_approval,
+    request_question,
     wait_for_decision,
 )
 from saucer.engine.factory import SessionFactory
@@ -89,6 +90,39 @@ def test_requests_and_decisions_fold_into_approvals_the_first_decision_counts(st
     assert pending_approvals(store, [sid]) == []
     assert store.session_info(sid).version == 6  # nothing else was written, no state changed
     assert [e.ops for e in store.read(sid)][1:] == [[], [], [], [], []]
+
+
+def test_a_question_is_answered_not_approved_and_an_approval_not_answered(store: EventStore) -> None:
+    sid = _session(store)
+    approval, question = _ask(store), request_question(store, sid, "Which file?", author="linux", timeout=60)
+    assert (question.kind, question.detail, question.requested_by, approval.kind) == ("question", "Which file?", "linux", "approval")
+    for status in ("approved", "refused"):
+        with pytest.raises(ApprovalError, match=r"^3 of session 's' is a question, not an approval: answer it \(saucer answer s 3 TEXT\)$"):
+            decide(store, sid, question.number, status=status, author="u")  # type: ignore[arg-type]
+    with pytest.raises(ApprovalError, match=r"^2 of session 's' is an approval, not a question: approve or refuse it$"):
+        decide(store, sid, approval.number, status="answered", author="u", note="yes")
+    with pytest.raises(ApprovalError, match=r"^the answer must not be blank$"):
+        decide(store, sid, question.number, status="answered", author="u", note="")
+    with pytest.raises(ApprovalError, match=r"^the answer has 10001 characters; at most 10000 are taken$"):
+        decide(store, sid, question.number, status="answered", author="u", note="x" * 10_001)
+    with pytest.raises(ApprovalNotFound, match=r"^session 's' has no question 99$"):
+        decide(store, sid, 99, status="answered", author="u", note="x")
+    answered = decide(store, sid, question.number, status="answered", author="user:ana", note="notes.txt")
+    assert (answered.status, answered.answer, answered.reply()) == ("answered", "notes.txt", "the user (user:ana) answered: notes.txt")
+    assert [a.status for a in read_approvals(store, sid)] == ["pending", "answered"]
+    later = request_question(store, sid, "And then?", timeout=60)
+    store.append(sid, store.head(sid), [], author="system", meta={"kind": "session_end", "session_status": "failed"})
+    with pytest.raises(ApprovalError, match=r"has ended \(failed\); its question 5 can no longer be answered$"):
+        decide(store, sid, later.number, status="answered", author="u", note="x")
+
+
+def test_a_participants_session_takes_answers_from_its_participants_only(store: EventStore) -> None:
+    store.create_session("p", meta={"status": "running"}, participants=["user:alice"])
+    question = request_question(store, "p", "Which file?", timeout=60)
+    with pytest.raises(ApprovalError, match=r"^'user:bob' is not a participant of session 'p', so nothing was written"):
+        decide(store, "p", question.number, status="answered", author="user:bob", note="secrets.txt")
+    assert read_approvals(store, "p")[0].pending and store.head("p") == question.number  # nothing was written
+    assert decide(store, "p", question.number, status="answered", author="user:alice", note="notes.txt").answer == "notes.txt"
 
 
 def test_decide_says_what_is_wrong_in_one_sentence(store: EventStore) -> None:

@@ -125,7 +125,7 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         for attempt in (bob.post(f"/api/sessions/{sid}/approvals/{number}/approve"), bob.get(f"/api/sessions/{sid}/approvals")):
             assert attempt.status_code == 403, attempt.text
             assert attempt.json()["error"]["message"] == (
-                f"principal 'bob' may not see or decide approvals of session '{sid}' (its owner, its participants and the service admins may)"
+                f"principal 'bob' may not see, decide or answer approvals and questions of session '{sid}' (its owner, its participants and the service admins may)"
             )
         assert (workspace / "junk.txt").exists()
         assert alice.post(f"/api/sessions/{sid}/approvals/999/approve").status_code == 404

@@ -126,6 +126,20 @@ class RichInteractor:
         self._panel(text, "confirm", "red")
         return Confirm.ask("run it", default=False, console=self.console)
 
+    def question_pending(self, question: Any) -> None:
+        """The model's question waits as a pending question in the session: say how to answer it."""
+        from saucer.cli.common import program_name
+
+        sid, saucer = shlex.quote(question.session_id), program_name()
+        text = Text(question.detail, style="bold")
+        text.append(
+            f"\n\nThere is no terminal to ask: this waits as question {question.number} of session "
+            f"{question.session_id}. Answer from another terminal:\n  {saucer} answer {sid} {question.number} TEXT"
+        )
+        if question.timeout is not None:
+            text.append(f"\nWithout an answer the model reads \"no answer (timeout)\" in {question.timeout:g} s.")
+        self._panel(text, "the model asks", "yellow")
+
     def approval_pending(self, approval: Any) -> None:
         """A sensitive step waits as a pending approval in the session: say how to decide on it."""
         from saucer.cli.common import program_name

@@ -1,10 +1,11 @@
-"""People in the loop: ``saucer set``, ``saucer vars``, ``saucer approvals``, ``saucer approve``, ``saucer refuse``.
+"""People in the loop: ``saucer set``, ``saucer vars``, ``saucer approvals``, ``saucer approve``, ``saucer refuse``, ``saucer answer``.
 
 Each works on a running session (from another terminal, while it runs) as
 well as on an ended one. A write is one event of the session with its author
 (``--author``, default ``user:<login name>``): ``saucer history`` shows who
-set what, and a decision on an approval is an event too
-(:mod:`saucer.engine.approvals`).
+set what, and a decision on an approval, or the answer to a model's pending
+question, is an event too (:mod:`saucer.engine.approvals`). ``saucer approvals``
+lists both: one place shows everything that waits for a person.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def _approvals(session: Optional[str], store: Optional[str], config: Optional[Pa
 
 
 def _decided_line(approval: Any) -> Any:
-    verb = {"approved": "approved", "refused": "refused", "timed_out": "refused by timeout"}[approval.status]
-    line = styled(f"approval {approval.number} of session {visible(approval.session_id)} ", (verb, "bold"))
+    verb = {"approved": "approved", "refused": "refused", "timed_out": "refused by timeout", "answered": "answered"}[approval.status]
+    line = styled(f"{approval.what} {approval.number} of session {visible(approval.session_id)} ", (verb, "bold"))
     line.append(f" by {visible(approval.decided_by or '')}")
     if approval.note:
         line.append(f": {visible(approval.note)}")
@@ -104,7 +105,7 @@ def _decided_line(approval: Any) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``set``, ``vars``, ``approvals``, ``approve`` and ``refuse`` to ``app``."""
+    """Add ``set``, ``vars``, ``approvals``, ``approve``, ``refuse`` and ``answer`` to ``app``."""
 
     @app.command("set")
     @friendly
@@ -174,7 +175,8 @@ def register(app: typer.Typer) -> None:
         store: Optional[str] = StoreOption,
         config: Optional[Path] = ConfigOption,
     ) -> None:
-        """Sensitive steps waiting for a person's decision (saucer approve / saucer refuse), and past decisions."""
+        """Sensitive steps waiting for a person's decision (saucer approve / saucer refuse), the model's questions
+        waiting for an answer (saucer answer), and past decisions and answers."""
         import time
 
         from saucer.engine.approvals import DEFAULT_POLL_INTERVAL, ApprovalError
@@ -196,22 +198,28 @@ def register(app: typer.Typer) -> None:
             print_json([a.to_dict() for a in found])
             return
         if not found:
-            console.print("no pending approvals" if session is None else f"session {visible(session)} has no approvals")
+            console.print("no pending approvals or questions" if session is None
+                          else f"session {visible(session)} has no approvals or questions")
             return
         for a in found:
             state = a.status.replace("_", " ")
             if not a.pending:
-                state += f" by {a.decided_by}" + (f": {a.note}" if a.note else "")
-            line = f"{a.session_id} {a.number} {state} · {a.action} {a.detail}"
+                state += (f" by {a.decided_by}" if a.status != "timed_out" else "") + (f": {a.note}" if a.note else "")
+            what = f"question: {a.detail}" if a.kind == "question" else f"{a.action} {a.detail}"
+            line = f"{a.session_id} {a.number} {state} · {what}"
             if a.reason:
                 line += f" · {a.reason}"
             console.print(visible(line))
         waiting = [a for a in found if a.pending]
-        if waiting:
-            first = waiting[0]
+        if any(a.kind == "approval" for a in waiting):
+            first = next(a for a in waiting if a.kind == "approval")
             console.print(styled((
                 f"decide with: {program_name()} approve {first.session_id} {first.number}{store_flag(store)}"
                 f"  (or refuse ... --reason TEXT)", "dim")))
+        if any(a.kind == "question" for a in waiting):
+            first = next(a for a in waiting if a.kind == "question")
+            console.print(styled((
+                f"answer with: {program_name()} answer {first.session_id} {first.number} TEXT{store_flag(store)}", "dim")))
 
     def _decide(session: str, number: int, status: str, author: Optional[str], note: Optional[str],
                 store: Optional[str], config: Optional[Path]) -> None:
@@ -250,3 +258,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Refuse a waiting sensitive step: it does not run, and its failed result says who refused it and why."""
         _decide(session, number, "refused", author, reason, store, config)
+
+    @app.command("answer")
+    @friendly
+    def answer_cmd(
+        session: str = _SessionArgument,
+        number: int = typer.Argument(..., help="The question's number (saucer approvals SESSION lists them)."),
+        text: str = typer.Argument(..., help="The answer: the model reads it as the user's."),
+        author: Optional[str] = _AuthorOption,
+        store: Optional[str] = StoreOption,
+        config: Optional[Path] = ConfigOption,
+    ) -> None:
+        """Answer the model's pending question (its ask_user call in a session with no terminal); the answer is an
+        event of the session with its author, and the model reads it as the call's result."""
+        _decide(session, number, "answered", author, text, store, config)

@@ -58,7 +58,7 @@ def _run_settings(config: Optional[Path], store: Optional[str], **flags: Any) ->
 
 
 NoInputOption = typer.Option(
-    False, "--no-input", help="Never ask at the terminal: a sensitive step waits as a pending approval (saucer approve / refuse)."
+    False, "--no-input", help="Never ask at the terminal: a sensitive step waits as a pending approval (saucer approve / refuse), a model's question as a pending question (saucer answer)."
 )
 ApprovalTimeoutOption = typer.Option(
     None, "--approval-timeout", min=0,

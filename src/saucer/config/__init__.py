@@ -405,10 +405,12 @@ class QueueSettings(_Section):
 
 
 class ApprovalSettings(_Section):
-    """Sensitive steps nobody at a terminal can confirm wait as pending approvals (``saucer approve``)."""
+    """Sensitive steps nobody at a terminal can confirm wait as pending approvals (``saucer approve``), and the
+    model's questions nobody at a terminal can answer as pending questions (``saucer answer``)."""
 
     timeout: float = Field(
-        300.0, ge=0, description="Seconds a pending approval waits before it is refused by timeout (0: refuse at once)."
+        300.0, ge=0, description="Seconds a pending approval waits before it is refused by timeout (0: refuse at once); "
+        "a pending question, before the model reads \"no answer (timeout)\" (0: \"no one to ask\" at once)."
     )
 
 

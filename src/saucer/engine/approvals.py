@@ -1,4 +1,4 @@
-"""Pending approvals: a sensitive step that nobody at a terminal can confirm waits in the session's log.
+"""Pending approvals and questions: what nobody at a terminal can confirm or answer waits in the session's log.
 
 ::
 
@@ -22,6 +22,13 @@ An approval is two events of the session, each attributable like any other:
   itself when the timeout passes (author ``system``). The first decision in log
   order counts; :func:`decide` appends only on the version it checked, so two
   people deciding at once get one decision and one clear error.
+
+A *question* (the model's ``ask_user`` where no terminal can answer) is the
+same two events: its request says ``"kind": "question"`` (the text is its
+``detail``), its decision is ``answered`` with the answer as its note, or
+``timed_out``; ``saucer answer`` and the API's ``answer`` route write it
+(:func:`request_question`, :func:`pending_question`). Approve/refuse do not
+apply to a question, nor an answer to an approval.
 
 Neither event changes the Context's state (no operations): they are the
 session's record of who allowed what. :func:`approvals_of` is the one fold
@@ -54,6 +61,7 @@ __all__ = [
     "NotAllowedToDecide",
     "check_decider",
     "ApprovalStatus",
+    "RequestKind",
     "approvals_of",
     "approval_line",
     "read_approvals",
@@ -62,6 +70,10 @@ __all__ = [
     "decide",
     "wait_for_decision",
     "pending_approver",
+    "request_question",
+    "pending_question",
+    "QUESTION_TIMED_OUT",
+    "MAX_ANSWER_CHARS",
     "DEFAULT_POLL_INTERVAL",
 ]
 
@@ -72,9 +84,14 @@ DECISION_KIND = "approval_decision"
 DEFAULT_POLL_INTERVAL = 0.5
 """Seconds between two reads of the log while waiting (when the store has no notifications)."""
 
-ApprovalStatus = Literal["pending", "approved", "refused", "timed_out"]
-_DECIDED = ("approved", "refused", "timed_out")
+ApprovalStatus = Literal["pending", "approved", "refused", "timed_out", "answered"]
+RequestKind = Literal["approval", "question"]
+_DECIDED = ("approved", "refused", "timed_out", "answered")
+QUESTION_TIMED_OUT = "no answer (timeout)"
+"""How a question nobody answered in time begins (what the model reads)."""
 _DETAIL_CHARS = 2000
+MAX_ANSWER_CHARS = 10_000
+"""The longest answer to a question (what a model reads; a longer one is refused, not cut)."""
 _MAX_TRIES = 50
 
 
@@ -116,6 +133,7 @@ class Approval:
     round: int | None = None
     step: int | None = None
     timeout: float | None = None
+    kind: RequestKind = "approval"
     status: ApprovalStatus = "pending"
     decided_by: str | None = None
     decided_at: float | None = None
@@ -131,6 +149,23 @@ class Approval:
         """When an unanswered approval becomes a refusal (epoch seconds; None: it waits as long as its runner)."""
         return None if self.timeout is None else self.requested_at + self.timeout
 
+    @property
+    def what(self) -> str:
+        """``approval`` or ``question``: how messages name it."""
+        return self.kind
+
+    @property
+    def answer(self) -> str | None:
+        """A question's answer (None: not answered, or not a question)."""
+        return self.note if self.status == "answered" else None
+
+    def reply(self) -> str:
+        """What the model reads for a decided question: the answer, or that nobody answered in time."""
+        if self.status == "answered":
+            return f"the user ({self.decided_by}) answered: {self.note or ''}"
+        return (f"{QUESTION_TIMED_OUT}: nobody answered question {self.number} of session {self.session_id} "
+                f"within {self.timeout or 0:g} s; decide without the answer, or finish and say what you need to know")
+
     def refusal(self) -> str:
         """What the agent is told when this approval did not allow the step (its result's error text)."""
         what = f"approval {self.number} of session {self.session_id}"
@@ -143,6 +178,7 @@ class Approval:
         """A JSON-ready dict (what ``saucer approvals --json`` and the API show)."""
         data = asdict(self)
         data["deadline"] = self.deadline
+        data["answer"] = self.answer
         return data
 
 
@@ -162,6 +198,7 @@ def _request_of(event: Event) -> Approval | None:
         round=event.round,
         step=event.step,
         timeout=float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None,
+        kind="question" if data.get("kind") == "question" else "approval",
     )
 
 
@@ -199,6 +236,8 @@ def approvals_of(events: Iterable[Event]) -> list[Approval]:
 def approval_line(event: Event) -> str | None:
     """What an approval event says, in one line (None for any other event): the timeline's text."""
     request = _request_of(event)
+    if request is not None and request.kind == "question":
+        return f"question {request.number} asked: {request.detail}"
     if request is not None:
         because = f" ({request.reason})" if request.reason else ""
         return f"approval {request.number} asked: {request.action} {request.detail}{because}"
@@ -206,6 +245,10 @@ def approval_line(event: Event) -> str | None:
     if decision is None:
         return None
     number, status, note = decision
+    if status == "answered":
+        return f"question {number} answered by {event.author}: {note or ''}"
+    if status == "timed_out" and note == QUESTION_TIMED_OUT:
+        return f"question {number}: {note}"
     verb = "refused by timeout" if status == "timed_out" else f"{status} by {event.author}"
     return f"approval {number} {verb}" + (f": {note}" if note else "")
 
@@ -254,9 +297,12 @@ def request_approval(
     round: int | None = None,
     step: int | None = None,
     timeout: float | None = None,
+    kind: RequestKind = "approval",
 ) -> Approval:
-    """Record a pending approval in the session (an ``approval_request`` event) and return it."""
+    """Record a pending approval (or question) in the session (an ``approval_request`` event) and return it."""
     data: dict[str, Any] = {"action": action, "detail": detail[:_DETAIL_CHARS], "reason": reason}
+    if kind == "question":
+        data["kind"] = "question"
     if timeout is not None:
         data["timeout"] = float(timeout)
     meta = {"kind": REQUEST_KIND, "approval": data}
@@ -277,36 +323,50 @@ def decide(
     session_id: str,
     number: int,
     *,
-    status: Literal["approved", "refused", "timed_out"],
+    status: Literal["approved", "refused", "timed_out", "answered"],
     author: str,
     note: str | None = None,
 ) -> Approval:
     """Decide on a pending approval; return it decided. :class:`ApprovalError` (one sentence) when
     the session or the approval does not exist, it was already decided, the session has ended, or
-    ``author`` is not a participant of a session that declares its participants. The decision is
+    ``author`` is not a participant of a session that declares its participants, or the decision
+    does not fit the request (``answered`` with a non-blank ``note`` is for questions only,
+    approved/refused for approvals only). The decision is
     appended on the version these were checked at (a change meanwhile: checked again)."""
     if status not in _DECIDED:
         raise ValueError(f"status must be one of {', '.join(_DECIDED)}, not {status!r}")
+    sought = "question" if status == "answered" else "approval"
     for _ in range(_MAX_TRIES):
         try:
             head = store.head(session_id)
             if not isinstance(number, int) or number < 1 or number > head:
-                raise ApprovalNotFound(f"session {session_id!r} has no approval {number}")
+                raise ApprovalNotFound(f"session {session_id!r} has no {sought} {number}")
             events = list(store.read(session_id, number - 1, head))
         except SessionNotFoundError:
             raise ApprovalNotFound(f"no session {session_id!r} in this store") from None
         found = approvals_of(events)
         if not found or found[0].number != number:
-            raise ApprovalNotFound(f"session {session_id!r} has no approval {number}")
+            raise ApprovalNotFound(f"session {session_id!r} has no {sought} {number}")
         approval = found[0]
+        what = approval.what
+        if approval.kind == "question" and status in ("approved", "refused"):
+            raise ApprovalError(f"{number} of session {session_id!r} is a question, not an approval: answer it "
+                                f"(saucer answer {session_id} {number} TEXT)")
+        if approval.kind == "approval" and status == "answered":
+            raise ApprovalError(f"{number} of session {session_id!r} is an approval, not a question: approve or refuse it")
+        if status == "answered" and not (note or "").strip():
+            raise ApprovalError("the answer must not be blank")
+        if status == "answered" and len(note or "") > MAX_ANSWER_CHARS:
+            raise ApprovalError(f"the answer has {len(note or '')} characters; at most {MAX_ANSWER_CHARS} are taken")
         if not approval.pending:
             raise ApprovalError(
-                f"approval {number} of session {session_id!r} was already {approval.status.replace('_', ' ')}"
+                f"{what} {number} of session {session_id!r} was already {approval.status.replace('_', ' ')}"
                 + (f" by {approval.decided_by}" if approval.status != "timed_out" else "")
             )
         ended = _ended(store, session_id)
         if ended is not None:
-            raise ApprovalError(f"session {session_id!r} has ended ({ended}); its approval {number} can no longer run")
+            raise ApprovalError(f"session {session_id!r} has ended ({ended}); its {what} {number} can no longer "
+                               + ("be answered" if what == "question" else "run"))
         if status != "timed_out":  # the runner's own timeout is not a person's write
             check_decider(store, session_id, author, head)
         data: dict[str, Any] = {"number": number, "status": status}
@@ -347,7 +407,8 @@ async def wait_for_decision(
             await stream.aclose()  # type: ignore[attr-defined]
     try:
         return await asyncio.to_thread(
-            decide, store, approval.session_id, approval.number, status="timed_out", author="system"
+            decide, store, approval.session_id, approval.number, status="timed_out", author="system",
+            note=QUESTION_TIMED_OUT if approval.kind == "question" else None,
         )
     except ApprovalError:
         # Decided meanwhile (or the session was taken away): what the log says counts.
@@ -392,3 +453,32 @@ def pending_approver(
         return True if decided.status == "approved" else decided.refusal()
 
     return approve
+
+
+def request_question(
+    store: EventStore, session_id: str, question: str, *, author: str = "system", round: int | None = None,
+    step: int | None = None, timeout: float | None = None,
+) -> Approval:
+    """Record a pending question in the session (:func:`request_approval` with ``kind="question"``)."""
+    return request_approval(store, session_id, action="ask_user", detail=question, author=author, round=round,
+                            step=step, timeout=timeout, kind="question")
+
+
+async def pending_question(
+    session: Any, interactor: Any, question: str, *, timeout: float, author: str = "system",
+    interval: float = DEFAULT_POLL_INTERVAL,
+) -> Approval | None:
+    """Ask ``question`` as a pending question of ``session`` and wait up to ``timeout`` seconds
+    for ``saucer answer`` or the API; return it decided (``answered`` or ``timed_out``). None when
+    it cannot wait: no store, or ``timeout`` 0 (the caller says there is no one to ask)."""
+    store = getattr(session, "store", None)
+    if timeout <= 0 or store is None:
+        return None
+    ctx = getattr(session, "context", None)
+    round_id = ctx.get(ContextNames.CURRENT_ROUND_ID) if ctx is not None else None
+    asked = await asyncio.to_thread(
+        request_question, store, session.session_id, question, author=author,
+        round=int(round_id) if isinstance(round_id, int) else None, timeout=timeout,
+    )
+    await ask(interactor, "question_pending", asked)
+    return await wait_for_decision(store, asked, interval=interval)

@@ -21,7 +21,9 @@ asking each session), ``refusal_reason()`` (why a sensitive step was
 refused, e.g. "no terminal to ask; pass --yes"), which the dispatcher puts
 in the failed result, and ``approval_pending(approval)`` (told when a
 sensitive step nobody can confirm here waits as a pending approval in the
-session, see :mod:`saucer.engine.approvals`; the default logs it).
+session, see :mod:`saucer.engine.approvals`; the default logs it), and
+``question_pending(question)`` (the same for a model's question nobody here
+can answer).
 
 Methods may be plain or ``async``. An interactor whose plain methods block
 (reading a terminal) sets ``blocking = True`` so the engine calls them in a
@@ -101,6 +103,12 @@ class NonInteractiveInteractor:
 
     def sensitive_step_asker(self, action: str, target: str) -> bool:
         return self.assume_yes
+
+    def question_pending(self, question: Any) -> None:
+        _log.info(
+            "session %s: question %d waits for an answer; saucer answer %s %d TEXT",
+            question.session_id, question.number, question.session_id, question.number,
+        )
 
     def approval_pending(self, approval: Any) -> None:
         _log.info(

@@ -12,6 +12,12 @@ timeout running, until a principal decides::
     GET  /api/sessions/{id}/approvals                 the session's approvals (pending and decided)
     POST /api/sessions/{id}/approvals/{n}/approve     let it run
     POST /api/sessions/{id}/approvals/{n}/refuse      {"reason": "..."}: it does not run
+    POST /api/sessions/{id}/approvals/{n}/answer      {"answer": "..."}: the model's pending question
+
+A request session's LLM agent asking the user (``ask_user``) waits the same
+way, as a pending *question* listed with the approvals (``"kind": "question"``,
+its text in ``detail``); the same principals answer it, and the model reads
+the answer (or "no answer (timeout)").
 
 ``saucer approve``/``saucer refuse`` on the server's event store do the same.
 Who may decide: the session's owner (the principal that submitted it), the
@@ -44,6 +50,7 @@ from starlette.routing import Route
 from saucer.dispatch.messages import Command, Result
 from saucer.engine.approvals import (
     DEFAULT_POLL_INTERVAL,
+    MAX_ANSWER_CHARS,
     ApprovalError,
     ApprovalNotFound,
     NotAllowedToDecide,
@@ -165,6 +172,7 @@ class ApprovalRoutes:
             Route(base, self.list_approvals, methods=["GET"]),
             Route(base + "/{number:int}/approve", self.approve, methods=["POST"]),
             Route(base + "/{number:int}/refuse", self.refuse, methods=["POST"]),
+            Route(base + "/{number:int}/answer", self.answer, methods=["POST"]),
         ]
 
     async def _allowed(self, request: Request) -> tuple[str, str, EventStore] | Response:
@@ -184,7 +192,7 @@ class ApprovalRoutes:
         ):
             return error_response(
                 403, "not_allowed",
-                f"principal {principal!r} may not see or decide approvals of session {session_id!r} "
+                f"principal {principal!r} may not see, decide or answer approvals and questions of session {session_id!r} "
                 "(its owner, its participants and the service admins may)",
             )
         return principal, session_id, store
@@ -209,6 +217,10 @@ class ApprovalRoutes:
         """Refuse it; an optional JSON body ``{"reason": "..."}`` says why (the agent is told)."""
         return await self._decide(request, "refused")
 
+    async def answer(self, request: Request) -> Response:
+        """Answer the pending question; the JSON body ``{"answer": "..."}`` is what the model reads."""
+        return await self._decide(request, "answered")
+
     async def _decide(self, request: Request, status: str) -> Response:
         allowed = await self._allowed(request)
         if isinstance(allowed, Response):
@@ -221,10 +233,15 @@ class ApprovalRoutes:
                 data = json.loads(body)
             except ValueError as exc:
                 return error_response(400, "malformed_json", f"body is not valid JSON: {exc}")
-            reason = data.get("reason") if isinstance(data, dict) else None
+            field = "answer" if status == "answered" else "reason"
+            reason = data.get(field) if isinstance(data, dict) else None
             if reason is not None and not isinstance(reason, str):
-                return error_response(422, "invalid_body", "reason: a string, or leave it out")
+                return error_response(422, "invalid_body", f"{field}: a string" + ("" if status == "answered" else ", or leave it out"))
             note = reason or None
+        if status == "answered" and not (note or "").strip():
+            return error_response(422, "invalid_body", 'the body must be {"answer": "..."} with a non-blank answer')
+        if status == "answered" and len(note or "") > MAX_ANSWER_CHARS:
+            return error_response(422, "invalid_body", f"answer: at most {MAX_ANSWER_CHARS} characters")
         try:
             decided = await asyncio.to_thread(
                 decide, store, session_id, request.path_params["number"],

@@ -16,8 +16,9 @@ HTTP API (``Authorization: Bearer <token>`` on everything but ``/health``)::
     GET  /api/sessions/{id}?wait=S        status, committed steps, outcome (long-poll up to S s)
     GET  /api/sessions/{id}/results       status and results only
     POST /api/sessions/{id}/cancel        cancel a session that has not ended
-    GET  /api/sessions/{id}/approvals     its sensitive commands waiting for a decision, and past decisions
+    GET  /api/sessions/{id}/approvals     its sensitive commands waiting for a decision, the model's questions, and past decisions
     POST /api/sessions/{id}/approvals/{n}/approve|refuse   decide (owner, admins; :mod:`saucer.service.approvals`)
+    POST /api/sessions/{id}/approvals/{n}/answer           answer the model's pending question ({"answer": "..."})
 
 A session belongs to the principal (token name) that submitted it; another
 principal gets 404 for it, as for an id that never existed. A device belongs

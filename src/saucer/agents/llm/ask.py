@@ -2,10 +2,14 @@
 
 Offered to saucer's LLM agents when ``[llm] ask_user`` is on (the default).
 The question goes to the session's interactor (``question_asker``: a panel
-on the terminal in ``saucer run``). When no one can answer -- no terminal, a
-service session, a queue worker -- the model reads :data:`NO_ONE_TO_ASK`
-at once, so it decides without the answer instead of waiting. Each question
-and its answer are kept in the step's record (``asked``).
+on the terminal in ``saucer run``). When no one at a terminal can answer --
+``--no-input``, a service session, a queue worker -- it waits as a *pending
+question* stored in the session (:func:`saucer.engine.approvals.pending_question`,
+the mechanism of pending approvals), answered with ``saucer answer`` or the
+service's API; after ``[approvals] timeout`` seconds the model reads
+"no answer (timeout)". With no store or a timeout of 0 the model reads
+:data:`NO_ONE_TO_ASK` at once. Each question and its answer are kept in the
+step's record (``asked``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 from saucer.agents.llm.client import ToolCall
 from saucer.agents.llm.tools import ToolSpec
 from saucer.engine.agent import Agent
+from saucer.engine.approvals import QUESTION_TIMED_OUT, pending_question
 from saucer.engine.interactor import ask
 
 __all__ = ["ASK_USER_TOOL", "NO_ONE_TO_ASK", "ask_user_spec", "ask_the_user"]
@@ -47,8 +52,22 @@ async def ask_the_user(agent: Agent, interactor: Any, call: ToolCall) -> str:
     question = question.strip()[:_MAX_QUESTION]
     asked: list[dict[str, str]] = agent.step.extra.setdefault("asked", []) if agent.step is not None else []
     if interactor is None or not getattr(interactor, "interactive", False):
-        asked.append({"question": question, "answer": None, "why": "no one to ask"})  # type: ignore[dict-item]
-        return NO_ONE_TO_ASK
+        rnd = agent.round
+        session = getattr(rnd, "session", None) if rnd is not None else None
+        settings = getattr(session, "settings", None)
+        timeout = float(getattr(getattr(settings, "approvals", None), "timeout", 0) or 0)
+        decided = await pending_question(session, interactor, question, timeout=timeout, author=agent.name) if session else None
+        if decided is None:
+            asked.append({"question": question, "answer": None, "why": "no one to ask"})  # type: ignore[dict-item]
+            return NO_ONE_TO_ASK
+        entry: dict[str, Any] = {"question": question, "answer": decided.answer, "number": decided.number}
+        if decided.answer is not None:
+            entry["answered_by"] = decided.decided_by
+            agent.answers.append(decided.answer)
+        else:
+            entry["why"] = QUESTION_TIMED_OUT
+        asked.append(entry)  # type: ignore[arg-type]
+        return decided.reply()
     answer = await ask(interactor, "question_asker", question, len(agent.answers))
     answer = answer.strip() if isinstance(answer, str) else ""
     agent.answers.append(answer)
