@@ -80,6 +80,15 @@ def _codes(obj: Any) -> Iterator[tuple[types.CodeType, dict[str, Any]]]:
                 yield from _codes(value)
 
 
+def _flat(consts: tuple[Any, ...]) -> Iterator[Any]:
+    """Constants, with those inside tuples and frozensets (a dict literal's keys are one tuple)."""
+    for const in consts:
+        if isinstance(const, (tuple, frozenset)):
+            yield from _flat(tuple(const))
+        else:
+            yield const
+
+
 class _Classifier:
     """Memoised reachability of spawning names from code objects of tests/ and scripts/."""
 
@@ -96,7 +105,7 @@ class _Classifier:
     def _code_spawns(self, code: types.CodeType, glb: dict[str, Any]) -> bool:
         if SPAWNING_NAMES.intersection(code.co_names):
             return True
-        for const in code.co_consts:
+        for const in _flat(code.co_consts):
             if isinstance(const, types.CodeType) and self._code_spawns(const, glb):
                 return True
             if isinstance(const, str) and (const == STDIO_SERVER_KEY or any(s in const for s in SPAWNING_STRINGS)):
