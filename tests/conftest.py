@@ -16,8 +16,9 @@ functions and classes they name (transitively): it is static, so it is decided b
 
 Under pytest-xdist (``make test``: ``-n 4 --dist loadgroup``) the heavy fixtures stay on one worker each:
 the desktop tests (Xvfb, GTK applications) share the group ``desktop``, the browser tests ``browser``, the
-llama-server conformance test ``llama``; a test using another e2e fixture wider than a function (a module's
-server cluster) is grouped with its module so that fixture starts once. Grouped tests are sent first.
+llama-server conformance test ``llama``, the queue's worker tests ``queue``; a test using another e2e
+fixture wider than a function (a module's server cluster) is grouped with its module so that fixture
+starts once. Grouped tests are sent first.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ PARAM_WORDS = ("postgres", "isolated")  # in a test's parameter ids: PostgreSQL,
 # xdist groups of the heavy subsystems: the first matching fixture name or path fragment names the group.
 GROUPS = (("desktop", ("virtual_desktop", "desktop_env"), "tests/tools/desktop/"),
           ("browser", ("browser", "page", "scene"), "tests/ui/test_ui_browser"),
-          ("llama", ("llama", "llama_server"), "tests/agents/test_llm_conformance"))
+          ("llama", ("llama", "llama_server"), "tests/agents/test_llm_conformance"),
+          ("queue", ("workers",), "tests/queue/"))  # each starts several `saucer worker` processes
 
 
 def pytest_configure(config: pytest.Config) -> None:
