@@ -5,7 +5,7 @@ VENV   := .venv
 UV_VERSION := 0.13.9
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench install clean lock llama-server llm demo-llm
+.PHONY: demo test test-fast bench install clean lock llama-server llm demo-llm
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "saucer needs Python >= 3.11, found " + sys.version'
@@ -22,8 +22,20 @@ demo: $(STAMP)
 	$(VENV)/bin/saucer demo
 
 # make test ARGS='tests/cli -x' (or PYTEST_ARGS=...) passes its arguments to pytest.
+# pytest-xdist: most tests wait on subprocesses, sockets and sleeps, so 4 workers beat 2 on 2 cores.
+# tests/conftest.py marks each test unit or e2e and keeps the desktop, browser and llama-server
+# tests on one worker each (--dist loadgroup). PYTEST_WORKERS=0 runs serially. Bytecode is
+# cached even where PYTHONDONTWRITEBYTECODE is set: each worker and each `python -m saucer`
+# subprocess would otherwise compile saucer and its dependencies from source again.
+PYTEST_WORKERS ?= 4
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS) $(ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS) $(ARGS)
+
+# The unit tier only: no subprocess, server process, browser, display or PostgreSQL.
+test-fast: $(STAMP)
+	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -m unit $(PYTEST_PARALLEL) $(PYTEST_ARGS) $(ARGS)
 
 # The peers (LangGraph, Burr) come with the bench extra; PostgreSQL columns
 # need SAUCER_TEST_POSTGRES_URL (or --postgres-url).

@@ -40,6 +40,7 @@ def test_registered_and_environment_secrets_are_replaced_as_whole_tokens(monkeyp
 
 
 def test_structures_are_redacted_by_key_and_value_without_touching_the_input() -> None:
+    register_secret(TOKEN)  # not left to the test above: under pytest-xdist it may run in another worker
     value = {"headers": {"Authorization": "anything", "Accept": "json"}, "items": [f"t={TOKEN}", 3, None], "password": "p"}
     out = redact(value)
     assert out == {"headers": {"Authorization": REDACTED, "Accept": "json"}, "items": [f"t={REDACTED}", 3, None],
