@@ -158,7 +158,10 @@ class SessionRunner:
     def _resume(self, sid: str, args: dict[str, Any]) -> Session:
         state = stored_status(self.store, sid)
         retry = state.status in (SessionStatus.FAILED, SessionStatus.ERROR)
-        return Session.resume(sid, store=self.store, settings=self._settings(args), retry_failed=retry, **self._common(args))
+        session = Session.resume(sid, store=self.store, settings=self._settings(args), retry_failed=retry, **self._common(args))
+        # A session whose worker died before its start was committed starts with the job's variables.
+        session.context_vars = dict(args.get("vars") or {})
+        return session
 
     async def run_session(self, args: dict[str, Any]) -> SessionResult:
         """Run or continue the job's session to its end (see the module docs)."""
