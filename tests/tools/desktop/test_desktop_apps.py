@@ -144,6 +144,9 @@ async def test_a_program_without_net_wm_pid_is_found_by_its_class(window_manager
                                                                    tmp_path: Path) -> None:
     """A window that sets no _NET_WM_PID (xmessage, old toolkits): matched by WM_CLASS as it appears."""
     script = tmp_path / "plainwindow"
+    # Launched programs are confined: they write only below the workspace, the artifacts and their TMPDIR.
+    closed = tools.desktop.options.artifacts / "closed"
+    closed.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(
         "#!" + sys.executable + "\n"
         "from Xlib import X, display\n"
@@ -156,7 +159,7 @@ async def test_a_program_without_net_wm_pid_is_found_by_its_class(window_manager
         "while True:\n"
         "    e = d.next_event()\n"
         "    if e.type == X.ClientMessage: break\n"
-        f"open({str(tmp_path / 'closed')!r}, 'w').write('asked to close')\n"
+        f"open({str(closed)!r}, 'w').write('asked to close')\n"
     )
     script.chmod(0o755)
     started = await tools.ok("launch", command=[str(script)], wait=20, env={"NO_AT_BRIDGE": "1"})
@@ -165,7 +168,7 @@ async def test_a_program_without_net_wm_pid_is_found_by_its_class(window_manager
     assert plain and plain[0]["pid"] is None and plain[0]["app"] == "Plainwindow"
     await asyncio.to_thread(tools.desktop.stop_programs)
     assert not _alive(started["pid"])
-    assert (tmp_path / "closed").read_text() == "asked to close"  # by WM_DELETE_WINDOW, before any signal
+    assert closed.read_text() == "asked to close"  # by WM_DELETE_WINDOW, before any signal
 
 
 async def test_a_stale_at_spi_bus_property_is_skipped(virtual_desktop: VirtualDesktop, tmp_path: Path) -> None:
