@@ -219,6 +219,35 @@ def test_a_session_that_closed_its_own_store_still_reads_its_plan(make_settings:
     assert ended.plan is not None and len(ended.plan.steps) == 2  # read after the session closed its store
 
 
+class _DiesBeforeItsStart(FakeDispatcher):
+    """Its runner dies after the session is created, before its start is committed (a worker killed then)."""
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        raise asyncio.CancelledError
+
+
+def test_a_session_whose_runner_died_before_its_start_is_started_by_the_next_run(settings: Any) -> None:
+    store = MemoryStore()
+    plan = {**command_plan(2, task="early"), "vars": {"greeting": "hi", "who": "plan"}}
+    first = Session("early", mode="follower", settings=settings, store=store, plan=plan, session_id="early-1",
+                    dispatcher=_DiesBeforeItsStart(), context_vars={"who": "caller"})
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(first.run())
+    assert store.exists("early-1") and not [e for e in store.read("early-1") if e.meta.get("kind")]
+
+    dispatcher = FakeDispatcher()
+    again = Session.resume("early-1", store=store, settings=settings, dispatcher=dispatcher)
+    again.context_vars = {"who": "caller"}  # what the queue job holds (the creation meta keeps no variables)
+    result = asyncio.run(again.run())
+    assert (result.status, result.steps) == ("finished", 2)
+    kinds = [e.meta.get("kind") for e in store.read("early-1")]
+    assert kinds.count("session_start") == 1 and "session_resume" not in kinds, kinds
+    ctx = Context.open(store, "early-1", create=False)
+    assert ctx.get_var("greeting") == "hi" and ctx.get_var("who") == "caller"  # the plan's, then the caller's
+    assert ctx.get(ContextNames.MODE) == "follower"
+    assert [c.parameters["i"] for c in dispatcher.ran] == [0, 1]
+
+
 def test_resuming_an_unknown_session_raises(settings: Any) -> None:
     with pytest.raises(SessionNotFoundError):
         asyncio.run(Session.resume("nope", store=MemoryStore(), settings=settings).run())

@@ -90,8 +90,12 @@ def test_one_tree_and_one_screenshot_before_each_step(make_settings: Any) -> Non
 
 def test_on_by_default_off_when_set_and_skipped_for_an_agent_that_looks_itself(make_settings: Any) -> None:
     dispatcher = DesktopFake()
-    session, _ = _run(make_settings(), dispatcher)  # the seed's default: on
-    assert all(len(s.artifacts) == 2 for s in read_step_log(session.log_path))
+    session, _ = _run(make_settings(), dispatcher)  # the seed's default: on, exactly as when set
+    steps = list(read_step_log(session.log_path))
+    assert all(len([a for a in s.artifacts if not a.get("after")]) == 2 for s in steps)  # before each step
+    assert any(a.get("after") for s in steps for a in s.artifacts)  # and after a round's last step
+    on, _ = _run(make_settings(**{"system.save_ui_tree": True}), DesktopFake())
+    assert [s.artifacts for s in steps] == [s.artifacts for s in read_step_log(on.log_path)]
     dispatcher = DesktopFake()
     session, _ = _run(make_settings(**{"system.save_ui_tree": False}), dispatcher)
     assert all(not s.artifacts for s in read_step_log(session.log_path))

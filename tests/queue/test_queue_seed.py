@@ -49,3 +49,36 @@ def test_a_queued_request_refuses_vars_that_cannot_be_stored() -> None:
         request_job("hello", context_vars={"x": {1, 2}})
     spec = request_job("hello", context_vars={"x": [1, 2]}, user="user:ana")
     assert spec.args["vars"] == {"x": [1, 2]} and "participants" not in spec.args
+
+
+class _DiesBeforeTheStart(_Tools):
+    """The worker is killed once it created the session, before its first commit."""
+
+    def __init__(self, store: MemoryStore, sid: str) -> None:
+        self.store, self.sid = store, sid
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        if self.store.exists(self.sid):
+            raise asyncio.CancelledError
+        return super().list_tools()  # the plan's check, before the session is created
+
+
+def test_a_job_whose_worker_died_before_the_session_started_starts_it_with_its_vars(tmp_path: Path) -> None:
+    plan = {"task": "q", "vars": {"phase": "draft"},
+            "steps": [{"subtask": "a", "commands": [{"tool_name": "shell.run", "parameters": {"command": "true"}}]}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    [spec] = plan_jobs(tmp_path / "plan.json", workspace=tmp_path, yes=True, context_vars={"retries": 2})
+    args = json.loads(json.dumps(spec.args))
+    store = MemoryStore()
+    settings = load_settings(overrides={"logs.enabled": False, "store.url": "memory://"})
+    sid = spec.session_id
+    dying = SessionRunner(settings, store, dispatcher_factory=lambda session: _DiesBeforeTheStart(store, sid))
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(dying.run_session(args))
+    assert store.exists(sid) and not [e for e in store.read(sid) if e.meta.get("kind")]
+    runner = SessionRunner(settings, store, dispatcher_factory=lambda session: _Tools())
+    result = asyncio.run(runner.run_session(args))  # the job, taken again by another worker
+    assert result.status == "finished", result
+    kinds = [e.meta.get("kind") for e in store.read(sid)]
+    assert kinds.count("session_start") == 1 and "session_resume" not in kinds, kinds
+    assert dict(Context.open(store, sid, create=False).vars) == {"phase": "draft", "retries": 2}

@@ -84,7 +84,7 @@ def test_three_workers_one_killed_mid_step_every_plan_finishes_once(qdir: Path, 
     assert resumed_sessions >= 1  # the victim's session(s) went on elsewhere
     for proc in procs[1:]:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=30) == 0, proc.communicate(timeout=10)[1][-3000:]  # its stderr says why
 
 
 def test_two_concurrent_enqueuers_over_one_folder_queue_each_plan_once(qdir: Path, pg_url: str, saucer: Any, workers: Any) -> None:

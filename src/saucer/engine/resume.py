@@ -25,7 +25,7 @@ from saucer.engine.cursor import (
     stored_session_brief,
 )
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, TEXT_LOG, SessionLogs, slug
-from saucer.engine.plan import Plan, parse_plan
+from saucer.engine.plan import Plan, initial_vars, parse_plan
 from saucer.engine.result import SessionStatus
 from saucer.engine.round import Round
 from saucer.redaction import redact_known
@@ -60,6 +60,7 @@ class ResumableSession:
     progress: Progress
     _resuming: bool
     _retry_failed: bool
+    context_vars: dict[str, Any]
     _phase: str
     _round: Round | None
     _rounds: dict[int, Round]
@@ -147,10 +148,20 @@ class ResumableSession:
         return session
 
     def _resume_point(self, store: EventStore) -> tuple[ResumePoint | None, dict[str, Any], str | None, str | None]:
-        """Where to continue: the cursor, its event's meta, how it continues (stopped, retry_failed) and how it ended."""
+        """Where to continue: the cursor, its event's meta, how it continues (stopped, retry_failed) and how it ended.
+
+        A stored session with no cursor was created but its runner died before its start was committed
+        (a worker killed at that moment): this run is its start, not a resume. It commits the
+        ``session_start`` (its id, mode, application) and the initial variables: the plan's, then
+        :attr:`context_vars` (which the caller of :meth:`resume` may set, e.g. from the queue job).
+        """
         if not self._resuming:
             return None, {}, None, None
         point, meta = last_cursor(store, self.session_id)
+        if point is None:
+            self._resuming = False
+            self.context_vars = initial_vars(self.plan, self.context_vars)
+            return None, {}, None, None
         ended = meta.get("session_status") if point is not None and point.phase == "end" else None
         if ended == SessionStatus.STOPPED:
             return continue_cursor(store, self.session_id)[0], meta, "stopped", ended

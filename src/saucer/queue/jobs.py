@@ -22,11 +22,14 @@ session's lease.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
 import procrastinate
+import psycopg
 from procrastinate import job_context
+from procrastinate.manager import JobManager
 from procrastinate.retry import BaseRetryStrategy, RetryDecision
 
 from saucer.config import Settings
@@ -46,6 +49,8 @@ __all__ = [
     "SessionRunner",
     "make_app",
 ]
+
+_log = logging.getLogger("saucer.queue")
 
 #: The procrastinate task name of a session job.
 TASK_NAME = "saucer.session"
@@ -205,7 +210,10 @@ class SessionRunner:
     def _resume(self, sid: str, args: dict[str, Any]) -> Session:
         state = stored_status(self.store, sid)
         retry = state.status in (SessionStatus.FAILED, SessionStatus.ERROR)
-        return Session.resume(sid, store=self.store, settings=self._settings(args), retry_failed=retry, **self._common(args))
+        session = Session.resume(sid, store=self.store, settings=self._settings(args), retry_failed=retry, **self._common(args))
+        # A session whose worker died before its start was committed starts with the job's variables.
+        session.context_vars = dict(args.get("vars") or {})
+        return session
 
     async def run_session(self, args: dict[str, Any]) -> SessionResult:
         """Run or continue the job's session to its end (see the module docs)."""
@@ -302,6 +310,41 @@ async def _session_job(context: job_context.JobContext, **args: Any) -> dict[str
     return await runner.run_job(context, args)
 
 
+def _taken_over(exc: BaseException) -> bool:
+    """Whether ``exc`` is procrastinate's refusal to end or retry a job that is no longer running here."""
+    cause = exc.__cause__
+    return isinstance(cause, psycopg.errors.RaiseException) and str(cause).startswith("Job was not found or")
+
+
+class _SharedJobManager(JobManager):
+    """Ends a job only if it is still this worker's to end.
+
+    A live worker that misses its heartbeats (a loaded machine) has its jobs put back on the
+    queue by another one (:func:`~saucer.queue.worker.recover_stalled`), and that one may end the
+    job first. procrastinate then refuses this worker's outcome, and the refusal would stop the
+    whole worker: it is logged instead, and the job stays as the other worker left it (the
+    session's lease kept the two runs from committing the same step).
+    """
+
+    async def finish_job(self, job: Any, status: Any, delete_job: bool) -> None:
+        try:
+            await super().finish_job(job=job, status=status, delete_job=delete_job)
+        except procrastinate.exceptions.ConnectorException as exc:
+            if not _taken_over(exc):
+                raise
+            _log.warning("job %s (session %s): ended by another worker meanwhile; its outcome here (%s) is dropped",
+                         job.id, job.task_kwargs.get("session_id"), status)
+
+    async def retry_job(self, job: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().retry_job(job, *args, **kwargs)
+        except procrastinate.exceptions.ConnectorException as exc:
+            if not _taken_over(exc):
+                raise
+            _log.warning("job %s (session %s): ended by another worker meanwhile; not put back on the queue",
+                         job.id, job.task_kwargs.get("session_id"))
+
+
 def make_app(location: QueueLocation, *, pool_size: int = 4) -> procrastinate.App:
     """A procrastinate app on the queue's schema, with the session task registered."""
     connector = procrastinate.PsycopgConnector(
@@ -311,5 +354,6 @@ def make_app(location: QueueLocation, *, pool_size: int = 4) -> procrastinate.Ap
         max_size=max(2, pool_size),
     )
     app = procrastinate.App(connector=connector)
+    app.job_manager = _SharedJobManager(connector=connector)
     app.task(name=TASK_NAME, pass_context=True, retry=_BackToQueue())(_session_job)
     return app

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 from saucer.config import Settings
@@ -39,7 +40,8 @@ async def recover_stalled(app: Any, stalled_after: float) -> list[int]:
     back = []
     for job in await app.job_manager.get_stalled_jobs(seconds_since_heartbeat=stalled_after):
         try:
-            await app.job_manager.retry_job(job)
+            # By id: the app's retry_job passes over a job ended meanwhile, and this one must know it.
+            await app.job_manager.retry_job_by_id_async(job_id=job.id, retry_at=datetime.now(timezone.utc))
         except Exception as exc:  # noqa: BLE001 - another worker took it back first
             _log.debug("stalled job %s: not retried here (%s)", job.id, exc)
             continue

@@ -144,6 +144,9 @@ async def test_a_program_without_net_wm_pid_is_found_by_its_class(window_manager
                                                                    tmp_path: Path) -> None:
     """A window that sets no _NET_WM_PID (xmessage, old toolkits): matched by WM_CLASS as it appears."""
     script = tmp_path / "plainwindow"
+    # Launched programs are confined: they write only below the workspace, the artifacts and their TMPDIR.
+    closed = tools.desktop.options.artifacts / "closed"
+    closed.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(
         "#!" + sys.executable + "\n"
         "from Xlib import X, display\n"
@@ -156,7 +159,7 @@ async def test_a_program_without_net_wm_pid_is_found_by_its_class(window_manager
         "while True:\n"
         "    e = d.next_event()\n"
         "    if e.type == X.ClientMessage: break\n"
-        f"open({str(tmp_path / 'closed')!r}, 'w').write('asked to close')\n"
+        f"open({str(closed)!r}, 'w').write('asked to close')\n"
     )
     script.chmod(0o755)
     started = await tools.ok("launch", command=[str(script)], wait=20, env={"NO_AT_BRIDGE": "1"})
@@ -165,7 +168,45 @@ async def test_a_program_without_net_wm_pid_is_found_by_its_class(window_manager
     assert plain and plain[0]["pid"] is None and plain[0]["app"] == "Plainwindow"
     await asyncio.to_thread(tools.desktop.stop_programs)
     assert not _alive(started["pid"])
-    assert (tmp_path / "closed").read_text() == "asked to close"  # by WM_DELETE_WINDOW, before any signal
+    assert closed.read_text() == "asked to close"  # by WM_DELETE_WINDOW, before any signal
+
+
+async def test_a_window_the_bus_shows_before_x11_maps_it_still_gets_the_keyboard(
+        window_manager: str, tools: DesktopTools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GTK says a window is showing on the accessibility bus a moment before X11 maps it (seen on a loaded
+    machine): launch waits for the X11 window, gives it the keyboard and remembers it for closing."""
+    script = tmp_path / "latewindow"
+    script.write_text(
+        "#!" + sys.executable + "\n"
+        "from Xlib import X, display\n"
+        "d = display.Display(); s = d.screen()\n"
+        "w = s.root.create_window(10, 10, 200, 100, 0, s.root_depth, X.InputOutput, X.CopyFromParent,\n"
+        "                         background_pixel=s.white_pixel)\n"
+        "w.set_wm_name('Late'); w.set_wm_class('latewindow', 'Latewindow')\n"
+        "w.set_wm_protocols([d.intern_atom('WM_DELETE_WINDOW')])\n"
+        "w.change_property(d.intern_atom('_NET_WM_PID'), d.intern_atom('CARDINAL'), 32, [__import__('os').getpid()])\n"
+        "import time; time.sleep(0.5); w.map(); d.sync()\n"
+        "while d.next_event().type != X.ClientMessage: pass\n"
+    )
+    script.chmod(0o755)
+    desktop = tools.desktop
+    real = desktop._look_for_windows
+
+    async def bus_first(result: object, before: set[int], names: set[str]) -> tuple[str | None, list[object]]:
+        found, mine = await real(result, before, names)
+        if not mine:  # what the bus said while X11 had not mapped the window yet
+            result.app, result.windows, result.ready = "latewindow", ["Late"], True  # type: ignore[attr-defined]
+            return "atspi", []
+        return found, mine
+
+    monkeypatch.setattr(desktop, "_look_for_windows", bus_first)
+    started = await tools.ok("launch", command=[str(script)], wait=20, env={"NO_AT_BRIDGE": "1"})
+    assert started["ready"] and started["windows"] == ["Late"], started
+    late = [w for w in (await tools.ok("windows"))["windows"] if w["pid"] == started["pid"]]
+    assert late and late[-1]["focused"], late
+    assert int(late[-1]["id"], 16) in desktop.launcher.windows
+    await asyncio.to_thread(desktop.stop_programs)
+    assert not _alive(started["pid"])
 
 
 async def test_a_stale_at_spi_bus_property_is_skipped(virtual_desktop: VirtualDesktop, tmp_path: Path) -> None:

@@ -98,7 +98,9 @@ def _settings(tmp_path: Path, base_url: str, **extra: Any) -> Any:
     return load_settings(overrides={
         "store.url": "memory://", "logs.root": str(tmp_path / "logs"),
         "llm.base_url": base_url, "llm.model": "vision-model", "llm.api_key": "sk-operator-test",
-        "llm.max_retries": 0, "llm.context_window": 32768, **extra,
+        "llm.max_retries": 0, "llm.context_window": 32768,
+        "system.eva_session": False,  # the scripted model answers the agent only, not a session judge
+        **extra,
     })
 
 

@@ -85,7 +85,8 @@ def test_follower_plan_adds_2_and_3_on_the_calculator(virtual_desktop: VirtualDe
 
 
 def test_launch_needs_approval(virtual_desktop: VirtualDesktop, tmp_path: Path) -> None:
-    proc = _run(virtual_desktop, tmp_path)
+    # No terminal to ask: the step would wait as a pending approval (approvals.timeout); 0 refuses it at once.
+    proc = _run(virtual_desktop, tmp_path, "--approval-timeout", "0")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "desktop.launch failure" in proc.stdout
     [log_dir] = (tmp_path / "logs").glob("*/*")

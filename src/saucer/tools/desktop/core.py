@@ -515,9 +515,16 @@ class Desktop:
             result = LaunchResult(pid=proc.pid, command=argv, running=True, ready=False, log=str(log))
             deadline = time.monotonic() + wait
             x_only_since: float | None = None
+            bus_only_since: float | None = None
             mine: list[XWindow] = []
             while True:
                 found, mine = await self._look_for_windows(result, before, program_names(argv))
+                if found == "atspi" and not mine:
+                    # Showing on the accessibility bus before X11 maps it: wait a moment for its X11 window
+                    # (giving it the keyboard below, and closing it like a user later, need its id).
+                    now = time.monotonic()
+                    bus_only_since = bus_only_since or now
+                    result.ready = now - bus_only_since >= _X11_ONLY_GRACE or now >= deadline
                 if found == "x11":
                     # A window that X11 knows of, but no accessible application (yet): give the
                     # toolkit a moment to register on the bus before calling it ready.
