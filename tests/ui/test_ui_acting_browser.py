@@ -2,7 +2,8 @@
 
 ``saucer ui --allow-writes`` (the real command) over a SQLite store: a set
 and a delete from the page reach the store with ``user:<login>`` as author;
-an approve from the page lets a waiting ``saucer run --no-input`` go on.
+an approve from the page lets a waiting ``saucer run --no-input`` go on;
+a stopped session resumed from its page runs to its end.
 ``saucer ui`` without the flag shows no forms and refuses the POST. A POST
 without the form token or from another origin is refused. Under ``saucer
 serve`` (with a device that asks for approvals), the owner cancels a running
@@ -68,6 +69,13 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             ctx.set("REQUEST", "keep notes")
             ctx.update_vars(set={"old": 1})
             ctx.commit(meta={"kind": "vars"})
+    plan = {"task": "stop then go", "steps": [{"subtask": f"s{i}", "commands": [
+        {"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": str(i)}}]} for i in range(3)]}
+    (folder / "stop.json").write_text(json.dumps(plan))
+    stopped = subprocess.run([*SAUCER, "run", "--plan", "stop.json", "--session-id", "stop-go", "--workspace", "ws2", "--store", url],
+                             cwd=folder, env=_env() | {"SAUCER_SYSTEM__MAX_STEP": "1"}, capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+    assert "stopped" in stopped.stdout + stopped.stderr, stopped.stdout + stopped.stderr
     writable, viewer = _ui(folder, url, "--allow-writes")
     readonly, plain = _ui(folder, url)
     try:
@@ -127,6 +135,17 @@ def test_approve_from_the_page_lets_a_waiting_run_go_on(local: dict[str, Any], p
         if run.poll() is None:
             run.kill()
             run.communicate()
+
+
+def test_resume_a_stopped_session_from_its_page(local: dict[str, Any], page: Any) -> None:  # noqa: F811
+    page.goto(f"{local['viewer']}/sessions/stop-go")
+    assert page.locator("#status").inner_text() == "stopped"
+    page.click("#resume-form button")
+    expect(page.locator("#act-done")).to_contain_text("resume started")
+    expect(page.locator("#status")).to_have_text("finished")  # the detached saucer resume ran it to its end
+    assert (local["folder"] / "ws2" / "f2.txt").read_text() == "2"
+    page.goto(f"{local['viewer']}/sessions/stop-go")
+    assert page.locator("#resume-form").count() == 0  # a finished session offers no resume
 
 
 def _token_and_cookies(client: httpx.Client, path: str) -> str:

@@ -16,6 +16,7 @@ CLI: :func:`saucer.engine.writes.write_vars` (``saucer set``) and
     POST /sessions/{id}/act/refuse      number=N, reason=TEXT (optional)
     POST /sessions/{id}/act/answer      number=N, answer=TEXT
     POST /sessions/{id}/act/cancel      (only when the host can cancel: saucer serve's sessions)
+    POST /sessions/{id}/act/resume      (only when the host can resume: saucer ui starts ``saucer resume ID``)
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from saucer.engine.approvals import (
 from saucer.engine.writes import write_vars
 from saucer.store import EventStore, NotParticipantError
 
-__all__ = ["Acting", "ActionRefused", "READ_ONLY", "pending_of", "perform"]
+__all__ = ["Acting", "ActionRefused", "READ_ONLY", "RESUMABLE", "pending_of", "perform"]
 
 #: What a POST to a read-only viewer (``saucer ui`` without ``--allow-writes``) is told.
 READ_ONLY = "this viewer is read-only: start it with saucer ui --allow-writes to act on sessions from their pages"
-_ACTIONS = ("vars", "approve", "refuse", "answer", "cancel")
+_ACTIONS = ("vars", "approve", "refuse", "answer", "cancel", "resume")
+#: The statuses a session may be resumed from (from its page).
+RESUMABLE = ("stopped", "failed", "interrupted", "not started")
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,13 @@ class Acting:
     session; ``author(principal)``: the author its writes are recorded with;
     ``cancel(session_id, principal)``: cancel a running session, returning a
     problem to show or None (absent: the host cannot cancel, and no cancel form
-    is shown)."""
+    is shown); ``resume(session_id, principal)``: start resuming a stopped
+    session, the same way (absent: no resume form)."""
 
     allowed: Callable[[str | None, str], Awaitable[bool]]
     author: Callable[[str | None], str]
     cancel: Callable[[str, str | None], Awaitable[str | None]] | None = None
+    resume: Callable[[str, str | None], Awaitable[str | None]] | None = None
 
 
 class ActionRefused(Exception):
@@ -101,7 +106,7 @@ async def perform(
 ) -> str:
     """Do ``action`` on the session as ``principal``; return one sentence saying what was done.
     Raises :class:`ActionRefused` for what was not done."""
-    if action not in _ACTIONS or (action == "cancel" and acting.cancel is None):
+    if action not in _ACTIONS or getattr(acting, action, True) is None:
         raise ActionRefused(404, f"no action {action!r} here")
     if not await acting.allowed(principal, session_id):
         raise ActionRefused(403, f"{principal!r} may not act on session {session_id!r} (its owner, its participants and the admins may)")
@@ -121,6 +126,12 @@ async def perform(
             if problem is not None:
                 raise ActionRefused(409, problem)
             return f"session {session_id} cancelled by {author}"
+        if action == "resume":
+            assert acting.resume is not None
+            problem = await acting.resume(session_id, principal)
+            if problem is not None:
+                raise ActionRefused(409, problem)
+            return f"session {session_id}: resume started by {author} (this page follows it)"
         number = _number(form)
         status = {"approve": "approved", "refuse": "refused", "answer": "answered"}[action]
         note = (_one(form, "answer" if action == "answer" else "reason")).strip() or None

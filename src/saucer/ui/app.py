@@ -38,7 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from saucer.store import EventStore, SessionNotFoundError, StoreError, VersionNotFoundError
 from saucer.ui import queries
-from saucer.ui.acting import READ_ONLY, Acting, ActionRefused, pending_of, perform
+from saucer.ui.acting import READ_ONLY, RESUMABLE, Acting, ActionRefused, pending_of, perform
 from saucer.ui.guard import FormTokens, HostCheck, OriginCheck
 from saucer.ui.render import render
 from saucer.ui.steps import States, Tallies, artifact_file, item_of, new_round, step_detail
@@ -212,7 +212,10 @@ class Viewer:
         if self.acting is not None:  # the forms, for a principal allowed to act on this session only
             allowed, principal = self._principal(request)
             may = allowed and await self.acting.allowed(principal, sid)
-            request.state.acting = {"cancel": self.acting.cancel is not None, "done": request.query_params.get("done")} if may else None
+            request.state.acting = {
+                "cancel": self.acting.cancel is not None, "resume": self.acting.resume is not None, "resumable": RESUMABLE,
+                "done": request.query_params.get("done"),
+            } if may else None
         return await self._run(request, sid, build)
 
     async def act(self, request: Request) -> Response:
