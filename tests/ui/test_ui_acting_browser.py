@@ -204,6 +204,8 @@ def test_cancel_under_saucer_serve_and_a_principal_not_allowed(tmp_path: Path, p
             refused = bob.post(f"/ui/sessions/{sid}/act/cancel", data={"csrf": token})
             assert refused.status_code in (403, 404), refused.text
         assert httpx.get(f"{serve}/api/sessions/{sid}", headers=auth(ALICE), timeout=20).json()["session"]["status"] == "running"
+        ops = httpx.get(f"{serve}/ui/sessions/{sid}", headers=auth(OPS), timeout=20)  # an admin sees it, with the forms
+        assert ops.status_code == 200 and 'id="vars-form"' in ops.text
         page.goto(f"{serve}/ui/login")
         page.fill('input[name="token"]', ALICE)
         page.click("#sign-in")

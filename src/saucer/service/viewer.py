@@ -1,7 +1,9 @@
 """The web viewer (:mod:`saucer.ui`) inside ``saucer serve``, at ``/ui``, behind the service's tokens.
 
-A principal sees the sessions it submitted (the same rule as ``GET
-/api/sessions``) and the devices it may use (as ``GET /api/devices``), with
+A principal sees the sessions it submitted, those whose task names it as a
+participant, and (an admin) every session: the sessions the approvals API
+lets it act on (participants added later through the event log excepted),
+and the devices it may use (as ``GET /api/devices``), with
 their online state and last heartbeat. Anything else is a 404. On a session's
 page, the principals the approvals API allows (owner, admins, participants) get
 forms to write variables, decide approvals, answer questions and cancel
@@ -29,16 +31,19 @@ UI_PATH = "/ui"
 
 
 class ServiceScope:
-    """:class:`saucer.ui.Scope` of a service: each principal's own sessions and usable devices."""
+    """:class:`saucer.ui.Scope` of a service: the sessions each principal may act on, and its usable devices."""
 
-    def __init__(self, records: SessionRecordStore, hub: DeviceHub) -> None:
+    def __init__(self, records: SessionRecordStore, hub: DeviceHub, admins: frozenset[str] = frozenset()) -> None:
         self.records = records
         self.hub = hub
+        self.admins = admins
 
     async def session_ids(self, principal: str | None) -> set[str] | None:
         if principal is None:
             return set()
-        return {record.session_id for record in await self.records.list_sessions(owner=principal)}
+        # the sessions it may act on (may_act): its own, every one for an admin, those whose task names it
+        every = await self.records.list_sessions()
+        return {r.session_id for r in every if r.owner == principal or principal in self.admins or principal in r.task.participants}
 
     async def devices(self, principal: str | None) -> list[dict[str, Any]] | None:
         if principal is None:
@@ -88,7 +93,7 @@ def viewer_mount(
         return []
     acting = service_acting(store, records, sessions, frozenset(admins)) if sessions is not None else None
     app = create_app(
-        store, authenticate=auth.principal, scope=ServiceScope(records, hub), title="saucer serve", max_streams=max_streams,
+        store, authenticate=auth.principal, scope=ServiceScope(records, hub, frozenset(admins)), title="saucer serve", max_streams=max_streams,
         acting=acting,
     )
     return [Mount(UI_PATH, app=app)]
