@@ -27,7 +27,7 @@ import pytest
 from service_support import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
 
 from saucer.context import Context
-from saucer.engine.approvals import read_approvals
+from saucer.engine.approvals import read_approvals, request_question
 from saucer.store import open_store
 
 from test_ui_browser import _env, _wait_http, browser, expect, page  # noqa: F401  (fixtures and helpers)
@@ -135,6 +135,20 @@ def test_approve_from_the_page_lets_a_waiting_run_go_on(local: dict[str, Any], p
         if run.poll() is None:
             run.kill()
             run.communicate()
+
+
+def test_answer_a_pending_question_from_the_page(local: dict[str, Any], page: Any) -> None:  # noqa: F811
+    with open_store(local["url"]) as store:
+        asked = request_question(store, "notes", "which colour?")
+    page.goto(f"{local['viewer']}/sessions/notes")
+    expect(page.locator(f"#pending-{asked.number}")).to_contain_text("which colour?")
+    page.fill(f'#pending-{asked.number} input[name="answer"]', "blue")
+    page.click(f"#pending-{asked.number} button")
+    expect(page.locator("#act-done")).to_contain_text(f"answered by {ME}")
+    with open_store(local["url"]) as store:
+        [answered] = [a for a in read_approvals(store, "notes") if a.number == asked.number]
+    assert answered.status == "answered" and answered.note == "blue" and answered.decided_by == ME
+    assert page.locator(f"#pending-{asked.number}").count() == 0  # no longer waiting
 
 
 def test_resume_a_stopped_session_from_its_page(local: dict[str, Any], page: Any) -> None:  # noqa: F811
