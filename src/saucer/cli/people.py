@@ -48,42 +48,6 @@ def _author(author: Optional[str]) -> str:
     return author
 
 
-def _standing_end(store: Any, session_id: str) -> dict[str, Any]:
-    """For a write after a session's end: its end's status, summary and reason, carried by the
-    write's event so that the newest event still says how the session ended."""
-    from saucer.engine.status import stored_status
-
-    status = stored_status(store, session_id)
-    if not status.ended:
-        return {}
-    carried: dict[str, Any] = {"session_status": status.status}
-    if status.summary:
-        carried["summary"] = dict(status.summary)
-        if isinstance(status.summary.get("reason"), str):
-            carried["reason"] = status.summary["reason"]
-    return carried
-
-
-def _write_vars(ctx: Any, values: dict[str, Any], deleted: list[str], author: str, carried: dict[str, Any]) -> int:
-    """Commit the writes as one event; blind writes, so after another writer's commit they are
-    simply written again on top of it (concurrent writes serialise in log order)."""
-    from saucer.store import ConflictError
-
-    with ctx:
-        for attempt in range(20):
-            try:
-                ctx.update_vars(set=values, delete=deleted)
-            except (TypeError, ValueError) as exc:
-                raise UserError(str(exc)) from None
-            try:
-                return int(ctx.commit(author=author, meta={"kind": "vars", **carried}))
-            except ConflictError:
-                if attempt == 19:
-                    raise
-                ctx.reload()
-    raise AssertionError("unreachable")
-
-
 def _approvals(session: Optional[str], store: Optional[str], config: Optional[Path]) -> list[Any]:
     """All approvals of ``session``, or the pending ones of every running session."""
     from saucer.engine.approvals import ApprovalError, pending_approvals, read_approvals
@@ -124,7 +88,7 @@ def register(app: typer.Typer) -> None:
         from them. Deletes apply first, then sets. Values are JSON: 3, true,
         '"text"', '[1, 2]', '{"a": 1}'.
         """
-        from saucer.context import Context
+        from saucer.engine.writes import write_vars
 
         values = parse_vars(assignments or [], option="saucer set SESSION")
         deleted = list(dict.fromkeys(delete or []))
@@ -133,7 +97,10 @@ def register(app: typer.Typer) -> None:
         who = _author(author)
         with open_existing_store(store, config) as st:
             sid = resolve_session(st, session)
-            version = _write_vars(Context.open(st, sid, author=who, create=False), values, deleted, who, _standing_end(st, sid))
+            try:
+                version = write_vars(st, sid, values, deleted, who)
+            except (TypeError, ValueError) as exc:
+                raise UserError(str(exc)) from None
         parts = []
         if values:
             parts.append("set " + ", ".join(values))

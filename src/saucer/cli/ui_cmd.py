@@ -1,4 +1,4 @@
-"""``saucer ui``: the read-only web viewer of a store's sessions (see :mod:`saucer.ui`)."""
+"""``saucer ui``: the web viewer of a store's sessions (see :mod:`saucer.ui`); read-only unless ``--allow-writes``."""
 
 from __future__ import annotations
 
@@ -51,9 +51,15 @@ def ui_cmd(
     ),
     port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535, help="TCP port."),
     open_browser: bool = typer.Option(False, "--open", help="Open the sessions page in the default browser."),
+    allow_writes: bool = typer.Option(
+        False, "--allow-writes",
+        help="Show forms on a session's page to set/delete context variables, approve/refuse a pending step and answer a "
+        "pending question, each recorded with you as author (user:<login>; with tokens: the principal), and to resume a "
+        "stopped session (saucer resume ID, started in the background). Default: read-only.",
+    ),
     config: Optional[Path] = ConfigOption,
 ) -> None:
-    """Open a read-only web viewer of the store's sessions: table, timelines, state at any version, diffs, live steps.
+    """Open a web viewer of the store's sessions: table, timelines, state at any version, diffs, live steps (read-only unless --allow-writes).
 
     Pages: /sessions, /sessions/ID, /sessions/ID/state?at=V, /sessions/ID/diff?from=A&to=B, /sessions/ID/history?key=NAME.
 
@@ -93,7 +99,8 @@ def ui_cmd(
     from saucer.cli.common import settings_for
 
     max_streams = settings_for(config).service.max_streams
-    app = create_app(st, authenticate=authenticate, on_close=st.close, allowed_hosts=hosts, max_streams=max_streams)
+    app = create_app(st, authenticate=authenticate, on_close=st.close, allowed_hosts=hosts, max_streams=max_streams,
+                     acting=_local_acting(url, config) if allow_writes else None)
     shown = f"[{host}]" if ":" in host else host
     err.print(f"saucer ui on http://{shown}:{port}{page} · store: {url}" + ("" if authenticate is None else " · token required"), highlight=False)
     err.print("  Ctrl-C stops", style="dim", highlight=False)
@@ -104,6 +111,35 @@ def ui_cmd(
         server.run()
     except KeyboardInterrupt:  # Ctrl-C is how a viewer is stopped: uvicorn has shut down cleanly, exit 0
         pass
+
+
+def _local_acting(url: str, config: Optional[Path]) -> object:
+    """Who acts through ``saucer ui --allow-writes``: anyone who reaches the viewer (loopback, or a token's
+    principal), recorded as that principal or, without tokens, as ``user:<login>`` like the CLI. Resume
+    starts ``saucer resume ID`` on the same store as a detached process (from this command's folder)."""
+    import subprocess
+    import sys
+    import threading
+
+    from saucer.cli.common import local_user
+    from saucer.ui.acting import Acting
+
+    async def allowed(principal: str | None, session_id: str) -> bool:
+        return True  # the store's own participants rule still applies to every write
+
+    async def resume(session_id: str, principal: str | None) -> str | None:
+        command = [sys.executable, "-m", "saucer", "resume", session_id, "--store", url]
+        if config is not None:
+            command += ["--config", str(config)]
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            return f"could not start saucer resume: {exc}"
+        threading.Thread(target=proc.wait, name=f"resume-{session_id}", daemon=True).start()  # reaped when it ends
+        return None  # a second runner is refused by the session's lease; the page shows what happens
+
+    return Acting(allowed=allowed, author=lambda principal: principal if principal is not None else local_user(), resume=resume)
 
 
 def _settings_tokens(config: Optional[Path]) -> list[object]:

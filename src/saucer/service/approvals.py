@@ -65,7 +65,7 @@ from saucer.service.http import error_response, json_response, unauthorized
 from saucer.store import EventStore
 from saucer.tools.rules import SensitivityRules, sensitive_reason
 
-__all__ = ["ApprovalGate", "ApprovalRoutes", "listed_reason", "principal_author"]
+__all__ = ["ApprovalGate", "ApprovalRoutes", "listed_reason", "may_act", "principal_author"]
 
 _log = logging.getLogger("saucer.service.approvals")
 
@@ -150,6 +150,17 @@ async def _participant(store: EventStore, session_id: str, principal: str) -> bo
     return await asyncio.to_thread(check)
 
 
+async def may_act(
+    store: EventStore, session_id: str, principal: str, owner: str, named: Iterable[str], admins: Iterable[str]
+) -> bool:
+    """Whether ``principal`` may act on the session (decide, answer, write from the viewer): its owner, a
+    service admin, a participant its task named or one added since (``named``: the task's participants)."""
+    return (
+        principal == owner or principal in set(admins) or principal in set(named)
+        or await _participant(store, session_id, principal)
+    )
+
+
 class ApprovalRoutes:
     """The approvals part of the HTTP API (see the module docs), over the runner's event store."""
 
@@ -186,10 +197,7 @@ class ApprovalRoutes:
         if found is None or store is None:
             return error_response(404, "unknown_session", f"no session {session_id!r} with approvals on this server")
         owner, named = found
-        if (
-            principal != owner and principal not in self.admins and principal not in named
-            and not await _participant(store, session_id, principal)  # added since
-        ):
+        if not await may_act(store, session_id, principal, owner, named, self.admins):
             return error_response(
                 403, "not_allowed",
                 f"principal {principal!r} may not see, decide or answer approvals and questions of session {session_id!r} "

@@ -151,7 +151,7 @@ def create_app(
             Route("/api/sessions/{session_id}/cancel", api.cancel, methods=["POST"]),
             *ApprovalRoutes(auth, lambda: getattr(runner, "store", None), _owner_of(store), config.admins).routes(),
             WebSocketRoute(WEBSOCKET_PATH, api.websocket),
-            *viewer_mount(runner, store, hub, auth, config.max_streams),  # the web viewer at /ui (saucer.service.viewer)
+            *viewer_mount(runner, store, hub, auth, config.max_streams, sessions, config.admins),  # the web viewer at /ui (saucer.service.viewer)
         ],
         lifespan=lifespan,
         # A token in the query (?token=, as UFO's clients send it) leaves the URL before uvicorn logs it.

@@ -1,8 +1,13 @@
 """The web viewer (:mod:`saucer.ui`) inside ``saucer serve``, at ``/ui``, behind the service's tokens.
 
-A principal sees the sessions it submitted (the same rule as ``GET
-/api/sessions``) and the devices it may use (as ``GET /api/devices``), with
-their online state and last heartbeat. Anything else is a 404. The viewer
+A principal sees the sessions it submitted, those whose task names it as a
+participant, and (an admin) every session: the sessions the approvals API
+lets it act on (participants added later through the event log excepted),
+and the devices it may use (as ``GET /api/devices``), with
+their online state and last heartbeat. Anything else is a 404. On a session's
+page, the principals the approvals API allows (owner, admins, participants) get
+forms to write variables, decide approvals, answer questions and cancel
+(:mod:`saucer.ui.acting`). The viewer
 reads the event store the engine runner writes the sessions' Contexts to.
 """
 
@@ -12,28 +17,33 @@ from typing import Any
 
 from starlette.routing import Mount
 
+from saucer.service.approvals import may_act, principal_author
 from saucer.service.auth import TokenAuthenticator
 from saucer.service.hub import DeviceHub
 from saucer.service.records import SessionRecordStore
 from saucer.store import EventStore
 from saucer.ui import create_app
+from saucer.ui.acting import Acting
 
-__all__ = ["ServiceScope", "viewer_mount", "UI_PATH"]
+__all__ = ["ServiceScope", "service_acting", "viewer_mount", "UI_PATH"]
 
 UI_PATH = "/ui"
 
 
 class ServiceScope:
-    """:class:`saucer.ui.Scope` of a service: each principal's own sessions and usable devices."""
+    """:class:`saucer.ui.Scope` of a service: the sessions each principal may act on, and its usable devices."""
 
-    def __init__(self, records: SessionRecordStore, hub: DeviceHub) -> None:
+    def __init__(self, records: SessionRecordStore, hub: DeviceHub, admins: frozenset[str] = frozenset()) -> None:
         self.records = records
         self.hub = hub
+        self.admins = admins
 
     async def session_ids(self, principal: str | None) -> set[str] | None:
         if principal is None:
             return set()
-        return {record.session_id for record in await self.records.list_sessions(owner=principal)}
+        # the sessions it may act on (may_act): its own, every one for an admin, those whose task names it
+        every = await self.records.list_sessions()
+        return {r.session_id for r in every if r.owner == principal or principal in self.admins or principal in r.task.participants}
 
     async def devices(self, principal: str | None) -> list[dict[str, Any]] | None:
         if principal is None:
@@ -50,14 +60,40 @@ class ServiceScope:
         ]
 
 
+def service_acting(store: EventStore, records: SessionRecordStore, sessions: Any, admins: Any) -> Acting:
+    """The viewer's forms under ``saucer serve``: for the principals the approvals API allows
+    (:func:`saucer.service.approvals.may_act`), recorded as the principal; cancel as ``POST /api/sessions/{id}/cancel``."""
+
+    async def allowed(principal: str | None, session_id: str) -> bool:
+        record = await records.get_session(session_id)
+        if principal is None or record is None:
+            return False
+        return await may_act(store, session_id, principal, record.owner, record.task.participants, admins)
+
+    async def cancel(session_id: str, principal: str | None) -> str | None:
+        record = await records.get_session(session_id)
+        if record is None or principal is None:
+            return f"no session {session_id!r} on this server"
+        if record.status.terminal:
+            return f"session {session_id} already ended as {record.status.value}"
+        await sessions.cancel(session_id, record.owner)  # an allowed principal cancels on the owner's behalf
+        return None
+
+    return Acting(allowed=allowed, author=lambda principal: principal_author(principal or ""), cancel=cancel)
+
+
 def viewer_mount(
-    runner: Any, records: SessionRecordStore, hub: DeviceHub, auth: TokenAuthenticator, max_streams: int
+    runner: Any, records: SessionRecordStore, hub: DeviceHub, auth: TokenAuthenticator, max_streams: int,
+    sessions: Any = None, admins: Any = (),
 ) -> list[Mount]:
-    """The ``/ui`` mount over the runner's event store (none for a runner without one, such as the plan runner)."""
+    """The ``/ui`` mount over the runner's event store (none for a runner without one, such as the plan runner);
+    with the service's ``sessions`` (its SessionManager) the session pages get their forms (:func:`service_acting`)."""
     store = getattr(runner, "store", None)
     if not isinstance(store, EventStore):
         return []
+    acting = service_acting(store, records, sessions, frozenset(admins)) if sessions is not None else None
     app = create_app(
-        store, authenticate=auth.principal, scope=ServiceScope(records, hub), title="saucer serve", max_streams=max_streams
+        store, authenticate=auth.principal, scope=ServiceScope(records, hub, frozenset(admins)), title="saucer serve", max_streams=max_streams,
+        acting=acting,
     )
     return [Mount(UI_PATH, app=app)]

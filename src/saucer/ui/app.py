@@ -1,6 +1,6 @@
 """The viewer's Starlette app: pages, the live stream, sign-in, static files.
 
-Read-only: no route writes to the store. Pages (stable URLs, relative to where
+Read-only unless the host passes ``acting`` (:mod:`saucer.ui.acting`: the session page's forms). Pages (stable URLs, relative to where
 the app is mounted)::
 
     /sessions                          the sessions table: filters, search, sorting, paging
@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Sequence
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 import orjson
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -38,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from saucer.store import EventStore, SessionNotFoundError, StoreError, VersionNotFoundError
 from saucer.ui import queries
+from saucer.ui.acting import READ_ONLY, RESUMABLE, Acting, ActionRefused, pending_of, perform
 from saucer.ui.guard import FormTokens, HostCheck, OriginCheck
 from saucer.ui.render import render
 from saucer.ui.steps import States, Tallies, artifact_file, item_of, new_round, step_detail
@@ -94,9 +95,10 @@ class Viewer:
 
     def __init__(
         self, store: EventStore, authenticate: Callable[[str], str | None] | None, scope: Scope | None, title: str,
-        max_streams: int = DEFAULT_MAX_STREAMS,
+        max_streams: int = DEFAULT_MAX_STREAMS, acting: Acting | None = None,
     ) -> None:
         self.store = store
+        self.acting = acting  # None: read-only (no forms, every action refused)
         self.authenticate = authenticate
         self.scope: Scope = scope or _Everything()
         self.title = title
@@ -163,7 +165,7 @@ class Viewer:
             return self._page(request, "error.html", 400, message=str(exc), devices_page=False)
         except StoreError as exc:
             return self._page(request, "error.html", 500, message=f"store error: {exc}", devices_page=False)
-        return self._page(request, page.template, devices_page=devices_page, **page.values)
+        return self._page(request, page.template, devices_page=devices_page, acting=getattr(request.state, "acting", None), **page.values)
 
     def _sign_in(self, request: Request) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
@@ -204,9 +206,40 @@ class Viewer:
                     detail = step_detail(self.store, sid, step, view.calls, self.states)
                 except LookupError as exc:
                     raise _NotFound(str(exc)) from None
-            return _Page("session.html", {"view": view, "sid": sid, "before": before, "detail": detail})
+            pending = pending_of(self.store, sid) if self.acting is not None else []
+            return _Page("session.html", {"view": view, "sid": sid, "before": before, "detail": detail, "pending": pending})
 
+        if self.acting is not None:  # the forms, for a principal allowed to act on this session only
+            allowed, principal = self._principal(request)
+            may = allowed and await self.acting.allowed(principal, sid)
+            request.state.acting = {
+                "cancel": self.acting.cancel is not None, "resume": self.acting.resume is not None, "resumable": RESUMABLE,
+                "done": request.query_params.get("done"),
+            } if may else None
         return await self._run(request, sid, build)
+
+    async def act(self, request: Request) -> Response:
+        """A form of the session's page: set/delete variables, decide, answer, cancel (see :mod:`saucer.ui.acting`)."""
+        sid, action = request.path_params["session_id"], request.path_params["action"]
+        if self.acting is None:
+            return Response(READ_ONLY, status_code=403, headers=_SECURITY_HEADERS)
+        try:
+            principal, _ = await self._guard(request, sid)
+        except _SignIn:
+            return Response("sign in first", status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        except _NotFound as exc:
+            return Response(str(exc), status_code=404, headers=_SECURITY_HEADERS)
+        form = await self._form(request)
+        if form is None:
+            return Response(_STALE_FORM, status_code=403, headers=_SECURITY_HEADERS)
+        try:
+            done = await perform(self.acting, self.store, sid, principal, action, form)
+        except ActionRefused as exc:
+            return Response(str(exc), status_code=exc.status, headers=_SECURITY_HEADERS)
+        except SessionNotFoundError as exc:
+            return Response(str(exc), status_code=404, headers=_SECURITY_HEADERS)
+        base = request.scope.get("root_path", "").rstrip("/")
+        return RedirectResponse(f"{base}/sessions/{quote(sid, safe='')}?{_encode({'done': done})}#act", status_code=303)
 
     async def step(self, request: Request) -> Response:
         """The step inspector of one event, as an HTML fragment (the session's page loads it in place)."""
@@ -474,6 +507,7 @@ def create_app(
     on_close: Callable[[], Awaitable[None] | None] | None = None,
     allowed_hosts: Sequence[str] | None = None,
     max_streams: int = DEFAULT_MAX_STREAMS,
+    acting: Acting | None = None,
 ) -> Starlette:
     """The viewer over ``store``.
 
@@ -487,9 +521,10 @@ def create_app(
     POST is refused when another site sent it (Origin) or its form token is
     wrong (:mod:`saucer.ui.guard`). ``max_streams`` caps the live pages one
     principal holds open (429 past it); on PostgreSQL they all share one
-    LISTEN connection of the store.
+    LISTEN connection of the store. ``acting`` turns on the session page's
+    forms (:mod:`saucer.ui.acting`); without it the viewer is read-only.
     """
-    viewer = Viewer(store, authenticate, scope, title, max_streams)
+    viewer = Viewer(store, authenticate, scope, title, max_streams, acting)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -512,6 +547,7 @@ def create_app(
         Route("/sessions/{session_id}/steps/{version}", viewer.step),
         Route("/sessions/{session_id}/steps/{version}/artifacts/{index}", viewer.artifact),
         Route("/sessions/{session_id}/stream", viewer.stream),
+        Route("/sessions/{session_id}/act/{action}", viewer.act, methods=["POST"]),
         Route("/devices", viewer.devices),
         Route("/login", viewer.login, methods=["GET", "POST"]),
         Route("/logout", viewer.logout, methods=["POST"]),
