@@ -233,7 +233,7 @@ def test_the_readme_conversion_is_what_saucer_config_convert_prints(tmp_path: Pa
     assert proc.stdout == shown
     (tmp_path / "saucer.toml").write_text(proc.stdout)
     assert load_any_settings(tmp_path / "saucer.toml").model_dump() == load_any_settings(tmp_path / "config/ufo").model_dump()
-    assert "### AIP devices" in section  # the wire protocol's place in this section
+    assert "### The wire protocol" in section and "(#aip-devices)" in section  # the wire protocol: where AIP devices are described
 
 
 def test_convert_errors_are_one_line(tmp_path: Path) -> None:

@@ -73,6 +73,17 @@ def _plain(ctx: Context) -> dict[str, Any]:
     return ctx._plain()
 
 
+def _shown(state: dict[str, Any], key: str) -> Any:
+    """What a diff shows for ``key`` at a version: its value, else a typed name's default (as ``state``
+    shows it), else None (a variable not set)."""
+    if key in state:
+        return state[key]
+    if key in ContextNames.__members__:
+        default = ContextNames[key].default_value
+        return getattr(default, "value", default)
+    return None
+
+
 def _event_key(event: Any) -> tuple[Any, ...]:
     return (event.session_id, event.version, event.timestamp, event.author, event.round, event.step, event.ops, event.meta)
 
@@ -245,7 +256,7 @@ class HistoryMachine(RuleBasedStateMachine):
                 ctx.diff(v1, v2)
             return
         a, b = m.states[v1], m.states[v2]
-        expected = {k: {"before": a.get(k), "after": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+        expected = {k: {"before": _shown(a, k), "after": _shown(b, k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
         assert ctx.diff(v1, v2) == expected
 
     # --------------------------------------------------------- invariant

@@ -206,7 +206,7 @@ def test_the_desktop_launcher_starts_programs_confined(tmp_path: Path) -> None:
     art.mkdir()
     launcher = Launcher(Policy.create("landlock", (ws, art), scoped=False))
     proc = launcher.start(["/bin/sh", "-c", f"echo x > {tmp_path}/outside; echo y > {ws}/inside; echo $TMPDIR"],
-                          cwd=ws, env={"PATH": "/usr/bin:/bin"}, log=art / "launch.log")
+                          cwd=ws, env={"PATH": "/usr/bin:/bin"}, log=lambda: open(art / "launch.log", "ab"))
     proc.wait(timeout=30)
     assert not (tmp_path / "outside").exists() and (ws / "inside").exists()
     assert "saucer-tmp-" in (art / "launch.log").read_text()
