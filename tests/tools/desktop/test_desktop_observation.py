@@ -107,6 +107,11 @@ def test_a_focused_window_that_is_not_on_the_bus_is_said_so() -> None:
     with pytest.raises(DesktopError, match=r"the focused window 'zenity' \(Zenity, pid 77\) is not on the accessibility bus"):
         choose(apps, None, None, _x(9, "zenity", 77, "Zenity", "zenity"))
     assert choose(apps, None, None, _x(8, "Untitled 1 - Mousepad", 10)).app == "mousepad"
+    # No application on the bus at all (the only program runs with NO_AT_BRIDGE=1): still the focused window's case.
+    with pytest.raises(DesktopError, match=r"the focused window 'zenity' \(Zenity, pid 77\) is not on the accessibility bus"):
+        choose([], None, None, _x(9, "zenity", 77, "Zenity", "zenity"))
+    with pytest.raises(DesktopError, match="no application is on the accessibility bus; start one first"):
+        choose([], "zenity", None, _x(9, "zenity", 77, "Zenity", "zenity"))  # app= named: there is none
     apps.append(App((":1.2", "/root"), "zenity", 77, []))  # on the bus, no window listed yet: the application
     assert choose(apps, None, None, _x(9, "zenity", 77, "Zenity", "zenity")).window is None
     assert choose(apps, None, None, None).app == "mousepad"  # no focus at all: the only application showing

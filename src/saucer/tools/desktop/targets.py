@@ -82,10 +82,13 @@ def choose(apps: Sequence[App], app: str | None, window: str | None, focused: XW
     Without either, the focused window is the one window in the "active"
     state; when there are none or several, the X11 input focus (``focused``)
     decides by process id and title, and a focused window that is on no
-    application of the bus is an error (not some other application's tree);
+    application of the bus (or with none on the bus) is an error saying so
+    (not some other application's tree, nor just "no application");
     without a focused window, the only application with a window showing.
     """
     if not apps:
+        if focused is not None and not app and not window:
+            raise _off_the_bus(focused)  # the more useful answer: what is focused, and what to use instead
         raise DesktopError("no application is on the accessibility bus; start one first (launch)")
     chosen = pick(apps, app, lambda a: a.name, "application") if app else list(apps)
     if window:
@@ -114,11 +117,7 @@ def choose(apps: Sequence[App], app: str | None, window: str | None, focused: XW
             # On the bus, but no window listed (yet): the whole application.
             return Target(owner[0].ref, owner[0].name, owner[0].pid, None)
         if not active:
-            raise DesktopError(
-                f"the focused window {focused.title!r} ({focused.app or 'no WM_CLASS'}, pid {focused.pid}) is not on "
-                "the accessibility bus (its toolkit may not support AT-SPI, or it runs with NO_AT_BRIDGE=1): use "
-                "screenshots, clicks at x, y and keys, or name another application with app="
-            )
+            raise _off_the_bus(focused)
     if not active:
         showing = [(a, w) for a in apps for w in a.windows if "showing" in w.states]
         if len({a.ref for a, _ in showing}) == 1:
@@ -128,6 +127,15 @@ def choose(apps: Sequence[App], app: str | None, window: str | None, focused: XW
         raise DesktopError(f"no window has the focus; name one with app= or window= (running: {listed})")
     a, w = active[0]
     return Target(w.ref, a.name, a.pid, w.name)
+
+
+def _off_the_bus(focused: XWindow) -> DesktopError:
+    """The error for a focused X11 window whose program is not on the accessibility bus."""
+    return DesktopError(
+        f"the focused window {focused.title!r} ({focused.app or 'no WM_CLASS'}, pid {focused.pid}) is not on "
+        "the accessibility bus (its toolkit may not support AT-SPI, or it runs with NO_AT_BRIDGE=1): use "
+        "screenshots, clicks at x, y and keys, or name another application with app="
+    )
 
 
 def window_offset(window: NodeInfo, pid: int | None, xwindows: Sequence[XWindow]) -> tuple[int, int]:
