@@ -22,7 +22,7 @@ from service_support import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
 
 from saucer.store import open_store
 
-FINAL = ("completed", "failed", "cancelled")
+FINAL = ("finished", "failed", "cancelled")
 
 
 def _config(tmp_path: Path, timeout: float) -> Path:
@@ -137,7 +137,7 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         assert again["error"]["code"] == "not_pending" and "already approved by alice" in again["error"]["message"]
 
         body = _ended(alice, sid)
-        assert body["session"]["status"] == "completed", body["session"]["error"]
+        assert body["session"]["status"] == "finished", body["session"]["error"]
         assert not (workspace / "junk.txt").exists()
         assert body["steps"][1]["results"][0]["status"] == "success"
 
@@ -163,7 +163,7 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         ), outsider.text
         approved = bob.post(f"/api/sessions/{third}/approvals/{approval['number']}/approve")
         assert approved.status_code == 200 and approved.json()["decided_by"] == "bob", approved.text
-        assert _ended(alice, third)["session"]["status"] == "completed"
+        assert _ended(alice, third)["session"]["status"] == "finished"
         assert not (workspace / "junk.txt").exists()
 
         # One source: the CLI on the server's store and the API show the same approvals.

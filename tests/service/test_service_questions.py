@@ -22,7 +22,7 @@ from fake_openai import FakeOpenAI  # noqa: E402
 
 from saucer.store import open_store  # noqa: E402
 
-FINAL = ("completed", "failed", "cancelled")
+FINAL = ("finished", "failed", "cancelled")
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_the_owner_answers_the_models_question_through_the_api(processes: Proces
         assert answered.status_code == 200, answered.text
         assert (answered.json()["status"], answered.json()["answer"], answered.json()["decided_by"]) == ("answered", "notes.txt", "alice")
         body = _ended(alice, sid)
-        assert body["session"]["status"] == "completed", body["session"]
+        assert body["session"]["status"] == "finished", body["session"]
         # One source: the CLI on the server's event store and the API show the same question.
         cli = subprocess.run([sys.executable, "-m", "saucer", "approvals", sid, "--json", "--store", store_url],
                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,

@@ -82,9 +82,11 @@ def test_200_streams_under_saucer_serve_on_postgresql_share_one_listen_connectio
             assert answer.status_code == 201, answer.text
             sid = answer.json()["session_id"]
             for _ in range(200):
-                if http.get(f"/api/sessions/{sid}", headers=auth(ALICE)).json()["session"]["status"] == "completed":
+                if http.get(f"/api/sessions/{sid}", headers=auth(ALICE)).json()["session"]["status"] == "finished":
                     break
                 asyncio.run(asyncio.sleep(0.1))
+            else:
+                raise AssertionError(f"session {sid} did not finish: {http.get(f'/api/sessions/{sid}', headers=auth(ALICE)).text}")
         with open_store(store_url) as store:
             head = store.head(sid)
 
