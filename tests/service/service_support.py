@@ -144,7 +144,7 @@ class Processes:
             ],
             env={"SAUCER_SERVICE_TOKENS": TOKENS_ENV},
         )
-        wait_until(lambda: _healthy(port), 20, f"server on port {port} to answer /health", proc)
+        wait_until(lambda: _healthy(port), 60, f"server on port {port} to answer /health", proc)
         return proc
 
     def device(self, port: int, device_id: str, token: str = FLEET, *, wait: bool = True) -> Proc:
@@ -190,7 +190,7 @@ class Processes:
             env={"SAUCER_SERVICE_TOKENS": ""},
             module="saucer",
         )
-        wait_until(lambda: _healthy(port), 20, f"saucer serve on port {port} to answer /health", proc)
+        wait_until(lambda: _healthy(port), 60, f"saucer serve on port {port} to answer /health", proc)
         return proc
 
     def cli_device(
