@@ -177,13 +177,14 @@ def _group(item: pytest.Item, classifier: _Classifier) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test ``unit`` or ``e2e``; under xdist, group the heavy ones and send those first."""
     classifier = _Classifier()
+    xdist = config.pluginmanager.hasplugin("xdist")  # its marker exists only with the plugin (-p no:xdist)
     grouped: list[pytest.Item] = []
     for item in items:
         forced = item.get_closest_marker("e2e") or item.get_closest_marker("unit")
         e2e = forced.name == "e2e" if forced else _is_e2e(item, classifier)
         item.add_marker("e2e" if e2e else "unit")
         group = _group(item, classifier) if e2e else None
-        if group is not None and not item.get_closest_marker("xdist_group"):
+        if group is not None and xdist and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
         if item.get_closest_marker("xdist_group"):
             grouped.append(item)

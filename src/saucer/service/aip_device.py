@@ -53,7 +53,7 @@ from saucer.service.aip import (
     timestamp,
     tool_listing,
 )
-from saucer.service.device import CommandExecutor, DeviceAuthError, DeviceError, DeviceRefused
+from saucer.service.device import CommandExecutor, DeviceAuthError, DeviceError, DeviceRefused, run_until_first
 from saucer.service.protocol import ProtocolError, align_results, failure_results
 
 __all__ = ["AipDeviceClient", "DEFAULT_AGENT_NAMES", "AIP_HEARTBEAT_INTERVAL", "token_url"]
@@ -178,18 +178,7 @@ class AipDeviceClient:
                 raise
             self._ws = ws
             try:
-                parts = [
-                    asyncio.create_task(self._receive(ws)),
-                    asyncio.create_task(self._heartbeats()),
-                    asyncio.create_task(self.stop.wait()),
-                ]
-                done, pending = await asyncio.wait(parts, return_when=asyncio.FIRST_COMPLETED)
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                for task in done:
-                    if not task.cancelled() and task.exception() is not None:
-                        raise task.exception()  # type: ignore[misc]
+                await run_until_first(self._receive(ws), self._heartbeats(), self.stop.wait())
             finally:
                 self._ws = None
 

@@ -218,18 +218,7 @@ class DeviceClient:
             self._ws = ws
             try:
                 await self._flush_outbox(ws)
-                parts = [
-                    asyncio.create_task(self._receive(ws)),
-                    asyncio.create_task(self._heartbeats(ws)),
-                    asyncio.create_task(self.stop.wait()),
-                ]
-                done, pending = await asyncio.wait(parts, return_when=asyncio.FIRST_COMPLETED)
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                for task in done:
-                    if not task.cancelled() and task.exception() is not None:
-                        raise task.exception()  # type: ignore[misc]
+                await run_until_first(self._receive(ws), self._heartbeats(ws), self.stop.wait())
             finally:
                 self._ws = None
 
@@ -473,3 +462,16 @@ def _batch_key(commands: list[Command]) -> str:
 
 def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def run_until_first(*awaitables: Any) -> None:
+    """Run ``awaitables`` as tasks until the first one ends; cancel the others and wait for them,
+    then re-raise what the finished one raised (a device's receive loop, heartbeats and stop)."""
+    parts = [asyncio.ensure_future(a) for a in awaitables]
+    done, pending = await asyncio.wait(parts, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
