@@ -37,7 +37,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from saucer.dispatch.messages import Command, Result, ResultStatus
-from saucer.service.protocol import ErrorCode, ProtocolError, frame_size
+from saucer.service.protocol import ErrorCode, ProtocolError, frame_ref, frame_size
 
 __all__ = [
     "AIP_CLIENT_TYPES",
@@ -188,7 +188,7 @@ def parse_aip(data: bytes | str | dict[str, Any], sender: Literal["client", "ser
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.NOT_AN_OBJECT, f"an AIP message is a JSON object, got {type(obj).__name__}")
     known = AIP_CLIENT_TYPES if sender == "client" else AIP_SERVER_TYPES
-    ref = _ref(obj)
+    ref = frame_ref(obj)
     kind = obj.get("type")
     if kind is None:
         raise ProtocolError(ErrorCode.MISSING_TYPE, "AIP message has no 'type' field", ref)
@@ -359,14 +359,6 @@ def tool_listing(tools: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 def new_id() -> str:
     """A fresh id for ``response_id`` / ``request_id``."""
     return str(uuid.uuid4())
-
-
-def _ref(obj: dict[str, Any]) -> str | None:
-    for key in ("response_id", "prev_response_id", "request_id", "session_id"):
-        value = obj.get(key)
-        if isinstance(value, str) and value:
-            return value[:200]
-    return None
 
 
 def _describe(exc: ValidationError) -> str:

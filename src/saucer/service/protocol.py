@@ -72,6 +72,7 @@ __all__ = [
     "Frame",
     "FRAME_TYPES",
     "frame_size",
+    "frame_ref",
     "parse_frame",
     "encode_frame",
     "align_results",
@@ -273,7 +274,7 @@ def parse_frame(data: bytes | str, *, max_bytes: int | None = DEFAULT_MAX_FRAME_
         raise ProtocolError(ErrorCode.MALFORMED_JSON, f"frame is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.NOT_AN_OBJECT, f"frame must be a JSON object, got {type(obj).__name__}")
-    ref = _frame_ref(obj)
+    ref = frame_ref(obj)
     kind = obj.get("type")
     if kind is None:
         raise ProtocolError(ErrorCode.MISSING_TYPE, "frame has no 'type' field", ref)
@@ -304,8 +305,8 @@ def now() -> float:
     return time.time()
 
 
-def _frame_ref(obj: dict[str, Any]) -> str | None:
-    # An error about a frame names the id the sender can correlate it with.
+def frame_ref(obj: dict[str, Any]) -> str | None:
+    """The id an error about a message names, so the sender can correlate it (saucer's frames and AIP's)."""
     for key in ("response_id", "prev_response_id", "request_id", "session_id"):
         value = obj.get(key)
         if isinstance(value, str) and value:
