@@ -41,8 +41,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 STARTUP_SCENARIOS = [
     "start-session",
@@ -53,8 +54,14 @@ STARTUP_SCENARIOS = [
     "pool-builtin-unshared-isolated",
 ]
 
-_ONE_STEP = {"task": "one", "steps": [{"subtask": "look", "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}]}]}
-_SLEEP_STEP = {"task": "nap", "steps": [{"subtask": "nap", "commands": [{"tool_name": "shell.run", "parameters": {"command": "sleep 1"}}]}]}
+_ONE_STEP = {
+    "task": "one",
+    "steps": [{"subtask": "look", "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}]}],
+}
+_SLEEP_STEP = {
+    "task": "nap",
+    "steps": [{"subtask": "nap", "commands": [{"tool_name": "shell.run", "parameters": {"command": "sleep 1"}}]}],
+}
 
 
 def _settings(tmp: Path, isolate: bool) -> Any:
@@ -144,6 +151,7 @@ def _pool(tmp: Path, isolate: bool, plan: dict[str, Any], count: int, unshared: 
 def run_startup(name: str, quick: bool) -> dict[str, Any]:
     """One in-process scenario, in the current directory (a fresh temporary one), its imports done first."""
     import jsonschema  # noqa: F401 - parameters that need a message are checked with it; imported on demand
+
     import saucer.agents.follower  # noqa: F401
     import saucer.dispatch.local  # noqa: F401 - the whole-process figures include the imports
 
@@ -218,7 +226,10 @@ def report(child: Callable[[str], dict[str, Any]], tmp: Path, env: dict[str, str
     procs = whole_processes(tmp, env, repeat)
     inproc = {name: child(name) for name in STARTUP_SCENARIOS}
 
-    table = Table(title="session start-up (medians; wall time, and CPU time of the process and its children)", title_justify="left")
+    table = Table(
+        title="session start-up (medians; wall time, and CPU time of the process and its children)",
+        title_justify="left",
+    )
     for col in ("what", "wall", "CPU", "target", ""):
         table.add_column(col, justify="left" if col == "what" else "right")
 
@@ -238,37 +249,62 @@ def report(child: Callable[[str], dict[str, Any]], tmp: Path, env: dict[str, str
     after, before = inproc["start-session"], inproc["start-session-isolated"]
     table.add_row(
         f"in-process session start to tools listed, built-in tools in-process ({after['sessions'] - 1} sessions)",
-        f"{after['tools_ms']:.1f} ms", "", "<= 20 ms", verdict(after["tools_ms"] <= 20),
+        f"{after['tools_ms']:.1f} ms",
+        "",
+        "<= 20 ms",
+        verdict(after["tools_ms"] <= 20),
     )
     table.add_row(
-        "  the whole one-step session (create, start, step, end)", f"{after['session_ms']:.1f} ms", "", "<= 20 ms",
+        "  the whole one-step session (create, start, step, end)",
+        f"{after['session_ms']:.1f} ms",
+        "",
+        "<= 20 ms",
         verdict(after["session_ms"] <= 20),
     )
     table.add_row(
-        "  the whole one-step session in a shared scope (a pool, saucer run)", f"{after['shared_session_ms']:.1f} ms",
-        "", "<= 20 ms", verdict(after["shared_session_ms"] <= 20),
+        "  the whole one-step session in a shared scope (a pool, saucer run)",
+        f"{after['shared_session_ms']:.1f} ms",
+        "",
+        "<= 20 ms",
+        verdict(after["shared_session_ms"] <= 20),
     )
-    table.add_row("  the first session of the process (builds the in-process servers)", f"{after['first_ms']:.1f} ms", "", "", "")
+    table.add_row(
+        "  the first session of the process (builds the in-process servers)", f"{after['first_ms']:.1f} ms", "", "", ""
+    )
     table.add_row(
         f"in-process session start to tools listed, isolated stdio tools ({before['sessions'] - 1} sessions, before)",
-        f"{before['tools_ms']:.0f} ms", "", "", "",
+        f"{before['tools_ms']:.0f} ms",
+        "",
+        "",
+        "",
     )
     table.add_row("  the whole one-step session, isolated (before)", f"{before['session_ms']:.0f} ms", "", "", "")
     batch, batch_before = inproc["batch4"], inproc["batch4-isolated"]
     table.add_row(
-        "4 sessions x one 1-second step, pool(4), in-process tools", f"{batch['wall_s']:.2f} s", "", "<= 1.5 s",
+        "4 sessions x one 1-second step, pool(4), in-process tools",
+        f"{batch['wall_s']:.2f} s",
+        "",
+        "<= 1.5 s",
         verdict(batch["wall_s"] <= 1.5),
     )
-    table.add_row("  the same, isolated tools started per session (before)", f"{batch_before['wall_s']:.2f} s", "", "", "")
+    table.add_row(
+        "  the same, isolated tools started per session (before)", f"{batch_before['wall_s']:.2f} s", "", "", ""
+    )
     pool, pool_before = inproc["pool-builtin"], inproc["pool-builtin-unshared-isolated"]
     table.add_row(
         f"{pool['sessions']:,} one-step sessions, pool(4), built-in tools started once",
-        f"{pool['wall_s']:.2f} s", "", f"{pool['ms_per_session']:.1f} ms/session", "",
+        f"{pool['wall_s']:.2f} s",
+        "",
+        f"{pool['ms_per_session']:.1f} ms/session",
+        "",
     )
     scaled = pool_before["ms_per_session"] * pool["sessions"] / 1e3
     table.add_row(
         f"  before: isolated tools per session ({pool_before['sessions']} measured, scaled to {pool['sessions']:,})",
-        f"~{scaled:.0f} s", "", f"{pool_before['ms_per_session']:.0f} ms/session", "",
+        f"~{scaled:.0f} s",
+        "",
+        f"{pool_before['ms_per_session']:.0f} ms/session",
+        "",
     )
     console.print(table)
     console.print(

@@ -36,15 +36,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 0.5
@@ -249,8 +248,12 @@ def bench_langgraph(base: str, n: int, seconds: float) -> tuple[float, float, fl
         plain,
         min_size=min(n, 90),
         max_size=min(n, 90),
-        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
-                "options": f"-csearch_path={schema}"},
+        kwargs={
+            "autocommit": True,
+            "prepare_threshold": 0,
+            "row_factory": dict_row,
+            "options": f"-csearch_path={schema}",
+        },
         open=True,
     )
     try:
@@ -291,8 +294,22 @@ def _langgraph_importable() -> bool:
 
 
 def _langgraph_elsewhere(python: str, base: str, sizes: list[int], seconds: float, repeat: int) -> list[Result]:
-    cmd = [python, __file__, "--only", "langgraph", "--json", "-", "--postgres-url", base,
-           "--sessions", ",".join(map(str, sizes)), "--seconds", str(seconds), "--repeat", str(repeat)]
+    cmd = [
+        python,
+        __file__,
+        "--only",
+        "langgraph",
+        "--json",
+        "-",
+        "--postgres-url",
+        base,
+        "--sessions",
+        ",".join(map(str, sizes)),
+        "--seconds",
+        str(seconds),
+        "--repeat",
+        str(repeat),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"{python} could not run the LangGraph leg:\n{proc.stderr[-2000:]}")
@@ -302,8 +319,9 @@ def _langgraph_elsewhere(python: str, base: str, sizes: list[int], seconds: floa
 # ----------------------------------------------------------------------- main
 
 
-def _measure(system: str, fn: Callable[[int, float], tuple[float, float, float, str]], n: int,
-             seconds: float, repeat: int) -> Result:
+def _measure(
+    system: str, fn: Callable[[int, float], tuple[float, float, float, str]], n: int, seconds: float, repeat: int
+) -> Result:
     runs = [fn(n, seconds) for _ in range(repeat)]
     best = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     return Result(system, n, best[0], best[1], best[2], [round(r[0]) for r in runs], best[3])
@@ -331,12 +349,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", default="1,10,100", help="comma-separated session counts")
     ap.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
     ap.add_argument("--repeat", type=int, default=3, help="runs per cell (the median is reported)")
-    ap.add_argument("--postgres-url", default=os.environ.get("SAUCER_TEST_POSTGRES_URL"),
-                    help="a PostgreSQL server to use (default: $SAUCER_TEST_POSTGRES_URL)")
+    ap.add_argument(
+        "--postgres-url",
+        default=os.environ.get("SAUCER_TEST_POSTGRES_URL"),
+        help="a PostgreSQL server to use (default: $SAUCER_TEST_POSTGRES_URL)",
+    )
     ap.add_argument("--only", default="sqlite,postgres,langgraph", help="which systems to run")
-    ap.add_argument("--modes", default="tasks,threads",
-                    help="how saucer's sessions run: tasks (asyncio tasks of one loop committing with acommit, "
-                         "as the engine runs them) and/or threads (a thread each, commit)")
+    ap.add_argument(
+        "--modes",
+        default="tasks,threads",
+        help="how saucer's sessions run: tasks (asyncio tasks of one loop committing with acommit, "
+        "as the engine runs them) and/or threads (a thread each, commit)",
+    )
     ap.add_argument("--langgraph-python", help="a Python with LangGraph, if this one has none")
     ap.add_argument("--json", help="also write the results as JSON to this file ('-': stdout only)")
     args = ap.parse_args(argv)
@@ -354,24 +378,39 @@ def main(argv: list[str] | None = None) -> int:
     if "sqlite" in only:
         for mode in modes:
             for n in sizes:
-                results.append(_measure(f"saucer SQLite, {mode}", lambda k, s: bench_sqlite(k, s, mode),
-                                        n, args.seconds, args.repeat))
+                results.append(
+                    _measure(
+                        f"saucer SQLite, {mode}", lambda k, s: bench_sqlite(k, s, mode), n, args.seconds, args.repeat
+                    )
+                )
                 say(f"  {results[-1]}")
     if {"postgres", "langgraph"} & only and not args.postgres_url:
         skipped.append("PostgreSQL and LangGraph: no --postgres-url (or SAUCER_TEST_POSTGRES_URL)")
     elif "postgres" in only:
         for mode in modes:
             for n in sizes:
-                results.append(_measure(f"saucer PostgreSQL, {mode}",
-                                        lambda k, s: bench_postgres(args.postgres_url, k, s, mode),
-                                        n, args.seconds, args.repeat))
+                results.append(
+                    _measure(
+                        f"saucer PostgreSQL, {mode}",
+                        lambda k, s: bench_postgres(args.postgres_url, k, s, mode),
+                        n,
+                        args.seconds,
+                        args.repeat,
+                    )
+                )
                 say(f"  {results[-1]}")
     if "langgraph" in only and args.postgres_url:
         if _langgraph_importable():
             for n in sizes:
-                results.append(_measure("LangGraph PostgresSaver (sync)",
-                                        lambda k, s: bench_langgraph(args.postgres_url, k, s),
-                                        n, args.seconds, args.repeat))
+                results.append(
+                    _measure(
+                        "LangGraph PostgresSaver (sync)",
+                        lambda k, s: bench_langgraph(args.postgres_url, k, s),
+                        n,
+                        args.seconds,
+                        args.repeat,
+                    )
+                )
                 say(f"  {results[-1]}")
         elif args.langgraph_python:
             results += _langgraph_elsewhere(args.langgraph_python, args.postgres_url, sizes, args.seconds, args.repeat)
@@ -389,8 +428,10 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     for r in results:
-        print(f"{r.system:32} {r.sessions:>8} {r.commits_per_s:>10,.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f}  "
-              f"{', '.join(f'{x:,}' for x in r.runs)}{'; ' + r.note if r.note else ''}")
+        print(
+            f"{r.system:32} {r.sessions:>8} {r.commits_per_s:>10,.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f}  "
+            f"{', '.join(f'{x:,}' for x in r.runs)}{'; ' + r.note if r.note else ''}"
+        )
     for s in skipped:
         print(f"skipped: {s}")
     targets = {"saucer SQLite, tasks": 20_000, "saucer PostgreSQL, tasks": 10_000}

@@ -49,13 +49,19 @@ async def main(iterations: int) -> None:
                 assert result.exit_code == 0, result
                 if index >= 10:  # the first ten warm up
                     times[mode].append(elapsed)
-        print(f"{'mode':<12} {'median ms':>10} {'p90 ms':>8} {'added ms':>9}  ({iterations} x `true` through the shell tool)")
+        print(
+            f"{'mode':<12} {'median ms':>10} {'p90 ms':>8} {'added ms':>9}  ({iterations} x `true` through the shell tool)"
+        )
         floor = statistics.median(times["off"]) if "off" in times else None
         for mode in modes:
             ordered = sorted(times[mode])
             median, p90 = statistics.median(ordered), ordered[int(len(ordered) * 0.9) - 1]
             added = median - floor if floor is not None else float("nan")
-            verdict = "" if mode == "off" else ("  PASS" if added <= TARGET_MS else "  MISS") + f" (target <= {TARGET_MS:g} ms)"
+            verdict = (
+                ""
+                if mode == "off"
+                else ("  PASS" if added <= TARGET_MS else "  MISS") + f" (target <= {TARGET_MS:g} ms)"
+            )
             print(f"{mode:<12} {median:>10.2f} {p90:>8.2f} {added:>9.2f}{verdict}")
 
 

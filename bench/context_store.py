@@ -39,9 +39,10 @@ import subprocess
 import sys
 import time
 import timeit
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 try:
@@ -51,7 +52,6 @@ except ImportError:  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _peers  # noqa: E402
-
 from saucer.context import Context, ContextNames  # noqa: E402
 from saucer.context.events import Event  # noqa: E402
 from saucer.store import Snapshot, open_store  # noqa: E402
@@ -300,11 +300,13 @@ def build_postgres_session(conninfo: str, schema: str, url: str, sid: str, event
         ) as copy:
             for row in _bulk_rows(sid, bulk, now):
                 copy.write_row(row)
-        conn.execute(f'UPDATE "{schema}".sessions SET head = %s, updated_at = %s WHERE session_id = %s', (bulk, now, sid))
+        conn.execute(
+            f'UPDATE "{schema}".sessions SET head = %s, updated_at = %s WHERE session_id = %s', (bulk, now, sid)
+        )
     _finish_bulk_session(url, sid, bulk, events, every, now)
 
 
-def postgres_backend(base_url: str, run_id: str) -> "Backend":
+def postgres_backend(base_url: str, run_id: str) -> Backend:
     """A column for saucer on PostgreSQL, one schema per store."""
     import psycopg
 
@@ -361,8 +363,18 @@ def peer_langgraph(
                 results.append(_peers.run_langgraph(variant, durability, str(directory), steps))
                 continue
             proc = subprocess.run(
-                [peers_python, str(Path(__file__).resolve().parent / "_peers.py"), "langgraph", variant, durability, str(directory), str(steps)],
-                capture_output=True, text=True, check=True,
+                [
+                    peers_python,
+                    str(Path(__file__).resolve().parent / "_peers.py"),
+                    "langgraph",
+                    variant,
+                    durability,
+                    str(directory),
+                    str(steps),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             result = json.loads(proc.stdout)
             if "error" in result:
@@ -382,7 +394,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each step workload (the median is shown)")
     parser.add_argument("--sizes", default="1000,100000,1000000", help="event counts of the sessions to open")
-    parser.add_argument("--peers-python", default=None, help="an interpreter with LangGraph installed, if this one has not")
+    parser.add_argument(
+        "--peers-python", default=None, help="an interpreter with LangGraph installed, if this one has not"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the files")
     parser.add_argument(
         "--postgres-url",
@@ -481,7 +495,12 @@ def _run(args: argparse.Namespace, sizes: list[int], run_dir: Path) -> None:
             if not args.keep:
                 b.drop(name)
         if len(opens) > 1:
-            checks.append((f"{b.name}: open time flat from {sizes[0]:,} to {sizes[-1]:,} events (within 2x)", max(opens) <= 2 * min(opens)))
+            checks.append(
+                (
+                    f"{b.name}: open time flat from {sizes[0]:,} to {sizes[-1]:,} events (within 2x)",
+                    max(opens) <= 2 * min(opens),
+                )
+            )
     probe.close()
 
     peers, peer_version = peer_langgraph(run_dir, args.steps, args.peers_python, args.repeat)
@@ -500,25 +519,58 @@ def _run(args: argparse.Namespace, sizes: list[int], run_dir: Path) -> None:
     row("durability exit: one step, ms (median; mean incl. close)", "exit")
     for variant, label in (("const", "constant state {i}"), ("grow", "growing state (+100 chars/step)")):
         target = "< 0.5 MB" if variant == "grow" else ""
-        row(f"{args.steps} steps, {label}: ms/step, step | sync", f"{variant}/step", "", peer(f"{variant}/sync", "ms_per_step", ms3))
-        row(f"{args.steps} steps, {label}: ms/step, exit", f"{variant}/exit", "", peer(f"{variant}/exit", "ms_per_step", ms3))
-        row(f"{args.steps} steps, {label}: on disk, step | sync", f"{variant}/step/bytes", target, peer(f"{variant}/sync", "disk_bytes", _mb))
-        row(f"{args.steps} steps, {label}: on disk, exit", f"{variant}/exit/bytes", target, peer(f"{variant}/exit", "disk_bytes", _mb))
+        row(
+            f"{args.steps} steps, {label}: ms/step, step | sync",
+            f"{variant}/step",
+            "",
+            peer(f"{variant}/sync", "ms_per_step", ms3),
+        )
+        row(
+            f"{args.steps} steps, {label}: ms/step, exit",
+            f"{variant}/exit",
+            "",
+            peer(f"{variant}/exit", "ms_per_step", ms3),
+        )
+        row(
+            f"{args.steps} steps, {label}: on disk, step | sync",
+            f"{variant}/step/bytes",
+            target,
+            peer(f"{variant}/sync", "disk_bytes", _mb),
+        )
+        row(
+            f"{args.steps} steps, {label}: on disk, exit",
+            f"{variant}/exit/bytes",
+            target,
+            peer(f"{variant}/exit", "disk_bytes", _mb),
+        )
     row(f"{args.steps} steps, growing state, random 100-char text: on disk, step", "grow-random/bytes", "< 0.5 MB")
-    row(f"open latest state after the {args.steps}-step growing run, ms", "open-grow", "< 5", peer("grow/sync", "open_ms", ms3))
+    row(
+        f"open latest state after the {args.steps}-step growing run, ms",
+        "open-grow",
+        "< 5",
+        peer("grow/sync", "open_ms", ms3),
+    )
     for n in sizes:
         row(f"open latest state, session of {n:,} events, ms (store open; cold)", f"open-{n}", "< 5, flat")
 
     _print_table(table, [b.name for b in backends] + [LANGGRAPH])
     print()
-    print(f"python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, {os.cpu_count()} cores; files in {run_dir.parent}")
+    print(
+        f"python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, {os.cpu_count()} cores; files in {run_dir.parent}"
+    )
     print(f"{LANGGRAPH}: {peer_version}")
     print(f"step workloads: median of {args.repeat} runs; LangGraph likewise")
     for b in backends:
-        print(f"bulk build of the open-latest sessions ({b.name}), s: " + ", ".join(f"{n:,}: {b.results[f'open-{n}/built']}" for n in sizes))
+        print(
+            f"bulk build of the open-latest sessions ({b.name}), s: "
+            + ", ".join(f"{n:,}: {b.results[f'open-{n}/built']}" for n in sizes)
+        )
     # The targets (issue 2) are stated for SQLite; other columns are shown for comparison.
     judged = [(what, ok) for what, ok in checks if "PostgreSQL" not in what]
-    print("targets (SQLite; other columns for comparison): " + "; ".join(f"{'PASS' if ok else 'FAIL'} {what}" for what, ok in judged))
+    print(
+        "targets (SQLite; other columns for comparison): "
+        + "; ".join(f"{'PASS' if ok else 'FAIL'} {what}" for what, ok in judged)
+    )
     print(f"total bench time {time.perf_counter() - started:.0f} s")
 
 
@@ -528,7 +580,13 @@ def _print_table(table: list[tuple[str, dict[str, str], str]], columns: list[str
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+        return (
+            "| "
+            + " | ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=False))
+            )
+            + " |"
+        )
 
     print(line(header))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")

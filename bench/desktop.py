@@ -93,8 +93,10 @@ async def _measure(dispatcher: LocalCommandDispatcher, iterations: int) -> list[
         rows.append((label, samples, note))
     view = await look(dispatcher, "bench-summary", save_tree=False, include_tree=True)
     summary = summarize_tree(view.tree["tree"] if view.tree else None)
-    print(f"operator tree summary of the calculator: {summary.count(chr(10)) + 1} lines, {len(summary)} characters "
-          f"(the tree as JSON: {len(json.dumps(view.tree))} characters)")
+    print(
+        f"operator tree summary of the calculator: {summary.count(chr(10)) + 1} lines, {len(summary)} characters "
+        f"(the tree as JSON: {len(json.dumps(view.tree))} characters)"
+    )
     for label, tool, parameters, note in cases:
         samples = []
         for i in range(iterations + 3):
@@ -128,23 +130,33 @@ async def _observe(dispatcher: LocalCommandDispatcher, iterations: int) -> list[
         summary = ""
         for i in range(iterations + 3):
             started = time.perf_counter()
-            view = await look(dispatcher, f"bench-{i % 5}", save_tree=False, include_tree=True,
-                              tree_parameters={"max_nodes": 300, "on_screen": True})
+            view = await look(
+                dispatcher,
+                f"bench-{i % 5}",
+                save_tree=False,
+                include_tree=True,
+                tree_parameters={"max_nodes": 300, "on_screen": True},
+            )
             if view.errors or view.tree is None:
                 raise SystemExit(f"look at {label} failed: {view.errors}")
             summary = summarize_tree(view.tree["tree"], screen=(view.screenshot or {}).get("screen"))
             if i >= 3:
                 samples.append(time.perf_counter() - started)
         found = _EDITABLE.search(summary)
-        where = (f"editable text at line {summary[:found.end()].count(chr(10)) + 1}, after {found.start()} characters"
-                 if found else "NO editable text in the summary")
+        where = (
+            f"editable text at line {summary[: found.end()].count(chr(10)) + 1}, after {found.start()} characters"
+            if found
+            else "NO editable text in the summary"
+        )
         note = f"{view.tree['node_count']} nodes; summary {summary.count(chr(10)) + 1} lines, {len(summary)} chars; {where}"
         rows.append((f"observation: {label}", samples, note))
         await _call(dispatcher, "press_keys", keys="Escape")
     return rows
 
 
-async def _run(iterations: int, in_process: bool, artifacts: Path, observation: bool = False) -> list[tuple[str, list[float], str]]:
+async def _run(
+    iterations: int, in_process: bool, artifacts: Path, observation: bool = False
+) -> list[tuple[str, list[float], str]]:
     if in_process:
         desktop = Desktop(DesktopOptions(artifacts=artifacts))
         dispatcher = LocalCommandDispatcher.from_servers({"desktop": build_server(desktop)}, assume_yes=True)
@@ -164,8 +176,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=30, help="timed calls per case (default 30)")
     parser.add_argument("--in-process", action="store_true", help="build the server in this process (no stdio hop)")
-    parser.add_argument("--observation", action="store_true",
-                        help="time the operator's look + tree summary on four applications instead")
+    parser.add_argument(
+        "--observation",
+        action="store_true",
+        help="time the operator's look + tree summary on four applications instead",
+    )
     args = parser.parse_args()
     programs = {"gnome-calculator": "gnome-calculator"}
     if args.observation:
@@ -179,12 +194,16 @@ def main() -> None:
         rows = asyncio.run(_run(args.iterations, args.in_process, Path(scratch), args.observation))
     where = "in-process server" if args.in_process else "stdio server through the dispatcher"
     apps = ", ".join(OBSERVED) if args.observation else "gnome-calculator (GTK 4)"
-    print(f"python {sys.version.split()[0]}, Xvfb 1280x800x24, {apps}, {where}, "
-          f"{args.iterations} calls per case, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"python {sys.version.split()[0]}, Xvfb 1280x800x24, {apps}, {where}, "
+        f"{args.iterations} calls per case, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
     width = max(len(label) for label, _, _ in rows)
     print(f"{'call'.ljust(width)}  {'p50 ms':>8}  {'p99 ms':>8}  note")
     for label, samples, note in rows:
-        print(f"{label.ljust(width)}  {_percentile(samples, 0.5) * 1000:8.1f}  {_percentile(samples, 0.99) * 1000:8.1f}  {note}")
+        print(
+            f"{label.ljust(width)}  {_percentile(samples, 0.5) * 1000:8.1f}  {_percentile(samples, 0.99) * 1000:8.1f}  {note}"
+        )
 
 
 if __name__ == "__main__":

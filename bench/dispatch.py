@@ -65,8 +65,13 @@ async def _measure(label: str, target: Any, table: Any, iterations: int, batch: 
 
     def row(way: str, samples: list[float], elapsed: float, count: int) -> None:
         rows.append(
-            (label, way, f"{_percentile(samples, 0.5) * 1e6:,.0f}", f"{_percentile(samples, 0.99) * 1e6:,.0f}",
-             f"{count / elapsed:,.0f}")
+            (
+                label,
+                way,
+                f"{_percentile(samples, 0.5) * 1e6:,.0f}",
+                f"{_percentile(samples, 0.99) * 1e6:,.0f}",
+                f"{count / elapsed:,.0f}",
+            )
         )
 
     async with Client(target, cache=None) as client:
@@ -105,7 +110,12 @@ async def _main(iterations: int, batch: int) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print(f"python {sys.version.split()[0]}, {iterations} single calls, batches of {batch}")
     for line in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.rjust(w) if i >= 2 else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+        print(
+            "  ".join(
+                cell.rjust(w) if i >= 2 else cell.ljust(w)
+                for i, (cell, w) in enumerate(zip(line, widths, strict=False))
+            )
+        )
     by = {(r[0], r[1]): float(r[2].replace(",", "")) for r in rows}
     for label in ("in-process", "stdio"):
         overhead = by[(label, "dispatcher")] - by[(label, "raw client")]

@@ -83,13 +83,16 @@ def main() -> None:
     sealed, opened = seal_cost()
     print(f"AES-256-GCM, one 200-character value: seal {sealed:.1f} us, open {opened:.1f} us")
     print(f"{args.commits} commits of 3 operations (2 covered by store.encrypt), per commit:")
-    print(f"{'backend':<12}{'plain median':>14}{'sealed median':>15}{'cost':>11}{'plain mean':>12}{'sealed mean':>13}"
-          f"{'open plain':>12}{'open sealed':>13}")
+    print(
+        f"{'backend':<12}{'plain median':>14}{'sealed median':>15}{'cost':>11}{'plain mean':>12}{'sealed mean':>13}"
+        f"{'open plain':>12}{'open sealed':>13}"
+    )
     backends = [("memory", lambda: f"memory://bench-{uuid.uuid4().hex}")]
     tmp = tempfile.mkdtemp(dir=args.dir)
     backends.append(("sqlite", lambda: f"sqlite:///{tmp}/{uuid.uuid4().hex}.db"))
     schemas: list[str] = []
     if args.postgres_url:
+
         def pg() -> str:
             schemas.append("bench_enc_" + uuid.uuid4().hex[:10])
             return f"{args.postgres_url}?schema={schemas[-1]}"

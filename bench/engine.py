@@ -58,12 +58,23 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from _startup import STARTUP_SCENARIOS, report, run_startup  # noqa: E402
 
-SCENARIOS = ["loop", "loop-nostruct", "context-only", "snap100", "sessions", "sqlite-loop", "pool-memory", "pool-sqlite", "pool-cli"]
+SCENARIOS = [
+    "loop",
+    "loop-nostruct",
+    "context-only",
+    "snap100",
+    "sessions",
+    "sqlite-loop",
+    "pool-memory",
+    "pool-sqlite",
+    "pool-cli",
+]
 
 
 def _rss_mb() -> float:
@@ -125,7 +136,12 @@ def _one_session(tmp: Path, steps: int, *, structural: bool = True, **settings: 
     result = asyncio.run(session.run())
     wall = time.perf_counter() - t
     assert result.ok and result.steps == steps, result
-    return {"steps": steps, "wall_s": wall, "loop_us_per_step": clock.loop_s / steps * 1e6, "us_per_step": wall / steps * 1e6}
+    return {
+        "steps": steps,
+        "wall_s": wall,
+        "loop_us_per_step": clock.loop_s / steps * 1e6,
+        "us_per_step": wall / steps * 1e6,
+    }
 
 
 def scenario_loop(tmp: Path, n: int) -> dict[str, Any]:
@@ -153,12 +169,33 @@ def scenario_context_only(tmp: Path, n: int) -> dict[str, Any]:
             {ContextNames.SESSION_STEP: 1, ContextNames.CURRENT_ROUND_STEP: 1},
             {"Round": 0, "SubtaskIndex": 0, "Step": i, "Agent": "noop", "State": "CONTINUE", "Status": "CONTINUE"},
         )
-        ctx.commit(author="noop", round=0, step=i, meta={
-            "round": 0, "step": i, "session_step": i, "agent": "noop", "state": "CONTINUE", "status": "CONTINUE",
-            "next_agent": "noop", "next_state": "CONTINUE", "subtask_index": 0, "started_at": time.time(),
-            "kind": "step", "session_status": "running",
-            "cursor": {"phase": "step", "round": 0, "plan_index": None, "agent": "noop", "state": "CONTINUE", "requests": 1},
-        })
+        ctx.commit(
+            author="noop",
+            round=0,
+            step=i,
+            meta={
+                "round": 0,
+                "step": i,
+                "session_step": i,
+                "agent": "noop",
+                "state": "CONTINUE",
+                "status": "CONTINUE",
+                "next_agent": "noop",
+                "next_state": "CONTINUE",
+                "subtask_index": 0,
+                "started_at": time.time(),
+                "kind": "step",
+                "session_status": "running",
+                "cursor": {
+                    "phase": "step",
+                    "round": 0,
+                    "plan_index": None,
+                    "agent": "noop",
+                    "state": "CONTINUE",
+                    "requests": 1,
+                },
+            },
+        )
     wall = time.perf_counter() - t
     return {"steps": n, "wall_s": wall, "us_per_step": wall / n * 1e6, "loop_us_per_step": wall / n * 1e6}
 
@@ -171,11 +208,19 @@ def scenario_sessions(tmp: Path, n: int) -> dict[str, Any]:
     clock = _LoopClock()
     t = time.perf_counter()
     for _ in range(count):
-        result = asyncio.run(Session("bench", settings=cfg, request="go", agents=_noop_agent(per), observer=clock).run())
+        result = asyncio.run(
+            Session("bench", settings=cfg, request="go", agents=_noop_agent(per), observer=clock).run()
+        )
         assert result.ok and result.steps == per
     wall = time.perf_counter() - t
     steps = per * count
-    return {"steps": steps, "sessions": count, "wall_s": wall, "us_per_step": wall / steps * 1e6, "loop_us_per_step": clock.loop_s / steps * 1e6}
+    return {
+        "steps": steps,
+        "sessions": count,
+        "wall_s": wall,
+        "us_per_step": wall / steps * 1e6,
+        "loop_us_per_step": clock.loop_s / steps * 1e6,
+    }
 
 
 def scenario_sqlite_loop(tmp: Path, n: int) -> dict[str, Any]:
@@ -204,13 +249,18 @@ def _pool(tmp: Path, sessions: int, store_url: str, trace: bool) -> dict[str, An
     plan = {
         "task": "pool",
         "steps": [
-            {"subtask": f"step {i}", "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}", "content": "x"}}]}
+            {
+                "subtask": f"step {i}",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}", "content": "x"}}],
+            }
             for i in range(3)
         ],
     }
     store = open_store(store_url)
     tool = _Tool()
-    items = [Session("pool", mode="follower", settings=cfg, store=store, plan=plan, dispatcher=tool) for _ in range(sessions)]
+    items = [
+        Session("pool", mode="follower", settings=cfg, store=store, plan=plan, dispatcher=tool) for _ in range(sessions)
+    ]
     base_rss = _rss_mb()
     if trace:
         tracemalloc.start()
@@ -225,8 +275,14 @@ def _pool(tmp: Path, sessions: int, store_url: str, trace: bool) -> dict[str, An
     assert all(r.ok for r in results), pool.counts()
     store.close()
     steps = sum(r.steps for r in results)
-    out.update(sessions=sessions, steps=steps, wall_s=wall, sessions_per_s=sessions / wall, us_per_step=wall / steps * 1e6,
-               base_rss_mb=base_rss)
+    out.update(
+        sessions=sessions,
+        steps=steps,
+        wall_s=wall,
+        sessions_per_s=sessions / wall,
+        us_per_step=wall / steps * 1e6,
+        base_rss_mb=base_rss,
+    )
     return out
 
 
@@ -247,7 +303,10 @@ def scenario_pool_cli(tmp: Path, n: int, trace: bool = False) -> dict[str, Any]:
         plan = {
             "task": f"pool-{i}",
             "steps": [
-                {"subtask": f"step {k}", "commands": [{"tool_name": "files.write", "parameters": {"path": f"p{i}/f{k}", "content": "x"}}]}
+                {
+                    "subtask": f"step {k}",
+                    "commands": [{"tool_name": "files.write", "parameters": {"path": f"p{i}/f{k}", "content": "x"}}],
+                }
                 for k in range(3)
             ],
         }
@@ -256,18 +315,38 @@ def scenario_pool_cli(tmp: Path, n: int, trace: bool = False) -> dict[str, Any]:
     env.update({"SAUCER_SYSTEM__SAVE_EXPERIENCE": "always_not", "SAUCER_LOGS__ROOT": str(tmp / "logs")})
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed saucer runs: bytecode cached (a warm-up writes it)
     subprocess.run([sys.executable, "-m", "saucer", "--help"], capture_output=True, env=env, timeout=120)
-    argv = [sys.executable, "-m", "saucer", "run", "--plan", str(plans), "-c", "4", "-w", str(tmp / "ws"),
-            "--store", f"sqlite:///{tmp / 'cli.db'}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "saucer",
+        "run",
+        "--plan",
+        str(plans),
+        "-c",
+        "4",
+        "-w",
+        str(tmp / "ws"),
+        "--store",
+        f"sqlite:///{tmp / 'cli.db'}",
+    ]
     t = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp, timeout=1800)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
-        raise SystemExit(f"saucer run --plan DIR failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise SystemExit(
+            f"saucer run --plan DIR failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     written = sum(1 for _ in (tmp / "ws").rglob("f*"))
     assert written == 3 * count, written
     steps = 3 * count
-    return {"sessions": count, "steps": steps, "wall_s": wall, "sessions_per_s": count / wall, "us_per_step": wall / steps * 1e6,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0}
+    return {
+        "sessions": count,
+        "steps": steps,
+        "wall_s": wall,
+        "sessions_per_s": count / wall,
+        "us_per_step": wall / steps * 1e6,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
+    }
 
 
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -298,8 +377,9 @@ def run_one(name: str, n: int, trace: bool) -> dict[str, Any]:
 def _peers(n: int) -> list[tuple[str, str]]:
     rows = []
     try:
-        from langgraph.graph import END, START, StateGraph  # type: ignore[import-not-found]
         from typing import TypedDict
+
+        from langgraph.graph import END, START, StateGraph  # type: ignore[import-not-found]
 
         class S(TypedDict):
             i: int
@@ -325,9 +405,14 @@ def _peers(n: int) -> list[tuple[str, str]]:
         def done(state: State) -> State:
             return state
 
-        app = (ApplicationBuilder().with_actions(step=step, done=done)
-               .with_transitions(("step", "step", expr(f"i < {n}")), ("step", "done", default))
-               .with_state(i=0).with_entrypoint("step").build())
+        app = (
+            ApplicationBuilder()
+            .with_actions(step=step, done=done)
+            .with_transitions(("step", "step", expr(f"i < {n}")), ("step", "done", default))
+            .with_state(i=0)
+            .with_entrypoint("step")
+            .build()
+        )
         t = time.perf_counter()
         app.run(halt_after=["done"])
         rows.append(("Burr, no persister (measured)", f"{(time.perf_counter() - t) / n * 1e6:.1f}"))
@@ -338,7 +423,9 @@ def _peers(n: int) -> list[tuple[str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1,000 steps / 100 pool sessions instead of 10,000 / 1,000")
+    parser.add_argument(
+        "--quick", action="store_true", help="1,000 steps / 100 pool sessions instead of 10,000 / 1,000"
+    )
     parser.add_argument("--startup", action="store_true", help="only the session start-up figures")
     parser.add_argument("--one", choices=SCENARIOS + STARTUP_SCENARIOS, help=argparse.SUPPRESS)
     parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
@@ -355,7 +442,9 @@ def main() -> int:
     env = {k: v for k, v in env.items() if not k.startswith("SAUCER_")}
 
     def child(name: str, trace: bool = False) -> dict[str, Any]:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "-n", str(n)] + (["--trace"] if trace else [])
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "-n", str(n)] + (
+            ["--trace"] if trace else []
+        )
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
         if proc.returncode != 0:
             raise SystemExit(f"scenario {name} failed:\n{proc.stdout}\n{proc.stderr}")
@@ -386,7 +475,17 @@ def main() -> int:
         title=f"saucer engine benchmark (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, median of {max(1, args.repeat)} runs)",
         title_justify="left",
     )
-    for col in ("scenario", "steps", "wall s", "µs/step loop (best)", "µs/step loop", "µs/step all", "sessions/s", "peak RSS MB", "heap peak MB"):
+    for col in (
+        "scenario",
+        "steps",
+        "wall s",
+        "µs/step loop (best)",
+        "µs/step loop",
+        "µs/step all",
+        "sessions/s",
+        "peak RSS MB",
+        "heap peak MB",
+    ):
         table.add_column(col, justify="right" if col != "scenario" else "left")
 
     def row(label: str, r: dict[str, Any], heap: float | None = None) -> None:
@@ -408,9 +507,20 @@ def main() -> int:
     row("no-op agent, memory, 1 session, snapshot_every=100 (default)", results["snap100"])
     row("no-op agent, memory, sessions of 50 steps, all defaults + logs", results["sessions"])
     row("no-op agent, SQLite (durability step, fsync per step)", results["sqlite-loop"])
-    row(f"{results['pool-memory']['sessions']:,} follower sessions, pool(4), memory, FAKE in-process tool", results["pool-memory"], heaps["pool-memory"])
-    row(f"{results['pool-sqlite']['sessions']:,} follower sessions, pool(4), SQLite, FAKE in-process tool", results["pool-sqlite"], heaps["pool-sqlite"])
-    row(f"{results['pool-cli']['sessions']:,} plans: `saucer run --plan DIR -c 4`, built-in tools, SQLite (process)", results["pool-cli"])
+    row(
+        f"{results['pool-memory']['sessions']:,} follower sessions, pool(4), memory, FAKE in-process tool",
+        results["pool-memory"],
+        heaps["pool-memory"],
+    )
+    row(
+        f"{results['pool-sqlite']['sessions']:,} follower sessions, pool(4), SQLite, FAKE in-process tool",
+        results["pool-sqlite"],
+        heaps["pool-sqlite"],
+    )
+    row(
+        f"{results['pool-cli']['sessions']:,} plans: `saucer run --plan DIR -c 4`, built-in tools, SQLite (process)",
+        results["pool-cli"],
+    )
     for label, figure in _peers(min(n, 1000)):
         table.add_row(label, "", "", "", figure, "", "", "", "")
     console.print(table)

@@ -56,9 +56,14 @@ SID = "long"
 def _settings(url: str, steps: int) -> Any:
     from saucer.config import load_settings
 
-    return load_settings(overrides={
-        "store.url": url, "logs.enabled": False, "system.max_step": steps + 10, "system.save_experience": "always_not",
-    })
+    return load_settings(
+        overrides={
+            "store.url": url,
+            "logs.enabled": False,
+            "system.max_step": steps + 10,
+            "system.save_experience": "always_not",
+        }
+    )
 
 
 def build(path: str, steps: int, kill_at: int | None) -> None:
@@ -76,7 +81,9 @@ def build(path: str, steps: int, kill_at: int | None) -> None:
                 os._exit(137)  # as SIGKILL would: nothing flushed, nothing closed
             return AgentStatus.FINISH if self.n >= steps else None
 
-    session = Session("bench-open", settings=_settings(f"sqlite:///{path}", steps), request="go", agents=Noop(), session_id=SID)
+    session = Session(
+        "bench-open", settings=_settings(f"sqlite:///{path}", steps), request="go", agents=Noop(), session_id=SID
+    )
     result = asyncio.run(session.run())
     assert result.ok and result.steps == steps, result
 
@@ -90,12 +97,16 @@ def unpack_snapshots(path: str) -> int:
 
     count = 0
     with sqlite3.connect(path) as conn:
-        for version, blob in conn.execute("SELECT version, state FROM snapshots WHERE session_id = ?", (SID,)).fetchall():
+        for version, blob in conn.execute(
+            "SELECT version, state FROM snapshots WHERE session_id = ?", (SID,)
+        ).fetchall():
             data = orjson.loads(zlib.decompress(blob) if blob[:1] != b"{" else blob)
             data.pop("v")
             plain = zlib.compress(orjson.dumps({"v": FORMAT_VERSION, **state_to_wire(state_from_wire(data))}), 1)
-            conn.execute("UPDATE snapshots SET state = ?, crc = ? WHERE session_id = ? AND version = ?",
-                         (plain, zlib.crc32(plain), SID, version))
+            conn.execute(
+                "UPDATE snapshots SET state = ?, crc = ? WHERE session_id = ? AND version = ?",
+                (plain, zlib.crc32(plain), SID, version),
+            )
             count += 1
     return count
 
@@ -115,7 +126,12 @@ def measure_open(path: str) -> dict[str, float]:
     logs = ctx.get(ContextNames.STRUCTURAL_LOGS)
     t2 = time.perf_counter()
     assert sum(len(v) for r in logs.values() for v in r.values()) == ctx.get(ContextNames.SESSION_STEP)
-    out = {"open_ms": (t1 - t0) * 1e3, "logs_ms": (t2 - t0) * 1e3, "head": store.head(SID), "snapshot": ctx._snapshot_version}
+    out = {
+        "open_ms": (t1 - t0) * 1e3,
+        "logs_ms": (t2 - t0) * 1e3,
+        "head": store.head(SID),
+        "snapshot": ctx._snapshot_version,
+    }
     ctx.close()
     store.close()
     return out
@@ -154,7 +170,9 @@ def _child(*args: str) -> dict[str, Any]:
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True, env=env
+    )
     if args[0] == "--build" and proc.returncode in (0, 137):
         return {}
     if proc.returncode != 0:
@@ -208,18 +226,28 @@ def main() -> int:
         shutil.rmtree(build_dir, ignore_errors=True)
         shutil.rmtree(disk_dir, ignore_errors=True)
 
-    print(f"saucer engine open benchmark: a session of {steps:,} engine steps on SQLite "
-          f"(python {sys.version.split()[0]}, {os.cpu_count()} CPUs), median (best) of {args.repeat} fresh processes")
-    print(f"{'session':<8} {'snapshots':<9} {'events':>8} {'tail':>7} {'open ms':>15} {'+ read logs ms':>17} {'resume ms':>19}")
+    print(
+        f"saucer engine open benchmark: a session of {steps:,} engine steps on SQLite "
+        f"(python {sys.version.split()[0]}, {os.cpu_count()} CPUs), median (best) of {args.repeat} fresh processes"
+    )
+    print(
+        f"{'session':<8} {'snapshots':<9} {'events':>8} {'tail':>7} {'open ms':>15} {'+ read logs ms':>17} {'resume ms':>19}"
+    )
     for label, form, opens, resumes, built_s in rows:
+
         def fig(values: list[float]) -> str:
             return f"{statistics.median(values):8.1f} ({min(values):.1f})"
+
         head, snap = opens[0]["head"], opens[0]["snapshot"]
-        print(f"{label:<8} {form:<9} {head:>8,} {head - snap:>7,} {fig([o['open_ms'] for o in opens]):>15} "
-              f"{fig([o['logs_ms'] for o in opens]):>17} {fig([r['resume_ms'] for r in resumes]):>19}")
-    print("tail: events after the snapshot the open starts from. packed: as saucer writes snapshots now; unpacked: "
-          "the same snapshots with every value plain (as before record format 3). Target: open <= 20 ms at 10^5 events. "
-          f"Load average at the end: {os.getloadavg()[0]:.2f}.")
+        print(
+            f"{label:<8} {form:<9} {head:>8,} {head - snap:>7,} {fig([o['open_ms'] for o in opens]):>15} "
+            f"{fig([o['logs_ms'] for o in opens]):>17} {fig([r['resume_ms'] for r in resumes]):>19}"
+        )
+    print(
+        "tail: events after the snapshot the open starts from. packed: as saucer writes snapshots now; unpacked: "
+        "the same snapshots with every value plain (as before record format 3). Target: open <= 20 ms at 10^5 events. "
+        f"Load average at the end: {os.getloadavg()[0]:.2f}."
+    )
     return 0
 
 

@@ -66,8 +66,10 @@ async def _measure(base_url: str, calls: int, max_tokens: int, info: dict[str, A
     settings = ModelSettings(base_url=base_url, model="smollm2-135m-instruct", max_tokens=max_tokens, timeout=300)
     out: dict[str, Any] = {"prompt_tokens": {}}
     async with ModelClient(settings) as client:
-        for label, chars in (("whole descriptions (tool_description_chars = 0)", 0),
-                             (f"short descriptions (default, {settings.tool_description_chars})", settings.tool_description_chars)):
+        for label, chars in (
+            ("whole descriptions (tool_description_chars = 0)", 0),
+            (f"short descriptions (default, {settings.tool_description_chars})", settings.tool_description_chars),
+        ):
             tools = ToolSet.from_tool_info(info, description_chars=chars)
             reply = await client.complete(_first_prompt(tools), tools=tools)
             out["prompt_tokens"][label] = reply.usage.prompt_tokens
@@ -91,9 +93,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=1, help="llama-server's -t (1: steadiest on a busy 2-core machine)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="llama-server's -t (1: steadiest on a busy 2-core machine)"
+    )
     parser.add_argument("--record", type=Path, default=None, help="write one recorded request/response here (JSON)")
-    parser.add_argument("--sessions", type=int, default=0, help="run the demo request N times as sessions; count the finished")
+    parser.add_argument(
+        "--sessions", type=int, default=0, help="run the demo request N times as sessions; count the finished"
+    )
     args = parser.parse_args()
     gaps = llama_server.missing()
     if gaps:
@@ -103,13 +109,18 @@ def main() -> None:
 
         sys.exit(demo_llm.main(["--runs", str(args.sessions), "--threads", str(args.threads)]))
     info = asyncio.run(_builtin_tool_info())
-    with llama_server.serve(ctx_size=8192, threads=args.threads) as server, RecordingProxy(server.base_url.removesuffix("/v1")) as proxy:
+    with (
+        llama_server.serve(ctx_size=8192, threads=args.threads) as server,
+        RecordingProxy(server.base_url.removesuffix("/v1")) as proxy,
+    ):
         figures = asyncio.run(_measure(proxy.base_url, args.calls, args.max_tokens, info))
-        first, exchanges = proxy.completions()[0], proxy.completions()[-args.calls:]
+        first, exchanges = proxy.completions()[0], proxy.completions()[-args.calls :]
     timings = [e.response_json.get("timings", {}) for e in exchanges]
     cold = first.response_json.get("timings", {})  # the first prompt of the run: nothing cached
-    print(f"llama-server {llama_server.LLAMA_CPP_PYTHON_VERSION} (llama-cpp-python sdist), {llama_server.MODEL_FILE}, "
-          f"{len(info)} built-in tools, ctx 8192, {args.threads} thread(s)")
+    print(
+        f"llama-server {llama_server.LLAMA_CPP_PYTHON_VERSION} (llama-cpp-python sdist), {llama_server.MODEL_FILE}, "
+        f"{len(info)} built-in tools, ctx 8192, {args.threads} thread(s)"
+    )
     print("\nfirst prompt of normal mode, tokens counted by the server:")
     for label, tokens in figures["prompt_tokens"].items():
         print(f"  {label:<52} {tokens:>6}")
@@ -119,13 +130,17 @@ def main() -> None:
     print(f"  completion tokens per call  {statistics.median(figures['completion_tokens']):6.0f} (median)")
     gen_speed = [t["predicted_per_second"] for t in timings if t.get("predicted_n", 0) > 1]
     if cold.get("prompt_n"):
-        print(f"  prompt processing           {cold['prompt_per_second']:6.0f} tokens/s "
-              f"({cold['prompt_n']} tokens, nothing cached: {cold['prompt_ms'] / 1000:.2f} s)")
+        print(
+            f"  prompt processing           {cold['prompt_per_second']:6.0f} tokens/s "
+            f"({cold['prompt_n']} tokens, nothing cached: {cold['prompt_ms'] / 1000:.2f} s)"
+        )
     if gen_speed:
         print(f"  generation                  {statistics.median(gen_speed):6.0f} tokens/s (median)")
     if args.record is not None and exchanges:
         e = exchanges[0]
-        args.record.write_text(json.dumps({"request": e.request_json, "status": e.status, "response": e.response_json}, indent=1))
+        args.record.write_text(
+            json.dumps({"request": e.request_json, "status": e.status, "response": e.response_json}, indent=1)
+        )
         print(f"\none exchange as recorded on the wire: {args.record}")
 
 

@@ -36,7 +36,10 @@ from typing import Any
 PLAN = {
     "task": "bench",
     "steps": [
-        {"subtask": f"step {i}", "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}", "content": "x"}}]}
+        {
+            "subtask": f"step {i}",
+            "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}", "content": "x"}}],
+        }
         for i in range(3)
     ],
 }
@@ -88,7 +91,10 @@ def one_process(url: str, logs: Path, sessions: int) -> float:
     settings = _settings(url, logs)
     store = open_store(url)
     tool = _Tool()
-    items = [Session("bench", mode="follower", settings=settings, store=store, plan=PLAN, dispatcher=tool) for _ in range(sessions)]
+    items = [
+        Session("bench", mode="follower", settings=settings, store=store, plan=PLAN, dispatcher=tool)
+        for _ in range(sessions)
+    ]
     t = time.perf_counter()
     results = asyncio.run(SessionPool(items, max_concurrency=4).run_all())
     wall = time.perf_counter() - t
@@ -111,7 +117,9 @@ async def _registered(client: Any) -> int:
 
 async def _done(client: Any) -> tuple[int, int]:
     async with client.pool.connection() as conn:
-        cur = await conn.execute("SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status = 'failed') FROM procrastinate_jobs")
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status = 'failed') FROM procrastinate_jobs"
+        )
         done, failed = await cur.fetchone()
         return int(done), int(failed)
 
@@ -129,7 +137,13 @@ def through_queue(url: str, logs: Path, sessions: int, workers: int) -> tuple[fl
         for _ in range(workers)
     ]
     specs = [
-        JobSpec(f"bench-{i}", f"bench-{i:05d}", "plan", "bench", {"session_id": f"bench-{i:05d}", "task": "bench", "mode": "follower", "plan": PLAN})
+        JobSpec(
+            f"bench-{i}",
+            f"bench-{i:05d}",
+            "plan",
+            "bench",
+            {"session_id": f"bench-{i:05d}", "task": "bench", "mode": "follower", "plan": PLAN},
+        )
         for i in range(sessions)
     ]
 
@@ -167,17 +181,24 @@ def main() -> int:
         _worker_main(*args.worker)
         return 0
     if not args.postgres_url:
-        print("bench/queue_bench.py skipped: the queue needs PostgreSQL; set SAUCER_TEST_POSTGRES_URL or pass --postgres-url")
+        print(
+            "bench/queue_bench.py skipped: the queue needs PostgreSQL; set SAUCER_TEST_POSTGRES_URL or pass --postgres-url"
+        )
         return 0
     n = args.sessions
-    print(f"{n} follower sessions (3 steps each, an instant in-process tool), PostgreSQL store, 4 sessions at once per process")
+    print(
+        f"{n} follower sessions (3 steps each, an instant in-process tool), PostgreSQL store, 4 sessions at once per process"
+    )
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start\n")
     print(f"{'run':40} {'wall s':>8} {'sessions/s':>11} {'enqueue ms/job':>15}", flush=True)
     rows = []
 
     def row(name: str, wall: float, enqueue: float | None) -> None:
         rows.append((name, wall, enqueue))
-        print(f"{name:40} {wall:8.2f} {n / wall:11.1f} {'' if enqueue is None else f'{enqueue / n * 1000:15.2f}'}", flush=True)
+        print(
+            f"{name:40} {wall:8.2f} {n / wall:11.1f} {'' if enqueue is None else f'{enqueue / n * 1000:15.2f}'}",
+            flush=True,
+        )
 
     with tempfile.TemporaryDirectory() as tmp:
         url, schema = _schema_url(args.postgres_url)
@@ -195,7 +216,9 @@ def main() -> int:
             row(f"queue, {w} worker process{'es' if w > 1 else ''}", wall, enqueue)
     one_worker = next((wall for name, wall, _ in rows if name.startswith("queue, 1 ")), None)
     if one_worker is not None:
-        print(f"\nqueue overhead per job (1 worker minus one process, same concurrency): {(one_worker - base) / n * 1000:.1f} ms")
+        print(
+            f"\nqueue overhead per job (1 worker minus one process, same concurrency): {(one_worker - base) / n * 1000:.1f} ms"
+        )
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine moves these figures)")
     return 0
 

@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -87,7 +86,10 @@ def _plan(task: str, steps: int, pad: int = 0) -> dict[str, Any]:
     return {
         "task": task,
         "steps": [
-            {"subtask": f"look {i}{' ' + filler if filler else ''}", "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}]}
+            {
+                "subtask": f"look {i}{' ' + filler if filler else ''}",
+                "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}],
+            }
             for i in range(steps)
         ],
     }
@@ -121,9 +123,23 @@ def build_sessions(cache: Path, count: int) -> float:
                 plan = {
                     "task": f"task-{i % 37}",
                     "steps": [
-                        {"subtask": "write a note", "commands": [{"tool_name": "files.write", "parameters": {"path": f"n{i % 50}.txt", "content": f"note {i}\n"}}]},
-                        {"subtask": "read it back", "commands": [{"tool_name": "files.read", "parameters": {"path": f"n{i % 50}.txt"}}]},
-                        {"subtask": "look around", "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}]},
+                        {
+                            "subtask": "write a note",
+                            "commands": [
+                                {
+                                    "tool_name": "files.write",
+                                    "parameters": {"path": f"n{i % 50}.txt", "content": f"note {i}\n"},
+                                }
+                            ],
+                        },
+                        {
+                            "subtask": "read it back",
+                            "commands": [{"tool_name": "files.read", "parameters": {"path": f"n{i % 50}.txt"}}],
+                        },
+                        {
+                            "subtask": "look around",
+                            "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}],
+                        },
                     ],
                 }
                 sessions += factory.create_session(plan["task"], "follower", plan=plan, session_id=f"s{i:06d}")
@@ -132,7 +148,11 @@ def build_sessions(cache: Path, count: int) -> float:
             if bad:
                 raise SystemExit(f"building sessions.db: {bad[0]}")
             done += chunk
-            print(f"  sessions.db: {done:,}/{count:,} sessions ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+            print(
+                f"  sessions.db: {done:,}/{count:,} sessions ({time.perf_counter() - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     return time.perf_counter() - started
 
 
@@ -163,25 +183,42 @@ def build(cache: Path, args: argparse.Namespace) -> dict[str, Any]:
     if "sessions" not in manifest:
         (cache / "sessions.db").unlink(missing_ok=True)
         wall = build_sessions(cache, args.sessions)
-        manifest["sessions"] = {"count": args.sessions, "build_s": wall, "bytes": (cache / "sessions.db").stat().st_size}
+        manifest["sessions"] = {
+            "count": args.sessions,
+            "build_s": wall,
+            "bytes": (cache / "sessions.db").stat().st_size,
+        }
         manifest_path.write_text(json.dumps(manifest, indent=2))
     if "long" not in manifest:
         (cache / "long.db").unlink(missing_ok=True)
         steps = max(1, args.events // 3)
         print(f"  long.db: one session of {steps:,} plan steps ...", file=sys.stderr, flush=True)
         wall, head = build_one(cache, "long.db", "long", _plan("long", steps))
-        manifest["long"] = {"plan_steps": steps, "events": head, "build_s": wall, "ms_per_step": wall / steps * 1e3,
-                            "bytes": (cache / "long.db").stat().st_size}
+        manifest["long"] = {
+            "plan_steps": steps,
+            "events": head,
+            "build_s": wall,
+            "ms_per_step": wall / steps * 1e3,
+            "bytes": (cache / "long.db").stat().st_size,
+        }
         manifest_path.write_text(json.dumps(manifest, indent=2))
     if "plans" not in manifest:
         (cache / "plans.db").unlink(missing_ok=True)
         steps = args.plan_steps
         pad = max(0, int(args.plan_mb * 1e6 / steps) - 60)
-        print(f"  plans.db: {steps:,} steps with a {args.plan_mb} MB plan, then with a tiny one ...", file=sys.stderr, flush=True)
+        print(
+            f"  plans.db: {steps:,} steps with a {args.plan_mb} MB plan, then with a tiny one ...",
+            file=sys.stderr,
+            flush=True,
+        )
         big, _ = build_one(cache, "plans.db", "bigplan", _plan("bigplan", steps, pad))
         small, _ = build_one(cache, "plans.db", "smallplan", _plan("smallplan", steps))
-        manifest["plans"] = {"steps": steps, "plan_bytes": len(json.dumps(_plan("bigplan", steps, pad))),
-                             "big_ms_per_step": big / steps * 1e3, "small_ms_per_step": small / steps * 1e3}
+        manifest["plans"] = {
+            "steps": steps,
+            "plan_bytes": len(json.dumps(_plan("bigplan", steps, pad))),
+            "big_ms_per_step": big / steps * 1e3,
+            "small_ms_per_step": small / steps * 1e3,
+        }
         manifest_path.write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -241,7 +278,12 @@ def measure(cache: Path, repeat: int, timeout: float) -> list[dict[str, Any]]:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     rows = []
     for db in ("sessions", "long"):  # a file built by an older saucer is upgraded on its first open: not timed
-        subprocess.run([sys.executable, "-c", _MIGRATE_SNIPPET, f"sqlite:///{cache / (db + '.db')}"], env=env, check=True, timeout=timeout)
+        subprocess.run(
+            [sys.executable, "-c", _MIGRATE_SNIPPET, f"sqlite:///{cache / (db + '.db')}"],
+            env=env,
+            check=True,
+            timeout=timeout,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         for label, argv, db, target_s, target_mb in COMMANDS:
             url = f"sqlite:///{cache / (db + '.db')}"
@@ -250,20 +292,41 @@ def measure(cache: Path, repeat: int, timeout: float) -> list[dict[str, Any]]:
             runs = [_child(full, Path(tmp) / "out", env) for _ in range(repeat)]
             size = (Path(tmp) / "out").stat().st_size
             ok = all(code == 0 for _, _, code in runs)
-            rows.append({
-                "label": label, "s": statistics.median(r[0] for r in runs), "mb": max(r[1] for r in runs),
-                "target_s": target_s, "target_mb": target_mb, "ok": ok, "out_bytes": size,
-            })
+            rows.append(
+                {
+                    "label": label,
+                    "s": statistics.median(r[0] for r in runs),
+                    "mb": max(r[1] for r in runs),
+                    "target_s": target_s,
+                    "target_mb": target_mb,
+                    "ok": ok,
+                    "out_bytes": size,
+                }
+            )
             print(f"  {label}: {rows[-1]['s']:.2f} s, {rows[-1]['mb']:.0f} MB", file=sys.stderr, flush=True)
         opens = []
         for _ in range(repeat):
-            proc = subprocess.run([sys.executable, "-c", _OPEN_SNIPPET, f"sqlite:///{cache / 'long.db'}"],
-                                  capture_output=True, text=True, env=env, timeout=timeout)
+            proc = subprocess.run(
+                [sys.executable, "-c", _OPEN_SNIPPET, f"sqlite:///{cache / 'long.db'}"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=timeout,
+            )
             if proc.returncode != 0:
                 raise SystemExit(f"opening the long session failed:\n{proc.stderr}")
             opens.append(json.loads(proc.stdout.strip().splitlines()[-1])["ms"] / 1e3)
-        rows.append({"label": "open the engine session in Python (store, cursor, Context)", "s": statistics.median(opens), "mb": None,
-                     "target_s": 0.02, "target_mb": None, "ok": True, "out_bytes": None})
+        rows.append(
+            {
+                "label": "open the engine session in Python (store, cursor, Context)",
+                "s": statistics.median(opens),
+                "mb": None,
+                "target_s": 0.02,
+                "target_mb": None,
+                "ok": True,
+                "out_bytes": None,
+            }
+        )
     return rows
 
 
@@ -278,11 +341,22 @@ def report(manifest: dict[str, Any], rows: list[dict[str, Any]], repeat: int) ->
         f"{s['count']:,} sessions in {s['bytes'] / 1e6:.0f} MB; one session of {long_['events']:,} events)",
         title_justify="left",
     )
-    for col in ("command (whole process, stdout to a file)", "time s", "target s", "peak RSS MB", "target MB", "output MB", "verdict"):
+    for col in (
+        "command (whole process, stdout to a file)",
+        "time s",
+        "target s",
+        "peak RSS MB",
+        "target MB",
+        "output MB",
+        "verdict",
+    ):
         table.add_column(col, justify="left" if col.startswith("command") else "right")
     for row in rows:
-        met = row["ok"] and (row["target_s"] is None or row["s"] <= row["target_s"]) and (
-            row["target_mb"] is None or row["mb"] is None or row["mb"] <= row["target_mb"])
+        met = (
+            row["ok"]
+            and (row["target_s"] is None or row["s"] <= row["target_s"])
+            and (row["target_mb"] is None or row["mb"] is None or row["mb"] <= row["target_mb"])
+        )
         table.add_row(
             row["label"],
             f"{row['s']:.3f}" if row["s"] < 1 else f"{row['s']:.2f}",
@@ -307,11 +381,20 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=10_000, help="sessions in sessions.db (default 10,000)")
     parser.add_argument("--events", type=int, default=100_000, help="events of the long session (default 100,000)")
     parser.add_argument("--plan-mb", type=float, default=2.0, help="size of the big plan in MB (default 2)")
-    parser.add_argument("--plan-steps", type=int, default=1000, help="steps of the big- and tiny-plan sessions (default 1,000)")
-    parser.add_argument("--cache", type=Path, default=None, help="where the workloads are kept (default ~/.cache/saucer/bench-scale/S<n>-E<n>-w2)")
+    parser.add_argument(
+        "--plan-steps", type=int, default=1000, help="steps of the big- and tiny-plan sessions (default 1,000)"
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="where the workloads are kept (default ~/.cache/saucer/bench-scale/S<n>-E<n>-w2)",
+    )
     parser.add_argument("--rebuild", action="store_true", help="build the workloads again with the current code")
     parser.add_argument("--build-only", action="store_true", help="build (or find) the workloads, measure nothing")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each command; the table shows medians (default 3)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of each command; the table shows medians (default 3)"
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one command may take")
     args = parser.parse_args()
     if args.sessions < 1 or args.events < 3 or args.plan_steps < 1:

@@ -56,7 +56,9 @@ class EchoDispatcher:
 
 async def _host_devices(url: str, token: str, prefix: str, count: int) -> None:
     stop = asyncio.Event()
-    clients = [DeviceClient(url, token, f"{prefix}{i}", EchoDispatcher(), stop=stop, backoff_initial=0.1) for i in range(count)]
+    clients = [
+        DeviceClient(url, token, f"{prefix}{i}", EchoDispatcher(), stop=stop, backoff_initial=0.1) for i in range(count)
+    ]
     await asyncio.gather(*(c.run() for c in clients))
 
 
@@ -158,7 +160,9 @@ async def bench(seconds: float, round_trips: int, sessions: int, runner_name: st
                     hosts.append(_start_devices(server, token, prefix, count))
                     await _wait_online(server, ids)
                     rate = await _throughput(server, ids, seconds)
-                    print(f"throughput, {count:>2} devices, one closed loop each, {seconds:g} s: {rate:,.0f} commands/s")
+                    print(
+                        f"throughput, {count:>2} devices, one closed loop each, {seconds:g} s: {rate:,.0f} commands/s"
+                    )
             finally:
                 for host in hosts:
                     host.kill()
@@ -170,7 +174,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
     parser.add_argument("--round-trips", type=int, default=2000)
     parser.add_argument("--sessions", type=int, default=200)
-    parser.add_argument("--runner", choices=("engine", "plan"), default="engine", help="which session runner the server uses")
+    parser.add_argument(
+        "--runner", choices=("engine", "plan"), default="engine", help="which session runner the server uses"
+    )
     parser.add_argument("--device-host", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="dev-", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=1, help=argparse.SUPPRESS)

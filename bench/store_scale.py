@@ -51,7 +51,6 @@ except ImportError:  # run from a checkout without installing
 from saucer.context import Context  # noqa: E402
 from saucer.store import Event, SessionInfo, Snapshot, open_store  # noqa: E402
 
-
 # ------------------------------------------------------------------ commits
 
 
@@ -59,15 +58,22 @@ def _plan(mb: float) -> dict[str, Any]:
     """A plan as the engine stores it in a session's meta: ``mb`` MB of padded steps (0: a tiny one)."""
     steps = 1000 if mb else 2
     pad = "x" * max(0, int(mb * 1e6 / steps) - 80) if mb else ""
-    return {"task": "bench", "steps": [
-        {"subtask": f"step {i} {pad}", "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}]}
-        for i in range(steps)
-    ]}
+    return {
+        "task": "bench",
+        "steps": [
+            {"subtask": f"step {i} {pad}", "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}]}
+            for i in range(steps)
+        ],
+    }
 
 
 def _step_meta(i: int) -> dict[str, Any]:
     return {
-        "kind": "step", "agent": "follower", "state": "CONTINUE", "status": "CONTINUE", "session_status": "running",
+        "kind": "step",
+        "agent": "follower",
+        "state": "CONTINUE",
+        "status": "CONTINUE",
+        "session_status": "running",
         "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}],
         "results": [{"status": "success", "result": {"path": ".", "size": 4096, "mode": "drwxr-xr-x", "i": i}}],
         "cursor": {"phase": "step", "round": i, "plan_index": i},
@@ -129,7 +135,9 @@ def part_commit(urls: dict[str, str], args: argparse.Namespace) -> None:
     print(f"\n## commit cost with a big plan in the session ({args.commits} durable commits each)\n")
     print("ms per commit (fsync-bound, so medians move in steps of the disk's flush time: the mean is the")
     print("figure to compare); KB read and written per commit by this process through system calls.\n")
-    print(f"{'backend':<11} {'steps':>7} {'plan':>8} {'mean':>7} {'median':>7} {'p90':>7} {'KB read':>8} {'KB written':>10} {'big/tiny':>9}")
+    print(
+        f"{'backend':<11} {'steps':>7} {'plan':>8} {'mean':>7} {'median':>7} {'p90':>7} {'KB read':>8} {'KB written':>10} {'big/tiny':>9}"
+    )
     for name, url in urls.items():
         for depth in args.depths:
             means = {}
@@ -139,8 +147,11 @@ def part_commit(urls: dict[str, str], args: argparse.Namespace) -> None:
                 means[label] = statistics.fmean(times)
                 p90 = times[int(len(times) * 0.9)]
                 ratio = f"{means[label] / means['tiny']:.2f}x" if label != "tiny" else ""
-                print(f"{name:<11} {depth:>7,} {label:>8} {means[label]:>7.2f} {statistics.median(times):>7.2f} {p90:>7.2f} "
-                      f"{kb_read:>8.1f} {kb_written:>10.1f} {ratio:>9}", flush=True)
+                print(
+                    f"{name:<11} {depth:>7,} {label:>8} {means[label]:>7.2f} {statistics.median(times):>7.2f} {p90:>7.2f} "
+                    f"{kb_read:>8.1f} {kb_written:>10.1f} {ratio:>9}",
+                    flush=True,
+                )
 
 
 # --------------------------------------------------------------------- size
@@ -155,15 +166,26 @@ def _record_template(directory: Path) -> tuple[SessionInfo, list[Event], list[Sn
     workspace = directory / "workspace"
     workspace.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{directory / 'template.db'}"
-    settings = load_settings(overrides={
-        "store.url": url, "logs.enabled": False, "logs.root": str(directory / "logs"),
-        "system.save_experience": "always_not", "system.log_to_markdown": False,
-    })
-    plan = {"task": "task-7", "steps": [
-        {"subtask": "write a note", "commands": [{"tool_name": "files.write", "parameters": {"path": "n7.txt", "content": "note 7\n"}}]},
-        {"subtask": "read it back", "commands": [{"tool_name": "files.read", "parameters": {"path": "n7.txt"}}]},
-        {"subtask": "look around", "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}]},
-    ]}
+    settings = load_settings(
+        overrides={
+            "store.url": url,
+            "logs.enabled": False,
+            "logs.root": str(directory / "logs"),
+            "system.save_experience": "always_not",
+            "system.log_to_markdown": False,
+        }
+    )
+    plan = {
+        "task": "task-7",
+        "steps": [
+            {
+                "subtask": "write a note",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": "n7.txt", "content": "note 7\n"}}],
+            },
+            {"subtask": "read it back", "commands": [{"tool_name": "files.read", "parameters": {"path": "n7.txt"}}]},
+            {"subtask": "look around", "commands": [{"tool_name": "files.stat", "parameters": {"path": "."}}]},
+        ],
+    }
 
     async def run(factory: Any, sessions: list[Any]) -> Any:
         async with share_tool_servers():
@@ -224,8 +246,10 @@ def part_size(directory: Path, args: argparse.Namespace) -> None:
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     conn.close()
     size = path.stat().st_size
-    print(f"file: {size:,} bytes ({size / 1e6:.1f} MB), {size / args.sessions:,.0f} bytes per session, "
-          f"page size {page_size}, built in {build:.1f} s")
+    print(
+        f"file: {size:,} bytes ({size / 1e6:.1f} MB), {size / args.sessions:,.0f} bytes per session, "
+        f"page size {page_size}, built in {build:.1f} s"
+    )
     for name, pages, overflow, unused in _table_pages(path)[:6]:
         print(f"  {name:<28} {pages:>8,} pages  {overflow or 0:>8,} overflow  {(unused or 0) / 1e6:>8.1f} MB unused")
     with open_store(url) as store:  # a fresh process would pay the same: one query each
@@ -265,7 +289,9 @@ def main() -> None:
     args = parser.parse_args()
     args.depths = [int(d) for d in args.depths.split(",")]
     args.dir.mkdir(parents=True, exist_ok=True)
-    print(f"# store at scale -- Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(
+        f"# store at scale -- Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}, {time.strftime('%Y-%m-%d %H:%M')}"
+    )
     schema = None
     if args.part in ("commit", "all"):
         work = Path(tempfile.mkdtemp(prefix="commit-", dir=args.dir))

@@ -42,13 +42,27 @@ from saucer.ui import create_app
 def _fill_sessions(store: EventStore, n: int) -> None:
     for i in range(n):
         sid = f"s{i:06d}"
-        store.create_session(sid, meta={"task": f"task{i % 13}", "mode": "follower", "request": f"request {i}", "status": "running"})
-        store.append(sid, 0, [{"op": "set", "name": "REQUEST", "value": f"request {i}"}], author="system",
-                     meta={"kind": "session_start", "session_status": "running"})
-        store.append(sid, 1, [{"op": "set", "name": "ROUND_RESULT", "value": "done"}], author="system", meta={
-            "kind": "session_end", "session_status": "finished" if i % 4 else "failed",
-            "summary": {"rounds": 1 + i % 3, "steps": i % 17, "cost": i / 10_000},
-        })
+        store.create_session(
+            sid, meta={"task": f"task{i % 13}", "mode": "follower", "request": f"request {i}", "status": "running"}
+        )
+        store.append(
+            sid,
+            0,
+            [{"op": "set", "name": "REQUEST", "value": f"request {i}"}],
+            author="system",
+            meta={"kind": "session_start", "session_status": "running"},
+        )
+        store.append(
+            sid,
+            1,
+            [{"op": "set", "name": "ROUND_RESULT", "value": "done"}],
+            author="system",
+            meta={
+                "kind": "session_end",
+                "session_status": "finished" if i % 4 else "failed",
+                "summary": {"rounds": 1 + i % 3, "steps": i % 17, "cost": i / 10_000},
+            },
+        )
 
 
 def _fill_steps(store: EventStore, sid: str, n: int) -> None:
@@ -65,15 +79,33 @@ def _fill_steps(store: EventStore, sid: str, n: int) -> None:
             ctx.close()
         rnd = i // per_round + 1
         if i % per_round == 0:
-            store.append(sid, version, [{"op": "set", "name": "CURRENT_ROUND_ID", "value": rnd}], author="system",
-                         round=rnd, meta={"kind": "round_start", "request": f"round {rnd}"})
+            store.append(
+                sid,
+                version,
+                [{"op": "set", "name": "CURRENT_ROUND_ID", "value": rnd}],
+                author="system",
+                round=rnd,
+                meta={"kind": "round_start", "request": f"round {rnd}"},
+            )
             version += 1
-        store.append(sid, version, [{"op": "incr", "var": "n", "by": 1}, {"op": "set", "name": "SUBTASK", "value": f"step {i}"}],
-                     author="agent", round=rnd, step=i % per_round + 1, meta={
-                         "kind": "step", "agent": "follower", "state": "CONTINUE", "status": "CONTINUE", "session_step": i + 1,
-                         "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": "x" * 80}}],
-                         "results": [{"status": "success", "result": {"bytes_written": 80}}], "cost": 0.0001,
-                     })
+        store.append(
+            sid,
+            version,
+            [{"op": "incr", "var": "n", "by": 1}, {"op": "set", "name": "SUBTASK", "value": f"step {i}"}],
+            author="agent",
+            round=rnd,
+            step=i % per_round + 1,
+            meta={
+                "kind": "step",
+                "agent": "follower",
+                "state": "CONTINUE",
+                "status": "CONTINUE",
+                "session_step": i + 1,
+                "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": "x" * 80}}],
+                "results": [{"status": "success", "result": {"bytes_written": 80}}],
+                "cost": 0.0001,
+            },
+        )
         version += 1
 
 
@@ -115,7 +147,10 @@ def _bench(label: str, store: EventStore, sessions: int, steps: int, repeat: int
         ("inspector data of a step (a click)", f"/sessions/long/steps/{store.head('long') // 2}"),
         ("inspector data of the newest step", f"/sessions/long/steps/{store.head('long')}"),
         ("state at the middle version", f"/sessions/long/state?at={store.head('long') // 2}"),
-        ("diff of two versions 100 apart", f"/sessions/long/diff?from={store.head('long') // 2}&to={store.head('long') // 2 + 100}"),
+        (
+            "diff of two versions 100 apart",
+            f"/sessions/long/diff?from={store.head('long') // 2}&to={store.head('long') // 2 + 100}",
+        ),
         ("history of vars.n", "/sessions/long/history?key=vars.n"),
     ]
     for name, url in pages:
@@ -125,9 +160,11 @@ def _bench(label: str, store: EventStore, sessions: int, steps: int, repeat: int
     # step in the middle; then the step after it (↓), which starts from the state the click left.
     middle = store.head("long") // 2
     cold = TestClient(create_app(store))
-    for name, url in [("first view of the session page (cold)", "/sessions/long"),
-                      ("first click on a middle step (cold)", f"/sessions/long/steps/{middle}"),
-                      ("the next step (↓) after it", f"/sessions/long/steps/{middle + 1}")]:
+    for name, url in [
+        ("first view of the session page (cold)", "/sessions/long"),
+        ("first click on a middle step (cold)", f"/sessions/long/steps/{middle}"),
+        ("the next step (↓) after it", f"/sessions/long/steps/{middle + 1}"),
+    ]:
         start = time.perf_counter()
         assert cold.get(url).status_code == 200
         _row(name, [(time.perf_counter() - start) * 1000])

@@ -50,11 +50,24 @@ def run_once(base_url: str, request: str, store: str, *, quiet: bool = False) ->
     workspace.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_LLM__")} | saucer_env(base_url)
     started = time.perf_counter()
-    command = [*saucer_command(), "run", "--request", request, "--session-id", sid, "--workspace", str(workspace),
-               "--store", store, "--yes"]
+    command = [
+        *saucer_command(),
+        "run",
+        "--request",
+        request,
+        "--session-id",
+        sid,
+        "--workspace",
+        str(workspace),
+        "--store",
+        store,
+        "--yes",
+    ]
     proc = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=quiet, text=True)
     elapsed = time.perf_counter() - started
-    show = subprocess.run([*saucer_command(), "sessions", "--json", "--store", store], env=env, capture_output=True, text=True)
+    show = subprocess.run(
+        [*saucer_command(), "sessions", "--json", "--store", store], env=env, capture_output=True, text=True
+    )
     import json
 
     status = next((r["status"] for r in json.loads(show.stdout or "[]") if r["id"] == sid), f"exit {proc.returncode}")
@@ -66,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--request", default=REQUEST)
     parser.add_argument("--store", default="sqlite:///.saucer/demo-llm.db")
-    parser.add_argument("--threads", type=int, default=1, help="llama-server's -t (1: steadiest on a busy 2-core machine)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="llama-server's -t (1: steadiest on a busy 2-core machine)"
+    )
     args = parser.parse_args(argv)
     llama_server.fetch_model()
     llama_server.build_server()

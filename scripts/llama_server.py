@@ -220,7 +220,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(*, ctx_size: int = 4096, threads: int = 1, log_dir: Path | None = None, startup: float = 60.0) -> Iterator[Server]:
+def serve(
+    *, ctx_size: int = 4096, threads: int = 1, log_dir: Path | None = None, startup: float = 60.0
+) -> Iterator[Server]:
     """Run the cached llama-server with the SmolLM2 model on a free loopback port.
 
     ``--jinja`` and the tool-capable template make llama-server put the
@@ -234,8 +236,22 @@ def serve(*, ctx_size: int = 4096, threads: int = 1, log_dir: Path | None = None
         raise FileNotFoundError(f"missing {', '.join(gaps)}; build them with: {BUILD_COMMAND}")
     port = _free_port()
     command = [
-        str(server_path()), "-m", str(model_path()), "--host", "127.0.0.1", "--port", str(port),
-        "-c", str(ctx_size), "-np", "1", "-t", str(threads), "--jinja", "--chat-template-file", str(template_path()),
+        str(server_path()),
+        "-m",
+        str(model_path()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        str(ctx_size),
+        "-np",
+        "1",
+        "-t",
+        str(threads),
+        "--jinja",
+        "--chat-template-file",
+        str(template_path()),
     ]
     with _running(command, port, "/health", log_dir, "llama-server", startup) as server:
         yield server
@@ -255,15 +271,30 @@ def serve_llama_cpp_python(
         raise FileNotFoundError(f"missing SmolLM2 model ({model_path()}); fetch it with: {BUILD_COMMAND}")
     port = _free_port()
     command = [
-        python, "-m", "llama_cpp.server", "--model", str(model_path()), "--host", "127.0.0.1", "--port", str(port),
-        "--n_ctx", str(ctx_size), "--n_threads", str(threads), "--chat_format", "chatml-function-calling",
+        python,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model_path()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(ctx_size),
+        "--n_threads",
+        str(threads),
+        "--chat_format",
+        "chatml-function-calling",
     ]
     with _running(command, port, "/v1/models", log_dir, "llama-cpp-python", startup) as server:
         yield server
 
 
 @contextlib.contextmanager
-def _running(command: list[str], port: int, health: str, log_dir: Path | None, name: str, startup: float) -> Iterator[Server]:
+def _running(
+    command: list[str], port: int, health: str, log_dir: Path | None, name: str, startup: float
+) -> Iterator[Server]:
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="saucer-llama-"))
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log:
@@ -316,11 +347,25 @@ def _serve_foreground(port: int = 8088) -> int:
     fetch_model()
     build_server()
     command = [
-        str(server_path()), "-m", str(model_path()), "--host", "127.0.0.1", "--port", str(port),
-        "-c", "8192", "-np", "1", "-t", "1", "--jinja", "--chat-template-file", str(template_path()),
+        str(server_path()),
+        "-m",
+        str(model_path()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        "8192",
+        "-np",
+        "1",
+        "-t",
+        "1",
+        "--jinja",
+        "--chat-template-file",
+        str(template_path()),
     ]
     print("llama-server, as saucer needs it (--jinja and a chat template with tools: tool calls are parsed,")
-    print("and tool_choice \"required\" is enforced with a grammar):")
+    print('and tool_choice "required" is enforced with a grammar):')
     print("  " + " ".join(command))
     print("a session uses it with these settings (or the same keys under [llm] / [system] in saucer.toml):")
     for key, value in saucer_settings(f"http://127.0.0.1:{port}/v1").items():
@@ -340,8 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--check", action="store_true", help="only report whether both are cached")
     parser.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
-    parser.add_argument("--serve", action="store_true",
-                        help="then run the server in the foreground (Ctrl-C stops it) and print saucer's settings for it")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="then run the server in the foreground (Ctrl-C stops it) and print saucer's settings for it",
+    )
     args = parser.parse_args(argv)
     if args.serve:
         return _serve_foreground()

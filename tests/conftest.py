@@ -32,8 +32,9 @@ import re
 import time
 import types
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -42,26 +43,48 @@ OWN_CODE = (str(ROOT / "tests") + os.sep, str(ROOT / "scripts") + os.sep)
 
 # Names (modules, attributes, globals) whose appearance in a test's code means another process, a browser,
 # a display or PostgreSQL.
-SPAWNING_NAMES = frozenset({
-    "subprocess", "Popen", "pexpect", "multiprocessing", "ProcessPoolExecutor", "create_subprocess_exec",
-    "create_subprocess_shell", "fork", "forkpty", "posix_spawn", "execv", "execvp", "executable",
-    "playwright", "sync_playwright", "async_playwright", "VirtualDesktop", "psycopg", "psycopg_pool",
-})
+SPAWNING_NAMES = frozenset(
+    {
+        "subprocess",
+        "Popen",
+        "pexpect",
+        "multiprocessing",
+        "ProcessPoolExecutor",
+        "create_subprocess_exec",
+        "create_subprocess_shell",
+        "fork",
+        "forkpty",
+        "posix_spawn",
+        "execv",
+        "execvp",
+        "executable",
+        "playwright",
+        "sync_playwright",
+        "async_playwright",
+        "VirtualDesktop",
+        "psycopg",
+        "psycopg_pool",
+    }
+)
 SPAWNING_MODULES = ("subprocess", "pexpect", "multiprocessing", "playwright", "psycopg", "saucer.tools.desktop.virtual")
 SPAWNING_STRINGS = ("SAUCER_TEST_POSTGRES_URL", "postgresql://", "Xvfb")
 STDIO_SERVER_KEY = "command"  # {"command": ..., "args": [...]}: a stdio tool server's configuration, a process
 PARAM_WORDS = ("postgres", "isolated")  # in a test's parameter ids: PostgreSQL, tool servers in their own process
 
 # xdist groups of the heavy subsystems: the first matching fixture name or path fragment names the group.
-GROUPS = (("desktop", ("virtual_desktop", "desktop_env"), "tests/tools/desktop/"),
-          ("browser", ("browser", "page", "scene"), "tests/ui/test_ui_browser"),
-          ("llama", ("llama", "llama_server"), "tests/agents/test_llm_conformance"),
-          ("queue", ("workers",), "tests/queue/"))  # each starts several `saucer worker` processes
+GROUPS = (
+    ("desktop", ("virtual_desktop", "desktop_env"), "tests/tools/desktop/"),
+    ("browser", ("browser", "page", "scene"), "tests/ui/test_ui_browser"),
+    ("llama", ("llama", "llama_server"), "tests/agents/test_llm_conformance"),
+    ("queue", ("workers",), "tests/queue/"),
+)  # each starts several `saucer worker` processes
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "unit: in-process test (set by tests/conftest.py): make test-fast runs these")
-    config.addinivalue_line("markers", "e2e: starts a process, browser, display or PostgreSQL (set by tests/conftest.py)")
+    config.addinivalue_line(
+        "markers", "e2e: starts a process, browser, display or PostgreSQL (set by tests/conftest.py)"
+    )
     if not config.pluginmanager.has_plugin("saucer-newcomer-summary"):
         config.pluginmanager.register(NewcomerSummary(), "saucer-newcomer-summary")
 
@@ -142,7 +165,7 @@ class _Classifier:
 
 def _fixturedefs(item: pytest.Item) -> Iterator[Any]:
     info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
+    for defs in info.name2fixturedefs.values() if info else ():
         yield from defs
 
 
@@ -198,10 +221,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 #: What a skip reason needs -> (group name, the one command that enables the group).
 ENABLERS: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    (re.compile(r"SAUCER_TEST_POSTGRES_URL"), "PostgreSQL",
-     "export SAUCER_TEST_POSTGRES_URL=postgresql://postgres@127.0.0.1:5432/test"),
-    (re.compile(r"make llama-server|llama-server"), "llama-server and its model (cached, ~20 min once on 2 cores)",
-     "make llama-server"),
+    (
+        re.compile(r"SAUCER_TEST_POSTGRES_URL"),
+        "PostgreSQL",
+        "export SAUCER_TEST_POSTGRES_URL=postgresql://postgres@127.0.0.1:5432/test",
+    ),
+    (
+        re.compile(r"make llama-server|llama-server"),
+        "llama-server and its model (cached, ~20 min once on 2 cores)",
+        "make llama-server",
+    ),
     (re.compile(r"chromium", re.I), "Debian's Chromium (the viewer's browser tests)", "apt-get install -y chromium"),
     (re.compile(r"(apt-get install -y [\w .+-]+)"), "Debian packages (the desktop tests)", ""),
 )
@@ -241,19 +270,29 @@ class NewcomerSummary:
         whole = not config.args or [str(a).rstrip("/") for a in config.args] == ["tests"]
         cache = getattr(config, "cache", None)
         last = cache.get(DURATION_KEY, None) if cache is not None else None
-        expected = (f"the last whole run here took {last:.1f} min" if isinstance(last, (int, float))
-                    else "a whole run takes tens of minutes on a busy 2-core machine; the next summary says how long the last one took")
-        tr.write_line(f"{self.outcomes['passed']} passed, {self.outcomes['failed']} failed or errored, "
-                      f"{self.outcomes['skipped']} skipped in {elapsed / 60:.1f} min (expected: {expected})")
+        expected = (
+            f"the last whole run here took {last:.1f} min"
+            if isinstance(last, (int, float))
+            else "a whole run takes tens of minutes on a busy 2-core machine; the next summary says how long the last one took"
+        )
+        tr.write_line(
+            f"{self.outcomes['passed']} passed, {self.outcomes['failed']} failed or errored, "
+            f"{self.outcomes['skipped']} skipped in {elapsed / 60:.1f} min (expected: {expected})"
+        )
         if whole and cache is not None and self.outcomes["passed"]:
             cache.set(DURATION_KEY, round(elapsed / 60, 1))
         for (name, command), reasons in sorted(self.skips.items(), key=lambda item: -sum(item[1].values())):
-            tr.write_line(f"  {sum(reasons.values()):4d} skipped: needs {name}" if command else
-                          f"  {sum(reasons.values()):4d} skipped: {name}")
+            tr.write_line(
+                f"  {sum(reasons.values()):4d} skipped: needs {name}"
+                if command
+                else f"  {sum(reasons.values()):4d} skipped: {name}"
+            )
             if command:
                 tr.write_line(f"       enable with: {command}")
             else:
                 for reason, count in reasons.most_common(5):
                     tr.write_line(f"       {count} x {reason[:150]}")
         if self.skips:
-            tr.write_line("  more: make test ARGS='-rs' lists every skip; ARGS='tests/cli -x' runs one folder (README, Tests)")
+            tr.write_line(
+                "  more: make test ARGS='-rs' lists every skip; ARGS='tests/cli -x' runs one folder (README, Tests)"
+            )

@@ -75,8 +75,14 @@ def test_explicit_config_file_and_short_env_aliases(tmp_path: Path, monkeypatch:
         ("[system]\nmax_stpe = 3\n", "saucer.toml: unknown key 'system.max_stpe'"),
         ("[sytem]\nmax_step = 3\n", "saucer.toml: unknown key 'sytem'"),
         ('[system]\nmax_step = "many"\n', "saucer.toml: system.max_step: input should be a valid integer"),
-        ("[system]\nmax_step = 0\n", "saucer.toml: system.max_step: input should be greater than or equal to 1 (got 0)"),
-        ('[system]\nsave_experience = "sometimes"\n', "saucer.toml: system.save_experience: input should be 'always', 'ask', 'auto' or 'always_not'"),
+        (
+            "[system]\nmax_step = 0\n",
+            "saucer.toml: system.max_step: input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            '[system]\nsave_experience = "sometimes"\n',
+            "saucer.toml: system.save_experience: input should be 'always', 'ask', 'auto' or 'always_not'",
+        ),
         ('[store]\ndurability = "fast"\n', "saucer.toml: store.durability"),
         ("[system\nmax_step = 3\n", "config file saucer.toml is not valid TOML"),
         ('[mcp.servers.tools]\ncommand = "x"\nbogus = 1\n', "saucer.toml: unknown key 'mcp.servers.tools.bogus'"),
@@ -92,14 +98,20 @@ def test_file_errors_name_the_key_and_the_file(tmp_path: Path, toml: str, messag
 
 def test_env_and_override_errors_name_their_source(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAUCER_SYSTEM__MAX_STEP", "lots")
-    with pytest.raises(ConfigError, match="environment variable SAUCER_SYSTEM__MAX_STEP: input should be a valid integer"):
+    with pytest.raises(
+        ConfigError, match="environment variable SAUCER_SYSTEM__MAX_STEP: input should be a valid integer"
+    ):
         load_settings()
     monkeypatch.delenv("SAUCER_SYSTEM__MAX_STEP")
     monkeypatch.setenv("SAUCER_SYSTEM__MAX_STPE", "3")
-    with pytest.raises(ConfigError, match="environment variable SAUCER_SYSTEM__MAX_STPE: unknown key 'system.max_stpe'"):
+    with pytest.raises(
+        ConfigError, match="environment variable SAUCER_SYSTEM__MAX_STPE: unknown key 'system.max_stpe'"
+    ):
         load_settings()
     monkeypatch.delenv("SAUCER_SYSTEM__MAX_STPE")
-    with pytest.raises(ConfigError, match=r"override system.max_round: input should be greater than or equal to 0 \(got -1\)"):
+    with pytest.raises(
+        ConfigError, match=r"override system.max_round: input should be greater than or equal to 0 \(got -1\)"
+    ):
         load_settings(overrides={"system.max_round": -1})
     with pytest.raises(ConfigError, match="overrides: unknown key 'system.turbo'"):
         load_settings(overrides={"system.turbo": True})
@@ -111,7 +123,9 @@ def test_missing_explicit_config_file(tmp_path: Path) -> None:
 
 
 def test_mcp_servers_are_validated_by_the_dispatchers_model(tmp_path: Path) -> None:
-    (tmp_path / "saucer.toml").write_text('[mcp.servers.time]\ncommand = "mcp-server-time"\nargs = ["--local-timezone", "UTC"]\n')
+    (tmp_path / "saucer.toml").write_text(
+        '[mcp.servers.time]\ncommand = "mcp-server-time"\nargs = ["--local-timezone", "UTC"]\n'
+    )
     server = load_settings().mcp.servers["time"]
     assert getattr(server, "command", None) == "mcp-server-time" or server["command"] == "mcp-server-time"
 

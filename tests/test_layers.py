@@ -125,8 +125,7 @@ def _imports(modules: dict[str, Path]) -> list[Import]:
             elif (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute | ast.Name)
-                and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
-                == "import_module"
+                and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "import_module"
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
                 and isinstance(node.args[0].value, str)
@@ -222,9 +221,7 @@ def test_standalone_packages_import_nothing_of_saucer() -> None:
             wrong.append(_where(imp))
         if src == ROOT and dst != ROOT:
             wrong.append(_where(imp))
-    assert not wrong, "tools, config and redaction import nothing of saucer:\n" + "\n".join(
-        dict.fromkeys(wrong)
-    )
+    assert not wrong, "tools, config and redaction import nothing of saucer:\n" + "\n".join(dict.fromkeys(wrong))
 
 
 def test_no_file_level_import_cycle() -> None:

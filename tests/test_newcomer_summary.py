@@ -13,8 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_skips_are_grouped_with_the_command_that_enables_them() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("SAUCER_TEST_POSTGRES_URL", "CI", "PYTEST_ADDOPTS")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/store/test_summary_migration.py"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/store/test_summary_migration.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "what ran, what was skipped" in out

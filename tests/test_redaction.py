@@ -22,7 +22,10 @@ TOKEN = "tok-" + "7f3a9c" * 4
         ("api_key=abcd1234&x=1", "api_key=***&x=1"),
         ('"x-api-key": "k-123456"', '"x-api-key": "***"'),
         ("key sk-proj-abcdefghijklmnop0123", "key sk-***"),
-        ("prompt_tokens: 12, a token budget, the bearer of news", "prompt_tokens: 12, a token budget, the bearer of news"),
+        (
+            "prompt_tokens: 12, a token budget, the bearer of news",
+            "prompt_tokens: 12, a token budget, the bearer of news",
+        ),
     ],
 )
 def test_credentials_are_found_by_their_shape(text: str, expected: str) -> None:
@@ -41,10 +44,17 @@ def test_registered_and_environment_secrets_are_replaced_as_whole_tokens(monkeyp
 
 def test_structures_are_redacted_by_key_and_value_without_touching_the_input() -> None:
     register_secret(TOKEN)  # not left to the test above: under pytest-xdist it may run in another worker
-    value = {"headers": {"Authorization": "anything", "Accept": "json"}, "items": [f"t={TOKEN}", 3, None], "password": "p"}
+    value = {
+        "headers": {"Authorization": "anything", "Accept": "json"},
+        "items": [f"t={TOKEN}", 3, None],
+        "password": "p",
+    }
     out = redact(value)
-    assert out == {"headers": {"Authorization": REDACTED, "Accept": "json"}, "items": [f"t={REDACTED}", 3, None],
-                   "password": REDACTED}
+    assert out == {
+        "headers": {"Authorization": REDACTED, "Accept": "json"},
+        "items": [f"t={REDACTED}", 3, None],
+        "password": REDACTED,
+    }
     assert value["headers"]["Authorization"] == "anything" and value["items"][0] == f"t={TOKEN}"
     clean = {"a": ["b", {"c": 1}]}
     assert redact(clean) is clean  # nothing changed: nothing copied
@@ -104,7 +114,15 @@ def test_the_log_filter_takes_tokens_out_of_lines_and_urls() -> None:
     from saucer.redaction import RedactingLogFilter, register_secret
 
     register_secret("known-secret-token-42")
-    record = logging.LogRecord("x", logging.DEBUG, __file__, 1, "> GET %s HTTP/1.1 (%s)", ("/ws?token=anyone-s-token&x=1", "known-secret-token-42"), None)
+    record = logging.LogRecord(
+        "x",
+        logging.DEBUG,
+        __file__,
+        1,
+        "> GET %s HTTP/1.1 (%s)",
+        ("/ws?token=anyone-s-token&x=1", "known-secret-token-42"),
+        None,
+    )
     assert RedactingLogFilter().filter(record) is True
     assert record.getMessage() == "> GET /ws?token=***&x=1 HTTP/1.1 (***)"
     plain = logging.LogRecord("x", logging.INFO, __file__, 1, "nothing %s", ("here",), None)
@@ -116,8 +134,22 @@ def test_the_log_filter_takes_tokens_out_of_lines_and_urls() -> None:
 
 QUOTED = 'q"uoted\\secret-0123456789'  # a secret JSON escapes: it does not read the same in the JSON text
 
-_WORDS = ["ok", "Bearer abcdefgh12345678", "api_key=abcd1234", "sk-proj-abcdefghijklmnop0123", TOKEN, f"x{TOKEN}y",
-          "Authorization: Basic dXNlcjpw", "PASSWORD", "rapid", "Token", "é", "line\nbreak", "tab\t", 'a "quote"']
+_WORDS = [
+    "ok",
+    "Bearer abcdefgh12345678",
+    "api_key=abcd1234",
+    "sk-proj-abcdefghijklmnop0123",
+    TOKEN,
+    f"x{TOKEN}y",
+    "Authorization: Basic dXNlcjpw",
+    "PASSWORD",
+    "rapid",
+    "Token",
+    "é",
+    "line\nbreak",
+    "tab\t",
+    'a "quote"',
+]
 
 
 def _json_values():
@@ -125,8 +157,11 @@ def _json_values():
 
     keys = st.sampled_from(["a", "Authorization", "api_key", "X-API-KEY", "password", "Passwd", "note", "token"])
     leaves = st.one_of(st.sampled_from(_WORDS), st.text(max_size=12), st.integers(-5, 5), st.none(), st.booleans())
-    return st.recursive(leaves, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
-                        max_leaves=12)
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
+        max_leaves=12,
+    )
 
 
 def test_the_json_scan_misses_nothing_the_walk_would_replace() -> None:

@@ -125,7 +125,9 @@ def test_unknown_keys_are_listed_once_as_ignored_not_an_error(tmp_path: Path, ca
 
 def test_wrong_values_name_the_ufo_key_the_file_and_the_setting(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text('MAX_STEP: "many"\n')
-    with pytest.raises(ConfigError, match=r"config.yaml: MAX_STEP \(saucer's system.max_step\): input should be a valid integer"):
+    with pytest.raises(
+        ConfigError, match=r"config.yaml: MAX_STEP \(saucer's system.max_step\): input should be a valid integer"
+    ):
         load_any_settings(tmp_path / "config.yaml")
     (tmp_path / "k.yaml").write_text("HOST_AGENT:\n  API_KEY: [1, 2]\n")
     with pytest.raises(ConfigError) as info:
@@ -155,7 +157,9 @@ def test_api_types_saucer_cannot_call_are_ignored_and_say_why(tmp_path: Path) ->
     assert "HOST_AGENT.API_MODEL" in ufo.ignored
     s = load_any_settings(tmp_path / "agents.yaml")  # the app agent's Azure endpoint, through its v1 API
     assert s.llm.base_url == "https://res.openai.azure.com/openai/v1" and s.llm.model == "my-deployment"
-    (tmp_path / "ollama.yaml").write_text('APP_AGENT:\n  API_TYPE: "ollama"\n  API_BASE: "http://localhost:11434"\n  API_MODEL: "llama3.1"\n')
+    (tmp_path / "ollama.yaml").write_text(
+        'APP_AGENT:\n  API_TYPE: "ollama"\n  API_BASE: "http://localhost:11434"\n  API_MODEL: "llama3.1"\n'
+    )
     assert load_any_settings(tmp_path / "ollama.yaml").llm.base_url == "http://localhost:11434/v1"
 
 
@@ -227,13 +231,24 @@ def test_the_readme_conversion_is_what_saucer_config_convert_prints(tmp_path: Pa
         (tmp_path / name).write_text(body)
     [shown] = re.findall(r"```toml\n(.*?)```", section, re.S)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
-    proc = subprocess.run([sys.executable, "-m", "saucer", "config", "convert", "config/ufo/"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "saucer", "config", "convert", "config/ufo/"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == shown
     (tmp_path / "saucer.toml").write_text(proc.stdout)
-    assert load_any_settings(tmp_path / "saucer.toml").model_dump() == load_any_settings(tmp_path / "config/ufo").model_dump()
-    assert "### The wire protocol" in section and "(#aip-devices)" in section  # the wire protocol: where AIP devices are described
+    assert (
+        load_any_settings(tmp_path / "saucer.toml").model_dump()
+        == load_any_settings(tmp_path / "config/ufo").model_dump()
+    )
+    assert (
+        "### The wire protocol" in section and "(#aip-devices)" in section
+    )  # the wire protocol: where AIP devices are described
 
 
 def test_convert_errors_are_one_line(tmp_path: Path) -> None:
@@ -243,8 +258,17 @@ def test_convert_errors_are_one_line(tmp_path: Path) -> None:
 
     (tmp_path / "bad.yaml").write_text("MAX_STEP: [\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
-    proc = subprocess.run([sys.executable, "-m", "saucer", "config", "convert", "bad.yaml"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "saucer", "config", "convert", "bad.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and proc.stdout == ""
-    assert proc.stderr.strip().startswith("error: config file bad.yaml is not valid YAML") and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip().startswith("error: config file bad.yaml is not valid YAML")
+        and "Traceback" not in proc.stderr
+    )
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -84,6 +84,7 @@ _SHAPES = [
     (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), "sk-" + REDACTED),
 ]
 
+
 def _may_hold_credential(lowered: str) -> bool:
     # Cheap substring checks before any pattern runs: most strings hold no credential.
     return (
@@ -94,6 +95,7 @@ def _may_hold_credential(lowered: str) -> bool:
         or "secret" in lowered
         or "sk-" in lowered
     )
+
 
 _SECRET_KEYS = frozenset(
     {
@@ -138,7 +140,7 @@ class _Secrets:
 
     def _compile(self) -> None:
         values = set(self._registered)
-        for name, value in zip(SECRET_ENV_VARS, self._env):
+        for name, value in zip(SECRET_ENV_VARS, self._env, strict=False):
             if not value:
                 continue
             if name == "SAUCER_SERVICE_TOKENS":
@@ -257,7 +259,7 @@ def _walk(value: Any, text: Any, by_key: bool) -> Any:
         return value if out is None else out
     if isinstance(value, (list, tuple)):
         items = [_walk(item, text, by_key) for item in value]
-        if all(new is old for new, old in zip(items, value)):
+        if all(new is old for new, old in zip(items, value, strict=False)):
             return value
         return items if isinstance(value, list) else tuple(items)
     return value

@@ -25,9 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -211,8 +212,10 @@ def _endpoint(agent: str, table: Mapping[str, Any], out: UfoSettings) -> dict[st
     api_type = str(table.get("API_TYPE", "openai")).lower()
     if api_type not in _API_TYPES:
         out.ignore(
-            f"{agent}.API_TYPE", f"{api_type!r} is not an OpenAI-compatible endpoint saucer can call "
-            f"({', '.join(_API_TYPES)}); this agent's API_* keys are ignored", api_type,
+            f"{agent}.API_TYPE",
+            f"{api_type!r} is not an OpenAI-compatible endpoint saucer can call "
+            f"({', '.join(_API_TYPES)}); this agent's API_* keys are ignored",
+            api_type,
         )
         return None
     found: dict[str, Any] = {}
@@ -227,7 +230,11 @@ def _endpoint(agent: str, table: Mapping[str, Any], out: UfoSettings) -> dict[st
         found["base_url"] = base
     if table.get("API_KEY") not in (None, ""):
         found["api_key"] = table["API_KEY"]
-    model = table.get("API_DEPLOYMENT_ID") if api_type == "aoai" and table.get("API_DEPLOYMENT_ID") else table.get("API_MODEL")
+    model = (
+        table.get("API_DEPLOYMENT_ID")
+        if api_type == "aoai" and table.get("API_DEPLOYMENT_ID")
+        else table.get("API_MODEL")
+    )
     if model not in (None, ""):
         found["model"] = model
     return found
@@ -257,7 +264,8 @@ def _map_agents(agents: dict[str, tuple[str, Mapping[Any, Any]]], file: Path, ou
                 if main.get(setting) != value:  # type: ignore[union-attr]  # main is set in this branch
                     out.ignore(
                         f"{written}.{_UFO_NAME[setting]}",
-                        f"saucer's agents share one model and endpoint ([llm], from {main_name})", value,
+                        f"saucer's agents share one model and endpoint ([llm], from {main_name})",
+                        value,
                     )
         elif endpoint is not None:  # the evaluation agent: its model judges, on the same endpoint
             same = main is None or all(main.get(k) == endpoint.get(k) for k in ("base_url", "api_key"))
@@ -286,7 +294,9 @@ def _check(ufo: UfoSettings) -> None:
                 error = exc.errors()[0]
                 shown = "**********" if _SECRET.search(key) else repr(value)
                 message = error["msg"][0].lower() + error["msg"][1:]
-                raise ConfigError(f"{ufo.origin[f'{section}.{key}']} (saucer's {section}.{key}): {message} (got {shown})") from None
+                raise ConfigError(
+                    f"{ufo.origin[f'{section}.{key}']} (saucer's {section}.{key}): {message} (got {shown})"
+                ) from None
 
 
 _REPORTED: set[str] = set()
@@ -378,7 +388,9 @@ def convert(path: str | Path) -> str:
     """saucer's TOML for UFO's YAML ``path`` (file or folder): every mapped key, and a comment for each
     key without a counterpart saying why. Loading it gives the same settings as loading ``path``."""
     if not is_yaml(Path(path)):
-        raise ConfigError(f"{path} is not UFO's YAML: give a .yaml file (config.yaml, system.yaml, agents.yaml) or their folder")
+        raise ConfigError(
+            f"{path} is not UFO's YAML: give a .yaml file (config.yaml, system.yaml, agents.yaml) or their folder"
+        )
     ufo = read_ufo(path)
     _check(ufo)
     lines = [f"# saucer settings converted from UFO's {', '.join(str(f) for f in ufo.files)} (saucer config convert)"]

@@ -18,9 +18,10 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["FakeOpenAI", "RecordedRequest"]
 
@@ -54,7 +55,7 @@ class Scripted:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
@@ -100,7 +101,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    fake: "FakeOpenAI"
+    fake: FakeOpenAI
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that timed out and hung up is expected in retry tests
@@ -120,7 +121,7 @@ class FakeOpenAI:
 
     # -------------------------------------------------------------- lifecycle
 
-    def start(self) -> "FakeOpenAI":
+    def start(self) -> FakeOpenAI:
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.fake = self
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -133,7 +134,7 @@ class FakeOpenAI:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "FakeOpenAI":
+    def __enter__(self) -> FakeOpenAI:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -153,7 +154,7 @@ class FakeOpenAI:
 
     # ------------------------------------------------------------- scripting
 
-    def push(self, *items: Scripted) -> "FakeOpenAI":
+    def push(self, *items: Scripted) -> FakeOpenAI:
         with self._lock:
             self.script.extend(items)
         return self
@@ -166,7 +167,9 @@ class FakeOpenAI:
             out = responder(request)
             item = out if isinstance(out, Scripted) else Scripted(200, out)
         if item is None:
-            return Scripted(400, {"error": {"message": "fake_openai: script exhausted", "type": "invalid_request_error"}})
+            return Scripted(
+                400, {"error": {"message": "fake_openai: script exhausted", "type": "invalid_request_error"}}
+            )
         if item.status == 200 and isinstance(item.body, dict) and item.body.get("model") is None:
             item.body["model"] = (request.json or {}).get("model", self.model)
         return item
@@ -200,7 +203,11 @@ class FakeOpenAI:
 
     @classmethod
     def tool_calls(
-        cls, *calls: tuple[str, Any] | tuple[str, Any, str], content: str | None = None, usage: tuple[int, int] | None = (10, 5), **kw: Any
+        cls,
+        *calls: tuple[str, Any] | tuple[str, Any, str],
+        content: str | None = None,
+        usage: tuple[int, int] | None = (10, 5),
+        **kw: Any,
     ) -> Scripted:
         """Tool calls; each is (function name or server.tool, arguments[, id]); dots become ``__``.
 
@@ -214,7 +221,10 @@ class FakeOpenAI:
                 {
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": name.replace(".", "__"), "arguments": args if isinstance(args, str) else json.dumps(args)},
+                    "function": {
+                        "name": name.replace(".", "__"),
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                    },
                 }
             )
         kw.setdefault("finish_reason", "tool_calls")
@@ -222,8 +232,12 @@ class FakeOpenAI:
 
     @staticmethod
     def error(status: int, message: str = "", *, headers: dict[str, str] | None = None) -> Scripted:
-        kind = {429: "rate_limit_exceeded", 500: "server_error", 503: "server_error"}.get(status, "invalid_request_error")
-        return Scripted(status, {"error": {"message": message or f"scripted HTTP {status}", "type": kind}}, headers or {})
+        kind = {429: "rate_limit_exceeded", 500: "server_error", 503: "server_error"}.get(
+            status, "invalid_request_error"
+        )
+        return Scripted(
+            status, {"error": {"message": message or f"scripted HTTP {status}", "type": kind}}, headers or {}
+        )
 
     @staticmethod
     def slow(item: Scripted, seconds: float) -> Scripted:

@@ -48,7 +48,11 @@ class FakeDispatcher:
             if outcome == "fail":
                 out.append(Result.failure(c, f"{c.tool_name} failed: no such file"))
             else:
-                out.append(Result(status=ResultStatus.SUCCESS, result={"ok": c.tool_name, "args": c.parameters}, call_id=c.call_id))
+                out.append(
+                    Result(
+                        status=ResultStatus.SUCCESS, result={"ok": c.tool_name, "args": c.parameters}, call_id=c.call_id
+                    )
+                )
         return out
 
 
@@ -57,7 +61,11 @@ def app_settings(tmp_path: Path, **system: Any) -> Any:
 
     # These tests script every model call: the session's judge (eva_session, on by default as in the
     # seed) is off unless a test turns it on, so it asks the model nothing they did not script.
-    overrides: dict[str, Any] = {"store.url": "memory://", "logs.root": str(tmp_path / "logs"), "system.eva_session": False}
+    overrides: dict[str, Any] = {
+        "store.url": "memory://",
+        "logs.root": str(tmp_path / "logs"),
+        "system.eva_session": False,
+    }
     overrides.update({f"system.{k}": v for k, v in system.items()})
     return load_settings(overrides=overrides)
 

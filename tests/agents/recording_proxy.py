@@ -46,7 +46,7 @@ class Exchange:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -69,7 +69,9 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             conn.close()
         with self.server.lock:
-            self.server.exchanges.append(Exchange(self.command, self.path, body, status, data, time.monotonic() - started))
+            self.server.exchanges.append(
+                Exchange(self.command, self.path, body, status, data, time.monotonic() - started)
+            )
         self.send_response(status)
         for key, value in reply_headers:
             if key.lower() not in _HOP_BY_HOP:
@@ -118,7 +120,7 @@ class RecordingProxy:
         with self._server.lock:
             self._server.exchanges.clear()
 
-    def __enter__(self) -> "RecordingProxy":
+    def __enter__(self) -> RecordingProxy:
         self._thread.start()
         return self
 

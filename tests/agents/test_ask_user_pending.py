@@ -6,8 +6,8 @@ pending question stored in the session: another process lists it (``saucer appro
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,15 +33,40 @@ def _config(tmp_path: Path, fake: FakeOpenAI, timeout: float) -> None:
 
 
 def _saucer(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "saucer", *args], cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "saucer", *args],
+        cwd=tmp_path,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _run(tmp_path: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "saucer", "run", "--request", "read my notes", "--no-input", "--session-id", "ask1",
-         "--workspace", "ws", "--task", "ask1"],
-        cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "saucer",
+            "run",
+            "--request",
+            "read my notes",
+            "--no-input",
+            "--session-id",
+            "ask1",
+            "--workspace",
+            "ws",
+            "--task",
+            "ask1",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -71,9 +96,14 @@ def test_a_question_is_answered_from_another_process(fake: FakeOpenAI, tmp_path:
         assert wrong.returncode != 0 and wrong.stderr.strip() == (
             f"error: {number} of session 'ask1' is a question, not an approval: answer it (saucer answer ask1 {number} TEXT)"
         )
-        answered = _saucer(tmp_path, "answer", "ask1", number, "notes.txt in [red]the workspace[/red]", "--author", "user:ana")
+        answered = _saucer(
+            tmp_path, "answer", "ask1", number, "notes.txt in [red]the workspace[/red]", "--author", "user:ana"
+        )
         assert answered.returncode == 0, answered.stderr
-        assert answered.stdout.strip() == f"question {number} of session ask1 answered by user:ana: notes.txt in [red]the workspace[/red]"
+        assert (
+            answered.stdout.strip()
+            == f"question {number} of session ask1 answered by user:ana: notes.txt in [red]the workspace[/red]"
+        )
         out, _ = run.communicate(timeout=60)
     finally:
         if run.poll() is None:
@@ -82,7 +112,10 @@ def test_a_question_is_answered_from_another_process(fake: FakeOpenAI, tmp_path:
     assert run.returncode == 0, out
     assert f"saucer answer ask1 {number} TEXT" in out  # the run said how to answer it
     assert "Which file holds your [bold]notes[/bold]?" in out
-    assert _tool_message(fake.requests[1], "call_q") == "the user (user:ana) answered: notes.txt in [red]the workspace[/red]"
+    assert (
+        _tool_message(fake.requests[1], "call_q")
+        == "the user (user:ana) answered: notes.txt in [red]the workspace[/red]"
+    )
     again = _saucer(tmp_path, "answer", "ask1", number, "late")
     assert again.returncode != 0 and again.stderr.strip() == (
         f"error: question {number} of session 'ask1' was already answered by user:ana"
@@ -114,7 +147,7 @@ def test_an_unanswered_question_times_out_and_the_model_reads_it(fake: FakeOpenA
 def test_the_readme_questions_example_runs(fake: FakeOpenAI, tmp_path: Path) -> None:
     """The README's "People in the loop" questions block, run as written with the fake model in saucer.toml."""
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### People in the loop"):]
+    section = text[text.index("### People in the loop") :]
     section = section[: section.index("\n## ")]
     [script] = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "saucer answer" in b]
     fake.push(
@@ -125,8 +158,15 @@ def test_the_readme_questions_example_runs(fake: FakeOpenAI, tmp_path: Path) -> 
     _config(tmp_path, fake, timeout=60)
     (tmp_path / "notes.txt").write_text("buy milk\n")  # the README's run has no --workspace: the current folder
     env = {**_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "notes 3 pending · question: Which file holds your notes?" in done.stdout, done.stdout + done.stderr
     assert "question 3 of session notes answered by user:alice: notes.txt" in done.stdout

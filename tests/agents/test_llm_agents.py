@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_helpers import FakeDispatcher, make_session
 from fake_openai import FakeOpenAI, RecordedRequest
+from llm_helpers import FakeDispatcher, make_session
 
 from saucer.agents.llm import LinuxAgent, ModelClient, ModelNotConfiguredError, ModelSettings, create_agent_provider
 from saucer.agents.llm.logs import read_jsonl
@@ -74,7 +74,9 @@ def test_single_agent_calls_a_tool_and_finishes(fake: FakeOpenAI, settings: Mode
     assert steps[0].commands[0]["tool_name"] == "shell.run" and steps[0].results[0]["status"] == "success"
 
 
-def test_cost_per_round_and_per_session_and_request_log(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_cost_per_round_and_per_session_and_request_log(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     # round 0: two calls; round 1: one call. gpt-4o-mini: $0.15 / $0.60 per 1M tokens.
     fake.push(
         fake.tool_calls(("shell.run", {"cmd": "ls"}), usage=(1000, 100)),
@@ -106,7 +108,9 @@ def test_cost_per_round_and_per_session_and_request_log(fake: FakeOpenAI, settin
     assert [line["round"] for line in lines] == [0, 0, 1, 1]
     assert [line["step"] for line in lines] == [1, 2, 1, 2]
     assert [line["prompt_tokens"] for line in lines] == [1000, 2000, 3000, 4000]
-    assert [line["cost"] for line in lines] == [pytest.approx(price(p, c)) for p, c in ((1000, 100), (2000, 200), (3000, 300), (4000, 400))]
+    assert [line["cost"] for line in lines] == [
+        pytest.approx(price(p, c)) for p, c in ((1000, 100), (2000, 200), (3000, 300), (4000, 400))
+    ]
     assert [(line["max_tokens"], line["tool_choice"]) for line in lines] == [(1024, "auto")] * 4
     assert lines[0]["response"]["tool_calls"][0]["name"] == "shell.run"
     assert lines[1]["response"]["content"] == "done 1"
@@ -161,7 +165,9 @@ def test_max_step_stops_a_model_that_never_finishes(fake: FakeOpenAI, settings: 
     assert "max_step" in (result.reason or "")
 
 
-def test_model_failure_ends_the_round_with_a_clear_error(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_model_failure_ends_the_round_with_a_clear_error(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(*[fake.error(500, "upstream down")] * 2)
     session = make_session(tmp_path, ms(settings, max_retries=1, backoff_base=0.0))
     result = run(session.run())
@@ -172,7 +178,9 @@ def test_model_failure_ends_the_round_with_a_clear_error(fake: FakeOpenAI, setti
     assert line["status"] == "error" and line["attempts"] == 2
 
 
-def test_invalid_arguments_and_unknown_tools_are_reported_not_run(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_invalid_arguments_and_unknown_tools_are_reported_not_run(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(
         fake.tool_calls(("shell.run", "{broken", "c1"), ("rm_rf", {}, "c2"), ("files.read", {"path": "/x"}, "c3")),
         fake.text("ok"),
@@ -201,7 +209,9 @@ class RecordingInteractor(NonInteractiveInteractor):
         return self.assume_yes
 
 
-def test_a_refused_sensitive_step_is_not_run_and_the_model_is_told(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_a_refused_sensitive_step_is_not_run_and_the_model_is_told(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(fake.tool_calls(("files.delete", {"path": "notes.txt"}, "del1")), fake.text("I did not delete it."))
     dispatcher = FakeDispatcher()
     interactor = RecordingInteractor(answer=False)
@@ -227,7 +237,9 @@ def test_an_approved_sensitive_step_runs(fake: FakeOpenAI, settings: ModelSettin
     assert len(interactor.asked) == 1
 
 
-def test_without_an_interactor_sensitive_steps_are_refused(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_without_an_interactor_sensitive_steps_are_refused(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(fake.tool_calls(("files.delete", {"path": "x"})), fake.text("ok"))
     dispatcher = FakeDispatcher()
     run(make_session(tmp_path, settings, dispatcher=dispatcher, interactor=NonInteractiveInteractor()).run())
@@ -262,7 +274,9 @@ def test_host_hands_subtasks_to_the_app_agent(fake: FakeOpenAI, settings: ModelS
         fake.text("The notes have 42 words."),
     )
     dispatcher = FakeDispatcher()
-    session = make_session(tmp_path, ms(settings, agent="host"), request="how long are my notes?", dispatcher=dispatcher)
+    session = make_session(
+        tmp_path, ms(settings, agent="host"), request="how long are my notes?", dispatcher=dispatcher
+    )
     result = run(session.run())
     assert result.status == "finished", result
     assert result.steps == 7
@@ -314,7 +328,9 @@ def test_app_agent_failures_go_back_to_the_host(fake: FakeOpenAI, settings: Mode
         fake.text("x cannot be read."),
     )
     session = make_session(
-        tmp_path, ms(settings, agent="host", max_consecutive_failures=2), dispatcher=FakeDispatcher(outcomes={"files.read": "fail"})
+        tmp_path,
+        ms(settings, agent="host", max_consecutive_failures=2),
+        dispatcher=FakeDispatcher(outcomes={"files.read": "fail"}),
     )
     result = run(session.run())
     # no subtask was done, so the host's answer is a failure, not a success
@@ -323,13 +339,17 @@ def test_app_agent_failures_go_back_to_the_host(fake: FakeOpenAI, settings: Mode
     assert report.startswith("FAIL: 2 consecutive steps failed")
 
 
-def test_host_invalid_assignment_is_answered_and_retried(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_host_invalid_assignment_is_answered_and_retried(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(
         fake.tool_calls(("assign_subtask", {"subtask": ""}, "bad")),
         fake.text("nothing to do"),
     )
     result = run(make_session(tmp_path, ms(settings, agent="host", no_action_retries=0)).run())
-    assert tool_messages(fake.requests[1]) == [{"role": "tool", "tool_call_id": "bad", "content": "error: 'subtask' must be a non-empty string"}]
+    assert tool_messages(fake.requests[1]) == [
+        {"role": "tool", "tool_call_id": "bad", "content": "error: 'subtask' must be a non-empty string"}
+    ]
     # no subtask was ever assigned: the round did nothing
     assert result.status == "failed" and result.reason.startswith("round 0 no_action: no action:"), result
 
@@ -341,7 +361,10 @@ def test_evaluation_of_rounds_and_session(fake: FakeOpenAI, settings: ModelSetti
     fake.push(
         fake.tool_calls(("shell.run", {"cmd": "ls"}), usage=(1000, 0)),
         fake.text("listed", usage=(1000, 0)),
-        fake.text('{"complete": "yes", "reason": "the files were listed", "sub_scores": {"listing": "yes"}}', usage=(1_000_000, 0)),
+        fake.text(
+            '{"complete": "yes", "reason": "the files were listed", "sub_scores": {"listing": "yes"}}',
+            usage=(1_000_000, 0),
+        ),
         fake.text('Verdict: {"complete": "no", "reason": "only one round"}', usage=(2_000_000, 0)),
     )
     session = make_session(tmp_path, settings, eva_round=True, eva_session=True)
@@ -447,7 +470,14 @@ def test_provider_from_app_settings(fake: FakeOpenAI, tmp_path: Path, no_llm_env
         }
     )
     fake.push(fake.tool_calls(("shell.run", {"cmd": "echo hello"})), fake.text("hello"))
-    session = Session("t", mode="normal", settings=settings, request="hi", agents=create_agent_provider(settings), dispatcher=FakeDispatcher())
+    session = Session(
+        "t",
+        mode="normal",
+        settings=settings,
+        request="hi",
+        agents=create_agent_provider(settings),
+        dispatcher=FakeDispatcher(),
+    )
     assert run(session.run()).status == "finished"
     assert fake.requests[0].headers["authorization"] == "Bearer k"
 
@@ -474,7 +504,9 @@ def _notes_server() -> Any:
 
 
 @pytest.mark.parametrize("approve", [False, True])
-def test_with_the_local_dispatcher_the_user_is_asked_once(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path, approve: bool) -> None:
+def test_with_the_local_dispatcher_the_user_is_asked_once(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path, approve: bool
+) -> None:
     from saucer.agents.llm import interactor_approver
     from saucer.dispatch.local import LocalCommandDispatcher
 
@@ -489,7 +521,9 @@ def test_with_the_local_dispatcher_the_user_is_asked_once(fake: FakeOpenAI, sett
             {"notes": _notes_server()}, approver=interactor_approver(interactor), sensitive_tools=["notes.delete"]
         )
         async with dispatcher:
-            session = make_session(tmp_path, settings, dispatcher=dispatcher, interactor=interactor, task=f"local-{approve}")
+            session = make_session(
+                tmp_path, settings, dispatcher=dispatcher, interactor=interactor, task=f"local-{approve}"
+            )
             return await session.run()
 
     result = run(go())
@@ -512,7 +546,9 @@ class Crash(BaseException):
     """Stands for the process dying mid-step."""
 
 
-def test_a_resumed_session_continues_the_same_conversation(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_a_resumed_session_continues_the_same_conversation(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     from llm_helpers import app_settings
 
     from saucer.engine.session import Session
@@ -538,8 +574,15 @@ def test_a_resumed_session_continues_the_same_conversation(fake: FakeOpenAI, set
         clients.append(ModelClient(model_settings))
         return clients[-1]
 
-    first = Session("resume", mode="normal", settings=settings_app, store=store, request="two steps",
-                    agents=create_agent_provider(settings, client_factory=client_factory), dispatcher=CrashOnSecondCall())
+    first = Session(
+        "resume",
+        mode="normal",
+        settings=settings_app,
+        store=store,
+        request="two steps",
+        agents=create_agent_provider(settings, client_factory=client_factory),
+        dispatcher=CrashOnSecondCall(),
+    )
 
     async def crash() -> None:
         try:
@@ -551,8 +594,13 @@ def test_a_resumed_session_continues_the_same_conversation(fake: FakeOpenAI, set
     with pytest.raises(Crash):
         run(crash())
     dispatcher = FakeDispatcher()
-    again = Session.resume(first.session_id, store=store, settings=settings_app,
-                           agents=create_agent_provider(settings), dispatcher=dispatcher)
+    again = Session.resume(
+        first.session_id,
+        store=store,
+        settings=settings_app,
+        agents=create_agent_provider(settings),
+        dispatcher=dispatcher,
+    )
     result = run(again.run())
     assert result.status == "finished" and result.steps == 3
     before_crash, after_resume = fake.requests[1].messages, fake.requests[2].messages
@@ -568,9 +616,8 @@ def test_session_factory_normal_mode_without_a_model_says_what_to_set(no_llm_env
     from saucer.engine.errors import LLMUnavailableError
     from saucer.engine.factory import SessionFactory
 
-    with SessionFactory(app_settings(tmp_path)) as factory:
-        with pytest.raises(LLMUnavailableError) as info:
-            factory.create_session("t", "normal", request="tidy my notes")
+    with SessionFactory(app_settings(tmp_path)) as factory, pytest.raises(LLMUnavailableError) as info:
+        factory.create_session("t", "normal", request="tidy my notes")
     for var in ("SAUCER_LLM_MODEL", "SAUCER_LLM_BASE_URL", "SAUCER_LLM_API_KEY"):
         assert var in str(info.value)
 

@@ -52,7 +52,11 @@ def test_the_model_asks_and_reads_the_users_answer(fake: FakeOpenAI, settings: M
     assert result.status == "finished", result
     assert "ask_user" in fake.requests[0].tool_names
     assert interactor.questions == [("Which file should I read?", 0)]
-    assert _tool_messages(fake.requests[1])[-1] == {"role": "tool", "tool_call_id": "call_q", "content": "the user answered: notes.txt"}
+    assert _tool_messages(fake.requests[1])[-1] == {
+        "role": "tool",
+        "tool_call_id": "call_q",
+        "content": "the user answered: notes.txt",
+    }
     assert [c.tool_name for c in dispatcher.commands] == ["files.read"]  # the question is not a command
     first = next(iter(read_step_log(session.log_path)))
     assert first.extra["asked"] == [{"question": "Which file should I read?", "answer": "notes.txt"}]
@@ -80,7 +84,9 @@ def test_ask_user_off_is_not_offered(fake: FakeOpenAI, settings: ModelSettings, 
     assert "ask_user" not in fake.requests[0].tool_names
 
 
-def test_the_host_agent_asks_without_counting_a_failed_assignment(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_the_host_agent_asks_without_counting_a_failed_assignment(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     host = settings.model_copy(update={"agent": "host", "max_consecutive_failures": 1})
     fake.push(fake.tool_calls(("ask_user", {"question": "Which folder?"}, "call_q")))
     fake.push(*[fake.text("Nothing to do in the end.")] * (1 + host.no_action_retries))
@@ -89,8 +95,9 @@ def test_the_host_agent_asks_without_counting_a_failed_assignment(fake: FakeOpen
     result = asyncio.run(session.run())
     assert interactor.questions == [("Which folder?", 0)]
     assert _tool_messages(fake.requests[1])[-1]["content"] == "the user answered: none"
-    assert result.status != "error" and "invalid assignments" not in result.reason, result  # a question is no invalid assignment
-
+    assert result.status != "error" and "invalid assignments" not in result.reason, (
+        result
+    )  # a question is no invalid assignment
 
 
 def _with_a_person(session: Any, act: Any) -> Any:
@@ -100,7 +107,11 @@ def _with_a_person(session: Any, act: Any) -> Any:
         async def person() -> None:
             while True:
                 store = session.store
-                waiting = pending_approvals(store, [session.session_id]) if store is not None and store.exists(session.session_id) else []
+                waiting = (
+                    pending_approvals(store, [session.session_id])
+                    if store is not None and store.exists(session.session_id)
+                    else []
+                )
                 if waiting:
                     act(store, waiting[0])
                     return
@@ -114,7 +125,9 @@ def _with_a_person(session: Any, act: Any) -> Any:
     return asyncio.run(go())
 
 
-def test_with_no_terminal_the_question_waits_and_the_answer_is_an_event(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_with_no_terminal_the_question_waits_and_the_answer_is_an_event(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(
         fake.tool_calls(("ask_user", {"question": "Which file should I read?"}, "call_q")),
         fake.tool_calls(("files.read", {"path": "notes.txt"}, "call_read")),
@@ -139,11 +152,19 @@ def test_with_no_terminal_the_question_waits_and_the_answer_is_an_event(fake: Fa
     [decided] = read_approvals(store, session.session_id)
     assert (decided.status, decided.answer, decided.decided_by) == ("answered", "notes.txt", "user:ana")
     first = next(iter(read_step_log(session.log_path)))
-    assert first.extra["asked"] == [{"question": "Which file should I read?", "answer": "notes.txt",
-                                     "number": question.number, "answered_by": "user:ana"}]
+    assert first.extra["asked"] == [
+        {
+            "question": "Which file should I read?",
+            "answer": "notes.txt",
+            "number": question.number,
+            "answered_by": "user:ana",
+        }
+    ]
 
 
-def test_an_unanswered_question_times_out_into_no_answer(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_an_unanswered_question_times_out_into_no_answer(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(fake.tool_calls(("ask_user", {"question": "Which folder?"}, "call_q")), fake.text("Nothing done."))
     session = make_session(tmp_path, settings, request="tidy", interactor=NonInteractiveInteractor())
     session.settings.approvals.timeout = 0.3

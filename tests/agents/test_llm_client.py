@@ -8,8 +8,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from llm_helpers import SECRET_KEY
 from fake_openai import FakeOpenAI
+from llm_helpers import SECRET_KEY
 
 from saucer.agents.llm.client import (
     ModelCallError,
@@ -26,7 +26,10 @@ TOOL_INFO = {
         "description": "Run a shell command",
         "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
     },
-    "files.read": {"description": "Read a file", "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}}},
+    "files.read": {
+        "description": "Read a file",
+        "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    },
 }
 
 
@@ -75,7 +78,13 @@ def test_tool_calls_are_mapped_back_to_saucer_names(fake: FakeOpenAI, settings: 
     reply = run(_call(settings, [{"role": "user", "content": "x"}], tools=tools))
     assert not reply.is_final
     first, second = reply.tool_calls
-    assert (first.id, first.name, first.function_name, first.arguments, first.error) == ("c1", "shell.run", "shell__run", {"cmd": "ls"}, None)
+    assert (first.id, first.name, first.function_name, first.arguments, first.error) == (
+        "c1",
+        "shell.run",
+        "shell__run",
+        {"cmd": "ls"},
+        None,
+    )
     assert second.name == "files.read" and second.arguments == {} and "not valid JSON" in second.error
     message = reply.assistant_message()
     assert message["role"] == "assistant"
@@ -114,7 +123,9 @@ def test_500_then_200_is_retried(fake: FakeOpenAI, settings: ModelSettings, slee
     assert sleeps.delays == [pytest.approx(0.01), pytest.approx(0.02)]  # exponential
 
 
-def test_gives_up_after_max_retries_with_a_clear_error(fake: FakeOpenAI, settings: ModelSettings, sleeps, tmp_path: Path) -> None:
+def test_gives_up_after_max_retries_with_a_clear_error(
+    fake: FakeOpenAI, settings: ModelSettings, sleeps, tmp_path: Path
+) -> None:
     fake.push(*[fake.error(500, "boom")] * 4)
     log = RequestLogger(tmp_path / "request.log")
     with pytest.raises(ModelCallError) as info:
@@ -122,7 +133,9 @@ def test_gives_up_after_max_retries_with_a_clear_error(fake: FakeOpenAI, setting
     err = info.value
     assert err.attempts == 4 and err.status == 500 and err.retryable
     text = str(err)
-    assert "failed after 4 attempt(s)" in text and "HTTP 500" in text and "gpt-4o-mini" in text and fake.base_url in text
+    assert (
+        "failed after 4 attempt(s)" in text and "HTTP 500" in text and "gpt-4o-mini" in text and fake.base_url in text
+    )
     assert "max_retries" in text
     assert len(fake.requests) == 4
     assert sleeps.delays == [pytest.approx(0.01), pytest.approx(0.02), pytest.approx(0.04)]
@@ -229,7 +242,11 @@ def test_request_log_line(fake: FakeOpenAI, settings: ModelSettings, tmp_path: P
 
     async def go(sleep):
         async with ModelClient(settings, request_logger=log, sleep=sleep) as c:
-            return await c.complete([{"role": "system", "content": "sys"}, {"role": "user", "content": "list"}], tools=tools, log_fields={"agent": "LinuxAgent", "round": 0, "step": 1})
+            return await c.complete(
+                [{"role": "system", "content": "sys"}, {"role": "user", "content": "list"}],
+                tools=tools,
+                log_fields={"agent": "LinuxAgent", "round": 0, "step": 1},
+            )
 
     async def nosleep(_):
         return None
@@ -240,7 +257,9 @@ def test_request_log_line(fake: FakeOpenAI, settings: ModelSettings, tmp_path: P
     assert line["status"] == "ok" and line["model"] == "gpt-4o-mini" and line["attempts"] == 2
     assert line["prompt"][1] == {"role": "user", "content": "list"}
     assert line["tools"] == ["files.read", "shell.run"]
-    assert line["response"]["tool_calls"] == [{"id": "c9", "name": "shell.run", "function_name": "shell__run", "arguments": {"cmd": "ls"}}]
+    assert line["response"]["tool_calls"] == [
+        {"id": "c9", "name": "shell.run", "function_name": "shell__run", "arguments": {"cmd": "ls"}}
+    ]
     assert line["prompt_tokens"] == 200 and line["completion_tokens"] == 30 and line["usage"]["total_tokens"] == 230
     assert line["cost"] == pytest.approx((200 * 0.15 + 30 * 0.6) / 1e6)
     assert line["latency_ms"] >= 0 and "time" in line
@@ -331,7 +350,9 @@ def test_only_a_key_means_api_openai_com(no_llm_env) -> None:
     assert s.effective_base_url == "https://api.openai.com/v1"
 
 
-def test_a_model_that_refuses_temperature_is_asked_again_without_it(fake: FakeOpenAI, settings: ModelSettings, sleeps) -> None:
+def test_a_model_that_refuses_temperature_is_asked_again_without_it(
+    fake: FakeOpenAI, settings: ModelSettings, sleeps
+) -> None:
     fake.push(
         fake.error(400, "Unsupported value: 'temperature' does not support 0.0 with this model."),
         fake.text("ok"),

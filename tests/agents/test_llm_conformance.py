@@ -24,8 +24,9 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from llm_helpers import FakeDispatcher, make_session
@@ -80,7 +81,11 @@ def _assert_wire(exchange: Any, *, max_tokens: int, tools: bool = True) -> None:
 def test_the_server_takes_the_tools(server: Any) -> None:
     # Without a template that supports tools, llama-server drops them from the prompt silently.
     caps = server.props()["chat_template_caps"]
-    caps = json.loads(caps.replace("'", '"').replace("False", "false").replace("True", "true")) if isinstance(caps, str) else caps
+    caps = (
+        json.loads(caps.replace("'", '"').replace("False", "false").replace("True", "true"))
+        if isinstance(caps, str)
+        else caps
+    )
     assert caps["supports_tools"] is True
 
 
@@ -88,7 +93,9 @@ def test_a_prose_reply_is_no_action_never_finished(proxy: RecordingProxy, tmp_pa
     """The whole user path: ``saucer run --request`` as a process, built-in tools, the real server."""
     if not _run_cli_and_check(proxy, tmp_path):
         # Never seen with this server and model (greedy decoding), but a tool call is not wrong either.
-        warnings.warn("SmolLM2-135M called a tool through llama-server: the prose case was not exercised here")
+        warnings.warn(
+            "SmolLM2-135M called a tool through llama-server: the prose case was not exercised here", stacklevel=2
+        )
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +141,26 @@ def _run_cli_and_check(proxy: RecordingProxy, tmp_path: Path) -> bool:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     env.update(COLUMNS="200", NO_COLOR="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "saucer", "run", "--request", "Say hello in one word.", "--workspace", "ws",
-         "--store", "sqlite:///saucer.db", "--task", "conformance"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "saucer",
+            "run",
+            "--request",
+            "Say hello in one word.",
+            "--workspace",
+            "ws",
+            "--store",
+            "sqlite:///saucer.db",
+            "--task",
+            "conformance",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = proc.stdout + proc.stderr
     calls = proxy.completions()
@@ -148,7 +172,12 @@ def _run_cli_and_check(proxy: RecordingProxy, tmp_path: Path) -> bool:
     replies = [call.response_json["choices"][0] for call in calls]
     sessions = subprocess.run(
         [sys.executable, "-m", "saucer", "sessions", "--json", "--store", "sqlite:///saucer.db"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     [record] = json.loads(sessions.stdout)
     prose = all(not r["message"].get("tool_calls") for r in replies)
@@ -160,11 +189,20 @@ def _run_cli_and_check(proxy: RecordingProxy, tmp_path: Path) -> bool:
         assert ": failed (round 0 no_action: no action: the model answered without calling a tool" in line, line
         assert record["status"] == "failed"
         assert len(calls) in (2, 3, 4)  # two answers, each perhaps cut off once and asked again
-        nudges = [m for m in calls[-1].request_json["messages"] if m["role"] == "user" and "without calling a tool" in m["content"]]
+        nudges = [
+            m
+            for m in calls[-1].request_json["messages"]
+            if m["role"] == "user" and "without calling a tool" in m["content"]
+        ]
         assert len(nudges) == 1
     else:
         # The model called a tool: the turn went back with content "" and the server took it (no 5xx above).
-        turns = [m for call in calls for m in call.request_json["messages"] if m["role"] == "assistant" and m.get("tool_calls")]
+        turns = [
+            m
+            for call in calls
+            for m in call.request_json["messages"]
+            if m["role"] == "assistant" and m.get("tool_calls")
+        ]
         if len(calls) > 1:
             assert turns and all(m["content"] == "" for m in turns)
         assert (proc.returncode == 0) == (record["status"] == "finished"), out
@@ -173,13 +211,19 @@ def _run_cli_and_check(proxy: RecordingProxy, tmp_path: Path) -> bool:
     [log_dir] = list((tmp_path / "logs" / "conformance").iterdir())
     lines = read_jsonl(log_dir / "request.log")
     assert len(lines) == len(calls)
-    for line, call in zip(lines, calls):
+    for line, call in zip(lines, calls, strict=False):
         usage = call.response_json["usage"]
         assert line["usage"]["prompt_tokens"] == usage["prompt_tokens"]
         assert line["usage"]["completion_tokens"] == usage["completion_tokens"]
         expected = (usage["prompt_tokens"] * 1.0 + usage["completion_tokens"] * 2.0) / 1e6
         assert line["cost"] == pytest.approx(expected) and line["max_tokens"] == 32 and line["tool_choice"] == "auto"
-    total = sum((c.response_json["usage"]["prompt_tokens"] + 2 * c.response_json["usage"]["completion_tokens"]) for c in calls) / 1e6
+    total = (
+        sum(
+            (c.response_json["usage"]["prompt_tokens"] + 2 * c.response_json["usage"]["completion_tokens"])
+            for c in calls
+        )
+        / 1e6
+    )
     assert record["cost"] == pytest.approx(total, rel=1e-3, abs=1e-6)
     return prose
 
@@ -200,12 +244,22 @@ def test_a_reply_cut_off_at_max_tokens_is_never_an_answer(proxy: RecordingProxy,
 def test_a_tool_call_turn_goes_back_with_empty_content(proxy: RecordingProxy) -> None:
     """The second call of a tool loop: the assistant's tool-call turn and the tool's result (no 5xx)."""
     tools = ToolSet.from_tool_info(
-        {"files.list": {"description": "List a directory", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+        {
+            "files.list": {
+                "description": "List a directory",
+                "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+            }
+        }
     )
     asked = ModelReply(
         content=None,
         tool_calls=[ToolCall("call_1", "files.list", "files__list", {"path": "."}, '{"path": "."}')],
-        usage=Usage(), cost=None, model=MODEL, finish_reason="tool_calls", latency=0.0, attempts=1,
+        usage=Usage(),
+        cost=None,
+        model=MODEL,
+        finish_reason="tool_calls",
+        latency=0.0,
+        attempts=1,
     )
     stored_before = {**asked.assistant_message(), "content": None}  # a conversation stored by an older saucer
     messages = [
@@ -215,7 +269,9 @@ def test_a_tool_call_turn_goes_back_with_empty_content(proxy: RecordingProxy) ->
     ]
 
     async def go() -> ModelReply:
-        async with ModelClient(ModelSettings(base_url=proxy.base_url, model=MODEL, max_tokens=16, timeout=60)) as client:
+        async with ModelClient(
+            ModelSettings(base_url=proxy.base_url, model=MODEL, max_tokens=16, timeout=60)
+        ) as client:
             return await client.complete(messages, tools=tools)
 
     reply = asyncio.run(go())

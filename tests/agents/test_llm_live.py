@@ -42,14 +42,17 @@ def live() -> ModelSettings:
 @pytest.mark.timeout(300)
 def test_live_tool_call(live: ModelSettings) -> None:
     tools = ToolSet.from_tool_info(
-        {"clock.now": {"description": "The current date and time", "input_schema": {"type": "object", "properties": {}}}}
+        {
+            "clock.now": {
+                "description": "The current date and time",
+                "input_schema": {"type": "object", "properties": {}},
+            }
+        }
     )
 
     async def go():
         async with ModelClient(live) as client:
-            return await client.complete(
-                [{"role": "user", "content": "What time is it? Use the tool."}], tools=tools
-            )
+            return await client.complete([{"role": "user", "content": "What time is it? Use the tool."}], tools=tools)
 
     reply = asyncio.run(go())
     assert reply.usage.total_tokens > 0
@@ -60,8 +63,11 @@ def test_live_tool_call(live: ModelSettings) -> None:
 def test_live_session(live: ModelSettings, tmp_path: Path) -> None:
     dispatcher = FakeDispatcher()
     session = make_session(
-        tmp_path, live, request="Read the file notes.txt with the files.read tool, then say you are done.",
-        dispatcher=dispatcher, max_step=6,
+        tmp_path,
+        live,
+        request="Read the file notes.txt with the files.read tool, then say you are done.",
+        dispatcher=dispatcher,
+        max_step=6,
     )
     result = asyncio.run(session.run())
     assert result.status in ("finished", "stopped", "failed"), result

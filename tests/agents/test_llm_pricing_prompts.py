@@ -70,7 +70,7 @@ def test_missing_price_file(tmp_path: Path) -> None:
 
 def test_render_variables_dotted_paths_and_escapes() -> None:
     out = render_template(
-        "Hi {user}, in {project.name}; keep {{literal}} and {unknown} and {\"json\": 1}",
+        'Hi {user}, in {project.name}; keep {{literal}} and {unknown} and {"json": 1}',
         {"user": "ada", "project": {"name": "saucer"}},
     )
     assert out == 'Hi ada, in saucer; keep {literal} and {unknown} and {"json": 1}'

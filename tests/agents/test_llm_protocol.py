@@ -55,7 +55,9 @@ def test_tool_choice_and_max_tokens_are_configurable(fake: FakeOpenAI, settings:
     assert all("tool_choice" not in r.json and r.json["max_tokens"] == 77 for r in fake.requests)
 
 
-def test_required_offers_a_finish_tool_that_ends_the_work(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_required_offers_a_finish_tool_that_ends_the_work(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(act(call_id="c1"), fake.tool_calls(("finish", {"summary": "listed the files"}, "f1")))
     session = make_session(tmp_path, ms(settings, tool_choice="required"))
     result = run(session.run())
@@ -66,7 +68,9 @@ def test_required_offers_a_finish_tool_that_ends_the_work(fake: FakeOpenAI, sett
     assert "call finish with a short summary" in first.messages[0]["content"]
 
 
-def test_required_finish_before_any_action_is_no_action(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_required_finish_before_any_action_is_no_action(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(
         fake.tool_calls(("finish", {"summary": "all good"}, "f1")),
         fake.tool_calls(("finish", {"summary": "all good"}, "f2")),
@@ -79,7 +83,9 @@ def test_required_finish_before_any_action_is_no_action(fake: FakeOpenAI, settin
     assert second[-2]["tool_call_id"] == "f1" and "without calling a tool" in second[-1]["content"]
 
 
-def test_finish_among_other_calls_is_answered_not_run(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_finish_among_other_calls_is_answered_not_run(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(
         fake.tool_calls(("shell.run", {"cmd": "ls"}, "c1"), ("finish", {"summary": "x"}, "f1")),
         fake.tool_calls(("finish", {"summary": "done"}, "f2")),
@@ -94,11 +100,17 @@ def test_finish_among_other_calls_is_answered_not_run(fake: FakeOpenAI, settings
 # ------------------------------------------------------- content "" on the wire
 
 
-def test_tool_call_turns_are_sent_with_empty_content_even_when_stored_null(fake: FakeOpenAI, settings: ModelSettings) -> None:
+def test_tool_call_turns_are_sent_with_empty_content_even_when_stored_null(
+    fake: FakeOpenAI, settings: ModelSettings
+) -> None:
     fake.push(fake.text("ok"))
     stored = [
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "type": "function", "function": {"name": "shell__run", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "a", "type": "function", "function": {"name": "shell__run", "arguments": "{}"}}],
+        },
         {"role": "tool", "tool_call_id": "a", "content": "x"},
     ]
 
@@ -107,12 +119,17 @@ def test_tool_call_turns_are_sent_with_empty_content_even_when_stored_null(fake:
             await client.complete(stored)
 
     run(go())
-    assert fake.requests[0].messages[1]["content"] == "" and stored[1]["content"] is None  # the caller's copy is untouched
+    assert (
+        fake.requests[0].messages[1]["content"] == "" and stored[1]["content"] is None
+    )  # the caller's copy is untouched
 
 
 def test_max_completion_tokens_for_models_that_refuse_max_tokens(fake: FakeOpenAI, settings: ModelSettings) -> None:
     fake.push(
-        fake.error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."),
+        fake.error(
+            400,
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+        ),
         fake.text("a"),
         fake.text("b"),
     )
@@ -132,7 +149,9 @@ def test_max_completion_tokens_for_models_that_refuse_max_tokens(fake: FakeOpenA
 # ------------------------------------------------------ finish_reason "length"
 
 
-def test_a_cut_off_reply_is_asked_for_once_more_and_never_kept(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_a_cut_off_reply_is_asked_for_once_more_and_never_kept(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(
         fake.text("I will now list the fi", finish_reason="length", usage=(10, 1024)),
         act(call_id="c1"),
@@ -150,7 +169,9 @@ def test_a_cut_off_reply_is_asked_for_once_more_and_never_kept(fake: FakeOpenAI,
     assert step.extra["cut_off"] == 1024 and step.extra["tokens"] == {"prompt": 20, "completion": 1029}
 
 
-def test_a_reply_cut_off_twice_fails_the_step_clearly(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_a_reply_cut_off_twice_fails_the_step_clearly(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     cut = lambda: fake.tool_calls(("shell.run", '{"cmd": "ec'), finish_reason="length")  # noqa: E731 - half a call
     fake.push(cut(), cut())
     dispatcher = FakeDispatcher()
@@ -163,14 +184,18 @@ def test_a_reply_cut_off_twice_fails_the_step_clearly(fake: FakeOpenAI, settings
 # ------------------------------------------------------------------ no action
 
 
-def test_a_prose_reply_before_any_action_is_asked_again_then_no_action(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_a_prose_reply_before_any_action_is_asked_again_then_no_action(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(fake.text("Hello!"), fake.text("Hello again!"), fake.text("Hi."))
     session = make_session(tmp_path, settings)  # no_action_retries = 2
     result = run(session.run())
     assert result.status == "failed" and result.rounds == 1, result
     assert result.reason.startswith("round 0 no_action: no action: the model answered without calling a tool")
     assert result.reason.endswith("even after 2 reminder(s): 'Hi.'")  # one line, quoted
-    reminders = [m for m in fake.requests[2].messages if m["role"] == "user" and "without calling a tool" in m["content"]]
+    reminders = [
+        m for m in fake.requests[2].messages if m["role"] == "user" and "without calling a tool" in m["content"]
+    ]
     assert len(reminders) == 2 and len(fake.requests) == 3
     steps = list(read_step_log(result.log_path))
     assert [s.status for s in steps] == ["CONTINUE", "CONTINUE", "NO_ACTION"]
@@ -187,7 +212,9 @@ def test_a_prose_reply_after_an_action_is_the_answer(fake: FakeOpenAI, settings:
     assert result.status == "finished" and result.steps == 3
 
 
-def test_a_prose_reply_after_failed_calls_only_is_a_failure(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_a_prose_reply_after_failed_calls_only_is_a_failure(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.push(fake.tool_calls(("files.read", {"path": "x"})), fake.text("Done, the file is fine."))
     result = run(make_session(tmp_path, settings, dispatcher=FakeDispatcher(outcomes={"files.read": "fail"})).run())
     assert result.status == "failed" and "nothing was done" in result.reason and "the file is fine" in result.reason
@@ -215,13 +242,18 @@ def test_the_token_budget_stops_the_session(fake: FakeOpenAI, settings: ModelSet
     # 700 tokens a call: after the third call 2100 >= 1500, so the fourth step stops before calling
     assert result.status == "stopped", result
     assert len(fake.requests) == 3 and result.steps == 4
-    assert result.reason == "token budget reached: the session's agents used 2100 tokens of the 1500 allowed ([llm] token_budget)"
+    assert (
+        result.reason
+        == "token budget reached: the session's agents used 2100 tokens of the 1500 allowed ([llm] token_budget)"
+    )
     assert session.context.get_var(TOKENS_VAR) == 2100
     ends = [e.meta for e in session.context.store.read(session.context.session_id) if e.meta.get("kind") == "round_end"]
     assert ends[-1]["round_status"] == "stopped"
 
 
-def test_a_server_without_usage_still_spends_the_budget(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_a_server_without_usage_still_spends_the_budget(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     fake.responder = lambda req: act(usage=None).body
     session = make_session(tmp_path, ms(settings, token_budget=400), max_step=20)
     result = run(session.run())
@@ -242,13 +274,19 @@ def test_the_token_budget_counts_across_rounds(fake: FakeOpenAI, settings: Model
 # ------------------------------------------------------------- context window
 
 
-def test_a_long_conversation_is_trimmed_to_the_window_and_kept_whole(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
+def test_a_long_conversation_is_trimmed_to_the_window_and_kept_whole(
+    fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
+) -> None:
     big = "x" * 3000
     # usage as a real server counts it (about 4 characters a token), so the estimate calibrates itself
     fake.responder = lambda req: act(f"echo {len(req.messages)}", usage=(len(req.raw) // 4, 5)).body
     dispatcher = FakeDispatcher()
     session = make_session(
-        tmp_path, ms(settings, context_window=2048, max_tokens=256), request="fill the window", dispatcher=dispatcher, max_step=8
+        tmp_path,
+        ms(settings, context_window=2048, max_tokens=256),
+        request="fill the window",
+        dispatcher=dispatcher,
+        max_step=8,
     )
     dispatcher.outcomes = {}
     original = dispatcher.execute_commands
@@ -267,8 +305,15 @@ def test_a_long_conversation_is_trimmed_to_the_window_and_kept_whole(fake: FakeO
     # kept: the system prompt, the request (with a note of what was left out), the latest tool turn
     assert sent[0]["role"] == "system" and sent[1]["role"] == "user"
     assert sent[1]["content"].startswith("Request: fill the window")
-    assert "earlier message(s) of this conversation were left out" in sent[1]["content"] and "shell__run x" in sent[1]["content"]
-    assert sent[-2]["role"] == "assistant" and sent[-1]["role"] == "tool" and sent[-1]["tool_call_id"] == sent[-2]["tool_calls"][0]["id"]
+    assert (
+        "earlier message(s) of this conversation were left out" in sent[1]["content"]
+        and "shell__run x" in sent[1]["content"]
+    )
+    assert (
+        sent[-2]["role"] == "assistant"
+        and sent[-1]["role"] == "tool"
+        and sent[-1]["tool_call_id"] == sent[-2]["tool_calls"][0]["id"]
+    )
     assert len(last.raw) // 4 <= 2048 - 256  # the prompt leaves room for max_tokens
     # every tool message sent still has its call (a dangling tool result is refused by servers)
     call_ids = {c["id"] for m in sent if m["role"] == "assistant" for c in m.get("tool_calls") or ()}
@@ -300,11 +345,20 @@ def test_tool_descriptions_are_sent_once_and_short(fake: FakeOpenAI, settings: M
     ctx.set(ContextNames.REQUEST, "hi")
     ctx.set(
         ContextNames.TOOL_INFO,
-        {"shell.run": {"description": long, "input_schema": {
-            "type": "object", "title": "runArguments",
-            "properties": {"cmd": {"type": "string", "title": "Cmd", "description": "The command. " + "Detail. " * 40},
-                           "cwd": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Cwd"}},
-            "required": ["cmd"]}}},
+        {
+            "shell.run": {
+                "description": long,
+                "input_schema": {
+                    "type": "object",
+                    "title": "runArguments",
+                    "properties": {
+                        "cmd": {"type": "string", "title": "Cmd", "description": "The command. " + "Detail. " * 40},
+                        "cwd": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Cwd"},
+                    },
+                    "required": ["cmd"],
+                },
+            }
+        },
     )
 
     async def go(s: ModelSettings) -> None:
@@ -331,15 +385,17 @@ def test_a_conversation_stored_by_an_older_saucer_goes_on(fake: FakeOpenAI, sett
     ctx = Context()
     ctx.set(ContextNames.REQUEST, "list the files")
     call = {"id": "k1", "type": "function", "function": {"name": "shell__run", "arguments": '{"cmd": "ls"}'}}
-    ctx.update_vars(set={
-        "_llm.linux.messages": [
-            {"role": "system", "content": "old prompt"},
-            {"role": "user", "content": "Request: list the files"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "k1", "content": "a.txt"},
-        ],
-        "_llm.linux.meta": {"scope": {"round": 0}, "failures": 0},
-    })
+    ctx.update_vars(
+        set={
+            "_llm.linux.messages": [
+                {"role": "system", "content": "old prompt"},
+                {"role": "user", "content": "Request: list the files"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "k1", "content": "a.txt"},
+            ],
+            "_llm.linux.meta": {"scope": {"round": 0}, "failures": 0},
+        }
+    )
     fake.push(fake.text("one file: a.txt"))
 
     async def go() -> tuple[str, LinuxAgent]:

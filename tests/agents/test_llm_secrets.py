@@ -32,8 +32,13 @@ def _echoing(fake: FakeOpenAI) -> None:
 
 def _saucer(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "saucer", *args], cwd=cwd, env=env, capture_output=True, text=True,
-        stdin=subprocess.DEVNULL, timeout=120,
+        [sys.executable, "-m", "saucer", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
     )
 
 
@@ -57,7 +62,9 @@ def test_an_echoed_key_and_token_are_in_no_log_store_export_or_output(fake: Fake
     assert exported.returncode == 0, exported.stderr
 
     outputs = {"run": run.stdout + run.stderr, "export": exported.stdout}
-    files = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "ws" not in p.parts}
+    files = {
+        str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "ws" not in p.parts
+    }
     assert any(name.endswith("saucer.db") for name in files)
     assert any(name.endswith("request.log") for name in files)
     for secret in (KEY, SERVICE_TOKEN, KEY.removeprefix("sk-")):

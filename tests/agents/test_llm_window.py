@@ -41,9 +41,12 @@ def test_the_oldest_turns_go_first_with_their_results_and_a_note() -> None:
     sent = fitted.messages
     assert fitted.fits and fitted.dropped > 0 and fitted.dropped % 2 == 0  # a call and its result go together
     assert sent[0] == msgs[0] and sent[-2:] == msgs[-2:]  # the system prompt and the latest tool results
-    assert sent[1]["content"].startswith("Request: do it\n\n[") and f"[{fitted.dropped} earlier message(s)" in sent[1]["content"]
+    assert (
+        sent[1]["content"].startswith("Request: do it\n\n[")
+        and f"[{fitted.dropped} earlier message(s)" in sent[1]["content"]
+    )
     assert "tool0 x" in sent[1]["content"]
-    assert sent[2:] == msgs[2 + fitted.dropped:]  # what is kept is the most recent, in order
+    assert sent[2:] == msgs[2 + fitted.dropped :]  # what is kept is the most recent, in order
     assert estimate_tokens(sent, None, 3) <= budget
     assert msgs[1]["content"] == "Request: do it"  # the caller's conversation is not touched
 
@@ -89,7 +92,9 @@ def test_max_tokens_must_leave_room_in_the_window() -> None:
     budget=st.integers(50, 4000),
     prose=st.booleans(),
 )
-def test_every_tool_result_keeps_its_call_and_the_head_is_kept(turns: int, sizes: list[int], budget: int, prose: bool) -> None:
+def test_every_tool_result_keeps_its_call_and_the_head_is_kept(
+    turns: int, sizes: list[int], budget: int, prose: bool
+) -> None:
     msgs = [{"role": "system", "content": "S" * 100}, {"role": "user", "content": "Request"}]
     for i in range(turns):
         msgs += turn(i, "x" * sizes[i])

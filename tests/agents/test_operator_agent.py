@@ -34,15 +34,39 @@ DESKTOP_TOOLS = {
     for name in ("screenshot", "ui_tree", "click", "launch")
 }
 TREE = {
-    "id": "ewindow0000", "role": "window", "name": "Calculator", "bounds": [5, 5, 355, 486], "states": ["active"],
+    "id": "ewindow0000",
+    "role": "window",
+    "name": "Calculator",
+    "bounds": [5, 5, 355, 486],
+    "states": ["active"],
     "children": [
-        {"id": "egroup00000", "role": "group", "name": "", "bounds": [5, 5, 355, 486], "children": [
-            {"id": "ebutton0002", "role": "button", "name": "2 2", "actions": ["click"], "bounds": [88, 389, 55, 40],
-             "children": [{"id": "elabel00002", "role": "label", "name": "2", "text": "2", "bounds": [88, 389, 55, 40]}]},
-            {"id": "escroll0000", "role": "scroll bar", "name": "GtkScrollbar", "bounds": [5, 52, 0, 0]},
-            {"id": "eentry00000", "role": "text box", "name": "GtkSourceView", "text": "5", "bounds": [5, 171, 343, 32],
-             "states": ["editable", "focused"]},
-        ]},
+        {
+            "id": "egroup00000",
+            "role": "group",
+            "name": "",
+            "bounds": [5, 5, 355, 486],
+            "children": [
+                {
+                    "id": "ebutton0002",
+                    "role": "button",
+                    "name": "2 2",
+                    "actions": ["click"],
+                    "bounds": [88, 389, 55, 40],
+                    "children": [
+                        {"id": "elabel00002", "role": "label", "name": "2", "text": "2", "bounds": [88, 389, 55, 40]}
+                    ],
+                },
+                {"id": "escroll0000", "role": "scroll bar", "name": "GtkScrollbar", "bounds": [5, 52, 0, 0]},
+                {
+                    "id": "eentry00000",
+                    "role": "text box",
+                    "name": "GtkSourceView",
+                    "text": "5",
+                    "bounds": [5, 171, 343, 32],
+                    "states": ["editable", "focused"],
+                },
+            ],
+        },
     ],
 }
 
@@ -76,7 +100,13 @@ class DesktopDispatcher:
                 path.write_bytes(self.png)
                 body: Any = {"path": str(path), "width": 64, "height": 40, "screen": [1280, 800]}
             elif c.tool_name == "desktop.ui_tree":
-                body = {"app": "gnome-calculator", "window": "Calculator", "node_count": 6, "truncated": False, "tree": TREE}
+                body = {
+                    "app": "gnome-calculator",
+                    "window": "Calculator",
+                    "node_count": 6,
+                    "truncated": False,
+                    "tree": TREE,
+                }
                 if c.parameters.get("save_as"):
                     path = self.dir / f"{c.parameters['save_as']}.json"
                     path.write_text(json.dumps(body))
@@ -88,18 +118,28 @@ class DesktopDispatcher:
 
 
 def _settings(tmp_path: Path, base_url: str, **extra: Any) -> Any:
-    return load_settings(overrides={
-        "store.url": "memory://", "logs.root": str(tmp_path / "logs"), "llm.base_url": base_url,
-        "llm.model": "vision-model", "llm.api_key": SECRET_KEY, "llm.max_retries": 0,
-        "system.eva_session": False,  # every model call is scripted: no session judge
-        **extra,
-    })
+    return load_settings(
+        overrides={
+            "store.url": "memory://",
+            "logs.root": str(tmp_path / "logs"),
+            "llm.base_url": base_url,
+            "llm.model": "vision-model",
+            "llm.api_key": SECRET_KEY,
+            "llm.max_retries": 0,
+            "system.eva_session": False,  # every model call is scripted: no session judge
+            **extra,
+        }
+    )
 
 
 def _run(tmp_path: Path, fake: FakeOpenAI, dispatcher: Any, mode: str = "operator", **extra: Any) -> Any:
     settings = _settings(tmp_path, fake.base_url, **extra)
-    factory = SessionFactory(settings, store=MemoryStore(), dispatcher_factory=lambda s: dispatcher,
-                             interactor=NonInteractiveInteractor(assume_yes=True))
+    factory = SessionFactory(
+        settings,
+        store=MemoryStore(),
+        dispatcher_factory=lambda s: dispatcher,
+        interactor=NonInteractiveInteractor(assume_yes=True),
+    )
     [session] = factory.create_session("op", mode, request="press 2")
     return session, asyncio.run(session.run())
 
@@ -120,13 +160,19 @@ def test_each_call_sends_the_newest_screenshot_and_keeps_only_text(fake: FakeOpe
         assert older == []
     summary = first.messages[-1]["content"][0]["text"]
     # The entry with its text first; the button named by its label ('2', not '2 2'), one line for both.
-    lines = summary[summary.index("ewindow0000"):].splitlines()
+    lines = summary[summary.index("ewindow0000") :].splitlines()
     assert lines[1] == "eentry00000 text box text='5' [5,171,343,32] focused editable"
     assert "ebutton0002 button '2' [88,389,55,40]" in summary and "elabel00002" not in summary
     assert "egroup00000" not in summary and "escroll0000" not in summary  # a nameless group, a bar of no size
     assert [c.tool_name for c in dispatcher.ran] == [
-        "desktop.ui_tree", "desktop.screenshot", "desktop.click", "desktop.ui_tree", "desktop.screenshot",
-        "desktop.ui_tree", "desktop.screenshot"]  # the last two: the capture after the round's last step
+        "desktop.ui_tree",
+        "desktop.screenshot",
+        "desktop.click",
+        "desktop.ui_tree",
+        "desktop.screenshot",
+        "desktop.ui_tree",
+        "desktop.screenshot",
+    ]  # the last two: the capture after the round's last step
     assert dispatcher.ran[0].parameters["save_as"] == "step-0001-tree"  # save_ui_tree: the operator saves its trees
     assert dispatcher.ran[0].parameters["on_screen"] is True  # the closed menus are not read at all
     assert dispatcher.ran[-2].parameters["save_as"] == "step-0002-after-tree"
@@ -184,19 +230,31 @@ def test_a_failed_operator_session_resumes_with_its_conversation(fake: FakeOpenA
     dispatcher = DesktopDispatcher(tmp_path)
     settings = _settings(tmp_path, fake.base_url)
     store = MemoryStore()
-    factory = SessionFactory(settings, store=store, dispatcher_factory=lambda s: dispatcher,
-                             interactor=NonInteractiveInteractor(assume_yes=True))
+    factory = SessionFactory(
+        settings,
+        store=store,
+        dispatcher_factory=lambda s: dispatcher,
+        interactor=NonInteractiveInteractor(assume_yes=True),
+    )
     [session] = factory.create_session("op", "operator", request="press 2")
     first = asyncio.run(session.run())
     assert first.status == "error" and "failed after 1 attempt(s)" in first.reason + str(first.error)
     fake.push(FakeOpenAI.text("pressed 2"))
-    again = SessionFactory(settings, store=store, dispatcher_factory=lambda s: dispatcher,
-                           interactor=NonInteractiveInteractor(assume_yes=True))
+    again = SessionFactory(
+        settings,
+        store=store,
+        dispatcher_factory=lambda s: dispatcher,
+        interactor=NonInteractiveInteractor(assume_yes=True),
+    )
     result = asyncio.run(again.resume_session(session.session_id, retry_failed=True).run())
     assert result.status == "finished" and result.mode == "operator"
     sent = fake.requests[-1].messages
-    observations = [m for m in sent if m["role"] == "user" and
-                    (m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]).startswith(OBSERVATION_HEADER)]
+    observations = [
+        m
+        for m in sent
+        if m["role"] == "user"
+        and (m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]).startswith(OBSERVATION_HEADER)
+    ]
     assert len(observations) == 3  # steps 1 and 2 of the first run, and the retried step
     assert [m["role"] for m in sent].count("tool") == 1 and isinstance(sent[-1]["content"], list)
 
@@ -209,7 +267,9 @@ def test_a_wrong_key_ends_the_session_with_what_to_check(fake: FakeOpenAI, tmp_p
     assert "HTTP 401" in said and "check SAUCER_LLM_API_KEY" in said and SECRET_KEY not in said
 
 
-def test_a_refused_launch_is_told_to_the_model(fake: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_refused_launch_is_told_to_the_model(
+    fake: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real desktop server without a display: looking fails (the model is told why), launch asks and is refused."""
     for name in ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "AT_SPI_BUS_ADDRESS"):
         monkeypatch.delenv(name, raising=False)
@@ -225,15 +285,23 @@ def test_a_refused_launch_is_told_to_the_model(fake: FakeOpenAI, tmp_path: Path,
     from saucer.engine.interactor import interactor_approver
 
     dispatcher = LocalCommandDispatcher.from_servers(
-        {"desktop": build_server(desktop)}, sensitive_tools=["desktop.launch"], approver=interactor_approver(interactor))
-    fake.push(FakeOpenAI.tool_calls(("desktop.launch", {"command": "gnome-calculator"})), FakeOpenAI.text("I could not start it"))
+        {"desktop": build_server(desktop)}, sensitive_tools=["desktop.launch"], approver=interactor_approver(interactor)
+    )
+    fake.push(
+        FakeOpenAI.tool_calls(("desktop.launch", {"command": "gnome-calculator"})),
+        FakeOpenAI.text("I could not start it"),
+    )
     try:
         _, result = _run(tmp_path, fake, dispatcher)
     finally:
         asyncio.run(desktop.aclose())
     assert asked == ["run desktop.launch"]
     observation = fake.requests[0].messages[-1]["content"]
-    assert isinstance(observation, str) and "screenshot: not available" in observation and "DISPLAY is not set" in observation
+    assert (
+        isinstance(observation, str)
+        and "screenshot: not available" in observation
+        and "DISPLAY is not set" in observation
+    )
     tool_answer = [m for m in fake.requests[1].messages if m["role"] == "tool"][0]["content"]
     assert tool_answer.startswith("refused")
     assert result.status == "failed" and "nothing was done" in result.reason
@@ -248,7 +316,9 @@ def test_factory_modes_platforms_and_errors(tmp_path: Path, monkeypatch: pytest.
         factory.create_session("t", "operator", request="x")
     with pytest.raises(ModeError, match="normal_operator mode takes a request, not a plan"):
         factory.create_session("t", "normal_operator", plan={"task": "t", "steps": []}, request="x")
-    with pytest.raises(PlatformNotSupportedError, match=r"windows sessions are not supported on this platform \(linux\)"):
+    with pytest.raises(
+        PlatformNotSupportedError, match=r"windows sessions are not supported on this platform \(linux\)"
+    ):
         factory.create_session("t", "operator", request="x", platform_override="windows")
     configured = SessionFactory(_settings(tmp_path, "http://127.0.0.1:9/v1"), store=MemoryStore())
     [session] = configured.create_session("t", "operator", request="x", platform_override="linux")
@@ -258,8 +328,14 @@ def test_factory_modes_platforms_and_errors(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_summary_limits() -> None:
-    wide = {"id": "eroot000000", "role": "window", "name": "W", "children": [
-        {"id": f"e{i:010d}"[:11], "role": "button", "name": f"b{i}", "actions": ["click"]} for i in range(500)]}
+    wide = {
+        "id": "eroot000000",
+        "role": "window",
+        "name": "W",
+        "children": [
+            {"id": f"e{i:010d}"[:11], "role": "button", "name": f"b{i}", "actions": ["click"]} for i in range(500)
+        ],
+    }
     text = summarize_tree(wide, max_lines=50)
     assert text.count("\n") == 50 and text.endswith("(... 451 more elements not listed; 0 hidden or off the screen)")
     assert len(summarize_tree(wide, max_chars=1000)) <= 1100
@@ -270,7 +346,10 @@ def test_summary_limits() -> None:
 
 def test_images_count_as_a_fixed_size_in_the_window() -> None:
     url = "data:image/png;base64," + "A" * 500_000
-    message = {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": url}}]}
+    message = {
+        "role": "user",
+        "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": url}}],
+    }
     assert request_chars([message]) < 1000 + IMAGE_CHARS
     assert "A" * 100 not in json.dumps(without_images(message))
     fitted = fit_to_window([{"role": "system", "content": "s"}, message], budget=10_000, chars_per_token=3)
@@ -285,10 +364,22 @@ def test_cli_operator_needs_a_request(tmp_path: Path) -> None:
     env.update(SAUCER_LLM_BASE_URL="http://127.0.0.1:9/v1", SAUCER_LLM_MODEL="m", SAUCER_LLM_API_KEY="k")
     plan = tmp_path / "p.json"
     plan.write_text(json.dumps({"task": "t", "steps": [{"commands": [{"tool_name": "desktop.screenshot"}]}]}))
-    proc = subprocess.run([sys.executable, "-m", "saucer", "run", "--mode", "operator", "--plan", str(plan)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "saucer", "run", "--mode", "operator", "--plan", str(plan)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "operator mode needs --request TEXT" in proc.stderr
-    helped = subprocess.run([sys.executable, "-m", "saucer", "run", "--help"], env={**env, "COLUMNS": "200"},
-                            capture_output=True, text=True, timeout=60)
+    helped = subprocess.run(
+        [sys.executable, "-m", "saucer", "run", "--help"],
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "normal_operator" in helped.stdout

@@ -47,8 +47,13 @@ def _saucer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SAUCER_", "OPENAI_"))}
     env.update(COLUMNS="200", NO_COLOR="1")
     return subprocess.run(
-        [sys.executable, "-m", "saucer", *args], cwd=cwd, env=env, capture_output=True, text=True,
-        stdin=subprocess.DEVNULL, timeout=120,
+        [sys.executable, "-m", "saucer", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
     )
 
 
@@ -86,12 +91,17 @@ def test_a_request_runs_on_the_model_agents_yaml_names(fake: FakeOpenAI, tmp_pat
     log_dir = next((tmp_path / "logs").rglob(sid))
     assert (log_dir / "output.md").is_file()  # LOG_TO_MARKDOWN
     assert not (log_dir / "experience.json").exists()  # SAVE_EXPERIENCE always_not
-    assert not (log_dir / "evaluation.log").exists() or not (log_dir / "evaluation.log").read_text().strip()  # EVA_SESSION off
+    assert (
+        not (log_dir / "evaluation.log").exists() or not (log_dir / "evaluation.log").read_text().strip()
+    )  # EVA_SESSION off
 
 
 def test_a_plan_stops_at_ufos_max_round(fake: FakeOpenAI, tmp_path: Path) -> None:
     _ufo(tmp_path, fake)
-    steps = [{"subtask": f"s{i}", "commands": [{"tool_name": "shell.run", "parameters": {"command": f"echo {i}"}}]} for i in range(3)]
+    steps = [
+        {"subtask": f"s{i}", "commands": [{"tool_name": "shell.run", "parameters": {"command": f"echo {i}"}}]}
+        for i in range(3)
+    ]
     (tmp_path / "plan.json").write_text(json.dumps({"task": "three", "steps": steps}))
     run = _saucer("run", "--plan", "plan.json", "--config", "ufo/config/config.yaml", "--workspace", ".", cwd=tmp_path)
     assert "max_round (2) reached" in run.stdout + run.stderr, run.stdout + run.stderr

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -27,7 +27,11 @@ def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``saucer ARGS`` in a fresh directory with no standard input (``env``: extra variables)."""
 
     def run(
-        *args: str, timeout: float = 60, cwd: Path | None = None, check: bool | None = None, env: dict[str, str] | None = None
+        *args: str,
+        timeout: float = 60,
+        cwd: Path | None = None,
+        check: bool | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [*SAUCER, *args],

@@ -50,13 +50,12 @@ def test_the_live_progress_line_shows_every_command_of_a_step(run_cli) -> None:
 
 
 def test_ui_open_says_when_no_browser_opens(tmp_path: Path) -> None:
+    import os
     import signal
     import socket
     import subprocess
-    import time
-
-    import os
     import sys
+    import time
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -65,10 +64,29 @@ def test_ui_open_says_when_no_browser_opens(tmp_path: Path) -> None:
 
     with open_store(f"sqlite:///{tmp_path / 's.db'}") as store:
         store.create_session("one")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_") and k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("SAUCER_") and k not in ("DISPLAY", "WAYLAND_DISPLAY")
+    }
     env.update({"BROWSER": "false", "NO_COLOR": "1"})  # the only browser there is fails, as on a headless machine
-    proc = subprocess.Popen([sys.executable, "-m", "saucer", "ui", "--open", "--port", str(port), "--store", f"sqlite:///{tmp_path / 's.db'}"],
-                            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "saucer",
+            "ui",
+            "--open",
+            "--port",
+            str(port),
+            "--store",
+            f"sqlite:///{tmp_path / 's.db'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:

@@ -14,21 +14,30 @@ from pathlib import Path
 from typing import Any
 
 from conftest import SAUCER, cli_env
-
 from saucer.store import open_store
 
 RM_PLAN = {
     "task": "cleanup",
     "steps": [
         {"subtask": "look", "commands": [{"tool_name": "shell.run", "parameters": {"command": "ls"}}]},
-        {"subtask": "remove junk", "commands": [{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}]},
+        {
+            "subtask": "remove junk",
+            "commands": [{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}],
+        },
     ],
 }
 
 
 def _saucer(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SAUCER, *args], cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*SAUCER, *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _start(tmp_path: Path, session_id: str, *extra: str) -> subprocess.Popen[str]:
@@ -37,7 +46,12 @@ def _start(tmp_path: Path, session_id: str, *extra: str) -> subprocess.Popen[str
     (tmp_path / "ws" / "junk.txt").write_text("junk")
     return subprocess.Popen(
         [*SAUCER, "run", "--plan", "plan.json", "--workspace", "ws", "--session-id", session_id, "--no-input", *extra],
-        cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -68,8 +82,15 @@ def _finish(run: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 def test_a_waiting_step_runs_once_approved_from_another_process(tmp_path: Path) -> None:
     # Started before the run, in a directory without a store yet: --wait waits for the store, then the approval.
-    watcher = subprocess.Popen([*SAUCER, "approvals", "--wait", "50", "--json"], cwd=tmp_path, env=cli_env(),
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen(
+        [*SAUCER, "approvals", "--wait", "50", "--json"],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run = _start(tmp_path, "cli-ok")
     try:
         seen, problems = watcher.communicate(timeout=60)
@@ -86,17 +107,24 @@ def test_a_waiting_step_runs_once_approved_from_another_process(tmp_path: Path) 
         wrong = _saucer(tmp_path, "approve", "cli-ok", "999")
         assert wrong.returncode == 2 and wrong.stderr.strip() == "error: session 'cli-ok' has no approval 999"
         done = _saucer(tmp_path, "approve", "cli-ok", number, "--author", "user:alice")
-        assert done.returncode == 0 and done.stdout.strip() == f"approval {number} of session cli-ok approved by user:alice"
+        assert (
+            done.returncode == 0
+            and done.stdout.strip() == f"approval {number} of session cli-ok approved by user:alice"
+        )
         twice = _saucer(tmp_path, "refuse", "cli-ok", number)
         assert twice.returncode == 2
-        assert twice.stderr.strip() == f"error: approval {number} of session 'cli-ok' was already approved by user:alice"
+        assert (
+            twice.stderr.strip() == f"error: approval {number} of session 'cli-ok' was already approved by user:alice"
+        )
     finally:
         code, out, errors = _finish(run)
     assert code == 0, out + errors
     assert "waiting for approval" in errors and f"saucer approve cli-ok {number}" in errors  # told how, on stderr
     assert not (tmp_path / "ws" / "junk.txt").exists()
     with open_store(f"sqlite:///{tmp_path}/.saucer/saucer.db") as store:
-        decisions = [(e.author, e.meta["approval"]) for e in store.read("cli-ok") if e.meta.get("kind") == "approval_decision"]
+        decisions = [
+            (e.author, e.meta["approval"]) for e in store.read("cli-ok") if e.meta.get("kind") == "approval_decision"
+        ]
     assert decisions == [("user:alice", {"number": int(number), "status": "approved"})]
     assert json.loads(_saucer(tmp_path, "approvals", "--json").stdout) == []  # nothing pending any more
     shown = _saucer(tmp_path, "show", "cli-ok").stdout  # the timeline says who allowed what, in its round

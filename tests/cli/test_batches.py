@@ -16,7 +16,10 @@ def _folder(root: Path, n: int, name: str = "plans") -> Path:
     folder.mkdir(parents=True)
     for i in range(n):
         command = f"sleep 0.2; echo p{i} >> ran.log"
-        plan = {"task": f"p{i}", "steps": [{"subtask": "w", "commands": [{"tool_name": "shell.run", "parameters": {"command": command}}]}]}
+        plan = {
+            "task": f"p{i}",
+            "steps": [{"subtask": "w", "commands": [{"tool_name": "shell.run", "parameters": {"command": command}}]}],
+        }
         (folder / f"p{i}.json").write_text(json.dumps(plan))
     return folder
 
@@ -24,7 +27,18 @@ def _folder(root: Path, n: int, name: str = "plans") -> Path:
 def test_two_runs_over_one_folder_never_run_a_plan_twice(run_cli, tmp_path: Path) -> None:
     _folder(tmp_path, 6)
     args = [*SAUCER, "run", "--plan", "plans", "-w", "ws", "--concurrency", "2"]
-    runs = [subprocess.Popen(args, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    runs = [
+        subprocess.Popen(
+            args,
+            cwd=tmp_path,
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [run.communicate(timeout=180) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     assert sorted((tmp_path / "ws" / "ran.log").read_text().split()) == [f"p{i}" for i in range(6)]  # each plan once
@@ -52,7 +66,14 @@ def test_a_pool_in_a_terminal_asks_about_experience_once(tmp_path: Path) -> None
 
     _folder(tmp_path, 2)
     env = cli_env({"COLUMNS": "160", "TERM": "dumb"})
-    child = pexpect.spawn(sys.executable, ["-m", "saucer", "run", "--plan", "plans", "-w", "ws"], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "saucer", "run", "--plan", "plans", "-w", "ws"],
+        cwd=str(tmp_path),
+        env=env,
+        encoding="utf-8",
+        timeout=60,
+    )
     child.expect("Save each of the 2 sessions of this batch")
     before = child.before
     child.sendline("y")

@@ -7,7 +7,11 @@ from saucer.cli.conversation import conversation_lines
 from saucer.cli.inspect import PlainText, timeline_entries
 from saucer.store import Event
 
-CALL = {"id": "c1", "type": "function", "function": {"name": "files__write", "arguments": '{"path": "notes.txt", "content": "hello"}'}}
+CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "files__write", "arguments": '{"path": "notes.txt", "content": "hello"}'},
+}
 
 
 def _step(ops: list[dict]) -> Event:
@@ -15,17 +19,35 @@ def _step(ops: list[dict]) -> Event:
 
 
 def test_an_llm_step_reads_as_a_conversation() -> None:
-    event = _step([
-        {"op": "set", "var": "_llm.app.messages", "value": [
-            {"role": "system", "content": "You are..."},
-            {"role": "user", "content": "create notes.txt containing hello, then show it"},
-        ]},
-        {"op": "append", "var": "_llm.app.messages", "value": {"role": "assistant", "content": "", "tool_calls": [CALL]}},
-        {"op": "append", "var": "_llm.app.messages", "value": {"role": "tool", "tool_call_id": "c1", "content": "wrote 5 bytes"}},
-        {"op": "append", "var": "_llm.app.messages", "value": {"role": "assistant", "content": "Done: notes.txt says hello."}},
-        {"op": "set", "var": "_llm.app.meta", "value": {"failures": 0}},
-        {"op": "incr", "var": "_llm.tokens", "by": 1699},
-    ])
+    event = _step(
+        [
+            {
+                "op": "set",
+                "var": "_llm.app.messages",
+                "value": [
+                    {"role": "system", "content": "You are..."},
+                    {"role": "user", "content": "create notes.txt containing hello, then show it"},
+                ],
+            },
+            {
+                "op": "append",
+                "var": "_llm.app.messages",
+                "value": {"role": "assistant", "content": "", "tool_calls": [CALL]},
+            },
+            {
+                "op": "append",
+                "var": "_llm.app.messages",
+                "value": {"role": "tool", "tool_call_id": "c1", "content": "wrote 5 bytes"},
+            },
+            {
+                "op": "append",
+                "var": "_llm.app.messages",
+                "value": {"role": "assistant", "content": "Done: notes.txt says hello."},
+            },
+            {"op": "set", "var": "_llm.app.meta", "value": {"failures": 0}},
+            {"op": "incr", "var": "_llm.tokens", "by": 1699},
+        ]
+    )
     assert conversation_lines(event) == [
         "user → app: create notes.txt containing hello, then show it",
         'app calls files__write {"path": "notes.txt", "content": "hello"}',

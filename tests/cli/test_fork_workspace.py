@@ -27,14 +27,23 @@ def test_the_demos_printed_fork_then_resume_leaves_the_demo_workspace_alone(run_
     lines = out.splitlines()
     [at] = [i for i, line in enumerate(lines) if re.search(rf" fork {sid} --at \d+$", line.strip())]
     assert "own new workspace" in lines[at - 1], lines[at - 1]  # the comment above it says so
-    forked = subprocess.run(lines[at].strip(), shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                            stdin=subprocess.DEVNULL)
+    forked = subprocess.run(
+        lines[at].strip(),
+        shell=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert forked.returncode == 0, forked.stderr
     [where] = [line.split(": ", 1)[1] for line in forked.stdout.splitlines() if "its tools act in" in line]
     fork_ws = Path(where)
     assert fork_ws.is_dir() and fork_ws.parent == demo_ws.resolve().parent and fork_ws != demo_ws.resolve()
     [resume] = [line.split("run it: ", 1)[1] for line in forked.stdout.splitlines() if "run it: " in line]
-    subprocess.run(resume, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        resume, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
     assert _tree(demo_ws) == before  # not one file of the original demo written again
     assert _tree(fork_ws)  # the fork's steps acted in its own folder
 

@@ -34,7 +34,9 @@ def test_prune_keeps_every_fork_readable(run_cli, tmp_path: Path) -> None:
     _session(tmp_path, "A", 10).close()
     run_cli("fork", "A", "--at", "6", "--as", "B", check=True)
     run_cli("fork", "B", "--at", "4", "--as", "C", check=True)
-    before = {(sid, v): run_cli("state", sid, "--at", str(v), "--json", check=True).stdout for sid, v in [("B", 2), ("C", 3)]}
+    before = {
+        (sid, v): run_cli("state", sid, "--at", str(v), "--json", check=True).stdout for sid, v in [("B", 2), ("C", 3)]
+    }
     history = run_cli("history", "C", "--json", check=True).stdout
     out = run_cli("store", "prune", "A", "--keep-last", "2", check=True).stdout
     assert "versions before 8 dropped (v8..v10 remain)" in out
@@ -85,7 +87,13 @@ def test_an_import_that_fails_half_way_writes_nothing(run_cli, tmp_path: Path) -
 def test_a_file_that_is_not_a_database_is_one_line(run_cli, tmp_path: Path) -> None:
     path = tmp_path / "notes.db"
     path.write_text("not a database\n" * 500)
-    for args in (("sessions",), ("show", "s"), ("state", "s"), ("import", "x.json"), ("store", "prune", "--all", "--keep-last", "1")):
+    for args in (
+        ("sessions",),
+        ("show", "s"),
+        ("state", "s"),
+        ("import", "x.json"),
+        ("store", "prune", "--all", "--keep-last", "1"),
+    ):
         (tmp_path / "x.json").write_text("{}")
         proc = run_cli(*args, "--store", f"sqlite:///{path}")
         _one_line_error(proc, str(path), "file is not a database", f'sqlite3 {path} "PRAGMA integrity_check"')
@@ -102,4 +110,9 @@ def test_a_database_with_damaged_pages_is_one_line(run_cli, tmp_path: Path) -> N
             f.seek(number * page)
             f.write(os.urandom(page))
     for args in (("sessions",), ("show", "s3"), ("history", "s3")):  # the store as the user named it
-        _one_line_error(run_cli(*args), "SQLite file .saucer/saucer.db", "malformed", 'sqlite3 .saucer/saucer.db "PRAGMA integrity_check"')
+        _one_line_error(
+            run_cli(*args),
+            "SQLite file .saucer/saucer.db",
+            "malformed",
+            'sqlite3 .saucer/saucer.db "PRAGMA integrity_check"',
+        )

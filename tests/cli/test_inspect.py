@@ -9,7 +9,9 @@ from saucer.context import Context, ContextNames
 
 
 def _make_session(cwd: Path, sid: str = "s1") -> None:
-    ctx = Context.open(f"sqlite:///{cwd}/.saucer/saucer.db", sid, author="agent:Follower", meta={"task": "t", "mode": "follower"})
+    ctx = Context.open(
+        f"sqlite:///{cwd}/.saucer/saucer.db", sid, author="agent:Follower", meta={"task": "t", "mode": "follower"}
+    )
     ctx.set(ContextNames.CURRENT_ROUND_ID, 1)
     ctx.set(ContextNames.REQUEST, "write a file")
     ctx.commit(step=0)
@@ -100,7 +102,12 @@ def test_show_follow_prints_new_steps_and_stops_at_the_end(tmp_path: Path) -> No
     env.update({"COLUMNS": "200", "NO_COLOR": "1"})
     proc = subprocess.Popen(
         [sys.executable, "-m", "saucer", "show", "s1", "--follow", "--interval", "0.1"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -124,7 +131,9 @@ def test_show_follow_prints_new_steps_and_stops_at_the_end(tmp_path: Path) -> No
 
 def test_show_lists_the_artifacts_of_each_step_literally(run_cli, tmp_path: Path) -> None:
     """save_ui_tree's entries: a markup-like path and an error with control characters are shown as stored."""
-    ctx = Context.open(f"sqlite:///{tmp_path}/.saucer/saucer.db", "ui", author="follower", meta={"task": "t", "mode": "follower"})
+    ctx = Context.open(
+        f"sqlite:///{tmp_path}/.saucer/saucer.db", "ui", author="follower", meta={"task": "t", "mode": "follower"}
+    )
     ctx.set(ContextNames.CURRENT_ROUND_ID, 0)
     ctx.commit(step=0)
     artifacts = [
@@ -132,8 +141,10 @@ def test_show_lists_the_artifacts_of_each_step_literally(run_cli, tmp_path: Path
         {"kind": "screenshot", "error": "no display\x1b[2J [red]here[/red]"},
     ]
     ctx.update_vars(set={"x": 1})
-    ctx.commit(step=1, meta={"kind": "step", "agent": "follower", "state": "CONTINUE", "session_step": 1,
-                             "artifacts": artifacts})
+    ctx.commit(
+        step=1,
+        meta={"kind": "step", "agent": "follower", "state": "CONTINUE", "session_step": 1, "artifacts": artifacts},
+    )
     ctx.close()
     shown = run_cli("show", "ui", check=True).stdout
     assert "ui tree: /art/[bold]step[/bold]-0001-tree.json (95 elements)" in shown

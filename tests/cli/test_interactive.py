@@ -15,7 +15,10 @@ from saucer.context import Context
 SENSITIVE_PLAN = {
     "task": "cleanup",
     "steps": [
-        {"subtask": "remove junk", "commands": [{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}]},
+        {
+            "subtask": "remove junk",
+            "commands": [{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}],
+        },
     ],
 }
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from conftest import cli_env
-
 from saucer.context import Context, ContextNames
 
 MARK = "check [todo] items [bold]loud[/bold] :smile:"
@@ -20,8 +19,14 @@ def _plan(tmp_path: Path) -> None:
     plan = {
         "task": TASK,
         "steps": [
-            {"subtask": MARK, "commands": [{"tool_name": "files.write", "parameters": {"path": "n.md", "content": MARK}}]},
-            {"subtask": "[red]second[/red]", "commands": [{"tool_name": "shell.run", "parameters": {"command": "cat n.md"}}]},
+            {
+                "subtask": MARK,
+                "commands": [{"tool_name": "files.write", "parameters": {"path": "n.md", "content": MARK}}],
+            },
+            {
+                "subtask": "[red]second[/red]",
+                "commands": [{"tool_name": "shell.run", "parameters": {"command": "cat n.md"}}],
+            },
         ],
     }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
@@ -59,7 +64,9 @@ def test_markup_like_text_is_printed_byte_for_byte_by_every_command(run_cli, tmp
     assert "[b]writer[/b]" in run_cli("history", "ctx", check=True).stdout  # an author, too
     assert f"vars.note = {MARK}" in run_cli("history", "ctx", "--key", "note", check=True).stdout
     state = run_cli("state", "ctx", check=True).stdout
-    assert "vars.note = [/]" in state.splitlines() and LONG in state  # piped: plain KEY = VALUE lines, long ones on one line
+    assert (
+        "vars.note = [/]" in state.splitlines() and LONG in state
+    )  # piped: plain KEY = VALUE lines, long ones on one line
     assert f"vars.note = {MARK}" not in state  # the latest value is "[/]"
     assert MARK in run_cli("state", "ctx", "--at", "1", check=True).stdout
     assert json.loads(run_cli("state", "ctx", "--at", "1", "--json", check=True).stdout)["vars"]["note"] == MARK
@@ -101,14 +108,32 @@ def test_output_to_a_pipe_is_never_wrapped(run_cli, tmp_path: Path) -> None:
 def test_prompts_show_parameters_literally(tmp_path: Path) -> None:
     import pexpect
 
-    plan = {"task": "cleanup", "steps": [{"subtask": "remove", "commands": [
-        {"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt  # [bold]loud[/bold] :smile:"}},
-    ]}]}
+    plan = {
+        "task": "cleanup",
+        "steps": [
+            {
+                "subtask": "remove",
+                "commands": [
+                    {
+                        "tool_name": "shell.run",
+                        "parameters": {"command": "rm -f junk.txt  # [bold]loud[/bold] :smile:"},
+                    },
+                ],
+            }
+        ],
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "junk.txt").write_text("junk")
     env = cli_env({"COLUMNS": "160", "TERM": "dumb"})
-    child = pexpect.spawn(sys.executable, ["-m", "saucer", "run", "--plan", "plan.json", "-w", "ws"], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=30)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "saucer", "run", "--plan", "plan.json", "-w", "ws"],
+        cwd=str(tmp_path),
+        env=env,
+        encoding="utf-8",
+        timeout=30,
+    )
     child.expect_exact("run shell.run")
     child.expect_exact("rm -f junk.txt  # [bold]loud[/bold] :smile:")
     child.expect("Run it")

@@ -8,14 +8,19 @@ import sys
 from pathlib import Path
 
 from conftest import cli_env
-
 from saucer.context import Context
 
 PLAN = {
     "task": "names",
     "steps": [
-        {"subtask": "first", "commands": [{"tool_name": "files.write", "parameters": {"path": "a.txt", "content": "A"}}]},
-        {"subtask": "second", "commands": [{"tool_name": "files.write", "parameters": {"path": "b.txt", "content": "B"}}]},
+        {
+            "subtask": "first",
+            "commands": [{"tool_name": "files.write", "parameters": {"path": "a.txt", "content": "A"}}],
+        },
+        {
+            "subtask": "second",
+            "commands": [{"tool_name": "files.write", "parameters": {"path": "b.txt", "content": "B"}}],
+        },
     ],
 }
 LONG_ID = "a-very-long-session-id-that-does-not-fit-in-forty-columns-0123456789"
@@ -31,10 +36,18 @@ def test_prefixes_last_and_session_id_work_in_every_command(run_cli, tmp_path: P
     folder = run_cli("run", "--plan", "folder", "--session-id", "x")
     assert folder.returncode == 2 and "--session-id names one session" in folder.stderr
     ambiguous = run_cli("show", "alpha")
-    assert ambiguous.returncode == 2 and "'alpha' is the start of several session ids (alpha-two, alpha-one)" in ambiguous.stderr
+    assert (
+        ambiguous.returncode == 2
+        and "'alpha' is the start of several session ids (alpha-two, alpha-one)" in ambiguous.stderr
+    )
 
     assert json.loads(run_cli("state", "last", "--json", check=True).stdout)["session_id"] == "alpha-two"
-    for args in (("history", "alpha-o"), ("diff", "alpha-o", "1", "3"), ("export", "last"), ("store", "prune", "alpha-t", "--keep-last", "50")):
+    for args in (
+        ("history", "alpha-o"),
+        ("diff", "alpha-o", "1", "3"),
+        ("export", "last"),
+        ("store", "prune", "alpha-t", "--keep-last", "50"),
+    ):
         proc = run_cli(*args)
         assert proc.returncode == 0, (args, proc.stderr)
     assert json.loads(run_cli("show", "alpha-o", "--json", check=True).stdout)["session"]["id"] == "alpha-one"
@@ -45,8 +58,12 @@ def test_prefixes_last_and_session_id_work_in_every_command(run_cli, tmp_path: P
     assert "REQUEST = first" in run_cli("history", "alpha-o", "--key", "REQUEST", check=True).stdout
 
     # A fork, named by prefix, with its own workspace and its own log folder.
-    steps = [e for e in json.loads(run_cli("show", "alpha-o", "--json", check=True).stdout)["events"] if e["kind"] == "step"]
-    forked = run_cli("fork", "alpha-o", "--at", str(steps[0]["version"]), "--as", "branch", "--workspace", "ws2", check=True)
+    steps = [
+        e for e in json.loads(run_cli("show", "alpha-o", "--json", check=True).stdout)["events"] if e["kind"] == "step"
+    ]
+    forked = run_cli(
+        "fork", "alpha-o", "--at", str(steps[0]["version"]), "--as", "branch", "--workspace", "ws2", check=True
+    )
     assert "its tools act in:" in forked.stdout
     parent_md = next((tmp_path / "logs" / "names").glob("alpha-one*/output.md"))
     before = parent_md.read_text()
@@ -69,7 +86,15 @@ def test_sessions_prints_whole_ids_in_a_narrow_terminal(tmp_path: Path) -> None:
     ctx.close()
     env = cli_env({"TERM": "xterm"})  # a "dumb" terminal is 80 columns to rich, whatever its size
     env.pop("COLUMNS")
-    child = pexpect.spawn(sys.executable, ["-m", "saucer", "sessions"], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=30, dimensions=(24, 40))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "saucer", "sessions"],
+        cwd=str(tmp_path),
+        env=env,
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(24, 40),
+    )
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0

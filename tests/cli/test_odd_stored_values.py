@@ -4,8 +4,8 @@ listings never crash on a value that got into a store anyway (an import made bef
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from starlette.testclient import TestClient
 
@@ -25,7 +25,11 @@ def _odd_store(tmp_path: Path) -> str:
         ctx.commit()
         ctx.close()
         ops = [{"op": "set", "name": "REQUEST", "value": "hello"}, {"op": "set", "var": "x", "value": 2}]
-        store.import_log(SessionInfo("odd", 1, FAR, FAR, None, None, {"task": "odd"}), [Event("odd", 1, FAR, "user", 1, 1, ops, {})], [])
+        store.import_log(
+            SessionInfo("odd", 1, FAR, FAR, None, None, {"task": "odd"}),
+            [Event("odd", 1, FAR, "user", 1, 1, ops, {})],
+            [],
+        )
     return url
 
 

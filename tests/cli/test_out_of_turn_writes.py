@@ -14,8 +14,9 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -75,7 +76,10 @@ def test_a_running_session_takes_40_out_of_turn_writes_unharmed(tmp_path: Path, 
     plan = {
         "task": "oob",
         "steps": [
-            {"subtask": f"step {i}", "commands": [{"tool_name": "shell.run", "parameters": {"command": f"sleep 1 && echo {i} >> ran.txt"}}]}
+            {
+                "subtask": f"step {i}",
+                "commands": [{"tool_name": "shell.run", "parameters": {"command": f"sleep 1 && echo {i} >> ran.txt"}}],
+            }
             for i in range(1, STEPS + 1)
         ],
     }
@@ -83,11 +87,21 @@ def test_a_running_session_takes_40_out_of_turn_writes_unharmed(tmp_path: Path, 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     run = subprocess.Popen(
         [*SAUCER, "run", "--plan", "plan.json", "--session-id", "oob", "--yes", "--store", store_url],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     writer = subprocess.Popen(
         [sys.executable, "-c", _WRITER, store_url, "oob", str(WRITES)],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         w_out, w_err = writer.communicate(timeout=90)
@@ -123,7 +137,8 @@ def test_a_running_session_takes_40_out_of_turn_writes_unharmed(tmp_path: Path, 
         written = [e for e in events if e.author == "human:writer"]
         assert [e.version for e in written] == [int(v) for v in w_out.split()]
         expected_ops = [
-            [{"op": "delete", "var": k} for k in delete] + [{"op": "set", "var": k, "value": v} for k, v in sets.items()]
+            [{"op": "delete", "var": k} for k in delete]
+            + [{"op": "set", "var": k, "value": v} for k, v in sets.items()]
             for sets, delete in _writes(WRITES)
         ]
         assert [e.ops for e in written] == expected_ops
@@ -139,8 +154,13 @@ def test_a_running_session_takes_40_out_of_turn_writes_unharmed(tmp_path: Path, 
     finally:
         store.close()
     history = subprocess.run(
-        [*SAUCER, "history", "oob", "--json", "--store", store_url], cwd=tmp_path, env=env,
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        [*SAUCER, "history", "oob", "--json", "--store", store_url],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert history.returncode == 0, history.stderr
     shown = [e for e in json.loads(history.stdout) if e["author"] == "human:writer"]

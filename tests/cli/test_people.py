@@ -8,15 +8,17 @@ import time
 from pathlib import Path
 
 from conftest import SAUCER, cli_env
-
 from saucer.context import Context
 from saucer.engine.status import stored_status
 from saucer.store import open_store
 
-ECHO_PLAN = {"task": "t", "steps": [
-    {"subtask": "one", "commands": [{"tool_name": "shell.run", "parameters": {"command": "echo one"}}]},
-    {"subtask": "two", "commands": [{"tool_name": "shell.run", "parameters": {"command": "echo two"}}]},
-]}
+ECHO_PLAN = {
+    "task": "t",
+    "steps": [
+        {"subtask": "one", "commands": [{"tool_name": "shell.run", "parameters": {"command": "echo one"}}]},
+        {"subtask": "two", "commands": [{"tool_name": "shell.run", "parameters": {"command": "echo two"}}]},
+    ],
+}
 
 
 def _store(tmp_path: Path) -> str:
@@ -28,13 +30,19 @@ def test_set_and_vars_on_an_ended_session(run_cli, tmp_path: Path) -> None:
     run_cli("run", "--plan", "plan.json", "--session-id", "s1", check=True)
     first = run_cli("set", "s1", "gone=1", check=True).stdout
     at = int(first.split(" v")[1].split(":")[0])
-    done = run_cli("set", "s1", "count=3", 'note="hi [b]x[/b]"', 'flags={"ok": true}', "--delete", "gone", "--author", "human:me")
+    done = run_cli(
+        "set", "s1", "count=3", 'note="hi [b]x[/b]"', 'flags={"ok": true}', "--delete", "gone", "--author", "human:me"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"session s1 v{at + 1}: set count, note, flags; deleted gone (author human:me)"
 
     shown = run_cli("vars", "s1", check=True)
     assert shown.stdout.splitlines() == ["count = 3", 'flags = {"ok": true}', 'note = "hi [b]x[/b]"']
-    assert json.loads(run_cli("vars", "s1", "--json", check=True).stdout) == {"count": 3, "flags": {"ok": True}, "note": "hi [b]x[/b]"}
+    assert json.loads(run_cli("vars", "s1", "--json", check=True).stdout) == {
+        "count": 3,
+        "flags": {"ok": True},
+        "note": "hi [b]x[/b]",
+    }
     assert json.loads(run_cli("vars", "s1", "--at", str(at), "--json", check=True).stdout) == {"gone": 1}
 
     # One event, with its author; the session still reads as it ended (finished), not interrupted.
@@ -51,7 +59,10 @@ def test_set_and_vars_errors_are_one_line(run_cli, tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(ECHO_PLAN))
     run_cli("run", "--plan", "plan.json", "--session-id", "s1", check=True)
     cases = [
-        (("set", "s1", "note=hi"), "error: saucer set SESSION note: 'hi' is not JSON (Expecting value at column 1); quote a string: note='\"...\"'"),
+        (
+            ("set", "s1", "note=hi"),
+            "error: saucer set SESSION note: 'hi' is not JSON (Expecting value at column 1); quote a string: note='\"...\"'",
+        ),
         (("set", "s1", "justakey"), "error: saucer set SESSION 'justakey': write KEY=JSON"),
         (("set", "s1"), "error: nothing to write: give KEY=JSON and/or --delete KEY"),
         (("set", "nosuch", "a=1"), "error: no session 'nosuch' in this store."),
@@ -85,22 +96,41 @@ def test_a_set_on_a_stopped_session_is_seen_by_its_resume(run_cli, tmp_path: Pat
 
 
 def test_set_on_a_running_session_is_written_and_the_run_goes_on(tmp_path: Path) -> None:
-    plan = {"task": "slow", "steps": [
-        {"subtask": f"s{i}", "commands": [{"tool_name": "shell.run", "parameters": {"command": "sleep 1"}}]} for i in range(3)
-    ]}
+    plan = {
+        "task": "slow",
+        "steps": [
+            {"subtask": f"s{i}", "commands": [{"tool_name": "shell.run", "parameters": {"command": "sleep 1"}}]}
+            for i in range(3)
+        ],
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = cli_env()
-    run = subprocess.Popen([*SAUCER, "run", "--plan", "plan.json", "--session-id", "live"], cwd=tmp_path, env=env,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [*SAUCER, "run", "--plan", "plan.json", "--session-id", "live"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            probe = subprocess.run([*SAUCER, "vars", "live"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+            probe = subprocess.run(
+                [*SAUCER, "vars", "live"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+            )
             if probe.returncode == 0:
                 break
             time.sleep(0.2)
-        written = subprocess.run([*SAUCER, "set", "live", "seen_by=\"a person\""], cwd=tmp_path, env=env,
-                                 capture_output=True, text=True, timeout=60)
+        written = subprocess.run(
+            [*SAUCER, "set", "live", 'seen_by="a person"'],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert written.returncode == 0, written.stderr
         out, errors = run.communicate(timeout=60)
     finally:

@@ -30,8 +30,9 @@ def blocks(language: str) -> list[str]:
 
 def _bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = cli_env({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
-    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        ["bash", "-c", script], cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180
+    )
 
 
 def test_the_readme_people_in_the_loop_examples_run(tmp_path: Path) -> None:

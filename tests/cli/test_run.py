@@ -9,8 +9,14 @@ from pathlib import Path
 PLAN = {
     "task": "notes",
     "steps": [
-        {"subtask": "start", "commands": [{"tool_name": "files.write", "parameters": {"path": "n.md", "content": "a\n"}}]},
-        {"subtask": "more", "commands": [{"tool_name": "files.append", "parameters": {"path": "n.md", "content": "b\n"}}]},
+        {
+            "subtask": "start",
+            "commands": [{"tool_name": "files.write", "parameters": {"path": "n.md", "content": "a\n"}}],
+        },
+        {
+            "subtask": "more",
+            "commands": [{"tool_name": "files.append", "parameters": {"path": "n.md", "content": "b\n"}}],
+        },
         {"subtask": "look", "commands": [{"tool_name": "shell.run", "parameters": {"command": "cat n.md"}}]},
     ],
 }
@@ -37,7 +43,9 @@ def test_demo_does_real_work_and_prints_commands_that_work(run_cli, tmp_path: Pa
         if line in viewer:
             _serves_the_session(line, sid, tmp_path)
             continue
-        result = subprocess.run(line, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            line, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        )
         assert result.returncode == 0, (line, result.stdout, result.stderr)
 
 
@@ -56,8 +64,16 @@ def _serves_the_session(line: str, sid: str, cwd: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     env["BROWSER"] = "true"  # --open runs the `true` command instead of a browser
-    proc = subprocess.Popen(f"exec {line} --port {port}", shell=True, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        f"exec {line} --port {port}",
+        shell=True,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}/sessions/{sid}"
     deadline = time.monotonic() + 30
     try:
@@ -89,7 +105,10 @@ def test_run_plan_then_inspect_and_resume(run_cli, tmp_path: Path) -> None:
 
 
 def test_failed_command_makes_a_nonzero_exit(run_cli, tmp_path: Path) -> None:
-    plan = {"task": "bad", "steps": [{"subtask": "x", "commands": [{"tool_name": "files.read", "parameters": {"path": "../etc/passwd"}}]}]}
+    plan = {
+        "task": "bad",
+        "steps": [{"subtask": "x", "commands": [{"tool_name": "files.read", "parameters": {"path": "../etc/passwd"}}]}],
+    }
     (tmp_path / "bad.json").write_text(json.dumps(plan))
     proc = run_cli("run", "--plan", "bad.json", "--workspace", "ws")
     assert proc.returncode == 1
@@ -124,7 +143,15 @@ def test_folder_of_plans_runs_as_a_pool(run_cli, tmp_path: Path) -> None:
     folder = tmp_path / "plans"
     folder.mkdir()
     for i in range(3):
-        plan = {"task": f"p{i}", "steps": [{"subtask": "w", "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": str(i)}}]}]}
+        plan = {
+            "task": f"p{i}",
+            "steps": [
+                {
+                    "subtask": "w",
+                    "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": str(i)}}],
+                }
+            ],
+        }
         (folder / f"p{i}.json").write_text(json.dumps(plan))
     run_cli("run", "--plan", "plans", "--concurrency", "2", "--workspace", "ws", check=True, timeout=90)
     assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == ["f0.txt", "f1.txt", "f2.txt"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import getpass
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -23,8 +23,20 @@ def test_run_starts_the_session_with_vars_and_participants(
 ) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(PLAN), encoding="utf-8")
     proc = run_cli(
-        "run", "--plan", "plan.json", "--session-id", "seeded", "--yes",
-        "--var", "retries=3", "--var", 'owner={"name": "ana"}', "--var", 'note="a=b"', "--participant", "human:bob",
+        "run",
+        "--plan",
+        "plan.json",
+        "--session-id",
+        "seeded",
+        "--yes",
+        "--var",
+        "retries=3",
+        "--var",
+        'owner={"name": "ana"}',
+        "--var",
+        'note="a=b"',
+        "--participant",
+        "human:bob",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = run_cli("state", "seeded", "--json", check=True)
@@ -43,9 +55,14 @@ def test_run_starts_the_session_with_vars_and_participants(
             eve.commit()
 
 
-def test_a_bad_var_is_one_line_and_runs_nothing(tmp_path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+def test_a_bad_var_is_one_line_and_runs_nothing(
+    tmp_path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(PLAN), encoding="utf-8")
-    for bad, says in (("retries=three", "--var retries: 'three' is not JSON"), ("noequals", "--var 'noequals': write KEY=JSON")):
+    for bad, says in (
+        ("retries=three", "--var retries: 'three' is not JSON"),
+        ("noequals", "--var 'noequals': write KEY=JSON"),
+    ):
         proc = run_cli("run", "--plan", "plan.json", "--yes", "--var", bad)
         assert proc.returncode != 0
         assert proc.stderr.strip().count("\n") == 0 and says in proc.stderr, proc.stderr
@@ -53,11 +70,13 @@ def test_a_bad_var_is_one_line_and_runs_nothing(tmp_path: Path, run_cli: Callabl
     assert not (tmp_path / ".saucer" / "saucer.db").exists()
 
 
-def test_the_readme_command_runs_as_printed(tmp_path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+def test_the_readme_command_runs_as_printed(
+    tmp_path: Path, run_cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     import shlex
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Context variables and routing"):readme.index("### People in the loop")]
+    section = readme[readme.index("## Context variables and routing") : readme.index("### People in the loop")]
     [line] = [ln for ln in section.splitlines() if ln.startswith("saucer run ")]
     (tmp_path / "plan.json").write_text(json.dumps(PLAN), encoding="utf-8")
     proc = run_cli(*shlex.split(line)[1:])

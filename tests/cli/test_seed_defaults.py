@@ -8,8 +8,15 @@ from pathlib import Path
 
 
 def _plan(name: str) -> dict[str, object]:
-    return {"task": name, "steps": [{"subtask": "note", "commands": [
-        {"tool_name": "files.write", "parameters": {"path": f"{name}.txt", "content": "x"}}]}]}
+    return {
+        "task": name,
+        "steps": [
+            {
+                "subtask": "note",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": f"{name}.txt", "content": "x"}}],
+            }
+        ],
+    }
 
 
 def test_a_default_without_a_desktop_is_said_once_and_recorded(run_cli, tmp_path: Path) -> None:

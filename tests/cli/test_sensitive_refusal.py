@@ -10,8 +10,15 @@ from pathlib import Path
 
 
 def test_run_plan_without_a_terminal_refuses_hidden_rm_unless_yes(run_cli, tmp_path: Path) -> None:
-    plan = {"task": "tidy", "steps": [{"subtask": "remove v", "commands": [
-        {"tool_name": "shell.run", "parameters": {"command": "if [ -f v ]; then rm -f v; fi"}}]}]}
+    plan = {
+        "task": "tidy",
+        "steps": [
+            {
+                "subtask": "remove v",
+                "commands": [{"tool_name": "shell.run", "parameters": {"command": "if [ -f v ]; then rm -f v; fi"}}],
+            }
+        ],
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     workspace = tmp_path / "ws"
     workspace.mkdir()

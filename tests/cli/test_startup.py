@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cli_env
 from saucer.cli import common
 from saucer.config import DEFAULT_CONFIG_FILE, Settings, StoreSettings, load_settings
-
-from conftest import cli_env
 
 
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,7 +26,7 @@ def test_the_shortcut_knows_the_settings_model() -> None:
     assert set(common.SETTINGS_SECTIONS) == set(Settings.model_fields)
     assert common.CONFIG_FILE == DEFAULT_CONFIG_FILE
     default = StoreSettings()
-    assert (common.DEFAULT_STORE, [], None) == (default.url, default.encrypt, default.key_file)
+    assert (default.url, default.encrypt, default.key_file) == (common.DEFAULT_STORE, [], None)
 
 
 def test_defaults_are_what_the_settings_say(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,7 +48,9 @@ def test_defaults_are_what_the_settings_say(tmp_path: Path, monkeypatch: pytest.
         ("SAUCER_STORE", '{"encrypt": ["REQUEST"]}', (["REQUEST"], None)),
     ],
 )
-def test_a_settings_variable_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, var: str, value: str, expected: tuple) -> None:
+def test_a_settings_variable_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, var: str, value: str, expected: tuple
+) -> None:
     _clean_env(monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(var, value)
@@ -101,7 +102,12 @@ def test_reading_commands_load_only_what_they_use(tmp_path: Path, argv: list[str
     ctx.commit()
     ctx.close()
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, *argv, "--store", url], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", _PROBE, *argv, "--store", url],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert "LOADED []" in proc.stderr, proc.stderr
@@ -126,38 +132,67 @@ def _short_of_whole_dump(value: object, width: int) -> str:
 
 def test_short_formats_only_what_it_shows_and_shows_the_same() -> None:
     import datetime
+    import random
 
     import orjson
-    import random
 
     from saucer.cli.inspect import short
 
     rnd = random.Random(21)
 
     def text() -> str:
-        return "".join(rnd.choice(["a", "é", "€", "𝄞", "\n", "\x1b", "\x85", '"', "\\", " ", "中"]) for _ in range(rnd.randint(0, 30)))
+        return "".join(
+            rnd.choice(["a", "é", "€", "𝄞", "\n", "\x1b", "\x85", '"', "\\", " ", "中"])
+            for _ in range(rnd.randint(0, 30))
+        )
 
     def value(depth: int = 0) -> object:
         r = rnd.random()
         if depth > 2 or r < 0.3:
-            return rnd.choice([None, True, False, rnd.randint(-10**6, 10**6), rnd.random(), text(), datetime.date(2020, 1, 2), (1, "x"), 0, 0.0])
+            return rnd.choice(
+                [
+                    None,
+                    True,
+                    False,
+                    rnd.randint(-(10**6), 10**6),
+                    rnd.random(),
+                    text(),
+                    datetime.date(2020, 1, 2),
+                    (1, "x"),
+                    0,
+                    0.0,
+                ]
+            )
         if r < 0.65:
-            return {rnd.choice([text(), rnd.randint(0, 99), None, True, 1.5]): value(depth + 1) for _ in range(rnd.randint(0, 6))}
+            return {
+                rnd.choice([text(), rnd.randint(0, 99), None, True, 1.5]): value(depth + 1)
+                for _ in range(rnd.randint(0, 6))
+            }
         return [value(depth + 1) for _ in range(rnd.randint(0, 6))]
 
     values = [value() for _ in range(1500)]
-    values += [{i: [{"x": "y" * 50, str(i): "𝄞" * i}] for i in range(3000)}, list(range(10**5)), {"a": {}}, [[]], {1: [2, {3: "x" * 900}]}]
+    values += [
+        {i: [{"x": "y" * 50, str(i): "𝄞" * i}] for i in range(3000)},
+        list(range(10**5)),
+        {"a": {}},
+        [[]],
+        {1: [2, {3: "x" * 900}]},
+    ]
     from saucer.context.events import StoredJson
 
     for v in values:
-        stored = None if isinstance(v, str) else StoredJson(orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS, default=str))
+        stored = (
+            None if isinstance(v, str) else StoredJson(orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS, default=str))
+        )
         for width in (1, 2, 5, 60, 80, 200):
             assert short(v, width) == _short_of_whole_dump(v, width), (v, width)
             if stored is not None:  # a value the state table shows from its stored text
                 assert short(stored, width) == short(v, width), (v, width)
 
 
-def test_a_reading_command_holds_the_collector_off_only_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reading_command_holds_the_collector_off_only_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import gc
 
     from saucer.cli import common as cli_common

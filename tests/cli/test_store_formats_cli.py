@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -59,7 +59,9 @@ def test_inspection_with_and_without_the_key(run_cli: Callable[..., object], enc
     assert wrong.returncode != 0 and "another store key" in wrong.stderr and len(wrong.stderr.strip().splitlines()) == 1  # type: ignore[attr-defined]
 
 
-def test_export_keeps_ciphertext_unless_decrypt(run_cli: Callable[..., object], encrypted_store: tuple[str, str], tmp_path: Path) -> None:
+def test_export_keeps_ciphertext_unless_decrypt(
+    run_cli: Callable[..., object], encrypted_store: tuple[str, str], tmp_path: Path
+) -> None:
     _, key = encrypted_store
     run_cli("export", "s", "-o", "sealed.json", env={"SAUCER_STORE_KEY": key}, check=True)
     sealed = (tmp_path / "sealed.json").read_text()
@@ -72,7 +74,9 @@ def test_export_keeps_ciphertext_unless_decrypt(run_cli: Callable[..., object], 
     assert refused.returncode != 0 and "needs the store key" in refused.stderr  # type: ignore[attr-defined]
 
 
-def test_rekey_from_the_command_line(run_cli: Callable[..., object], encrypted_store: tuple[str, str], tmp_path: Path) -> None:
+def test_rekey_from_the_command_line(
+    run_cli: Callable[..., object], encrypted_store: tuple[str, str], tmp_path: Path
+) -> None:
     _, key = encrypted_store
     missing = run_cli("store", "rekey", "--new-key-file", "new.key")
     assert missing.returncode != 0 and "needs the current key" in missing.stderr  # type: ignore[attr-defined]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import cli_env
 
+from conftest import cli_env
 from saucer.cli.common import UserError
 from saucer.cli.output import JsonStream, TextChunks
 from saucer.cli.streams import parse_since
@@ -43,7 +43,14 @@ def _versions_of_rows(out: str) -> list[int]:
 def test_history_and_show_select_with_limit_since_and_round(run_cli, tmp_path: Path) -> None:
     _long_session(tmp_path)
     assert _versions_of_rows(run_cli("history", "long", "--limit", "3", check=True).stdout) == [78, 79, 80]
-    assert _versions_of_rows(run_cli("history", "long", "--since", "v75", check=True).stdout) == [75, 76, 77, 78, 79, 80]
+    assert _versions_of_rows(run_cli("history", "long", "--since", "v75", check=True).stdout) == [
+        75,
+        76,
+        77,
+        78,
+        79,
+        80,
+    ]
     assert _versions_of_rows(run_cli("history", "long", "--round", "7", check=True).stdout) == [15, 16]
     assert _versions_of_rows(run_cli("history", "long", "--key", "n", "--limit", "2", check=True).stdout) == [77, 79]
     assert _versions_of_rows(run_cli("history", "long", "--round", "7", "--since", "16", check=True).stdout) == [16]
@@ -92,7 +99,11 @@ def test_json_is_written_as_it_is_read_and_is_the_same_bytes_as_before(run_cli, 
     expected = orjson.dumps(events, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n"
     assert run_cli("history", "long", "--json", check=True).stdout.encode() == expected
     data = json.loads(run_cli("export", "long", check=True).stdout)
-    assert data["events"] == exported["events"] and data["lineage"] == exported["lineage"] and data["base"] == exported["base"]
+    assert (
+        data["events"] == exported["events"]
+        and data["lineage"] == exported["lineage"]
+        and data["base"] == exported["base"]
+    )
     assert list(data) == ["format", "session", "base", "events", "lineage", "state"]
     assert data["state"]["vars"] == {"n": 4}
     # Nested values, empty containers, iterators: what print_json would write for the same data.
@@ -131,14 +142,28 @@ def test_a_terminal_shows_a_screenful_and_says_how_to_see_the_rest(tmp_path: Pat
 
     _long_session(tmp_path)
     env = cli_env({"COLUMNS": "150", "LINES": "40", "TERM": "dumb"})
-    child = pexpect.spawn(sys.executable, ["-m", "saucer", command, "long"], cwd=str(tmp_path), env=env,
-                          encoding="utf-8", timeout=60, dimensions=(40, 150))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "saucer", command, "long"],
+        cwd=str(tmp_path),
+        env=env,
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(40, 150),
+    )
     child.expect(pexpect.EOF)
     out = child.before
     assert "showing the last" in out and "of 80 events" in out and "--limit N" in out, out
     assert "v80" in out or "│ 80 " in out
-    child = pexpect.spawn(sys.executable, ["-m", "saucer", command, "long", "--limit", "100"], cwd=str(tmp_path),
-                          env=env, encoding="utf-8", timeout=60, dimensions=(40, 150))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "saucer", command, "long", "--limit", "100"],
+        cwd=str(tmp_path),
+        env=env,
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(40, 150),
+    )
     child.expect(pexpect.EOF)
     assert "showing the last" not in child.before  # the user asked for more than there is
 
@@ -177,8 +202,11 @@ def test_sessions_filters_sorts_and_limits_in_one_listing(run_cli, tmp_path: Pat
     plain = run_cli("sessions", "--task", "gamma", check=True).stdout
     assert " s3  [b]gamma[/b]  follower" in plain and "┏" not in plain
     assert run_cli("sessions", "--task", "zeta", check=True).stdout.strip() == "no sessions match"
-    for args, message in ((("--sort", "size"), "--sort 'size' is not one of"), (("--status", "done"), "--status 'done' is not one of"),
-                          (("--since", "v3"), "sessions are chosen by time")):
+    for args, message in (
+        (("--sort", "size"), "--sort 'size' is not one of"),
+        (("--status", "done"), "--status 'done' is not one of"),
+        (("--since", "v3"), "sessions are chosen by time"),
+    ):
         bad = run_cli("sessions", *args)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from conftest import SAUCER, cli_env
-
 from saucer.context import ContextNames
 from saucer.engine import Agent, AgentStatus, NonInteractiveInteractor, Session
 
@@ -41,7 +40,16 @@ def _printed(out: str, comment: str) -> str:
 
 
 def _sh(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env=cli_env())
+    return subprocess.run(
+        command,
+        shell=True,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(),
+    )
 
 
 def test_a_command_exiting_3_fails_the_session_its_evaluation_and_its_experience(run_cli, tmp_path: Path) -> None:
@@ -82,7 +90,10 @@ def test_plans_are_checked_against_the_tools_before_anything_runs(run_cli, tmp_p
     # (More messages are checked in tests/engine/test_engine_verdicts.py, without processes.)
     cases = [
         ({"tool_name": "files.frobnicate"}, "unknown tool 'files.frobnicate' (closest: files."),
-        ({"tool_name": "files.write", "parameters": {"path": "x"}}, "invalid parameters for tool 'files.write': 'content' is a required property"),
+        (
+            {"tool_name": "files.write", "parameters": {"path": "x"}},
+            "invalid parameters for tool 'files.write': 'content' is a required property",
+        ),
     ]
     for bad, message in cases:
         plan = _plan(tmp_path, _shell("echo ran > ran.txt"), bad, name="bad.json")
@@ -127,8 +138,14 @@ def _wait_for(proc: subprocess.Popen[str], text: str, timeout: float = 30) -> st
 def test_a_session_whose_runner_vanished_is_interrupted_not_running(run_cli, tmp_path: Path) -> None:
     plan = _plan(tmp_path, _shell("echo 0 >> log"), _shell("test -f go || sleep 20"), _shell("echo 2 >> log"))
     proc = subprocess.Popen(
-        [*SAUCER, "run", "--plan", plan, "-w", "ws"], cwd=tmp_path, env=cli_env({"SAUCER_STORE__LEASE_TTL": "1"}),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [*SAUCER, "run", "--plan", plan, "-w", "ws"],
+        cwd=tmp_path,
+        env=cli_env({"SAUCER_STORE__LEASE_TTL": "1"}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         _wait_for(proc, "round 1")
@@ -164,8 +181,13 @@ def test_an_unknown_cost_is_unknown_everywhere_never_0(run_cli, tmp_path: Path) 
 
     url = f"sqlite:///{tmp_path}/.saucer/saucer.db"
     settings = load_settings(overrides={"store.url": url, "logs.root": str(tmp_path / "logs")})
-    session = Session("llm", settings=settings, agents=_Unpriced("model"), session_id="unpriced",
-                      interactor=NonInteractiveInteractor(requests=["free", "unpriced"]))
+    session = Session(
+        "llm",
+        settings=settings,
+        agents=_Unpriced("model"),
+        session_id="unpriced",
+        interactor=NonInteractiveInteractor(requests=["free", "unpriced"]),
+    )
     asyncio.run(session.run())
     assert re.search(r"unpriced +llm +normal +finished +2 +2 +unknown ", run_cli("sessions", check=True).stdout)
     assert "cost unknown" in run_cli("show", "unpriced", check=True).stdout
@@ -182,7 +204,14 @@ def test_ctrl_c_prints_the_command_that_continues(tmp_path: Path) -> None:
 
     plan = _plan(tmp_path, _shell("echo 0 >> log"), _shell("test -f go || sleep 20"))
     env = cli_env({"COLUMNS": "160", "TERM": "dumb"})
-    child = pexpect.spawn(sys.executable, ["-m", "saucer", "run", "--plan", plan, "-w", "ws"], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=30)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "saucer", "run", "--plan", plan, "-w", "ws"],
+        cwd=str(tmp_path),
+        env=env,
+        encoding="utf-8",
+        timeout=30,
+    )
     child.expect("round 1")
     time.sleep(0.5)
     child.sendintr()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from saucer.context.events import Event
 from saucer.store.base import EventStore, Lease, SessionInfo, Snapshot

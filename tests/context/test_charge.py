@@ -20,8 +20,13 @@ def _open(name: str) -> Context:
 
 def test_charge_is_the_separate_calls_as_one_batch() -> None:
     one, many = _open("one"), _open("many")
-    incs = {ContextNames.SESSION_STEP: 1, ContextNames.CURRENT_ROUND_STEP: 1, ContextNames.SESSION_COST: 0.5,
-            ContextNames.CURRENT_ROUND_COST: 0.5, "retries": 2}
+    incs = {
+        ContextNames.SESSION_STEP: 1,
+        ContextNames.CURRENT_ROUND_STEP: 1,
+        ContextNames.SESSION_COST: 0.5,
+        ContextNames.CURRENT_ROUND_COST: 0.5,
+        "retries": 2,
+    }
     one.charge(incs, _ENTRY)
     for key, by in incs.items():
         many.incr(key, by)

@@ -142,7 +142,9 @@ def test_sigkill_at_random_moments_leaves_a_committed_prefix(tmp_path: Path) -> 
             proc.stderr.close()
         acked = _acked(ack)
         version = _check_committed_prefix(url, "s")
-        assert acked and max(acked) <= version, f"trial {trial}: acknowledged v{max(acked)} lost (reopened at v{version})"
+        assert acked and max(acked) <= version, (
+            f"trial {trial}: acknowledged v{max(acked)} lost (reopened at v{version})"
+        )
         assert version >= last
         last = version
     assert last > trials  # the children really committed across all the trials
@@ -184,7 +186,9 @@ def test_sigkill_of_sessions_committing_from_one_event_loop_leaves_committed_pre
         best = acked()
         for sid in last:
             version = _check_committed_prefix(f"sqlite:///{db}", sid)
-            assert best.get(sid, 0) <= version, f"trial {trial}: {sid} acknowledged v{best[sid]}, reopened at v{version}"
+            assert best.get(sid, 0) <= version, (
+                f"trial {trial}: {sid} acknowledged v{best[sid]}, reopened at v{version}"
+            )
             assert version >= last[sid]
             last[sid] = version
     assert sum(last.values()) > trials * sessions
@@ -199,7 +203,11 @@ def test_two_processes_incrementing_the_same_var_lose_nothing(tmp_path: Path) ->
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), url, "s", str(n)],
-            env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for _ in range(2)
     ]
@@ -234,7 +242,7 @@ def test_threads_incrementing_the_same_var_lose_nothing(tmp_path: Path, shared_s
         try:
             ctx = Context.open(store if shared_store else url, "s")
             barrier.wait()
-            for i in range(n):
+            for _i in range(n):
                 ctx.incr("n")
                 ctx.append("who", threading.get_ident() % 1000)
                 ctx.incr(ContextNames.SESSION_STEP)

@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from context_helpers import CountingStore, damage_event, damage_snapshot, rows
 
 from saucer.context import Context, ContextNames, prune
 from saucer.store import (
@@ -18,14 +19,13 @@ from saucer.store import (
     open_store,
 )
 
-from context_helpers import CountingStore, damage_event, damage_snapshot, rows
-
 N = ContextNames
 
 
 def _events(db: Path, sid: str) -> int:
     return sum(
-        rows(db, f"SELECT COUNT(*) FROM {table} WHERE session_id = ?", sid)[0][0] for table in ("events", "events_recent")
+        rows(db, f"SELECT COUNT(*) FROM {table} WHERE session_id = ?", sid)[0][0]
+        for table in ("events", "events_recent")
     )
 
 
@@ -97,12 +97,11 @@ def test_step_is_atomic_an_exception_discards_it(db_url: str, db_path: Path) -> 
     with ctx.step():
         ctx.update_vars(set={"a": 1})
         ctx.append(N.PREVIOUS_SUBTASKS, "one")
-    with pytest.raises(RuntimeError, match="boom"):
-        with ctx.step():
-            ctx.update_vars(set={"a": 2, "b": 2})
-            ctx.append(N.PREVIOUS_SUBTASKS, "two")
-            ctx.incr(N.SESSION_STEP)
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), ctx.step():
+        ctx.update_vars(set={"a": 2, "b": 2})
+        ctx.append(N.PREVIOUS_SUBTASKS, "two")
+        ctx.incr(N.SESSION_STEP)
+        raise RuntimeError("boom")
     assert ctx.get_var("a") == 1 and ctx.get_var("b") is None
     assert ctx.get(N.PREVIOUS_SUBTASKS) == ["one"] and ctx.get(N.SESSION_STEP) == 0
     assert ctx.pending == [] and _events(db_path, "s") == 1
@@ -118,10 +117,9 @@ def test_step_with_exit_durability_discards_only_the_failed_step(db_url: str) ->
     ctx = Context.open(db_url, "s", durability="exit")
     with ctx.step():
         ctx.update_vars(set={"a": 1})
-    with pytest.raises(KeyError):
-        with ctx.step():
-            ctx.update_vars(set={"a": 2})
-            raise KeyError("x")
+    with pytest.raises(KeyError), ctx.step():
+        ctx.update_vars(set={"a": 2})
+        raise KeyError("x")
     with ctx.step():
         ctx.update_vars(set={"b": 1})
     assert dict(ctx.vars) == {"a": 1, "b": 1}
@@ -134,21 +132,19 @@ def test_step_with_exit_durability_discards_only_the_failed_step(db_url: str) ->
 def test_step_on_a_detached_context_also_discards() -> None:
     ctx = Context()
     ctx.update_vars(set={"a": 1})
-    with pytest.raises(ValueError):
-        with ctx.step():
-            ctx.update_vars(set={"a": 2})
-            ctx.set(N.REQUEST, "x")
-            raise ValueError
+    with pytest.raises(ValueError), ctx.step():
+        ctx.update_vars(set={"a": 2})
+        ctx.set(N.REQUEST, "x")
+        raise ValueError
     assert dict(ctx.vars) == {"a": 1} and ctx.get(N.REQUEST) == ""
 
 
 def test_an_exception_in_the_with_block_writes_neither_the_step_nor_a_snapshot_of_it(db_url: str) -> None:
-    with pytest.raises(RuntimeError):
-        with Context.open(db_url, "s", snapshot_every=1000) as ctx:
-            ctx.update_vars(set={"done": 1})
-            ctx.commit()
-            ctx.update_vars(set={"half": 1})
-            raise RuntimeError("crash in the middle of a step")
+    with pytest.raises(RuntimeError), Context.open(db_url, "s", snapshot_every=1000) as ctx:
+        ctx.update_vars(set={"done": 1})
+        ctx.commit()
+        ctx.update_vars(set={"half": 1})
+        raise RuntimeError("crash in the middle of a step")
     store = open_store(db_url)
     snap = store.latest_snapshot("s")
     assert snap is not None and snap.state["vars"] == {"done": 1}
@@ -302,7 +298,7 @@ def test_sessions_lists_versions_and_updates(db_url: str) -> None:
 
 def test_snapshots_every_k_events_and_on_close(db_url: str, db_path: Path) -> None:
     ctx = Context.open(db_url, "s", snapshot_every=10, keep_snapshots=100)
-    for i in range(25):
+    for _i in range(25):
         ctx.incr("n")
         ctx.commit()
     versions = [r[0] for r in rows(db_path, "SELECT version FROM snapshots WHERE session_id = 's' ORDER BY version")]
@@ -317,14 +313,14 @@ def test_snapshots_every_k_events_and_on_close(db_url: str, db_path: Path) -> No
 
 def test_only_the_newest_snapshots_are_kept(db_url: str, db_path: Path) -> None:
     ctx = Context.open(db_url, "s", snapshot_every=5)
-    for i in range(33):
+    for _i in range(33):
         ctx.append("log", "x" * 50)
         ctx.commit()
     ctx.close()
     versions = [r[0] for r in rows(db_path, "SELECT version FROM snapshots ORDER BY version")]
     assert versions == [30, 33]  # the default keeps two: the newest and a fallback
     one = Context.open(db_url, "t", snapshot_every=5, keep_snapshots=1)
-    for i in range(12):
+    for _i in range(12):
         one.incr("n")
         one.commit()
     one.close()

@@ -72,7 +72,11 @@ def test_the_three_names_ufo_got_wrong() -> None:
 def test_runtime_only_names() -> None:
     runtime = {m.name for m in ContextNames if not m.durable}
     assert runtime == {
-        "APPLICATION_WINDOW", "LOGGER", "REQUEST_LOGGER", "EVALUATION_LOGGER", "CONSTELLATION",
+        "APPLICATION_WINDOW",
+        "LOGGER",
+        "REQUEST_LOGGER",
+        "EVALUATION_LOGGER",
+        "CONSTELLATION",
     }
 
 
@@ -99,5 +103,7 @@ def test_every_name_reads_its_default_on_a_fresh_context() -> None:
 
 def test_derived_flags() -> None:
     assert {m.name for m in ContextNames if m.derived} == {
-        "CURRENT_ROUND_STEP", "CURRENT_ROUND_COST", "CURRENT_ROUND_SUBTASK_AMOUNT",
+        "CURRENT_ROUND_STEP",
+        "CURRENT_ROUND_COST",
+        "CURRENT_ROUND_SUBTASK_AMOUNT",
     }

@@ -29,7 +29,14 @@ def small_pack(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _entry(i: int, round_id: int = 0) -> dict[str, Any]:
-    return {"Round": round_id, "SubtaskIndex": i % 2, "Step": i, "Agent": "a", "State": "CONTINUE", "Status": "CONTINUE"}
+    return {
+        "Round": round_id,
+        "SubtaskIndex": i % 2,
+        "Step": i,
+        "Agent": "a",
+        "State": "CONTINUE",
+        "Status": "CONTINUE",
+    }
 
 
 def _grow(ctx: Context, start: int, n: int) -> None:
@@ -482,7 +489,10 @@ def test_a_whole_packed_value_that_is_not_what_was_stored_is_an_error_not_text()
 
     good = orjson.dumps({"0": [1, 2]})
     for data, size in [
-        (base64.b64encode(zlib.compress(b'"just a string"')).decode(), len(b'"just a string"')),  # not an object or array
+        (
+            base64.b64encode(zlib.compress(b'"just a string"')).decode(),
+            len(b'"just a string"'),
+        ),  # not an object or array
         (base64.b64encode(zlib.compress(good)).decode(), len(good) + 5),  # not the size it was
         ("not base64 at all!", 10),
     ]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from context_helpers import CountingStore
@@ -56,7 +57,9 @@ round_keys = st.one_of(round_ids, round_ids.map(str))
 int_ledgers = st.dictionaries(round_keys, st.integers(min_value=-100, max_value=100), max_size=3)
 float_ledgers = st.dictionaries(round_keys, numbers, max_size=3)
 entries = st.dictionaries(st.sampled_from(["Action", "Target", "Cost"]), json_values, max_size=3)
-structural_logs = st.dictionaries(round_keys, st.dictionaries(round_keys, st.lists(entries, max_size=2), max_size=2), max_size=2)
+structural_logs = st.dictionaries(
+    round_keys, st.dictionaries(round_keys, st.lists(entries, max_size=2), max_size=2), max_size=2
+)
 
 ops = st.one_of(
     st.tuples(st.just("set_var"), keys, values),
@@ -82,7 +85,9 @@ ops = st.one_of(
     st.tuples(st.just("set"), st.just(N.STRUCTURAL_LOGS), structural_logs),
     st.tuples(st.just("log"), round_ids, round_ids, entries),
     st.tuples(st.just("set"), st.just(N.TOOL_INFO), st.dictionaries(st.text(max_size=3), values, max_size=3)),
-    st.tuples(st.just("update_dict"), st.just(N.TOOL_INFO), st.dictionaries(st.text(max_size=3), json_values, max_size=2)),
+    st.tuples(
+        st.just("update_dict"), st.just(N.TOOL_INFO), st.dictionaries(st.text(max_size=3), json_values, max_size=2)
+    ),
     st.tuples(st.just("update_dict"), st.just(N.ROUND_STEP), int_ledgers),
     st.tuples(st.just("set"), st.just(N.APPLICATION_WINDOW_INFO), values),
     st.tuples(st.just("set"), st.just(N.WEAVING_MODE), st.sampled_from(list(WeavingMode) + ["editing"])),
@@ -91,7 +96,9 @@ ops = st.one_of(
     st.tuples(st.just("cas"), st.just(N.ROUND_COST), st.booleans(), float_ledgers),
     st.tuples(
         st.just("many"),
-        st.fixed_dictionaries({N.REQUEST: st.text(max_size=3), N.CURRENT_ROUND_ID: round_ids, N.CURRENT_ROUND_STEP: st.integers(0, 9)}),
+        st.fixed_dictionaries(
+            {N.REQUEST: st.text(max_size=3), N.CURRENT_ROUND_ID: round_ids, N.CURRENT_ROUND_STEP: st.integers(0, 9)}
+        ),
     ),
     st.just(("commit",)),
     st.just(("commit",)),
@@ -146,7 +153,7 @@ def _strict(a: Any, b: Any, where: str = "") -> None:
             _strict(a[k], b[k], f"{where}[{k!r}]")
     elif isinstance(a, list):
         assert len(a) == len(b), f"{where}: {a!r} != {b!r}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
             _strict(x, y, f"{where}[{i}]")
     elif isinstance(a, float) and a == 0.0:
         assert math.copysign(1, a) == math.copysign(1, b), f"{where}: {a!r} != {b!r}"
@@ -176,9 +183,13 @@ def store() -> Iterator[EventStore]:
         s.close()
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(program=st.lists(ops, min_size=1, max_size=30))
-def test_live_equals_replayed_from_scratch_and_from_a_snapshot(store: EventStore, program: list[tuple[Any, ...]]) -> None:
+def test_live_equals_replayed_from_scratch_and_from_a_snapshot(
+    store: EventStore, program: list[tuple[Any, ...]]
+) -> None:
     sid = uuid.uuid4().hex
     ctx = Context.open(store, sid, snapshot_every=10**9)
     seen: dict[int, dict[str, Any]] = {0: _state(ctx)}

@@ -39,7 +39,7 @@ def test_large_growing_state_spaces_snapshots_and_replays_exactly() -> None:
     # Every 10 events while the state is under 64 KB (~130 entries), then
     # further apart as it grows: the next one when the tail is worth half a snapshot.
     assert taken[:13] == list(range(10, 131, 10))
-    gaps = [b - a for a, b in zip(taken, taken[1:])]
+    gaps = [b - a for a, b in zip(taken, taken[1:], strict=False)]
     assert len(taken) < 20 and all(g > 10 for g in gaps[12:]) and gaps == sorted(gaps), taken
     reopened = Context.open(store, "s")
     assert reopened.get_var("log") == ctx.get_var("log") and len(reopened.get_var("log")) == steps

@@ -241,8 +241,12 @@ def test_structural_logs() -> None:
     with pytest.raises(TypeError):
         ctx.filter_structural_logs(0, 1, 3)  # type: ignore[arg-type]
     assert ctx.get(N.STRUCTURAL_LOGS) == {
-        0: {1: [{"Round": 0, "SubtaskIndex": 1, "Action": "click", "Target": "OK"},
-                {"Round": 0, "SubtaskIndex": 1, "Action": "type"}]}
+        0: {
+            1: [
+                {"Round": 0, "SubtaskIndex": 1, "Action": "click", "Target": "OK"},
+                {"Round": 0, "SubtaskIndex": 1, "Action": "type"},
+            ]
+        }
     }
 
 

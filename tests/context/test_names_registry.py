@@ -16,8 +16,9 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -53,7 +54,9 @@ def _states(store: EventStore, sid: str) -> dict[int, dict[str, Any]]:
         return {v: Context.open(store, sid, at=v)._plain() for v in range(first, head + 1)}
 
 
-def test_a_retired_name_of_an_existing_session_never_breaks_opening(golden: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_retired_name_of_an_existing_session_never_breaks_opening(
+    golden: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     before = _states(golden, "names-all")
     stored = Context.open(golden, "names-all").get(RETIRED_NAME)
     assert stored  # the golden session wrote it
@@ -94,7 +97,9 @@ def test_a_removed_name_nobody_registered_is_a_clear_error(golden: EventStore, m
 
 
 @pytest.mark.parametrize("url_kind", ["memory", "sqlite", "postgresql"])
-def test_a_renamed_name_is_read_under_its_new_name(url_kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_renamed_name_is_read_under_its_new_name(
+    url_kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = _url(url_kind, tmp_path)
     with open_store(url) as store:
         sid = "renamed-" + os.urandom(4).hex()
@@ -111,7 +116,9 @@ def test_a_renamed_name_is_read_under_its_new_name(url_kind: str, tmp_path: Path
         ctx = Context.open(store, sid)
         assert ctx.get(ContextNames.REQUEST) == "open notepad" and ctx.get(ContextNames.SUBTASK) == "type"
         assert Context.open(store, sid, at=1).get(ContextNames.REQUEST) == "open notepad"
-        assert ctx.diff(1, 2) == {"SUBTASK": {"before": "", "after": "type"}}  # a name not written yet: its default, as state shows it
+        assert ctx.diff(1, 2) == {
+            "SUBTASK": {"before": "", "after": "type"}
+        }  # a name not written yet: its default, as state shows it
         ctx.set(ContextNames.REQUEST, "open calc")
         ctx.commit()
         assert [op["name"] for e in store.read(sid, 2) for op in e.ops] == ["REQUEST"]  # written under the new name

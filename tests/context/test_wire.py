@@ -12,12 +12,19 @@ from saucer.context import wire
 from saucer.context.wire import MAX_DEPTH, ValueNotStorableError, to_wire
 
 _scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**64), max_value=2**64),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8), st.sampled_from(["\ud800", "é", "ok"]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.sampled_from(["\ud800", "é", "ok"]),
 )
 _values = st.recursive(
     _scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.text(max_size=4), st.just("\udfff"), st.integers(-3, 3)), inner, max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.just("\udfff"), st.integers(-3, 3)), inner, max_size=4),
+    ),
     max_leaves=16,
 )
 

@@ -101,9 +101,14 @@ def test_default_servers_run_in_process_with_the_same_options(tmp_path: Path) ->
     assert shell.options["root"] == files.options["root"] == root
     assert shell.options["deny"] == ["curl *"]
     # What the dispatcher enforces is the same either way: timeouts and the sensitive patterns.
-    assert (shell.timeout, shell.sensitive_commands) == (isolated["shell"].timeout, isolated["shell"].sensitive_commands)
+    assert (shell.timeout, shell.sensitive_commands) == (
+        isolated["shell"].timeout,
+        isolated["shell"].sensitive_commands,
+    )
     assert files.timeout == isolated["files"].timeout
-    assert shell.options["max_timeout"] == float(isolated["shell"].args[isolated["shell"].args.index("--max-timeout") + 1])
+    assert shell.options["max_timeout"] == float(
+        isolated["shell"].args[isolated["shell"].args.index("--max-timeout") + 1]
+    )
     # One server can be isolated while the other stays in-process.
     mixed = default_servers(tmp_path, isolate=["shell"])
     assert (mixed["shell"].transport, mixed["files"].transport) == ("stdio", "inprocess")

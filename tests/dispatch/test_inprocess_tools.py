@@ -152,9 +152,7 @@ def test_a_hung_call_times_out_and_does_not_keep_the_process_alive(tmp_path: Pat
         print("exiting")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "failure tool 'files.read' timed out after 0.5 s"
@@ -273,6 +271,7 @@ def test_a_host_killed_before_it_announces_a_command_never_starts_it(tmp_path: P
         asyncio.run(main())
         """
     )
+
     def still_gated() -> None:
         time.sleep(0.5)  # time enough for an ungated command to get going
         assert not (tmp_path / "started").exists()

@@ -88,7 +88,7 @@ async def test_bare_names_resolve_only_when_unique() -> None:
         return text.upper()
 
     async with LocalCommandDispatcher.from_servers({"fx": app, "other": other}) as dispatcher:
-        ambiguous, = await dispatcher.execute_commands([Command(tool_name="echo", parameters={"text": "a"})])
+        (ambiguous,) = await dispatcher.execute_commands([Command(tool_name="echo", parameters={"text": "a"})])
         assert ambiguous.status == ResultStatus.FAILURE
         assert "ambiguous tool name 'echo'" in ambiguous.error
         assert "fx.echo" in ambiguous.error and "other.echo" in ambiguous.error
@@ -251,7 +251,7 @@ async def test_a_server_killed_mid_batch_is_restarted_once(fixture_stdio: dict[s
 
         # A crash whose restart fails says so; the next batch tries again and works once it can.
         marker.touch()
-        crashed, = await dispatcher.execute_commands([Command(tool_name="fx.exit_now")])
+        (crashed,) = await dispatcher.execute_commands([Command(tool_name="fx.exit_now")])
         assert "crashed" in crashed.error and "restarting it failed" in crashed.error
         [down] = await dispatcher.execute_commands([Command(tool_name="fx.pid")])
         assert down.status == ResultStatus.FAILURE and "could not start" in down.error

@@ -94,7 +94,7 @@ async def test_every_result_is_the_mcp_servers_result(tmp_path: Path, validate: 
         async with LocalCommandDispatcher.from_servers(servers, validate_parameters=validate, assume_yes=True) as d:
             outcomes.append([_comparable(await d.execute_command(c)) for c in _commands()])
     native, mcp = outcomes
-    for command, mine, theirs in zip(_commands(), native, mcp):
+    for command, mine, theirs in zip(_commands(), native, mcp, strict=False):
         assert mine == theirs, command
     errors = [r["error"] for r in native if r["error"]]
     assert any("Error executing tool read: path '../outside' escapes the sandbox root" in e for e in errors)
@@ -132,7 +132,9 @@ async def test_a_native_server_answers_every_failure_with_an_outcome() -> None:
 
     server = NativeServer("t", "test", [ToolSpec("boom", boom, FileStat, "a tool")])
     assert await server.call_tool("nope", {}) == ToolOutcome("Unknown tool: nope", is_error=True)
-    assert await server.call_tool("boom", {"flag": True}) == ToolOutcome("Error executing tool boom: told you", is_error=True)
+    assert await server.call_tool("boom", {"flag": True}) == ToolOutcome(
+        "Error executing tool boom: told you", is_error=True
+    )
     assert await server.call_tool("boom", {"flag": False}) == ToolOutcome("Error executing tool boom", is_error=True)
     refused = await server.call_tool("boom", {})
     assert refused.is_error and "validation error for boomArguments" in refused.text
@@ -162,8 +164,9 @@ def test_the_in_process_tools_never_import_the_mcp_sdk_nor_jsonschema_for_valid_
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types", "httpx2", "starlette", "jsonschema")))
         """
     )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["success failure", "[]"]
 
@@ -197,8 +200,9 @@ def write_bytecode(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
 
 
-def test_schemas_are_cached_beside_their_source_and_follow_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             write_bytecode: None) -> None:
+def test_schemas_are_cached_beside_their_source_and_follow_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_bytecode: None
+) -> None:
     source = tmp_path / "tools.py"
     source.write_text("# version 1\n")
     first = _table(source).list_tools()
@@ -229,8 +233,9 @@ def test_a_change_to_another_module_beside_the_sources_makes_the_cache_stale(
 
 
 @pytest.mark.parametrize("damage", [b"", b"{not json", b"[]", b'{"key": 1, "tools": {}}', b"\xff\xfe"])
-def test_a_damaged_cache_is_ignored_and_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 write_bytecode: None, damage: bytes) -> None:
+def test_a_damaged_cache_is_ignored_and_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_bytecode: None, damage: bytes
+) -> None:
     source = tmp_path / "tools.py"
     source.write_text("x = 1\n")
     expected = _table(source).list_tools()

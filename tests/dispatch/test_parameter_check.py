@@ -15,8 +15,12 @@ SCHEMAS: list[Any] = [
     {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
     {"type": "object", "properties": {"n": {"type": "number"}, "b": {"type": "boolean"}, "s": {"type": "string"}}},
     {"type": "object", "properties": {"x": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None}}},
-    {"type": "object", "properties": {"e": {"anyOf": [{"type": "object", "additionalProperties": {"type": "string"}},
-                                                      {"type": "null"}]}}},
+    {
+        "type": "object",
+        "properties": {
+            "e": {"anyOf": [{"type": "object", "additionalProperties": {"type": "string"}}, {"type": "null"}]}
+        },
+    },
     {"type": "object", "properties": {"l": {"type": "array", "items": {"type": "integer"}}}},
     {"type": ["object", "null"], "properties": {"t": {"type": ["string", "integer"]}}, "additionalProperties": False},
     {"type": "object", "properties": {"a": {"type": "integer", "minimum": 1}}},  # a keyword it does not know
@@ -29,8 +33,27 @@ SCHEMAS: list[Any] = [
 ]
 
 VALUES: list[Any] = [
-    None, True, False, 0, 1, -3, 2**70, 1.0, 1.5, float("nan"), "", "x", "[1]", [], [1, 2], [1, "a"], [True],
-    {}, {"k": "v"}, {"k": 1}, {1: "v"},
+    None,
+    True,
+    False,
+    0,
+    1,
+    -3,
+    2**70,
+    1.0,
+    1.5,
+    float("nan"),
+    "",
+    "x",
+    "[1]",
+    [],
+    [1, 2],
+    [1, "a"],
+    [True],
+    {},
+    {"k": "v"},
+    {"k": 1},
+    {1: "v"},
 ]
 
 
@@ -58,7 +81,10 @@ def test_the_quick_check_agrees_with_jsonschema(schema: Any) -> None:
 
 
 def test_the_built_in_tools_schemas_are_all_taken_by_the_quick_check(tmp_path) -> None:
-    tables = [files.tool_table(files.FilesOptions.create(tmp_path)), shell.tool_table(shell.ShellOptions.create(tmp_path))]
+    tables = [
+        files.tool_table(files.FilesOptions.create(tmp_path)),
+        shell.tool_table(shell.ShellOptions.create(tmp_path)),
+    ]
     listed = [tool for table in tables for tool in table.list_tools()]
     assert len(listed) == 7
     for tool in listed:
@@ -73,7 +99,9 @@ def test_messages_are_jsonschemas(tmp_path) -> None:
     assert command_problem("shell.run", {"command": 5}, tools) == (
         "invalid parameters for tool 'shell.run': 5 is not of type 'string' (at 'command')"
     )
-    assert command_problem("run", {}, tools) == "invalid parameters for tool 'shell.run': 'command' is a required property"
+    assert (
+        command_problem("run", {}, tools) == "invalid parameters for tool 'shell.run': 'command' is a required property"
+    )
     assert command_problem("shell.run", {"command": "ls", "env": {"A": 1}}, tools) == (
         "invalid parameters for tool 'shell.run': 1 is not of type 'string' (at 'env/A')"
     )

@@ -77,8 +77,13 @@ def git_repo(tmp_path: Path) -> Path:
 
 
 async def test_git_server_tools_calls_and_errors(git_repo: Path) -> None:
-    servers = {"git": {"command": str(VENV_BIN / "mcp-server-git"), "args": ["--repository", str(git_repo)],
-                       "stderr": "discard"}}
+    servers = {
+        "git": {
+            "command": str(VENV_BIN / "mcp-server-git"),
+            "args": ["--repository", str(git_repo)],
+            "stderr": "discard",
+        }
+    }
     async with LocalCommandDispatcher.from_servers(servers) as dispatcher:
         tools = await dispatcher.list_tools()
         assert {"git.git_status", "git.git_log", "git.git_diff_unstaged"} <= set(tools)

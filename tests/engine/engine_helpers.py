@@ -13,14 +13,20 @@ from saucer.engine import Agent, AgentStatus
 class FakeDispatcher:
     """Answers every command; ``fail`` names tools that fail; records every command it ran."""
 
-    def __init__(self, fail: tuple[str, ...] = (), delay: float = 0.0, tools: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, fail: tuple[str, ...] = (), delay: float = 0.0, tools: list[dict[str, Any]] | None = None
+    ) -> None:
         self.fail = set(fail)
         self.delay = delay
         self.ran: list[Command] = []
-        self.tools = tools if tools is not None else [
-            {"name": "files.write", "description": "write a file"},
-            {"name": "files.read", "description": "read a file"},
-        ]
+        self.tools = (
+            tools
+            if tools is not None
+            else [
+                {"name": "files.write", "description": "write a file"},
+                {"name": "files.read", "description": "read a file"},
+            ]
+        )
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
         out = []
@@ -31,7 +37,9 @@ class FakeDispatcher:
             if c.tool_name in self.fail:
                 out.append(Result(status=ResultStatus.FAILURE, error=f"{c.tool_name} broke", call_id=c.call_id))
             else:
-                out.append(Result(status=ResultStatus.SUCCESS, result={"tool": c.tool_name, **c.parameters}, call_id=c.call_id))
+                out.append(
+                    Result(status=ResultStatus.SUCCESS, result={"tool": c.tool_name, **c.parameters}, call_id=c.call_id)
+                )
         return out
 
     def list_tools(self) -> list[dict[str, Any]]:
@@ -41,7 +49,9 @@ class FakeDispatcher:
 class ScriptedAgent(Agent):
     """Takes ``steps`` CONTINUE steps (writing ``count`` and optional vars), then FINISH."""
 
-    def __init__(self, name: str = "scripted", steps: int = 1, cost: float | None = 0.0, writes: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, name: str = "scripted", steps: int = 1, cost: float | None = 0.0, writes: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(name)
         self.total = steps
         self.cost = cost

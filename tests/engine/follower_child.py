@@ -52,8 +52,15 @@ def main(argv: list[str]) -> int:
     if action == "run":
         with open(plan_file, encoding="utf-8") as fh:
             plan = json.load(fh)
-        session = Session("killme", mode="follower", settings=settings, session_id=session_id, plan=plan,
-                          plan_file=plan_file, dispatcher=dispatcher)
+        session = Session(
+            "killme",
+            mode="follower",
+            settings=settings,
+            session_id=session_id,
+            plan=plan,
+            plan_file=plan_file,
+            dispatcher=dispatcher,
+        )
     else:
         session = Session.resume(session_id, settings=settings, dispatcher=dispatcher, lease_wait=10.0)
     result = asyncio.run(session.run())

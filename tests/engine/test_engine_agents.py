@@ -66,7 +66,9 @@ def _three_agents() -> AgentSet:
 def test_three_agent_state_machine(settings: Any) -> None:
     store = MemoryStore()
     observer = RecordingObserver()
-    session = Session("review", settings=settings, store=store, request="write a note", agents=_three_agents(), observer=observer)
+    session = Session(
+        "review", settings=settings, store=store, request="write a note", agents=_three_agents(), observer=observer
+    )
     result = asyncio.run(session.run())
     assert result.status == "finished", result
     assert result.reason == "1 round(s) finished"
@@ -98,6 +100,7 @@ def test_state_registries_are_per_agent_class() -> None:
     assert "FINISH" in Worker.states  # inherited from Agent
     with pytest.raises(UnknownStateError, match="Worker has no state 'REWORK'"):
         Worker("w").state_for("REWORK")
+
     # A subclass can replace a state of its parent without touching the parent.
     class Quiet(Agent):
         pass
@@ -114,7 +117,16 @@ def test_state_registries_are_per_agent_class() -> None:
 
     assert type(Quiet("q").state_for("FINISH")) is QuietFinish
     assert type(Agent.states.get("FINISH")).__name__ == "FinishState"
-    assert set(AgentStatus.__members__) == {"CONTINUE", "FINISH", "ERROR", "FAIL", "PENDING", "CONFIRM", "NO_ACTION", "STOP"}
+    assert set(AgentStatus.__members__) == {
+        "CONTINUE",
+        "FINISH",
+        "ERROR",
+        "FAIL",
+        "PENDING",
+        "CONFIRM",
+        "NO_ACTION",
+        "STOP",
+    }
 
 
 def test_step_is_one_atomic_event_with_its_record(settings: Any) -> None:
@@ -128,18 +140,35 @@ def test_step_is_one_atomic_event_with_its_record(settings: Any) -> None:
             self.add_cost(0.25)
             return AgentStatus.FINISH
 
-    session = Session("atomic", settings=settings, store=store, request="go", agents=Tooling("tool"), dispatcher=dispatcher)
+    session = Session(
+        "atomic", settings=settings, store=store, request="go", agents=Tooling("tool"), dispatcher=dispatcher
+    )
     result = asyncio.run(session.run())
     assert result.ok and result.cost.steps == pytest.approx(0.25)
     [step] = [e for e in store.read(session.session_id) if e.meta.get("kind") == "step"]
     keys = step.keys()
     # The agent's write, the ledger and the structural log land in the step's own event.
-    assert {"vars.note", "SESSION_STEP", "ROUND_STEP", "SESSION_COST", "ROUND_COST", "ROUND_SUBTASK_AMOUNT", "STRUCTURAL_LOGS"} <= set(keys)
+    assert {
+        "vars.note",
+        "SESSION_STEP",
+        "ROUND_STEP",
+        "SESSION_COST",
+        "ROUND_COST",
+        "ROUND_SUBTASK_AMOUNT",
+        "STRUCTURAL_LOGS",
+    } <= set(keys)
     assert step.author == "tool" and step.round == 0 and step.step == 1
     assert step.meta["commands"][0]["tool_name"] == "files.write"
     assert step.meta["results"][0]["status"] == "success"
     assert step.meta["cost"] == 0.25
-    assert step.meta["cursor"] == {"phase": "step", "round": 0, "plan_index": None, "agent": "tool", "state": "FINISH", "requests": 1}
+    assert step.meta["cursor"] == {
+        "phase": "step",
+        "round": 0,
+        "plan_index": None,
+        "agent": "tool",
+        "state": "FINISH",
+        "requests": 1,
+    }
     ctx = Context.open(store, session.session_id, create=False)
     assert ctx.get(ContextNames.SESSION_COST) == pytest.approx(0.25)
     assert ctx.get(ContextNames.ROUND_COST) == {0: 0.25}
@@ -149,6 +178,7 @@ def test_step_is_one_atomic_event_with_its_record(settings: Any) -> None:
 
 def test_a_crashing_step_commits_nothing_of_its_own_and_ends_the_session_in_error(settings: Any) -> None:
     store = MemoryStore()
+
     class HandOff(ScriptedAgent):
         async def act(self, context: Context) -> AgentStatus:
             await super().act(context)

@@ -8,8 +8,9 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -67,8 +68,14 @@ def _session(store: EventStore, sid: str = "s") -> str:
 
 
 def _ask(store: EventStore, sid: str = "s", timeout: float | None = 60) -> Any:
-    return request_approval(store, sid, action="run shell.run", detail='{"command": "rm -f x"}',
-                            reason="command 'rm -f x' matches sensitive pattern 'rm *'", timeout=timeout)
+    return request_approval(
+        store,
+        sid,
+        action="run shell.run",
+        detail='{"command": "rm -f x"}',
+        reason="command 'rm -f x' matches sensitive pattern 'rm *'",
+        timeout=timeout,
+    )
 
 
 def test_requests_and_decisions_fold_into_approvals_the_first_decision_counts(store: EventStore) -> None:
@@ -78,12 +85,18 @@ def test_requests_and_decisions_fold_into_approvals_the_first_decision_counts(st
     assert [a.status for a in pending_approvals(store, [sid])] == ["pending", "pending"]
     decide(store, sid, first.number, status="approved", author="user:alice")
     # A decision written around decide() (a second writer racing) is in the log but does not count.
-    store.append(sid, store.head(sid), [], author="user:bob",
-                 meta={"kind": "approval_decision", "approval": {"number": first.number, "status": "refused"}})
+    store.append(
+        sid,
+        store.head(sid),
+        [],
+        author="user:bob",
+        meta={"kind": "approval_decision", "approval": {"number": first.number, "status": "refused"}},
+    )
     decide(store, sid, second.number, status="refused", author="user:bob", note="not now")
     got = read_approvals(store, sid)
     assert [(a.number, a.status, a.decided_by, a.note) for a in got] == [
-        (2, "approved", "user:alice", None), (3, "refused", "user:bob", "not now"),
+        (2, "approved", "user:alice", None),
+        (3, "refused", "user:bob", "not now"),
     ]
     assert got[1].refusal() == f"refused by user:bob (approval 3 of session {sid}): not now"
     assert approvals_of(store.read(sid)) == got
@@ -95,9 +108,17 @@ def test_requests_and_decisions_fold_into_approvals_the_first_decision_counts(st
 def test_a_question_is_answered_not_approved_and_an_approval_not_answered(store: EventStore) -> None:
     sid = _session(store)
     approval, question = _ask(store), request_question(store, sid, "Which file?", author="linux", timeout=60)
-    assert (question.kind, question.detail, question.requested_by, approval.kind) == ("question", "Which file?", "linux", "approval")
+    assert (question.kind, question.detail, question.requested_by, approval.kind) == (
+        "question",
+        "Which file?",
+        "linux",
+        "approval",
+    )
     for status in ("approved", "refused"):
-        with pytest.raises(ApprovalError, match=r"^3 of session 's' is a question, not an approval: answer it \(saucer answer s 3 TEXT\)$"):
+        with pytest.raises(
+            ApprovalError,
+            match=r"^3 of session 's' is a question, not an approval: answer it \(saucer answer s 3 TEXT\)$",
+        ):
             decide(store, sid, question.number, status=status, author="u")  # type: ignore[arg-type]
     with pytest.raises(ApprovalError, match=r"^2 of session 's' is an approval, not a question: approve or refuse it$"):
         decide(store, sid, approval.number, status="answered", author="u", note="yes")
@@ -108,7 +129,11 @@ def test_a_question_is_answered_not_approved_and_an_approval_not_answered(store:
     with pytest.raises(ApprovalNotFound, match=r"^session 's' has no question 99$"):
         decide(store, sid, 99, status="answered", author="u", note="x")
     answered = decide(store, sid, question.number, status="answered", author="user:ana", note="notes.txt")
-    assert (answered.status, answered.answer, answered.reply()) == ("answered", "notes.txt", "the user (user:ana) answered: notes.txt")
+    assert (answered.status, answered.answer, answered.reply()) == (
+        "answered",
+        "notes.txt",
+        "the user (user:ana) answered: notes.txt",
+    )
     assert [a.status for a in read_approvals(store, sid)] == ["pending", "answered"]
     later = request_question(store, sid, "And then?", timeout=60)
     store.append(sid, store.head(sid), [], author="system", meta={"kind": "session_end", "session_status": "failed"})
@@ -122,16 +147,31 @@ def test_a_participants_session_takes_answers_from_its_participants_only(store: 
     with pytest.raises(ApprovalError, match=r"^'user:bob' is not a participant of session 'p', so nothing was written"):
         decide(store, "p", question.number, status="answered", author="user:bob", note="secrets.txt")
     assert read_approvals(store, "p")[0].pending and store.head("p") == question.number  # nothing was written
-    assert decide(store, "p", question.number, status="answered", author="user:alice", note="notes.txt").answer == "notes.txt"
+    assert (
+        decide(store, "p", question.number, status="answered", author="user:alice", note="notes.txt").answer
+        == "notes.txt"
+    )
 
 
 def test_decide_says_what_is_wrong_in_one_sentence(store: EventStore) -> None:
     sid = _session(store)
     approval = _ask(store)
     cases: list[tuple[Any, type[Exception], str]] = [
-        (lambda: decide(store, "nosuch", 1, status="approved", author="u"), ApprovalNotFound, "no session 'nosuch' in this store"),
-        (lambda: decide(store, sid, 99, status="approved", author="u"), ApprovalNotFound, f"session '{sid}' has no approval 99"),
-        (lambda: decide(store, sid, 1, status="approved", author="u"), ApprovalNotFound, f"session '{sid}' has no approval 1"),
+        (
+            lambda: decide(store, "nosuch", 1, status="approved", author="u"),
+            ApprovalNotFound,
+            "no session 'nosuch' in this store",
+        ),
+        (
+            lambda: decide(store, sid, 99, status="approved", author="u"),
+            ApprovalNotFound,
+            f"session '{sid}' has no approval 99",
+        ),
+        (
+            lambda: decide(store, sid, 1, status="approved", author="u"),
+            ApprovalNotFound,
+            f"session '{sid}' has no approval 1",
+        ),
     ]
     for call, kind, message in cases:
         with pytest.raises(kind) as caught:
@@ -148,7 +188,13 @@ def test_decide_says_what_is_wrong_in_one_sentence(store: EventStore) -> None:
         decide(store, sid, later.number, status="approved", author="u")
     cancelled = _session(store, "c")
     number = _ask(store, cancelled).number
-    store.append(cancelled, store.head(cancelled), [], author="system", meta={"kind": "session_end", "session_status": "cancelled"})
+    store.append(
+        cancelled,
+        store.head(cancelled),
+        [],
+        author="system",
+        meta={"kind": "session_end", "session_status": "cancelled"},
+    )
     with pytest.raises(ApprovalError, match=r"has ended \(cancelled\)"):  # a service session its owner cancelled
         decide(store, cancelled, number, status="approved", author="u")
 
@@ -184,9 +230,12 @@ def test_the_wait_wakes_on_a_decision_and_turns_into_a_refusal_at_its_timeout(st
     async def main() -> tuple[Any, float, Any]:
         approval = _ask(store, sid, timeout=30)
         loop = asyncio.get_running_loop()
-        loop.call_later(0.3, lambda: threading.Thread(
-            target=decide, args=(store, sid, approval.number), kwargs={"status": "approved", "author": "user:alice"}
-        ).start())
+        loop.call_later(
+            0.3,
+            lambda: threading.Thread(
+                target=decide, args=(store, sid, approval.number), kwargs={"status": "approved", "author": "user:alice"}
+            ).start(),
+        )
         began = time.monotonic()
         decided = await wait_for_decision(store, approval, interval=0.05)
         took = time.monotonic() - began
@@ -196,13 +245,18 @@ def test_the_wait_wakes_on_a_decision_and_turns_into_a_refusal_at_its_timeout(st
     decided, took, timed_out = asyncio.run(main())
     assert decided.status == "approved" and decided.decided_by == "user:alice" and took < 10
     assert timed_out.status == "timed_out" and timed_out.decided_by == "system"
-    assert timed_out.refusal() == f"refused by timeout: nobody decided on approval {timed_out.number} of session {sid} within 0.3 s"
+    assert (
+        timed_out.refusal()
+        == f"refused by timeout: nobody decided on approval {timed_out.number} of session {sid} within 0.3 s"
+    )
     assert [a.status for a in read_approvals(store, sid)] == ["approved", "timed_out"]
 
 
 def _rm_plan(path: Path) -> Path:
-    path.write_text('{"task": "tidy", "steps": [{"subtask": "rm", "commands": '
-                    '[{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}]}]}')
+    path.write_text(
+        '{"task": "tidy", "steps": [{"subtask": "rm", "commands": '
+        '[{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}]}]}'
+    )
     return path
 
 
@@ -210,8 +264,12 @@ def test_a_session_nobody_can_ask_waits_for_an_approval_then_runs(make_settings:
     """A queue worker's interactor (NonInteractiveInteractor): the sensitive step waits instead of being refused."""
     store = MemoryStore()
     (tmp_path / "junk.txt").write_text("junk")
-    factory = SessionFactory(make_settings(**{"approvals.timeout": 60}), store=store,
-                             interactor=NonInteractiveInteractor(), workspace=tmp_path)
+    factory = SessionFactory(
+        make_settings(**{"approvals.timeout": 60}),
+        store=store,
+        interactor=NonInteractiveInteractor(),
+        workspace=tmp_path,
+    )
     [session] = factory.create_session("tidy", "follower", plan=_rm_plan(tmp_path / "plan.json"), session_id="w1")
 
     async def approver() -> None:
@@ -237,8 +295,12 @@ def test_a_session_nobody_can_ask_waits_for_an_approval_then_runs(make_settings:
 def test_a_zero_timeout_refuses_at_once_as_before(make_settings: Any, tmp_path: Path) -> None:
     store = MemoryStore()
     (tmp_path / "junk.txt").write_text("junk")
-    factory = SessionFactory(make_settings(**{"approvals.timeout": 0}), store=store,
-                             interactor=NonInteractiveInteractor(), workspace=tmp_path)
+    factory = SessionFactory(
+        make_settings(**{"approvals.timeout": 0}),
+        store=store,
+        interactor=NonInteractiveInteractor(),
+        workspace=tmp_path,
+    )
     [session] = factory.create_session("tidy", "follower", plan=_rm_plan(tmp_path / "plan.json"), session_id="w0")
     result = asyncio.run(session.run())
     assert result.status == "failed" and (tmp_path / "junk.txt").exists()

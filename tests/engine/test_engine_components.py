@@ -44,12 +44,16 @@ def test_the_defaults_are_saucers_own_agents(settings: Any) -> None:
 
 def test_a_follower_and_an_evaluator_named_in_the_settings_run(make_settings: Any) -> None:
     CountingFollower.steps = 0
-    settings = make_settings(**{
-        "agents.follower": f"{__name__}:CountingFollower",
-        "agents.evaluator": f"{__name__}:SkepticalEvaluator",
-        "system.eva_session": True,
-    })
-    result = asyncio.run(Session("named", mode="follower", settings=settings, plan=command_plan(3), dispatcher=FakeDispatcher()).run())
+    settings = make_settings(
+        **{
+            "agents.follower": f"{__name__}:CountingFollower",
+            "agents.evaluator": f"{__name__}:SkepticalEvaluator",
+            "system.eva_session": True,
+        }
+    )
+    result = asyncio.run(
+        Session("named", mode="follower", settings=settings, plan=command_plan(3), dispatcher=FakeDispatcher()).run()
+    )
     assert result.status == "finished"
     assert CountingFollower.steps == 3
     [verdict] = result.evaluations
@@ -73,7 +77,9 @@ def test_the_factory_reads_the_same_settings(make_settings: Any) -> None:
         ("saucer.agents.follower:NoSuchAgent", "has no attribute 'NoSuchAgent'"),
     ],
 )
-def test_a_follower_that_cannot_be_loaded_is_an_error_naming_the_setting(make_settings: Any, path: str, says: str) -> None:
+def test_a_follower_that_cannot_be_loaded_is_an_error_naming_the_setting(
+    make_settings: Any, path: str, says: str
+) -> None:
     settings = make_settings(**{"agents.follower": path})
     session = Session("broken", mode="follower", settings=settings, plan=command_plan(1), dispatcher=FakeDispatcher())
     result = asyncio.run(session.run())
@@ -85,9 +91,8 @@ def test_a_follower_that_cannot_be_loaded_is_an_error_naming_the_setting(make_se
 
 def test_a_provider_missing_from_the_installation_says_what_to_set(make_settings: Any) -> None:
     settings = make_settings(**{"agents.provider": "saucer_llm_not_installed.agents:create_agent_provider"})
-    with SessionFactory(settings, store=MemoryStore()) as factory:
-        with pytest.raises(LLMUnavailableError) as info:
-            factory.create_session("t", "normal", request="tidy my notes")
+    with SessionFactory(settings, store=MemoryStore()) as factory, pytest.raises(LLMUnavailableError) as info:
+        factory.create_session("t", "normal", request="tidy my notes")
     message = str(info.value)
     assert "(saucer_llm_not_installed.agents) is not available in this installation" in message
     assert "SAUCER_LLM_MODEL" in message

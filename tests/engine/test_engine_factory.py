@@ -86,7 +86,10 @@ def test_follower_mode_on_a_folder_gives_one_session_per_plan(settings: Any) -> 
 
 def test_follower_text_steps_need_an_llm_agent(settings: Any) -> None:
     factory, _, _ = _factory(settings)
-    with pytest.raises(LLMUnavailableError, match=r"plan step 1 of .*mixed.json \('summarise the notes in one sentence'\) is a text step"):
+    with pytest.raises(
+        LLMUnavailableError,
+        match=r"plan step 1 of .*mixed.json \('summarise the notes in one sentence'\) is a text step",
+    ):
         factory.create_session("mixed", "follower", EXAMPLES / "mixed.json")
     # With an LLM agent the text step goes to it and the command step to the follower.
     factory, dispatcher, store = _factory(settings, agents=lambda s: ScriptedAgent("llm"))
@@ -101,9 +104,15 @@ def test_follower_text_steps_need_an_llm_agent(settings: Any) -> None:
     "data, message",
     [
         ({"steps": []}, r"bad.json: task: field required"),
-        ({"task": "t", "steps": [{"subtask": "x", "commands": [{"tool": "a"}]}]}, r"steps\[0\].commands\[0\].tool_name: field required; steps\[0\].commands\[0\].tool: unknown field"),
+        (
+            {"task": "t", "steps": [{"subtask": "x", "commands": [{"tool": "a"}]}]},
+            r"steps\[0\].commands\[0\].tool_name: field required; steps\[0\].commands\[0\].tool: unknown field",
+        ),
         ({"task": "t", "steps": [7]}, r"steps\[0\]: a step must be a text or an object"),
-        ({"task": "t", "steps": [{"subtask": "x", "commands": [{"tool_name": "a", "tool_type": "write"}]}]}, r"tool_type: input should be 'action' or 'data_collection'"),
+        (
+            {"task": "t", "steps": [{"subtask": "x", "commands": [{"tool_name": "a", "tool_type": "write"}]}]},
+            r"tool_type: input should be 'action' or 'data_collection'",
+        ),
         ({"task": "t"}, "has no steps for follower mode"),
     ],
 )
@@ -143,7 +152,10 @@ def test_batch_normal_keeps_its_status_in_the_store_and_reruns_what_is_left(make
     again = factory.create_session("nightly", "batch_normal", folder)
     assert [s.session_id for s in again] == [sessions[1].session_id]
     report = factory.last_batch
-    assert [(Path(path).name, why) for path, _, why in report.skipped] == [("a.json", "already finished"), ("c.json", "already finished")]
+    assert [(Path(path).name, why) for path, _, why in report.skipped] == [
+        ("a.json", "already finished"),
+        ("c.json", "already finished"),
+    ]
     assert [(Path(path).name, before) for path, _, before in report.continued] == [("b.json", "failed")]
     assert "3 plan(s)" in report.lines()[0] and "1 to continue, 2 skipped" in report.lines()[0]
     [rerun] = asyncio.run(SessionPool(again).run_all())
@@ -220,7 +232,9 @@ def test_batch_normal_plan_without_steps_is_a_request(make_settings: Any, tmp_pa
     [session] = factory.create_session("poems", "batch_normal", folder)
     result = asyncio.run(session.run())
     assert result.status == "finished"
-    assert [e.meta["request"] for e in store.read(session.session_id) if e.meta.get("kind") == "round_start"] == ["write a haiku"]
+    assert [e.meta["request"] for e in store.read(session.session_id) if e.meta.get("kind") == "round_start"] == [
+        "write a haiku"
+    ]
     factory, _, _ = _factory(make_settings())
     with pytest.raises(LLMUnavailableError, match="ask.json has no steps, so its task is a request"):
         factory.create_session("other-poems", "batch_normal", folder)
@@ -240,7 +254,9 @@ def test_service_mode_needs_saucer_serve_or_a_remote_dispatcher(settings: Any) -
 
 def test_platform_and_mode_errors(settings: Any) -> None:
     factory, _, _ = _factory(settings, agents=lambda s: ScriptedAgent())
-    with pytest.raises(PlatformNotSupportedError, match=r"windows sessions are not supported on this platform \(linux\)"):
+    with pytest.raises(
+        PlatformNotSupportedError, match=r"windows sessions are not supported on this platform \(linux\)"
+    ):
         factory.create_session("t", "normal", None, request="x", platform_override="windows")
     with pytest.raises(ModeError, match="unknown mode 'turbo'"):
         factory.create_session("t", "turbo", None)
@@ -287,8 +303,12 @@ def test_mcp_isolate_decides_where_the_built_in_tools_run(make_settings: Any, tm
     workspace.mkdir()
     store = MemoryStore()
     factory = SessionFactory(make_settings(**{"mcp.isolate": isolate}), store=store, workspace=workspace)
-    plan = {"task": "where", "steps": [{"subtask": "parent", "commands": [
-        {"tool_name": "shell.run", "parameters": {"command": "echo $PPID"}}]}]}
+    plan = {
+        "task": "where",
+        "steps": [
+            {"subtask": "parent", "commands": [{"tool_name": "shell.run", "parameters": {"command": "echo $PPID"}}]}
+        ],
+    }
     [session] = factory.create_session("where", "follower", plan)
     result = asyncio.run(session.run())
     assert result.status == "finished", result
@@ -313,8 +333,12 @@ def test_a_pool_starts_each_tool_server_once_for_all_its_sessions(make_settings:
     store = MemoryStore()
     # Isolated, so each shell server is a process whose id the commands can see ($PPID).
     factory = SessionFactory(make_settings(**{"mcp.isolate": True}), store=store, workspace=workspace)
-    plan = {"task": "who", "steps": [{"subtask": "parent", "commands": [
-        {"tool_name": "shell.run", "parameters": {"command": "echo $PPID"}}]}]}
+    plan = {
+        "task": "who",
+        "steps": [
+            {"subtask": "parent", "commands": [{"tool_name": "shell.run", "parameters": {"command": "echo $PPID"}}]}
+        ],
+    }
     sessions = [s for i in range(4) for s in factory.create_session(f"who{i}", "follower", plan)]
     results = asyncio.run(SessionPool(sessions, max_concurrency=2).run_all())
     assert [r.status for r in results] == ["finished"] * 4

@@ -25,11 +25,15 @@ from saucer.store.memory import MemoryStore
         (50, 4, 4, 4, "finished", "max_round (4) reached"),
     ],
 )
-def test_follower_limits(make_settings: Any, max_step: int, max_round: int | None, rounds: int, steps: int, status: str, reason: str) -> None:
+def test_follower_limits(
+    make_settings: Any, max_step: int, max_round: int | None, rounds: int, steps: int, status: str, reason: str
+) -> None:
     settings = make_settings(**{"system.max_step": max_step, "system.max_round": max_round})
     store = MemoryStore()
     dispatcher = FakeDispatcher()
-    session = Session("limits", mode="follower", settings=settings, store=store, plan=command_plan(4), dispatcher=dispatcher)
+    session = Session(
+        "limits", mode="follower", settings=settings, store=store, plan=command_plan(4), dispatcher=dispatcher
+    )
     result = asyncio.run(session.run())
     assert (result.rounds, result.steps, result.status, result.reason) == (rounds, steps, status, reason)
     assert [c.parameters["i"] for c in dispatcher.ran] == list(range(steps))
@@ -52,13 +56,23 @@ def test_follower_limits(make_settings: Any, max_step: int, max_round: int | Non
     ],
 )
 def test_normal_mode_limits(
-    make_settings: Any, requests: str, max_step: int, max_round: int | None, rounds: int, steps: int, status: str,
-    round_steps: dict[int, int], last_round: str,
+    make_settings: Any,
+    requests: str,
+    max_step: int,
+    max_round: int | None,
+    rounds: int,
+    steps: int,
+    status: str,
+    round_steps: dict[int, int],
+    last_round: str,
 ) -> None:
     settings = make_settings(**{"system.max_step": max_step, "system.max_round": max_round})
     store = MemoryStore()
     session = Session(
-        "limits", settings=settings, store=store, agents=ScriptedAgent("worker", steps=3),
+        "limits",
+        settings=settings,
+        store=store,
+        agents=ScriptedAgent("worker", steps=3),
         interactor=NonInteractiveInteractor(requests=list(requests)),
     )
     result = asyncio.run(session.run())
@@ -74,10 +88,17 @@ def test_normal_mode_limits(
 def test_a_failed_follower_step_stops_the_session_as_failed(make_settings: Any) -> None:
     store = MemoryStore()
     dispatcher = FakeDispatcher(fail=("broken",))
-    session = Session("fails", mode="follower", settings=make_settings(), store=store, plan=command_plan(4, fail_at=1), dispatcher=dispatcher)
+    session = Session(
+        "fails",
+        mode="follower",
+        settings=make_settings(),
+        store=store,
+        plan=command_plan(4, fail_at=1),
+        dispatcher=dispatcher,
+    )
     result = asyncio.run(session.run())
     assert result.status == "failed" and result.rounds == 2
-    assert "round 1 failed: broken failure: broken broke" == result.reason
+    assert result.reason == "round 1 failed: broken failure: broken broke"
     ctx = Context.open(store, session.session_id, create=False)
     assert ctx.get(ContextNames.PREVIOUS_SUBTASKS) == [
         {"subtask": "step 0", "status": "finished"},
@@ -107,7 +128,10 @@ def test_an_agent_can_end_a_round_no_action_or_stopped(
 
     store = MemoryStore()
     session = Session(
-        "ends", settings=make_settings(), store=store, agents=Ends("ends"),
+        "ends",
+        settings=make_settings(),
+        store=store,
+        agents=Ends("ends"),
         interactor=NonInteractiveInteractor(requests=["a request", "another request"]),
     )
     result = asyncio.run(session.run())

@@ -30,7 +30,9 @@ from saucer.store.memory import MemoryStore
 def test_response_log_reads_back_with_the_same_schema_as_the_events(make_settings: Any) -> None:
     settings = make_settings(**{"system.eva_round": True, "system.log_to_markdown": True})
     store = MemoryStore()
-    session = Session("logs", mode="follower", settings=settings, store=store, plan=command_plan(3), dispatcher=FakeDispatcher())
+    session = Session(
+        "logs", mode="follower", settings=settings, store=store, plan=command_plan(3), dispatcher=FakeDispatcher()
+    )
     result = asyncio.run(session.run())
     path = Path(result.log_path)
     assert path == settings.logs.root.resolve() / "logs" / session.session_id
@@ -49,10 +51,15 @@ def test_response_log_reads_back_with_the_same_schema_as_the_events(make_setting
     assert first.session_id == session.session_id and first.subtask == "step 0" and first.plan_index == 0
     # The event meta of each step is the same record (compact), readable by the same schema.
     events = [e for e in store.read(session.session_id) if e.meta.get("kind") == "step"]
-    for record, event in zip(records, events):
+    for record, event in zip(records, events, strict=False):
         from_meta = StepRecord.from_dict(event.meta)
         assert from_meta.commands == record.commands and from_meta.results == record.results
-        assert (from_meta.round, from_meta.step, from_meta.agent, from_meta.status) == (record.round, record.step, record.agent, record.status)
+        assert (from_meta.round, from_meta.step, from_meta.agent, from_meta.status) == (
+            record.round,
+            record.step,
+            record.agent,
+            record.status,
+        )
         assert record.version == event.version
     # Every line is plain JSON with the schema's field names, and its step format.
     line = json.loads((path / "response.log").read_text().splitlines()[0])
@@ -61,7 +68,10 @@ def test_response_log_reads_back_with_the_same_schema_as_the_events(make_setting
     # evaluation.log: one verdict per round, then the session's (eva_session is on by default), readable through its schema.
     verdicts = list(read_evaluation_log(path))
     assert [(v.scope, v.round, v.complete) for v in verdicts] == [
-        ("round", 0, "yes"), ("round", 1, "yes"), ("round", 2, "yes"), ("session", None, "yes")
+        ("round", 0, "yes"),
+        ("round", 1, "yes"),
+        ("round", 2, "yes"),
+        ("session", None, "yes"),
     ]
     markdown = (path / "output.md").read_text()
     assert "## Round 2" in markdown and "`files.write`" in markdown and "status: finished" in markdown
@@ -69,7 +79,9 @@ def test_response_log_reads_back_with_the_same_schema_as_the_events(make_setting
 
 def test_structural_logs_are_filled_with_round_and_subtask_keys(settings: Any) -> None:
     store = MemoryStore()
-    session = Session("structural", mode="follower", settings=settings, store=store, plan=command_plan(2), dispatcher=FakeDispatcher())
+    session = Session(
+        "structural", mode="follower", settings=settings, store=store, plan=command_plan(2), dispatcher=FakeDispatcher()
+    )
     asyncio.run(session.run())
     ctx = Context.open(store, session.session_id, create=False)
     logs = ctx.get(ContextNames.STRUCTURAL_LOGS)
@@ -86,9 +98,22 @@ def test_structural_logs_are_filled_with_round_and_subtask_keys(settings: Any) -
 def test_each_run_gets_its_own_folder_and_resume_continues_its_own(make_settings: Any) -> None:
     settings = make_settings()
     store = MemoryStore()
-    a = asyncio.run(Session("same", settings=settings, store=store, request="x", agents=ScriptedAgent(steps=2), session_id="same-1").run())
+    a = asyncio.run(
+        Session(
+            "same", settings=settings, store=store, request="x", agents=ScriptedAgent(steps=2), session_id="same-1"
+        ).run()
+    )
     # A new session that happens to reuse an id (another store) never writes into the old folder.
-    b = asyncio.run(Session("same", settings=settings, store=MemoryStore(), request="x", agents=ScriptedAgent(steps=2), session_id="same-1").run())
+    b = asyncio.run(
+        Session(
+            "same",
+            settings=settings,
+            store=MemoryStore(),
+            request="x",
+            agents=ScriptedAgent(steps=2),
+            session_id="same-1",
+        ).run()
+    )
     assert a.log_path != b.log_path and b.log_path.endswith("same-1-2")
     assert len(list(read_step_log(a.log_path))) == 2 and len(list(read_step_log(b.log_path))) == 2
 
@@ -96,8 +121,18 @@ def test_each_run_gets_its_own_folder_and_resume_continues_its_own(make_settings
 def test_request_logger_and_text_logger_reach_their_files(settings: Any) -> None:
     class Talker(Agent):
         async def act(self, context: Context) -> AgentStatus:
-            entry = RequestLogEntry(round=0, step=1, agent="talker", model="m", prompt=[{"role": "user", "content": "hi"}],
-                                    response="hello", prompt_tokens=3, completion_tokens=1, cost=0.001, latency_ms=12.5)
+            entry = RequestLogEntry(
+                round=0,
+                step=1,
+                agent="talker",
+                model="m",
+                prompt=[{"role": "user", "content": "hi"}],
+                response="hello",
+                prompt_tokens=3,
+                completion_tokens=1,
+                cost=0.001,
+                latency_ms=12.5,
+            )
             context.get(ContextNames.REQUEST_LOGGER).info(entry.model_dump_json())
             context.get(ContextNames.LOGGER).warning("talked once")
             return AgentStatus.FINISH
@@ -112,7 +147,9 @@ def test_request_logger_and_text_logger_reach_their_files(settings: Any) -> None
 
 
 def test_logs_can_be_turned_off(make_settings: Any) -> None:
-    result = asyncio.run(Session("quiet", settings=make_settings(**{"logs.enabled": False}), request="x", agents=ScriptedAgent()).run())
+    result = asyncio.run(
+        Session("quiet", settings=make_settings(**{"logs.enabled": False}), request="x", agents=ScriptedAgent()).run()
+    )
     assert result.ok and result.log_path is None
     assert not (Path.cwd() / "logs").exists() or not any((Path.cwd() / "logs").rglob("response.log"))
 

@@ -7,11 +7,22 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from saucer.context import Context
-from saucer.engine import Agent, AgentSet, AgentStatus, AgentTarget, ContextEquals, Session, StayTarget, Terminate
-from saucer.engine import Transition, TransitionGraph
-from saucer.store.memory import MemoryStore
 from engine_helpers import FakeDispatcher
+
+from saucer.context import Context
+from saucer.engine import (
+    Agent,
+    AgentSet,
+    AgentStatus,
+    AgentTarget,
+    ContextEquals,
+    Session,
+    StayTarget,
+    Terminate,
+    Transition,
+    TransitionGraph,
+)
+from saucer.store.memory import MemoryStore
 
 
 class Worker(Agent):
@@ -54,7 +65,12 @@ def test_an_out_of_turn_flag_changes_the_next_transition(settings: Any) -> None:
     )
     agents = AgentSet([Worker("worker", store, "routed"), Closer("closer")], graph=graph)
     session = Session(
-        "route", session_id="routed", settings=settings, store=store, request="work", agents=agents,
+        "route",
+        session_id="routed",
+        settings=settings,
+        store=store,
+        request="work",
+        agents=agents,
         dispatcher=FakeDispatcher(),
     )
     result = asyncio.run(session.run())
@@ -68,7 +84,9 @@ def test_an_out_of_turn_flag_changes_the_next_transition(settings: Any) -> None:
     flag = next(e for e in events if e.author == "human:observer")
     assert steps[1].version == flag.version + 1
     assert steps[1].meta["serialised"] == {
-        "based_on": flag.version - 1, "ordered_after": [flag.version], "changed": ["vars.stop"],
+        "based_on": flag.version - 1,
+        "ordered_after": [flag.version],
+        "changed": ["vars.stop"],
     }
     final = Context.open(store, "routed", create=False)
     assert final.get_var("work") == 2 and final.get_var("closed") is True

@@ -42,8 +42,15 @@ def test_pool_of_20_at_concurrency_4_with_2_failures(make_settings: Any, tmp_pat
     for i in range(20):
         plan = command_plan(3, task=f"t{i}", fail_at=1 if i == 7 else None)
         sessions.append(
-            Session(f"pool-{i}", mode="follower", settings=settings, store=store, plan=plan, session_id=f"pool-{i}",
-                    dispatcher=FakeDispatcher(fail=("broken",), delay=0.003))
+            Session(
+                f"pool-{i}",
+                mode="follower",
+                settings=settings,
+                store=store,
+                plan=plan,
+                session_id=f"pool-{i}",
+                dispatcher=FakeDispatcher(fail=("broken",), delay=0.003),
+            )
         )
     # Session 13 is not this pool's to run: another runner holds its lease.
     store.create_session("pool-13", meta={"task": "pool-13", "mode": "follower"})
@@ -77,7 +84,9 @@ def test_pool_of_20_at_concurrency_4_with_2_failures(make_settings: Any, tmp_pat
 
 def test_pool_runs_sessions_concurrently_not_one_by_one(settings: Any) -> None:
     sessions = [
-        Session(f"c{i}", mode="follower", settings=settings, plan=command_plan(2), dispatcher=FakeDispatcher(delay=0.05))
+        Session(
+            f"c{i}", mode="follower", settings=settings, plan=command_plan(2), dispatcher=FakeDispatcher(delay=0.05)
+        )
         for i in range(8)
     ]
     pool = SessionPool(sessions, max_concurrency=8)

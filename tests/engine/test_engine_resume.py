@@ -43,8 +43,13 @@ def test_sigkill_mid_run_then_resume_runs_no_committed_step_twice(tmp_path: Path
     sid = "killme-1"
     args = [str(plan), str(lines), str(tmp_path / "logs")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
-    child = subprocess.Popen([sys.executable, str(CHILD), "run", db_url, sid, *args], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, str(CHILD), "run", db_url, sid, *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 30
     while len(_lines(lines)) < 5:
         assert child.poll() is None, child.communicate()
@@ -65,8 +70,14 @@ def test_sigkill_mid_run_then_resume_runs_no_committed_step_twice(tmp_path: Path
     in_flight = len(at_kill) == c + 1
     print(f"killed with {c} committed steps, {len(at_kill)} tool lines (in flight: {in_flight})")
 
-    out = subprocess.run([sys.executable, str(CHILD), "resume", db_url, sid, *args], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(CHILD), "resume", db_url, sid, *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["status"] == "finished" and result["steps"] == STEPS and result["rounds"] == STEPS
@@ -115,7 +126,9 @@ def test_resume_mid_round_continues_with_the_right_agent_and_state(settings: Any
     store = MemoryStore()
     Relay.ran = []
     Relay.die_at = 5
-    session = Session("relay", settings=settings, store=store, request="pass it on", agents=_relay(), session_id="relay-1")
+    session = Session(
+        "relay", settings=settings, store=store, request="pass it on", agents=_relay(), session_id="relay-1"
+    )
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(session.run())
     assert Relay.ran == ["a:1", "b:2", "c:3", "a:4", "b:5"]
@@ -132,7 +145,11 @@ def test_resume_mid_round_continues_with_the_right_agent_and_state(settings: Any
 def test_resuming_a_finished_session_returns_its_result(settings: Any) -> None:
     store = MemoryStore()
     dispatcher = FakeDispatcher()
-    first = asyncio.run(Session("done", mode="follower", settings=settings, store=store, plan=command_plan(2), dispatcher=dispatcher).run())
+    first = asyncio.run(
+        Session(
+            "done", mode="follower", settings=settings, store=store, plan=command_plan(2), dispatcher=dispatcher
+        ).run()
+    )
     again = asyncio.run(Session.resume(first.session_id, store=store, settings=settings, dispatcher=dispatcher).run())
     assert (again.status, again.steps, again.rounds) == ("finished", 2, 2)
     assert len(dispatcher.ran) == 2
@@ -141,9 +158,15 @@ def test_resuming_a_finished_session_returns_its_result(settings: Any) -> None:
 def test_a_fork_resumes_from_where_it_was_forked(settings: Any) -> None:
     store = MemoryStore()
     dispatcher = FakeDispatcher()
-    first = asyncio.run(Session("fork", mode="follower", settings=settings, store=store, plan=command_plan(4), dispatcher=dispatcher).run())
+    first = asyncio.run(
+        Session(
+            "fork", mode="follower", settings=settings, store=store, plan=command_plan(4), dispatcher=dispatcher
+        ).run()
+    )
     # The version right after step 1 (plan index 1) committed.
-    version = next(e.version for e in store.read(first.session_id) if e.meta.get("kind") == "step" and e.meta["plan_index"] == 1)
+    version = next(
+        e.version for e in store.read(first.session_id) if e.meta.get("kind") == "step" and e.meta["plan_index"] == 1
+    )
     parent = Context.open(store, first.session_id, create=False)
     parent.fork("fork-b", at=version).close()
     dispatcher.ran.clear()
@@ -152,8 +175,9 @@ def test_a_fork_resumes_from_where_it_was_forked(settings: Any) -> None:
     assert [c.parameters["i"] for c in dispatcher.ran] == [2, 3]
 
 
-def test_a_resume_reads_the_stored_plan_only_when_a_step_needs_it(make_settings: Any, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resume_reads_the_stored_plan_only_when_a_step_needs_it(
+    make_settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from saucer.store.listing import SessionListing
 
     reads: list[str] = []
@@ -161,25 +185,47 @@ def test_a_resume_reads_the_stored_plan_only_when_a_step_needs_it(make_settings:
     monkeypatch.setattr(SessionListing, "session_plan", lambda self, sid: reads.append(sid) or original(self, sid))
     url = f"sqlite:///{tmp_path / 'plans.db'}"
     dispatcher = FakeDispatcher()
-    cut = asyncio.run(Session("cut", mode="follower", settings=make_settings(system__max_step=2), store=url,
-                              plan=command_plan(4), dispatcher=dispatcher).run())
+    cut = asyncio.run(
+        Session(
+            "cut",
+            mode="follower",
+            settings=make_settings(system__max_step=2),
+            store=url,
+            plan=command_plan(4),
+            dispatcher=dispatcher,
+        ).run()
+    )
     assert (cut.status, cut.steps) == ("stopped", 2) and reads == []
     resumed = Session.resume(cut.session_id, store=url, settings=make_settings(), dispatcher=dispatcher)
     assert reads == []  # task, mode and workspace are read; the plan is not
-    assert resumed.plan is not None and [s.subtask for s in resumed.plan.steps] == [s["subtask"] for s in command_plan(4)["steps"]]
+    assert resumed.plan is not None and [s.subtask for s in resumed.plan.steps] == [
+        s["subtask"] for s in command_plan(4)["steps"]
+    ]
     assert reads == [cut.session_id] and resumed.plan is resumed.plan and len(reads) == 1  # read once, then kept
     result = asyncio.run(resumed.run())
     assert (result.status, result.steps) == ("finished", 4)
     assert [c.parameters["i"] for c in dispatcher.ran] == [0, 1, 2, 3]
     # A session that has ended gives its stored result: its plan is never read.
     reads.clear()
-    again = asyncio.run(Session.resume(cut.session_id, store=url, settings=make_settings(), dispatcher=dispatcher).run())
+    again = asyncio.run(
+        Session.resume(cut.session_id, store=url, settings=make_settings(), dispatcher=dispatcher).run()
+    )
     assert (again.status, again.steps) == ("finished", 4) and reads == []
     # Resumed with an open store (no probe) and no plan touched before run: read when its first round starts.
-    cut2 = asyncio.run(Session("cut2", mode="follower", settings=make_settings(system__max_step=1), store=url,
-                               plan=command_plan(3), dispatcher=dispatcher).run())
+    cut2 = asyncio.run(
+        Session(
+            "cut2",
+            mode="follower",
+            settings=make_settings(system__max_step=1),
+            store=url,
+            plan=command_plan(3),
+            dispatcher=dispatcher,
+        ).run()
+    )
     with open_store(url) as store:
-        result = asyncio.run(Session.resume(cut2.session_id, store=store, settings=make_settings(), dispatcher=dispatcher).run())
+        result = asyncio.run(
+            Session.resume(cut2.session_id, store=store, settings=make_settings(), dispatcher=dispatcher).run()
+        )
     assert (result.status, result.steps) == ("finished", 3) and reads == [cut2.session_id]
 
 
@@ -192,8 +238,16 @@ def test_a_stored_plan_that_no_longer_parses_stops_a_resume_before_anything_is_w
 
     url = f"sqlite:///{tmp_path / 'bad-plan.db'}"
     dispatcher = FakeDispatcher()
-    cut = asyncio.run(Session("cut", mode="follower", settings=make_settings(system__max_step=2), store=url,
-                              plan=command_plan(4), dispatcher=dispatcher).run())
+    cut = asyncio.run(
+        Session(
+            "cut",
+            mode="follower",
+            settings=make_settings(system__max_step=2),
+            store=url,
+            plan=command_plan(4),
+            dispatcher=dispatcher,
+        ).run()
+    )
     assert cut.status == "stopped"
     with sqlite3.connect(tmp_path / "bad-plan.db") as conn:
         conn.execute("UPDATE session_meta SET plan = ? WHERE session_id = ?", ('{"steps": 5}', cut.session_id))
@@ -212,8 +266,11 @@ def test_a_stored_plan_that_no_longer_parses_stops_a_resume_before_anything_is_w
 def test_a_session_that_closed_its_own_store_still_reads_its_plan(make_settings: Any, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'owned.db'}"
     dispatcher = FakeDispatcher()
-    done = asyncio.run(Session("done", mode="follower", settings=make_settings(), store=url,
-                               plan=command_plan(2), dispatcher=dispatcher).run())
+    done = asyncio.run(
+        Session(
+            "done", mode="follower", settings=make_settings(), store=url, plan=command_plan(2), dispatcher=dispatcher
+        ).run()
+    )
     ended = Session.resume(done.session_id, store=url, settings=make_settings(), dispatcher=dispatcher)
     assert asyncio.run(ended.run()).status == "finished"  # its stored result; the plan was not needed
     assert ended.plan is not None and len(ended.plan.steps) == 2  # read after the session closed its store
@@ -229,8 +286,16 @@ class _DiesBeforeItsStart(FakeDispatcher):
 def test_a_session_whose_runner_died_before_its_start_is_started_by_the_next_run(settings: Any) -> None:
     store = MemoryStore()
     plan = {**command_plan(2, task="early"), "vars": {"greeting": "hi", "who": "plan"}}
-    first = Session("early", mode="follower", settings=settings, store=store, plan=plan, session_id="early-1",
-                    dispatcher=_DiesBeforeItsStart(), context_vars={"who": "caller"})
+    first = Session(
+        "early",
+        mode="follower",
+        settings=settings,
+        store=store,
+        plan=plan,
+        session_id="early-1",
+        dispatcher=_DiesBeforeItsStart(),
+        context_vars={"who": "caller"},
+    )
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(first.run())
     assert store.exists("early-1") and not [e for e in store.read("early-1") if e.meta.get("kind")]
@@ -295,7 +360,9 @@ def test_a_runner_whose_lease_was_taken_over_cannot_commit(make_settings: Any) -
                 store.acquire_lease("fenced-1", "intruder:1:x", 30)
             return AgentStatus.FINISH if n >= 3 else AgentStatus.CONTINUE
 
-    result = asyncio.run(Session("fenced", settings=settings, store=store, request="go", agents=Blocker(), session_id="fenced-1").run())
+    result = asyncio.run(
+        Session("fenced", settings=settings, store=store, request="go", agents=Blocker(), session_id="fenced-1").run()
+    )
     assert result.status == "error"
     assert "intruder:1:x" in result.error
     ctx = Context.open(store, "fenced-1", create=False)

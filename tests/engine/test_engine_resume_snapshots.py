@@ -9,8 +9,9 @@ import asyncio
 import shutil
 import sqlite3
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 import pytest
@@ -53,7 +54,9 @@ def _agents() -> AgentSet:
 
 def _steps_after(url: str, version: int) -> list[tuple[str, Any, Any]]:
     with open_store(url) as store:
-        return [(e.author, e.meta.get("cursor"), e.ops) for e in store.read(SID, version) if e.meta.get("kind") == "step"]
+        return [
+            (e.author, e.meta.get("cursor"), e.ops) for e in store.read(SID, version) if e.meta.get("kind") == "step"
+        ]
 
 
 def _final(url: str) -> dict[str, Any]:
@@ -66,7 +69,9 @@ def _final(url: str) -> dict[str, Any]:
 
 def _resume(url: str, make_settings: Callable[..., Any]) -> tuple[list[str], Any]:
     Hopper.ran = []
-    settings = make_settings(**{"store.url": url, "store.snapshot_every": 10, "logs.enabled": False, "system.max_step": 500})
+    settings = make_settings(
+        **{"store.url": url, "store.snapshot_every": 10, "logs.enabled": False, "system.max_step": 500}
+    )
     result = asyncio.run(Session.resume(SID, settings=settings, agents=_agents()).run())
     return list(Hopper.ran), result
 
@@ -81,8 +86,10 @@ def _old_format_snapshots(path: Path) -> None:
             data.pop("v")
             plain = ev.state_to_wire(ev.state_from_wire(data))
             old = zlib.compress(orjson.dumps({"v": 2, **plain}), 1)
-            conn.execute("UPDATE snapshots SET state = ?, crc = ? WHERE session_id = ? AND version = ?",
-                         (old, zlib.crc32(old), sid, version))
+            conn.execute(
+                "UPDATE snapshots SET state = ?, crc = ? WHERE session_id = ? AND version = ?",
+                (old, zlib.crc32(old), sid, version),
+            )
 
 
 def _tear_newest_snapshot(path: Path) -> None:
@@ -102,7 +109,14 @@ def test_a_session_killed_mid_step_resumes_the_same_whatever_its_snapshots(
 ) -> None:
     monkeypatch.setattr(ev, "PACK_OVER", 1024)  # STRUCTURAL_LOGS is packed after a few steps
     origin = tmp_path / "origin.db"
-    settings = make_settings(**{"store.url": f"sqlite:///{origin}", "store.snapshot_every": 10, "logs.enabled": False, "system.max_step": 500})
+    settings = make_settings(
+        **{
+            "store.url": f"sqlite:///{origin}",
+            "store.snapshot_every": 10,
+            "logs.enabled": False,
+            "system.max_step": 500,
+        }
+    )
     Hopper.ran, Hopper.die_at = [], DIE_AT
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(Session("hops", settings=settings, request="go", agents=_agents(), session_id=SID).run())

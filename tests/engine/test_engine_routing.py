@@ -72,10 +72,14 @@ def _graph() -> TransitionGraph:
     )
 
 
-def _run(settings: Any, graph: Any, store: MemoryStore | None = None, agents: list[Agent] | None = None) -> tuple[Any, Session]:
+def _run(
+    settings: Any, graph: Any, store: MemoryStore | None = None, agents: list[Agent] | None = None
+) -> tuple[Any, Session]:
     store = store or MemoryStore()
     agent_set = AgentSet(agents or [Writer("writer"), Reviewer("reviewer")], graph=graph)
-    session = Session("route", settings=settings, store=store, request="draft", agents=agent_set, dispatcher=FakeDispatcher())
+    session = Session(
+        "route", settings=settings, store=store, request="draft", agents=agent_set, dispatcher=FakeDispatcher()
+    )
     return asyncio.run(session.run()), session
 
 
@@ -104,7 +108,12 @@ def test_graph_serialisation_round_trips_through_json(settings: Any) -> None:
     store = MemoryStore()
     result, session = _run(settings, data, store)
     assert result.status == "finished"
-    assert [e.author for e in store.read(session.session_id) if e.meta.get("kind") == "step"] == ["writer", "writer", "writer", "reviewer"]
+    assert [e.author for e in store.read(session.session_id) if e.meta.get("kind") == "step"] == [
+        "writer",
+        "writer",
+        "writer",
+        "reviewer",
+    ]
 
 
 @register_condition("retries_at_least")
@@ -130,8 +139,14 @@ def test_an_unregistered_condition_fails_only_the_session_that_uses_it(settings:
         TransitionGraph.from_dict(bad)
     store = MemoryStore()
     sessions = [
-        Session(f"route-{i}", settings=settings, store=store, request="draft", dispatcher=FakeDispatcher(),
-                agents=AgentSet([Writer("writer"), Reviewer("reviewer")], graph=bad if i == 1 else _graph().to_dict()))
+        Session(
+            f"route-{i}",
+            settings=settings,
+            store=store,
+            request="draft",
+            dispatcher=FakeDispatcher(),
+            agents=AgentSet([Writer("writer"), Reviewer("reviewer")], graph=bad if i == 1 else _graph().to_dict()),
+        )
         for i in range(3)
     ]
     results = asyncio.run(SessionPool(sessions, max_concurrency=3).run_all())
@@ -216,7 +231,11 @@ def test_expression_parse_errors_are_clear(text: str, message: str) -> None:
 
 @pytest.mark.parametrize(
     "text, message",
-    [("${retries} / 0 == 1", "division by zero"), ("${status} - 1 == 0", "cannot apply - to str and int"), ("${missing} + 1", "cannot apply")],
+    [
+        ("${retries} / 0 == 1", "division by zero"),
+        ("${status} - 1 == 0", "cannot apply - to str and int"),
+        ("${missing} + 1", "cannot apply"),
+    ],
 )
 def test_expression_runtime_errors_are_expression_errors(text: str, message: str) -> None:
     with pytest.raises(ExpressionError, match=message):
@@ -233,13 +252,20 @@ def test_expression_reads_typed_names_after_vars() -> None:
 
 def test_malformed_graph_data_is_a_clear_error() -> None:
     with pytest.raises(GraphError, match="unknown target type 'teleport'"):
-        TransitionGraph.from_dict({"initial_agent": "a", "transitions": [{"when": {"type": "always"}, "then": {"type": "teleport"}}]})
+        TransitionGraph.from_dict(
+            {"initial_agent": "a", "transitions": [{"when": {"type": "always"}, "then": {"type": "teleport"}}]}
+        )
     with pytest.raises(GraphError, match=r"transitions\[0\]: a transition is an object"):
         TransitionGraph.from_dict({"initial_agent": "a", "transitions": [["always"]]})
     with pytest.raises(GraphError, match="unknown field"):
         TransitionGraph.from_dict({"initial_agent": "a", "edges": []})
     with pytest.raises(GraphError, match="bad condition 'context_equals'"):
-        TransitionGraph.from_dict({"initial_agent": "a", "transitions": [{"when": {"type": "context_equals", "nope": 1}, "then": {"type": "stay"}}]})
+        TransitionGraph.from_dict(
+            {
+                "initial_agent": "a",
+                "transitions": [{"when": {"type": "context_equals", "nope": 1}, "then": {"type": "stay"}}],
+            }
+        )
 
 
 def test_an_error_status_ends_the_round_whatever_the_graph_says(settings: Any) -> None:

@@ -29,20 +29,33 @@ def test_a_session_starts_with_the_plan_vars_then_context_vars_over_them(setting
     store = MemoryStore()
     plan = {**command_plan(2), "vars": {"phase": "draft", "retries": 0}}
     factory = SessionFactory(settings, store=store, dispatcher_factory=lambda s: FakeDispatcher())
-    [session] = factory.create_session("seeded", "follower", plan, context_vars={"retries": 3, "owner": {"name": "ana"}})
+    [session] = factory.create_session(
+        "seeded", "follower", plan, context_vars={"retries": 3, "owner": {"name": "ana"}}
+    )
     result = asyncio.run(session.run())
     assert result.status == "finished"
     ctx = Context.open(store, session.session_id, create=False)
     assert dict(ctx.vars) == {"phase": "draft", "retries": 3, "owner": {"name": "ana"}}
     # Set in the session's first event (its start), before any step.
     start = next(iter(store.read(session.session_id)))
-    assert start.meta["kind"] == "session_start" and {op.get("var") for op in start.ops} >= {"phase", "retries", "owner"}
+    assert start.meta["kind"] == "session_start" and {op.get("var") for op in start.ops} >= {
+        "phase",
+        "retries",
+        "owner",
+    }
 
 
 def test_session_takes_context_vars_and_an_agent_reads_them_at_its_first_step(settings: Any) -> None:
     store = MemoryStore()
-    session = Session("t", settings=settings, store=store, request="go", agents=ReadsVars("a"),
-                      dispatcher=FakeDispatcher(), context_vars={"mood": "calm"})
+    session = Session(
+        "t",
+        settings=settings,
+        store=store,
+        request="go",
+        agents=ReadsVars("a"),
+        dispatcher=FakeDispatcher(),
+        context_vars={"mood": "calm"},
+    )
     assert asyncio.run(session.run()).status == "finished"
     assert ReadsVars.seen["mood"] == "calm"
     with pytest.raises(TypeError, match=r"vars\.bad"):
@@ -75,8 +88,12 @@ def test_participants_of_a_session_the_engine_runs(settings: Any) -> None:
 
 
 def test_create_session_with_an_empty_plan_is_no_plan_as_in_ufo(settings: Any) -> None:
-    factory = SessionFactory(settings, store=MemoryStore(), agents=lambda s: ScriptedAgent("llm"),
-                             dispatcher_factory=lambda s: FakeDispatcher())
+    factory = SessionFactory(
+        settings,
+        store=MemoryStore(),
+        agents=lambda s: ScriptedAgent("llm"),
+        dispatcher_factory=lambda s: FakeDispatcher(),
+    )
     sessions = factory.create_session("task", "normal", plan="", request="open notepad")
     assert len(sessions) == 1 and sessions[0].plan is None and sessions[0].request == "open notepad"
     assert asyncio.run(sessions[0].run()).status == "finished"
@@ -87,7 +104,11 @@ def test_create_service_session_has_ufos_shape(settings: Any) -> None:
     store = MemoryStore()
     factory = SessionFactory(settings, store=store, agents=lambda s: ScriptedAgent("llm"))
     session = factory.create_service_session(
-        task="remote", should_evaluate=False, id="svc-1", request="list the notes", task_protocol=remote,
+        task="remote",
+        should_evaluate=False,
+        id="svc-1",
+        request="list the notes",
+        task_protocol=remote,
     )
     assert isinstance(session, Session) and session.session_id == "svc-1" and session.mode == "service"
     assert session.settings.system.eva_session is False
@@ -99,8 +120,16 @@ def test_create_service_session_has_ufos_shape(settings: Any) -> None:
 
 def test_a_resumed_session_keeps_what_it_started_with(settings: Any) -> None:
     store = MemoryStore()
-    session = Session("t", session_id="r1", settings=settings, store=store, request="go", agents=ScriptedAgent("a"),
-                      dispatcher=FakeDispatcher(), context_vars={"v": 1})
+    session = Session(
+        "t",
+        session_id="r1",
+        settings=settings,
+        store=store,
+        request="go",
+        agents=ScriptedAgent("a"),
+        dispatcher=FakeDispatcher(),
+        context_vars={"v": 1},
+    )
     asyncio.run(session.run())
     with pytest.raises(TypeError, match="Session.resume takes context_vars from the stored session"):
         Session.resume("r1", store=store, settings=settings, context_vars={"v": 2})

@@ -50,7 +50,10 @@ def test_golden_step_events_are_version_1_and_read_in_the_current_shape(golden: 
             assert event.meta == raw  # the input is not changed
             record = StepRecord.from_dict(event.meta, sid)
             assert (record.round, record.session_step, record.agent, record.commands) == (
-                raw["round"], raw["session_step"], raw["agent"], raw["commands"],
+                raw["round"],
+                raw["session_step"],
+                raw["agent"],
+                raw["commands"],
             )
             assert record.to_meta()[STEP_FORMAT_KEY] == STEP_FORMAT
             seen += 1
@@ -77,7 +80,9 @@ def test_a_version_1_response_log_reads_back() -> None:
 
 def test_a_newer_step_format_is_refused_naming_both_versions(tmp_path: Path) -> None:
     newer = {**StepRecord("s", 0, 1, 1, "a", "CONTINUE").to_meta(), STEP_FORMAT_KEY: STEP_FORMAT + 1, "kind": "step"}
-    with pytest.raises(StepFormatError, match=rf"step format {STEP_FORMAT + 1}; this saucer reads up to step format {STEP_FORMAT}"):
+    with pytest.raises(
+        StepFormatError, match=rf"step format {STEP_FORMAT + 1}; this saucer reads up to step format {STEP_FORMAT}"
+    ):
         StepRecord.from_dict(newer)
     log = tmp_path / "response.log"
     log.write_bytes(RESPONSE_V1.read_bytes() + orjson.dumps({**newer, "session_id": "s"}) + b"\n")
@@ -89,7 +94,14 @@ def test_a_newer_step_format_is_refused_naming_both_versions(tmp_path: Path) -> 
     store = MemoryStore()
     store.create_session("s")
     failed = {**newer, "status": "FAIL", "cursor": {"phase": "step", "round": 0}}
-    store.append("s", 0, [], author="system", round=0, meta={"kind": "round_start", "cursor": {"phase": "round_start", "round": 0}})
+    store.append(
+        "s",
+        0,
+        [],
+        author="system",
+        round=0,
+        meta={"kind": "round_start", "cursor": {"phase": "round_start", "round": 0}},
+    )
     store.append("s", 1, [], author="a", round=0, step=1, meta=failed)
     with pytest.raises(StepFormatError, match="session 's': the step at version 2 is in step format"):
         retry_cursor(store, "s")

@@ -38,19 +38,30 @@ class DesktopFake(FakeDispatcher):
                 out.append(Result.failure(c, self.tree_error))
             elif c.tool_name == "desktop.ui_tree":
                 path = f"/art/{c.parameters['save_as']}.json"
-                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id,
-                                  result={"app": "calc", "window": "Calculator", "node_count": 9, "path": path, "tree": None}))
+                out.append(
+                    Result(
+                        status=ResultStatus.SUCCESS,
+                        call_id=c.call_id,
+                        result={"app": "calc", "window": "Calculator", "node_count": 9, "path": path, "tree": None},
+                    )
+                )
             elif c.tool_name == "desktop.screenshot":
-                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id,
-                                  result={"path": f"/art/{c.parameters['name']}.png", "width": 8, "height": 6}))
+                out.append(
+                    Result(
+                        status=ResultStatus.SUCCESS,
+                        call_id=c.call_id,
+                        result={"path": f"/art/{c.parameters['name']}.png", "width": 8, "height": 6},
+                    )
+                )
             else:
                 out.append(Result(status=ResultStatus.SUCCESS, result={"ok": True}, call_id=c.call_id))
         return out
 
 
 def _run(settings: Any, dispatcher: Any, **kw: Any) -> tuple[Session, Any]:
-    session = Session("ui", mode="follower", settings=settings, store=MemoryStore(), dispatcher=dispatcher,
-                      plan=command_plan(3), **kw)
+    session = Session(
+        "ui", mode="follower", settings=settings, store=MemoryStore(), dispatcher=dispatcher, plan=command_plan(3), **kw
+    )
     return session, asyncio.run(session.run())
 
 
@@ -60,23 +71,52 @@ def test_one_tree_and_one_screenshot_before_each_step(make_settings: Any) -> Non
     assert result.status == "finished"
     steps = list(read_step_log(session.log_path))
     assert [[a for a in s.artifacts if not a.get("after")] for s in steps] == [
-        [{"kind": "ui_tree", "path": f"/art/step-000{n}-tree.json", "app": "calc", "window": "Calculator", "nodes": 9},
-         {"kind": "screenshot", "path": f"/art/step-000{n}-screen.png", "width": 8, "height": 6}]
+        [
+            {
+                "kind": "ui_tree",
+                "path": f"/art/step-000{n}-tree.json",
+                "app": "calc",
+                "window": "Calculator",
+                "nodes": 9,
+            },
+            {"kind": "screenshot", "path": f"/art/step-000{n}-screen.png", "width": 8, "height": 6},
+        ]
         for n in (1, 2, 3)
     ]
     # After the last step of each round (each step of this plan is a round), once more, marked "after".
     last = {s.round: s.session_step for s in steps}
     for step in steps:
         n = step.session_step
-        assert [a for a in step.artifacts if a.get("after")] == ([
-            {"kind": "ui_tree", "path": f"/art/step-000{n}-after-tree.json", "app": "calc", "window": "Calculator",
-             "nodes": 9, "after": True},
-            {"kind": "screenshot", "path": f"/art/step-000{n}-after-screen.png", "width": 8, "height": 6, "after": True},
-        ] if last[step.round] == n else [])
+        assert [a for a in step.artifacts if a.get("after")] == (
+            [
+                {
+                    "kind": "ui_tree",
+                    "path": f"/art/step-000{n}-after-tree.json",
+                    "app": "calc",
+                    "window": "Calculator",
+                    "nodes": 9,
+                    "after": True,
+                },
+                {
+                    "kind": "screenshot",
+                    "path": f"/art/step-000{n}-after-screen.png",
+                    "width": 8,
+                    "height": 6,
+                    "after": True,
+                },
+            ]
+            if last[step.round] == n
+            else []
+        )
     # The look is not one of the step's commands (the plan's experience and routing see only the plan's).
     assert all([c["tool_name"] for c in s.commands] == ["files.write"] for s in steps)
     assert [c.tool_name for c in dispatcher.ran[:5]] == [
-        "desktop.ui_tree", "desktop.screenshot", "files.write", "desktop.ui_tree", "desktop.screenshot"]
+        "desktop.ui_tree",
+        "desktop.screenshot",
+        "files.write",
+        "desktop.ui_tree",
+        "desktop.screenshot",
+    ]
     assert dispatcher.ran[0].parameters == {"include_tree": False, "save_as": "step-0001-tree"}
     # The record is in the store too (the step's event meta), as written to response.log.
     events = [e for e in session.store.read(session.session_id) if e.meta.get("kind") == "step"]
@@ -105,12 +145,21 @@ def test_on_by_default_off_when_set_and_skipped_for_an_agent_that_looks_itself(m
         looks_at_desktop = True
 
     dispatcher = DesktopFake()
-    session = Session("ui", mode="normal", settings=make_settings(**{"system.save_ui_tree": True}), store=MemoryStore(),
-                      dispatcher=dispatcher, agents=lambda s: Looker(steps=2), request="go")
+    session = Session(
+        "ui",
+        mode="normal",
+        settings=make_settings(**{"system.save_ui_tree": True}),
+        store=MemoryStore(),
+        dispatcher=dispatcher,
+        agents=lambda s: Looker(steps=2),
+        request="go",
+    )
     assert asyncio.run(session.run()).status == "finished"
     # Nothing before its steps (it looks itself); after the round's last step, the round captures the end state.
     assert [c.parameters.get("save_as") or c.parameters.get("name") for c in dispatcher.ran] == [
-        "step-0002-after-tree", "step-0002-after-screen"]
+        "step-0002-after-tree",
+        "step-0002-after-screen",
+    ]
 
 
 def test_a_failed_look_is_an_entry_never_a_failed_step(make_settings: Any) -> None:
@@ -132,7 +181,9 @@ def test_look_bounds_what_it_keeps() -> None:
         extra = 0
 
         async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
-            return [Result.failure(c, "x" * 100_000) for c in commands] + [Result.failure(commands[0], "more")] * self.extra
+            return [Result.failure(c, "x" * 100_000) for c in commands] + [
+                Result.failure(commands[0], "more")
+            ] * self.extra
 
     view = asyncio.run(look(Chatty(), "step-0001"))
     assert [len(e["error"]) for e in view.artifacts()] == [500, 500]
@@ -180,15 +231,46 @@ class WindowsFake(FakeDispatcher):
             self.ran.append(c)
             if c.tool_name == "desktop.launch":
                 self.launched = True
-                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id, result={
-                    "pid": 42, "command": ["/usr/bin/gnome-calculator"], "running": True, "ready": True,
-                    "app": "gnome-calculator", "windows": ["Calculator"], "log": "/x.log"}))
+                out.append(
+                    Result(
+                        status=ResultStatus.SUCCESS,
+                        call_id=c.call_id,
+                        result={
+                            "pid": 42,
+                            "command": ["/usr/bin/gnome-calculator"],
+                            "running": True,
+                            "ready": True,
+                            "app": "gnome-calculator",
+                            "windows": ["Calculator"],
+                            "log": "/x.log",
+                        },
+                    )
+                )
             elif c.tool_name == "desktop.windows":
-                windows = [{"id": "0x1", "title": "Terminal", "app": "xterm", "pid": 7, "bounds": [0, 0, 9, 9], "focused": False}]
+                windows = [
+                    {
+                        "id": "0x1",
+                        "title": "Terminal",
+                        "app": "xterm",
+                        "pid": 7,
+                        "bounds": [0, 0, 9, 9],
+                        "focused": False,
+                    }
+                ]
                 if self.launched:
-                    windows.append({"id": "0x2", "title": "Calculator", "app": "Gnome-calculator", "pid": 42,
-                                    "bounds": [0, 0, 365, 496], "focused": True})
-                out.append(Result(status=ResultStatus.SUCCESS, call_id=c.call_id, result={"windows": windows, "focused": None}))
+                    windows.append(
+                        {
+                            "id": "0x2",
+                            "title": "Calculator",
+                            "app": "Gnome-calculator",
+                            "pid": 42,
+                            "bounds": [0, 0, 365, 496],
+                            "focused": True,
+                        }
+                    )
+                out.append(
+                    Result(status=ResultStatus.SUCCESS, call_id=c.call_id, result={"windows": windows, "focused": None})
+                )
             else:
                 out.append(Result(status=ResultStatus.SUCCESS, result={"ok": True}, call_id=c.call_id))
         return out
@@ -198,25 +280,50 @@ def test_application_names_come_from_the_focused_window(make_settings: Any) -> N
     from saucer.context import ContextNames
     from saucer.engine.plan import parse_plan
 
-    plan = parse_plan({"task": "calc", "steps": [
-        {"subtask": "write", "commands": [{"tool_name": "files.write", "parameters": {"path": "a", "content": "b"}}]},
-        {"subtask": "start", "commands": [{"tool_name": "desktop.launch", "parameters": {"command": "gnome-calculator"}}]},
-    ]}, "plan")
+    plan = parse_plan(
+        {
+            "task": "calc",
+            "steps": [
+                {
+                    "subtask": "write",
+                    "commands": [{"tool_name": "files.write", "parameters": {"path": "a", "content": "b"}}],
+                },
+                {
+                    "subtask": "start",
+                    "commands": [{"tool_name": "desktop.launch", "parameters": {"command": "gnome-calculator"}}],
+                },
+            ],
+        },
+        "plan",
+    )
     dispatcher = WindowsFake()
     store = MemoryStore()
     session = Session("calc", mode="follower", settings=make_settings(), store=store, dispatcher=dispatcher, plan=plan)
     assert asyncio.run(session.run()).status == "finished"
     # After each step one windows call, never one of the step's commands.
-    assert [c.tool_name for c in dispatcher.ran] == ["files.write", "desktop.windows", "desktop.launch", "desktop.windows"]
+    assert [c.tool_name for c in dispatcher.ran] == [
+        "files.write",
+        "desktop.windows",
+        "desktop.launch",
+        "desktop.windows",
+    ]
     steps = [e for e in store.read(session.session_id) if e.meta.get("kind") == "step"]
     assert all("APPLICATION_WINDOW_INFO" not in str(op) for op in steps[0].ops)  # nothing focused yet: unchanged
     ctx = session.context
     assert ctx.get(ContextNames.APPLICATION_WINDOW_INFO) == {
-        "id": "0x2", "title": "Calculator", "app": "Gnome-calculator", "pid": 42, "bounds": [0, 0, 365, 496]}
+        "id": "0x2",
+        "title": "Calculator",
+        "app": "Gnome-calculator",
+        "pid": 42,
+        "bounds": [0, 0, 365, 496],
+    }
     assert ctx.get(ContextNames.APPLICATION_ROOT_NAME) == "Gnome-calculator"
     assert ctx.get(ContextNames.APPLICATION_PROCESS_NAME) == "gnome-calculator"  # the launched executable
     # Without a desktop in its tools a session asks nothing.
     plain = FakeDispatcher()
-    asyncio.run(Session("p", mode="follower", settings=make_settings(), store=MemoryStore(), dispatcher=plain,
-                        plan=command_plan(1)).run())
+    asyncio.run(
+        Session(
+            "p", mode="follower", settings=make_settings(), store=MemoryStore(), dispatcher=plain, plan=command_plan(1)
+        ).run()
+    )
     assert [c.tool_name for c in plain.ran] == ["files.write"]

@@ -23,9 +23,10 @@ a ~12 KB ``TOOL_INFO`` at every version; :func:`expand` gives them back whole.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 #: The version of this file layout (not of saucer's formats).
 EXPECTED_FORMAT = 1
@@ -78,7 +79,7 @@ def difference(actual: Any, expected: Any, path: str = "") -> str | None:
     if isinstance(actual, list):
         if len(actual) != len(expected):
             return f"{path or 'value'}: {len(actual)} items != expected {len(expected)}: {_short(actual)} vs {_short(expected)}"
-        for i, (a, e) in enumerate(zip(actual, expected)):
+        for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
             found = difference(a, e, f"{path}[{i}]")
             if found:
                 return found
@@ -135,7 +136,9 @@ def load(path: Path) -> dict[str, Any]:
     """Read an expected file, refusing a layout this reader does not know."""
     data = json.loads(path.read_text(encoding="utf-8"))
     if data.get("expected_format") != EXPECTED_FORMAT:
-        raise ValueError(f"{path}: expected_format {data.get('expected_format')!r}, this reader knows {EXPECTED_FORMAT}")
+        raise ValueError(
+            f"{path}: expected_format {data.get('expected_format')!r}, this reader knows {EXPECTED_FORMAT}"
+        )
     return data
 
 
@@ -160,6 +163,8 @@ def restore_dump(url: str, dump: str, dump_schema: str, schema: str) -> None:
     text = dump.replace(f"{dump_schema}.", f"{quoted}.").replace(f"SCHEMA {dump_schema};", f"SCHEMA {quoted};")
     if dump_schema in text:
         at = text.index(dump_schema)
-        raise ValueError(f"the dump names schema {dump_schema} where it cannot be renamed safely: {text[at - 80:at + 80]!r}")
+        raise ValueError(
+            f"the dump names schema {dump_schema} where it cannot be renamed safely: {text[at - 80 : at + 80]!r}"
+        )
     with psycopg.connect(url) as conn:
         conn.execute(text)  # no parameters: PostgreSQL runs the statements one after the other

@@ -12,12 +12,14 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import golden_format as gf
 
-from saucer.context import Context, ContextNames as N, prune
+from saucer.context import Context, prune
+from saucer.context import ContextNames as N
 from saucer.context.names import WeavingMode
 from saucer.store import EventStore, open_store
 
@@ -47,8 +49,12 @@ class Recorder:
 
 def typed_names(store: EventStore, rec: Recorder) -> None:
     """Every durable ContextNames type, written through UFO's API, over several rounds."""
-    ctx = Context.open(store, "names-all", author="agent:host", meta={"task": "every ContextNames type", "mode": "normal"})
-    ctx.update_dict({N.ID: 7, N.MODE: "follower", N.CURRENT_ROUND_ID: 0, N.REQUEST: "Résumé – 東京 📎 «tidy» the notes"})
+    ctx = Context.open(
+        store, "names-all", author="agent:host", meta={"task": "every ContextNames type", "mode": "normal"}
+    )
+    ctx.update_dict(
+        {N.ID: 7, N.MODE: "follower", N.CURRENT_ROUND_ID: 0, N.REQUEST: "Résumé – 東京 📎 «tidy» the notes"}
+    )
     ctx.set(N.SUBTASK, "open the notes")
     rec.commit(ctx, round=0, step=1)
     ctx.current_round_cost += 0.1
@@ -70,8 +76,16 @@ def typed_names(store: EventStore, rec: Recorder) -> None:
     ctx.add_to_structural_logs({"Round": 1, "SubtaskIndex": 0, "Action": "write", "Nested": {"a": [1, {"b": None}]}})
     ctx.add_to_structural_logs({"Round": 1, "Action": "ignored: no SubtaskIndex"})
     rec.commit(ctx, author="agent:app", round=1, step=1)
-    ctx.set(N.APPLICATION_WINDOW_INFO, {"title": "Notes — Draft", "rect": [0, 0, 1920.5, 1080], "pid": 4242, "ok": True,
-                                        "nested": {"list": [1, "two", 3.0, None], "empty": {}}})
+    ctx.set(
+        N.APPLICATION_WINDOW_INFO,
+        {
+            "title": "Notes — Draft",
+            "rect": [0, 0, 1920.5, 1080],
+            "pid": 4242,
+            "ok": True,
+            "nested": {"list": [1, "two", 3.0, None], "empty": {}},
+        },
+    )
     ctx.set(N.APPLICATION_PROCESS_NAME, "notepad.exe")
     ctx.set(N.APPLICATION_ROOT_NAME, "Notes")
     ctx.set(N.CONTROL_REANNOTATION, [{"id": 3, "label": "Save"}])
@@ -103,14 +117,31 @@ def typed_names(store: EventStore, rec: Recorder) -> None:
 def free_vars(store: EventStore, rec: Recorder) -> None:
     """AG2-style context variables: odd keys and values, set and delete in one change."""
     ctx = Context.open(store, "vars-mix", author="user:alice")
-    ctx.update_vars(set={
-        "status": "planning", "draft": "to be deleted", "ключ": "значение", "键": "值", "emoji😀": "🚀✨",
-        "a.b": "a dot", "vars.x": "looks like a prefix", "$dollar": {"$inner": 1, "plain": 2},
-        "int_max": 2**63 - 1, "int_min": -(2**63), "zero": 0, "floats": [0.1, -0.0, 5e-324, 1.7976931348623157e308, 1e16, 2.5],
-        "bools": [True, False], "none": None, "empty_str": "", "empty_list": [], "empty_dict": {},
-        "control": "line\nbreak\ttab\u0000nul\u001f\u007f", "combining": "e\u0301 Å \u200f rtl \u05e9\u05dc\u05d5\u05dd",
-        "long": "x" * 2000, "deep": _deep(30),
-    })
+    ctx.update_vars(
+        set={
+            "status": "planning",
+            "draft": "to be deleted",
+            "ключ": "значение",
+            "键": "值",
+            "emoji😀": "🚀✨",
+            "a.b": "a dot",
+            "vars.x": "looks like a prefix",
+            "$dollar": {"$inner": 1, "plain": 2},
+            "int_max": 2**63 - 1,
+            "int_min": -(2**63),
+            "zero": 0,
+            "floats": [0.1, -0.0, 5e-324, 1.7976931348623157e308, 1e16, 2.5],
+            "bools": [True, False],
+            "none": None,
+            "empty_str": "",
+            "empty_list": [],
+            "empty_dict": {},
+            "control": "line\nbreak\ttab\u0000nul\u001f\u007f",
+            "combining": "e\u0301 Å \u200f rtl \u05e9\u05dc\u05d5\u05dd",
+            "long": "x" * 2000,
+            "deep": _deep(30),
+        }
+    )
     rec.commit(ctx)
     ctx.update_vars(set={"status": "running", "draft": "set again after the delete"}, delete=["draft", "zero"])
     rec.commit(ctx, author="agent:planner", round=0, step=1, meta={"why": "delete first, then set", "ünï": ["cödé"]})
@@ -331,29 +362,73 @@ def damaged(store: EventStore, rec: Recorder, damage: Damage) -> None:
 # ------------------------------------------------------------ engine sessions
 
 _PLANS: dict[str, dict[str, Any]] = {
-    "finished": {"task": "golden finished", "object": "notes/today.md", "steps": [
-        {"subtask": "write the notes", "commands": [
-            {"tool_name": "files.write", "parameters": {"path": "notes/today.md", "content": "# Today — ünïcode ✓\n"}}]},
-        {"subtask": "list and count", "commands": [
-            {"tool_name": "files.list", "parameters": {"path": "notes"}, "tool_type": "data_collection"},
-            {"tool_name": "shell.run", "parameters": {"command": "wc -c < notes/today.md"}}]},
-    ]},
-    "failed": {"task": "golden failed", "steps": [
-        {"subtask": "write a file", "commands": [{"tool_name": "files.write", "parameters": {"path": "a.txt", "content": "a"}}]},
-        {"subtask": "read a missing file", "commands": [
-            {"tool_name": "files.read", "parameters": {"path": "missing.txt"}, "tool_type": "data_collection"}]},
-        {"subtask": "never reached", "commands": [{"tool_name": "files.write", "parameters": {"path": "b.txt", "content": "b"}}]},
-    ]},
+    "finished": {
+        "task": "golden finished",
+        "object": "notes/today.md",
+        "steps": [
+            {
+                "subtask": "write the notes",
+                "commands": [
+                    {
+                        "tool_name": "files.write",
+                        "parameters": {"path": "notes/today.md", "content": "# Today — ünïcode ✓\n"},
+                    }
+                ],
+            },
+            {
+                "subtask": "list and count",
+                "commands": [
+                    {"tool_name": "files.list", "parameters": {"path": "notes"}, "tool_type": "data_collection"},
+                    {"tool_name": "shell.run", "parameters": {"command": "wc -c < notes/today.md"}},
+                ],
+            },
+        ],
+    },
+    "failed": {
+        "task": "golden failed",
+        "steps": [
+            {
+                "subtask": "write a file",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": "a.txt", "content": "a"}}],
+            },
+            {
+                "subtask": "read a missing file",
+                "commands": [
+                    {"tool_name": "files.read", "parameters": {"path": "missing.txt"}, "tool_type": "data_collection"}
+                ],
+            },
+            {
+                "subtask": "never reached",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": "b.txt", "content": "b"}}],
+            },
+        ],
+    },
     # Step 2 kills the runner (the parent of the shell tool's server) while it runs,
     # when the workspace has a kill-runner file: the store is left mid-session.
-    "interrupted": {"task": "golden interrupted", "steps": [
-        {"subtask": "write the first file", "commands": [
-            {"tool_name": "files.write", "parameters": {"path": "first.txt", "content": "1\n"}}]},
-        {"subtask": "a step the runner dies in", "commands": [{"tool_name": "shell.run", "parameters": {
-            "command": "if [ -f kill-runner ]; then rm -f kill-runner; kill -9 $(awk '{print $4}' /proc/$PPID/stat); fi; echo step two"}}]},
-        {"subtask": "write the last file", "commands": [
-            {"tool_name": "files.write", "parameters": {"path": "last.txt", "content": "3\n"}}]},
-    ]},
+    "interrupted": {
+        "task": "golden interrupted",
+        "steps": [
+            {
+                "subtask": "write the first file",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": "first.txt", "content": "1\n"}}],
+            },
+            {
+                "subtask": "a step the runner dies in",
+                "commands": [
+                    {
+                        "tool_name": "shell.run",
+                        "parameters": {
+                            "command": "if [ -f kill-runner ]; then rm -f kill-runner; kill -9 $(awk '{print $4}' /proc/$PPID/stat); fi; echo step two"
+                        },
+                    }
+                ],
+            },
+            {
+                "subtask": "write the last file",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": "last.txt", "content": "3\n"}}],
+            },
+        ],
+    },
 }
 
 
@@ -376,16 +451,38 @@ def engine_sessions(url: str, work: Path) -> dict[str, dict[str, Any]]:
             (workspace / "kill-runner").write_text("")
         task = f"golden-{kind}"
         proc = subprocess.run(
-            [saucer, "run", "--plan", str(plan_file), "--store", url, "--workspace", workspace.name, "--task", task, "--yes"],
-            cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+            [
+                saucer,
+                "run",
+                "--plan",
+                str(plan_file),
+                "--store",
+                url,
+                "--workspace",
+                workspace.name,
+                "--task",
+                task,
+                "--yes",
+            ],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         want = {"finished": 0, "failed": 1, "interrupted": -9}[kind]
         if proc.returncode != want:
             raise SystemExit(f"saucer run ({kind}) exited {proc.returncode}, not {want}:\n{proc.stdout}\n{proc.stderr}")
         with open_store(url) as store:
             (sid,) = [i.session_id for i in store.sessions() if i.meta.get("task") == task]
-        found[sid] = {"kind": kind, "task": task, "plan_steps": len(plan["steps"]),
-                      "subtasks": [s["subtask"] for s in plan["steps"]], "exit_code": want}
+        found[sid] = {
+            "kind": kind,
+            "task": task,
+            "plan_steps": len(plan["steps"]),
+            "subtasks": [s["subtask"] for s in plan["steps"]],
+            "exit_code": want,
+        }
         print(f"  engine session {sid}: {kind} (exit {proc.returncode})")
     return found
 

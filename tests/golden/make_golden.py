@@ -128,8 +128,14 @@ def check(rec: gs.Recorder, before_prune: dict[str, Any], final: dict[str, Any])
     return wrong
 
 
-def expected_file(store: EventStore, final: dict[str, Any], wrong: dict[str, dict[int, str]],
-                  engine: dict[str, Any], leases: dict[str, int], info: dict[str, Any]) -> dict[str, Any]:
+def expected_file(
+    store: EventStore,
+    final: dict[str, Any],
+    wrong: dict[str, dict[int, str]],
+    engine: dict[str, Any],
+    leases: dict[str, int],
+    info: dict[str, Any],
+) -> dict[str, Any]:
     """The content of ``expected.json`` (see ``golden_format``)."""
     sessions = []
     for row in store.sessions():
@@ -140,18 +146,31 @@ def expected_file(store: EventStore, final: dict[str, Any], wrong: dict[str, dic
         for v, reason in sorted(wrong.get(sid, {}).items()):
             states[v] = None
             notes.append(f"v{v} is not checked: with the code that wrote this store it {reason}")
-        sessions.append({
-            "session_id": sid, "head": row.version, "first_version": store.first_version(sid),
-            "parent_id": row.parent_id, "parent_version": row.parent_version,
-            "created_at": row.created_at, "updated_at": row.updated_at, "meta": row.meta,
-            "snapshots": own_snapshots(store, sid), "lease_token": leases.get(sid),
-            "engine": engine.get(sid), "warnings": data["warnings"], "notes": notes,
-            "states": gf.compress(states), "history": data["history"],
-        })
+        sessions.append(
+            {
+                "session_id": sid,
+                "head": row.version,
+                "first_version": store.first_version(sid),
+                "parent_id": row.parent_id,
+                "parent_version": row.parent_version,
+                "created_at": row.created_at,
+                "updated_at": row.updated_at,
+                "meta": row.meta,
+                "snapshots": own_snapshots(store, sid),
+                "lease_token": leases.get(sid),
+                "engine": engine.get(sid),
+                "warnings": data["warnings"],
+                "notes": notes,
+                "states": gf.compress(states),
+                "history": data["history"],
+            }
+        )
     return {"expected_format": gf.EXPECTED_FORMAT, **info, "sessions": sessions}
 
 
-def write_and_read(store: EventStore, url: str, work: Path, damage: gs.Damage) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def write_and_read(
+    store: EventStore, url: str, work: Path, damage: gs.Damage
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Write every session; return the final reads, the wrong versions and the engine sessions."""
     rec, engine = gs.write_all(store, url, work, damage)
     before = read_all(store)
@@ -172,8 +191,12 @@ def make_sqlite(target: Path, info: dict[str, Any]) -> None:
 
     def damage(sid: str, version: int) -> None:
         with sqlite3.connect(db) as conn:
-            n = sum(conn.execute(f"UPDATE {t} SET payload = ? WHERE session_id = ? AND version = ?", (gs.TORN, sid, version)).rowcount
-                    for t in ("events", "events_recent"))
+            n = sum(
+                conn.execute(
+                    f"UPDATE {t} SET payload = ? WHERE session_id = ? AND version = ?", (gs.TORN, sid, version)
+                ).rowcount
+                for t in ("events", "events_recent")
+            )
         conn.close()
         assert n == 1, n
 
@@ -184,14 +207,19 @@ def make_sqlite(target: Path, info: dict[str, Any]) -> None:
     leases = dict(_sqlite_rows(db, "SELECT session_id, token FROM leases"))
     expected = expected_file(store, final, wrong, engine, leases, info)
     store.close()
-    tables = {t: _sqlite_rows(db, f"SELECT count(*) FROM {t}")[0][0] for t in ("events", "events_recent", "snapshots", "leases")}
+    tables = {
+        t: _sqlite_rows(db, f"SELECT count(*) FROM {t}")[0][0]
+        for t in ("events", "events_recent", "snapshots", "leases")
+    }
     print(f"  rows: {tables}")
     assert all(tables.values()), f"every table should hold rows: {tables}"
     for extra in ("-wal", "-shm"):
         assert not Path(f"{db}{extra}").exists(), f"{db}{extra} left behind: a connection is still open"
     target.mkdir(parents=True)
     shutil.copyfile(db, target / "store.db")
-    expected.update(store_file="store.db", store_sha256=_sha256(target / "store.db"), sqlite_version=sqlite3.sqlite_version)
+    expected.update(
+        store_file="store.db", store_sha256=_sha256(target / "store.db"), sqlite_version=sqlite3.sqlite_version
+    )
     gf.dump(expected, target / gf.EXPECTED_FILE)
     _report(target, wrong)
 
@@ -215,8 +243,10 @@ def make_postgres(target: Path, info: dict[str, Any], base_url: str) -> None:
 
     def damage(sid: str, version: int) -> None:
         with psycopg.connect(base_url, autocommit=True) as conn:
-            n = conn.execute(sql.SQL("UPDATE {}.events SET payload = %s WHERE session_id = %s AND version = %s").format(ident),
-                             (gs.TORN, sid, version)).rowcount
+            n = conn.execute(
+                sql.SQL("UPDATE {}.events SET payload = %s WHERE session_id = %s AND version = %s").format(ident),
+                (gs.TORN, sid, version),
+            ).rowcount
         assert n == 1, n
 
     work.mkdir(parents=True)
@@ -243,8 +273,9 @@ def make_postgres(target: Path, info: dict[str, Any], base_url: str) -> None:
         with psycopg.connect(base_url, autocommit=True) as conn:
             for name in (schema, check_schema):
                 conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-    expected.update(store_file="dump.sql", store_sha256=_sha256(target / "dump.sql"), dump_schema=schema,
-                    postgres_version=server)
+    expected.update(
+        store_file="dump.sql", store_sha256=_sha256(target / "dump.sql"), dump_schema=schema, postgres_version=server
+    )
     gf.dump(expected, target / gf.EXPECTED_FILE)
     _report(target, wrong)
 
@@ -259,13 +290,36 @@ def _pg_dump(base_url: str, schema: str) -> str:
 
     conninfo, _ = split_url(base_url)
     out = subprocess.run(
-        ["pg_dump", "--dbname", conninfo, "--schema", schema, "--column-inserts", "--no-owner", "--no-privileges",
-         "--no-comments", "--no-publications", "--no-subscriptions", "--no-security-labels", "--no-tablespaces"],
-        capture_output=True, text=True, check=True,
+        [
+            "pg_dump",
+            "--dbname",
+            conninfo,
+            "--schema",
+            schema,
+            "--column-inserts",
+            "--no-owner",
+            "--no-privileges",
+            "--no-comments",
+            "--no-publications",
+            "--no-subscriptions",
+            "--no-security-labels",
+            "--no-tablespaces",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    kept = [line for line in out.splitlines() if line and not line.startswith(("--", "SET ", "SELECT pg_catalog.set_config(", "\\"))]
+    kept = [
+        line
+        for line in out.splitlines()
+        if line and not line.startswith(("--", "SET ", "SELECT pg_catalog.set_config(", "\\"))
+    ]
     version = subprocess.run(["pg_dump", "--version"], capture_output=True, text=True).stdout.strip()
-    return f"-- saucer golden store: {version} of saucer's schema (renamed on restore), session settings removed\n" + "\n".join(kept) + "\n"
+    return (
+        f"-- saucer golden store: {version} of saucer's schema (renamed on restore), session settings removed\n"
+        + "\n".join(kept)
+        + "\n"
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -284,7 +338,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--prefix", default=time.strftime("%Y-%m"), help="label prefix (default: this year-month)")
     parser.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL")
-    parser.add_argument("--postgres-url", default=os.environ.get("SAUCER_TEST_POSTGRES_URL"), help="default: $SAUCER_TEST_POSTGRES_URL")
+    parser.add_argument(
+        "--postgres-url", default=os.environ.get("SAUCER_TEST_POSTGRES_URL"), help="default: $SAUCER_TEST_POSTGRES_URL"
+    )
     args = parser.parse_args()
     from saucer.store.postgres import SCHEMA_VERSION as PG_SCHEMA
     from saucer.store.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA
@@ -297,9 +353,16 @@ def main() -> None:
     for target in targets.values():
         if target.exists():
             raise SystemExit(f"{target} exists: never regenerate a label (see README.md); use another --prefix")
-    info = {"written_by": {"commit": _git_commit(), "saucer": __version__, "record_format": FORMAT_VERSION,
-                           "python": platform.python_version(),
-                           "script": "tests/golden/make_golden.py", "date": time.strftime("%Y-%m-%d")}}
+    info = {
+        "written_by": {
+            "commit": _git_commit(),
+            "saucer": __version__,
+            "record_format": FORMAT_VERSION,
+            "python": platform.python_version(),
+            "script": "tests/golden/make_golden.py",
+            "date": time.strftime("%Y-%m-%d"),
+        }
+    }
     shutil.rmtree(WORK, ignore_errors=True)
     try:
         for backend, target in targets.items():
@@ -312,8 +375,12 @@ def main() -> None:
 
 def _git_commit() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "src"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" (with uncommitted changes in src/)" if dirty else "")

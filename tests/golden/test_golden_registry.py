@@ -55,7 +55,9 @@ def test_every_golden_state_reads_the_same_after_migrate_rewrite(label: Path, tm
         import golden_format as gf
 
         schema = "t_golden_rw_" + uuid.uuid4().hex[:10]
-        gf.restore_dump(base, (label / expected["store_file"]).read_text(encoding="utf-8"), expected["dump_schema"], schema)
+        gf.restore_dump(
+            base, (label / expected["store_file"]).read_text(encoding="utf-8"), expected["dump_schema"], schema
+        )
         url = gf.with_schema(base, schema)
 
         def cleanup() -> None:

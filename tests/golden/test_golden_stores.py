@@ -23,10 +23,11 @@ import subprocess
 import sys
 import uuid
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import golden_format as gf
 import pytest
@@ -145,7 +146,8 @@ def _first_version(s: dict[str, Any]) -> int:
     lost = [
         version
         for version, state in gf.expand(s["states"])
-        if state is None and any(note.startswith(f"v{version} ") and "by a prune" in note for note in s.get("notes", []))
+        if state is None
+        and any(note.startswith(f"v{version} ") and "by a prune" in note for note in s.get("notes", []))
     ]
     return max([s["first_version"], *(version + 1 for version in lost)])
 
@@ -193,7 +195,13 @@ def _saucer(*args: str, cwd: Path) -> subprocess.Popen[str]:
     clean.update(COLUMNS="10000", SAUCER_LOGS__ENABLED="false")
     exe = str(Path(sys.executable).with_name("saucer"))
     return subprocess.Popen(
-        [exe, *args], cwd=cwd, env=clean, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [exe, *args],
+        cwd=cwd,
+        env=clean,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -236,7 +244,9 @@ def test_there_are_golden_stores_of_each_backend() -> None:
 def test_the_committed_files_are_unchanged(label: Path) -> None:
     expected = expected_of(label)
     digest = hashlib.sha256((label / expected["store_file"]).read_bytes()).hexdigest()
-    assert digest == expected["store_sha256"], f"{label.name}/{expected['store_file']} was modified: never regenerate a label"
+    assert digest == expected["store_sha256"], (
+        f"{label.name}/{expected['store_file']} was modified: never regenerate a label"
+    )
 
 
 def test_sessions_and_their_rows(golden: Golden) -> None:
@@ -244,9 +254,15 @@ def test_sessions_and_their_rows(golden: Golden) -> None:
     assert sorted(infos) == sorted(golden.sessions)
     for sid, s in golden.sessions.items():
         info = infos[sid]
-        row = {"head": info.version, "first_version": golden.store.first_version(sid), "parent_id": info.parent_id,
-               "parent_version": info.parent_version, "created_at": info.created_at, "updated_at": info.updated_at,
-               "meta": gf.json_roundtrip(info.meta)}
+        row = {
+            "head": info.version,
+            "first_version": golden.store.first_version(sid),
+            "parent_id": info.parent_id,
+            "parent_version": info.parent_version,
+            "created_at": info.created_at,
+            "updated_at": info.updated_at,
+            "meta": gf.json_roundtrip(info.meta),
+        }
         expected = {**{k: s[k] for k in row}, "first_version": _first_version(s)}
         assert gf.difference(row, expected) is None, f"{sid!r}: {gf.difference(row, expected)}"
 
@@ -295,7 +311,10 @@ def test_engine_session_through_the_cli(golden: Golden, tmp_path: Path) -> None:
     s = _engine(golden, "finished")
     sid = s["session_id"]
     # At once: each is a new interpreter (resume only takes the lease of a session that ended).
-    procs = [_saucer(*args, sid, "--store", golden.url, cwd=tmp_path) for args in (("state", "--json"), ("history", "--json"), ("resume",))]
+    procs = [
+        _saucer(*args, sid, "--store", golden.url, cwd=tmp_path)
+        for args in (("state", "--json"), ("history", "--json"), ("resume",))
+    ]
     (state_code, state_out, state_err), (history_code, history_out, history_err), (code, out, err) = map(_finish, procs)
     assert state_code == 0 and history_code == 0, state_err + history_err
     printed = json.loads(state_out)
@@ -317,7 +336,9 @@ def test_a_session_interrupted_mid_step_resumes_at_its_first_uncommitted_step(go
     sid, plan = s["session_id"], s["engine"]
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    code, out, err = _finish(_saucer("resume", sid, "--store", golden.url, "--workspace", str(workspace), "--yes", cwd=tmp_path))
+    code, out, err = _finish(
+        _saucer("resume", sid, "--store", golden.url, "--workspace", str(workspace), "--yes", cwd=tmp_path)
+    )
     assert code == 0, out + err
     assert f"session {sid}: finished" in out
     # Step 1 was committed before the crash: it is not run again. Steps 2 and 3 run now.

@@ -12,8 +12,9 @@ import os
 import signal
 import subprocess
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from queue_support import CONFIG, SAUCER, queue_env
@@ -54,8 +55,15 @@ def saucer(qdir: Path, pg_url: str) -> Callable[..., subprocess.CompletedProcess
     """Run ``saucer ARGS`` to its end in the test's directory (``env``: extra settings)."""
 
     def run(*args: str, timeout: float = 60, env: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*SAUCER, *args], cwd=qdir, env=queue_env(pg_url, **(env or {})), stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [*SAUCER, *args],
+            cwd=qdir,
+            env=queue_env(pg_url, **(env or {})),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     return run
 
@@ -66,8 +74,15 @@ def workers(qdir: Path, pg_url: str) -> Iterator[Callable[..., subprocess.Popen[
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str, env: dict[str, Any] | None = None) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([*SAUCER, "worker", *args], cwd=qdir, env=queue_env(pg_url, **(env or {})), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*SAUCER, "worker", *args],
+            cwd=qdir,
+            env=queue_env(pg_url, **(env or {})),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         started.append(proc)
         return proc
 
@@ -76,5 +91,3 @@ def workers(qdir: Path, pg_url: str) -> Iterator[Callable[..., subprocess.Popen[
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=10)
-
-

@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,9 @@ HERE = Path(__file__).resolve().parent
 SAUCER = [sys.executable, "-m", "saucer"]
 
 
-def write_plans(folder: Path, count: int, steps: int, out: Path, seconds: float = 0.0, needs: str = "", prefix: str = "p") -> list[Path]:
+def write_plans(
+    folder: Path, count: int, steps: int, out: Path, seconds: float = 0.0, needs: str = "", prefix: str = "p"
+) -> list[Path]:
     """``count`` plans, each of ``steps`` steps appending ``<plan>-s<i>`` to ``out``."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -28,7 +31,15 @@ def write_plans(folder: Path, count: int, steps: int, out: Path, seconds: float 
                 {
                     "subtask": f"step {i}",
                     "commands": [
-                        {"tool_name": "steps.step", "parameters": {"path": str(out), "line": f"{name}-s{i}", "seconds": seconds, "needs": needs}}
+                        {
+                            "tool_name": "steps.step",
+                            "parameters": {
+                                "path": str(out),
+                                "line": f"{name}-s{i}",
+                                "seconds": seconds,
+                                "needs": needs,
+                            },
+                        }
                     ],
                 }
                 for i in range(steps)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from queue_support import counts, status_here, status_json, wait_until, write_plans
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -19,7 +18,9 @@ def _lines(out: Path) -> list[str]:
     return [line.split()[0] for line in out.read_text().splitlines()] if out.exists() else []
 
 
-def test_sigterm_hands_running_sessions_back_and_another_worker_continues_them(qdir: Path, pg_url: str, saucer: Any, workers: Any) -> None:
+def test_sigterm_hands_running_sessions_back_and_another_worker_continues_them(
+    qdir: Path, pg_url: str, saucer: Any, workers: Any
+) -> None:
     out = qdir / "out.txt"
     write_plans(qdir / "plans", 2, 4, out, seconds=0.6)
     assert saucer("run", "--plan", "plans", "--queue").returncode == 0
@@ -36,12 +37,16 @@ def test_sigterm_hands_running_sessions_back_and_another_worker_continues_them(q
     wait_until(lambda: counts(pg_url)["done"] == 2, 90, "both jobs to finish")
     seen = collections.Counter(_lines(out))
     assert sorted(seen) == sorted(f"p{n:02d}-s{i}" for n in range(2) for i in range(4))
-    assert sum(1 for v in seen.values() if v == 2) <= 2 and max(seen.values()) <= 2  # one in-flight step per handed-back session
+    assert (
+        sum(1 for v in seen.values() if v == 2) <= 2 and max(seen.values()) <= 2
+    )  # one in-flight step per handed-back session
     status = status_here(pg_url)
     assert status["counts"]["retried"] >= 1 and {j["session"] for j in status["jobs"]} == {"finished"}
 
 
-def test_a_failed_job_is_retried_after_the_cause_is_fixed_and_cancel_stops_queued_jobs(qdir: Path, pg_url: str, saucer: Any, workers: Any) -> None:
+def test_a_failed_job_is_retried_after_the_cause_is_fixed_and_cancel_stops_queued_jobs(
+    qdir: Path, pg_url: str, saucer: Any, workers: Any
+) -> None:
     out = qdir / "out.txt"
     flag = qdir / "ready"
     write_plans(qdir / "failing", 1, 2, out, needs=str(flag), prefix="f")
@@ -71,7 +76,9 @@ def test_a_failed_job_is_retried_after_the_cause_is_fixed_and_cancel_stops_queue
     assert saucer("queue", "retry", "nosuchsession").stderr.startswith("error: no queued session 'nosuchsession'")
 
 
-def test_job_timeout_fails_the_job_and_priority_and_queue_limits_come_from_configuration(qdir: Path, pg_url: str, saucer: Any, workers: Any) -> None:
+def test_job_timeout_fails_the_job_and_priority_and_queue_limits_come_from_configuration(
+    qdir: Path, pg_url: str, saucer: Any, workers: Any
+) -> None:
     out = qdir / "out.txt"
     write_plans(qdir / "slow", 1, 1, out, seconds=30, prefix="slow")
     write_plans(qdir / "low", 3, 1, out, seconds=0.4, prefix="low")
@@ -88,7 +95,7 @@ def test_job_timeout_fails_the_job_and_priority_and_queue_limits_come_from_confi
     ends = [line.split() for line in (qdir / "out.txt.ends").read_text().splitlines()]
     spans = sorted((float(start), float(end), name) for name, _pid, start, end in ends if not name.startswith("slow"))
     assert spans[0][2] == "high00-s0"  # the higher priority first
-    assert all(a[1] <= b[0] + 0.05 for a, b in zip(spans, spans[1:])), spans  # never two at once
+    assert all(a[1] <= b[0] + 0.05 for a, b in zip(spans, spans[1:], strict=False)), spans  # never two at once
     status = status_json(saucer)
     [slow] = [j for j in status["jobs"] if j["source"].endswith("slow00.json")]
     assert slow["state"] == "failed" and slow["session"] == "interrupted", slow

@@ -14,13 +14,22 @@ from queue_support import status_json, wait_until
 pytestmark = [pytest.mark.postgres]
 
 
-def test_a_queued_sensitive_step_waits_on_its_worker_until_approved(qdir: Path, pg_url: str, saucer: Any, workers: Any) -> None:
+def test_a_queued_sensitive_step_waits_on_its_worker_until_approved(
+    qdir: Path, pg_url: str, saucer: Any, workers: Any
+) -> None:
     (qdir / "saucer.toml").write_text('[system]\nsave_experience = "always_not"\nlog_to_markdown = false\n')
     workspace = qdir / "ws"
     workspace.mkdir()
     (workspace / "junk.txt").write_text("junk")
-    plan = {"task": "cleanup", "steps": [
-        {"subtask": "remove junk", "commands": [{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}]}]}
+    plan = {
+        "task": "cleanup",
+        "steps": [
+            {
+                "subtask": "remove junk",
+                "commands": [{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}],
+            }
+        ],
+    }
     (qdir / "plan.json").write_text(json.dumps(plan))
     queued = saucer("run", "--plan", "plan.json", "--queue", "--workspace", str(workspace))
     assert queued.returncode == 0, queued.stderr
@@ -43,7 +52,9 @@ def test_a_queued_sensitive_step_waits_on_its_worker_until_approved(qdir: Path, 
     assert not (workspace / "junk.txt").exists()
 
 
-def test_a_queued_sessions_question_waits_on_its_worker_until_answered(qdir: Path, pg_url: str, saucer: Any, workers: Any) -> None:
+def test_a_queued_sessions_question_waits_on_its_worker_until_answered(
+    qdir: Path, pg_url: str, saucer: Any, workers: Any
+) -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agents"))

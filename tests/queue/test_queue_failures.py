@@ -9,7 +9,6 @@ import signal
 from typing import Any
 
 import pytest
-
 from queue_support import status_json
 
 pytestmark = [pytest.mark.postgres]
@@ -34,7 +33,9 @@ def test_a_request_on_a_worker_without_llm_says_why_everywhere(pg_url: str, sauc
     show = saucer("show", "nollm-1")
     assert show.returncode == 0, show.stderr
     [title] = [x for x in show.stdout.splitlines() if "session nollm-1 · " in x]
-    assert f"· error: {' '.join(title.split('· error: ', 1)[1].split())}" in title and "llm" in title.lower(), show.stdout
+    assert f"· error: {' '.join(title.split('· error: ', 1)[1].split())}" in title and "llm" in title.lower(), (
+        show.stdout
+    )
     shown = json.loads(saucer("show", "nollm-1", "--json").stdout)["session"]
     assert shown["status"] == "error" and shown["reason"] == job["reason"]
     [row] = json.loads(saucer("sessions", "--json").stdout)
@@ -57,7 +58,10 @@ def test_a_retried_job_starts_its_session_afresh(pg_url: str, saucer: Any, worke
     assert saucer("queue", "retry", "nollm-2").returncode == 0
     from queue_support import wait_until
 
-    wait_until(lambda: status_json(saucer)["jobs"][0]["state"] == "failed" and status_json(saucer)["jobs"][0]["retries"] >= 1,
-               60, "the retried job to fail again")
+    wait_until(
+        lambda: status_json(saucer)["jobs"][0]["state"] == "failed" and status_json(saucer)["jobs"][0]["retries"] >= 1,
+        60,
+        "the retried job to fail again",
+    )
     [job] = status_json(saucer)["jobs"]
     assert job["session"] == "error" and "llm" in job["reason"].lower()

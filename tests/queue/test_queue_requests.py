@@ -6,14 +6,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from queue_support import status_here
 
 pytestmark = [pytest.mark.postgres]
 
 OPS = "ops-token-0123456789abcdef"
 ALICE = "alice-token-0123456789abcdef"
-TASK = {"task": "notes", "steps": [{"subtask": "write", "commands": [{"tool_name": "files.write", "parameters": {"path": "n.md", "content": "hi"}}]}]}
+TASK = {
+    "task": "notes",
+    "steps": [
+        {
+            "subtask": "write",
+            "commands": [{"tool_name": "files.write", "parameters": {"path": "n.md", "content": "hi"}}],
+        }
+    ],
+}
 
 
 def test_run_request_queue_puts_one_request_job_on_the_queue(pg_url: str, saucer: Any) -> None:
@@ -29,16 +36,22 @@ def test_run_request_queue_puts_one_request_job_on_the_queue(pg_url: str, saucer
 def _service(store_url: str | None) -> Any:
     from saucer.service.server import ServiceConfig, create_app
 
-    return create_app(ServiceConfig(port=0, tokens={"ops": OPS, "alice": ALICE}, state_dir=None, admins=["ops"], store_url=store_url))
+    return create_app(
+        ServiceConfig(port=0, tokens={"ops": OPS, "alice": ALICE}, state_dir=None, admins=["ops"], store_url=store_url)
+    )
 
 
 def test_the_service_queues_a_task_for_workers_for_admins_only(pg_url: str, tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
     with TestClient(_service(pg_url)) as client:
-        refused = client.post("/api/sessions", json={"queue": True, "task": TASK}, headers={"Authorization": f"Bearer {ALICE}"})
+        refused = client.post(
+            "/api/sessions", json={"queue": True, "task": TASK}, headers={"Authorization": f"Bearer {ALICE}"}
+        )
         assert refused.status_code == 403 and "only service admins may queue" in refused.json()["error"]["message"]
-        queued = client.post("/api/sessions", json={"queue": True, "task": TASK}, headers={"Authorization": f"Bearer {OPS}"})
+        queued = client.post(
+            "/api/sessions", json={"queue": True, "task": TASK}, headers={"Authorization": f"Bearer {OPS}"}
+        )
         assert queued.status_code == 202, queued.text
         body = queued.json()
         assert body["queued"] is True and body["job_id"]

@@ -28,12 +28,25 @@ class _Tools:
 
 
 def test_a_queued_plan_session_starts_with_its_vars_and_participants(tmp_path: Path) -> None:
-    plan = {"task": "q", "vars": {"phase": "draft"},
-            "steps": [{"subtask": "a", "commands": [{"tool_name": "shell.run", "parameters": {"command": "true"}}]}]}
+    plan = {
+        "task": "q",
+        "vars": {"phase": "draft"},
+        "steps": [{"subtask": "a", "commands": [{"tool_name": "shell.run", "parameters": {"command": "true"}}]}],
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
-    [spec] = plan_jobs(tmp_path / "plan.json", workspace=tmp_path, yes=True,
-                       context_vars={"retries": 2}, participants=["human:bob"], user="user:ana")
-    assert spec.args["vars"] == {"retries": 2} and spec.args["participants"] == ["human:bob"] and spec.args["user"] == "user:ana"
+    [spec] = plan_jobs(
+        tmp_path / "plan.json",
+        workspace=tmp_path,
+        yes=True,
+        context_vars={"retries": 2},
+        participants=["human:bob"],
+        user="user:ana",
+    )
+    assert (
+        spec.args["vars"] == {"retries": 2}
+        and spec.args["participants"] == ["human:bob"]
+        and spec.args["user"] == "user:ana"
+    )
     store = MemoryStore()
     settings = load_settings(overrides={"logs.enabled": False, "store.url": "memory://"})
     runner = SessionRunner(settings, store, dispatcher_factory=lambda session: _Tools())
@@ -64,8 +77,11 @@ class _DiesBeforeTheStart(_Tools):
 
 
 def test_a_job_whose_worker_died_before_the_session_started_starts_it_with_its_vars(tmp_path: Path) -> None:
-    plan = {"task": "q", "vars": {"phase": "draft"},
-            "steps": [{"subtask": "a", "commands": [{"tool_name": "shell.run", "parameters": {"command": "true"}}]}]}
+    plan = {
+        "task": "q",
+        "vars": {"phase": "draft"},
+        "steps": [{"subtask": "a", "commands": [{"tool_name": "shell.run", "parameters": {"command": "true"}}]}],
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
     [spec] = plan_jobs(tmp_path / "plan.json", workspace=tmp_path, yes=True, context_vars={"retries": 2})
     args = json.loads(json.dumps(spec.args))

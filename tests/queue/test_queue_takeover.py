@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from procrastinate.exceptions import ConnectorException
@@ -17,7 +17,9 @@ from saucer.queue.schema import ensure_queue, queue_location
 from saucer.queue.worker import recover_stalled
 
 
-def test_a_late_outcome_for_a_job_another_worker_ended_is_dropped_not_raised(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_late_outcome_for_a_job_another_worker_ended_is_dropped_not_raised(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     location = queue_location(pg_url)
     ensure_queue(location)
 
@@ -30,7 +32,7 @@ def test_a_late_outcome_for_a_job_another_worker_ended_is_dropped_not_raised(pg_
             job = await manager.fetch_job(queues=None, worker_id=slow)
             assert job is not None
             # The slow worker missed its heartbeats: its job is put back, another worker takes it and ends it.
-            await manager.retry_job_by_id_async(job_id=job.id, retry_at=datetime.now(timezone.utc))
+            await manager.retry_job_by_id_async(job_id=job.id, retry_at=datetime.now(UTC))
             again = await manager.fetch_job(queues=None, worker_id=fast)
             assert again is not None and again.id == job.id
             await manager.finish_job(again, Status.SUCCEEDED, delete_job=False)
@@ -43,7 +45,7 @@ def test_a_late_outcome_for_a_job_another_worker_ended_is_dropped_not_raised(pg_
             # Nothing stalled is left to put back, and a job that is not there still fails loudly.
             assert await recover_stalled(app, 0) == []
             with pytest.raises(ConnectorException) as refused:  # recover_stalled's call: it must know
-                await manager.retry_job_by_id_async(job_id=job.id, retry_at=datetime.now(timezone.utc))
+                await manager.retry_job_by_id_async(job_id=job.id, retry_at=datetime.now(UTC))
             assert "Job was not found" in str(refused.value.__cause__)
 
     asyncio.run(scenario())

@@ -12,12 +12,10 @@ import collections
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from queue_support import SAUCER, counts, queue_env, status_json, wait_until, write_plans
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -42,7 +40,9 @@ def _ends(events: list[Any]) -> list[str]:
     return [e.meta.get("session_status") for e in events if e.meta.get("kind") == "session_end"]
 
 
-def test_three_workers_one_killed_mid_step_every_plan_finishes_once(qdir: Path, pg_url: str, saucer: Any, workers: Any) -> None:
+def test_three_workers_one_killed_mid_step_every_plan_finishes_once(
+    qdir: Path, pg_url: str, saucer: Any, workers: Any
+) -> None:
     out = qdir / "out.txt"
     plans = write_plans(qdir / "plans", 30, STEPS, out, seconds=0.3)
     queued = saucer("run", "--plan", "plans", "--queue")
@@ -52,7 +52,9 @@ def test_three_workers_one_killed_mid_step_every_plan_finishes_once(qdir: Path, 
     procs = [workers("--concurrency", "2") for _ in range(3)]
     victim = procs[0]
     # Kill the first worker just after one of its steps appended its line: it is mid-step (0.3 s of work left).
-    wait_until(lambda: any(pid == victim.pid for _, pid in _lines(out)), 60, "the first worker to run a step", interval=0.05)
+    wait_until(
+        lambda: any(pid == victim.pid for _, pid in _lines(out)), 60, "the first worker to run a step", interval=0.05
+    )
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
 
@@ -87,14 +89,23 @@ def test_three_workers_one_killed_mid_step_every_plan_finishes_once(qdir: Path, 
         assert proc.wait(timeout=30) == 0, proc.communicate(timeout=10)[1][-3000:]  # its stderr says why
 
 
-def test_two_concurrent_enqueuers_over_one_folder_queue_each_plan_once(qdir: Path, pg_url: str, saucer: Any, workers: Any) -> None:
+def test_two_concurrent_enqueuers_over_one_folder_queue_each_plan_once(
+    qdir: Path, pg_url: str, saucer: Any, workers: Any
+) -> None:
     out = qdir / "out.txt"
     write_plans(qdir / "plans", 20, 1, out)
     assert saucer("store", "migrate").returncode == 0  # both racers find the schema; the race is over the plans
     env = queue_env(pg_url)
     racers = [
-        subprocess.Popen([*SAUCER, "run", "--plan", "plans", "--queue"], cwd=qdir, env=env, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [*SAUCER, "run", "--plan", "plans", "--queue"],
+            cwd=qdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     outputs = [p.communicate(timeout=60) for p in racers]
@@ -129,7 +140,11 @@ def test_a_queue_needs_postgresql(tmp_path: Path) -> None:
             queue_location(url)
     write_plans(tmp_path / "plans", 1, 1, tmp_path / "out.txt")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
-    for args in (["worker", "--store", "sqlite:///x.db"], ["run", "--plan", "plans", "--queue", "--store", "memory://"], ["queue", "status"]):
+    for args in (
+        ["worker", "--store", "sqlite:///x.db"],
+        ["run", "--plan", "plans", "--queue", "--store", "memory://"],
+        ["queue", "status"],
+    ):
         proc = subprocess.run([*SAUCER, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("error: a queue needs a PostgreSQL store"), (args, proc.stderr)

@@ -22,7 +22,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 def now() -> str:
     """ISO 8601 UTC, as AIP's timestamps."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return datetime.datetime.now(datetime.UTC).isoformat()
 
 
 # The tools a UFO Linux device's MCP servers would list (AIP's MCPToolInfo shape).
@@ -33,8 +33,11 @@ LINUX_TOOLS = [
         "namespace": "linux",
         "tool_type": "action",
         "description": "Run a shell command; returns success, exit_code, stdout, stderr.",
-        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}, "api_key": {"type": "string"}},
-                         "required": ["command"]},
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "api_key": {"type": "string"}},
+            "required": ["command"],
+        },
     },
     {
         "tool_key": "action::wait",
@@ -170,10 +173,20 @@ class MiniAipDevice:
             return {"status": "success", "result": LINUX_TOOLS}
         if name == "execute_command":
             if self.api_key is not None and params.get("api_key") != self.api_key:
-                return {"status": "success", "result": {"success": False, "error": "Authentication failed. Invalid or missing API key."}}
-            proc = await asyncio.to_thread(subprocess.run, params["command"], shell=True, capture_output=True, text=True)
+                return {
+                    "status": "success",
+                    "result": {"success": False, "error": "Authentication failed. Invalid or missing API key."},
+                }
+            proc = await asyncio.to_thread(
+                subprocess.run, params["command"], shell=True, capture_output=True, text=True
+            )
             # "success": the call returned -- whatever the command's exit code (as UFO's Linux MCP server).
-            body = {"success": proc.returncode == 0, "exit_code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+            body = {
+                "success": proc.returncode == 0,
+                "exit_code": proc.returncode,
+                "stdout": proc.stdout,
+                "stderr": proc.stderr,
+            }
             return {"status": "success", "result": body}
         if name == "wait":
             await asyncio.sleep(float(params.get("seconds", 1)))
@@ -182,6 +195,7 @@ class MiniAipDevice:
 
     async def next(self, kind: str, timeout: float = 10.0) -> dict[str, Any]:
         """The next message of type ``kind`` the server sent (others are skipped)."""
+
         async def find() -> dict[str, Any]:
             while True:
                 message = await self.inbox.get()
@@ -209,7 +223,7 @@ class MiniAipServer:
     connected: asyncio.Event = field(default_factory=asyncio.Event)
     inbox: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
 
-    async def __aenter__(self) -> "MiniAipServer":
+    async def __aenter__(self) -> MiniAipServer:
         self._server = await serve(self._handler, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -272,6 +286,7 @@ class MiniAipServer:
 
     async def reply(self, kind: str, timeout: float = 20.0, **match: Any) -> dict[str, Any]:
         """The next message of type ``kind`` (whose fields equal ``match``) the device sent."""
+
         async def find() -> dict[str, Any]:
             while True:
                 message = await self.inbox.get()

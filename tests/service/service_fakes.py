@@ -55,9 +55,13 @@ class FakeDispatcher:
                 short = True
                 results.append(Result(status=ResultStatus.SUCCESS, result="short", call_id=command.call_id))
             elif name == "whoami":
-                results.append(Result(status=ResultStatus.SUCCESS, result={"pid": os.getpid()}, call_id=command.call_id))
+                results.append(
+                    Result(status=ResultStatus.SUCCESS, result={"pid": os.getpid()}, call_id=command.call_id)
+                )
             elif name == "big":
-                results.append(Result(status=ResultStatus.SUCCESS, result="x" * int(params["size"]), call_id=command.call_id))
+                results.append(
+                    Result(status=ResultStatus.SUCCESS, result="x" * int(params["size"]), call_id=command.call_id)
+                )
             else:
                 results.append(Result.failure(command, f"unknown fake tool {name!r}"))
         return results[:-1] if short else results

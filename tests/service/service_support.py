@@ -11,9 +11,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -98,9 +99,19 @@ class Processes:
     ) -> Proc:
         """Start ``python -m <module> <args>`` (``saucer.service``, or ``saucer`` for the CLI) in the log dir."""
         log = self.logdir / f"{name}-{len(self.started)}.log"
-        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            **(env or {}),
+        }
         # Model settings of the developer's environment must not leak into the servers under test.
-        for var in ("SAUCER_LLM_MODEL", "SAUCER_LLM_BASE_URL", "SAUCER_LLM_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        for var in (
+            "SAUCER_LLM_MODEL",
+            "SAUCER_LLM_BASE_URL",
+            "SAUCER_LLM_API_KEY",
+            "OPENAI_API_KEY",
+            "OPENAI_BASE_URL",
+        ):
             full_env.pop(var, None)
         with open(log, "wb") as out:
             popen = subprocess.Popen(
@@ -132,14 +143,22 @@ class Processes:
             "server",
             [
                 "serve",
-                "--host", "127.0.0.1",
-                "--port", str(port),
-                "--state-dir", str(state_dir),
-                "--heartbeat-interval", str(heartbeat),
-                "--missed-heartbeats", str(missed),
-                "--max-frame-bytes", str(max_frame_bytes),
-                "--log-level", "warning",
-                "--config", str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--state-dir",
+                str(state_dir),
+                "--heartbeat-interval",
+                str(heartbeat),
+                "--missed-heartbeats",
+                str(missed),
+                "--max-frame-bytes",
+                str(max_frame_bytes),
+                "--log-level",
+                "warning",
+                "--config",
+                str(config),
                 *extra,
             ],
             env={"SAUCER_SERVICE_TOKENS": TOKENS_ENV},
@@ -153,12 +172,18 @@ class Processes:
             f"device-{device_id}",
             [
                 "device",
-                "--server", f"ws://127.0.0.1:{port}/ws",
-                "--device-id", device_id,
-                "--dispatcher", "service_fakes:make_dispatcher",
-                "--backoff-initial", "0.1",
-                "--backoff-max", "0.5",
-                "--log-level", "info",
+                "--server",
+                f"ws://127.0.0.1:{port}/ws",
+                "--device-id",
+                device_id,
+                "--dispatcher",
+                "service_fakes:make_dispatcher",
+                "--backoff-initial",
+                "0.1",
+                "--backoff-max",
+                "0.5",
+                "--log-level",
+                "info",
             ],
             env={"SAUCER_SERVICE_TOKEN": token},
         )
@@ -180,12 +205,18 @@ class Processes:
             "saucer-serve",
             [
                 "serve",
-                "--port", str(port),
-                "--state-dir", str(state_dir),
-                "--store", store_url,
-                "--heartbeat-interval", str(heartbeat),
-                "--log-level", "warning",
-                "--config", str(config),
+                "--port",
+                str(port),
+                "--state-dir",
+                str(state_dir),
+                "--store",
+                store_url,
+                "--heartbeat-interval",
+                str(heartbeat),
+                "--log-level",
+                "warning",
+                "--config",
+                str(config),
             ],
             env={"SAUCER_SERVICE_TOKENS": ""},
             module="saucer",
@@ -194,7 +225,13 @@ class Processes:
         return proc
 
     def cli_device(
-        self, port: int, device_id: str, workspace: Path, token: str = FLEET, *, yes: bool = True,
+        self,
+        port: int,
+        device_id: str,
+        workspace: Path,
+        token: str = FLEET,
+        *,
+        yes: bool = True,
         env: dict[str, str] | None = None,
     ) -> Proc:
         """Start ``saucer device`` (the CLI, built-in tools in ``workspace``, ``env`` added); wait until it is online."""
@@ -202,11 +239,16 @@ class Processes:
             f"saucer-device-{device_id}",
             [
                 "device",
-                "--server", f"http://127.0.0.1:{port}",
-                "--device-id", device_id,
-                "--workspace", str(workspace),
-                "--backoff-initial", "0.1",
-                "--backoff-max", "0.5",
+                "--server",
+                f"http://127.0.0.1:{port}",
+                "--device-id",
+                device_id,
+                "--workspace",
+                str(workspace),
+                "--backoff-initial",
+                "0.1",
+                "--backoff-max",
+                "0.5",
                 *(["--yes"] if yes else []),
             ],
             env={"SAUCER_SERVICE_TOKEN": token, **(env or {})},

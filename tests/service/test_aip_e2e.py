@@ -31,8 +31,12 @@ pytestmark = pytest.mark.anyio
 def _saucer(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SAUCER_", "OPENAI_"))}
     return subprocess.run(
-        [sys.executable, "-m", "saucer", *args], capture_output=True, text=True, timeout=60,
-        stdin=subprocess.DEVNULL, env={**env, "COLUMNS": "200", "NO_COLOR": "1"},
+        [sys.executable, "-m", "saucer", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={**env, "COLUMNS": "200", "NO_COLOR": "1"},
     )
 
 
@@ -54,11 +58,24 @@ async def _ended(http: httpx.AsyncClient, sid: str) -> dict[str, Any]:
 async def test_saucer_serve_drives_a_device_that_speaks_only_aip(processes: Processes, tmp_path: Path) -> None:
     port, store_url = free_port(), f"sqlite:///{tmp_path / 'events.db'}"
     config = tmp_path / "saucer.toml"
-    config.write_text(f'[service]\ntokens = ["alice={ALICE}", "fleet={FLEET}"]\n[service.devices."ufo-box"]\nprincipals = ["alice"]\n')
+    config.write_text(
+        f'[service]\ntokens = ["alice={ALICE}", "fleet={FLEET}"]\n[service.devices."ufo-box"]\nprincipals = ["alice"]\n'
+    )
     server = processes.spawn(
         "saucer-serve",
-        ["serve", "--port", str(port), "--state-dir", str(tmp_path / "state"), "--store", store_url,
-         "--log-level", "debug", "--config", str(config)],  # uvicorn's access log and the libraries' debug lines
+        [
+            "serve",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--store",
+            store_url,
+            "--log-level",
+            "debug",
+            "--config",
+            str(config),
+        ],  # uvicorn's access log and the libraries' debug lines
         env={"SAUCER_SERVICE_TOKENS": ""},
         module="saucer",
     )
@@ -81,25 +98,52 @@ async def test_saucer_serve_drives_a_device_that_speaks_only_aip(processes: Proc
                 if "tools" in described["info"]:
                     break
                 await asyncio.sleep(0.1)
-            assert described["protocol"] == "aip" and set(described["info"]["tools"]) == {"linux.execute_command", "linux.wait"}
-            plan = {"task": "hello", "steps": [
-                {"subtask": "greet", "commands": [{"tool_name": "execute_command", "parameters": {"command": "echo hello from AIP"}}]},
-                {"subtask": "check", "commands": [{"tool_name": "execute_command", "parameters": {"command": "test 2 -gt 1"}}]},
-            ]}
+            assert described["protocol"] == "aip" and set(described["info"]["tools"]) == {
+                "linux.execute_command",
+                "linux.wait",
+            }
+            plan = {
+                "task": "hello",
+                "steps": [
+                    {
+                        "subtask": "greet",
+                        "commands": [
+                            {"tool_name": "execute_command", "parameters": {"command": "echo hello from AIP"}}
+                        ],
+                    },
+                    {
+                        "subtask": "check",
+                        "commands": [{"tool_name": "execute_command", "parameters": {"command": "test 2 -gt 1"}}],
+                    },
+                ],
+            }
             sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()["session_id"]
             body = await _ended(http, sid)
             assert body["session"]["status"] == "finished", body["session"]
             assert body["steps"][0]["results"][0]["result"]["stdout"] == "hello from AIP\n"
-            failing = {"task": "exit2", "steps": [{"subtask": "ls", "commands": [
-                {"tool_name": "execute_command", "parameters": {"command": "ls /nonexistent-dir"}}]}]}
-            fsid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": failing})).json()["session_id"]
+            failing = {
+                "task": "exit2",
+                "steps": [
+                    {
+                        "subtask": "ls",
+                        "commands": [
+                            {"tool_name": "execute_command", "parameters": {"command": "ls /nonexistent-dir"}}
+                        ],
+                    }
+                ],
+            }
+            fsid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": failing})).json()[
+                "session_id"
+            ]
             failed = await _ended(http, fsid)
             assert failed["session"]["status"] == "failed"
             result = failed["steps"][0]["results"][0]
             assert result["status"] == "failure" and "exit_code 2" in result["error"]
             # The device answered "success" (the call returned); saucer's verdict came from inside the result.
             raw = [m for d, m in device.exchange if d == "device→server" and m["type"] == "command_results"][-1]
-            assert raw["action_results"][0]["status"] == "success" and raw["action_results"][0]["result"]["exit_code"] == 2
+            assert (
+                raw["action_results"][0]["status"] == "success" and raw["action_results"][0]["result"]["exit_code"] == 2
+            )
     finally:
         await device.stop()
 
@@ -125,9 +169,24 @@ async def test_saucer_device_protocol_aip_joins_a_ufo_style_server(processes: Pr
     async with MiniAipServer(token=token) as ufo:
         device = processes.spawn(
             "saucer-device-aip",
-            ["device", "--protocol", "aip", "--server", ufo.url, "--device-id", "saucer-box", "--workspace",
-             str(tmp_path / "ws"), "--yes", "--heartbeat-interval", "0.5", "--backoff-initial", "0.1",
-             "--log-level", "debug"],  # debug: websockets logs each handshake's URL, where the token is
+            [
+                "device",
+                "--protocol",
+                "aip",
+                "--server",
+                ufo.url,
+                "--device-id",
+                "saucer-box",
+                "--workspace",
+                str(tmp_path / "ws"),
+                "--yes",
+                "--heartbeat-interval",
+                "0.5",
+                "--backoff-initial",
+                "0.1",
+                "--log-level",
+                "debug",
+            ],  # debug: websockets logs each handshake's URL, where the token is
             env={"SAUCER_SERVICE_TOKEN": token},
             module="saucer",
         )
@@ -137,8 +196,15 @@ async def test_saucer_device_protocol_aip_joins_a_ufo_style_server(processes: Pr
             pytest.fail(f"saucer device did not register:\n{device.output()}")
         [register] = ufo.registrations
         assert (register["type"], register["status"], register["client_type"], register["client_id"]) == (
-            "register", "ok", "device", "saucer-box")
-        assert register["metadata"]["platform"] == "linux" and register["metadata"]["system_info"]["device_id"] == "saucer-box"
+            "register",
+            "ok",
+            "device",
+            "saucer-box",
+        )
+        assert (
+            register["metadata"]["platform"] == "linux"
+            and register["metadata"]["system_info"]["device_id"] == "saucer-box"
+        )
 
         rid = await ufo.command([{"tool_name": "list_tools", "tool_type": "action", "call_id": "c0", "parameters": {}}])
         listed = await ufo.reply("command_results", prev_response_id=rid)
@@ -146,24 +212,44 @@ async def test_saucer_device_protocol_aip_joins_a_ufo_style_server(processes: Pr
         assert tools["status"] == "success" and tools["call_id"] == "c0"
         assert {("shell", "run"), ("files", "write")} <= {(t["namespace"], t["tool_name"]) for t in tools["result"]}
 
-        rid = await ufo.command([{"tool_name": "run", "tool_type": "action", "call_id": "c1", "parameters": {"command": "echo hi"}},
-                                 {"tool_name": "run", "tool_type": "action", "call_id": "c2", "parameters": {"command": "exit 2"}}])
+        rid = await ufo.command(
+            [
+                {"tool_name": "run", "tool_type": "action", "call_id": "c1", "parameters": {"command": "echo hi"}},
+                {"tool_name": "run", "tool_type": "action", "call_id": "c2", "parameters": {"command": "exit 2"}},
+            ]
+        )
         ran = await ufo.reply("command_results", prev_response_id=rid)
         ok, exit2 = ran["action_results"]
-        assert (ok["status"], ok["call_id"], ok["namespace"], ok["result"]["stdout"]) == ("success", "c1", "shell", "hi\n")
+        assert (ok["status"], ok["call_id"], ok["namespace"], ok["result"]["stdout"]) == (
+            "success",
+            "c1",
+            "shell",
+            "hi\n",
+        )
         assert exit2["status"] == "failure" and exit2["call_id"] == "c2" and exit2["result"]["exit_code"] == 2
         assert ran["session_id"] == "s-1" and ran["client_id"] == "saucer-box"
 
         # An agent it does not serve, no agent at all, an unknown tool: an answer each, saying why.
-        for agent, says in (("WeirdAgent", "agent_name 'WeirdAgent' is not served here"), (None, "the command names no agent_name")):
-            rid = await ufo.command([{"tool_name": "run", "tool_type": "action", "call_id": "c3", "parameters": {"command": "touch nope"}}],
-                                    agent_name=agent)
+        for agent, says in (
+            ("WeirdAgent", "agent_name 'WeirdAgent' is not served here"),
+            (None, "the command names no agent_name"),
+        ):
+            rid = await ufo.command(
+                [{"tool_name": "run", "tool_type": "action", "call_id": "c3", "parameters": {"command": "touch nope"}}],
+                agent_name=agent,
+            )
             refused = await ufo.reply("command_results", prev_response_id=rid)
             assert refused["status"] == "error" and says in refused["error"] and "LinuxAgent" in refused["error"]
-            assert refused["action_results"][0]["status"] == "failure" and refused["action_results"][0]["call_id"] == "c3"
+            assert (
+                refused["action_results"][0]["status"] == "failure" and refused["action_results"][0]["call_id"] == "c3"
+            )
         assert not (tmp_path / "ws" / "nope").exists()
-        rid = await ufo.command([{"tool_name": "frobnicate", "tool_type": "action", "call_id": "c4"},
-                                 {"tool_name": "run", "tool_type": "action", "call_id": "c5", "parameters": {"command": "echo still"}}])
+        rid = await ufo.command(
+            [
+                {"tool_name": "frobnicate", "tool_type": "action", "call_id": "c4"},
+                {"tool_name": "run", "tool_type": "action", "call_id": "c5", "parameters": {"command": "echo still"}},
+            ]
+        )
         mixed = await ufo.reply("command_results", prev_response_id=rid)
         unknown, still = mixed["action_results"]
         assert unknown["status"] == "failure" and "unknown tool 'frobnicate'" in unknown["error"]
@@ -183,7 +269,17 @@ async def test_saucer_device_protocol_aip_joins_a_ufo_style_server(processes: Pr
 
         wrong = processes.spawn(
             "saucer-device-aip-wrong",
-            ["device", "--protocol", "aip", "--server", ufo.url, "--device-id", "intruder", "--workspace", str(tmp_path / "ws2")],
+            [
+                "device",
+                "--protocol",
+                "aip",
+                "--server",
+                ufo.url,
+                "--device-id",
+                "intruder",
+                "--workspace",
+                str(tmp_path / "ws2"),
+            ],
             env={"SAUCER_SERVICE_TOKEN": "not-the-servers-key-0000"},
             module="saucer",
         )
@@ -196,13 +292,27 @@ async def test_saucer_device_protocol_aip_joins_a_ufo_style_server(processes: Pr
     assert "not-the-servers-key-0000" not in wrong.output()
 
 
-async def test_saucer_device_protocol_aip_serves_saucer_serve_and_stops_a_cancelled_batch(processes: Processes, tmp_path: Path) -> None:
+async def test_saucer_device_protocol_aip_serves_saucer_serve_and_stops_a_cancelled_batch(
+    processes: Processes, tmp_path: Path
+) -> None:
     port, workspace = free_port(), tmp_path / "ws"
     processes.cli_server(port, tmp_path / "state", f"sqlite:///{tmp_path / 'events.db'}")
     device = processes.spawn(
         "saucer-device-aip",
-        ["device", "--protocol", "aip", "--server", f"ws://127.0.0.1:{port}/ws", "--device-id", "box", "--workspace",
-         str(workspace), "--yes", "--backoff-initial", "0.1"],
+        [
+            "device",
+            "--protocol",
+            "aip",
+            "--server",
+            f"ws://127.0.0.1:{port}/ws",
+            "--device-id",
+            "box",
+            "--workspace",
+            str(workspace),
+            "--yes",
+            "--backoff-initial",
+            "0.1",
+        ],
         env={"SAUCER_SERVICE_TOKEN": FLEET},
         module="saucer",
     )
@@ -215,12 +325,27 @@ async def test_saucer_device_protocol_aip_serves_saucer_serve_and_stops_a_cancel
             await asyncio.sleep(0.1)
         described = listed.json()
         assert described["protocol"] == "aip" and "shell.run" in described["info"]["tools"]
-        plan = {"task": "hi", "steps": [{"commands": [{"tool_name": "shell.run", "parameters": {"command": "echo hi > hi.txt"}}]}]}
+        plan = {
+            "task": "hi",
+            "steps": [{"commands": [{"tool_name": "shell.run", "parameters": {"command": "echo hi > hi.txt"}}]}],
+        }
         sid = (await http.post("/api/sessions", json={"device_id": "box", "task": plan})).json()["session_id"]
         assert (await _ended(http, sid))["session"]["status"] == "finished"
         assert (workspace / "hi.txt").read_text() == "hi\n"
-        long = {"task": "long", "timeout": 120, "steps": [{"commands": [
-            {"tool_name": "shell.run", "parameters": {"command": "touch started; sleep 30; touch finished", "timeout": 120}}]}]}
+        long = {
+            "task": "long",
+            "timeout": 120,
+            "steps": [
+                {
+                    "commands": [
+                        {
+                            "tool_name": "shell.run",
+                            "parameters": {"command": "touch started; sleep 30; touch finished", "timeout": 120},
+                        }
+                    ]
+                }
+            ],
+        }
         sid = (await http.post("/api/sessions", json={"device_id": "box", "task": long})).json()["session_id"]
         for _ in range(300):
             if (workspace / "started").exists():

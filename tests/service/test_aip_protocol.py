@@ -51,14 +51,30 @@ from saucer.service.server import ServiceConfig, running_server
 
 # One valid message of each client type, as AIP's definition describes them.
 CLIENT_MESSAGES: dict[str, dict[str, Any]] = {
-    "register": {"type": "register", "status": "ok", "client_type": "device", "client_id": "box",
-                 "metadata": {"system_info": {"platform": "linux", "cpu_count": 4}, "platform": "linux"}},
+    "register": {
+        "type": "register",
+        "status": "ok",
+        "client_type": "device",
+        "client_id": "box",
+        "metadata": {"system_info": {"platform": "linux", "cpu_count": 4}, "platform": "linux"},
+    },
     "heartbeat": {"type": "heartbeat", "status": "ok", "client_id": "box"},
     "task": {"type": "task", "status": "continue", "request": "list files", "task_name": "t", "request_id": "q1"},
-    "command_results": {"type": "command_results", "status": "continue", "session_id": "s", "prev_response_id": "r1",
-                        "action_results": [{"status": "success", "result": {"exit_code": 0}, "call_id": "c1", "namespace": "linux"}]},
+    "command_results": {
+        "type": "command_results",
+        "status": "continue",
+        "session_id": "s",
+        "prev_response_id": "r1",
+        "action_results": [{"status": "success", "result": {"exit_code": 0}, "call_id": "c1", "namespace": "linux"}],
+    },
     "task_end": {"type": "task_end", "status": "completed", "session_id": "s"},
-    "device_info_request": {"type": "device_info_request", "status": "ok", "client_type": "constellation", "target_id": "box", "request_id": "q2"},
+    "device_info_request": {
+        "type": "device_info_request",
+        "status": "ok",
+        "client_type": "constellation",
+        "target_id": "box",
+        "request_id": "q2",
+    },
     "device_info_response": {"type": "device_info_response", "status": "ok", "metadata": {"cpu_count": 8}},
     "error": {"type": "error", "status": "error", "error": "tool server crashed", "prev_response_id": "r1"},
 }
@@ -66,11 +82,24 @@ CLIENT_MESSAGES: dict[str, dict[str, Any]] = {
 SERVER_MESSAGES: dict[str, dict[str, Any]] = {
     "heartbeat": {"type": "heartbeat", "status": "ok", "response_id": "h"},
     "task": {"type": "task", "status": "continue", "user_request": "list files", "task_name": "t", "session_id": "s"},
-    "command": {"type": "command", "status": "continue", "agent_name": "LinuxAgent", "session_id": "s", "response_id": "r1",
-                "actions": [{"tool_name": "execute_command", "tool_type": "action", "call_id": "c1", "parameters": {"command": "ls"}}]},
+    "command": {
+        "type": "command",
+        "status": "continue",
+        "agent_name": "LinuxAgent",
+        "session_id": "s",
+        "response_id": "r1",
+        "actions": [
+            {"tool_name": "execute_command", "tool_type": "action", "call_id": "c1", "parameters": {"command": "ls"}}
+        ],
+    },
     "task_end": {"type": "task_end", "status": "failed", "session_id": "s", "error": "boom"},
     "device_info_request": {"type": "device_info_request", "status": "ok", "response_id": "q"},
-    "device_info_response": {"type": "device_info_response", "status": "ok", "response_id": "q", "result": {"cpu_count": 8}},
+    "device_info_response": {
+        "type": "device_info_response",
+        "status": "ok",
+        "response_id": "q",
+        "result": {"cpu_count": 8},
+    },
     "error": {"type": "error", "status": "error", "error": "nope"},
 }
 
@@ -87,8 +116,13 @@ def test_every_client_message_parses_and_becomes_a_saucer_frame(kind: str) -> No
     dialect = AipServerDialect(heartbeat_interval=120, session_of=lambda rid: None)
     frame = dialect.decode(json.dumps(CLIENT_MESSAGES[kind]), None)
     expected = {
-        "register": RegisterFrame, "heartbeat": HeartbeatFrame, "task": TaskFrame, "command_results": CommandResultsFrame,
-        "task_end": TaskEndNotice, "device_info_request": DeviceInfoRequestFrame, "device_info_response": InfoPush,
+        "register": RegisterFrame,
+        "heartbeat": HeartbeatFrame,
+        "task": TaskFrame,
+        "command_results": CommandResultsFrame,
+        "task_end": TaskEndNotice,
+        "device_info_request": DeviceInfoRequestFrame,
+        "device_info_response": InfoPush,
         "error": ErrorFrame,
     }[kind]
     assert isinstance(frame, expected)
@@ -114,7 +148,12 @@ def test_every_frame_the_server_sends_is_written_as_an_aip_message_that_parses()
     dialect.namespaces = {"linux"}
     command = Command(tool_name="linux.execute_command", parameters={"command": "ls"}, call_id="c1")
     frames = [
-        (RegisteredFrame(client_id="box", role="device", server_instance="i", heartbeat_interval=10, max_frame_bytes=1024), ("heartbeat", "ok")),
+        (
+            RegisteredFrame(
+                client_id="box", role="device", server_instance="i", heartbeat_interval=10, max_frame_bytes=1024
+            ),
+            ("heartbeat", "ok"),
+        ),
         (HeartbeatAckFrame(), ("heartbeat", "ok")),
         (TaskAcceptedFrame(session_id="s", device_id="box", request_id="q1"), ("heartbeat", "ok")),
         (TaskEndFrame(session_id="s", status="completed", results=[1]), ("task_end", "completed")),
@@ -128,7 +167,9 @@ def test_every_frame_the_server_sends_is_written_as_an_aip_message_that_parses()
     for frame, (kind, status) in frames:
         message = parse_aip(dialect.encode(frame), "server")
         assert (message.type, message.status.value) == (kind, status), frame
-    sent = parse_aip(dialect.encode(CommandFrame(response_id="r1", session_id="s", commands=[command], timeout=5)), "server")
+    sent = parse_aip(
+        dialect.encode(CommandFrame(response_id="r1", session_id="s", commands=[command], timeout=5)), "server"
+    )
     assert sent.agent_name == "LinuxAgent" and sent.response_id == "r1" and sent.session_id == "s"
     assert [(a.tool_name, a.tool_type, a.call_id, a.parameters) for a in sent.actions] == [
         ("execute_command", "action", "c1", {"command": "ls"})
@@ -153,19 +194,48 @@ def test_every_frame_the_server_sends_is_written_as_an_aip_message_that_parses()
         ('{"type": "heartbeat"}', "client", "invalid_frame", "status: Field required"),
         ('{"type": "heartbeat", "status": "fine"}', "client", "invalid_frame", "status: Input should be"),
         ('{"type": "register", "status": "ok"}', "client", "invalid_frame", "client_id: required"),
-        ('{"type": "register", "status": "ok", "client_id": "x", "client_type": "robot"}', "client", "invalid_frame", "client_type"),
+        (
+            '{"type": "register", "status": "ok", "client_id": "x", "client_type": "robot"}',
+            "client",
+            "invalid_frame",
+            "client_type",
+        ),
         ('{"type": "task", "status": "continue"}', "client", "invalid_frame", "request: required"),
-        ('{"type": "command_results", "status": "ok", "action_results": []}', "client", "invalid_frame", "prev_response_id"),
-        ('{"type": "command_results", "status": "ok", "prev_response_id": "r", "action_results": [{"status": "meh"}]}',
-         "client", "invalid_frame", "action_results.0.status"),
-        ('{"type": "command", "status": "continue", "response_id": "r"}', "server", "invalid_frame", "actions: required"),
-        ('{"type": "command", "status": "continue", "actions": [{"tool_name": "x", "tool_type": "action"}]}',
-         "server", "invalid_frame", "response_id: required"),
-        ('{"type": "command", "status": "continue", "response_id": "r", "actions": [{"tool_name": "x"}]}',
-         "server", "invalid_frame", "actions.0.tool_type"),
+        (
+            '{"type": "command_results", "status": "ok", "action_results": []}',
+            "client",
+            "invalid_frame",
+            "prev_response_id",
+        ),
+        (
+            '{"type": "command_results", "status": "ok", "prev_response_id": "r", "action_results": [{"status": "meh"}]}',
+            "client",
+            "invalid_frame",
+            "action_results.0.status",
+        ),
+        (
+            '{"type": "command", "status": "continue", "response_id": "r"}',
+            "server",
+            "invalid_frame",
+            "actions: required",
+        ),
+        (
+            '{"type": "command", "status": "continue", "actions": [{"tool_name": "x", "tool_type": "action"}]}',
+            "server",
+            "invalid_frame",
+            "response_id: required",
+        ),
+        (
+            '{"type": "command", "status": "continue", "response_id": "r", "actions": [{"tool_name": "x"}]}',
+            "server",
+            "invalid_frame",
+            "actions.0.tool_type",
+        ),
     ],
 )
-def test_malformed_and_unknown_messages_are_refused_saying_what_and_where(raw: str, sender: str, code: str, says: str) -> None:
+def test_malformed_and_unknown_messages_are_refused_saying_what_and_where(
+    raw: str, sender: str, code: str, says: str
+) -> None:
     with pytest.raises(ProtocolError) as info:
         parse_aip(raw, sender)  # type: ignore[arg-type]
     assert info.value.code == code and says in info.value.message, info.value.message
@@ -175,7 +245,10 @@ def test_a_result_verdict_reads_what_the_call_returned_not_only_aips_status() ->
     def verdict(**fields: Any) -> Result:
         return result_from_aip(AipResult(**fields))
 
-    assert verdict(status="success", result={"success": True, "exit_code": 0, "stdout": "hi"}).status is ResultStatus.SUCCESS
+    assert (
+        verdict(status="success", result={"success": True, "exit_code": 0, "stdout": "hi"}).status
+        is ResultStatus.SUCCESS
+    )
     exit2 = verdict(status="success", result={"success": False, "exit_code": 2, "stderr": "ls: no such file"})
     assert exit2.status is ResultStatus.FAILURE and "exit_code 2: ls: no such file" in (exit2.error or "")
     refused = verdict(status="success", result={"success": False, "error": "Command blocked by security policy."})
@@ -183,7 +256,9 @@ def test_a_result_verdict_reads_what_the_call_returned_not_only_aips_status() ->
     assert verdict(status="success", result='{"isError": true}').status is ResultStatus.FAILURE
     assert verdict(status="success", result={"status": "error"}).status is ResultStatus.FAILURE
     assert verdict(status="success", result="exit code 2 is just text").status is ResultStatus.SUCCESS
-    assert verdict(status="success", result=[{"success": False}]).status is ResultStatus.SUCCESS  # no verdict of its own
+    assert (
+        verdict(status="success", result=[{"success": False}]).status is ResultStatus.SUCCESS
+    )  # no verdict of its own
     bare = verdict(status="failure")
     assert bare.status is ResultStatus.FAILURE and bare.error
     assert verdict(status="skipped", error="early exit").status is ResultStatus.SKIPPED
@@ -191,8 +266,12 @@ def test_a_result_verdict_reads_what_the_call_returned_not_only_aips_status() ->
 
 
 def test_tool_listings_round_trip_and_agent_names_follow_the_platform() -> None:
-    tools = tools_from_listing([{"tool_name": "execute_command", "namespace": "linux", "tool_type": "action", "description": "d"},
-                                {"not": "a tool"}])
+    tools = tools_from_listing(
+        [
+            {"tool_name": "execute_command", "namespace": "linux", "tool_type": "action", "description": "d"},
+            {"not": "a tool"},
+        ]
+    )
     assert list(tools) == ["linux.execute_command"] and tools["linux.execute_command"]["tool"] == "execute_command"
     assert tools_from_listing(tool_listing(tools)) == tools
     assert tools_from_listing("not json") == {}
@@ -202,7 +281,6 @@ def test_tool_listings_round_trip_and_agent_names_follow_the_platform() -> None:
 
 
 # ----------------------------------------------------------------------------- on the wire
-
 
 
 def _config(**overrides: Any) -> ServiceConfig:
@@ -241,9 +319,17 @@ async def test_an_aip_device_registers_with_its_token_in_the_query_and_is_answer
                 assert set(described["info"]["tools"]) == {"linux.execute_command", "linux.wait"}
                 assert (await http.get("/api/devices/ufo-box", headers=auth(BOB))).status_code == 404  # alice's device
             # heartbeat -> heartbeat ok; task_end -> nothing (an acknowledgement); a push replaces the info.
-            await device.send({"type": "task_end", "status": "completed", "session_id": "whatever", "client_id": "ufo-box"})
-            await device.send({"type": "device_info_response", "status": "ok", "client_id": "ufo-box",
-                               "metadata": {"system_info": {"cpu_count": 16}, "platform": "linux"}})
+            await device.send(
+                {"type": "task_end", "status": "completed", "session_id": "whatever", "client_id": "ufo-box"}
+            )
+            await device.send(
+                {
+                    "type": "device_info_response",
+                    "status": "ok",
+                    "client_id": "ufo-box",
+                    "metadata": {"system_info": {"cpu_count": 16}, "platform": "linux"},
+                }
+            )
             await device.send({"type": "heartbeat", "status": "ok", "client_id": "ufo-box"})
             ack = await asyncio.wait_for(device.inbox.get(), 5)
             assert (ack["type"], ack["status"]) == ("heartbeat", "ok")  # the first answer: nothing for the two before
@@ -254,8 +340,10 @@ async def test_an_aip_device_registers_with_its_token_in_the_query_and_is_answer
                 ('{"type": "dance", "status": "ok"}', "unknown_type: unknown AIP message type 'dance'"),
                 ("{oops", "malformed_json: message is not valid JSON"),
                 ('{"type": "heartbeat"}', "invalid_frame: invalid AIP 'heartbeat' message: status: Field required"),
-                ('{"type": "command_results", "status": "ok", "prev_response_id": "nope", "action_results": []}',
-                 "unknown_response: response_id 'nope' was not issued to this device"),
+                (
+                    '{"type": "command_results", "status": "ok", "prev_response_id": "nope", "action_results": []}',
+                    "unknown_response: response_id 'nope' was not issued to this device",
+                ),
                 ('{"type": "register", "status": "ok", "client_id": "again"}', "already_registered"),
             ):
                 await device.send_raw(raw)
@@ -290,15 +378,31 @@ async def test_sessions_on_an_aip_device_run_commands_and_read_verdicts_from_res
         try:
             await _until(lambda: "tools" in server.state.hub.get("ufo-box").info)
             async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE), timeout=30) as http:
-                plan = {"task": "ok", "steps": [{"commands": [{"tool_name": "execute_command", "parameters": {"command": "echo hi"}}]}]}
-                sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()["session_id"]
+                plan = {
+                    "task": "ok",
+                    "steps": [{"commands": [{"tool_name": "execute_command", "parameters": {"command": "echo hi"}}]}],
+                }
+                sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()[
+                    "session_id"
+                ]
                 body = (await http.get(f"/api/sessions/{sid}", params={"wait": 20})).json()
                 assert body["session"]["status"] == "finished", body
                 [result] = body["steps"][0]["results"]
-                assert result["status"] == "success" and result["result"]["stdout"] == "hi\n" and result["namespace"] == "linux"
+                assert (
+                    result["status"] == "success"
+                    and result["result"]["stdout"] == "hi\n"
+                    and result["namespace"] == "linux"
+                )
                 # exit code 2 comes back as AIP "success": the verdict reads the result, and fails the session.
-                plan = {"task": "exit2", "steps": [{"commands": [{"tool_name": "linux.execute_command", "parameters": {"command": "exit 2"}}]}]}
-                sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()["session_id"]
+                plan = {
+                    "task": "exit2",
+                    "steps": [
+                        {"commands": [{"tool_name": "linux.execute_command", "parameters": {"command": "exit 2"}}]}
+                    ],
+                }
+                sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()[
+                    "session_id"
+                ]
                 body = (await http.get(f"/api/sessions/{sid}", params={"wait": 20})).json()
                 assert body["session"]["status"] == "failed"
                 [result] = body["steps"][0]["results"]
@@ -308,7 +412,9 @@ async def test_sessions_on_an_aip_device_run_commands_and_read_verdicts_from_res
                 refused = await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})
                 assert refused.status_code == 422 and "unknown tool 'frobnicate'" in refused.text
                 commands = [m for d, m in device.exchange if d == "server→device" and m["type"] == "command"]
-                assert commands[-1]["actions"][0]["tool_name"] == "execute_command"  # the bare name, as the device knows it
+                assert (
+                    commands[-1]["actions"][0]["tool_name"] == "execute_command"
+                )  # the bare name, as the device knows it
                 assert commands[-1]["session_id"] == sid and commands[-1]["status"] == "continue"
         finally:
             await device.stop()
@@ -321,9 +427,20 @@ async def test_an_aip_device_may_submit_its_own_task_and_an_orchestrator_only_to
         bob = MiniAipDevice(f"{server.ws_url}?token={BOB}", "bob-orchestrator")
         try:
             await _until(lambda: "tools" in server.state.hub.get("ufo-box").info)
-            plan = {"task": "mine", "steps": [{"commands": [{"tool_name": "execute_command", "parameters": {"command": "true"}}]}]}
-            await device.send({"type": "task", "status": "continue", "client_id": "ufo-box", "request": "mine",
-                               "request_id": "q1", "metadata": {"saucer": {"task": plan}}})
+            plan = {
+                "task": "mine",
+                "steps": [{"commands": [{"tool_name": "execute_command", "parameters": {"command": "true"}}]}],
+            }
+            await device.send(
+                {
+                    "type": "task",
+                    "status": "continue",
+                    "client_id": "ufo-box",
+                    "request": "mine",
+                    "request_id": "q1",
+                    "metadata": {"saucer": {"task": plan}},
+                }
+            )
             accepted = await device.next("heartbeat")
             while "session_id" not in accepted:
                 accepted = await device.next("heartbeat")
@@ -333,22 +450,48 @@ async def test_an_aip_device_may_submit_its_own_task_and_an_orchestrator_only_to
             # Bob's orchestrator (client_type constellation) cannot see alice's device: not for tasks, not for info.
             bob.send_heartbeats = False
             await bob.start(register=False)
-            await bob.send({"type": "register", "status": "ok", "client_type": "constellation", "client_id": "bob-orchestrator"})
+            await bob.send(
+                {"type": "register", "status": "ok", "client_type": "constellation", "client_id": "bob-orchestrator"}
+            )
             assert (await bob.next("heartbeat"))["status"] == "ok"
-            await bob.send({"type": "task", "status": "continue", "client_type": "constellation", "request": "x",
-                            "target_id": "ufo-box", "request_id": "q2"})
+            await bob.send(
+                {
+                    "type": "task",
+                    "status": "continue",
+                    "client_type": "constellation",
+                    "request": "x",
+                    "target_id": "ufo-box",
+                    "request_id": "q2",
+                }
+            )
             error = await bob.next("error")
             assert error["error"].startswith("unknown_device") and error["response_id"] == "q2"
-            await bob.send({"type": "device_info_request", "status": "ok", "client_type": "constellation",
-                            "target_id": "ufo-box", "request_id": "q3"})
+            await bob.send(
+                {
+                    "type": "device_info_request",
+                    "status": "ok",
+                    "client_type": "constellation",
+                    "target_id": "ufo-box",
+                    "request_id": "q3",
+                }
+            )
             assert (await bob.next("error"))["error"].startswith("unknown_device")
             # Alice's own orchestrator gets the device's info.
             alice = MiniAipDevice(f"{server.ws_url}?token={ALICE}", "alice-orchestrator", send_heartbeats=False)
             await alice.start(register=False)
-            await alice.send({"type": "register", "status": "ok", "client_type": "constellation", "client_id": "alice-orchestrator"})
+            await alice.send(
+                {"type": "register", "status": "ok", "client_type": "constellation", "client_id": "alice-orchestrator"}
+            )
             await alice.next("heartbeat")
-            await alice.send({"type": "device_info_request", "status": "ok", "client_type": "constellation",
-                              "target_id": "ufo-box", "request_id": "q4"})
+            await alice.send(
+                {
+                    "type": "device_info_request",
+                    "status": "ok",
+                    "client_type": "constellation",
+                    "target_id": "ufo-box",
+                    "request_id": "q4",
+                }
+            )
             info = await alice.next("device_info_response")
             assert info["response_id"] == "q4" and info["result"]["info"]["system_info"]["hostname"] == "ufo-box"
             await alice.stop()
@@ -365,7 +508,9 @@ async def test_cancel_reaches_an_aip_device_as_a_task_end_naming_the_batch() -> 
             await _until(lambda: "tools" in server.state.hub.get("ufo-box").info)
             async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE), timeout=30) as http:
                 plan = {"task": "long", "steps": [{"commands": [{"tool_name": "wait", "parameters": {"seconds": 30}}]}]}
-                sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()["session_id"]
+                sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()[
+                    "session_id"
+                ]
                 command = await device.next("command")
                 while command["actions"][0]["tool_name"] != "wait":
                     command = await device.next("command")
@@ -374,7 +519,9 @@ async def test_cancel_reaches_an_aip_device_as_a_task_end_naming_the_batch() -> 
                 assert (end["status"], end["response_id"], end["session_id"]) == ("failed", command["response_id"], sid)
                 assert end["error"] == "cancelled: cancelled by its owner"
                 # A UFO device cannot stop a running action: the server says so instead of waiting forever.
-                assert answer["status"] == "cancelled" and "did not acknowledge the cancel within 0.5 s" in answer["error"]
+                assert (
+                    answer["status"] == "cancelled" and "did not acknowledge the cancel within 0.5 s" in answer["error"]
+                )
         finally:
             await device.stop()
 
@@ -422,27 +569,79 @@ async def test_an_aip_device_id_stays_with_the_token_that_registered_it() -> Non
 
 
 def test_messages_with_every_optional_field_null_as_ufos_pydantic_writes_them() -> None:
-    nulls = dict.fromkeys(("session_id", "task_name", "target_id", "request", "action_results", "timestamp", "request_id",
-                           "prev_response_id", "error", "metadata"))
+    nulls = dict.fromkeys(
+        (
+            "session_id",
+            "task_name",
+            "target_id",
+            "request",
+            "action_results",
+            "timestamp",
+            "request_id",
+            "prev_response_id",
+            "error",
+            "metadata",
+        )
+    )
     dialect = AipServerDialect(heartbeat_interval=120, session_of=lambda rid: "s-known")
-    register = dialect.decode(json.dumps({**nulls, "type": "register", "status": "ok", "client_type": "device", "client_id": "box"}), None)
+    register = dialect.decode(
+        json.dumps({**nulls, "type": "register", "status": "ok", "client_type": "device", "client_id": "box"}), None
+    )
     assert isinstance(register, RegisterFrame) and register.info == {}
-    heartbeat = dialect.decode(json.dumps({**nulls, "type": "heartbeat", "status": "ok", "client_type": "device", "client_id": "box"}), None)
+    heartbeat = dialect.decode(
+        json.dumps({**nulls, "type": "heartbeat", "status": "ok", "client_type": "device", "client_id": "box"}), None
+    )
     assert isinstance(heartbeat, HeartbeatFrame)
-    results = dialect.decode(json.dumps({**nulls, "type": "command_results", "status": "continue", "client_type": "device",
-                                         "prev_response_id": "r1", "action_results": [
-                                             {"status": "success", "error": None, "result": None, "namespace": None, "call_id": "c"}]}), None)
+    results = dialect.decode(
+        json.dumps(
+            {
+                **nulls,
+                "type": "command_results",
+                "status": "continue",
+                "client_type": "device",
+                "prev_response_id": "r1",
+                "action_results": [
+                    {"status": "success", "error": None, "result": None, "namespace": None, "call_id": "c"}
+                ],
+            }
+        ),
+        None,
+    )
     assert results.session_id == "s-known"  # left out by the device: the batch's own session
-    server = {k: None for k in ("user_request", "agent_name", "process_name", "root_name", "actions", "messages", "error",
-                                "session_id", "task_name", "timestamp", "response_id", "result")}
+    server = {
+        k: None
+        for k in (
+            "user_request",
+            "agent_name",
+            "process_name",
+            "root_name",
+            "actions",
+            "messages",
+            "error",
+            "session_id",
+            "task_name",
+            "timestamp",
+            "response_id",
+            "result",
+        )
+    }
     assert parse_aip(json.dumps({**server, "type": "heartbeat", "status": "ok"}), "server").type == "heartbeat"
 
 
 @pytest.mark.anyio
 async def test_a_device_credential_is_added_on_the_wire_only_to_the_tools_that_declare_it() -> None:
     key = "ufo-mcp-api-key-5b1e77c2"
-    plan = {"task": "k", "steps": [{"commands": [{"tool_name": "execute_command", "parameters": {"command": "echo ok"}},
-                                                {"tool_name": "wait", "parameters": {"seconds": 0}}]}]}
+    plan = {
+        "task": "k",
+        "steps": [
+            {
+                "commands": [
+                    {"tool_name": "execute_command", "parameters": {"command": "echo ok"}},
+                    {"tool_name": "wait", "parameters": {"seconds": 0}},
+                ]
+            }
+        ],
+    }
     for configured in (False, True):
         config = _config(aip_parameters={"ufo-box": {"api_key": key}} if configured else {})
         async with running_server(config) as server:
@@ -450,7 +649,9 @@ async def test_a_device_credential_is_added_on_the_wire_only_to_the_tools_that_d
             try:
                 await _until(lambda: "tools" in server.state.hub.get("ufo-box").info)
                 async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE), timeout=30) as http:
-                    sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()["session_id"]
+                    sid = (await http.post("/api/sessions", json={"device_id": "ufo-box", "task": plan})).json()[
+                        "session_id"
+                    ]
                     body = (await http.get(f"/api/sessions/{sid}", params={"wait": 20})).json()
             finally:
                 await device.stop()

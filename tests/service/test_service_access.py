@@ -84,10 +84,19 @@ def test_a_device_is_only_seen_and_used_by_its_owner_those_it_is_shared_with_and
             refused = bob.post("/api/sessions", json={"device_id": device_id, "task": _plan({"tool_name": "whoami"})})
             assert refused.status_code == 404 and refused.json()["error"]["code"] == "unknown_device"
         task_answer, info_answer = asyncio.run(
-            _ws_frames(port, BOB, [
-                {"type": "task", "task": _plan({"tool_name": "whoami"}), "target_device_id": "alice-box", "request_id": "q"},
-                {"type": "device_info_request", "request_id": "i", "device_id": "alice-box"},
-            ])
+            _ws_frames(
+                port,
+                BOB,
+                [
+                    {
+                        "type": "task",
+                        "task": _plan({"tool_name": "whoami"}),
+                        "target_device_id": "alice-box",
+                        "request_id": "q",
+                    },
+                    {"type": "device_info_request", "request_id": "i", "device_id": "alice-box"},
+                ],
+            )
         )
         assert (task_answer["code"], task_answer["ref"]) == ("unknown_device", "q")
         assert (info_answer["code"], info_answer["ref"]) == ("unknown_device", "i")
@@ -98,8 +107,10 @@ def test_a_device_is_only_seen_and_used_by_its_owner_those_it_is_shared_with_and
         assert _wait_status(bob, shared.json()["session_id"], ("finished",))["session"]["owner"] == "bob"
         admin = ops.post("/api/sessions", json={"device_id": "alice-box", "task": _plan({"tool_name": "echo"})})
         assert admin.status_code == 201
-        long = alice.post("/api/sessions", json={"device_id": "alice-box", "task": _plan(
-            {"tool_name": "sleep", "parameters": {"seconds": 30}})})
+        long = alice.post(
+            "/api/sessions",
+            json={"device_id": "alice-box", "task": _plan({"tool_name": "sleep", "parameters": {"seconds": 30}})},
+        )
         sid = long.json()["session_id"]
         _wait_status(alice, sid, ("running",))
         assert bob.post(f"/api/sessions/{sid}/cancel").status_code == 404
@@ -118,7 +129,11 @@ def test_a_device_is_only_seen_and_used_by_its_owner_those_it_is_shared_with_and
         ran = bob.post("/api/sessions", json={"device_id": "alice-box", "task": _plan({"tool_name": "whoami"})})
         assert _wait_status(bob, ran.json()["session_id"], ("finished",))["session"]["device_id"] == "alice-box"
         assert ops.get("/api/devices/shared-box/grants").json() == {
-            "device_id": "shared-box", "owner": "fleet", "configured": ["bob"], "granted": []}
+            "device_id": "shared-box",
+            "owner": "fleet",
+            "configured": ["bob"],
+            "granted": [],
+        }
 
     server.kill(signal.SIGTERM)
     server.popen.wait(timeout=20)
@@ -150,8 +165,11 @@ def test_a_device_id_pinned_to_an_owner_in_the_config_cannot_be_taken(processes:
 
 def test_a_sharing_config_naming_an_unknown_principal_is_refused() -> None:
     config = ServiceConfig(
-        port=0, tokens={"alice": ALICE, "bob": BOB}, state_dir=None,
-        devices={"laptop": {"principals": ["bbo"]}}, admins=["root"],
+        port=0,
+        tokens={"alice": ALICE, "bob": BOB},
+        state_dir=None,
+        devices={"laptop": {"principals": ["bbo"]}},
+        admins=["root"],
     )
     with pytest.raises(ValueError) as info:
         create_app(config)

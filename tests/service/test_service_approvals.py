@@ -86,15 +86,19 @@ def _ended(http: httpx.Client, sid: str, timeout: float = 30) -> dict[str, Any]:
 def _saucer(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SAUCER_", "OPENAI_"))}
     return subprocess.run(
-        [sys.executable, "-m", "saucer", *args], capture_output=True, text=True, timeout=60,
-        stdin=subprocess.DEVNULL, env={**env, "COLUMNS": "200", "NO_COLOR": "1"},
+        [sys.executable, "-m", "saucer", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={**env, "COLUMNS": "200", "NO_COLOR": "1"},
     )
 
 
 def _readme_api(port: int, token: str, sid: str, number: int) -> list[dict[str, Any]]:
     """Run the README's approvals API block (curl) with ``$TOKEN``, ``$SID`` and ``$N``; one JSON answer per command."""
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### People in the loop"):]
+    section = text[text.index("### People in the loop") :]
     script = re.findall(r"```sh\n(.*?)```", section[: section.index("\n## ")], re.S)[-1]
     assert script.count("curl ") == 3 and ":8765/" in script
     script = script.replace(":8765/", f":{port}/").replace("curl ", "curl -s -w '\\n' ")
@@ -108,9 +112,11 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
     port, store_url, workspace = _start(processes, tmp_path, timeout=120)
     (workspace / "junk.txt").write_text("junk")
     base = f"http://127.0.0.1:{port}"
-    with httpx.Client(base_url=base, headers=auth(ALICE), timeout=10) as alice, \
-            httpx.Client(base_url=base, headers=auth(BOB), timeout=10) as bob, \
-            httpx.Client(base_url=base, headers=auth(OPS), timeout=10) as ops:
+    with (
+        httpx.Client(base_url=base, headers=auth(ALICE), timeout=10) as alice,
+        httpx.Client(base_url=base, headers=auth(BOB), timeout=10) as bob,
+        httpx.Client(base_url=base, headers=auth(OPS), timeout=10) as ops,
+    ):
         sid = _submit(alice, _plan("rm -f junk.txt"))
         approval = _pending(alice, sid)
         assert approval["action"] == "run shell.run" and "rm -f junk.txt" in approval["detail"]
@@ -122,7 +128,10 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
 
         # bob may use the device, but the session is alice's: he can neither see nor decide its approvals.
         number = approval["number"]
-        for attempt in (bob.post(f"/api/sessions/{sid}/approvals/{number}/approve"), bob.get(f"/api/sessions/{sid}/approvals")):
+        for attempt in (
+            bob.post(f"/api/sessions/{sid}/approvals/{number}/approve"),
+            bob.get(f"/api/sessions/{sid}/approvals"),
+        ):
             assert attempt.status_code == 403, attempt.text
             assert attempt.json()["error"]["message"] == (
                 f"principal 'bob' may not see, decide or answer approvals and questions of session '{sid}' (its owner, its participants and the service admins may)"
@@ -145,7 +154,9 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         (workspace / "junk.txt").write_text("junk")
         second = _submit(alice, _plan("rm -f junk.txt"))
         approval = _pending(alice, second)
-        refused = ops.post(f"/api/sessions/{second}/approvals/{approval['number']}/refuse", json={"reason": "keep the junk"})
+        refused = ops.post(
+            f"/api/sessions/{second}/approvals/{approval['number']}/refuse", json={"reason": "keep the junk"}
+        )
         assert refused.status_code == 200 and refused.json()["status"] == "refused", refused.text
         body = _ended(alice, second)
         assert body["session"]["status"] == "failed"
@@ -173,11 +184,17 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
 
     # The request and the decision are events of the session, each with its author.
     with open_store(store_url) as store:
-        kinds = [(e.meta.get("kind"), e.author) for e in store.read(sid) if str(e.meta.get("kind", "")).startswith("approval")]
+        kinds = [
+            (e.meta.get("kind"), e.author)
+            for e in store.read(sid)
+            if str(e.meta.get("kind", "")).startswith("approval")
+        ]
     assert kinds == [("approval_request", "system"), ("approval_decision", "alice")]
 
 
-def test_an_unanswered_approval_is_refused_by_timeout_and_the_agent_reads_it(processes: Processes, tmp_path: Path) -> None:
+def test_an_unanswered_approval_is_refused_by_timeout_and_the_agent_reads_it(
+    processes: Processes, tmp_path: Path
+) -> None:
     port, store_url, workspace = _start(processes, tmp_path, timeout=3)
     (workspace / "junk.txt").write_text("junk")
     base = f"http://127.0.0.1:{port}"
@@ -193,4 +210,3 @@ def test_an_unanswered_approval_is_refused_by_timeout_and_the_agent_reads_it(pro
         assert (workspace / "junk.txt").exists()
         [timed_out] = alice.get(f"/api/sessions/{sid}/approvals").json()["approvals"]
         assert timed_out["status"] == "timed_out" and timed_out["decided_by"] == "system"
-

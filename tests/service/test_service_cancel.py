@@ -45,12 +45,27 @@ def test_cancel_kills_the_running_shell_command_on_the_device_within_a_second_an
     # Isolated: the end of this test is about the stdio shell server seeing its client die (in-process, the
     # tools die with the device; tests/dispatch/test_inprocess_tools.py checks their commands die too).
     device = processes.cli_device(port, "dev-cancel", workspace, env={"SAUCER_MCP__ISOLATE": "true"})
-    plan = {"task": "long", "timeout": 120, "steps": [{"subtask": "wait", "commands": [
-        {"tool_name": "shell.run", "parameters": {"command": "echo $$ > pgid.txt; sleep 30", "timeout": 120}}]}]}
+    plan = {
+        "task": "long",
+        "timeout": 120,
+        "steps": [
+            {
+                "subtask": "wait",
+                "commands": [
+                    {
+                        "tool_name": "shell.run",
+                        "parameters": {"command": "echo $$ > pgid.txt; sleep 30", "timeout": 120},
+                    }
+                ],
+            }
+        ],
+    }
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth(ALICE), timeout=30) as http:
         sid = http.post("/api/sessions", json={"device_id": "dev-cancel", "task": plan}).json()["session_id"]
         pgid_file = workspace / "pgid.txt"
-        wait_until(lambda: pgid_file.exists() and pgid_file.read_text().strip() != "", 30, "the command to start", device)
+        wait_until(
+            lambda: pgid_file.exists() and pgid_file.read_text().strip() != "", 30, "the command to start", device
+        )
         pgid = int(pgid_file.read_text())
         wait_until(lambda: len(_live_in_group(pgid)) == 2, 10, "the shell and its sleep to run")
 
@@ -64,16 +79,39 @@ def test_cancel_kills_the_running_shell_command_on_the_device_within_a_second_an
         assert _live_in_group(pgid) == [], "the sleep 30 still runs on the device a second after the cancel"
 
         # The device goes on serving.
-        again = http.post("/api/sessions", json={"device_id": "dev-cancel", "task": {"task": "after", "steps": [
-            {"commands": [{"tool_name": "shell.run", "parameters": {"command": "echo alive"}}]}]}})
+        again = http.post(
+            "/api/sessions",
+            json={
+                "device_id": "dev-cancel",
+                "task": {
+                    "task": "after",
+                    "steps": [{"commands": [{"tool_name": "shell.run", "parameters": {"command": "echo alive"}}]}],
+                },
+            },
+        )
         sid2 = again.json()["session_id"]
-        wait_until(lambda: http.get(f"/api/sessions/{sid2}").json()["session"]["status"] == "finished", 30,
-                   "a session after the cancel", device)
+        wait_until(
+            lambda: http.get(f"/api/sessions/{sid2}").json()["session"]["status"] == "finished",
+            30,
+            "a session after the cancel",
+            device,
+        )
 
         # Killed outright, the device takes its running command with it: its shell server sees the client
         # gone, stops the command, and says so in one line (no BrokenPipe traceback).
-        last = {"task": "t", "steps": [{"commands": [
-            {"tool_name": "shell.run", "parameters": {"command": "touch started; sleep 1; echo finished > done"}}]}]}
+        last = {
+            "task": "t",
+            "steps": [
+                {
+                    "commands": [
+                        {
+                            "tool_name": "shell.run",
+                            "parameters": {"command": "touch started; sleep 1; echo finished > done"},
+                        }
+                    ]
+                }
+            ],
+        }
         http.post("/api/sessions", json={"device_id": "dev-cancel", "task": last})
         wait_until(lambda: (workspace / "started").exists(), 30, "the last command to start", device)
     device.kill(signal.SIGKILL)
@@ -137,10 +175,20 @@ async def test_cancel_waits_for_the_device_acknowledgement_or_its_loss(behaviour
                 assert (cancel["response_id"], cancel["session_id"]) == (command["response_id"], sid)
                 assert not cancel_call.done()  # the session is not cancelled before the device answers
                 if behaviour == "acknowledges":
-                    results = [{"status": "failure", "error": "cancelled", "call_id": c["call_id"]}
-                               for c in command["commands"]]
-                    await ws.send(orjson.dumps({"type": "command_results", "prev_response_id": command["response_id"],
-                                                "session_id": sid, "results": results}).decode())
+                    results = [
+                        {"status": "failure", "error": "cancelled", "call_id": c["call_id"]}
+                        for c in command["commands"]
+                    ]
+                    await ws.send(
+                        orjson.dumps(
+                            {
+                                "type": "command_results",
+                                "prev_response_id": command["response_id"],
+                                "session_id": sid,
+                                "results": results,
+                            }
+                        ).decode()
+                    )
                 elif behaviour == "vanishes":
                     await ws.close()
                 answer = (await cancel_call).json()

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-from service_support import ALICE, BOB, FLEET, auth, free_port
 from service_fakes import FakeDispatcher
+from service_support import ALICE, BOB, FLEET, auth, free_port
 
 from saucer.dispatch.messages import Command, ResultStatus
 from saucer.dispatch.websocket import WebSocketCommandDispatcher
@@ -90,7 +90,10 @@ async def test_one_result_per_command_in_order_keeping_call_ids() -> None:
         results = await _dispatcher(server).execute_commands(commands, timeout=5)
         assert [r.call_id for r in results] == [c.call_id for c in commands]
         assert [r.status for r in results] == [
-            ResultStatus.SUCCESS, ResultStatus.FAILURE, ResultStatus.SUCCESS, ResultStatus.SUCCESS
+            ResultStatus.SUCCESS,
+            ResultStatus.FAILURE,
+            ResultStatus.SUCCESS,
+            ResultStatus.SUCCESS,
         ]
         assert results[0].result == {"n": 1} and results[1].error == "nope"
         assert await _dispatcher(server).execute_commands([], timeout=1) == []
@@ -240,7 +243,7 @@ def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -281,7 +284,6 @@ async def test_tls_end_to_end(tmp_path: Path) -> None:
 
 async def test_graceful_server_restart_leaves_sessions_to_resume(tmp_path: Path) -> None:
 
-
     from saucer.service.records import MemorySessionRecordStore, SessionStatus
 
     store = MemorySessionRecordStore()  # shared by both server lifetimes, like a state dir
@@ -291,7 +293,11 @@ async def test_graceful_server_restart_leaves_sessions_to_resume(tmp_path: Path)
     plan = {
         "task": "two steps",
         "steps": [
-            {"commands": [{"tool_name": "append", "parameters": {"path": str(lines), "line": "step-0", "seconds": 0.6}}]},
+            {
+                "commands": [
+                    {"tool_name": "append", "parameters": {"path": str(lines), "line": "step-0", "seconds": 0.6}}
+                ]
+            },
             {"commands": [{"tool_name": "append", "parameters": {"path": str(lines), "line": "step-1"}}]},
         ],
     }
@@ -353,7 +359,7 @@ class ManagedDispatcher(FakeDispatcher):
         super().__init__()
         self.entered = self.exited = False
 
-    async def __aenter__(self) -> "ManagedDispatcher":
+    async def __aenter__(self) -> ManagedDispatcher:
         self.entered = True
         return self
 
@@ -369,7 +375,9 @@ async def test_run_device_enters_the_dispatcher_and_refuses_bad_factories() -> N
         async def factory() -> ManagedDispatcher:
             return managed
 
-        task = asyncio.create_task(run_device(server.ws_url, FLEET, "managed", factory, stop=stop, backoff_initial=0.05))
+        task = asyncio.create_task(
+            run_device(server.ws_url, FLEET, "managed", factory, stop=stop, backoff_initial=0.05)
+        )
         async with asyncio.timeout(10):
             while server.state.hub.get("managed") is None:
                 await asyncio.sleep(0.01)

@@ -118,7 +118,7 @@ async def test_two_devices_run_tasks_concurrently_for_one_client(cluster: Cluste
             for name, path in files.items()
         }
         bodies = await asyncio.gather(*(_finished(http, sid) for sid in ids.values()))
-        for (name, path), body in zip(files.items(), bodies):
+        for (name, path), body in zip(files.items(), bodies, strict=False):
             assert body["session"]["status"] == "finished", body["session"]["error"]
             assert body["session"]["device_id"] == name
             first = body["steps"][0]["results"]
@@ -188,9 +188,14 @@ async def test_sessions_belong_to_their_submitter(cluster: Cluster) -> None:
         unknown = await alice.post("/api/sessions", json={"device_id": "dev-zzz", "task": empty_step})
         assert unknown.status_code == 422  # a step without commands is refused before the device is looked up
         assert "task.steps.0: a step needs at least one command" in unknown.json()["error"]["message"]
-        unknown = await alice.post("/api/sessions", json={"device_id": "dev-zzz", "task": _plan([{"tool_name": "echo"}])})
+        unknown = await alice.post(
+            "/api/sessions", json={"device_id": "dev-zzz", "task": _plan([{"tool_name": "echo"}])}
+        )
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_device"
-        invalid = await alice.post("/api/sessions", json={"device_id": "dev-a", "task": {"task": "x", "steps": [{"commands": [{"tool_name": ""}]}]}})
+        invalid = await alice.post(
+            "/api/sessions",
+            json={"device_id": "dev-a", "task": {"task": "x", "steps": [{"commands": [{"tool_name": ""}]}]}},
+        )
         assert invalid.status_code == 422 and "task.steps.0.commands.0.tool_name" in invalid.json()["error"]["message"]
         huge = await alice.post("/api/sessions", content=b"x" * (70 * 1024))
         assert huge.status_code == 413
@@ -210,8 +215,14 @@ async def test_bad_frames_get_error_frames_and_the_connection_stays_up(cluster: 
             ('{"type": "warp_drive"}', "unknown_type"),
             ('{"type": "heartbeat", "protocol_version": 9}', "unsupported_version"),
             ('{"type": "heartbeat", "extra": true}', "invalid_frame"),
-            ('{"type": "command", "response_id": "r", "session_id": "s", "commands": [], "timeout": 1}', "unexpected_frame"),
-            ('{"type": "command_results", "prev_response_id": "r", "session_id": "s", "results": []}', "unexpected_frame"),
+            (
+                '{"type": "command", "response_id": "r", "session_id": "s", "commands": [], "timeout": 1}',
+                "unexpected_frame",
+            ),
+            (
+                '{"type": "command_results", "prev_response_id": "r", "session_id": "s", "results": []}',
+                "unexpected_frame",
+            ),
             ('{"type": "register", "client_id": "again"}', "already_registered"),
             ('{"type": "task_end", "session_id": "someone-elses", "status": "cancelled"}', "unexpected_frame"),
             ('{"type": "heartbeat", "pad": "' + "x" * (70 * 1024) + '"}', "frame_too_large"),
@@ -318,7 +329,9 @@ async def test_a_tool_error_on_the_device_fails_the_session_promptly(cluster: Cl
     async with httpx.AsyncClient(base_url=cluster.http, headers=auth(ALICE)) as http:
         started = time.monotonic()
         sid = await _submit(
-            http, "dev-a", _plan([{"tool_name": "raise", "parameters": {"message": "disk on fire"}}, {"tool_name": "echo"}])
+            http,
+            "dev-a",
+            _plan([{"tool_name": "raise", "parameters": {"message": "disk on fire"}}, {"tool_name": "echo"}]),
         )
         done = await _finished(http, sid)
         assert time.monotonic() - started < 5

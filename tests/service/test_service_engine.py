@@ -82,17 +82,31 @@ def _shell(command: str) -> dict[str, Any]:
     return {"tool_name": "shell.run", "parameters": {"command": command}}
 
 
-def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(processes: Processes, tmp_path: Path) -> None:
+def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(
+    processes: Processes, tmp_path: Path
+) -> None:
     port = free_port()
     store_url = f"sqlite:///{tmp_path / 'events.db'}"
     workspace = tmp_path / "workspace"
     config = tmp_path / "saucer.toml"
     # The fleet's laptop is shared with alice only: bob can neither see it nor read alice's sessions.
-    config.write_text(f'[service]\ntokens = ["alice={ALICE}", "bob={BOB}", "fleet={FLEET}"]\n'
-                      '[service.devices.laptop]\nprincipals = ["alice"]\n')
+    config.write_text(
+        f'[service]\ntokens = ["alice={ALICE}", "bob={BOB}", "fleet={FLEET}"]\n'
+        '[service.devices.laptop]\nprincipals = ["alice"]\n'
+    )
     processes.cli_server(port, tmp_path / "state", store_url, config=config)
     processes.cli_device(port, "laptop", workspace)
-    wrong = _saucer("device", "--server", f"ws://127.0.0.1:{port}/ws", "--device-id", "intruder", "--token", "x" * 20, "-w", str(workspace))
+    wrong = _saucer(
+        "device",
+        "--server",
+        f"ws://127.0.0.1:{port}/ws",
+        "--device-id",
+        "intruder",
+        "--token",
+        "x" * 20,
+        "-w",
+        str(workspace),
+    )
     assert wrong.returncode == 3 and "refused the token" in wrong.stderr, wrong.stderr
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth(ALICE), timeout=10) as http:
         device = http.get("/api/devices/laptop").json()
@@ -100,8 +114,17 @@ def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(proce
         plan = {
             "task": "notes",
             "steps": [
-                {"subtask": "write", "commands": [{"tool_name": "files.write", "parameters": {"path": "notes.txt", "content": "hello"}}]},
-                {"subtask": "check", "commands": [{"tool_name": "files.read", "parameters": {"path": "notes.txt"}}, _shell("wc -c < notes.txt")]},
+                {
+                    "subtask": "write",
+                    "commands": [{"tool_name": "files.write", "parameters": {"path": "notes.txt", "content": "hello"}}],
+                },
+                {
+                    "subtask": "check",
+                    "commands": [
+                        {"tool_name": "files.read", "parameters": {"path": "notes.txt"}},
+                        _shell("wc -c < notes.txt"),
+                    ],
+                },
             ],
         }
         sid = _submit(http, "laptop", plan)
@@ -119,7 +142,10 @@ def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(proce
             ({"tool_name": "file.write", "parameters": {"path": "x", "content": "y"}}, "(closest: files.write"),
             ({"tool_name": "files.write", "parameters": {"path": "x"}}, "'content' is a required property"),
         ):
-            steps = [{"subtask": "ok", "commands": [_shell("echo ran > ran.txt")]}, {"subtask": "bad", "commands": [command]}]
+            steps = [
+                {"subtask": "ok", "commands": [_shell("echo ran > ran.txt")]},
+                {"subtask": "bad", "commands": [command]},
+            ]
             refused = http.post("/api/sessions", json={"device_id": "laptop", "task": {"task": "bad", "steps": steps}})
             error = refused.json()["error"]
             assert refused.status_code == 422 and error["code"] == "invalid_task", refused.text
@@ -127,16 +153,35 @@ def test_saucer_serve_and_device_run_tasks_as_engine_sessions_in_the_store(proce
             assert "'laptop'" in error["message"]
         assert not (workspace / "ran.txt").exists()  # nothing ran
         # A command that exits non-zero on the device is a failed result, and fails its session.
-        exit3 = _submit(http, "laptop", {"task": "exit3", "steps": [{"subtask": "x", "commands": [_shell("echo out; exit 3")]}]})
+        exit3 = _submit(
+            http, "laptop", {"task": "exit3", "steps": [{"subtask": "x", "commands": [_shell("echo out; exit 3")]}]}
+        )
         ended = _wait_ended(http, exit3)
         assert ended["session"]["status"] == "failed" and "exited with code 3" in ended["session"]["error"]
         [result] = ended["steps"][0]["results"]
-        assert result["status"] == "failure" and result["result"]["exit_code"] == 3 and result["result"]["stdout"] == "out\n"
+        assert (
+            result["status"] == "failure"
+            and result["result"]["exit_code"] == 3
+            and result["result"]["stdout"] == "out\n"
+        )
 
         # A failing command fails its session with the step and the tool's error.
-        failing = _submit(http, "laptop", {"task": "missing", "steps": [{"subtask": "read", "commands": [{"tool_name": "files.read", "parameters": {"path": "nope.txt"}}]}]})
+        failing = _submit(
+            http,
+            "laptop",
+            {
+                "task": "missing",
+                "steps": [
+                    {"subtask": "read", "commands": [{"tool_name": "files.read", "parameters": {"path": "nope.txt"}}]}
+                ],
+            },
+        )
         failed = _wait_ended(http, failing)["session"]
-        assert failed["status"] == "failed" and failed["error"].startswith("step 0 ('read') failed: ") and "nope.txt" in failed["error"]
+        assert (
+            failed["status"] == "failed"
+            and failed["error"].startswith("step 0 ('read') failed: ")
+            and "nope.txt" in failed["error"]
+        )
 
         # A request without steps needs the LLM agent; none is configured, and the error says what to set.
         request = _submit(http, "laptop", {"task": "tidy my notes"})
@@ -176,7 +221,10 @@ def test_saucer_serve_killed_mid_session_resumes_from_the_store_without_repeatin
     # Each step writes its line first, then works for 0.4 s: a kill then catches it run but not committed.
     plan = {
         "task": "five steps",
-        "steps": [{"subtask": f"step {i}", "commands": [_shell(f"echo step-{i} >> steps.txt && sleep 0.4")]} for i in range(steps)],
+        "steps": [
+            {"subtask": f"step {i}", "commands": [_shell(f"echo step-{i} >> steps.txt && sleep 0.4")]}
+            for i in range(steps)
+        ],
     }
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth(ALICE), timeout=10) as http:
         sid = _submit(http, "box", plan)
@@ -224,7 +272,9 @@ def test_a_device_starts_its_tools_once_not_per_session(processes: Processes, tm
     parents = []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth(ALICE), timeout=10) as http:
         for i in range(3):
-            sid = _submit(http, "box", {"task": f"ppid{i}", "steps": [{"subtask": "who", "commands": [_shell("echo $PPID")]}]})
+            sid = _submit(
+                http, "box", {"task": f"ppid{i}", "steps": [{"subtask": "who", "commands": [_shell("echo $PPID")]}]}
+            )
             body = _wait_ended(http, sid)
             assert body["session"]["status"] == "finished", body["session"]["error"]
             parents.append(int(body["steps"][0]["results"][0]["result"]["stdout"]))

@@ -26,7 +26,11 @@ TASK = TaskSpec(
     timeout=7.0,
     steps=[
         PlanStep(subtask="a", commands=[PlanCommand(tool_name="echo", parameters={"i": 0})]),
-        PlanStep(subtask="b", commands=[PlanCommand(tool_name="echo", parameters={"i": 1}), PlanCommand(tool_name="echo")], timeout=3.0),
+        PlanStep(
+            subtask="b",
+            commands=[PlanCommand(tool_name="echo", parameters={"i": 1}), PlanCommand(tool_name="echo")],
+            timeout=3.0,
+        ),
         PlanStep(subtask="c", commands=[PlanCommand(tool_name="echo", parameters={"i": 2})]),
     ],
 )
@@ -55,7 +59,8 @@ class Device:
         if any(c.parameters.get("i") in self.hang for c in commands):
             await asyncio.Event().wait()
         return [
-            Result.failure(c, "boom") if c.parameters.get("i") in self.failing
+            Result.failure(c, "boom")
+            if c.parameters.get("i") in self.failing
             else Result(status=ResultStatus.SUCCESS, result=c.parameters, call_id=c.call_id)
             for c in commands
         ]
@@ -78,10 +83,18 @@ async def test_a_plan_runs_as_an_engine_session_with_deterministic_call_ids_and_
     device = Device()
     outcome = await runner.run(sid, TASK, device, recorder)
     assert outcome.status == "completed", outcome.error
-    assert [[c.call_id for c in batch] for batch, _ in device.batches] == [[f"{sid}.0.0"], [f"{sid}.1.0", f"{sid}.1.1"], [f"{sid}.2.0"]]
+    assert [[c.call_id for c in batch] for batch, _ in device.batches] == [
+        [f"{sid}.0.0"],
+        [f"{sid}.1.0", f"{sid}.1.1"],
+        [f"{sid}.2.0"],
+    ]
     assert [timeout for _, timeout in device.batches] == [7.0, 3.0, 7.0]  # step's, else the task's
     steps = await records.steps(sid)
-    assert [(s.index, s.subtask, s.status) for s in steps] == [(0, "a", "completed"), (1, "b", "completed"), (2, "c", "completed")]
+    assert [(s.index, s.subtask, s.status) for s in steps] == [
+        (0, "a", "completed"),
+        (1, "b", "completed"),
+        (2, "c", "completed"),
+    ]
     assert outcome.results == [s.model_dump(mode="json") for s in steps]
     # The Context is durable in the event store under the service session id.
     ctx = Context.open(runner.store, sid, create=False)
@@ -90,7 +103,11 @@ async def test_a_plan_runs_as_an_engine_session_with_deterministic_call_ids_and_
     assert [s["subtask"] for s in ctx.get(ContextNames.PREVIOUS_SUBTASKS)] == ["a", "b", "c"]
     step_events = [e for e in runner.store.read(sid) if e.meta.get("kind") == "step"]
     # The recorded commands carry the ids the device saw.
-    assert [[c["call_id"] for c in e.meta["commands"]] for e in step_events] == [[f"{sid}.0.0"], [f"{sid}.1.0", f"{sid}.1.1"], [f"{sid}.2.0"]]
+    assert [[c["call_id"] for c in e.meta["commands"]] for e in step_events] == [
+        [f"{sid}.0.0"],
+        [f"{sid}.1.0", f"{sid}.1.1"],
+        [f"{sid}.2.0"],
+    ]
     assert _kinds(runner, sid)[-1] == "session_end"
     await runner.close()
 
@@ -106,7 +123,9 @@ async def test_a_failed_step_fails_the_session_naming_the_step_and_the_error() -
     assert [e.meta.get("session_status") for e in runner.store.read(sid)][-1] == "failed"
 
 
-async def test_an_interrupted_session_resumes_at_its_first_uncommitted_step_with_the_same_call_ids(tmp_path: Path) -> None:
+async def test_an_interrupted_session_resumes_at_its_first_uncommitted_step_with_the_same_call_ids(
+    tmp_path: Path,
+) -> None:
     url = f"sqlite:///{tmp_path / 'events.db'}"
     sid = uuid.uuid4().hex
     records, recorder = await _records(sid)
@@ -218,7 +237,9 @@ class EchoAgent(Agent):
     """Runs one command echoing the request, then finishes."""
 
     async def act(self, context: Context) -> AgentStatus:
-        await self.dispatch(context, [Command(tool_name="echo", parameters={"request": context.get(ContextNames.REQUEST)})])
+        await self.dispatch(
+            context, [Command(tool_name="echo", parameters={"request": context.get(ContextNames.REQUEST)})]
+        )
         return AgentStatus.FINISH
 
 
@@ -230,7 +251,9 @@ async def test_a_request_runs_through_the_agent_provider() -> None:
     device = Device()
     outcome = await runner.run(sid, task, device, recorder)
     assert outcome.status == "completed", outcome.error
-    assert [[(c.parameters, c.call_id) for c in batch] for batch, _ in device.batches] == [[({"request": "say hello"}, f"{sid}.0.0.0.0")]]
+    assert [[(c.parameters, c.call_id) for c in batch] for batch, _ in device.batches] == [
+        [({"request": "say hello"}, f"{sid}.0.0.0.0")]
+    ]
     assert [s.results[0].result for s in await records.steps(sid)] == [{"request": "say hello"}]
 
 
@@ -280,7 +303,10 @@ async def test_sessions_resume_over_postgresql_too() -> None:
         second = EngineTaskRunner(_settings(), store=store_url)
         device = Device()
         assert (await second.run(sid, TASK, device, recorder)).status == "completed"
-        assert [[c.call_id for c in batch] for batch, _ in device.batches] == [[f"{sid}.1.0", f"{sid}.1.1"], [f"{sid}.2.0"]]
+        assert [[c.call_id for c in batch] for batch, _ in device.batches] == [
+            [f"{sid}.1.0", f"{sid}.1.1"],
+            [f"{sid}.2.0"],
+        ]
         assert [e.meta["plan_index"] for e in second.store.read(sid) if e.meta.get("kind") == "step"] == [0, 1, 2]
         await second.close()
     finally:

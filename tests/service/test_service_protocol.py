@@ -41,7 +41,9 @@ def test_every_frame_type_round_trips() -> None:
         TaskFrame(task=TaskSpec(task="do it", steps=[]), target_device_id="dev-1", request_id="q"),
         CommandFrame(response_id="r", session_id="s", commands=[command], timeout=3),
         CancelFrame(response_id="r", session_id="s", reason="cancelled by its owner"),
-        CommandResultsFrame(prev_response_id="r", session_id="s", results=[Result(status=ResultStatus.SUCCESS, call_id="c")]),
+        CommandResultsFrame(
+            prev_response_id="r", session_id="s", results=[Result(status=ResultStatus.SUCCESS, call_id="c")]
+        ),
         TaskEndFrame(session_id="s", status="completed", results=[{"a": 1}]),
     ]
     for frame in frames:
@@ -52,7 +54,9 @@ def test_every_frame_type_round_trips() -> None:
 
 def test_null_fields_are_not_sent_but_null_parameters_are_kept() -> None:
     frame = CommandResultsFrame(
-        prev_response_id="r", session_id="s", results=[Result(status=ResultStatus.SUCCESS, result={"k": None}, call_id="c")]
+        prev_response_id="r",
+        session_id="s",
+        results=[Result(status=ResultStatus.SUCCESS, result={"k": None}, call_id="c")],
     )
     data = orjson.loads(encode_frame(frame))
     assert data["protocol_version"] == PROTOCOL_VERSION

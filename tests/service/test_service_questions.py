@@ -10,8 +10,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -83,7 +84,9 @@ def _tool_message(request: Any, call_id: str) -> str:
     return message["content"]
 
 
-def test_the_owner_answers_the_models_question_through_the_api(processes: Processes, tmp_path: Path, fake: FakeOpenAI) -> None:
+def test_the_owner_answers_the_models_question_through_the_api(
+    processes: Processes, tmp_path: Path, fake: FakeOpenAI
+) -> None:
     fake.push(
         fake.tool_calls(("ask_user", {"question": "Which file holds your notes?"}, "call_q")),
         fake.tool_calls(("files.read", {"path": "notes.txt"}, "call_read")),
@@ -91,11 +94,17 @@ def test_the_owner_answers_the_models_question_through_the_api(processes: Proces
     )
     port, store_url, _ = _start(processes, tmp_path, fake, timeout=120)
     base = f"http://127.0.0.1:{port}"
-    with httpx.Client(base_url=base, headers=auth(ALICE), timeout=10) as alice, \
-            httpx.Client(base_url=base, headers=auth(BOB), timeout=10) as bob:
+    with (
+        httpx.Client(base_url=base, headers=auth(ALICE), timeout=10) as alice,
+        httpx.Client(base_url=base, headers=auth(BOB), timeout=10) as bob,
+    ):
         sid = _submit(alice, "read my notes")
         question = _pending(alice, sid)
-        assert (question["kind"], question["detail"], question["action"]) == ("question", "Which file holds your notes?", "ask_user")
+        assert (question["kind"], question["detail"], question["action"]) == (
+            "question",
+            "Which file holds your notes?",
+            "ask_user",
+        )
         number = question["number"]
         assert len(fake.requests) == 1  # the model waits for the answer
 
@@ -107,30 +116,49 @@ def test_the_owner_answers_the_models_question_through_the_api(processes: Proces
             "(its owner, its participants and the service admins may)"
         )
         wrong = alice.post(f"/api/sessions/{sid}/approvals/{number}/approve")
-        assert wrong.status_code == 409 and "is a question, not an approval" in wrong.json()["error"]["message"], wrong.text
+        assert wrong.status_code == 409 and "is a question, not an approval" in wrong.json()["error"]["message"], (
+            wrong.text
+        )
         blank = alice.post(f"/api/sessions/{sid}/approvals/{number}/answer", json={"answer": " "})
         assert blank.status_code == 422, blank.text
         huge = alice.post(f"/api/sessions/{sid}/approvals/{number}/answer", json={"answer": "x" * 10_001})
-        assert huge.status_code == 422 and huge.json()["error"]["message"] == "answer: at most 10000 characters", huge.text
+        assert huge.status_code == 422 and huge.json()["error"]["message"] == "answer: at most 10000 characters", (
+            huge.text
+        )
 
         answered = alice.post(f"/api/sessions/{sid}/approvals/{number}/answer", json={"answer": "notes.txt"})
         assert answered.status_code == 200, answered.text
-        assert (answered.json()["status"], answered.json()["answer"], answered.json()["decided_by"]) == ("answered", "notes.txt", "alice")
+        assert (answered.json()["status"], answered.json()["answer"], answered.json()["decided_by"]) == (
+            "answered",
+            "notes.txt",
+            "alice",
+        )
         body = _ended(alice, sid)
         assert body["session"]["status"] == "finished", body["session"]
         # One source: the CLI on the server's event store and the API show the same question.
-        cli = subprocess.run([sys.executable, "-m", "saucer", "approvals", sid, "--json", "--store", store_url],
-                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-                             env={k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")})
+        cli = subprocess.run(
+            [sys.executable, "-m", "saucer", "approvals", sid, "--json", "--store", store_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env={k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")},
+        )
         assert json.loads(cli.stdout) == alice.get(f"/api/sessions/{sid}/approvals").json()["approvals"], cli.stderr
     assert _tool_message(fake.requests[1], "call_q") == "the user (alice) answered: notes.txt"
     assert _tool_message(fake.requests[2], "call_read").find("buy milk") >= 0
     with open_store(store_url) as store:
-        kinds = [(e.meta.get("kind"), e.author) for e in store.read(sid) if str(e.meta.get("kind", "")).startswith("approval")]
+        kinds = [
+            (e.meta.get("kind"), e.author)
+            for e in store.read(sid)
+            if str(e.meta.get("kind", "")).startswith("approval")
+        ]
     assert [k for k, _ in kinds] == ["approval_request", "approval_decision"] and kinds[1][1] == "alice"
 
 
-def test_an_unanswered_question_times_out_and_the_model_reads_it(processes: Processes, tmp_path: Path, fake: FakeOpenAI) -> None:
+def test_an_unanswered_question_times_out_and_the_model_reads_it(
+    processes: Processes, tmp_path: Path, fake: FakeOpenAI
+) -> None:
     fake.push(
         fake.tool_calls(("ask_user", {"question": "Which file?"}, "call_q")),
         fake.tool_calls(("files.read", {"path": "notes.txt"}, "call_read")),
@@ -141,6 +169,13 @@ def test_an_unanswered_question_times_out_and_the_model_reads_it(processes: Proc
         sid = _submit(alice, "read my notes")
         _ended(alice, sid)
         [question] = alice.get(f"/api/sessions/{sid}/approvals").json()["approvals"]
-    assert (question["kind"], question["status"], question["decided_by"], question["answer"]) == ("question", "timed_out", "system", None)
+    assert (question["kind"], question["status"], question["decided_by"], question["answer"]) == (
+        "question",
+        "timed_out",
+        "system",
+        None,
+    )
     content = _tool_message(fake.requests[1], "call_q")
-    assert content.startswith(f"no answer (timeout): nobody answered question {question['number']} of session {sid} within 2 s"), content
+    assert content.startswith(
+        f"no answer (timeout): nobody answered question {question['number']} of session {sid} within 2 s"
+    ), content

@@ -41,7 +41,8 @@ class RecordingDispatcher:
     async def execute_commands(self, commands: list[Command], timeout: float) -> list[Result]:
         self.batches.append(commands)
         return [
-            Result.failure(c, "boom") if c.parameters.get("i") in self.failing
+            Result.failure(c, "boom")
+            if c.parameters.get("i") in self.failing
             else Result(status=ResultStatus.SUCCESS, result=c.parameters, call_id=c.call_id)
             for c in commands
         ]
@@ -101,7 +102,10 @@ async def test_plan_runner_resumes_at_first_uncommitted_step(store_kind: str, tm
     outcome = await PlanTaskRunner().run("s1", TASK, dispatcher, recorder)
     assert outcome.status == "completed"
     assert [[c.parameters["i"] for c in batch] for batch in dispatcher.batches] == [[2], [3]]
-    assert [c.call_id for batch in dispatcher.batches for c in batch] == [step_call_id("s1", 2, 0), step_call_id("s1", 3, 0)]
+    assert [c.call_id for batch in dispatcher.batches for c in batch] == [
+        step_call_id("s1", 2, 0),
+        step_call_id("s1", 3, 0),
+    ]
     assert [s["index"] for s in outcome.results] == [0, 1, 2, 3]
     assert [s.index for s in await store.steps("s1")] == [0, 1, 2, 3]
     # Running again finds everything committed and runs nothing.

@@ -38,7 +38,10 @@ def test_server_killed_mid_session_resumes_from_the_last_committed_step(processe
         # A session that ends before the crash must stay readable after it.
         quick = http.post(
             "/api/sessions",
-            json={"device_id": "dev-r", "task": {"task": "quick", "steps": [{"commands": [{"tool_name": "echo", "parameters": {"q": 1}}]}]}},
+            json={
+                "device_id": "dev-r",
+                "task": {"task": "quick", "steps": [{"commands": [{"tool_name": "echo", "parameters": {"q": 1}}]}]},
+            },
         ).json()["session_id"]
         assert _wait_ended(http, quick)["session"]["status"] == "finished"
 
@@ -50,7 +53,10 @@ def test_server_killed_mid_session_resumes_from_the_last_committed_step(processe
                 {
                     "subtask": f"step {i}",
                     "commands": [
-                        {"tool_name": "append", "parameters": {"path": str(steps_file), "line": f"step-{i}", "seconds": 0.4}}
+                        {
+                            "tool_name": "append",
+                            "parameters": {"path": str(steps_file), "line": f"step-{i}", "seconds": 0.4},
+                        }
                     ],
                 }
                 for i in range(STEPS)
@@ -64,7 +70,9 @@ def test_server_killed_mid_session_resumes_from_the_last_committed_step(processe
     server.kill(signal.SIGKILL)
     server.popen.wait(timeout=10)
     with sqlite3.connect(state / "sessions.sqlite3") as db:
-        committed = [row[0] for row in db.execute("SELECT idx FROM steps WHERE session_id = ? ORDER BY idx", (session_id,))]
+        committed = [
+            row[0] for row in db.execute("SELECT idx FROM steps WHERE session_id = ? ORDER BY idx", (session_id,))
+        ]
     # Steps 0 and 1 were committed; step 2 was running on the device when the server died.
     assert committed == [0, 1]
     assert device.popen.poll() is None  # the device lives on and reconnects with backoff

@@ -131,7 +131,9 @@ def test_atomic_async_commits_to_one_session_are_rebased_not_lost(store_url: str
 
         asyncio.run(main())
         ctx = Context.open(store, "shared", create=False)
-        assert ctx.get_var("n") == 100 and sorted(ctx.get_var("by")) == sorted(f"w{i}" for i in range(4) for _ in range(25))
+        assert ctx.get_var("n") == 100 and sorted(ctx.get_var("by")) == sorted(
+            f"w{i}" for i in range(4) for _ in range(25)
+        )
         assert ctx.version == 100
     finally:
         store.close()
@@ -355,6 +357,7 @@ def test_sqlite_moves_recent_events_into_the_events_table_in_bulk(tmp_path: Any)
     store = SQLiteStore(tmp_path / "x.db")
     store.fold_every = 7
     try:
+
         async def session(i: int) -> None:
             ctx = Context.open(store, f"s{i}", snapshot_every=10**6)
             for k in range(20):
@@ -408,7 +411,7 @@ def test_sqlite_store_of_schema_1_is_migrated(tmp_path: Any) -> None:
     path = tmp_path / "old.db"
     with open_store(f"sqlite:///{path}") as store:
         ctx = Context.open(store, "s")
-        for k in range(5):
+        for _k in range(5):
             ctx.incr("n")
             ctx.commit()
         ctx.close()

@@ -33,11 +33,17 @@ def test_a_large_payload_is_stored_compressed_and_reads_back() -> None:
     big, big_crc = encode_payload(_event(BIG))
     assert small[:1] == b"{" and len(small) <= COMPRESS_OVER  # a small one stays plain JSON
     assert big[:1] == b"x" and len(big) < len(orjson.dumps(BIG)) / 4 and big_crc == zlib.crc32(big)
-    assert decode_payload(big, big_crc)["meta"] == BIG and payload_format(big) == FORMAT_VERSION >= 4  # compressed since 4
+    assert (
+        decode_payload(big, big_crc)["meta"] == BIG and payload_format(big) == FORMAT_VERSION >= 4
+    )  # compressed since 4
 
 
 def test_format_3_2_and_1_payloads_read_as_before() -> None:
-    for record in ({"v": 3, "ops": [], "meta": BIG}, {"v": 2, "ops": [], "meta": BIG}, {"ops": [], "meta": BIG}):  # plain JSON over the threshold
+    for record in (
+        {"v": 3, "ops": [], "meta": BIG},
+        {"v": 2, "ops": [], "meta": BIG},
+        {"ops": [], "meta": BIG},
+    ):  # plain JSON over the threshold
         blob = orjson.dumps(record)
         data = decode_payload(blob, zlib.crc32(blob))
         assert data["meta"] == BIG and data["v"] == FORMAT_VERSION
@@ -55,7 +61,9 @@ def test_a_damaged_compressed_payload_is_a_damaged_record(tmp_path: Path) -> Non
             ctx.commit()
         ctx.close()
     with sqlite3.connect(path) as conn:
-        rows = conn.execute("SELECT version, payload FROM events_recent WHERE session_id = 's' ORDER BY version").fetchall()
+        rows = conn.execute(
+            "SELECT version, payload FROM events_recent WHERE session_id = 's' ORDER BY version"
+        ).fetchall()
         assert all(bytes(p)[:1] == b"x" for _, p in rows)
         bad = bytes(rows[1][1])[:-20]
         conn.execute("UPDATE events_recent SET payload = ?, crc = ? WHERE version = 2", (bad, zlib.crc32(bad)))

@@ -8,7 +8,7 @@ runs too; here they run over the three backends of ``store_url`` (see
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

@@ -19,8 +19,8 @@ import sys
 import time
 import uuid
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
 
 import pytest
 
@@ -37,9 +37,17 @@ PLAN = {
     "steps": [
         {
             "subtask": "write SUBTASK-PLAINTEXT-77",
-            "commands": [{"tool_name": "files.write", "parameters": {"path": "PATH-PLAINTEXT.txt", "content": "CONTENT-PLAINTEXT-91"}}],
+            "commands": [
+                {
+                    "tool_name": "files.write",
+                    "parameters": {"path": "PATH-PLAINTEXT.txt", "content": "CONTENT-PLAINTEXT-91"},
+                }
+            ],
         },
-        {"subtask": "read it back", "commands": [{"tool_name": "files.read", "parameters": {"path": "PATH-PLAINTEXT.txt"}}]},
+        {
+            "subtask": "read it back",
+            "commands": [{"tool_name": "files.read", "parameters": {"path": "PATH-PLAINTEXT.txt"}}],
+        },
     ],
 }
 
@@ -50,8 +58,15 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SAUCER, *args], cwd=cwd, env=_env(env), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*SAUCER, *args],
+        cwd=cwd,
+        env=_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -76,7 +91,7 @@ def _stored_bytes(url: str) -> bytes:
     """Every column of every table the backend holds (decompressed records included), as bytes."""
     out: list[bytes] = []
     if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
+        path = Path(url[len("sqlite:///") :])
         out += [p.read_bytes() for p in (path, Path(f"{path}-wal")) if p.exists()]
         with sqlite3.connect(path) as conn:
             tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
@@ -91,8 +106,11 @@ def _stored_bytes(url: str) -> bytes:
             tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))]
             for table in tables:
                 for row in conn.execute(f'SELECT * FROM "{schema}"."{table}"'):
-                    out += [bytes(v) if isinstance(v, (bytes, memoryview)) else json.dumps(v, default=str).encode()
-                            for v in row if v is not None]
+                    out += [
+                        bytes(v) if isinstance(v, (bytes, memoryview)) else json.dumps(v, default=str).encode()
+                        for v in row
+                        if v is not None
+                    ]
     return b"".join(b if b[:1] != b"x" else (zlib.decompress(b) if _zlib(b) else b) for b in out)
 
 
@@ -109,8 +127,11 @@ def test_encrypt_star_leaves_nothing_of_a_session_in_plain_text(url: str, tmp_pa
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
     sealed = {"SAUCER_STORE__URL": url, "SAUCER_STORE__ENCRYPT": '["*"]', "SAUCER_STORE_KEY": key}
     # Without the key: refused in one line before anything is written.
-    refused = _run(["run", "--plan", "plan.json", "-w", "ws"], tmp_path,
-                   {k: v for k, v in sealed.items() if k != "SAUCER_STORE_KEY"})
+    refused = _run(
+        ["run", "--plan", "plan.json", "-w", "ws"],
+        tmp_path,
+        {k: v for k, v in sealed.items() if k != "SAUCER_STORE_KEY"},
+    )
     assert refused.returncode != 0 and "Traceback" not in refused.stderr and "store key" in refused.stderr
     with open_store(url) as store:
         assert store.sessions() == []  # nothing was written, not even the session's row
@@ -123,7 +144,14 @@ def test_encrypt_star_leaves_nothing_of_a_session_in_plain_text(url: str, tmp_pa
     with open_store(url) as store:
         [info] = store.sessions()
         sid = info.session_id
-        assert info.meta["task"] == "sealed-run" and set(info.meta) <= {"task", "mode", "status", "sealed", "plan", "request"}
+        assert info.meta["task"] == "sealed-run" and set(info.meta) <= {
+            "task",
+            "mode",
+            "status",
+            "sealed",
+            "plan",
+            "request",
+        }
     # With the key everything reads as before; without it nothing sealed is printed.
     shown = _run(["show", sid], tmp_path, sealed)
     assert shown.returncode == 0 and "SUBTASK-PLAINTEXT-77" in shown.stdout and "PATH-PLAINTEXT" in shown.stdout
@@ -138,8 +166,15 @@ def test_encrypt_star_leaves_nothing_of_a_session_in_plain_text(url: str, tmp_pa
 
 def test_a_known_secret_never_reaches_a_stored_plan_or_an_export(tmp_path: Path) -> None:
     secret = "sk-test-" + "Q" * 32
-    plan = {"task": "leaky", "steps": [{"subtask": "echo", "commands": [
-        {"tool_name": "shell.run", "parameters": {"command": f"echo {secret} > /dev/null"}}]}]}
+    plan = {
+        "task": "leaky",
+        "steps": [
+            {
+                "subtask": "echo",
+                "commands": [{"tool_name": "shell.run", "parameters": {"command": f"echo {secret} > /dev/null"}}],
+            }
+        ],
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = {"SAUCER_STORE__URL": f"sqlite:///{tmp_path}/s.db", "OPENAI_API_KEY": secret}
     done = _run(["run", "--plan", "plan.json", "-w", "ws", "--yes"], tmp_path, env)
@@ -195,8 +230,13 @@ def test_rekey_killed_at_any_point_leaves_every_session_under_one_key(tmp_path: 
     env = {"SAUCER_STORE__URL": url, "SAUCER_STORE__ENCRYPT": json.dumps(PATTERNS), "SAUCER_STORE_KEY": old_text}
     # Killed while it pauses after a session (the fault point), then at moments chosen without it.
     for delay, pause in ((None, "30"), (0.9, ""), (1.3, ""), (1.7, "")):
-        proc = subprocess.Popen([*SAUCER, "store", "rekey", "--new-key-file", "new.key"], cwd=tmp_path,
-                                env=_env(env | {"SAUCER_REKEY_PAUSE": pause}), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [*SAUCER, "store", "rekey", "--new-key-file", "new.key"],
+            cwd=tmp_path,
+            env=_env(env | {"SAUCER_REKEY_PAUSE": pause}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             if delay is None:  # until the first session is under the new key: the process now sleeps
                 deadline = time.monotonic() + 60

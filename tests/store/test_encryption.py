@@ -11,8 +11,9 @@ import os
 import sqlite3
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -62,7 +63,7 @@ def key(monkeypatch: pytest.MonkeyPatch) -> str:
 def _raw_bytes(url: str) -> bytes:
     """Everything the backend holds: the SQLite file (and its WAL), or the PostgreSQL rows."""
     if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
+        path = Path(url[len("sqlite:///") :])
         blobs = [p.read_bytes() for p in (path, Path(f"{path}-wal")) if p.exists()]
         with sqlite3.connect(path) as conn:  # and the rows, decompressed records included
             import zlib
@@ -121,7 +122,10 @@ def test_covered_values_never_reach_the_backend_in_plain_text(url: str, key: str
         assert again.vars["api_log"] == [SECRET_LIST_ITEM]
         assert Context.open(store, "s", at=1).vars["api_token"] == SECRET_TOKEN
         assert again.diff(1, head)["vars.api_token"] == {"before": SECRET_TOKEN, "after": SECRET_TOKEN + "-2"}
-        assert [op["op"] for e in again.history("vars.api_token") for op in e.ops if op.get("var") == "api_token"] == ["set", "cas"]
+        assert [op["op"] for e in again.history("vars.api_token") for op in e.ops if op.get("var") == "api_token"] == [
+            "set",
+            "cas",
+        ]
         assert not again.encrypted
         fork = again.fork("s-fork", at=2)
         fork.update_vars({"api_fork": "fork-PLAINTEXT-f0"})
@@ -147,7 +151,7 @@ def test_without_the_key_covered_values_read_as_encrypted_and_nothing_else_break
         else:
             keyless = locked = None
         monkeypatch.delenv("SAUCER_STORE_KEY")
-        with (keyless or open_store(url)) as plain:
+        with keyless or open_store(url) as plain:
             ctx = Context.open(plain, "s")
             assert ctx.get(ContextNames.REQUEST) == ENCRYPTED
             assert ctx.vars["api_token"] == ENCRYPTED and ctx.vars["api_log"] == ENCRYPTED
@@ -162,7 +166,7 @@ def test_without_the_key_covered_values_read_as_encrypted_and_nothing_else_break
             with pytest.raises(StoreKeyError, match="no snapshot without the store key"):
                 ctx.snapshot()
             ctx.close()
-        with (locked or open_store(url, encrypt=PATTERNS)) as no_key:
+        with locked or open_store(url, encrypt=PATTERNS) as no_key:
             ctx = Context.open(no_key, "s")
             ctx.update_vars({"api_new": "x"})
             with pytest.raises(StoreKeyError, match=r"covers vars.api_new, but no store key is given"):
@@ -236,7 +240,9 @@ def test_rekey_rotates_every_sealed_value_and_resumes(url: str, key: str, monkey
                 assert text.encode() not in raw, text
 
 
-def test_an_interrupted_rekey_is_finished_by_running_it_again(tmp_path: Path, key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupted_rekey_is_finished_by_running_it_again(
+    tmp_path: Path, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from saucer.store import maintenance
 
     url = f"sqlite:///{tmp_path / 'r.db'}"

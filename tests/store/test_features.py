@@ -4,7 +4,7 @@ still passes the contract, and refuses what it lacks with one clear error."""
 from __future__ import annotations
 
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -30,7 +30,7 @@ class TestABackendWithoutOptionalFeatures(EventStoreContract):
 def test_what_is_not_declared_is_refused_in_one_sentence() -> None:
     store = BareStore()
     ctx = Context.open(store, "s")
-    for i in range(5):
+    for _i in range(5):
         ctx.incr("n")
         ctx.commit()
     with pytest.raises(NotSupportedError, match="BareStore cannot replace history .* 'replace_history'") as refused:
@@ -43,5 +43,8 @@ def test_what_is_not_declared_is_refused_in_one_sentence() -> None:
 def test_the_backends_declare_what_they_have(store_url: str) -> None:
     with open_store(store_url) as store:
         durable = {Feature.QUARANTINE, Feature.GROUP_COMMIT} if not store_url.startswith("memory") else set()
-        assert store.features == {Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.REWRITE} | durable
+        assert (
+            store.features
+            == {Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.REWRITE} | durable
+        )
         assert (Feature.GROUP_COMMIT in store.features) == hasattr(store, "_group_committer")

@@ -11,8 +11,9 @@ import sqlite3
 import sys
 import uuid
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -208,10 +209,17 @@ def test_sqlite_refuses_newer_records_and_stores_naming_both_versions(tmp_path: 
         other.update_vars({"o": 1})
         other.commit()
     future = orjson.dumps({"v": FORMAT_VERSION + 7, "ops": [], "new-field": 1})
-    _sqlite_poke(path, "UPDATE events_recent SET payload = ?, crc = ? WHERE session_id = 's' AND version = 2",
-                 future, zlib.crc32(future))
+    _sqlite_poke(
+        path,
+        "UPDATE events_recent SET payload = ?, crc = ? WHERE session_id = 's' AND version = 2",
+        future,
+        zlib.crc32(future),
+    )
     with open_store(f"sqlite:///{path}") as store:
-        with pytest.raises(FormatTooNewError, match=rf"session 's': the event at version 2 is in record format version {FORMAT_VERSION + 7}.*up to version {FORMAT_VERSION}"):
+        with pytest.raises(
+            FormatTooNewError,
+            match=rf"session 's': the event at version 2 is in record format version {FORMAT_VERSION + 7}.*up to version {FORMAT_VERSION}",
+        ):
             list(store.read("s"))
         assert Context.open(store, "other").version == 1  # one session's newer record stops nobody else
     snap = orjson.dumps({"v": FORMAT_VERSION + 1, "names": {}, "vars": {}})
@@ -268,10 +276,11 @@ def test_postgres_golden_dump_is_version_1_upcast_then_written_in_the_current_fo
             f'UPDATE "{schema}".events SET payload = %s, crc = %s WHERE session_id = %s AND version = %s',
             (future, zlib.crc32(future), "vars-mix", head),
         )
-    with open_store(pg_url) as store:
-        with pytest.raises(FormatTooNewError, match=f"the event at version {head}"):
-            Context.open(store, "vars-mix")
+    with open_store(pg_url) as store, pytest.raises(FormatTooNewError, match=f"the event at version {head}"):
+        Context.open(store, "vars-mix")
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f'UPDATE "{schema}".saucer_format SET newest = %s', (FORMAT_VERSION + 3,))
-    with pytest.raises(FormatTooNewError, match=rf"PostgreSQL schema '{schema}' is in record format version {FORMAT_VERSION + 3}"):
+    with pytest.raises(
+        FormatTooNewError, match=rf"PostgreSQL schema '{schema}' is in record format version {FORMAT_VERSION + 3}"
+    ):
         open_store(pg_url)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -146,7 +147,7 @@ def test_a_refused_append_fails_only_its_own_caller(store_url: str) -> None:
             t.join(10)
         assert committer.largest_batch == len(plan), "the queued appends were not written as one batch"
 
-        for i, (sid, expected, fence, outcome) in enumerate(plan[:-2]):
+        for i, (sid, _expected, _fence, outcome) in enumerate(plan[:-2]):
             if outcome is None:
                 assert outcomes[i] is None, (sid, outcomes[i])
             else:

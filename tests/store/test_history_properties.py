@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from saucer.context import Context, ContextNames, prune
-from saucer.store import EventStore, StoreError, VersionPrunedError, open_store
 from saucer.context.transfer import export_session, import_session
+from saucer.store import EventStore, StoreError, VersionPrunedError, open_store
 
 # Few examples with many steps each: every step checks every version of every
 # session, so the cost is in the checks, and long sequences find more.
@@ -85,7 +85,16 @@ def _shown(state: dict[str, Any], key: str) -> Any:
 
 
 def _event_key(event: Any) -> tuple[Any, ...]:
-    return (event.session_id, event.version, event.timestamp, event.author, event.round, event.step, event.ops, event.meta)
+    return (
+        event.session_id,
+        event.version,
+        event.timestamp,
+        event.author,
+        event.round,
+        event.step,
+        event.ops,
+        event.meta,
+    )
 
 
 class HistoryMachine(RuleBasedStateMachine):
@@ -189,7 +198,9 @@ class HistoryMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def prune(self, data: st.DataObject) -> None:
         self.reshaped = True
-        sid = data.draw(st.sampled_from(sorted(s for s, m in self.model.items() if m.head > self._start(m))), label="session")
+        sid = data.draw(
+            st.sampled_from(sorted(s for s, m in self.model.items() if m.head > self._start(m))), label="session"
+        )
         m = self.model[sid]
         start = self._start(m)
         keep_last = data.draw(st.integers(0, m.head - start), label="keep_last")  # the last one cuts nothing
@@ -256,7 +267,11 @@ class HistoryMachine(RuleBasedStateMachine):
                 ctx.diff(v1, v2)
             return
         a, b = m.states[v1], m.states[v2]
-        expected = {k: {"before": _shown(a, k), "after": _shown(b, k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+        expected = {
+            k: {"before": _shown(a, k), "after": _shown(b, k)}
+            for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k)
+        }
         assert ctx.diff(v1, v2) == expected
 
     # --------------------------------------------------------- invariant

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from saucer.context import Context
 from saucer.context.events import Packed
 from saucer.store import CorruptRecordError, StoreError, open_store
 from saucer.store.inflate import MAX_INFLATED_BYTES, InflateError, RecordTooLargeError, check_record_size, inflate
-from saucer.context import Context
 
 
 def _bomb(size: int = 1 << 30) -> bytes:

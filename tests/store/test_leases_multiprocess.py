@@ -144,8 +144,19 @@ def test_a_fenced_off_worker_cannot_commit_late(store_url: str) -> None:
         store.create_session(session)
     steps = 20
     stall = 2.0 * TTL + 0.5
-    a = Worker(store_url, session, "worker-a", "--steps", str(steps), "--delay", "0.02",
-               "--pause-after", "3", "--pause", str(stall))
+    a = Worker(
+        store_url,
+        session,
+        "worker-a",
+        "--steps",
+        str(steps),
+        "--delay",
+        "0.02",
+        "--pause-after",
+        "3",
+        "--pause",
+        str(stall),
+    )
     b: Worker | None = None
     try:
         a.wait_for("PAUSED")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import traceback
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -44,9 +45,14 @@ def loop_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         for name in names:
             original = getattr(cls, name)
 
-            def wrapper(*args: Any, __original: Any = original, __name: str = f"{cls_name}.{name}", **kwargs: Any) -> Any:
+            def wrapper(
+                *args: Any, __original: Any = original, __name: str = f"{cls_name}.{name}", **kwargs: Any
+            ) -> Any:
                 if _on_a_loop():
-                    where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack(limit=8)[:-1]]
+                    where = [
+                        f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
+                        for f in traceback.extract_stack(limit=8)[:-1]
+                    ]
                     calls.append(f"{__name} from {' < '.join(reversed(where))}")
                 return __original(*args, **kwargs)
 

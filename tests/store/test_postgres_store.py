@@ -56,9 +56,7 @@ def test_the_schema_is_created_on_first_use_and_versioned(store_url: str) -> Non
         rows = conn.execute(f'SELECT version FROM "{schema}".saucer_schema ORDER BY version').fetchall()
         tables = {
             r[0]
-            for r in conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
-            )
+            for r in conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,))
         }
     assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
     assert tables == {"saucer_schema", "saucer_format", "sessions", "events", "snapshots", "leases"}
@@ -94,7 +92,9 @@ def test_concurrent_first_opens_migrate_once(store_url: str) -> None:
 def test_a_newer_schema_is_refused(store_url: str) -> None:
     open_store(store_url).close()
     with _connect(store_url) as conn:
-        conn.execute(f'INSERT INTO "{split_url(store_url)[1]}".saucer_schema (version) VALUES (%s)', (SCHEMA_VERSION + 1,))
+        conn.execute(
+            f'INSERT INTO "{split_url(store_url)[1]}".saucer_schema (version) VALUES (%s)', (SCHEMA_VERSION + 1,)
+        )
     with pytest.raises(StoreError, match="newer than this saucer"):
         open_store(store_url)
 
@@ -199,7 +199,7 @@ def test_snapshots_and_context_round_trip(store_url: str) -> None:
     sid = f"s-{uuid.uuid4().hex[:6]}"
     with open_store(store_url) as store:
         ctx = Context.open(store, sid, snapshot_every=3)
-        for i in range(10):
+        for _i in range(10):
             ctx.incr("n")
             ctx.commit()
         ctx.close()

@@ -35,7 +35,10 @@ INSERT INTO saucer_schema VALUES (4);
 INSERT INTO saucer_format VALUES (1, 5);
 """
 
-PLAN = {"task": "t", "steps": [{"subtask": f"s{i} é😀", "commands": [{"tool": "shell", "args": {"cmd": "echo"}}]} for i in range(40)]}
+PLAN = {
+    "task": "t",
+    "steps": [{"subtask": f"s{i} é😀", "commands": [{"tool": "shell", "args": {"cmd": "echo"}}]} for i in range(40)],
+}
 #: Metas with and without a plan; the plan first, in the middle and last.
 METAS: dict[str, dict[str, Any]] = {
     "planned": {"task": "Tidy", "plan": PLAN, "mode": "follower", "request": "tidy up", "z": 1, "a": {"plan": 2}},
@@ -61,7 +64,9 @@ def _split(meta: dict[str, Any]) -> tuple[str, str | None]:
     """What the two columns should hold, spelled out independently of the store's helper."""
     if "plan" not in meta:
         return orjson.dumps(meta).decode(), None
-    return orjson.dumps({k: 0 if k == "plan" else v for k, v in meta.items()}).decode(), orjson.dumps(meta["plan"]).decode()
+    return orjson.dumps({k: 0 if k == "plan" else v for k, v in meta.items()}).decode(), orjson.dumps(
+        meta["plan"]
+    ).decode()
 
 
 def _without_plan(meta: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -73,7 +78,9 @@ def _schema_4_file(path: Path) -> None:
         conn.executescript(_SQLITE_4)
         texts = {sid: orjson.dumps(meta).decode() for sid, meta in METAS.items()} | DAMAGED
         for sid, text in texts.items():
-            conn.execute("INSERT INTO sessions (session_id, head, created_at, updated_at) VALUES (?, 0, 1000, 1000)", (sid,))
+            conn.execute(
+                "INSERT INTO sessions (session_id, head, created_at, updated_at) VALUES (?, 0, 1000, 1000)", (sid,)
+            )
             conn.execute("INSERT INTO session_meta (session_id, task, meta) VALUES (?, 't', ?)", (sid, text))
     conn.close()
 
@@ -102,7 +109,10 @@ def test_a_schema_4_file_is_upgraded_and_reads_the_same_metas(tmp_path: Path) ->
         assert conn.execute("SELECT version FROM saucer_schema").fetchone() == (SCHEMA_VERSION,) == (5,)
     conn.close()
     columns = _columns(path)
-    assert columns == {**{sid: _split(meta) for sid, meta in METAS.items()}, **{sid: (text, None) for sid, text in DAMAGED.items()}}
+    assert columns == {
+        **{sid: _split(meta) for sid, meta in METAS.items()},
+        **{sid: (text, None) for sid, text in DAMAGED.items()},
+    }
     assert columns["only-zero"] == ('{"plan":0}', "0")  # a plan that is 0 has it in its column too
     with open_store(f"sqlite:///{path}") as store:  # opened again: nothing more to do
         _check_metas(store)
@@ -111,7 +121,10 @@ def test_a_schema_4_file_is_upgraded_and_reads_the_same_metas(tmp_path: Path) ->
 
 def test_a_2_mb_plan_is_read_only_with_the_whole_meta(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
-    steps = [{"subtask": f"step {i}", "commands": [{"tool": "shell", "args": {"cmd": "echo " + "x" * 40}}]} for i in range(22_000)]
+    steps = [
+        {"subtask": f"step {i}", "commands": [{"tool": "shell", "args": {"cmd": "echo " + "x" * 40}}]}
+        for i in range(22_000)
+    ]
     plan = {"task": "big", "steps": steps}
     assert len(orjson.dumps(plan)) > 2 * 2**20
     meta = {"task": "big", "mode": "follower", "plan": plan, "plan_file": "p.json"}
@@ -120,7 +133,10 @@ def test_a_2_mb_plan_is_read_only_with_the_whole_meta(tmp_path: Path) -> None:
         store.create_session("small", meta={"task": "small"})
         store.create_session("zero", meta={"plan": 0})
         info, has_plan = store.session_info_without_plan("big")
-        assert (list(info.meta.items()), has_plan) == ([("task", "big"), ("mode", "follower"), ("plan_file", "p.json")], True)
+        assert (list(info.meta.items()), has_plan) == (
+            [("task", "big"), ("mode", "follower"), ("plan_file", "p.json")],
+            True,
+        )
         assert orjson.dumps(store.session_info("big").meta) == orjson.dumps(meta)
         assert store.session_plan("big") == plan
         assert store.session_info_without_plan("small")[0].meta == {"task": "small"}
@@ -158,7 +174,18 @@ def test_a_prune_and_a_fork_standing_alone_keep_the_plan_in_its_column(tmp_path:
         assert prune(store, "p", keep_last=3) == 7
         p, f = store.session_info("p"), store.session_info("f")
         assert list(p.meta.items()) == [("task", "p"), ("plan", PLAN), ("mode", "normal"), ("pruned_to", 7)]
-        assert f.parent_id is None and list(f.meta.items()) == [("plan", [1]), ("task", "f"), ("forked_from", "p"), ("at", 5), ("mode", "normal")]  # its parent's mode, inherited
-        assert store.session_info_without_plan("f")[0].meta == {"task": "f", "forked_from": "p", "at": 5, "mode": "normal"}
+        assert f.parent_id is None and list(f.meta.items()) == [
+            ("plan", [1]),
+            ("task", "f"),
+            ("forked_from", "p"),
+            ("at", 5),
+            ("mode", "normal"),
+        ]  # its parent's mode, inherited
+        assert store.session_info_without_plan("f")[0].meta == {
+            "task": "f",
+            "forked_from": "p",
+            "at": 5,
+            "mode": "normal",
+        }
     columns = _columns(path)
     assert columns == {"p": _split(p.meta), "f": _split(f.meta)}

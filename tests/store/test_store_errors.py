@@ -11,12 +11,14 @@ import asyncio
 import os
 import sqlite3
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from saucer.context import Context
+from saucer.context.transfer import export_session, import_session
 from saucer.engine.session import new_session_id
 from saucer.store import (
     SESSION_ID_MAX_LENGTH,
@@ -29,7 +31,6 @@ from saucer.store import (
     StoreError,
     open_store,
 )
-from saucer.context.transfer import export_session, import_session
 
 
 @pytest.fixture
@@ -107,11 +108,10 @@ def test_a_session_meta_that_is_not_json_is_named_when_read_without_its_plan(tmp
     with open_store(f"sqlite:///{path}") as s:
         s.create_session("broken", meta={"task": "t", "plan": {"steps": []}})
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE session_meta SET meta = '{\"task\": \"t\", \"plan\": [' WHERE session_id = 'broken'")
+        conn.execute('UPDATE session_meta SET meta = \'{"task": "t", "plan": [\' WHERE session_id = \'broken\'')
     conn.close()
-    with open_store(f"sqlite:///{path}") as s:
-        with pytest.raises(DamagedStoreError) as caught:
-            s.session_info_without_plan("broken")
+    with open_store(f"sqlite:///{path}") as s, pytest.raises(DamagedStoreError) as caught:
+        s.session_info_without_plan("broken")
     message = str(caught.value)
     assert "'broken'" in message and "not JSON" in message and str(path) in message
 
@@ -200,7 +200,9 @@ def test_pooled_connections_closed_by_the_server_are_replaced(pg_app: tuple[str,
 
 
 @pg
-def test_a_read_whose_connection_breaks_is_retried_once(pg_app: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_whose_connection_breaks_is_retried_once(
+    pg_app: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import saucer.store._postgres_conn as pgconn
 
     url, app = pg_app
@@ -264,7 +266,14 @@ def test_an_engine_session_goes_on_when_its_connections_are_dropped(
         overrides={"store.url": url, "logs.root": str(tmp_path / "logs"), "system.save_experience": "always_not"}
     )
     result = asyncio.run(
-        Session("drops", settings=settings, store=url, request="go on", agents=AgentSet([Dropper("d")]), session_id="drops-1").run()
+        Session(
+            "drops",
+            settings=settings,
+            store=url,
+            request="go on",
+            agents=AgentSet([Dropper("d")]),
+            session_id="drops-1",
+        ).run()
     )
     assert result.status == "finished" and result.steps == 4, result
     with open_store(url) as store:

@@ -9,8 +9,9 @@ import os
 import sqlite3
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -53,8 +54,10 @@ def _events(sid: str) -> list[Event]:
         (2, 2, {"kind": "step", "cost": 0.5, "session_status": "running"}),
         (2, None, {"kind": "round_end", "cost": 0.5, "reason": "round 2 ok", "session_status": "running"}),
     ]
-    return [Event(sid, i + 1, 1000.0 + i, "agent", rnd, step, [{"op": "set", "var": "i", "value": i}], meta)
-            for i, (rnd, step, meta) in enumerate(metas)]
+    return [
+        Event(sid, i + 1, 1000.0 + i, "agent", rnd, step, [{"op": "set", "var": "i", "value": i}], meta)
+        for i, (rnd, step, meta) in enumerate(metas)
+    ]
 
 
 def _rows(sid: str, events: list[Event]) -> list[tuple[Any, ...]]:
@@ -65,33 +68,58 @@ def test_an_sqlite_schema_3_file_is_upgraded_and_its_summaries_counted(tmp_path:
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as conn:
         conn.executescript(_SQLITE_3)
-        conn.execute("INSERT INTO sessions VALUES ('run', 5, 1000, 1004, NULL, NULL, ?)", (orjson.dumps(META).decode(),))
+        conn.execute(
+            "INSERT INTO sessions VALUES ('run', 5, 1000, 1004, NULL, NULL, ?)", (orjson.dumps(META).decode(),)
+        )
         rows = _rows("run", _events("run"))
         conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows[:3])  # folded
         conn.executemany("INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows[3:])  # not yet
-        conn.execute("""INSERT INTO sessions VALUES ('fork', 3, 1005, 1006, 'run', 3, '{"forked_from": "run", "at": 3}')""")
+        conn.execute(
+            """INSERT INTO sessions VALUES ('fork', 3, 1005, 1006, 'run', 3, '{"forked_from": "run", "at": 3}')"""
+        )
         torn = _rows("torn", _events("torn")[:2])
         torn[-1] = (*torn[-1][:6], b"{not json", 1)  # a damaged trailing record
-        conn.execute("INSERT INTO sessions VALUES ('torn', 2, 1000, 1001, NULL, NULL, ?)", (orjson.dumps(META).decode(),))
+        conn.execute(
+            "INSERT INTO sessions VALUES ('torn', 2, 1000, 1001, NULL, NULL, ?)", (orjson.dumps(META).decode(),)
+        )
         conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", torn)
     with open_store(f"sqlite:///{path}") as store:
         assert store.session_info("run").meta == META and store.session_info("fork").parent_version == 3
         run, fork, torn_row = (store.list_sessions(ids=[s])[0] for s in ("run", "fork", "torn"))
         assert (run.task, run.mode, run.request, run.status) == ("Tidy", "follower", "tidy up", "interrupted")
-        assert (run.rounds, run.steps, run.cost, run.reason, run.version, run.updated_at) == (2, 2, 0.75, "round 2 ok", 5, 1004)
+        assert (run.rounds, run.steps, run.cost, run.reason, run.version, run.updated_at) == (
+            2,
+            2,
+            0.75,
+            "round 2 ok",
+            5,
+            1004,
+        )
         assert (fork.rounds, fork.steps, fork.cost, fork.origin) == (1, 1, 0.25, "run@3")
         assert (torn_row.steps, torn_row.rounds) == (0, 0)  # its damaged record is not counted
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert store.list_sessions() == SessionListing._list(store, ListQuery.of())
             assert [e.version for e in store.read("run")] == [1, 2, 3, 4, 5]
-        v = store.append("run", 5, [], author="system", meta={
-            "kind": "session_end", "session_status": "finished",
-            "summary": {"status": "finished", "rounds": 2, "steps": 2, "cost": 0.75, "reason": "done"}})
+        v = store.append(
+            "run",
+            5,
+            [],
+            author="system",
+            meta={
+                "kind": "session_end",
+                "session_status": "finished",
+                "summary": {"status": "finished", "rounds": 2, "steps": 2, "cost": 0.75, "reason": "done"},
+            },
+        )
         assert v.version == 6 and store.list_sessions(ids=["run"])[0].status == "finished"
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT version FROM saucer_schema").fetchone() == (5,)  # 3 -> 4 -> 5
-        assert dict(conn.execute("SELECT session_id, plan IS NOT NULL FROM session_meta")) == {"run": 1, "fork": 0, "torn": 1}
+        assert dict(conn.execute("SELECT session_id, plan IS NOT NULL FROM session_meta")) == {
+            "run": 1,
+            "fork": 0,
+            "torn": 1,
+        }
         columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
         assert "meta" not in columns and "steps" in columns  # a commit no longer rewrites the meta
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'sessions_v3'").fetchone() == (0,)
@@ -123,21 +151,36 @@ def test_a_postgres_schema_2_is_upgraded_and_its_summaries_counted(pg_base: tupl
     s = pc.quote(schema)
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {s}")
-        conn.execute(f"CREATE TABLE {s}.saucer_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            f"CREATE TABLE {s}.saucer_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         for version, statements in enumerate(pc._MIGRATIONS[:2], start=1):
             for statement in statements:
                 assert isinstance(statement, str)
                 conn.execute(statement.format(s=s))
             conn.execute(f"INSERT INTO {s}.saucer_schema (version) VALUES (%s)", (version,))
         conn.execute(f"INSERT INTO {s}.saucer_format VALUES (true, 2)")
-        conn.execute(f"INSERT INTO {s}.sessions VALUES ('run', 5, 1000, 1004, NULL, NULL, %s)", (orjson.dumps(META).decode(),))
-        conn.execute(f"""INSERT INTO {s}.sessions VALUES ('fork', 3, 1005, 1006, 'run', 3, '{{"forked_from": "run", "at": 3}}')""")
+        conn.execute(
+            f"INSERT INTO {s}.sessions VALUES ('run', 5, 1000, 1004, NULL, NULL, %s)", (orjson.dumps(META).decode(),)
+        )
+        conn.execute(
+            f"""INSERT INTO {s}.sessions VALUES ('fork', 3, 1005, 1006, 'run', 3, '{{"forked_from": "run", "at": 3}}')"""
+        )
         with conn.cursor() as cur:
-            cur.executemany(f"INSERT INTO {s}.events VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", _rows("run", _events("run")))
+            cur.executemany(
+                f"INSERT INTO {s}.events VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", _rows("run", _events("run"))
+            )
     with open_store(f"{base}{'&' if '?' in base else '?'}schema={schema}") as store:
         run, fork = (store.list_sessions(ids=[sid])[0] for sid in ("run", "fork"))
         assert (run.task, run.mode, run.status, run.rounds, run.steps, run.cost, run.reason) == (
-            "Tidy", "follower", "interrupted", 2, 2, 0.75, "round 2 ok")
+            "Tidy",
+            "follower",
+            "interrupted",
+            2,
+            2,
+            0.75,
+            "round 2 ok",
+        )
         assert (fork.rounds, fork.steps, fork.cost, fork.origin) == (1, 1, 0.25, "run@3")
         assert store.list_sessions() == SessionListing._list(store, ListQuery.of())
         assert store.session_info("run").meta == META

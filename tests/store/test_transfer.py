@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from saucer.context import Context, ContextNames, prune
-from saucer.store import EventStore, InvalidSessionIdError, SessionExistsError, open_store
 from saucer.context.transfer import export_session, import_session
+from saucer.store import EventStore, InvalidSessionIdError, SessionExistsError, open_store
 
 
 @pytest.fixture
@@ -138,7 +139,10 @@ def test_an_import_checks_everything_before_it_writes_anything(store: EventStore
         return lambda d: d["events"][i]["ops"].append(fields)
 
     cases: list[tuple[Callable[[dict[str, Any]], Any], str]] = [
-        (set_op(3, op="set", var="deep", value=deep), r"'events\[3\]\.ops\[7\]\.value\[0\]\[0\].*nest more than 100 levels"),
+        (
+            set_op(3, op="set", var="deep", value=deep),
+            r"'events\[3\]\.ops\[7\]\.value\[0\]\[0\].*nest more than 100 levels",
+        ),
         (set_op(4, op="set", var="x", value=float("nan")), "not a finite number"),
         (set_op(2, op="frobnicate", var="x"), "events\\[2\\].ops\\[.*\\].op"),
         (set_op(2, op="set", name="NOT_A_NAME", value=1), "not a stored ContextNames name"),

@@ -53,7 +53,7 @@ HIDDEN_RM: list[tuple[str, str | None]] = [
     ("timeout 5 rm victim", "sh"),
     ("if [ -f victim ]; then rm -f victim; fi", "sh"),
     ("[ -f victim ] && rm victim", "sh"),
-    ("for f in *; do rm \"$f\"; done", "sh"),
+    ('for f in *; do rm "$f"; done', "sh"),
     ("while true; do rm victim; break; done", "sh"),
     ("until rm victim; do :; done", "sh"),
     ("case x in x) rm victim;; esac", "sh"),
@@ -121,7 +121,7 @@ ORDINARY = [
     "printf '%s\\n' rm",
     "man rm",
     "which rm; type rm; command -v rm",
-    "for f in *.py; do wc -l \"$f\"; done",
+    'for f in *.py; do wc -l "$f"; done',
     "if [ -d build ]; then echo yes; else echo no; fi",
     'case "$1" in start) echo go;; *) echo stop;; esac',
     "echo $((1 + 2))",
@@ -191,7 +191,13 @@ def test_globs_and_regexes() -> None:
 
 def test_the_line_is_split_into_the_programs_it_runs() -> None:
     assert split_command_line("cd /tmp && rm -rf x; ls | wc -l || echo $(whoami) & `id`") == [
-        "cd /tmp", "rm -rf x", "ls", "wc -l", "echo $(whoami)", "whoami", "id",
+        "cd /tmp",
+        "rm -rf x",
+        "ls",
+        "wc -l",
+        "echo $(whoami)",
+        "whoami",
+        "id",
     ]
 
 

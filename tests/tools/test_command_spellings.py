@@ -113,16 +113,28 @@ async def test_a_plan_without_yes_no_longer_deletes_through_these_forms(tmp_path
     from saucer.dispatch import Command, LocalCommandDispatcher, ResultStatus, default_servers
 
     (tmp_path / "victim.txt").write_text("keep me")
-    forms = ["trap 'rm -f victim.txt' EXIT; echo hi", "runuser -u root -- rm -f victim.txt",
-             "sg root -c 'rm -f victim.txt'", "unshare -m rm -f victim.txt", "setarch linux64 rm -f victim.txt",
-             "chrt -o 0 rm -f victim.txt", "setpriv --nnp rm -f victim.txt", "prlimit --nofile=64 rm -f victim.txt",
-             "nsenter -t 1 -m rm -f victim.txt", "chmod --recursive 000 .", "chmod -fR 000 .", "chmod 000 -R .",
-             "unlink victim.txt", "wipefs -a /dev/null", "mke2fs -n /dev/null"]
+    forms = [
+        "trap 'rm -f victim.txt' EXIT; echo hi",
+        "runuser -u root -- rm -f victim.txt",
+        "sg root -c 'rm -f victim.txt'",
+        "unshare -m rm -f victim.txt",
+        "setarch linux64 rm -f victim.txt",
+        "chrt -o 0 rm -f victim.txt",
+        "setpriv --nnp rm -f victim.txt",
+        "prlimit --nofile=64 rm -f victim.txt",
+        "nsenter -t 1 -m rm -f victim.txt",
+        "chmod --recursive 000 .",
+        "chmod -fR 000 .",
+        "chmod 000 -R .",
+        "unlink victim.txt",
+        "wipefs -a /dev/null",
+        "mke2fs -n /dev/null",
+    ]
     async with LocalCommandDispatcher.from_config(default_servers(tmp_path)) as dispatcher:
         results = [
             (await dispatcher.execute_commands([Command(tool_name="shell.run", parameters={"command": form})]))[0]
             for form in forms
         ]
-    for form, result in zip(forms, results):
+    for form, result in zip(forms, results, strict=False):
         assert result.status == ResultStatus.FAILURE and "needs approval" in (result.error or ""), (form, result.error)
     assert (tmp_path / "victim.txt").read_text() == "keep me"

@@ -105,7 +105,8 @@ async def test_bubblewrap_network_off_and_writes(tmp_path: Path) -> None:
         options = ShellOptions.create(tmp_path / "ws", sandbox="bubblewrap", network=False)
         result = await run_command(
             f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'; "
-            "echo in > inside; echo out > ../outside; touch $TMPDIR/t && echo tmp", options
+            "echo in > inside; echo out > ../outside; touch $TMPDIR/t && echo tmp",
+            options,
         )
     finally:
         server.close()
@@ -151,7 +152,11 @@ def test_the_choice_of_confinement(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "offers no Landlock" in (resolve("landlock").error or "")
     monkeypatch.setattr(confine, "bubblewrap_path", lambda: None)
     none = resolve("auto")
-    assert none.kind == "none" and 'sandbox = "off"' in (none.error or "") and "apt-get install -y bubblewrap" in none.error
+    assert (
+        none.kind == "none"
+        and 'sandbox = "off"' in (none.error or "")
+        and "apt-get install -y bubblewrap" in none.error
+    )
     assert resolve("off").kind == "off" and resolve("off").error is None
     monkeypatch.setattr(confine, "_landlock_abi", lambda: 7)
     assert resolve("auto").kind == "landlock" and "bwrap" in (resolve("bubblewrap").error or "")
@@ -165,7 +170,7 @@ async def test_without_confinement_commands_are_refused_and_it_is_said_once(
     monkeypatch.setattr(confine, "_notices", set())
     options = ShellOptions.create(tmp_path, sandbox="auto")
     for _ in range(3):
-        with pytest.raises(ToolError, match="commands are refused.*sandbox = \"off\""):
+        with pytest.raises(ToolError, match='commands are refused.*sandbox = "off"'):
             await run_command("touch ran", options)
     assert not (tmp_path / "ran").exists()
     assert capfd.readouterr().err.count("commands are refused") == 1
@@ -205,8 +210,12 @@ def test_the_desktop_launcher_starts_programs_confined(tmp_path: Path) -> None:
     ws.mkdir()
     art.mkdir()
     launcher = Launcher(Policy.create("landlock", (ws, art), scoped=False))
-    proc = launcher.start(["/bin/sh", "-c", f"echo x > {tmp_path}/outside; echo y > {ws}/inside; echo $TMPDIR"],
-                          cwd=ws, env={"PATH": "/usr/bin:/bin"}, log=lambda: open(art / "launch.log", "ab"))
+    proc = launcher.start(
+        ["/bin/sh", "-c", f"echo x > {tmp_path}/outside; echo y > {ws}/inside; echo $TMPDIR"],
+        cwd=ws,
+        env={"PATH": "/usr/bin:/bin"},
+        log=lambda: open(art / "launch.log", "ab"),
+    )
     proc.wait(timeout=30)
     assert not (tmp_path / "outside").exists() and (ws / "inside").exists()
     assert "saucer-tmp-" in (art / "launch.log").read_text()
@@ -220,17 +229,29 @@ async def test_the_isolated_shell_is_confined_too(tmp_path: Path) -> None:
     servers = default_servers(tmp_path / "ws", isolate=["shell"], shell=ShellSettings(sandbox="landlock"))
     assert "--sandbox" in servers["shell"].args
     async with LocalCommandDispatcher.from_config(servers, assume_yes=True) as dispatcher:
-        [result] = await dispatcher.execute_commands([Command(
-            tool_name="shell.run", parameters={"command": "echo x > ../outside; echo y > inside"},
-        )])
+        [result] = await dispatcher.execute_commands(
+            [
+                Command(
+                    tool_name="shell.run",
+                    parameters={"command": "echo x > ../outside; echo y > inside"},
+                )
+            ]
+        )
     assert "Permission denied" in str(result.result) + str(result.error) or "Read-only" in str(result.result)
     assert not (tmp_path / "outside").exists() and (tmp_path / "ws" / "inside").exists()
 
 
 def _saucer(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
-    return subprocess.run([sys.executable, "-m", "saucer", *args], cwd=cwd, env={**base, "COLUMNS": "300", **(env or {})},
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "saucer", *args],
+        cwd=cwd,
+        env={**base, "COLUMNS": "300", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_doctor_and_run_say_which_confinement_is_in_force(tmp_path: Path) -> None:
@@ -247,14 +268,18 @@ def test_doctor_and_run_say_which_confinement_is_in_force(tmp_path: Path) -> Non
     # Nothing available as asked: doctor exits 1 and says why; a run refuses its commands, saying so once.
     missing = {"SAUCER_SHELL__SANDBOX": "bubblewrap", "PATH": str(tmp_path / "nowhere")}
     doctor = _saucer("doctor", cwd=tmp_path, env=missing)
-    assert doctor.returncode == 1 and "confinement: none: " in doctor.stdout and "bwrap is not installed" in doctor.stdout
+    assert (
+        doctor.returncode == 1 and "confinement: none: " in doctor.stdout and "bwrap is not installed" in doctor.stdout
+    )
     (tmp_path / "plan2.json").write_text(
         '{"task": "u", "steps": [{"subtask": "a", "commands": [{"tool_name": "shell.run", "parameters": {"command": "touch a"}}]},'
         ' {"subtask": "b", "commands": [{"tool_name": "shell.run", "parameters": {"command": "touch b"}}]}]}'
     )
     refused = _saucer("run", "--plan", "plan2.json", "--yes", cwd=tmp_path, env=missing)
     assert refused.returncode != 0 and not (tmp_path / "a").exists()
-    assert refused.stderr.count("saucer: [shell] sandbox = \"bubblewrap\" but bwrap is not installed") == 1, refused.stderr
+    assert refused.stderr.count('saucer: [shell] sandbox = "bubblewrap" but bwrap is not installed') == 1, (
+        refused.stderr
+    )
 
 
 def test_confinement_line_names_the_network_and_folders() -> None:
@@ -310,7 +335,9 @@ def test_a_folder_that_appears_later_becomes_writable_and_threads_end_with_their
     assert confiner.popen(write, cwd=ws, stderr=subprocess.DEVNULL).wait(timeout=30) != 0  # no such folder yet
     art.mkdir()  # the desktop server makes the artifacts folder when it first saves something
     assert confiner.popen(write, cwd=ws).wait(timeout=30) == 0 and (art / "made").exists()
-    assert confiner.popen(["/bin/sh", "-c", f"echo x > {tmp_path}/out"], cwd=ws, stderr=subprocess.DEVNULL).wait(30) != 0
+    assert (
+        confiner.popen(["/bin/sh", "-c", f"echo x > {tmp_path}/out"], cwd=ws, stderr=subprocess.DEVNULL).wait(30) != 0
+    )
     assert confined() > before
     folder = confiner.tmpdir
     del confiner
@@ -327,13 +354,17 @@ def test_the_shell_settings_reach_every_built_in_server(tmp_path: Path) -> None:
     from saucer.dispatch.servers import DesktopServer, default_servers
 
     shell = ShellSettings(sandbox="bubblewrap", network=[80, 443], read=[Path("/usr")], write=[Path("/srv/cache")])
-    servers = default_servers(tmp_path, shell=shell, artifacts=tmp_path / "art",
-                              desktop=DesktopServer(artifacts=tmp_path / "art", sandbox=shell))
+    servers = default_servers(
+        tmp_path,
+        shell=shell,
+        artifacts=tmp_path / "art",
+        desktop=DesktopServer(artifacts=tmp_path / "art", sandbox=shell),
+    )
     options = servers["shell"].options
     assert (options["sandbox"], options["network"], options["read"]) == ("bubblewrap", [80, 443], ["/usr"])
     assert options["write"] == [str((tmp_path / "art").resolve()), "/srv/cache"]
     flags = ["--sandbox", "bubblewrap", "--network", "80,443", "--read", "/usr", "--write", "/srv/cache"]
-    assert servers["desktop"].args[3:3 + len(flags)] == flags
+    assert servers["desktop"].args[3 : 3 + len(flags)] == flags
     isolated = default_servers(tmp_path, isolate=True, shell=ShellSettings(network=False), artifacts=tmp_path / "art")
     args = isolated["shell"].args
     assert args[args.index("--network") + 1] == "off" and args[-2:] == ["--write", str((tmp_path / "art").resolve())]

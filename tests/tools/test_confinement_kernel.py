@@ -40,8 +40,21 @@ CONCURRENCY = 12
 
 # Prefixes that run ``sh -c CODE`` through a wrapper (argument-vector wrappers).
 ARGV_WRAPPERS = [
-    "", "env", "env -i PATH=/usr/bin:/bin", "nice -n 5", "nohup", "timeout 20", "stdbuf -oL", "setsid",
-    "ionice -c 3", "chrt -o 0", "setpriv --nnp", "prlimit --nofile=256", "command", "exec", "time",
+    "",
+    "env",
+    "env -i PATH=/usr/bin:/bin",
+    "nice -n 5",
+    "nohup",
+    "timeout 20",
+    "stdbuf -oL",
+    "setsid",
+    "ionice -c 3",
+    "chrt -o 0",
+    "setpriv --nnp",
+    "prlimit --nofile=256",
+    "command",
+    "exec",
+    "time",
     *(["runuser -u root --", "unshare -m", "unshare -m --propagation private"] if ROOT else []),
     *(["setarch linux64", "linux64"] if platform.machine() == "x86_64" else []),
     *(["busybox"] if shutil.which("busybox") else []),
@@ -53,11 +66,20 @@ def _code_wrappers(code: str) -> list[str]:
     q = shlex.quote(code)
     encoded = base64.b64encode(code.encode()).decode()
     forms = [
-        f"sh -c {q}", f"bash -c {q}", f"eval {q}", f"trap {q} EXIT; true", f"echo {encoded} | base64 -d | sh",
-        f"printf '%s' {q} | bash", f"find . -maxdepth 0 -exec sh -c {q} \\;", f"echo {q} | xargs -0 sh -c",
-        f"script -qc {q} /dev/null", f"{PY} -c 'import os,sys; os.system(sys.argv[1])' {q}",
-        f"perl -e 'system($ARGV[0])' {q}", f"x=$(echo {encoded} | base64 -d); eval \"$x\"",
-        f"f() {{ {code}\n}}; f", f"bash -c \"$(echo {encoded} | base64 -d)\"",
+        f"sh -c {q}",
+        f"bash -c {q}",
+        f"eval {q}",
+        f"trap {q} EXIT; true",
+        f"echo {encoded} | base64 -d | sh",
+        f"printf '%s' {q} | bash",
+        f"find . -maxdepth 0 -exec sh -c {q} \\;",
+        f"echo {q} | xargs -0 sh -c",
+        f"script -qc {q} /dev/null",
+        f"{PY} -c 'import os,sys; os.system(sys.argv[1])' {q}",
+        f"perl -e 'system($ARGV[0])' {q}",
+        f'x=$(echo {encoded} | base64 -d); eval "$x"',
+        f"f() {{ {code}\n}}; f",
+        f'bash -c "$(echo {encoded} | base64 -d)"',
     ]
     if ROOT:
         forms += [f"su -c {q} root", f"sg root -c {q}", f"runuser root -c {q}"]
@@ -85,31 +107,72 @@ def _spellings(decoy: str, name: str) -> list[tuple[str, str]]:
 def _actions(p: str, decoy: str) -> list[str]:
     """Shell code that changes the file at path ``p`` one way or another."""
     return [
-        f"rm -rf {p}", f"rm -f {p}", f"echo pwned > {p}", f"echo pwned >> {p}", f"truncate -s 0 {p}",
-        f"dd if=/dev/zero of={p} bs=1 count=4 conv=notrunc", f"cp /etc/hostname {p}", f"mv {p} stolen",
-        f"chmod 000 {p}", f"chown nobody {p}", f"touch {p}", f"ln -sf /etc/passwd {p}", f"shred -u {p}",
-        f"unlink {p}", f"sed -i s/./X/ {p}", f"echo pwned | tee {p}", f"printf x 1<> {p}", f"mkdir {p}.d",
-        f"mkfifo {p}.fifo", f"ln {p} hard && echo pwned >> hard", f"exec 3<>{p}; echo pwned >&3",
-        f"exec 3<{p}; echo pwned > /proc/self/fd/3", f"exec 3<{p}; echo pwned > /dev/fd/3",
-        f"{PY} -c \"import shutil; shutil.rmtree('{decoy}')\"", f"{PY} -c \"open('{p}', 'w').write('x')\"",
-        f"{PY} -c \"import os; os.unlink('{p}')\"", f"{PY} -c \"import os; os.chmod('{p}', 0)\"",
-        f"{PY} -c \"import os; os.rename('{p}', 'stolen')\"", f"{PY} -c \"import os; os.utime('{p}', (0, 0))\"",
-        f"perl -e 'unlink \"{p}\"'", f"perl -e 'open(F, \">\", \"{p}\"); print F \"x\"'",
-        f"perl -e 'chmod 0, \"{p}\"'", f"awk 'BEGIN {{ print \"x\" > \"{p}\" }}'", f"find {decoy} -delete",
-        f"find {decoy} -type f -exec rm -f {{}} +", f"find {decoy} -type f -exec sh -c 'echo x > \"$1\"' _ {{}} \\;",
-        f"chattr +i {p}", f"cp -r {decoy} mine && rm -rf {decoy}", f"mv {decoy} gone",
-        f"touch -d 2000-01-01 {p}", f"chmod -R 777 {decoy}", f"chown -R nobody {decoy}",
+        f"rm -rf {p}",
+        f"rm -f {p}",
+        f"echo pwned > {p}",
+        f"echo pwned >> {p}",
+        f"truncate -s 0 {p}",
+        f"dd if=/dev/zero of={p} bs=1 count=4 conv=notrunc",
+        f"cp /etc/hostname {p}",
+        f"mv {p} stolen",
+        f"chmod 000 {p}",
+        f"chown nobody {p}",
+        f"touch {p}",
+        f"ln -sf /etc/passwd {p}",
+        f"shred -u {p}",
+        f"unlink {p}",
+        f"sed -i s/./X/ {p}",
+        f"echo pwned | tee {p}",
+        f"printf x 1<> {p}",
+        f"mkdir {p}.d",
+        f"mkfifo {p}.fifo",
+        f"ln {p} hard && echo pwned >> hard",
+        f"exec 3<>{p}; echo pwned >&3",
+        f"exec 3<{p}; echo pwned > /proc/self/fd/3",
+        f"exec 3<{p}; echo pwned > /dev/fd/3",
+        f"{PY} -c \"import shutil; shutil.rmtree('{decoy}')\"",
+        f"{PY} -c \"open('{p}', 'w').write('x')\"",
+        f"{PY} -c \"import os; os.unlink('{p}')\"",
+        f"{PY} -c \"import os; os.chmod('{p}', 0)\"",
+        f"{PY} -c \"import os; os.rename('{p}', 'stolen')\"",
+        f"{PY} -c \"import os; os.utime('{p}', (0, 0))\"",
+        f"perl -e 'unlink \"{p}\"'",
+        f'perl -e \'open(F, ">", "{p}"); print F "x"\'',
+        f"perl -e 'chmod 0, \"{p}\"'",
+        f'awk \'BEGIN {{ print "x" > "{p}" }}\'',
+        f"find {decoy} -delete",
+        f"find {decoy} -type f -exec rm -f {{}} +",
+        f"find {decoy} -type f -exec sh -c 'echo x > \"$1\"' _ {{}} \\;",
+        f"chattr +i {p}",
+        f"cp -r {decoy} mine && rm -rf {decoy}",
+        f"mv {decoy} gone",
+        f"touch -d 2000-01-01 {p}",
+        f"chmod -R 777 {decoy}",
+        f"chown -R nobody {decoy}",
     ]
 
 
 SPECIALS = [
-    "mount --bind . {decoy}", "mount -o remount,rw /", "mount -t tmpfs none {decoy}", "umount -l /",
-    "mknod disk b 8 0 && echo x > disk", "mknod null2 c 1 3 && ls -l null2", "rm -rf /proc/self/root{decoy}",
-    "cd / && rm -rf {decoy}", "cd {decoy} && rm -rf ./* .[!.]*", "echo x > ../new-file-beside-workspace",
-    "mkdir ../new-dir-beside-workspace", "ln -s /etc ../new-link-beside-workspace", "rm -rf \"$PWD\"",
-    "mv \"$PWD\" ../moved-workspace", "unshare -m sh -c 'mount --bind . {decoy}; echo x > {decoy}/a.txt'",
-    "nsenter -t 1 -m -- sh -c 'echo x > {decoy}/a.txt'", "insmod /nonexistent.ko",
-    "echo x | tee -a {decoy}/sub/deep/d.txt", "sed -i 1d {decoy}/sub/c.txt", "rm -rf {decoy}/sub/deep",
+    "mount --bind . {decoy}",
+    "mount -o remount,rw /",
+    "mount -t tmpfs none {decoy}",
+    "umount -l /",
+    "mknod disk b 8 0 && echo x > disk",
+    "mknod null2 c 1 3 && ls -l null2",
+    "rm -rf /proc/self/root{decoy}",
+    "cd / && rm -rf {decoy}",
+    "cd {decoy} && rm -rf ./* .[!.]*",
+    "echo x > ../new-file-beside-workspace",
+    "mkdir ../new-dir-beside-workspace",
+    "ln -s /etc ../new-link-beside-workspace",
+    'rm -rf "$PWD"',
+    'mv "$PWD" ../moved-workspace',
+    "unshare -m sh -c 'mount --bind . {decoy}; echo x > {decoy}/a.txt'",
+    "nsenter -t 1 -m -- sh -c 'echo x > {decoy}/a.txt'",
+    "insmod /nonexistent.ko",
+    "echo x | tee -a {decoy}/sub/deep/d.txt",
+    "sed -i 1d {decoy}/sub/c.txt",
+    "rm -rf {decoy}/sub/deep",
 ]
 
 
@@ -168,8 +231,14 @@ def fingerprint(base: Path, skip: tuple[Path, ...]) -> dict[str, tuple[object, .
             else:
                 content = None
             found[str(path.relative_to(base))] = (
-                stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid, info.st_nlink,
-                info.st_size if not stat.S_ISDIR(info.st_mode) else None, info.st_mtime_ns, content,
+                stat.S_IFMT(info.st_mode),
+                stat.S_IMODE(info.st_mode),
+                info.st_uid,
+                info.st_gid,
+                info.st_nlink,
+                info.st_size if not stat.S_ISDIR(info.st_mode) else None,
+                info.st_mtime_ns,
+                content,
             )
     return found
 
@@ -192,16 +261,25 @@ async def run_all(ws: Path, art: Path, sandbox: str, lines: list[str], *, probe:
         if not probe:
             return list(results)
         # The workspace still works (its contents are the commands' to delete): make, write, read, list.
-        [after] = await dispatcher.execute_commands([Command(
-            tool_name="shell.run",
-            parameters={"command": "mkdir -p check && echo ok > check/probe && cat check/probe && ls check"},
-        )])
+        [after] = await dispatcher.execute_commands(
+            [
+                Command(
+                    tool_name="shell.run",
+                    parameters={"command": "mkdir -p check && echo ok > check/probe && cat check/probe && ls check"},
+                )
+            ]
+        )
         assert after.status == ResultStatus.SUCCESS, after.error
         assert after.result["stdout"] == "ok\nprobe\n" and ws.is_dir()
         # The private TMPDIR and the artifacts folder are writable.
-        [tmp] = await dispatcher.execute_commands([Command(
-            tool_name="shell.run", parameters={"command": f'echo t > "$TMPDIR/t" && echo a > {art}/a && cat "$TMPDIR/t"'},
-        )])
+        [tmp] = await dispatcher.execute_commands(
+            [
+                Command(
+                    tool_name="shell.run",
+                    parameters={"command": f'echo t > "$TMPDIR/t" && echo a > {art}/a && cat "$TMPDIR/t"'},
+                )
+            ]
+        )
         assert tmp.status == ResultStatus.SUCCESS and tmp.result["stdout"] == "t\n", tmp.error
     return list(results)
 
@@ -246,9 +324,25 @@ async def test_500_hostile_commands_change_nothing_outside(
     # kernel said no (many exit non-zero with EACCES, EROFS, EPERM, EXDEV...).
     errors = [r.error or "" for r in results if r.status != ResultStatus.SUCCESS]  # type: ignore[attr-defined]
     assert not [e for e in errors if "needs approval" in e or "refused" in e.split(":")[0]], errors[:5]
-    denied = sum(1 for e in errors if any(word in e for word in (
-        "Permission denied", "Read-only file system", "Operation not permitted", "cross-device", "Errno 1", "Errno 13",
-        "Errno 30", "Errno 18", "not permitted", "read-only")))
+    denied = sum(
+        1
+        for e in errors
+        if any(
+            word in e
+            for word in (
+                "Permission denied",
+                "Read-only file system",
+                "Operation not permitted",
+                "cross-device",
+                "Errno 1",
+                "Errno 13",
+                "Errno 30",
+                "Errno 18",
+                "not permitted",
+                "read-only",
+            )
+        )
+    )
     assert denied > COUNT // 3, f"only {denied} commands were denied by the kernel: {errors[:5]}"
 
 

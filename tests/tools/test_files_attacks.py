@@ -10,6 +10,7 @@ that the racer does find that hole.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -19,10 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from saucer.tools.native import ToolError
 
 from saucer.dispatch import Command, LocalCommandDispatcher, ResultStatus
 from saucer.tools.files import FilesOptions, FileTools
+from saucer.tools.native import ToolError
 from saucer.tools.sandbox import MAX_DEPTH, openat2_available
 
 SECRET = "OUTSIDE-SECRET"
@@ -91,7 +92,7 @@ class Racer:
                 exchange(a, b)
                 self.swaps += 1
 
-    def __enter__(self) -> "Racer":
+    def __enter__(self) -> Racer:
         self._thread.start()
         return self
 
@@ -170,10 +171,8 @@ def test_control_a_check_then_open_by_name_does_escape(arena: tuple[Path, Path])
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not leaked:
             for path in ("sub/f.txt", "file.txt"):
-                try:
+                with contextlib.suppress(OSError):
                     leaked += SECRET in naive_read(path)
-                except OSError:
-                    pass
     assert leaked, "the racer never won against the name-based check in 20 s"
 
 
@@ -238,8 +237,10 @@ def test_an_unexpected_error_is_one_line_and_the_server_keeps_answering(tmp_path
     async def main() -> None:
         async with LocalCommandDispatcher.from_servers({"files": server}) as dispatcher:
             broken, fine = await dispatcher.execute_commands(
-                [Command(tool_name="files.stat", parameters={"path": "a.txt"}, tool_type="data_collection"),
-                 Command(tool_name="files.read", parameters={"path": "a.txt"}, tool_type="data_collection")],
+                [
+                    Command(tool_name="files.stat", parameters={"path": "a.txt"}, tool_type="data_collection"),
+                    Command(tool_name="files.read", parameters={"path": "a.txt"}, tool_type="data_collection"),
+                ],
             )
             assert broken.status == ResultStatus.FAILURE
             assert "RecursionError: maximum recursion depth exceeded" in broken.error
@@ -281,10 +282,12 @@ async def test_attacks_through_the_real_stdio_server(arena: tuple[Path, Path], t
             deadline = time.monotonic() + RACE_SECONDS
             while time.monotonic() < deadline:
                 results = await dispatcher.execute_commands(
-                    [Command(tool_name="files.read", parameters={"path": "sub/f.txt"}, tool_type="data_collection"),
-                     Command(tool_name="files.write", parameters={"path": "sub/f.txt", "content": "w\n"}),
-                     Command(tool_name="files.read", parameters={"path": "file.txt"}, tool_type="data_collection"),
-                     Command(tool_name="files.append", parameters={"path": "file.txt", "content": "a\n"})],
+                    [
+                        Command(tool_name="files.read", parameters={"path": "sub/f.txt"}, tool_type="data_collection"),
+                        Command(tool_name="files.write", parameters={"path": "sub/f.txt", "content": "w\n"}),
+                        Command(tool_name="files.read", parameters={"path": "file.txt"}, tool_type="data_collection"),
+                        Command(tool_name="files.append", parameters={"path": "file.txt", "content": "a\n"}),
+                    ],
                 )
                 reads.extend(str(r.result) for r in results if r.status == ResultStatus.SUCCESS)
     assert racer.swaps > 100 and reads

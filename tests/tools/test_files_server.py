@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
-from saucer.tools.native import ToolError
 
 from saucer.dispatch import Command, LocalCommandDispatcher, ResultStatus
 from saucer.tools.files import FilesOptions, FileTools, build_server, parse_options
+from saucer.tools.native import ToolError
 
 
 @pytest.fixture
@@ -37,8 +37,14 @@ def tools(sandbox: Path) -> FileTools:
 
 @pytest.mark.parametrize("path", ["../outside/secret.txt", "src/../../outside/secret.txt", "/etc/passwd"])
 def test_every_way_out_of_the_root_is_refused(tools: FileTools, sandbox: Path, path: str) -> None:
-    for operation in (lambda: tools.read(path), lambda: tools.stat(path), lambda: tools.list(path),
-                      lambda: tools.write(path, "x"), lambda: tools.append(path, "x"), lambda: tools.search("x", path)):
+    for operation in (
+        lambda: tools.read(path),
+        lambda: tools.stat(path),
+        lambda: tools.list(path),
+        lambda: tools.write(path, "x"),
+        lambda: tools.append(path, "x"),
+        lambda: tools.search("x", path),
+    ):
         with pytest.raises(ToolError, match="escapes the sandbox root"):
             operation()
     assert (sandbox.parent / "outside" / "secret.txt").read_text() == "hello secret\n"
@@ -48,8 +54,13 @@ def test_every_way_out_of_the_root_is_refused(tools: FileTools, sandbox: Path, p
 @pytest.mark.parametrize("path", ["link_out/secret.txt", "secret_link.txt", "link_out", "readme_link.md"])
 def test_no_path_goes_through_a_symbolic_link(tools: FileTools, sandbox: Path, path: str) -> None:
     # Even a link that stays inside the root is refused: links are never followed.
-    for operation in (lambda: tools.read(path), lambda: tools.list(path), lambda: tools.write(path, "x"),
-                      lambda: tools.append(path, "x"), lambda: tools.search("x", path)):
+    for operation in (
+        lambda: tools.read(path),
+        lambda: tools.list(path),
+        lambda: tools.write(path, "x"),
+        lambda: tools.append(path, "x"),
+        lambda: tools.search("x", path),
+    ):
         with pytest.raises(ToolError, match="symbolic link"):
             operation()
     assert (sandbox.parent / "outside" / "secret.txt").read_text() == "hello secret\n"

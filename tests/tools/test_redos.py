@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -20,10 +21,12 @@ from saucer.config import MCPServerConfig
 from saucer.dispatch import Command, LocalCommandDispatcher, ResultStatus
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.tree import Selector, Tree, find_matches
-from saucer.tools.files import FilesOptions, build_server as files_server
+from saucer.tools.files import FilesOptions
+from saucer.tools.files import build_server as files_server
 from saucer.tools.linear import compile_linear
 from saucer.tools.rules import CommandRule, refusal_reason
-from saucer.tools.shell import ShellOptions, build_server as shell_server
+from saucer.tools.shell import ShellOptions
+from saucer.tools.shell import build_server as shell_server
 
 EVIL = "(a+)+$"
 VICTIM = "a" * 25 + "!"
@@ -66,7 +69,9 @@ def test_python_re_would_stall_on_this_input() -> None:
 @pytest.mark.anyio
 async def test_files_search_with_a_hostile_regex_does_not_stall_the_loop(tmp_path: Path) -> None:
     (tmp_path / "victim.txt").write_text((VICTIM + "\n") * 50 + "aaa\n")
-    async with LocalCommandDispatcher.from_servers({"files": files_server(FilesOptions.create(tmp_path))}) as dispatcher:
+    async with LocalCommandDispatcher.from_servers(
+        {"files": files_server(FilesOptions.create(tmp_path))}
+    ) as dispatcher:
         # The server's start and its first call (schemas, validators) are outside the measurement.
         await dispatcher.execute_commands([Command(tool_name="files.search", parameters={"pattern": "x"})])
         stall, [result] = await longest_stall(
@@ -115,9 +120,14 @@ def test_regex_rules_that_need_backtracking_are_refused_clearly() -> None:
 
 @pytest.mark.anyio
 async def test_desktop_name_matching_with_a_hostile_regex_does_not_stall_the_loop() -> None:
-    tree = Tree(root={"id": "eroot0000", "role": "window", "name": "w", "children": [
-        {"id": f"e{n:09d}", "role": "label", "name": VICTIM} for n in range(20)
-    ]})
+    tree = Tree(
+        root={
+            "id": "eroot0000",
+            "role": "window",
+            "name": "w",
+            "children": [{"id": f"e{n:09d}", "role": "label", "name": VICTIM} for n in range(20)],
+        }
+    )
 
     async def search() -> list[Any]:
         return find_matches(tree, Selector(name=f"re:{EVIL}"))

@@ -112,9 +112,7 @@ async def test_a_call_cancelled_at_any_point_leaves_no_descriptor_and_no_command
             await call
     assert len(os.listdir("/proc/self/fd")) == fds
     # Whatever started was stopped with its group: nothing is left sleeping in the root.
-    left = [
-        pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd_is(pid, tmp_path) and not _dead(int(pid))
-    ]
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd_is(pid, tmp_path) and not _dead(int(pid))]
     assert left == []
 
 
@@ -177,17 +175,17 @@ async def test_output_is_capped_and_reported_as_truncated(tmp_path: Path) -> Non
 
 async def test_deny_and_allow_rules(tmp_path: Path) -> None:
     options = ShellOptions.create(tmp_path, deny=["curl *", "re:\\bnc\\b"], allow=["echo *", "ls*", "curl *"])
-    denied, = await _run(options, _shell("echo hi && curl http://example.invalid"))
+    (denied,) = await _run(options, _shell("echo hi && curl http://example.invalid"))
     assert denied.status == ResultStatus.FAILURE and "deny rule 'curl *'" in denied.error
-    not_allowed, = await _run(options, _shell("echo hi; python3 -c 'print(1)'"))
+    (not_allowed,) = await _run(options, _shell("echo hi; python3 -c 'print(1)'"))
     assert not_allowed.status == ResultStatus.FAILURE and "matches no allow rule" in not_allowed.error
-    allowed, = await _run(options, _shell("echo hi; ls"))
+    (allowed,) = await _run(options, _shell("echo hi; ls"))
     assert allowed.status == ResultStatus.SUCCESS and allowed.result["stdout"].startswith("hi\n")
     (tmp_path / "keep").write_text("x")
     for hidden in ("if true; then curl x; fi", "{ curl x; }", "sh -c 'curl x'", "echo $(curl x)", "eval 'curl x'"):
-        refused, = await _run(options, _shell(hidden))
+        (refused,) = await _run(options, _shell(hidden))
         assert refused.status == ResultStatus.FAILURE and "deny rule 'curl *'" in refused.error, hidden
-    unknown, = await _run(options, _shell("echo rm keep | sh"))
+    (unknown,) = await _run(options, _shell("echo rm keep | sh"))
     assert unknown.status == ResultStatus.FAILURE and "cannot be checked" in unknown.error
     assert (tmp_path / "keep").exists()
 
@@ -195,18 +193,18 @@ async def test_deny_and_allow_rules(tmp_path: Path) -> None:
 async def test_cwd_stays_in_the_root_and_env_is_passed(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     options = ShellOptions.create(tmp_path)
-    inside, = await _run(options, _shell("pwd; echo $GREETING", cwd="sub", env={"GREETING": "hello"}))
+    (inside,) = await _run(options, _shell("pwd; echo $GREETING", cwd="sub", env={"GREETING": "hello"}))
     assert inside.result["stdout"] == f"{(tmp_path / 'sub').resolve()}\nhello\n" and inside.result["cwd"] == "sub"
-    escape, = await _run(options, _shell("pwd", cwd=".."))
+    (escape,) = await _run(options, _shell("pwd", cwd=".."))
     assert escape.status == ResultStatus.FAILURE and "escapes the sandbox root" in escape.error
 
 
 async def test_the_command_runs_as_shell_c_with_no_input_and_a_missing_shell_is_an_error(tmp_path: Path) -> None:
     options = ShellOptions.create(tmp_path, shell="sh")  # found on PATH, as the system would find it
-    seen, = await _run(options, _shell('echo "$0"; cat; echo "[$1]"'))
+    (seen,) = await _run(options, _shell('echo "$0"; cat; echo "[$1]"'))
     assert seen.status == ResultStatus.SUCCESS
     assert seen.result["stdout"].splitlines() == [shutil.which("sh"), "[]"]
-    missing, = await _run(ShellOptions.create(tmp_path, shell="/no/such/shell"), _shell("echo hi"))
+    (missing,) = await _run(ShellOptions.create(tmp_path, shell="/no/such/shell"), _shell("echo hi"))
     assert missing.status == ResultStatus.FAILURE
     assert "could not start /no/such/shell: not found or not executable" in missing.error
 
@@ -269,7 +267,10 @@ def test_help_and_bad_options(module: str, options: list[str]) -> None:
     for option in options:
         assert option in shown.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", module, "--root", "/no/such/dir"], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", module, "--root", "/no/such/dir"],
+        capture_output=True,
+        text=True,
+        timeout=60,
         stdin=subprocess.DEVNULL,
     )
     assert bad.returncode == 2 and "/no/such/dir" in bad.stderr

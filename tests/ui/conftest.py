@@ -34,7 +34,7 @@ class ViewerServer:
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, name="viewer", daemon=True)
 
-    def __enter__(self) -> "ViewerServer":
+    def __enter__(self) -> ViewerServer:
         self.thread.start()
         deadline = time.monotonic() + 20
         while not self.server.started:

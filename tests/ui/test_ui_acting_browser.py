@@ -19,25 +19,28 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 from service_support import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
+from test_ui_browser import _env, _wait_http, browser, expect, page  # noqa: F401  (fixtures and helpers)
 
 from saucer.context import Context
 from saucer.engine.approvals import read_approvals, request_question
 from saucer.store import open_store
-
-from test_ui_browser import _env, _wait_http, browser, expect, page  # noqa: F401  (fixtures and helpers)
 
 SAUCER = [sys.executable, "-m", "saucer"]
 RM_PLAN = {
     "task": "cleanup",
     "steps": [
         {"subtask": "look", "commands": [{"tool_name": "shell.run", "parameters": {"command": "ls"}}]},
-        {"subtask": "remove junk", "commands": [{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}]},
+        {
+            "subtask": "remove junk",
+            "commands": [{"tool_name": "shell.run", "parameters": {"command": "rm -f junk.txt"}}],
+        },
     ],
 }
 ME = f"user:{getpass.getuser()}"
@@ -45,8 +48,14 @@ ME = f"user:{getpass.getuser()}"
 
 def _ui(folder: Path, url: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
     port = free_port()
-    proc = subprocess.Popen([*SAUCER, "ui", "--port", str(port), "--store", url, *extra], cwd=folder, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*SAUCER, "ui", "--port", str(port), "--store", url, *extra],
+        cwd=folder,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     viewer = f"http://127.0.0.1:{port}"
     _wait_http(f"{viewer}/sessions", proc)
     return proc, viewer
@@ -64,17 +73,30 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     folder = tmp_path_factory.mktemp("acting")
     url = f"sqlite:///{folder}/events.db"
-    with open_store(url) as store:
-        with Context.open(store, "notes", author="system") as ctx:
-            ctx.set("REQUEST", "keep notes")
-            ctx.update_vars(set={"old": 1})
-            ctx.commit(meta={"kind": "vars"})
-    plan = {"task": "stop then go", "steps": [{"subtask": f"s{i}", "commands": [
-        {"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": str(i)}}]} for i in range(3)]}
+    with open_store(url) as store, Context.open(store, "notes", author="system") as ctx:
+        ctx.set("REQUEST", "keep notes")
+        ctx.update_vars(set={"old": 1})
+        ctx.commit(meta={"kind": "vars"})
+    plan = {
+        "task": "stop then go",
+        "steps": [
+            {
+                "subtask": f"s{i}",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": str(i)}}],
+            }
+            for i in range(3)
+        ],
+    }
     (folder / "stop.json").write_text(json.dumps(plan))
-    stopped = subprocess.run([*SAUCER, "run", "--plan", "stop.json", "--session-id", "stop-go", "--workspace", "ws2", "--store", url],
-                             cwd=folder, env=_env() | {"SAUCER_SYSTEM__MAX_STEP": "1"}, capture_output=True, text=True,
-                             timeout=120, stdin=subprocess.DEVNULL)
+    stopped = subprocess.run(
+        [*SAUCER, "run", "--plan", "stop.json", "--session-id", "stop-go", "--workspace", "ws2", "--store", url],
+        cwd=folder,
+        env=_env() | {"SAUCER_SYSTEM__MAX_STEP": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert "stopped" in stopped.stdout + stopped.stderr, stopped.stdout + stopped.stderr
     writable, viewer = _ui(folder, url, "--allow-writes")
     readonly, plain = _ui(folder, url)
@@ -113,14 +135,33 @@ def test_approve_from_the_page_lets_a_waiting_run_go_on(local: dict[str, Any], p
     (folder / "ws").mkdir(exist_ok=True)
     (folder / "ws" / "junk.txt").write_text("junk")
     run = subprocess.Popen(
-        [*SAUCER, "run", "--plan", "plan.json", "--workspace", "ws", "--session-id", "rm-run", "--no-input", "--store", local["url"]],
-        cwd=folder, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *SAUCER,
+            "run",
+            "--plan",
+            "plan.json",
+            "--workspace",
+            "ws",
+            "--session-id",
+            "rm-run",
+            "--no-input",
+            "--store",
+            local["url"],
+        ],
+        cwd=folder,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 40
         with open_store(local["url"]) as store:
             while not (store.exists("rm-run") and [a for a in read_approvals(store, "rm-run") if a.pending]):
-                assert run.poll() is None and time.monotonic() < deadline, "no pending approval: " + str(run.communicate())
+                assert run.poll() is None and time.monotonic() < deadline, "no pending approval: " + str(
+                    run.communicate()
+                )
                 time.sleep(0.2)
         page.goto(f"{local['viewer']}/sessions/rm-run")
         page.click("button[id^=approve-]")
@@ -176,8 +217,9 @@ def test_refused_posts_and_the_read_only_default(local: dict[str, Any], page: An
         token = _token_and_cookies(client, "/sessions/notes")
         no_token = client.post("/sessions/notes/act/vars", data={"set": "x=1"})
         assert no_token.status_code == 403 and "reload" in no_token.text
-        foreign = client.post("/sessions/notes/act/vars", data={"csrf": token, "set": "x=1"},
-                              headers={"Origin": "http://evil.example"})
+        foreign = client.post(
+            "/sessions/notes/act/vars", data={"csrf": token, "set": "x=1"}, headers={"Origin": "http://evil.example"}
+        )
         assert foreign.status_code == 403 and "another site" in foreign.text
         assert head() == before  # nothing written
         ok = client.post("/sessions/notes/act/vars", data={"csrf": token, "set": "x=1"})  # the same, done right
@@ -205,11 +247,17 @@ def test_cancel_under_saucer_serve_and_a_principal_not_allowed(tmp_path: Path, p
         procs.cli_server(port, tmp_path / "state", url, config=config)
         procs.cli_device(port, "laptop", tmp_path / "workspace", yes=False)
         serve = f"http://127.0.0.1:{port}"
-        sid = httpx.post(f"{serve}/api/sessions", json={"device_id": "laptop", "task": RM_PLAN}, headers=auth(ALICE),
-                         timeout=20).json()["session_id"]
+        sid = httpx.post(
+            f"{serve}/api/sessions", json={"device_id": "laptop", "task": RM_PLAN}, headers=auth(ALICE), timeout=20
+        ).json()["session_id"]
         deadline = time.monotonic() + 40
-        while not [a for a in httpx.get(f"{serve}/api/sessions/{sid}/approvals", headers=auth(ALICE), timeout=20).json()["approvals"]
-                   if a["status"] == "pending"]:
+        while not [
+            a
+            for a in httpx.get(f"{serve}/api/sessions/{sid}/approvals", headers=auth(ALICE), timeout=20).json()[
+                "approvals"
+            ]
+            if a["status"] == "pending"
+        ]:
             assert time.monotonic() < deadline, "no pending approval"
             time.sleep(0.2)
         # bob (who may use the device, but is not the session's owner, participant or an admin) is refused
@@ -217,7 +265,10 @@ def test_cancel_under_saucer_serve_and_a_principal_not_allowed(tmp_path: Path, p
             token = _token_and_cookies(bob, "/ui/sessions")
             refused = bob.post(f"/ui/sessions/{sid}/act/cancel", data={"csrf": token})
             assert refused.status_code in (403, 404), refused.text
-        assert httpx.get(f"{serve}/api/sessions/{sid}", headers=auth(ALICE), timeout=20).json()["session"]["status"] == "running"
+        assert (
+            httpx.get(f"{serve}/api/sessions/{sid}", headers=auth(ALICE), timeout=20).json()["session"]["status"]
+            == "running"
+        )
         ops = httpx.get(f"{serve}/ui/sessions/{sid}", headers=auth(OPS), timeout=20)  # an admin sees it, with the forms
         assert ops.status_code == 200 and 'id="vars-form"' in ops.text
         page.goto(f"{serve}/ui/login")
@@ -228,7 +279,10 @@ def test_cancel_under_saucer_serve_and_a_principal_not_allowed(tmp_path: Path, p
         assert page.locator("div.pending").count() == 1  # the pending approval, with its forms
         page.click("#cancel-form button")
         expect(page.locator("#act-done")).to_contain_text("cancelled by alice")
-        assert httpx.get(f"{serve}/api/sessions/{sid}", headers=auth(ALICE), timeout=20).json()["session"]["status"] == "cancelled"
+        assert (
+            httpx.get(f"{serve}/api/sessions/{sid}", headers=auth(ALICE), timeout=20).json()["session"]["status"]
+            == "cancelled"
+        )
         page.goto("about:blank")  # close the page's live stream before the server stops
     finally:
         procs.cleanup()

@@ -20,18 +20,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
-
 from service_support import ALICE, Processes, auth, free_port
+from ui_helpers import HOSTILE, run_demo, write_session
 
 from saucer.store import open_store
-
-from ui_helpers import HOSTILE, run_demo, write_session
 
 INSTALL = "apt-get install -y chromium && pip install playwright (the test extra: make install)"
 WRITER = str(Path(__file__).with_name("ui_writer.py"))
@@ -105,12 +104,22 @@ def scene(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[di
         procs.cli_server(port, folder / "state", url)
         procs.device(port, "dev-a")
         serve = f"http://127.0.0.1:{port}"
-        plan = {"task": "service echo", "steps": [{"subtask": "say", "commands": [{"tool_name": "echo", "parameters": {"say": HOSTILE}}]}]}
-        answer = httpx.post(f"{serve}/api/sessions", json={"device_id": "dev-a", "task": plan}, headers=auth(ALICE), timeout=20)
+        plan = {
+            "task": "service echo",
+            "steps": [{"subtask": "say", "commands": [{"tool_name": "echo", "parameters": {"say": HOSTILE}}]}],
+        }
+        answer = httpx.post(
+            f"{serve}/api/sessions", json={"device_id": "dev-a", "task": plan}, headers=auth(ALICE), timeout=20
+        )
         assert answer.status_code == 201, answer.text
         service_sid = answer.json()["session_id"]
         deadline = time.monotonic() + 60
-        while httpx.get(f"{serve}/api/sessions/{service_sid}", headers=auth(ALICE), timeout=20).json()["session"]["status"] != "finished":
+        while (
+            httpx.get(f"{serve}/api/sessions/{service_sid}", headers=auth(ALICE), timeout=20).json()["session"][
+                "status"
+            ]
+            != "finished"
+        ):
             assert time.monotonic() < deadline, "the service session did not complete"
             time.sleep(0.3)
         with open_store(url) as store:
@@ -118,7 +127,11 @@ def scene(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[di
         ui_port = free_port()
         ui = subprocess.Popen(
             [sys.executable, "-m", "saucer", "ui", "--port", str(ui_port), "--store", url],
-            cwd=folder, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=folder,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         viewer = f"http://127.0.0.1:{ui_port}"
         _wait_http(f"{viewer}/sessions", ui)
@@ -167,9 +180,14 @@ def test_browse_search_click_in_step_versions_and_diff(scene: dict[str, Any], pa
     page.goto(f"{scene['viewer']}/sessions")
     rows = page.locator("table.sessions tbody tr")
     assert rows.count() == 3
-    assert page.locator(f'a[href="/sessions/{demo}"]').is_visible() and page.locator(f'a[href="/sessions/{service}"]').is_visible()
+    assert (
+        page.locator(f'a[href="/sessions/{demo}"]').is_visible()
+        and page.locator(f'a[href="/sessions/{service}"]').is_visible()
+    )
     stamp = page.locator("table.sessions time").first
-    assert stamp.inner_text().endswith(" ago")  # relative, with the time in the viewer's zone (not the server's) as its title
+    assert stamp.inner_text().endswith(
+        " ago"
+    )  # relative, with the time in the viewer's zone (not the server's) as its title
     assert stamp.get_attribute("title") == _local(stamp.get_attribute("datetime"))
     page.screenshot(path=str(artifacts / "1-sessions.png"), full_page=True)
 
@@ -221,7 +239,9 @@ def test_follow_a_live_session_while_another_process_commits(scene: dict[str, An
     page.evaluate("window.__notReloaded = true")
     with open_store(scene["url"]) as store:
         head = store.head("live-one")
-    writer = subprocess.Popen([sys.executable, WRITER, scene["url"], "live-one", "3", "0.6"], stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, WRITER, scene["url"], "live-one", "3", "0.6"], stdout=subprocess.PIPE, text=True
+    )
     try:
         page.wait_for_selector(f"#v{head + 1}")
         page.screenshot(path=str(artifacts / "7-live-first-step.png"), full_page=True)
@@ -234,7 +254,9 @@ def test_follow_a_live_session_while_another_process_commits(scene: dict[str, An
     assert page.locator("#head-version").inner_text() == str(head + 4)
     page.click(f"#v{head + 3} a.inspect")  # the step's result, in the inspector
     expect(page.locator("#inspected")).to_contain_text("live step 3 <done>")
-    assert page.locator("#live-note").inner_text() == "the session ended (finished); still following in case it is resumed"
+    assert (
+        page.locator("#live-note").inner_text() == "the session ended (finished); still following in case it is resumed"
+    )
     page.screenshot(path=str(artifacts / "8-live-ended.png"), full_page=True)
 
 

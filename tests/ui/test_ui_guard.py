@@ -10,18 +10,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 from starlette.testclient import TestClient
+from ui_helpers import write_session
 
 from saucer.store import EventStore, open_store
 from saucer.ui import COOKIE, create_app
 from saucer.ui.guard import host_name
-
-from ui_helpers import write_session
 
 SAUCER = [sys.executable, "-m", "saucer"]
 TOKEN = "alice-token-0123456789"
@@ -70,7 +69,11 @@ def test_saucer_ui_checks_the_host_on_every_loopback_address(tmp_path: Path, hos
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")} | {"NO_COLOR": "1"}
     proc = subprocess.Popen(
         [*SAUCER, "ui", "--host", host, "--port", str(port), "--store", url],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     shown = f"[{host}]" if ":" in host else host
     try:
@@ -94,7 +97,9 @@ def test_saucer_ui_checks_the_host_on_every_loopback_address(tmp_path: Path, hos
 
 
 def test_cross_site_posts_are_refused_before_any_handler(store: EventStore) -> None:
-    c = TestClient(create_app(store, authenticate=lambda t: "alice" if t == TOKEN else None), base_url="http://127.0.0.1:8766")
+    c = TestClient(
+        create_app(store, authenticate=lambda t: "alice" if t == TOKEN else None), base_url="http://127.0.0.1:8766"
+    )
     csrf = _token(c.get("/login").text)
     form = {"token": TOKEN, "next": "/sessions/s", "csrf": csrf}
     for headers in (
@@ -114,7 +119,9 @@ def test_cross_site_posts_are_refused_before_any_handler(store: EventStore) -> N
     assert signed.status_code == 303 and COOKIE in signed.headers["set-cookie"]
     page = c.get("/sessions")
     assert page.status_code == 200
-    out = c.post("/logout", data={"csrf": _token(page.text)}, headers={"Origin": "http://evil.example"}, follow_redirects=False)
+    out = c.post(
+        "/logout", data={"csrf": _token(page.text)}, headers={"Origin": "http://evil.example"}, follow_redirects=False
+    )
     assert out.status_code == 403 and c.get("/sessions", follow_redirects=False).status_code == 200  # still signed in
 
 

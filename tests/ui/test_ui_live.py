@@ -5,16 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import orjson
+from ui_helpers import write_session
 
 from saucer.store import open_store
 from saucer.ui import create_app
-
-from ui_helpers import write_session
 
 WRITER = str(Path(__file__).with_name("ui_writer.py"))
 
@@ -64,7 +63,9 @@ def test_steps_committed_by_another_process_arrive_in_order_then_the_end(tmp_pat
     store.close()
 
 
-def test_a_reconnecting_client_continues_after_its_last_event_and_a_dropped_one_harms_nothing(tmp_path: Path, viewer_server: type) -> None:
+def test_a_reconnecting_client_continues_after_its_last_event_and_a_dropped_one_harms_nothing(
+    tmp_path: Path, viewer_server: type
+) -> None:
     url = f"sqlite:///{tmp_path}/live.db"
     store = open_store(url)
     write_session(store, "s", steps=3, status="finished")

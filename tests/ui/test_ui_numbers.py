@@ -19,17 +19,17 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
+from ui_helpers import write_session
 
 from saucer.context import Context
 from saucer.store import open_store
 from saucer.ui import create_app
-
-from ui_helpers import write_session
 
 SAUCER = [sys.executable, "-m", "saucer"]
 
@@ -56,12 +56,21 @@ def _write(path: str, content: str = "x") -> dict[str, Any]:
 def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     folder = tmp_path_factory.mktemp("numbers")
     url = f"sqlite:///{folder}/events.db"
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")} | {"COLUMNS": "200", "NO_COLOR": "1"}
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")} | {
+        "COLUMNS": "200",
+        "NO_COLOR": "1",
+    }
 
     def cli(*args: str, env: dict[str, str] | None = None, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([*SAUCER, *args, "--store", url] if args[0] not in ("store",) else [*SAUCER, *args, "--store", url],
-                              cwd=folder, env=base_env | (env or {}), capture_output=True, text=True, timeout=180,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [*SAUCER, *args, "--store", url] if args[0] not in ("store",) else [*SAUCER, *args, "--store", url],
+            cwd=folder,
+            env=base_env | (env or {}),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            stdin=subprocess.DEVNULL,
+        )
         if ok:
             assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-2000:])
         return proc
@@ -74,17 +83,51 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         (folder / f"{name}.json").write_text(json.dumps(_plan(f"task {name}", commands)))
     cli("run", "--plan", "ok.json", "--session-id", "plan-ok", "--workspace", "ws")
     cli("run", "--plan", "bad.json", "--session-id", "plan-failed", "--workspace", "ws", ok=False)
-    cli("run", "--plan", "long.json", "--session-id", "plan-stopped", "--workspace", "ws", env={"SAUCER_SYSTEM__MAX_STEP": "1"}, ok=False)
+    cli(
+        "run",
+        "--plan",
+        "long.json",
+        "--session-id",
+        "plan-stopped",
+        "--workspace",
+        "ws",
+        env={"SAUCER_SYSTEM__MAX_STEP": "1"},
+        ok=False,
+    )
     FakeOpenAI = _fake_openai()
     with FakeOpenAI() as fake:
         look = lambda: fake.tool_calls(("files.list", {"path": "."}), usage=(1000, 500))  # noqa: E731
         fake.push(look(), fake.text("done", usage=(2000, 100)), look(), fake.text("done", usage=(10, 5)))
         # The model is scripted call by call: no session judge (eva_session) asks it for more.
-        llm = {"SAUCER_LLM_BASE_URL": fake.base_url, "SAUCER_LLM_API_KEY": "sk-test", "SAUCER_SYSTEM__EVA_SESSION": "false"}
-        cli("run", "--mode", "normal", "--request", "look around", "--session-id", "llm-priced", "--workspace", "ws",
-            env=llm | {"SAUCER_LLM_MODEL": "gpt-4o"})
-        cli("run", "--mode", "normal", "--request", "look again", "--session-id", "llm-unpriced", "--workspace", "ws",
-            env=llm | {"SAUCER_LLM_MODEL": "a-model-without-a-price"})
+        llm = {
+            "SAUCER_LLM_BASE_URL": fake.base_url,
+            "SAUCER_LLM_API_KEY": "sk-test",
+            "SAUCER_SYSTEM__EVA_SESSION": "false",
+        }
+        cli(
+            "run",
+            "--mode",
+            "normal",
+            "--request",
+            "look around",
+            "--session-id",
+            "llm-priced",
+            "--workspace",
+            "ws",
+            env=llm | {"SAUCER_LLM_MODEL": "gpt-4o"},
+        )
+        cli(
+            "run",
+            "--mode",
+            "normal",
+            "--request",
+            "look again",
+            "--session-id",
+            "llm-unpriced",
+            "--workspace",
+            "ws",
+            env=llm | {"SAUCER_LLM_MODEL": "a-model-without-a-price"},
+        )
     cli("fork", "plan-ok", "--as", "fork-idle")
     cli("fork", "plan-stopped", "--as", "fork-run")
     cli("resume", "fork-run")
@@ -124,14 +167,25 @@ def _count(text: str) -> int | None:
 def test_every_kind_of_session_is_there(made: dict[str, Any]) -> None:
     listed = made["listed"]
     assert {sid: row["status"] for sid, row in listed.items()} == {
-        "plan-ok": "finished", "plan-failed": "failed", "plan-stopped": "stopped", "llm-priced": "finished",
-        "llm-unpriced": "finished", "fork-idle": "not started", "fork-run": listed["fork-run"]["status"],
-        "imported": "failed", "interrupted": "interrupted", "plain": "-",
+        "plan-ok": "finished",
+        "plan-failed": "failed",
+        "plan-stopped": "stopped",
+        "llm-priced": "finished",
+        "llm-unpriced": "finished",
+        "fork-idle": "not started",
+        "fork-run": listed["fork-run"]["status"],
+        "imported": "failed",
+        "interrupted": "interrupted",
+        "plain": "-",
     }
     assert listed["fork-run"]["status"] in ("finished", "stopped")  # it ran
     assert listed["llm-priced"]["cost"] and listed["llm-priced"]["cost"] > 0 and listed["llm-unpriced"]["cost"] is None
     # A fork has its parent's task and mode, and is "not started" until resumed; a folder's plans keep their own task.
-    assert (listed["fork-idle"]["task"], listed["fork-idle"]["mode"]) == (listed["plan-ok"]["task"], listed["plan-ok"]["mode"]) == ("task ok", "follower")
+    assert (
+        (listed["fork-idle"]["task"], listed["fork-idle"]["mode"])
+        == (listed["plan-ok"]["task"], listed["plan-ok"]["mode"])
+        == ("task ok", "follower")
+    )
     assert made["shown"]["fork-idle"] == listed["fork-idle"]
 
 
@@ -147,9 +201,24 @@ def test_the_table_and_each_page_show_what_the_cli_shows(made: dict[str, Any]) -
             facts = re.search(r'<dl class="facts" id="facts">(.*?)</dl>', page.text, re.S)
             assert facts is not None
             for where, cells in (("table", _fields(tr.group(1))), ("page", _fields(facts.group(1)))):
-                got = (cells["status"], cells["task"], cells["mode"], _count(cells["rounds"]), _count(cells["steps"]),
-                       _number(cells["cost"]), int(cells["version"]))
-                want = (row["status"], row["task"], row["mode"], row["rounds"], row["steps"], row["cost"], row["version"])
+                got = (
+                    cells["status"],
+                    cells["task"],
+                    cells["mode"],
+                    _count(cells["rounds"]),
+                    _count(cells["steps"]),
+                    _number(cells["cost"]),
+                    int(cells["version"]),
+                )
+                want = (
+                    row["status"],
+                    row["task"],
+                    row["mode"],
+                    row["rounds"],
+                    row["steps"],
+                    row["cost"],
+                    row["version"],
+                )
                 assert got == want, (sid, where)
             shown_parent = _fields(facts.group(1)).get("parent")
             assert shown_parent == row["parent"], sid
@@ -174,7 +243,12 @@ def test_round_costs_are_the_contexts_ledger_never_counted_twice(made: dict[str,
                 if cost is None:
                     assert shown is not None and "unknown" in shown.group(1), (sid, round_id)
                 elif cost:
-                    assert shown is not None and shown.group(1) == f"{cost:.4f}", (sid, round_id, shown and shown.group(1), cost)
+                    assert shown is not None and shown.group(1) == f"{cost:.4f}", (
+                        sid,
+                        round_id,
+                        shown and shown.group(1),
+                        cost,
+                    )
                 checked += 1
             total = state["names"].get("SESSION_COST")
             if made["listed"][sid]["cost"] is not None and total is not None:
@@ -192,9 +266,15 @@ def test_unknown_costs_sort_last_both_ways_as_in_the_cli(made: dict[str, Any]) -
             page = client.get("/sessions", params={"sort": "cost", "dir": direction}).text
             viewer = re.findall(r'<tr class="[^"]*" data-id="([^"]+)">', page)
             args = ["sessions", "--json", "--sort", "cost", "--store", made["url"]] + (["--reverse"] if reverse else [])
-            proc = subprocess.run([*SAUCER, *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-                                  env={k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")})
+            proc = subprocess.run(
+                [*SAUCER, *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+                env={k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")},
+            )
             cli = [row["id"] for row in json.loads(proc.stdout)]
             assert viewer == cli, direction
             unknown = [sid for sid in cli if made["listed"][sid]["cost"] is None]
-            assert cli[-len(unknown):] == unknown  # last, whichever the direction
+            assert cli[-len(unknown) :] == unknown  # last, whichever the direction

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
+from ui_helpers import HOSTILE, many_sessions, run_demo, write_session
 
 from saucer.context import Context, prune
 from saucer.store import EventStore, open_store
@@ -16,8 +18,6 @@ from saucer.store.sqlite import SQLiteStore
 from saucer.ui import COOKIE, create_app
 from saucer.ui.queries import SessionQuery, list_sessions
 from saucer.ui.values import key_html
-
-from ui_helpers import HOSTILE, many_sessions, run_demo, write_session
 
 TOKEN = "alice-token-0123456789"
 
@@ -83,12 +83,21 @@ def test_the_demo_session_on_every_page(demo: tuple[str, str]) -> None:
 def test_what_is_stored_is_what_is_shown(store: EventStore) -> None:
     write_session(store, "hostile", task=HOSTILE, request=HOSTILE, extra_var=HOSTILE)
     c = client(store)
-    for url in ("/sessions", "/sessions/hostile", "/sessions/hostile/state?at=5", "/sessions/hostile/history?key=vars.hostile",
-                "/sessions/hostile/diff?from=0&to=5", "/sessions/hostile/events/3", "/sessions?q=" + HOSTILE[:8]):
+    for url in (
+        "/sessions",
+        "/sessions/hostile",
+        "/sessions/hostile/state?at=5",
+        "/sessions/hostile/history?key=vars.hostile",
+        "/sessions/hostile/diff?from=0&to=5",
+        "/sessions/hostile/events/3",
+        "/sessions?q=" + HOSTILE[:8],
+    ):
         page = c.get(url)
         assert page.status_code == 200, (url, page.text)
         assert "<script>alert" not in page.text and "<b>bold</b>" not in page.text, url
-        assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; {{ 7*7 }}" in page.text or "&lt;script&gt;" in page.text, url
+        assert (
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; {{ 7*7 }}" in page.text or "&lt;script&gt;" in page.text
+        ), url
         assert "49" not in text(page.text).replace("2049", ""), url  # the template never evaluated {{ 7*7 }}
 
 
@@ -136,7 +145,11 @@ def test_sessions_filters_search_sorting_and_paging(store: EventStore) -> None:
 def test_the_listing_reads_the_store_in_one_query_whatever_its_size(tmp_path: Path) -> None:
     st = SQLiteStore(tmp_path / "q.db")
     many_sessions(st, 300)
-    for query, total in ((SessionQuery(status="finished", sort="steps"), 200), (SessionQuery(), 300), (SessionQuery(q="number 1"), 111)):
+    for query, total in (
+        (SessionQuery(status="finished", sort="steps"), 200),
+        (SessionQuery(), 300),
+        (SessionQuery(q="number 1"), 111),
+    ):
         statements: list[str] = []
         st._conn.set_trace_callback(statements.append)  # the store's own connection: what it asks SQLite
         page = list_sessions(st, query)
@@ -177,17 +190,26 @@ def test_a_token_guards_every_page(store: EventStore) -> None:
     gone = c.get("/sessions/s/state?at=2", follow_redirects=False)
     assert gone.status_code == 303 and gone.headers["location"].startswith("/login?next=")
     assert c.get("/sessions/s/stream").status_code == 401
-    assert c.get("/sessions", headers={"Authorization": "Bearer wrong-token-0123456"}, follow_redirects=False).status_code == 303
+    assert (
+        c.get("/sessions", headers={"Authorization": "Bearer wrong-token-0123456"}, follow_redirects=False).status_code
+        == 303
+    )
     assert c.get("/sessions", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     csrf = form_token(c.get("/login").text)
     refused = c.post("/login", data={"token": "nope", "next": "/sessions/s", "csrf": csrf}, follow_redirects=False)
-    assert refused.status_code == 401 and "not valid" in refused.text and COOKIE not in refused.headers.get("set-cookie", "")
+    assert (
+        refused.status_code == 401
+        and "not valid" in refused.text
+        and COOKIE not in refused.headers.get("set-cookie", "")
+    )
     signed = c.post("/login", data={"token": TOKEN, "next": "/sessions/s", "csrf": csrf}, follow_redirects=False)
     assert signed.status_code == 303 and signed.headers["location"] == "/sessions/s"
     cookie = signed.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
     assert c.get("/sessions/s").status_code == 200  # the cookie now
-    elsewhere = c.post("/login", data={"token": TOKEN, "next": "//evil.example/x", "csrf": csrf}, follow_redirects=False)
+    elsewhere = c.post(
+        "/login", data={"token": TOKEN, "next": "//evil.example/x", "csrf": csrf}, follow_redirects=False
+    )
     assert elsewhere.headers["location"] == "/sessions"
     c.post("/logout", data={"csrf": form_token(c.get("/sessions").text)})
     assert c.get("/sessions", follow_redirects=False).status_code == 303
@@ -211,7 +233,12 @@ def test_a_scope_shows_a_principal_only_its_own_sessions(store: EventStore) -> N
     h = {"Authorization": f"Bearer {TOKEN}"}
     listing = c.get("/sessions", headers=h)
     assert "/sessions/mine" in listing.text and "theirs" not in listing.text and "1 of 1" in text(listing.text)
-    for url in ("/sessions/theirs", "/sessions/theirs/state?at=1", "/sessions/theirs/events/1", "/sessions/theirs/stream"):
+    for url in (
+        "/sessions/theirs",
+        "/sessions/theirs/state?at=1",
+        "/sessions/theirs/events/1",
+        "/sessions/theirs/stream",
+    ):
         assert c.get(url, headers=h).status_code == 404, url
     devices = c.get("/devices", headers=h)
     assert devices.status_code == 200 and "&lt;dev&gt;" in devices.text and "online" in devices.text
@@ -313,12 +340,22 @@ def test_artifacts_are_served_from_the_sessions_log_folder_only(store: EventStor
     (tmp_path / "secret.png").write_bytes(b"\x89PNG secret")
     ctx = Context.open(store, "art", author="system")
     ctx.set("LOG_PATH", str(logs))
-    ctx.commit_step(author="agent", round=1, step=1, meta={"kind": "step", "agent": "op", "state": "ACT", "artifacts": [
-        {"kind": "screenshot", "path": str(logs / "shot.png"), "width": 4, "height": 4},
-        {"kind": "ui_tree", "path": str(logs / "tree.json"), "nodes": 2},
-        {"kind": "screenshot", "path": str(tmp_path / "secret.png")},
-        {"kind": "screenshot", "path": str(logs / ".." / "secret.png")},
-    ]})
+    ctx.commit_step(
+        author="agent",
+        round=1,
+        step=1,
+        meta={
+            "kind": "step",
+            "agent": "op",
+            "state": "ACT",
+            "artifacts": [
+                {"kind": "screenshot", "path": str(logs / "shot.png"), "width": 4, "height": 4},
+                {"kind": "ui_tree", "path": str(logs / "tree.json"), "nodes": 2},
+                {"kind": "screenshot", "path": str(tmp_path / "secret.png")},
+                {"kind": "screenshot", "path": str(logs / ".." / "secret.png")},
+            ],
+        },
+    )
     ctx.close()
     c = client(store)
     panel = c.get("/sessions/art/steps/1")
@@ -348,12 +385,16 @@ def test_a_kept_history_catches_up_with_new_commits_and_a_prune(store: EventStor
 
     write_session(store, "h", steps=3)
     kept = Histories()
-    assert history(store, "h", "vars.n", kept) == history(store, "h", "vars.n") and len(history(store, "h", "vars.n")) == 3
+    assert (
+        history(store, "h", "vars.n", kept) == history(store, "h", "vars.n") and len(history(store, "h", "vars.n")) == 3
+    )
     ctx = Context.open(store, "h", create=False)
     for _ in range(4):
         ctx.incr("n")
         ctx.commit()
     ctx.close()
-    assert history(store, "h", "vars.n", kept) == history(store, "h", "vars.n") and len(history(store, "h", "vars.n")) == 7
+    assert (
+        history(store, "h", "vars.n", kept) == history(store, "h", "vars.n") and len(history(store, "h", "vars.n")) == 7
+    )
     prune(store, "h", keep_last=2)
     assert history(store, "h", "vars.n", kept) == history(store, "h", "vars.n")

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from service_support import ALICE, BOB, Processes, auth, free_port
 
 from saucer.ui import COOKIE
@@ -19,7 +18,10 @@ def test_serve_shows_each_principal_its_own_sessions_and_devices(processes: Proc
     processes.cli_server(port, tmp_path / "state", store_url)
     processes.device(port, "dev-a")
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as http:
-        plan = {"task": "echo <twice>", "steps": [{"subtask": "one", "commands": [{"tool_name": "echo", "parameters": {"say": "<hi>"}}]}]}
+        plan = {
+            "task": "echo <twice>",
+            "steps": [{"subtask": "one", "commands": [{"tool_name": "echo", "parameters": {"say": "<hi>"}}]}],
+        }
         submitted = http.post("/api/sessions", json={"device_id": "dev-a", "task": plan}, headers=auth(ALICE))
         assert submitted.status_code == 201, submitted.text
         sid = submitted.json()["session_id"]
@@ -29,13 +31,20 @@ def test_serve_shows_each_principal_its_own_sessions_and_devices(processes: Proc
             time.sleep(0.2)
 
         anonymous = http.get("/ui/sessions", follow_redirects=False)
-        assert anonymous.status_code == 303 and anonymous.headers["location"].startswith("/ui/login?next=%2Fui%2Fsessions")
+        assert anonymous.status_code == 303 and anonymous.headers["location"].startswith(
+            "/ui/login?next=%2Fui%2Fsessions"
+        )
         assert http.get(f"/ui/sessions/{sid}", headers=auth("wrong-token-000000000")).status_code == 303
         mine = http.get("/ui/sessions", headers=auth(ALICE))
-        assert mine.status_code == 200 and f'href="/ui/sessions/{sid}"' in mine.text and 'href="/ui/devices"' in mine.text
+        assert (
+            mine.status_code == 200 and f'href="/ui/sessions/{sid}"' in mine.text and 'href="/ui/devices"' in mine.text
+        )
         page = http.get(f"/ui/sessions/{sid}", headers=auth(ALICE))
         assert page.status_code == 200 and "echo" in page.text and "<hi>" not in page.text
-        step = re.search(r'<li class="item kind-step[^"]*"[^>]*>\s*<a class="inspect" href="[^"]*" data-fragment="([^"]+)"', page.text)
+        step = re.search(
+            r'<li class="item kind-step[^"]*"[^>]*>\s*<a class="inspect" href="[^"]*" data-fragment="([^"]+)"',
+            page.text,
+        )
         assert step is not None
         panel = http.get(step[1], headers=auth(ALICE))  # the step inspector: the command's parameters, escaped
         assert panel.status_code == 200 and "&lt;hi&gt;" in panel.text and "<hi>" not in panel.text
@@ -50,7 +59,9 @@ def test_serve_shows_each_principal_its_own_sessions_and_devices(processes: Proc
         assert devices.status_code == 200 and "dev-a" in devices.text and "online" in devices.text
 
         csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', http.get("/ui/login").text).group(1)  # type: ignore[union-attr]
-        signed = http.post("/ui/login", data={"token": ALICE, "next": f"/ui/sessions/{sid}", "csrf": csrf}, follow_redirects=False)
+        signed = http.post(
+            "/ui/login", data={"token": ALICE, "next": f"/ui/sessions/{sid}", "csrf": csrf}, follow_redirects=False
+        )
         assert signed.status_code == 303 and signed.headers["location"] == f"/ui/sessions/{sid}"
         assert "Path=/ui/" in signed.headers["set-cookie"] and http.cookies.get(COOKIE) == ALICE
         assert http.get(f"/ui/sessions/{sid}").status_code == 200  # by the cookie alone

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from saucer.store import open_store
-from saucer.ui import create_app
-
-from conftest import ViewerServer
 from service_support import ALICE, FLEET_SHARING, TOKENS_ENV, Processes, auth, free_port, sharing_toml
 from ui_helpers import write_session
+
+from conftest import ViewerServer
+from saucer.store import open_store
+from saucer.ui import create_app
 
 STREAMS = 200
 
@@ -31,7 +30,9 @@ def _postgres() -> str:
     return url
 
 
-async def _open_streams(base: str, paths: list[str], headers: dict[str, str]) -> tuple[list[int], list[httpx.Response], httpx.AsyncClient]:
+async def _open_streams(
+    base: str, paths: list[str], headers: dict[str, str]
+) -> tuple[list[int], list[httpx.Response], httpx.AsyncClient]:
     client = httpx.AsyncClient(base_url=base, timeout=60, limits=httpx.Limits(max_connections=None))
     responses: list[httpx.Response] = []
 
@@ -70,14 +71,21 @@ def test_200_streams_under_saucer_serve_on_postgresql_share_one_listen_connectio
             write_session(store, "watched", steps=1, status="running")
             head = store.head("watched")
         config = tmp_path / "saucer.toml"
-        config.write_text(sharing_toml(FLEET_SHARING, tokens=TOKENS_ENV).replace("[service]\n", f"[service]\nmax_streams = {STREAMS + 10}\n", 1))
+        config.write_text(
+            sharing_toml(FLEET_SHARING, tokens=TOKENS_ENV).replace(
+                "[service]\n", f"[service]\nmax_streams = {STREAMS + 10}\n", 1
+            )
+        )
         port = free_port()
         procs.cli_server(port, tmp_path / "state", store_url, config=config)
         # The admin principal sees every session of the store through /ui (its scope is the records; use
         # a session the service ran instead when the records hold none): here alice submits one.
         procs.device(port, "dev-a")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as http:
-            plan = {"task": "t", "steps": [{"subtask": "one", "commands": [{"tool_name": "echo", "parameters": {"say": "x"}}]}]}
+            plan = {
+                "task": "t",
+                "steps": [{"subtask": "one", "commands": [{"tool_name": "echo", "parameters": {"say": "x"}}]}],
+            }
             answer = http.post("/api/sessions", json={"device_id": "dev-a", "task": plan}, headers=auth(ALICE))
             assert answer.status_code == 201, answer.text
             sid = answer.json()["session_id"]
@@ -86,7 +94,9 @@ def test_200_streams_under_saucer_serve_on_postgresql_share_one_listen_connectio
                     break
                 asyncio.run(asyncio.sleep(0.1))
             else:
-                raise AssertionError(f"session {sid} did not finish: {http.get(f'/api/sessions/{sid}', headers=auth(ALICE)).text}")
+                raise AssertionError(
+                    f"session {sid} did not finish: {http.get(f'/api/sessions/{sid}', headers=auth(ALICE)).text}"
+                )
         with open_store(store_url) as store:
             head = store.head(sid)
 

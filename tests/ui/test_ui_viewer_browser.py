@@ -17,16 +17,16 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from test_ui_browser import artifacts, browser, expect  # noqa: F401  (fixtures and the retrying assertion)
 
 from saucer.context import Context
 from saucer.store import open_store
 from saucer.ui import create_app
-
-from test_ui_browser import artifacts, browser, expect  # noqa: F401  (fixtures and the retrying assertion)
 
 ZONE = "Europe/Paris"
 SAUCER = [sys.executable, "-m", "saucer"]
@@ -35,41 +35,91 @@ DURATIONS = (0.15, 0.3, 0.6)
 
 
 def _step(ctx: Context, number: int, agent: str, state: str, nxt: str, began: float, **meta: Any) -> int:
-    return ctx.commit_step(author=agent, round=1, step=number, meta={
-        "kind": "step", "step": number, "session_step": number, "agent": agent, "state": state, "status": "CONTINUE",
-        "next_agent": agent, "next_state": nxt, "started_at": began, **meta,
-    })
+    return ctx.commit_step(
+        author=agent,
+        round=1,
+        step=number,
+        meta={
+            "kind": "step",
+            "step": number,
+            "session_step": number,
+            "agent": agent,
+            "state": state,
+            "status": "CONTINUE",
+            "next_agent": agent,
+            "next_state": nxt,
+            "started_at": began,
+            **meta,
+        },
+    )
 
 
 def _inspected_session(store: Any) -> dict[str, int]:
     """The session "insp"; returns the versions of its interesting steps."""
-    store.create_session("insp", meta={"task": "inspect me", "mode": "follower", "request": "look", "status": "running"})
+    store.create_session(
+        "insp", meta={"task": "inspect me", "mode": "follower", "request": "look", "status": "running"}
+    )
     ctx = Context.open(store, "insp", author="system")
-    ctx.update_vars({"items": ["alpha"], "empty": "", "nothing": None, "flag": True,
-                     "nested": {"a": [1, 2, {"b": "c"}], "long": "y" * 2000}})
+    ctx.update_vars(
+        {
+            "items": ["alpha"],
+            "empty": "",
+            "nothing": None,
+            "flag": True,
+            "nested": {"a": [1, 2, {"b": "c"}], "long": "y" * 2000},
+        }
+    )
     ctx.commit_step(author="system", meta={"kind": "session_start", "session_status": "running"})
     ctx.set("CURRENT_ROUND_ID", 1)
     ctx.commit_step(author="system", round=1, meta={"kind": "round_start", "request": "look"})
     versions: dict[str, int] = {}
     ctx.append("items", "beta")
-    versions["append"] = _step(ctx, 1, "planner", "PLAN", "ACT", time.time(), commands=[
-        {"tool_name": "files.write", "parameters": {"path": "a.txt", "content": "hello"}}],
-        results=[{"status": "success", "result": {"bytes_written": 5}}], cost=0.01)
+    versions["append"] = _step(
+        ctx,
+        1,
+        "planner",
+        "PLAN",
+        "ACT",
+        time.time(),
+        commands=[{"tool_name": "files.write", "parameters": {"path": "a.txt", "content": "hello"}}],
+        results=[{"status": "success", "result": {"bytes_written": 5}}],
+        cost=0.01,
+    )
     began = time.time()
     time.sleep(DURATIONS[0])
-    versions["shell"] = _step(ctx, 2, "actor", "ACT", "ACT", began, commands=[
-        {"tool_name": "shell.run", "parameters": {"cmd": "ls missing; echo done"}}],
-        results=[{"status": "failure", "error": "exit code 2", "result": {
-            "exit_code": 2, "stdout": "line one\nline two\n", "stderr": "ls: missing: No such file\n", "duration": 0.042}}],
-        error="the command failed", cost=0.02)
+    versions["shell"] = _step(
+        ctx,
+        2,
+        "actor",
+        "ACT",
+        "ACT",
+        began,
+        commands=[{"tool_name": "shell.run", "parameters": {"cmd": "ls missing; echo done"}}],
+        results=[
+            {
+                "status": "failure",
+                "error": "exit code 2",
+                "result": {
+                    "exit_code": 2,
+                    "stdout": "line one\nline two\n",
+                    "stderr": "ls: missing: No such file\n",
+                    "duration": 0.042,
+                },
+            }
+        ],
+        error="the command failed",
+        cost=0.02,
+    )
     for i, duration in enumerate(DURATIONS[1:], start=3):
         began = time.time()
         time.sleep(duration)
         ctx.update_vars({"n": i})
         versions[f"timed{i}"] = _step(ctx, i, "actor", "ACT", "CHECK" if i == 4 else "ACT", began, cost=0.03)
     ctx.commit_step(author="system", round=1, meta={"kind": "round_end", "round_status": "finished"})
-    ctx.commit_step(author="system", meta={"kind": "session_end", "session_status": "failed",
-                                           "summary": {"rounds": 1, "steps": 4, "cost": 0.09}})
+    ctx.commit_step(
+        author="system",
+        meta={"kind": "session_end", "session_status": "failed", "summary": {"rounds": 1, "steps": 4, "cost": 0.09}},
+    )
     versions["head"] = ctx.version
     ctx.fork("insp-fork", at=versions["shell"]).close()
     ctx.close()
@@ -81,12 +131,26 @@ def scene(tmp_path_factory: pytest.TempPathFactory, browser: Any, viewer_server:
     folder = tmp_path_factory.mktemp("viewer")
     url = f"sqlite:///{folder}/events.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")} | {"NO_COLOR": "1"}
-    plan = {"task": "stop then go", "steps": [{"subtask": f"s{i}", "commands": [
-        {"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": str(i)}}]} for i in range(3)]}
+    plan = {
+        "task": "stop then go",
+        "steps": [
+            {
+                "subtask": f"s{i}",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": str(i)}}],
+            }
+            for i in range(3)
+        ],
+    }
     (folder / "plan.json").write_text(json.dumps(plan))
-    stopped = subprocess.run([*SAUCER, "run", "--plan", "plan.json", "--session-id", "stop-go", "--workspace", "ws", "--store", url],
-                             cwd=folder, env=env | {"SAUCER_SYSTEM__MAX_STEP": "1"}, capture_output=True, text=True,
-                             timeout=180, stdin=subprocess.DEVNULL)
+    stopped = subprocess.run(
+        [*SAUCER, "run", "--plan", "plan.json", "--session-id", "stop-go", "--workspace", "ws", "--store", url],
+        cwd=folder,
+        env=env | {"SAUCER_SYSTEM__MAX_STEP": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
     assert "stopped" in stopped.stdout + stopped.stderr, stopped.stdout + stopped.stderr
     store = open_store(url)
     versions = _inspected_session(store)
@@ -122,7 +186,9 @@ def page(browser: Any) -> Iterator[Any]:  # noqa: F811
 
 
 def _no_sideways_scroll(tab: Any) -> None:
-    widths = tab.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth, document.body.scrollWidth]")
+    widths = tab.evaluate(
+        "[document.documentElement.scrollWidth, document.documentElement.clientWidth, document.body.scrollWidth]"
+    )
     assert widths[0] <= widths[1] and widths[2] <= widths[1], (tab.url, widths)
 
 
@@ -145,7 +211,9 @@ def test_the_inspector_shows_a_step_beside_the_timeline_without_a_reload(scene: 
     expect(page.locator("#inspected")).to_have_attribute("data-version", str(v["shell"]))
     assert page.url.endswith(f"?step={v['shell']}")
     terminal = page.locator("pre.term").first
-    assert terminal.inner_text() == "line one\nline two\n" or terminal.inner_text() == "line one\nline two"  # newlines, not \n
+    assert (
+        terminal.inner_text() == "line one\nline two\n" or terminal.inner_text() == "line one\nline two"
+    )  # newlines, not \n
     assert "No such file" in page.locator("pre.term.err").inner_text()
     assert "exit 2" in page.locator(".icommand").inner_text() and "42 ms" in page.locator(".icommand").inner_text()
     page.keyboard.press("ArrowUp")
@@ -201,7 +269,11 @@ def test_the_timeline_shows_time_failures_and_the_path(scene: dict[str, Any], pa
     assert page.locator("#timeline li.item.sep").count() == 4  # session start/end, round start/end: thin separators
     assert page.locator("#timeline li.item:not(.sep)").count() == 4
     round_one = page.locator("#r-1 summary")
-    assert "4 steps" in round_one.inner_text() and "cost 0.0900" in round_one.inner_text() and "1 failed" in round_one.inner_text()
+    assert (
+        "4 steps" in round_one.inner_text()
+        and "cost 0.0900" in round_one.inner_text()
+        and "1 failed" in round_one.inner_text()
+    )
     # The waterfall: each step's bar is as wide (relative to its round's track) as the step was long.
     ratios = []
     for name in ("timed3", "timed4"):
@@ -210,10 +282,14 @@ def test_the_timeline_shows_time_failures_and_the_path(scene: dict[str, Any], pa
         track = item.locator("svg.bar").bounding_box()
         bar = item.locator("svg.bar rect.span").bounding_box()
         ratios.append((duration, bar["width"] / track["width"]))
-    span = float(page.locator("#r-1 .rdur").inner_text().split()[0]) * (1 if "s" == page.locator("#r-1 .rdur").inner_text().split()[1] else 0.001)
+    span = float(page.locator("#r-1 .rdur").inner_text().split()[0]) * (
+        1 if page.locator("#r-1 .rdur").inner_text().split()[1] == "s" else 0.001
+    )
     for duration, ratio in ratios:
         assert ratio == pytest.approx(duration / span, rel=0.1, abs=0.01), (duration, ratio, span)
-    assert ratios[1][1] / ratios[0][1] == pytest.approx(ratios[1][0] / ratios[0][0], rel=0.05)  # 0.6 s twice as wide as 0.3 s
+    assert ratios[1][1] / ratios[0][1] == pytest.approx(
+        ratios[1][0] / ratios[0][0], rel=0.05
+    )  # 0.6 s twice as wide as 0.3 s
     assert ratios[1][0] >= DURATIONS[2] and ratios[0][0] >= DURATIONS[1]
 
     page.check("#failures-only")
@@ -224,15 +300,24 @@ def test_the_timeline_shows_time_failures_and_the_path(scene: dict[str, Any], pa
     expect(page.locator("#inspected")).to_have_attribute("data-version", str(v["shell"]))
 
     path = page.locator("svg#path")
-    assert path.locator('[data-node="planner: PLAN"]').count() == 1 and path.locator('[data-node="actor: CHECK"]').count() == 1
+    assert (
+        path.locator('[data-node="planner: PLAN"]').count() == 1
+        and path.locator('[data-node="actor: CHECK"]').count() == 1
+    )
     assert path.locator('[data-edge="actor: ACT → actor: ACT"]').text_content() == "2×"
     assert page.locator("#forks a[href='/sessions/insp-fork']").count() == 1
     page.click("#forks a[href='/sessions/insp-fork']")
     page.wait_for_url("**/sessions/insp-fork")
-    assert page.locator("#status").inner_text() == "not started" and page.locator("#parent a[href='/sessions/insp']").count() == 1
+    assert (
+        page.locator("#status").inner_text() == "not started"
+        and page.locator("#parent a[href='/sessions/insp']").count() == 1
+    )
 
     page.goto(f"{scene['viewer']}/sessions")
-    counts = {a.get_attribute("data-status"): int(a.get_attribute("data-count")) for a in page.locator("#status-counts a").all()}
+    counts = {
+        a.get_attribute("data-status"): int(a.get_attribute("data-count"))
+        for a in page.locator("#status-counts a").all()
+    }
     assert counts == {"not started": 1, "failed": 1, "stopped": 1}
     # insp 0.09, insp-fork 0.03 (its parent's up to the branch point), stop-go 0: what the sessions listed cost
     assert page.locator("#total-cost").inner_text() == "0.1200"
@@ -249,8 +334,15 @@ def test_a_stopped_session_is_followed_when_another_process_resumes_it(scene: di
     expect(page.locator("#live-note")).to_contain_text("following")
     page.evaluate("window.__notReloaded = true")
     before = page.locator("#timeline li.item:not(.sep)").count()
-    resume = subprocess.run([*SAUCER, "resume", "stop-go", "--store", scene["url"]], cwd=scene["folder"], env=scene["env"],
-                            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    resume = subprocess.run(
+        [*SAUCER, "resume", "stop-go", "--store", scene["url"]],
+        cwd=scene["folder"],
+        env=scene["env"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
     assert resume.returncode == 0, resume.stdout + resume.stderr
     expect(page.locator("#status")).to_have_text("finished")
     # the two steps left, and the session's verdict (eva_session is on by default)

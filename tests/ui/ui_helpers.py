@@ -18,7 +18,11 @@ HOSTILE = "<script>alert('x')</script> {{ 7*7 }} & \"q\" <b>bold</b>"
 def run_demo(folder: Path, store_url: str) -> str:
     """Run ``saucer demo`` in ``folder`` against ``store_url``; return its session id."""
     proc = subprocess.run(
-        [*SAUCER, "demo", "--store", store_url], cwd=folder, capture_output=True, text=True, timeout=240,
+        [*SAUCER, "demo", "--store", store_url],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=240,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -26,13 +30,24 @@ def run_demo(folder: Path, store_url: str) -> str:
     return line.split(" ui ", 1)[1].split()[0]
 
 
-def write_session(store: EventStore, sid: str, *, steps: int = 3, task: str = "task", request: str = "do it",
-                  status: str = "finished", big: int = 0, extra_var: Any = None) -> None:
+def write_session(
+    store: EventStore,
+    sid: str,
+    *,
+    steps: int = 3,
+    task: str = "task",
+    request: str = "do it",
+    status: str = "finished",
+    big: int = 0,
+    extra_var: Any = None,
+) -> None:
     """A session shaped as the engine writes one: start, a round of steps with commands and results, end."""
     store.create_session(sid, meta={"task": task, "mode": "follower", "request": request, "status": "running"})
     ctx = Context.open(store, sid, author="system")
     ctx.set("REQUEST", request)
-    ctx.commit_step(author="system", meta={"kind": "session_start", "task": task, "mode": "follower", "session_status": "running"})
+    ctx.commit_step(
+        author="system", meta={"kind": "session_start", "task": task, "mode": "follower", "session_status": "running"}
+    )
     ctx.set("CURRENT_ROUND_ID", 1)
     ctx.commit_step(author="system", meta={"kind": "round_start", "request": request})
     for i in range(1, steps + 1):
@@ -41,16 +56,31 @@ def write_session(store: EventStore, sid: str, *, steps: int = 3, task: str = "t
             ctx.update_vars({"big": "x" * big})
         if extra_var is not None:
             ctx.update_vars({"hostile": extra_var})
-        ctx.commit_step(author="agent", meta={
-            "kind": "step", "round": 1, "step": i, "session_step": i, "agent": "follower", "state": "CONTINUE",
-            "status": "CONTINUE", "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": request}}],
-            "results": [{"status": "success", "result": f"wrote f{i}.txt " + request}], "cost": 0.001,
-        })
+        ctx.commit_step(
+            author="agent",
+            meta={
+                "kind": "step",
+                "round": 1,
+                "step": i,
+                "session_step": i,
+                "agent": "follower",
+                "state": "CONTINUE",
+                "status": "CONTINUE",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}.txt", "content": request}}],
+                "results": [{"status": "success", "result": f"wrote f{i}.txt " + request}],
+                "cost": 0.001,
+            },
+        )
     ctx.commit_step(author="system", meta={"kind": "round_end", "round_status": "finished"})
     if status != "running":
-        ctx.commit_step(author="system", meta={
-            "kind": "session_end", "session_status": status, "summary": {"rounds": 1, "steps": steps, "cost": 0.001 * steps},
-        })
+        ctx.commit_step(
+            author="system",
+            meta={
+                "kind": "session_end",
+                "session_status": status,
+                "summary": {"rounds": 1, "steps": steps, "cost": 0.001 * steps},
+            },
+        )
     ctx.close()
 
 
@@ -58,11 +88,26 @@ def many_sessions(store: EventStore, n: int) -> None:
     """``n`` small sessions (a start and an end event each), different tasks and statuses."""
     for i in range(n):
         sid = f"s{i:05d}"
-        store.create_session(sid, meta={"task": f"task{i % 7}", "mode": "follower", "request": f"request number {i}", "status": "running"})
-        store.append(sid, 0, [{"op": "set", "name": "REQUEST", "value": f"request number {i}"}], author="system",
-                     meta={"kind": "session_start", "session_status": "running"})
-        store.append(sid, 1, [], author="system", meta={
-            "kind": "session_end", "session_status": "finished" if i % 3 else "failed",
-            "summary": {"rounds": 1, "steps": i % 11, "cost": i / 1000},
-        })
+        store.create_session(
+            sid,
+            meta={"task": f"task{i % 7}", "mode": "follower", "request": f"request number {i}", "status": "running"},
+        )
+        store.append(
+            sid,
+            0,
+            [{"op": "set", "name": "REQUEST", "value": f"request number {i}"}],
+            author="system",
+            meta={"kind": "session_start", "session_status": "running"},
+        )
+        store.append(
+            sid,
+            1,
+            [],
+            author="system",
+            meta={
+                "kind": "session_end",
+                "session_status": "finished" if i % 3 else "failed",
+                "summary": {"rounds": 1, "steps": i % 11, "cost": i / 1000},
+            },
+        )
         time.sleep(0)  # keep the loop cooperative; updated_at orders them

@@ -16,14 +16,25 @@ def main() -> None:
         for i in range(1, steps + 1):
             time.sleep(delay)
             ctx.incr("n")
-            ctx.commit_step(author="agent", meta={
-                "kind": "step", "round": 1, "step": i, "session_step": i, "agent": "writer", "state": "CONTINUE",
-                "status": "CONTINUE", "commands": [{"tool_name": "echo", "parameters": {"live": i}}],
-                "results": [{"status": "success", "result": f"live step {i} <done>"}],
-            })
+            ctx.commit_step(
+                author="agent",
+                meta={
+                    "kind": "step",
+                    "round": 1,
+                    "step": i,
+                    "session_step": i,
+                    "agent": "writer",
+                    "state": "CONTINUE",
+                    "status": "CONTINUE",
+                    "commands": [{"tool_name": "echo", "parameters": {"live": i}}],
+                    "results": [{"status": "success", "result": f"live step {i} <done>"}],
+                },
+            )
             print(f"committed v{ctx.version}", flush=True)
         time.sleep(delay)
-        ctx.commit_step(author="system", meta={"kind": "session_end", "session_status": "finished", "summary": {"steps": steps}})
+        ctx.commit_step(
+            author="system", meta={"kind": "session_end", "session_status": "finished", "summary": {"steps": steps}}
+        )
         ctx.close()
 
 

@@ -26,16 +26,16 @@ class BaseEvaluator:
     name = "base"
 
     @staticmethod
-    def entries(context: "Context", round_id: int | None) -> list[dict[str, Any]]:
+    def entries(context: Context, round_id: int | None) -> list[dict[str, Any]]:
         logs = context.get(ContextNames.STRUCTURAL_LOGS) or {}
         rounds = [round_id] if round_id is not None else sorted(logs)
         out: list[dict[str, Any]] = []
         for r in rounds:
-            for subtask in sorted((logs.get(r) or {})):
+            for subtask in sorted(logs.get(r) or {}):
                 out.extend(logs[r][subtask])
         return out
 
-    async def evaluate(self, context: "Context", *, scope: Scope, round_id: int | None = None) -> Evaluation:
+    async def evaluate(self, context: Context, *, scope: Scope, round_id: int | None = None) -> Evaluation:
         raise NotImplementedError
 
 
@@ -44,10 +44,12 @@ class RuleEvaluator(BaseEvaluator):
 
     name = "rules"
 
-    async def evaluate(self, context: "Context", *, scope: Scope, round_id: int | None = None) -> Evaluation:
+    async def evaluate(self, context: Context, *, scope: Scope, round_id: int | None = None) -> Evaluation:
         entries = self.entries(context, round_id if scope == "round" else None)
         if not entries:
-            return Evaluation(scope=scope, round=round_id, complete="unsure", reason="no steps to judge", evaluator=self.name)
+            return Evaluation(
+                scope=scope, round=round_id, complete="unsure", reason="no steps to judge", evaluator=self.name
+            )
         failed = sum(1 for e in entries for s in (e.get("Results") or []) if s != "success")
         commands = sum(len(e.get("Results") or []) for e in entries)
         last_by_round: dict[Any, dict[str, Any]] = {}

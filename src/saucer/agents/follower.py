@@ -30,11 +30,11 @@ class FollowerAgent(Agent):
         super().__init__(name)
         self.plan_step: PlanStep | None = None
 
-    def on_round_start(self, round: "Round") -> None:
+    def on_round_start(self, round: Round) -> None:
         step = round.plan_step
         self.plan_step = step if isinstance(step, PlanStep) else None
 
-    async def act(self, context: "Context") -> AgentStatus:
+    async def act(self, context: Context) -> AgentStatus:
         step = self.plan_step
         if step is None:
             self.round_result = "the follower agent has no command step to run in this round"
@@ -43,7 +43,7 @@ class FollowerAgent(Agent):
         if self.step is not None:
             self.step.subtask = step.subtask
         results = await self.dispatch(context, [c.to_command() for c in step.commands])
-        failed = [(c, r) for c, r in zip(step.commands, results) if r.status is not ResultStatus.SUCCESS]
+        failed = [(c, r) for c, r in zip(step.commands, results, strict=False) if r.status is not ResultStatus.SUCCESS]
         status = "failed" if failed else "finished"
         context.append(ContextNames.PREVIOUS_SUBTASKS, {"subtask": step.subtask, "status": status})
         if failed:

@@ -27,8 +27,9 @@ normal mode). Follower plans drive the same tools offline, without a model.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from saucer.agents.llm.agent import ToolUsingAgent
 from saucer.agents.llm.client import ModelClient, ModelSettings, require_model_settings
@@ -79,13 +80,19 @@ def _observation_text(view: DesktopView, session_step: int | None, image_note: s
     shot = view.screenshot
     if shot is not None:
         screen = shot.get("screen") or [shot.get("width"), shot.get("height")]
-        lines.append(f"screenshot: {shot.get('path')} ({shot.get('width')}x{shot.get('height')} pixels; the screen is "
-                     f"{screen[0]}x{screen[1]}) {image_note}")
+        lines.append(
+            f"screenshot: {shot.get('path')} ({shot.get('width')}x{shot.get('height')} pixels; the screen is "
+            f"{screen[0]}x{screen[1]}) {image_note}"
+        )
     else:
         lines.append(f"screenshot: not available ({view.errors.get('screenshot', 'unknown error')})")
     tree = view.tree
     if tree is not None:
-        where = f"window {tree.get('window')!r} of {tree.get('app')!r}" if tree.get("window") else f"application {tree.get('app')!r}"
+        where = (
+            f"window {tree.get('window')!r} of {tree.get('app')!r}"
+            if tree.get("window")
+            else f"application {tree.get('app')!r}"
+        )
         cut = ", cut at max_nodes" if tree.get("truncated") else ""
         lines.append(f"UI tree of the focused {where} ({tree.get('node_count')} elements{cut}):")
         screen = (shot.get("screen") if shot is not None else None) or None
@@ -136,17 +143,18 @@ class OperatorAgent(ToolUsingAgent):
         self.tree_nodes = tree_nodes
         self._image: bytes | None = None
 
-    def tools(self, context: "Context") -> ToolSet:
+    def tools(self, context: Context) -> ToolSet:
         """The ``desktop`` tools (``operator``), or every tool of the session (``normal_operator``)."""
         every = super().tools(context)
         if self.mix_tools:
             return every
         return ToolSet([spec for spec in every.specs if spec.name.startswith("desktop.")])
 
-    def initial_messages(self, context: "Context", tools: ToolSet) -> list[dict[str, Any]]:
+    def initial_messages(self, context: Context, tools: ToolSet) -> list[dict[str, Any]]:
         launch = next((s.function_name for s in tools.specs if s.name == "desktop.launch"), "the launch tool")
-        finish = ("call finish with a short summary." if self.finish_tool
-                  else "answer with a short summary and call no tool.")
+        finish = (
+            "call finish with a short summary." if self.finish_tool else "answer with a short summary and call no tool."
+        )
         names = ", ".join(spec.function_name for spec in tools.specs) or "(no tools are available)"
         sensitive = [spec.function_name for spec in tools.specs if spec.sensitive]
         if sensitive:
@@ -158,7 +166,7 @@ class OperatorAgent(ToolUsingAgent):
         request = request_message(context.get(ContextNames.REQUEST), context.get(ContextNames.PREVIOUS_SUBTASKS))
         return [{"role": "system", "content": prompt}, {"role": "user", "content": request}]
 
-    async def act(self, context: "Context") -> str:
+    async def act(self, context: Context) -> str:
         tools = self.tools(context)
         if not tools.get("desktop.screenshot") or not tools.get("desktop.ui_tree"):
             offered = ", ".join(tools.names()) or "none"
@@ -169,13 +177,16 @@ class OperatorAgent(ToolUsingAgent):
             )
         return await super().act(context)
 
-    async def before_model_call(self, context: "Context", messages: list[dict[str, Any]]) -> None:
+    async def before_model_call(self, context: Context, messages: list[dict[str, Any]]) -> None:
         """Look at the desktop and append what was seen (the image itself is sent by :meth:`outgoing`)."""
         step = self.step
         session_step = step.session_step if step is not None else None
         name = artifact_name(session_step) if session_step is not None else "operator"
         view = await look(
-            getattr(context, "command_dispatcher", None), name, save_tree=self.save_trees, include_tree=True,
+            getattr(context, "command_dispatcher", None),
+            name,
+            save_tree=self.save_trees,
+            include_tree=True,
             tree_parameters={"max_nodes": self.tree_nodes, "on_screen": True},
         )
         if step is not None:
@@ -195,7 +206,7 @@ class OperatorAgent(ToolUsingAgent):
             if message.get("role") == "user" and isinstance(content, str) and content.startswith(OBSERVATION_HEADER):
                 url = "data:image/png;base64," + base64.b64encode(self._image).decode("ascii")
                 parts = [{"type": "text", "text": content}, {"type": "image_url", "image_url": {"url": url}}]
-                return [*messages[:index], {**message, "content": parts}, *messages[index + 1:]]
+                return [*messages[:index], {**message, "content": parts}, *messages[index + 1 :]]
         return messages
 
 
@@ -205,7 +216,7 @@ def create_operator_provider(
     mode: str = "operator",
     env: Mapping[str, str] | None = None,
     client_factory: Callable[[ModelSettings], ModelClient] | None = None,
-) -> Callable[["Session"], AgentSet]:
+) -> Callable[[Session], AgentSet]:
     """A provider (``agents=``) for ``operator`` or ``normal_operator`` sessions.
 
     ``settings`` is as for :func:`saucer.agents.llm.create_agent_provider`
@@ -217,13 +228,15 @@ def create_operator_provider(
     resolved = require_model_settings(settings, env) if settings is not None else None
     make_client = client_factory or ModelClient
 
-    def provider(session: "Session") -> AgentSet:
+    def provider(session: Session) -> AgentSet:
         model_settings = resolved or require_model_settings(getattr(session, "settings", None), env)
         client = make_client(model_settings)
         session.add_closer(client.aclose)
         system = getattr(getattr(session, "settings", None), "system", None)
         agent = OperatorAgent(
-            client=client, settings=model_settings, mix_tools=mode == "normal_operator",
+            client=client,
+            settings=model_settings,
+            mix_tools=mode == "normal_operator",
             save_trees=bool(getattr(system, "save_ui_tree", False)),
         )
         return AgentSet([agent], evaluator=LLMEvaluator(client, model_settings))

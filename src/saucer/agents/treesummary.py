@@ -33,14 +33,56 @@ __all__ = ["summarize_tree", "SUMMARY_LINES", "SUMMARY_CHARS"]
 SUMMARY_LINES = 60
 SUMMARY_CHARS = 3000
 _EDIT_TEXT = 600
-_CONTAINERS = frozenset({"group", "filler", "panel", "widget", "section", "scroll pane", "viewport", "layered pane",
-                         "split pane", "page tab list", "tool bar", "menu bar", "directory pane", "grouping"})
-_ACTIONABLE = frozenset({
-    "push button", "button", "toggle button", "check box", "radio button", "combo box", "menu", "menu item",
-    "check menu item", "radio menu item", "page tab", "list item", "table cell", "tree item", "link", "entry",
-    "password text", "spin button", "slider", "text", "text box", "icon", "toggle", "switch", "cell",
-})
-_LABELS = frozenset({"label", "static", "heading", "paragraph", "statusbar", "caption", "title bar", "alert", "info bar"})
+_CONTAINERS = frozenset(
+    {
+        "group",
+        "filler",
+        "panel",
+        "widget",
+        "section",
+        "scroll pane",
+        "viewport",
+        "layered pane",
+        "split pane",
+        "page tab list",
+        "tool bar",
+        "menu bar",
+        "directory pane",
+        "grouping",
+    }
+)
+_ACTIONABLE = frozenset(
+    {
+        "push button",
+        "button",
+        "toggle button",
+        "check box",
+        "radio button",
+        "combo box",
+        "menu",
+        "menu item",
+        "check menu item",
+        "radio menu item",
+        "page tab",
+        "list item",
+        "table cell",
+        "tree item",
+        "link",
+        "entry",
+        "password text",
+        "spin button",
+        "slider",
+        "text",
+        "text box",
+        "icon",
+        "toggle",
+        "switch",
+        "cell",
+    }
+)
+_LABELS = frozenset(
+    {"label", "static", "heading", "paragraph", "statusbar", "caption", "title bar", "alert", "info bar"}
+)
 _BUTTONS = frozenset({"push button", "button", "toggle button"})
 _WINDOWS = frozenset({"frame", "window", "dialog", "alert", "file chooser", "application"})
 _CLASS_NAME = re.compile(r"^(Gtk|Adw|Gdk|Gizmo|AdwGizmo)[A-Z]?[A-Za-z]*$")
@@ -123,8 +165,14 @@ def _rank(node: Mapping[str, Any], name: str, is_root: bool) -> int | None:
     return None
 
 
-def summarize_tree(tree: Mapping[str, Any] | None, *, screen: Sequence[int] | None = None,
-                   max_lines: int = SUMMARY_LINES, max_chars: int = SUMMARY_CHARS, max_text: int = 80) -> str:
+def summarize_tree(
+    tree: Mapping[str, Any] | None,
+    *,
+    screen: Sequence[int] | None = None,
+    max_lines: int = SUMMARY_LINES,
+    max_chars: int = SUMMARY_CHARS,
+    max_text: int = 80,
+) -> str:
     """A UI tree (the ``tree`` of a ``desktop.ui_tree`` answer) as at most ``max_lines`` lines and about
     ``max_chars`` characters a model can act on (see the module docstring); ``screen`` is [width, height].
     A last line says how many elements were left out."""

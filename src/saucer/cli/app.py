@@ -16,13 +16,13 @@ import shlex
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
 from saucer import __version__
-from saucer.cli import inspect as view
 from saucer.cli import config_cmds, doctor_cmd, people, queue_cmds, running, service_cmds, store_cmds, ui_cmd
+from saucer.cli import inspect as view
 from saucer.cli.common import (
     ConfigOption,
     StoreOption,
@@ -32,19 +32,18 @@ from saucer.cli.common import (
     fork_workspace,
     friendly,
     one_shot,
-    open_ctx,
     open_configured_store,
+    open_ctx,
     open_existing_store,
     program_name,
     resolve_session,
-    resolve_store_url,
     store_flag,
 )
 from saucer.cli.output import JsonObject, JsonStream, TextChunks, binary_stdout, print_json, styled, visible
 from saucer.cli.streams import LimitOption, RoundOption, SinceOption, parse_since, window_for
 from saucer.context import Context, ContextNames, prune
 from saucer.context.events import op_key
-from saucer.store import EventStore, open_store
+from saucer.store import EventStore
 
 app = typer.Typer(
     name="saucer",
@@ -69,7 +68,9 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def main_callback(
-    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """saucer: durable, typed session state for agents."""
 
@@ -82,18 +83,30 @@ def main_callback(
 @one_shot
 def sessions_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="At most N sessions (the first N in the order of --sort)."),
-    status: Optional[list[str]] = typer.Option(
-        None, "--status", help="Only sessions with this status (running, interrupted, not started, finished, failed, error, stopped, or - for one the engine did not make); repeat for several."
+    limit: int | None = typer.Option(
+        None, "--limit", "-n", min=1, help="At most N sessions (the first N in the order of --sort)."
     ),
-    task: Optional[str] = typer.Option(None, "--task", help="Only sessions whose task contains this text (letters compared without case)."),
-    since: Optional[str] = typer.Option(
-        None, "--since", help="Only sessions updated since this time: 2026-11-26T19:30, 19:30 (today), or a duration ago (90s, 15m, 2h, 3d)."
+    status: list[str] | None = typer.Option(
+        None,
+        "--status",
+        help="Only sessions with this status (running, interrupted, not started, finished, failed, error, stopped, or - for one the engine did not make); repeat for several.",
     ),
-    sort: str = typer.Option("updated", "--sort", help="Order by updated, created, id, task, status, rounds, steps, cost or version."),
-    reverse: bool = typer.Option(False, "--reverse", help="The other way round (by default newest, largest first; id and task A to Z)."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    task: str | None = typer.Option(
+        None, "--task", help="Only sessions whose task contains this text (letters compared without case)."
+    ),
+    since: str | None = typer.Option(
+        None,
+        "--since",
+        help="Only sessions updated since this time: 2026-11-26T19:30, 19:30 (today), or a duration ago (90s, 15m, 2h, 3d).",
+    ),
+    sort: str = typer.Option(
+        "updated", "--sort", help="Order by updated, created, id, task, status, rounds, steps, cost or version."
+    ),
+    reverse: bool = typer.Option(
+        False, "--reverse", help="The other way round (by default newest, largest first; id and task A to Z)."
+    ),
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """List sessions: id, task, mode, status, rounds, steps, cost, last update (newest first).
 
@@ -114,14 +127,22 @@ def sessions_cmd(
     if since is not None:
         kind, value = parse_since(since)
         if kind != "time":
-            raise UserError(f"--since {since!r}: sessions are chosen by time (2026-11-26T19:30, 19:30, 15m, 2d), not by version")
+            raise UserError(
+                f"--since {since!r}: sessions are chosen by time (2026-11-26T19:30, 19:30, 15m, 2d), not by version"
+            )
         after = value
     screen = None if as_json or limit is not None or not console.is_terminal else max(5, console.size.height - 8)
     ask = limit if screen is None else screen + 1  # one more tells whether there are more
     default_descending = sort not in ("id", "task")
     with open_existing_store(store, config) as st:
-        summaries = st.list_sessions(limit=ask, status=status or None, task=task, since=after, sort=sort,
-                                     descending=default_descending != reverse)
+        summaries = st.list_sessions(
+            limit=ask,
+            status=status or None,
+            task=task,
+            since=after,
+            sort=sort,
+            descending=default_descending != reverse,
+        )
     more = screen is not None and len(summaries) > screen
     rows = [view.listed_row(s) for s in (summaries[:screen] if more else summaries)]
     if as_json:
@@ -134,7 +155,14 @@ def sessions_cmd(
     elif console.is_terminal:
         view.print_uncut(console, view.sessions_table(rows))
         if more:
-            console.print(styled((f"showing the first {screen} sessions; there are more (choose with --limit N, --status, --task, --since; piped, all of them)", "dim")))
+            console.print(
+                styled(
+                    (
+                        f"showing the first {screen} sessions; there are more (choose with --limit N, --status, --task, --since; piped, all of them)",
+                        "dim",
+                    )
+                )
+            )
     else:
         with TextChunks(sys.stdout) as out:
             view.write_sessions(out, rows)
@@ -145,15 +173,21 @@ def sessions_cmd(
 @one_shot
 def show_cmd(
     session: str = SessionArgument,
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep watching and print new steps as they commit (Ctrl-C stops)."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep watching and print new steps as they commit (Ctrl-C stops)."
+    ),
     interval: float = typer.Option(0.5, "--interval", help="Polling interval in seconds for --follow."),
-    show_all: bool = typer.Option(False, "--all", "-a", help="Also list the engine's counter and log updates of each step."),
-    as_json: bool = typer.Option(False, "--json", help="Print the timeline as JSON: the session, its events and a summary of each round."),
-    limit: Optional[int] = LimitOption,
-    since: Optional[str] = SinceOption,
-    round_: Optional[int] = RoundOption,
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    show_all: bool = typer.Option(
+        False, "--all", "-a", help="Also list the engine's counter and log updates of each step."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the timeline as JSON: the session, its events and a summary of each round."
+    ),
+    limit: int | None = LimitOption,
+    since: str | None = SinceOption,
+    round_: int | None = RoundOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Timeline of a session: rounds → steps → agent, state, commands, results, cost and Context changes.
 
@@ -174,16 +208,22 @@ def show_cmd(
 
             tally = RoundTally()
             out = JsonStream(binary_stdout())
-            out.object([
-                ("session", summary | ({"reason": reason} if reason else {})),
-                ("events", (tally.add(item) for item in view.timeline_items(window.events(st)))),
-                ("rounds", tally.rounds),  # complete once the events are written
-            ])
+            out.object(
+                [
+                    ("session", summary | ({"reason": reason} if reason else {})),
+                    ("events", (tally.add(item) for item in view.timeline_items(window.events(st)))),
+                    ("rounds", tally.rounds),  # complete once the events are written
+                ]
+            )
             out.end()
             return
-        title = f"session {sid} · v{info.version} · {summary['status']}" + (f": {' '.join(reason.split())}" if reason else "")
+        title = f"session {sid} · v{info.version} · {summary['status']}" + (
+            f": {' '.join(reason.split())}" if reason else ""
+        )
         if info.parent_id or info.meta.get("forked_from"):
-            title += f" · fork of {info.parent_id or info.meta['forked_from']}@{info.parent_version or info.meta.get('at')}"
+            title += (
+                f" · fork of {info.parent_id or info.meta['forked_from']}@{info.parent_version or info.meta.get('at')}"
+            )
         title = visible(title)  # an imported session's meta is whatever its file said
         if console.is_terminal:
             events = list(window.events(st))  # at most what fits the screen, unless the user asked for more
@@ -195,7 +235,9 @@ def show_cmd(
             with TextChunks(sys.stdout) as out:
                 view.write_timeline(out, window.events(st), title, show_all=show_all)
         if summary["status"] == "interrupted":
-            console.print(f"its runner is gone; continue it with: {program_name()} resume {shlex.quote(sid)}{store_flag(store)}")
+            console.print(
+                f"its runner is gone; continue it with: {program_name()} resume {shlex.quote(sid)}{store_flag(store)}"
+            )
         if follow:
             import asyncio
 
@@ -238,7 +280,11 @@ def _known_key(store: EventStore, session_id: str, key: str) -> None:
                     seen.add(op["var"])
     same = [n for n in names if n.lower() == key.lower()]  # REQUEST for request
     guesses = same or close_names(key, names + sorted(seen) + [f"vars.{v}" for v in sorted(seen)])
-    hint = f"did you mean {' or '.join(guesses)}?" if guesses else "the names are ContextNames (e.g. REQUEST) and vars.NAME"
+    hint = (
+        f"did you mean {' or '.join(guesses)}?"
+        if guesses
+        else "the names are ContextNames (e.g. REQUEST) and vars.NAME"
+    )
     raise UserError(
         f"unknown key {key!r}: not a Context name, and this session never set a context variable {bare!r}; {hint}"
     )
@@ -249,13 +295,15 @@ def _known_key(store: EventStore, session_id: str, key: str) -> None:
 @one_shot
 def history_cmd(
     session: str = SessionArgument,
-    key: Optional[str] = typer.Option(None, "--key", help="Only changes to this name (e.g. REQUEST) or context variable (vars.NAME or NAME)."),
+    key: str | None = typer.Option(
+        None, "--key", help="Only changes to this name (e.g. REQUEST) or context variable (vars.NAME or NAME)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the events as JSON (a list, written as it is read)."),
-    limit: Optional[int] = LimitOption,
-    since: Optional[str] = SinceOption,
-    round_: Optional[int] = RoundOption,
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    limit: int | None = LimitOption,
+    since: str | None = SinceOption,
+    round_: int | None = RoundOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Every change with its version, time, author, round and step.
 
@@ -306,7 +354,9 @@ def _state_data(ctx: Context, *, stored_json: bool = False) -> dict[str, Any]:
 
 def _streamed_state(data: dict[str, Any]) -> JsonObject:
     """``data`` of :func:`_state_data` for a :class:`JsonStream`: each name's value dumped on its own."""
-    return JsonObject((key, JsonObject(iter(value.items())) if key == "names" else value) for key, value in data.items())
+    return JsonObject(
+        (key, JsonObject(iter(value.items())) if key == "names" else value) for key, value in data.items()
+    )
 
 
 @app.command("state")
@@ -314,10 +364,10 @@ def _streamed_state(data: dict[str, Any]) -> JsonObject:
 @one_shot
 def state_cmd(
     session: str = SessionArgument,
-    at: Optional[int] = typer.Option(None, "--at", help="Version to show (default: the latest)."),
+    at: int | None = typer.Option(None, "--at", help="Version to show (default: the latest)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """The Context of a session as it is now, or as it was at a version (time travel)."""
     with open_existing_store(store, config) as st:
@@ -346,8 +396,8 @@ def diff_cmd(
     v1: int = typer.Argument(..., help="Older version."),
     v2: int = typer.Argument(..., help="Newer version."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """What changed in the Context between two versions."""
     with open_existing_store(store, config) as st:
@@ -366,17 +416,17 @@ def diff_cmd(
 @friendly
 def fork_cmd(
     session: str = typer.Argument(..., help="Session to fork: its id, a unique prefix of one, or 'last'."),
-    at: Optional[int] = typer.Option(None, "--at", help="Version to fork at (default: the latest)."),
-    new_id: Optional[str] = typer.Option(None, "--as", help="Id of the new session (default: generated)."),
-    workspace: Optional[Path] = typer.Option(
+    at: int | None = typer.Option(None, "--at", help="Version to fork at (default: the latest)."),
+    new_id: str | None = typer.Option(None, "--as", help="Id of the new session (default: generated)."),
+    workspace: Path | None = typer.Option(
         None,
         "--workspace",
         "-w",
         help="The fork's own directory for the built-in tools, never its parent's "
         "(default: a new folder beside the parent's, printed).",
     ),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Start a new session from a session's state at a version (its log is referenced, not copied).
 
@@ -409,12 +459,14 @@ def fork_cmd(
 @one_shot
 def export_cmd(
     session: str = SessionArgument,
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of standard output."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write to this file instead of standard output."),
     decrypt: bool = typer.Option(
-        False, "--decrypt", help="Write values encrypted at rest in plain text (needs the store key); by default they stay encrypted."
+        False,
+        "--decrypt",
+        help="Write values encrypted at rest in plain text (needs the store key); by default they stay encrypted.",
     ),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Export a session's whole log and final state as JSON (written as it is read, whatever the log's length).
 
@@ -468,9 +520,9 @@ def export_cmd(
 @friendly
 def import_cmd(
     file: Path = typer.Argument(..., help="A file written by saucer export."),
-    new_id: Optional[str] = typer.Option(None, "--as", help="Import under this session id."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    new_id: str | None = typer.Option(None, "--as", help="Import under this session id."),
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Import a session exported with saucer export."""
     from saucer.context.transfer import import_session
@@ -517,12 +569,16 @@ def parse_duration(text: str) -> float:
 @store_app.command("prune")
 @friendly
 def store_prune_cmd(
-    session: Optional[str] = typer.Argument(None, help="Session id, a unique prefix of one, or 'last' (or --all)."),
+    session: str | None = typer.Argument(None, help="Session id, a unique prefix of one, or 'last' (or --all)."),
     all_sessions: bool = typer.Option(False, "--all", help="Prune every session."),
-    keep_last: Optional[int] = typer.Option(None, "--keep-last", min=0, help="Keep the newest N versions of each session."),
-    older_than: Optional[str] = typer.Option(None, "--older-than", help="Drop versions committed longer ago than this (90s, 15m, 12h, 7d, 2w)."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    keep_last: int | None = typer.Option(
+        None, "--keep-last", min=0, help="Keep the newest N versions of each session."
+    ),
+    older_than: str | None = typer.Option(
+        None, "--older-than", help="Drop versions committed longer ago than this (90s, 15m, 12h, 7d, 2w)."
+    ),
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Drop old history; every remaining version stays readable (a snapshot is kept at the new start).
 
@@ -545,7 +601,9 @@ def store_prune_cmd(
                 console.print(f"{sid}: nothing to prune (v{first}..v{st.head(sid)} remain)")
             for fork in forks:
                 if st.session_info(fork.session_id).parent_id is None:
-                    console.print(f"  fork {fork.session_id} now holds its own copy of the history it reads (up to v{fork.parent_version})")
+                    console.print(
+                        f"  fork {fork.session_id} now holds its own copy of the history it reads (up to v{fork.parent_version})"
+                    )
 
 
 @store_app.command("delete")
@@ -553,8 +611,8 @@ def store_prune_cmd(
 def store_delete_cmd(
     session: str = SessionArgument,
     yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Remove a session completely: its events, snapshots and lease."""
     from saucer.cli.interactor import stdin_is_terminal

@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import typer
 
@@ -21,8 +22,8 @@ from saucer.store import (
     CorruptRecordError,
     EventStore,
     LeaseHeldError,
-    SessionExistsError,
     NotParticipantError,
+    SessionExistsError,
     SessionNotFoundError,
     StoreError,
     open_store,
@@ -67,7 +68,9 @@ StoreOption = typer.Option(
     envvar="SAUCER_STORE_URL",
 )
 ConfigOption = typer.Option(
-    None, "--config", help="Settings file (default: ./saucer.toml when present); UFO's YAML (a file or its folder) is read too."
+    None,
+    "--config",
+    help="Settings file (default: ./saucer.toml when present); UFO's YAML (a file or its folder) is read too.",
 )
 
 
@@ -112,7 +115,14 @@ def friendly(fn: F) -> F:
             raise
         except SessionNotFoundError as exc:
             fail(f"{exc}. List sessions with: {program_name()} sessions")
-        except (UserError, SessionExistsError, LeaseHeldError, ConflictError, CorruptRecordError, NotParticipantError) as exc:
+        except (
+            UserError,
+            SessionExistsError,
+            LeaseHeldError,
+            ConflictError,
+            CorruptRecordError,
+            NotParticipantError,
+        ) as exc:
             fail(str(exc))
         except _user_errors() as exc:
             fail(str(exc))
@@ -151,7 +161,9 @@ def parse_vars(items: Sequence[str], option: str = "--var") -> dict[str, Any]:
         try:
             out[key] = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise UserError(f"{option} {key}: {text!r} is not JSON ({exc.msg} at column {exc.colno}); quote a string: {key}='\"...\"'") from None
+            raise UserError(
+                f"{option} {key}: {text!r} is not JSON ({exc.msg} at column {exc.colno}); quote a string: {key}='\"...\"'"
+            ) from None
     return out
 
 
@@ -163,7 +175,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, EngineError)
 
 
-def settings_for(config: Optional[Path], overrides: dict[str, Any] | None = None) -> Any:
+def settings_for(config: Path | None, overrides: dict[str, Any] | None = None) -> Any:
     """The settings: defaults < ``saucer.toml`` (or ``config``: saucer's TOML or UFO's YAML) < ``SAUCER_*`` < ``overrides``."""
     from saucer.ufo_config import load_any_settings
 
@@ -174,13 +186,25 @@ def settings_for(config: Optional[Path], overrides: dict[str, Any] | None = None
 CONFIG_FILE = "saucer.toml"
 #: The sections of the settings (``saucer.config.Settings``): a ``SAUCER_<SECTION>`` or
 #: ``SAUCER_<SECTION>_...`` variable may set one of them (tests check this list against the model).
-SETTINGS_SECTIONS = ("system", "store", "mcp", "agents", "logs", "llm", "service", "desktop", "queue", "shell", "approvals")
+SETTINGS_SECTIONS = (
+    "system",
+    "store",
+    "mcp",
+    "agents",
+    "logs",
+    "llm",
+    "service",
+    "desktop",
+    "queue",
+    "shell",
+    "approvals",
+)
 #: ``SAUCER_*`` variables that set no store setting but ``store.url`` (``--store``'s own variable,
 #: so typer has already read it) or are read by the store itself (its key).
 _STORE_VARS_READ_ELSEWHERE = ("SAUCER_STORE_URL", "SAUCER_STORE_KEY")
 
 
-def _default_settings_apply(config: Optional[Path]) -> bool:
+def _default_settings_apply(config: Path | None) -> bool:
     """Whether the settings are bound to be the defaults: no ``--config``, no ``./saucer.toml``
     and no ``SAUCER_*`` variable that could set a section. Then the store's settings are known
     without reading the settings model (pydantic-settings is a fifth of a command's start-up)."""
@@ -190,13 +214,13 @@ def _default_settings_apply(config: Optional[Path]) -> bool:
         name = var.upper()
         if not name.startswith("SAUCER_") or name in _STORE_VARS_READ_ELSEWHERE:
             continue
-        rest = name[len("SAUCER_"):]
+        rest = name[len("SAUCER_") :]
         if any(rest == section.upper() or rest.startswith(section.upper() + "_") for section in SETTINGS_SECTIONS):
             return False
     return True
 
 
-def store_settings(store: Optional[str], config: Optional[Path] = None) -> tuple[str, list[str], Optional[str]]:
+def store_settings(store: str | None, config: Path | None = None) -> tuple[str, list[str], str | None]:
     """The store's URL (``--store`` wins), ``store.encrypt`` and ``store.key_file``, as
     :func:`settings_for` would give them; read without the settings model when they are the defaults."""
     if _default_settings_apply(config):
@@ -205,20 +229,20 @@ def store_settings(store: Optional[str], config: Optional[Path] = None) -> tuple
     return store or str(settings.store.url), list(settings.store.encrypt), settings.store.key_file
 
 
-def resolve_store_url(store: Optional[str], config: Optional[Path] = None) -> str:
+def resolve_store_url(store: str | None, config: Path | None = None) -> str:
     """``--store`` wins, then the settings (file, environment), then the default SQLite file."""
     if store:
         return store
     return store_settings(store, config)[0]
 
 
-def open_configured_store(store: Optional[str], config: Optional[Path] = None) -> EventStore:
+def open_configured_store(store: str | None, config: Path | None = None) -> EventStore:
     """The store of ``--store`` or the settings, with their ``store.encrypt`` and ``store.key_file``."""
     url, encrypt, key_file = store_settings(store, config)
     return open_store(url, encrypt=encrypt, key_file=key_file)
 
 
-def open_existing_store(store: Optional[str], config: Optional[Path] = None) -> EventStore:
+def open_existing_store(store: str | None, config: Path | None = None) -> EventStore:
     """The store, with a clear error when the default SQLite file does not exist yet."""
     url = resolve_store_url(store, config)
     if url.startswith("sqlite:///"):
@@ -226,11 +250,13 @@ def open_existing_store(store: Optional[str], config: Optional[Path] = None) -> 
 
         path = path_from_url(url)
         if not path.exists():
-            raise UserError(f"no saucer store at {path} yet; run a session first ({program_name()} demo) or pass --store URL")
+            raise UserError(
+                f"no saucer store at {path} yet; run a session first ({program_name()} demo) or pass --store URL"
+            )
     return open_configured_store(url, config)
 
 
-def open_ctx(store: EventStore, session_id: str, at: Optional[int] = None) -> Context:
+def open_ctx(store: EventStore, session_id: str, at: int | None = None) -> Context:
     """A read-only Context of the session at its head, or at version ``at``."""
     return Context.open(store, session_id, create=False, at=store.head(session_id) if at is None else at)
 
@@ -277,7 +303,7 @@ def program_name() -> str:
     return _shortest(Path(argv0).absolute())
 
 
-def store_flag(store: Optional[str]) -> str:
+def store_flag(store: str | None) -> str:
     """`` --store URL`` to repeat in a printed command (quoted for a shell), or nothing."""
     if not store:
         return ""
@@ -286,7 +312,7 @@ def store_flag(store: Optional[str]) -> str:
     return f" --store {shlex.quote(store)}"
 
 
-def fork_workspace(parent: Optional[str], fork_id: str, given: Optional[Path] = None) -> Path:
+def fork_workspace(parent: str | None, fork_id: str, given: Path | None = None) -> Path:
     """The absolute workspace of a new fork: ``given``, else a new folder beside the parent's
     (``.saucer/forks/ID`` when the parent ran in the current directory).
 
@@ -303,5 +329,7 @@ def fork_workspace(parent: Optional[str], fork_id: str, given: Optional[Path] = 
     if parent:
         theirs = Path(parent).resolve()
         if own == theirs or theirs in own.parents or own in theirs.parents:
-            fail(f"--workspace {given}: a fork never runs in its parent's workspace ({theirs}); give it a folder of its own")
+            fail(
+                f"--workspace {given}: a fork never runs in its parent's workspace ({theirs}); give it a folder of its own"
+            )
     return own

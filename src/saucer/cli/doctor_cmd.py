@@ -7,7 +7,6 @@ start (:func:`saucer.dispatch.servers.confinement_summary`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -24,10 +23,13 @@ def register(app: typer.Typer) -> None:
 
 @friendly
 def doctor_cmd(
-    workspace: Optional[Path] = typer.Option(
-        None, "--workspace", "-w", help="Directory the built-in shell and files tools act in (default: the current directory)."
+    workspace: Path | None = typer.Option(
+        None,
+        "--workspace",
+        "-w",
+        help="Directory the built-in shell and files tools act in (default: the current directory).",
     ),
-    config: Optional[Path] = ConfigOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Say how commands run here: the kernel confinement in force (setting shell.sandbox) and what it allows.
 
@@ -42,10 +44,17 @@ def doctor_cmd(
     where = (workspace or Path.cwd()).expanduser().resolve()
     console.print(visible(confinement_summary(settings.shell, where)), markup=False, highlight=False)
     abi = abi_version()
-    console.print(f"landlock: ABI {abi}" if abi else "landlock: not offered by this kernel", markup=False, highlight=False)
+    console.print(
+        f"landlock: ABI {abi}" if abi else "landlock: not offered by this kernel", markup=False, highlight=False
+    )
     bwrap = bubblewrap_path()
-    console.print(f"bubblewrap: {visible(bwrap)}" if bwrap else "bubblewrap: not installed (Debian: apt-get install -y bubblewrap)",
-                  markup=False, highlight=False)
+    console.print(
+        f"bubblewrap: {visible(bwrap)}"
+        if bwrap
+        else "bubblewrap: not installed (Debian: apt-get install -y bubblewrap)",
+        markup=False,
+        highlight=False,
+    )
     console.print(f"sandbox setting: {settings.shell.sandbox}", markup=False, highlight=False)
     if resolve(settings.shell.sandbox).error is not None:
         raise typer.Exit(1)

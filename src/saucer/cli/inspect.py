@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import sys
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import orjson
 from rich import box
@@ -72,7 +73,7 @@ class PlainText:
     def __init__(self, text: str = "", style: str = "") -> None:
         self.plain = text
 
-    def append(self, text: str, style: str = "") -> "PlainText":
+    def append(self, text: str, style: str = "") -> PlainText:
         """Add ``text`` (``style`` is ignored)."""
         self.plain += text
         return self
@@ -159,9 +160,17 @@ def listed_row(summary: Any) -> dict[str, Any]:
     """
     row = summary.row()  # the viewer shows the same fields from the same function
     return {
-        "id": row["id"], "task": row["task"], "mode": row["mode"], "status": row["status"], "rounds": row["rounds"],
-        "steps": row["steps"], "cost": row["cost"], "version": row["version"], "updated": when(row["updated_at"]),
-        "parent": row["parent"], "runner": row["runner"],
+        "id": row["id"],
+        "task": row["task"],
+        "mode": row["mode"],
+        "status": row["status"],
+        "rounds": row["rounds"],
+        "steps": row["steps"],
+        "cost": row["cost"],
+        "version": row["version"],
+        "updated": when(row["updated_at"]),
+        "parent": row["parent"],
+        "runner": row["runner"],
     }
 
 
@@ -196,7 +205,9 @@ def write_sessions(out: Any, rows: Iterable[Mapping[str, Any]]) -> None:
 
 
 def _cost_text(row: Mapping[str, Any]) -> str:
-    from saucer.store.summary import cost_text  # the viewer's rule too; importing the engine costs a listing its start-up
+    from saucer.store.summary import (
+        cost_text,
+    )  # the viewer's rule too; importing the engine costs a listing its start-up
 
     return cost_text(row.get("cost"), str(row.get("status")))
 
@@ -276,7 +287,15 @@ def _artifacts_text(meta: Mapping[str, Any], Text: Any = Text) -> list[Any]:
 
 #: Counters and logs the engine updates on every step; collapsed in the timeline unless asked for.
 BOOKKEEPING = frozenset(
-    {"SESSION_STEP", "ROUND_STEP", "ROUND_SUBTASK_AMOUNT", "STRUCTURAL_LOGS", "PREVIOUS_SUBTASKS", "ROUND_COST", "SESSION_COST"}
+    {
+        "SESSION_STEP",
+        "ROUND_STEP",
+        "ROUND_SUBTASK_AMOUNT",
+        "STRUCTURAL_LOGS",
+        "PREVIOUS_SUBTASKS",
+        "ROUND_COST",
+        "SESSION_COST",
+    }
 )
 
 _SYSTEM_KINDS = {

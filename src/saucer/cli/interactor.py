@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.panel import Panel
@@ -137,7 +138,7 @@ class RichInteractor:
             f"{question.session_id}. Answer from another terminal:\n  {saucer} answer {sid} {question.number} TEXT"
         )
         if question.timeout is not None:
-            text.append(f"\nWithout an answer the model reads \"no answer (timeout)\" in {question.timeout:g} s.")
+            text.append(f'\nWithout an answer the model reads "no answer (timeout)" in {question.timeout:g} s.')
         self._panel(text, "the model asks", "yellow")
 
     def approval_pending(self, approval: Any) -> None:

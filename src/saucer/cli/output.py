@@ -10,7 +10,8 @@ whatever its length; in a terminal, rich lays out to the terminal's width.
 from __future__ import annotations
 
 import sys
-from typing import Any, BinaryIO, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any, BinaryIO
 
 import orjson
 from rich.console import Console
@@ -81,6 +82,7 @@ def json_key(key: Any) -> bytes:
         return orjson.dumps(key)
     return orjson.dumps({key: 0}, option=_OPTIONS_FLAT, default=str)[1:-3]
 
+
 #: Dicts and lists longer than this are written item by item by :class:`JsonStream`.
 BIG = 256
 
@@ -141,7 +143,7 @@ class TextChunks(_Chunks):
         for line in lines:
             self.write(line)
 
-    def __enter__(self) -> "TextChunks":
+    def __enter__(self) -> TextChunks:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -23,8 +23,8 @@ from saucer.cli.common import (
     console,
     friendly,
     local_user,
-    open_existing_store,
     open_ctx,
+    open_existing_store,
     parse_vars,
     program_name,
     resolve_session,
@@ -34,13 +34,15 @@ from saucer.cli.output import print_json, styled, visible
 
 __all__ = ["register"]
 
-_SessionArgument = typer.Argument(..., help="Session id, a unique prefix of one, or 'last' (the most recently updated).")
+_SessionArgument = typer.Argument(
+    ..., help="Session id, a unique prefix of one, or 'last' (the most recently updated)."
+)
 _AuthorOption = typer.Option(
     None, "--author", help="Who writes (recorded with the event). Default: user:<your login name>."
 )
 
 
-def _author(author: Optional[str]) -> str:
+def _author(author: str | None) -> str:
     if author is None:
         return local_user()
     if not author.strip():
@@ -48,7 +50,7 @@ def _author(author: Optional[str]) -> str:
     return author
 
 
-def _approvals(session: Optional[str], store: Optional[str], config: Optional[Path]) -> list[Any]:
+def _approvals(session: str | None, store: str | None, config: Path | None) -> list[Any]:
     """All approvals of ``session``, or the pending ones of every running session."""
     from saucer.engine.approvals import ApprovalError, pending_approvals, read_approvals
 
@@ -60,7 +62,9 @@ def _approvals(session: Optional[str], store: Optional[str], config: Optional[Pa
 
 
 def _decided_line(approval: Any) -> Any:
-    verb = {"approved": "approved", "refused": "refused", "timed_out": "refused by timeout", "answered": "answered"}[approval.status]
+    verb = {"approved": "approved", "refused": "refused", "timed_out": "refused by timeout", "answered": "answered"}[
+        approval.status
+    ]
     line = styled(f"{approval.what} {approval.number} of session {visible(approval.session_id)} ", (verb, "bold"))
     line.append(f" by {visible(approval.decided_by or '')}")
     if approval.note:
@@ -75,11 +79,15 @@ def register(app: typer.Typer) -> None:
     @friendly
     def set_cmd(
         session: str = _SessionArgument,
-        assignments: Optional[list[str]] = typer.Argument(None, help="KEY=JSON: the context variable KEY gets the JSON value."),
-        delete: Optional[list[str]] = typer.Option(None, "--delete", help="Delete this context variable (repeat for several)."),
-        author: Optional[str] = _AuthorOption,
-        store: Optional[str] = StoreOption,
-        config: Optional[Path] = ConfigOption,
+        assignments: list[str] | None = typer.Argument(
+            None, help="KEY=JSON: the context variable KEY gets the JSON value."
+        ),
+        delete: list[str] | None = typer.Option(
+            None, "--delete", help="Delete this context variable (repeat for several)."
+        ),
+        author: str | None = _AuthorOption,
+        store: str | None = StoreOption,
+        config: Path | None = ConfigOption,
     ) -> None:
         """Set or delete context variables of a session, running or ended, as one event with its author.
 
@@ -112,10 +120,10 @@ def register(app: typer.Typer) -> None:
     @friendly
     def vars_cmd(
         session: str = _SessionArgument,
-        at: Optional[int] = typer.Option(None, "--at", help="Version to read (default: the latest)."),
+        at: int | None = typer.Option(None, "--at", help="Version to read (default: the latest)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object: variable -> value."),
-        store: Optional[str] = StoreOption,
-        config: Optional[Path] = ConfigOption,
+        store: str | None = StoreOption,
+        config: Path | None = ConfigOption,
     ) -> None:
         """The context variables of a session (what its routing conditions read), one per line as NAME = JSON."""
         with open_existing_store(store, config) as st:
@@ -125,8 +133,10 @@ def register(app: typer.Typer) -> None:
             print_json(variables)
             return
         if not variables:
-            console.print(f"session {visible(sid)} has no context variables; set one with: "
-                          f"{program_name()} set {sid} KEY=JSON{store_flag(store)}")
+            console.print(
+                f"session {visible(sid)} has no context variables; set one with: "
+                f"{program_name()} set {sid} KEY=JSON{store_flag(store)}"
+            )
             return
         for key in sorted(variables):
             console.print(f"{visible(key)} = {visible(json.dumps(variables[key], ensure_ascii=False, sort_keys=True))}")
@@ -134,20 +144,21 @@ def register(app: typer.Typer) -> None:
     @app.command("approvals")
     @friendly
     def approvals_cmd(
-        session: Optional[str] = typer.Argument(None, help="A session: all its approvals. Default: the pending ones of every running session."),
+        session: str | None = typer.Argument(
+            None, help="A session: all its approvals. Default: the pending ones of every running session."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
         wait: float = typer.Option(
             0.0, "--wait", min=0, help="Wait up to this many seconds for a pending approval to appear (for scripts)."
         ),
-        store: Optional[str] = StoreOption,
-        config: Optional[Path] = ConfigOption,
+        store: str | None = StoreOption,
+        config: Path | None = ConfigOption,
     ) -> None:
         """Sensitive steps waiting for a person's decision (saucer approve / saucer refuse), the model's questions
         waiting for an answer (saucer answer), and past decisions and answers."""
         import time
 
         from saucer.engine.approvals import DEFAULT_POLL_INTERVAL, ApprovalError
-
         from saucer.store import SessionNotFoundError
 
         deadline = time.monotonic() + wait
@@ -165,8 +176,11 @@ def register(app: typer.Typer) -> None:
             print_json([a.to_dict() for a in found])
             return
         if not found:
-            console.print("no pending approvals or questions" if session is None
-                          else f"session {visible(session)} has no approvals or questions")
+            console.print(
+                "no pending approvals or questions"
+                if session is None
+                else f"session {visible(session)} has no approvals or questions"
+            )
             return
         for a in found:
             state = a.status.replace("_", " ")
@@ -180,16 +194,35 @@ def register(app: typer.Typer) -> None:
         waiting = [a for a in found if a.pending]
         if any(a.kind == "approval" for a in waiting):
             first = next(a for a in waiting if a.kind == "approval")
-            console.print(styled((
-                f"decide with: {program_name()} approve {first.session_id} {first.number}{store_flag(store)}"
-                f"  (or refuse ... --reason TEXT)", "dim")))
+            console.print(
+                styled(
+                    (
+                        f"decide with: {program_name()} approve {first.session_id} {first.number}{store_flag(store)}"
+                        f"  (or refuse ... --reason TEXT)",
+                        "dim",
+                    )
+                )
+            )
         if any(a.kind == "question" for a in waiting):
             first = next(a for a in waiting if a.kind == "question")
-            console.print(styled((
-                f"answer with: {program_name()} answer {first.session_id} {first.number} TEXT{store_flag(store)}", "dim")))
+            console.print(
+                styled(
+                    (
+                        f"answer with: {program_name()} answer {first.session_id} {first.number} TEXT{store_flag(store)}",
+                        "dim",
+                    )
+                )
+            )
 
-    def _decide(session: str, number: int, status: str, author: Optional[str], note: Optional[str],
-                store: Optional[str], config: Optional[Path]) -> None:
+    def _decide(
+        session: str,
+        number: int,
+        status: str,
+        author: str | None,
+        note: str | None,
+        store: str | None,
+        config: Path | None,
+    ) -> None:
         from saucer.engine.approvals import ApprovalError, decide
 
         who = _author(author)
@@ -206,9 +239,9 @@ def register(app: typer.Typer) -> None:
     def approve_cmd(
         session: str = _SessionArgument,
         number: int = typer.Argument(..., help="The approval's number (saucer approvals SESSION lists them)."),
-        author: Optional[str] = _AuthorOption,
-        store: Optional[str] = StoreOption,
-        config: Optional[Path] = ConfigOption,
+        author: str | None = _AuthorOption,
+        store: str | None = StoreOption,
+        config: Path | None = ConfigOption,
     ) -> None:
         """Let a waiting sensitive step run; the decision is an event of the session with its author."""
         _decide(session, number, "approved", author, None, store, config)
@@ -218,10 +251,10 @@ def register(app: typer.Typer) -> None:
     def refuse_cmd(
         session: str = _SessionArgument,
         number: int = typer.Argument(..., help="The approval's number (saucer approvals SESSION lists them)."),
-        reason: Optional[str] = typer.Option(None, "--reason", help="Why (the agent is told)."),
-        author: Optional[str] = _AuthorOption,
-        store: Optional[str] = StoreOption,
-        config: Optional[Path] = ConfigOption,
+        reason: str | None = typer.Option(None, "--reason", help="Why (the agent is told)."),
+        author: str | None = _AuthorOption,
+        store: str | None = StoreOption,
+        config: Path | None = ConfigOption,
     ) -> None:
         """Refuse a waiting sensitive step: it does not run, and its failed result says who refused it and why."""
         _decide(session, number, "refused", author, reason, store, config)
@@ -232,9 +265,9 @@ def register(app: typer.Typer) -> None:
         session: str = _SessionArgument,
         number: int = typer.Argument(..., help="The question's number (saucer approvals SESSION lists them)."),
         text: str = typer.Argument(..., help="The answer: the model reads it as the user's."),
-        author: Optional[str] = _AuthorOption,
-        store: Optional[str] = StoreOption,
-        config: Optional[Path] = ConfigOption,
+        author: str | None = _AuthorOption,
+        store: str | None = StoreOption,
+        config: Path | None = ConfigOption,
     ) -> None:
         """Answer the model's pending question (its ask_user call in a session with no terminal); the answer is an
         event of the session with its author, and the model reads it as the call's result."""

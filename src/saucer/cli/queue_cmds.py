@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import typer
 
@@ -43,7 +44,7 @@ def _queue_errors() -> Iterator[None]:
         raise UserError(str(exc.args[0]) if exc.args else str(exc)) from None
 
 
-def _settings(store: Optional[str], config: Optional[Path], **flags: Any) -> Any:
+def _settings(store: str | None, config: Path | None, **flags: Any) -> Any:
     overrides: dict[str, Any] = {"store.url": store}
     overrides.update({k: v for k, v in flags.items() if v is not None})
     return settings_for(config, overrides)
@@ -75,17 +76,17 @@ async def _with_client(settings: Any, action: Any) -> Any:
 def queued_run(
     settings: Any,
     *,
-    plan: Optional[Path],
-    request: Optional[str],
-    task: Optional[str],
-    session_id: Optional[str],
-    workspace: Optional[Path],
+    plan: Path | None,
+    request: str | None,
+    task: str | None,
+    session_id: str | None,
+    workspace: Path | None,
     yes: bool,
     wait: bool,
-    priority: Optional[int],
-    queue_name: Optional[str],
+    priority: int | None,
+    queue_name: str | None,
     overrides: dict[str, Any],
-    store_option: Optional[str],
+    store_option: str | None,
     seed: dict[str, Any] | None = None,
 ) -> None:
     """Put a plan, a folder of plans or a request on the queue; with ``wait``, follow them to their end.
@@ -94,25 +95,47 @@ def queued_run(
 
     if plan is not None:
         if session_id is not None:
-            raise UserError("--session-id does not go with --queue --plan: a queued plan's session id is made from its path and content")
+            raise UserError(
+                "--session-id does not go with --queue --plan: a queued plan's session id is made from its path and content"
+            )
         specs = plan_jobs(plan, task=task, workspace=workspace, yes=yes, overrides=overrides, **(seed or {}))
     else:
-        specs = [request_job(request or "", task=task or "request", session_id=session_id, workspace=workspace, yes=yes,
-                             overrides=overrides, **(seed or {}))]
+        specs = [
+            request_job(
+                request or "",
+                task=task or "request",
+                session_id=session_id,
+                workspace=workspace,
+                yes=yes,
+                overrides=overrides,
+                **(seed or {}),
+            )
+        ]
 
     async def enqueue(client: Any) -> list[Any]:
         return await client.enqueue(specs, queue=queue_name, priority=priority)
 
     import asyncio
+
     done = asyncio.run(_with_client(settings, enqueue))
     queued = [d for d in done if d.outcome != "skipped"]
-    where = f"{len(specs)} plan(s) in {plan}" if plan is not None and plan.is_dir() else ("1 plan" if plan is not None else "1 request")
-    console.print(f"{visible(where)}: {len(queued)} queued, {len(done) - len(queued)} skipped (queue {visible(queue_name or settings.queue.name)})")
+    where = (
+        f"{len(specs)} plan(s) in {plan}"
+        if plan is not None and plan.is_dir()
+        else ("1 plan" if plan is not None else "1 request")
+    )
+    console.print(
+        f"{visible(where)}: {len(queued)} queued, {len(done) - len(queued)} skipped (queue {visible(queue_name or settings.queue.name)})"
+    )
     for d in done:
         if d.outcome == "skipped":
-            console.print(f"  skipped {visible(d.spec.source)}: {visible(d.why)} (session {visible(d.spec.session_id)})")
+            console.print(
+                f"  skipped {visible(d.spec.source)}: {visible(d.why)} (session {visible(d.spec.session_id)})"
+            )
         elif d.outcome == "requeued":
-            console.print(f"  queued again {visible(d.spec.source)} (session {visible(d.spec.session_id)}, job {d.job_id})")
+            console.print(
+                f"  queued again {visible(d.spec.source)} (session {visible(d.spec.session_id)}, job {d.job_id})"
+            )
     flag = store_flag(store_option)
     if not wait:
         console.print(f"workers run them: {program_name()} worker{flag}")
@@ -131,8 +154,15 @@ def _wait_for(settings: Any, sessions: set[str]) -> None:
     from saucer.queue import queue_status
 
     async def follow(client: Any) -> list[Any]:
-        with Progress(TextColumn("queue"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                      console=console, transient=not console.is_terminal) as bar:
+        with Progress(
+            TextColumn("queue"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=not console.is_terminal,
+        ) as bar:
             task_id = bar.add_task("", total=len(sessions))
             while True:  # the queue's tables only; the sessions' statuses are read once, at the end
                 rows = [j for j in (await queue_status(client, sessions=False)).jobs if j.session_id in sessions]
@@ -166,11 +196,15 @@ seconds, then hands the rest back to the queue.
 
 
 def _worker_cmd(
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", "-c", min=1, help="Sessions run at once. Default: queue.concurrency (4)."),
-    queue: Optional[list[str]] = typer.Option(None, "--queue", "-q", help="Queue to take jobs from (repeat for several). Default: queue.name."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", "-c", min=1, help="Sessions run at once. Default: queue.concurrency (4)."
+    ),
+    queue: list[str] | None = typer.Option(
+        None, "--queue", "-q", help="Queue to take jobs from (repeat for several). Default: queue.name."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="critical, error, warning, info or debug."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     from saucer.queue import run_worker
 
@@ -178,14 +212,25 @@ def _worker_cmd(
         raise UserError(f"--log-level {log_level!r}: use critical, error, warning, info or debug")
     settings = _settings(store, config)
     import logging
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("procrastinate").setLevel(max(logging.WARNING, logging.getLogger().level))
     names = queue or [settings.queue.name]
-    err.print(f"saucer worker on queue(s) {', '.join(names)} of {_display(settings)}, {concurrency or settings.queue.concurrency} at once")
+    err.print(
+        f"saucer worker on queue(s) {', '.join(names)} of {_display(settings)}, {concurrency or settings.queue.concurrency} at once"
+    )
     with _queue_errors():
         import asyncio
-        runner = asyncio.run(run_worker(settings, queues=names, concurrency=concurrency, observer=_WorkerLog(),
-                                        report=lambda line: err.print(visible(line), soft_wrap=True)))
+
+        runner = asyncio.run(
+            run_worker(
+                settings,
+                queues=names,
+                concurrency=concurrency,
+                observer=_WorkerLog(),
+                report=lambda line: err.print(visible(line), soft_wrap=True),
+            )
+        )
     err.print(f"saucer worker stopped after {len(runner.finished)} session(s)")
 
 
@@ -204,7 +249,9 @@ class _WorkerLog:
         err.print(styled(f"{time.strftime('%H:%M:%S')} {how} session ", (visible(session.session_id), "bold")))
 
     def on_session_end(self, session: Any, result: Any) -> None:
-        err.print(styled(f"{time.strftime('%H:%M:%S')} session ", (visible(result.session_id), "bold"), f" {result.status}"))
+        err.print(
+            styled(f"{time.strftime('%H:%M:%S')} session ", (visible(result.session_id), "bold"), f" {result.status}")
+        )
 
 
 # ================================================================= queue ...
@@ -218,26 +265,40 @@ SessionsArgument = typer.Argument(None, help="Session ids (or unique prefixes) o
 @friendly
 def status_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the counts and every job as JSON."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Every job: queued, running (on which worker), done, failed, cancelled, and how many were retried."""
+    import asyncio
+
     from rich.table import Table
 
     from saucer.queue import queue_status
 
-    import asyncio
     status = asyncio.run(_with_client(_settings(store, config), queue_status))
     if as_json:
         print_json(status.to_dict())
         return
     counts = status.counts()
-    console.print(", ".join(f"{counts[k]} {k}" for k in ("queued", "running", "done", "failed", "cancelled", "retried")) + f" · {counts['total']} jobs")
+    console.print(
+        ", ".join(f"{counts[k]} {k}" for k in ("queued", "running", "done", "failed", "cancelled", "retried"))
+        + f" · {counts['total']} jobs"
+    )
     if not status.jobs:
         return
     columns = ("session", "state", "session status", "worker", "retries", "queue", "source")
-    rows = [(visible(j.session_id), j.state, j.session or "-", visible(j.worker or "-"), str(j.retries), visible(j.queue), visible(j.source))
-            for j in status.jobs]
+    rows = [
+        (
+            visible(j.session_id),
+            j.state,
+            j.session or "-",
+            visible(j.worker or "-"),
+            str(j.retries),
+            visible(j.queue),
+            visible(j.source),
+        )
+        for j in status.jobs
+    ]
     if console.is_terminal:
         table = Table(*columns, show_edge=False)
         for row in rows:
@@ -263,14 +324,15 @@ def job_line(job: Any) -> str:
 @queue_app.command("retry")
 @friendly
 def retry_cmd(
-    sessions: Optional[list[str]] = SessionsArgument,
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    sessions: list[str] | None = SessionsArgument,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Queue failed and cancelled jobs again (the named ones, or all); each continues at its first uncommitted step."""
+    import asyncio
+
     from saucer.queue import retry_jobs
 
-    import asyncio
     done = asyncio.run(_with_client(_settings(store, config), lambda c: retry_jobs(c, list(sessions or []))))
     _report(done, "failed or cancelled jobs")
 
@@ -278,14 +340,15 @@ def retry_cmd(
 @queue_app.command("cancel")
 @friendly
 def cancel_cmd(
-    sessions: Optional[list[str]] = SessionsArgument,
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    sessions: list[str] | None = SessionsArgument,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Cancel jobs (the named ones, or every queued one); a running one is stopped within seconds and keeps the steps it committed."""
+    import asyncio
+
     from saucer.queue import cancel_jobs
 
-    import asyncio
     done = asyncio.run(_with_client(_settings(store, config), lambda c: cancel_jobs(c, list(sessions or []))))
     _report(done, "queued jobs")
 
@@ -301,7 +364,6 @@ def register(app: typer.Typer) -> None:
     """Add ``worker`` and ``queue`` to the ``saucer`` app."""
     app.command("worker", help=WORKER_HELP)(friendly(_worker_cmd))
     app.add_typer(queue_app, name="queue")
-
 
 
 def migrate_queue_line(store_url: str) -> str:

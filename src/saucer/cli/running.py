@@ -10,8 +10,9 @@ from __future__ import annotations
 import shlex
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import typer
 from rich.rule import Rule
@@ -51,23 +52,27 @@ ModeOption = typer.Option(
 _ENDED_BADLY = ("failed", "error")
 
 
-def _run_settings(config: Optional[Path], store: Optional[str], **flags: Any) -> Any:
+def _run_settings(config: Path | None, store: str | None, **flags: Any) -> Any:
     overrides: dict[str, Any] = {"store.url": store}
     overrides.update({k: v for k, v in flags.items() if v is not None})
     return settings_for(config, overrides)
 
 
 NoInputOption = typer.Option(
-    False, "--no-input", help="Never ask at the terminal: a sensitive step waits as a pending approval (saucer approve / refuse), a model's question as a pending question (saucer answer)."
+    False,
+    "--no-input",
+    help="Never ask at the terminal: a sensitive step waits as a pending approval (saucer approve / refuse), a model's question as a pending question (saucer answer).",
 )
 ApprovalTimeoutOption = typer.Option(
-    None, "--approval-timeout", min=0,
+    None,
+    "--approval-timeout",
+    min=0,
     help="Seconds a pending approval waits before it is refused by timeout (0: refuse at once). Default: approvals.timeout, 300.",
 )
 
 
 def _factory(
-    settings: Any, yes: bool, workspace: Optional[Path], show_session: bool = False, no_input: bool = False
+    settings: Any, yes: bool, workspace: Path | None, show_session: bool = False, no_input: bool = False
 ) -> Any:
     from saucer.cli.interactor import RichInteractor
     from saucer.cli.progress import StepPrinter
@@ -107,7 +112,7 @@ async def _check_and_run(factory: Any, sessions: list[Any], concurrency: int, po
     return results
 
 
-def _say_confinement(settings: Any, workspace: Optional[Path]) -> None:
+def _say_confinement(settings: Any, workspace: Path | None) -> None:
     """Once the plans are checked, before anything runs: on stderr, the confinement the built-in tools' commands run under (the line of ``saucer doctor``)."""
     if settings.mcp.servers and not settings.desktop.enabled:
         return  # the configured servers run their commands their own way
@@ -145,11 +150,18 @@ def _next_steps(store: EventStore, session_id: str, status: str, flag: str) -> l
     ]
     if steps:
         at = steps[0]
-        pairs.append((f"time travel: the Context as it was after the first step (version {at})", f"state {sid} --at {at}"))
+        pairs.append(
+            (f"time travel: the Context as it was after the first step (version {at})", f"state {sid} --at {at}")
+        )
         if head > at:
             pairs.append((f"what changed from version {at} to the last one ({head})", f"diff {sid} {at} {head}"))
-        pairs.append((f"branch off a new session from version {at}, in its own new workspace "
-                      "(a fork never touches this one's)", f"fork {sid} --at {at}"))
+        pairs.append(
+            (
+                f"branch off a new session from version {at}, in its own new workspace "
+                "(a fork never touches this one's)",
+                f"fork {sid} --at {at}",
+            )
+        )
     if status in _ENDED_BADLY:
         pairs.append(("run the failed step again, then go on", f"resume --retry-failed {sid}"))
     elif status == "stopped":
@@ -157,7 +169,7 @@ def _next_steps(store: EventStore, session_id: str, status: str, flag: str) -> l
     return [(comment, f"{program_name()} {command}{flag}") for comment, command in pairs]
 
 
-def _print_next_steps(store: EventStore, result: Any, store_option: Optional[str]) -> None:
+def _print_next_steps(store: EventStore, result: Any, store_option: str | None) -> None:
     console.print()
     console.print(styled(("next", "bold"), " (each works as printed):"))
     for comment, command in _next_steps(store, result.session_id, result.status, store_flag(store_option)):
@@ -165,7 +177,9 @@ def _print_next_steps(store: EventStore, result: Any, store_option: Optional[str
         console.print(f"  {command}")
 
 
-def _interrupted(store: EventStore, session_ids: Sequence[str], store_option: Optional[str], yes: bool, batch: bool) -> None:
+def _interrupted(
+    store: EventStore, session_ids: Sequence[str], store_option: str | None, yes: bool, batch: bool
+) -> None:
     """Ctrl-C: say exactly how to continue, and exit 130."""
     if batch:
         again = shlex.join([*shlex.split(program_name()), *sys.argv[1:]])
@@ -179,27 +193,54 @@ def _interrupted(store: EventStore, session_ids: Sequence[str], store_option: Op
 
 @friendly
 def run_cmd(
-    request: Optional[str] = typer.Option(None, "--request", "-r", help="What the agents should do, in plain language (normal mode)."),
-    plan: Optional[Path] = typer.Option(None, "--plan", "-p", help="A plan JSON file, or a folder of them."),
-    mode: Optional[str] = ModeOption,
-    task: Optional[str] = typer.Option(None, "--task", help="Task name (default: the plan's task, or 'request')."),
-    session_id: Optional[str] = typer.Option(None, "--session-id", help="Id of the new session (default: generated). Not for a folder of plans."),
-    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Directory the built-in shell and files tools act in (default: the current directory)."),
+    request: str | None = typer.Option(
+        None, "--request", "-r", help="What the agents should do, in plain language (normal mode)."
+    ),
+    plan: Path | None = typer.Option(None, "--plan", "-p", help="A plan JSON file, or a folder of them."),
+    mode: str | None = ModeOption,
+    task: str | None = typer.Option(None, "--task", help="Task name (default: the plan's task, or 'request')."),
+    session_id: str | None = typer.Option(
+        None, "--session-id", help="Id of the new session (default: generated). Not for a folder of plans."
+    ),
+    workspace: Path | None = typer.Option(
+        None,
+        "--workspace",
+        "-w",
+        help="Directory the built-in shell and files tools act in (default: the current directory).",
+    ),
     yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
     no_input: bool = NoInputOption,
-    approval_timeout: Optional[float] = ApprovalTimeoutOption,
-    concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Sessions run at once for a folder of plans."),
-    max_step: Optional[int] = typer.Option(None, "--max-step", min=1, help="Override system.max_step."),
-    max_round: Optional[int] = typer.Option(None, "--max-round", min=0, help="Override system.max_round (0: no limit)."),
-    durability: Optional[str] = typer.Option(None, "--durability", help="step (default), strict or exit."),
-    queue: bool = typer.Option(False, "--queue", help="Put the sessions on the queue for saucer worker processes (PostgreSQL stores), once per plan."),
+    approval_timeout: float | None = ApprovalTimeoutOption,
+    concurrency: int = typer.Option(
+        4, "--concurrency", "-c", min=1, help="Sessions run at once for a folder of plans."
+    ),
+    max_step: int | None = typer.Option(None, "--max-step", min=1, help="Override system.max_step."),
+    max_round: int | None = typer.Option(None, "--max-round", min=0, help="Override system.max_round (0: no limit)."),
+    durability: str | None = typer.Option(None, "--durability", help="step (default), strict or exit."),
+    queue: bool = typer.Option(
+        False,
+        "--queue",
+        help="Put the sessions on the queue for saucer worker processes (PostgreSQL stores), once per plan.",
+    ),
     wait: bool = typer.Option(False, "--wait", help="With --queue: show their progress until all have ended."),
-    priority: Optional[int] = typer.Option(None, "--priority", help="With --queue: the jobs' priority (higher first). Default: queue.priority."),
-    queue_name: Optional[str] = typer.Option(None, "--queue-name", help="With --queue: the queue to use. Default: queue.name."),
-    var: list[str] = typer.Option([], "--var", help="KEY=JSON: a context variable the session starts with (repeatable; over the plan's \"vars\"), e.g. --var retries=3 --var phase='\"draft\"'."),
-    participant: list[str] = typer.Option([], "--participant", help="NAME: another author allowed to write to the session while it runs (repeatable; with the plan's \"participants\"). None named: anyone may."),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    priority: int | None = typer.Option(
+        None, "--priority", help="With --queue: the jobs' priority (higher first). Default: queue.priority."
+    ),
+    queue_name: str | None = typer.Option(
+        None, "--queue-name", help="With --queue: the queue to use. Default: queue.name."
+    ),
+    var: list[str] = typer.Option(
+        [],
+        "--var",
+        help='KEY=JSON: a context variable the session starts with (repeatable; over the plan\'s "vars"), e.g. --var retries=3 --var phase=\'"draft"\'.',
+    ),
+    participant: list[str] = typer.Option(
+        [],
+        "--participant",
+        help='NAME: another author allowed to write to the session while it runs (repeatable; with the plan\'s "participants"). None named: anyone may.',
+    ),
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Run a session: a request in plain language, a plan, or a folder of plans.
 
@@ -220,9 +261,15 @@ def run_cmd(
         raise UserError(f"no such plan file or folder: {plan}")
     mode = mode or ("normal" if plan is None else "batch_normal" if plan.is_dir() else "follower")
     if session_id is not None and plan is not None and plan.is_dir():
-        raise UserError("--session-id names one session; a folder of plans runs one session per plan, with ids made from the plans")
-    flags = {"system.max_step": max_step, "system.max_round": max_round, "store.durability": durability,
-             "approvals.timeout": approval_timeout}
+        raise UserError(
+            "--session-id names one session; a folder of plans runs one session per plan, with ids made from the plans"
+        )
+    flags = {
+        "system.max_step": max_step,
+        "system.max_round": max_round,
+        "store.durability": durability,
+        "approvals.timeout": approval_timeout,
+    }
     seed = {"context_vars": parse_vars(var), "participants": list(participant), "user": local_user()}
     settings = _run_settings(config, store, **flags)
     if queue or wait or priority is not None or queue_name is not None:
@@ -230,8 +277,21 @@ def run_cmd(
             raise UserError("--wait, --priority and --queue-name go with --queue")
         from saucer.cli.queue_cmds import queued_run
 
-        return queued_run(settings, plan=plan, request=request, task=task, session_id=session_id, workspace=workspace, yes=yes,
-                          wait=wait, priority=priority, queue_name=queue_name, overrides=flags, store_option=store, seed=seed)
+        return queued_run(
+            settings,
+            plan=plan,
+            request=request,
+            task=task,
+            session_id=session_id,
+            workspace=workspace,
+            yes=yes,
+            wait=wait,
+            priority=priority,
+            queue_name=queue_name,
+            overrides=flags,
+            store_option=store,
+            seed=seed,
+        )
     if mode in ("operator", "normal_operator"):
         from saucer.agents.llm import require_model_settings
 
@@ -259,7 +319,9 @@ def run_cmd(
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
     name = task or ("request" if plan is None else None)
-    with _factory(settings, yes, workspace, show_session=plan is not None and plan.is_dir(), no_input=no_input) as factory:
+    with _factory(
+        settings, yes, workspace, show_session=plan is not None and plan.is_dir(), no_input=no_input
+    ) as factory:
         if session_id is not None and factory.store.exists(session_id):
             raise UserError(
                 f"session {session_id!r} already exists; continue it with: "
@@ -276,6 +338,7 @@ def run_cmd(
         batch = mode == "batch_normal"
         try:
             import asyncio
+
             results = asyncio.run(_run_sessions(factory, sessions, concurrency, pooled=batch))
         except KeyboardInterrupt:
             _interrupted(factory.store, [s.session_id for s in sessions], store, yes, batch)
@@ -296,14 +359,18 @@ def _fork_without_workspace(store: EventStore, session_id: str) -> bool:
 def resume_cmd(
     session: str = typer.Argument(..., help="Session id, a unique prefix of one, or 'last'."),
     retry_failed: bool = typer.Option(
-        False, "--retry-failed", help="For a failed session: run its failed step again (the failed attempt stays in the log), then go on."
+        False,
+        "--retry-failed",
+        help="For a failed session: run its failed step again (the failed attempt stays in the log), then go on.",
     ),
-    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Tools directory (default: the session's own)."),
+    workspace: Path | None = typer.Option(
+        None, "--workspace", "-w", help="Tools directory (default: the session's own)."
+    ),
     yes: bool = typer.Option(False, "--yes", "-y", help="Approve sensitive steps without asking."),
     no_input: bool = NoInputOption,
-    approval_timeout: Optional[float] = ApprovalTimeoutOption,
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    approval_timeout: float | None = ApprovalTimeoutOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Continue a session at its first uncommitted step.
 
@@ -316,8 +383,10 @@ def resume_cmd(
     with open_existing_store(store, config) as st:
         sid = resolve_session(st, session)
         if workspace is None and _fork_without_workspace(st, sid):
-            fail(f"{sid} is a fork with no workspace of its own, and a fork never runs in its parent's; "
-                 f"give it one: {program_name()} resume {shlex.quote(sid)} --workspace DIR{store_flag(store)}")
+            fail(
+                f"{sid} is a fork with no workspace of its own, and a fork never runs in its parent's; "
+                f"give it one: {program_name()} resume {shlex.quote(sid)} --workspace DIR{store_flag(store)}"
+            )
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
     with _factory(settings, yes, workspace, no_input=no_input) as factory:
@@ -325,6 +394,7 @@ def resume_cmd(
         resumed = factory.resume_session(sid, retry_failed=retry_failed, **kw)
         try:
             import asyncio
+
             result = asyncio.run(resumed.run())
         except KeyboardInterrupt:
             _interrupted(factory.store, [sid], store, yes, batch=False)
@@ -339,8 +409,8 @@ def resume_cmd(
 
 @friendly
 def demo_cmd(
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Run the shipped demo: a plan that builds, edits and searches a small project with the built-in tools.
 
@@ -360,6 +430,7 @@ def demo_cmd(
         sessions = factory.create_session("demo", "follower", plan=plan_path, session_id=f"demo-{run_id}")
         try:
             import asyncio
+
             [result] = asyncio.run(_run_sessions(factory, sessions, 1, pooled=False))
         except KeyboardInterrupt:
             _interrupted(factory.store, [sessions[0].session_id], store, True, batch=False)

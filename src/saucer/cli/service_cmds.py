@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-if TYPE_CHECKING:  # asyncio, ssl, signal and logging are imported by the commands that use them (start-up of the others)
+if (
+    TYPE_CHECKING
+):  # asyncio, ssl, signal and logging are imported by the commands that use them (start-up of the others)
     import ssl
 
 import orjson
@@ -28,7 +30,7 @@ DEVICE_TOKEN_ENV = "SAUCER_SERVICE_TOKEN"
 NO_TOKEN_MESSAGE = (
     "saucer serve needs at least one bearer token: set "
     f"{TOKENS_ENV}=NAME=TOKEN (comma-separated for several, each TOKEN at least 16 characters, e.g. "
-    "from `openssl rand -hex 24`) or put tokens = [\"NAME=TOKEN\"] under [service] in saucer.toml; "
+    'from `openssl rand -hex 24`) or put tokens = ["NAME=TOKEN"] under [service] in saucer.toml; '
     "NAME owns the sessions its token submits"
 )
 
@@ -42,7 +44,7 @@ _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 SERVE_HELP = "\n\n".join(
     [
         "Run the service server: devices connect to it, clients submit tasks to them over HTTP or WebSocket.",
-        "Tokens come from \\[service] tokens in the config (each \"name=token\"; the name owns the sessions its "
+        'Tokens come from \\[service] tokens in the config (each "name=token"; the name owns the sessions its '
         f"token submits) and from {TOKENS_ENV} (name=token,...). Each task runs as a saucer session whose Context "
         "is durable in the store, so `saucer show SESSION --store URL` prints its timeline. If the server stops or "
         "dies, its unfinished sessions resume from their last committed step when it starts again with the same "
@@ -51,7 +53,7 @@ SERVE_HELP = "\n\n".join(
         "(\\[service.devices.NAME] principals = \\[...] in the config, or PUT /api/devices/ID/grants/PRINCIPAL by its "
         "owner) and by \\[service] admins; to everyone else it does not exist.",
         "Devices speaking UFO's AIP (UFO's own client, or saucer device --protocol aip) join the same /ws with the "
-        "token as ?token=; SAUCER_AIP_PARAMETERS='{\"DEVICE or *\": {\"api_key\": \"...\"}}' adds credentials their "
+        'token as ?token=; SAUCER_AIP_PARAMETERS=\'{"DEVICE or *": {"api_key": "..."}}\' adds credentials their '
         "tools want to the commands they get, on the wire only.",
         "HTTP API (Authorization: Bearer TOKEN): GET /api/devices · POST /api/sessions "
         '{"device_id": ID, "task": {"task": NAME, "steps": \\[{"subtask": TEXT, "commands": \\[...]}]}} '
@@ -119,43 +121,58 @@ def register(app: typer.Typer) -> None:
     @app.command("serve", help=SERVE_HELP)
     @cli.friendly
     def serve_cmd(
-        host: Optional[str] = typer.Option(
+        host: str | None = typer.Option(
             None,
             "--host",
             help="Address to listen on. Default: service.host, 127.0.0.1 (this machine only). "
             "Anything else exposes tokens and commands to the network: use it with --certfile/--keyfile.",
         ),
-        port: Optional[int] = typer.Option(None, "--port", min=0, max=65535, help="TCP port. Default: service.port, 8765."),
-        state_dir: Optional[Path] = typer.Option(
+        port: int | None = typer.Option(
+            None, "--port", min=0, max=65535, help="TCP port. Default: service.port, 8765."
+        ),
+        state_dir: Path | None = typer.Option(
             None,
             "--state-dir",
             help="Session records (owners, status, results), the server's identity and session logs. "
             "Restart with the same one to resume unfinished sessions. Default: service.state_dir, .saucer/service.",
         ),
-        certfile: Optional[Path] = typer.Option(None, "--certfile", help="TLS certificate (PEM): serve https:// and wss://. Needs --keyfile."),
-        keyfile: Optional[Path] = typer.Option(None, "--keyfile", help="TLS private key (PEM) for --certfile."),
-        heartbeat_interval: Optional[float] = typer.Option(
+        certfile: Path | None = typer.Option(
+            None, "--certfile", help="TLS certificate (PEM): serve https:// and wss://. Needs --keyfile."
+        ),
+        keyfile: Path | None = typer.Option(None, "--keyfile", help="TLS private key (PEM) for --certfile."),
+        heartbeat_interval: float | None = typer.Option(
             None, "--heartbeat-interval", min=0.01, help="Seconds between device heartbeats. Default: 10."
         ),
-        missed_heartbeats: Optional[int] = typer.Option(
-            None, "--missed-heartbeats", min=1, help="Heartbeats a device may miss before it is offline and its commands fail. Default: 3."
+        missed_heartbeats: int | None = typer.Option(
+            None,
+            "--missed-heartbeats",
+            min=1,
+            help="Heartbeats a device may miss before it is offline and its commands fail. Default: 3.",
         ),
         aip_heartbeat_interval: float = typer.Option(
-            120.0, "--aip-heartbeat-interval", min=0.01,
+            120.0,
+            "--aip-heartbeat-interval",
+            min=0.01,
             help="Seconds between the heartbeats of a device speaking UFO's AIP (UFO's client: 120); its WebSocket pings count too.",
         ),
-        reconnect_grace: Optional[float] = typer.Option(
-            None, "--reconnect-grace", min=0, help="Seconds a command waits for its device to reconnect before it fails. Default: 0."
+        reconnect_grace: float | None = typer.Option(
+            None,
+            "--reconnect-grace",
+            min=0,
+            help="Seconds a command waits for its device to reconnect before it fails. Default: 0.",
         ),
-        step_timeout: Optional[float] = typer.Option(
-            None, "--step-timeout", min=0.01, help="Seconds a step's commands may take unless the task says. Default: 300."
+        step_timeout: float | None = typer.Option(
+            None,
+            "--step-timeout",
+            min=0.01,
+            help="Seconds a step's commands may take unless the task says. Default: 300.",
         ),
-        max_frame_bytes: Optional[int] = typer.Option(
+        max_frame_bytes: int | None = typer.Option(
             None, "--max-frame-bytes", min=1024, help="Largest frame or request body accepted. Default: 1 MiB."
         ),
         log_level: str = typer.Option("info", "--log-level", help="critical, error, warning, info or debug."),
-        store: Optional[str] = cli.StoreOption,
-        config: Optional[Path] = cli.ConfigOption,
+        store: str | None = cli.StoreOption,
+        config: Path | None = cli.ConfigOption,
     ) -> None:
         """Run the service server (see SERVE_HELP)."""
         from saucer.service.access import AccessPolicy
@@ -237,15 +254,18 @@ def register(app: typer.Typer) -> None:
                 await runner.close()
 
         import asyncio
+
         asyncio.run(main())
 
     @app.command("device", help=DEVICE_HELP)
     @cli.friendly
     def device_cmd(
         server: str = typer.Option(
-            ..., "--server", help="The server's WebSocket URL: ws://HOST:PORT/ws (wss:// with TLS); http(s)://HOST:PORT works too."
+            ...,
+            "--server",
+            help="The server's WebSocket URL: ws://HOST:PORT/ws (wss:// with TLS); http(s)://HOST:PORT works too.",
         ),
-        token: Optional[str] = typer.Option(
+        token: str | None = typer.Option(
             None,
             "--token",
             envvar=DEVICE_TOKEN_ENV,
@@ -253,9 +273,11 @@ def register(app: typer.Typer) -> None:
             help=f"Bearer token the server accepts. Prefer {DEVICE_TOKEN_ENV}: a --token shows in the process list.",
         ),
         device_id: str = typer.Option(
-            ..., "--device-id", help="This device's name (letters, digits, . _ : @ -); the first token to register it owns it."
+            ...,
+            "--device-id",
+            help="This device's name (letters, digits, . _ : @ -); the first token to register it owns it.",
         ),
-        workspace: Optional[Path] = typer.Option(
+        workspace: Path | None = typer.Option(
             None,
             "--workspace",
             "-w",
@@ -270,19 +292,36 @@ def register(app: typer.Typer) -> None:
             "wait on the server for the session's owner (or an admin) to approve them (saucer approve, or the API), "
             "and run only when approved.",
         ),
-        cafile: Optional[Path] = typer.Option(None, "--cafile", help="CA bundle (PEM) to verify a wss:// server's certificate with."),
-        backoff_initial: float = typer.Option(0.5, "--backoff-initial", min=0.01, help="First wait (seconds) before reconnecting."),
-        backoff_max: float = typer.Option(30.0, "--backoff-max", min=0.01, help="Longest wait (seconds) between reconnection attempts."),
+        cafile: Path | None = typer.Option(
+            None, "--cafile", help="CA bundle (PEM) to verify a wss:// server's certificate with."
+        ),
+        backoff_initial: float = typer.Option(
+            0.5, "--backoff-initial", min=0.01, help="First wait (seconds) before reconnecting."
+        ),
+        backoff_max: float = typer.Option(
+            30.0, "--backoff-max", min=0.01, help="Longest wait (seconds) between reconnection attempts."
+        ),
         log_level: str = typer.Option("info", "--log-level", help="critical, error, warning, info or debug."),
-        protocol: str = typer.Option("saucer", "--protocol", help="saucer (saucer serve's own frames) or aip (UFO's protocol)."),
-        agent_name: Optional[list[str]] = typer.Option(
-            None, "--agent-name", help="With --protocol aip: an agent_name this device serves (repeatable). Default: LinuxAgent, HostAgent, AppAgent."
+        protocol: str = typer.Option(
+            "saucer", "--protocol", help="saucer (saucer serve's own frames) or aip (UFO's protocol)."
         ),
-        device_platform: str = typer.Option("linux", "--platform", help="With --protocol aip: the platform it registers with (sets the server's agent_name)."),
+        agent_name: list[str] | None = typer.Option(
+            None,
+            "--agent-name",
+            help="With --protocol aip: an agent_name this device serves (repeatable). Default: LinuxAgent, HostAgent, AppAgent.",
+        ),
+        device_platform: str = typer.Option(
+            "linux",
+            "--platform",
+            help="With --protocol aip: the platform it registers with (sets the server's agent_name).",
+        ),
         heartbeat_interval: float = typer.Option(
-            120.0, "--heartbeat-interval", min=0.05, help="With --protocol aip: seconds between heartbeats (WebSocket pings go every 20 s)."
+            120.0,
+            "--heartbeat-interval",
+            min=0.05,
+            help="With --protocol aip: seconds between heartbeats (WebSocket pings go every 20 s).",
         ),
-        config: Optional[Path] = cli.ConfigOption,
+        config: Path | None = cli.ConfigOption,
     ) -> None:
         """Run this machine as a device (see DEVICE_HELP)."""
         from saucer.service.device import DeviceError
@@ -290,17 +329,24 @@ def register(app: typer.Typer) -> None:
         level = _log_level(log_level)
         url = websocket_url(server)
         if not token:
-            raise cli.UserError(f"saucer device needs the server's token: set {DEVICE_TOKEN_ENV}=TOKEN (or pass --token TOKEN)")
+            raise cli.UserError(
+                f"saucer device needs the server's token: set {DEVICE_TOKEN_ENV}=TOKEN (or pass --token TOKEN)"
+            )
         if backoff_max < backoff_initial:
             raise cli.UserError("--backoff-max must be at least --backoff-initial")
         if protocol not in ("saucer", "aip"):
             raise cli.UserError(f"--protocol must be saucer or aip, not {protocol!r}")
-        aip = {"agent_names": tuple(agent_name or ()), "platform": device_platform, "heartbeat_interval": heartbeat_interval}
+        aip = {
+            "agent_names": tuple(agent_name or ()),
+            "platform": device_platform,
+            "heartbeat_interval": heartbeat_interval,
+        }
         context: ssl.SSLContext | None = None
         if cafile is not None:
             if not cafile.is_file():
                 raise cli.UserError(f"--cafile {cafile} is not a file")
             import ssl
+
             context = ssl.create_default_context(cafile=str(cafile))
         settings = cli.settings_for(config)
         where = (workspace or Path.cwd()).expanduser()
@@ -309,6 +355,7 @@ def register(app: typer.Typer) -> None:
         _setup_logging(level)
         try:
             import asyncio
+
             asyncio.run(
                 _run_device(
                     cli,
@@ -348,13 +395,16 @@ async def _run_device(
     if settings.desktop.enabled:
         artifacts = settings.desktop.artifacts_dir or workspace / "artifacts"
         desktop = DesktopServer(artifacts=artifacts, display=settings.desktop.display, sandbox=settings.shell)
-    servers = configured_servers(settings.mcp.servers, workspace, desktop=desktop, isolate=settings.mcp.isolate,
-                                 shell=settings.shell)
+    servers = configured_servers(
+        settings.mcp.servers, workspace, desktop=desktop, isolate=settings.mcp.isolate, shell=settings.shell
+    )
     import asyncio
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         import signal
+
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     approved: set[str] = set()  # call ids the server sends as approved by a person
     async with LocalCommandDispatcher.from_config(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -34,12 +33,16 @@ def register(store_app: typer.Typer) -> None:
 
 @friendly
 def store_migrate_cmd(
-    check: bool = typer.Option(False, "--check", help="Report which sessions hold which record format versions; change nothing."),
-    rewrite: bool = typer.Option(
-        False, "--rewrite", help="Rewrite records older than the newest format in it (optional, resumable: run it again after an interruption)."
+    check: bool = typer.Option(
+        False, "--check", help="Report which sessions hold which record format versions; change nothing."
     ),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    rewrite: bool = typer.Option(
+        False,
+        "--rewrite",
+        help="Rewrite records older than the newest format in it (optional, resumable: run it again after an interruption).",
+    ),
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Create or upgrade the store's schema (opening a store does it too; this makes it explicit).
 
@@ -55,7 +58,9 @@ def store_migrate_cmd(
     url = resolve_store_url(store, config)
     with open_configured_store(store, config) as st:
         version = st.migrate()
-        console.print(f"store {url} is at schema version {version}" if version is not None else f"store {url} needs no schema")
+        console.print(
+            f"store {url} is at schema version {version}" if version is not None else f"store {url} needs no schema"
+        )
         if url.split(":", 1)[0].lower() in ("postgresql", "postgres"):
             from saucer.cli.queue_cmds import migrate_queue_line
 
@@ -80,21 +85,27 @@ def store_migrate_cmd(
 
             total = rewrite_old_records(
                 st,
-                progress=lambda sid, n: n and console.print(f"{sid}: {n} records rewritten", markup=False, highlight=False),
+                progress=lambda sid, n: (
+                    n and console.print(f"{sid}: {n} records rewritten", markup=False, highlight=False)
+                ),
                 on_error=skipped,
             )
             console.print(f"{total} records rewritten in record format {FORMAT_VERSION}")
             if failed:
-                raise UserError(f"{len(failed)} sessions could not be read and were left as they are: {', '.join(failed)}")
+                raise UserError(
+                    f"{len(failed)} sessions could not be read and were left as they are: {', '.join(failed)}"
+                )
 
 
 @friendly
 def store_rekey_cmd(
     new_key_file: Path = typer.Option(
-        ..., "--new-key-file", help="File with the new key (base64 of 32 bytes); created with a fresh key if it does not exist."
+        ...,
+        "--new-key-file",
+        help="File with the new key (base64 of 32 bytes); created with a fresh key if it does not exist.",
     ),
-    store: Optional[str] = StoreOption,
-    config: Optional[Path] = ConfigOption,
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Re-encrypt every value encrypted at rest with a new key.
 
@@ -113,7 +124,9 @@ def store_rekey_cmd(
         fd = os.open(new_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as f:
             f.write(new_key() + "\n")
-        console.print(f"wrote a new key to {new_key_file} (keep it apart from the store)", markup=False, highlight=False)
+        console.print(
+            f"wrote a new key to {new_key_file} (keep it apart from the store)", markup=False, highlight=False
+        )
     new = load_key(new_key_file, env={})
     assert new is not None
     with open_configured_store(store, config) as st:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import collections
 import datetime as _dt
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
 
 import typer
 
@@ -24,7 +24,9 @@ from saucer.store import Event, EventStore
 
 __all__ = ["Window", "parse_since", "window_for", "LimitOption", "SinceOption", "RoundOption"]
 
-LimitOption = typer.Option(None, "--limit", "-n", min=1, help="Only the newest N events (versions) of those the other options select.")
+LimitOption = typer.Option(
+    None, "--limit", "-n", min=1, help="Only the newest N events (versions) of those the other options select."
+)
 SinceOption = typer.Option(
     None,
     "--since",
@@ -69,8 +71,8 @@ class Window:
     session_id: str
     after: int
     upto: int
-    keep: Optional[Callable[[Event], bool]] = None
-    limit: Optional[int] = None
+    keep: Callable[[Event], bool] | None = None
+    limit: int | None = None
     first: int = 1  #: the session's first readable version
     capped: bool = False  #: whether a default limit (not the user's) may cut the window
     _after_since: int = 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import shlex
 from pathlib import Path
-from typing import Optional
 from urllib.parse import quote
 
 import typer
@@ -42,22 +41,25 @@ def ui_command(program: str, store_flag: str, session: str | None = None) -> str
 
 @friendly
 def ui_cmd(
-    session: Optional[str] = typer.Argument(
+    session: str | None = typer.Argument(
         None, help="Open this session's page (its id, a unique prefix, or 'last') instead of the sessions table."
     ),
-    store: Optional[str] = StoreOption,
+    store: str | None = StoreOption,
     host: str = typer.Option(
-        "127.0.0.1", "--host", help="Address to listen on. Anything but this machine (loopback) needs a token: SAUCER_SERVICE_TOKENS=name=token."
+        "127.0.0.1",
+        "--host",
+        help="Address to listen on. Anything but this machine (loopback) needs a token: SAUCER_SERVICE_TOKENS=name=token.",
     ),
     port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535, help="TCP port."),
     open_browser: bool = typer.Option(False, "--open", help="Open the sessions page in the default browser."),
     allow_writes: bool = typer.Option(
-        False, "--allow-writes",
+        False,
+        "--allow-writes",
         help="Show forms on a session's page to set/delete context variables, approve/refuse a pending step and answer a "
         "pending question, each recorded with you as author (user:<login>; with tokens: the principal), and to resume a "
         "stopped session (saucer resume ID, started in the background). Default: read-only.",
     ),
-    config: Optional[Path] = ConfigOption,
+    config: Path | None = ConfigOption,
 ) -> None:
     """Open a web viewer of the store's sessions: table, timelines, state at any version, diffs, live steps (read-only unless --allow-writes).
 
@@ -71,7 +73,9 @@ def ui_cmd(
 
     url = resolve_store_url(store, config)
     if url.startswith("memory://"):
-        raise UserError("a memory:// store lives in one process only, so there is nothing to view: pass --store sqlite:///... or postgresql://...")
+        raise UserError(
+            "a memory:// store lives in one process only, so there is nothing to view: pass --store sqlite:///... or postgresql://..."
+        )
     authenticate = None
     if not is_loopback(host):
         from saucer.service.auth import TokenAuthenticator, TokenConfigError, service_tokens
@@ -99,10 +103,20 @@ def ui_cmd(
     from saucer.cli.common import settings_for
 
     max_streams = settings_for(config).service.max_streams
-    app = create_app(st, authenticate=authenticate, on_close=st.close, allowed_hosts=hosts, max_streams=max_streams,
-                     acting=_local_acting(url, config) if allow_writes else None)
+    app = create_app(
+        st,
+        authenticate=authenticate,
+        on_close=st.close,
+        allowed_hosts=hosts,
+        max_streams=max_streams,
+        acting=_local_acting(url, config) if allow_writes else None,
+    )
     shown = f"[{host}]" if ":" in host else host
-    err.print(f"saucer ui on http://{shown}:{port}{page} · store: {url}" + ("" if authenticate is None else " · token required"), highlight=False)
+    err.print(
+        f"saucer ui on http://{shown}:{port}{page} · store: {url}"
+        + ("" if authenticate is None else " · token required"),
+        highlight=False,
+    )
     err.print("  Ctrl-C stops", style="dim", highlight=False)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
     if open_browser:
@@ -113,7 +127,7 @@ def ui_cmd(
         pass
 
 
-def _local_acting(url: str, config: Optional[Path]) -> object:
+def _local_acting(url: str, config: Path | None) -> object:
     """Who acts through ``saucer ui --allow-writes``: anyone who reaches the viewer (loopback, or a token's
     principal), recorded as that principal or, without tokens, as ``user:<login>`` like the CLI. Resume
     starts ``saucer resume ID`` on the same store as a detached process (from this command's folder)."""
@@ -132,17 +146,24 @@ def _local_acting(url: str, config: Optional[Path]) -> object:
         if config is not None:
             command += ["--config", str(config)]
         try:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
             return f"could not start saucer resume: {exc}"
         threading.Thread(target=proc.wait, name=f"resume-{session_id}", daemon=True).start()  # reaped when it ends
         return None  # a second runner is refused by the session's lease; the page shows what happens
 
-    return Acting(allowed=allowed, author=lambda principal: principal if principal is not None else local_user(), resume=resume)
+    return Acting(
+        allowed=allowed, author=lambda principal: principal if principal is not None else local_user(), resume=resume
+    )
 
 
-def _settings_tokens(config: Optional[Path]) -> list[object]:
+def _settings_tokens(config: Path | None) -> list[object]:
     from saucer.cli.common import settings_for
 
     return list(settings_for(config).service.tokens)
@@ -162,8 +183,11 @@ def _open_when_started(server: object, url: str) -> None:
                 except Exception:  # noqa: BLE001  # a broken browser setting is the same news: no browser
                     opened = False
                 if not opened:
-                    err.print(f"--open: no browser could be opened here (no display, or none found; set BROWSER); open {url} yourself",
-                              highlight=False, soft_wrap=True)
+                    err.print(
+                        f"--open: no browser could be opened here (no display, or none found; set BROWSER); open {url} yourself",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
                 return
             time.sleep(0.05)
 

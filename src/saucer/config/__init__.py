@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import contextvars
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 from pydantic import (
@@ -78,7 +79,9 @@ class SystemSettings(_Section):
     """How sessions run."""
 
     max_step: int = Field(50, ge=1, description="Most agent steps in one session.")
-    max_round: int | None = Field(10, ge=0, description="Most rounds in one session (plan steps count); 0 or None: no limit.")
+    max_round: int | None = Field(
+        10, ge=0, description="Most rounds in one session (plan steps count); 0 or None: no limit."
+    )
     eva_session: bool = Field(True, description="Evaluate each session when it ends.")
     eva_round: bool = Field(False, description="Evaluate each round when it ends.")
     save_experience: SaveExperience = Field(
@@ -86,7 +89,9 @@ class SystemSettings(_Section):
         description="Save a successful session as a replayable plan: always, ask (the interactor decides; "
         "no terminal means no), auto (when the evaluation says the task is complete), always_not.",
     )
-    experience_dir: Path | None = Field(None, description="Where experience plans go (default: the session's log folder).")
+    experience_dir: Path | None = Field(
+        None, description="Where experience plans go (default: the session's log folder)."
+    )
     log_to_markdown: bool = Field(True, description="Write output.md next to the logs when a session ends.")
     save_ui_tree: bool = Field(
         True,
@@ -109,7 +114,8 @@ class StoreSettings(_Section):
         description="Names and vars.KEY patterns (fnmatch) whose values are encrypted at rest, e.g. ['vars.api_*', 'REQUEST'].",
     )
     key_file: str | None = Field(
-        None, description="File holding the store key (base64 of 32 bytes); SAUCER_STORE_KEY wins over it. Never in the store."
+        None,
+        description="File holding the store key (base64 of 32 bytes); SAUCER_STORE_KEY wins over it. Never in the store.",
     )
 
 
@@ -126,7 +132,9 @@ def _check_command_pattern(pattern: str) -> None:
     try:  # with RE2, as the rules will match it: in linear time
         pattern.startswith(_REGEX_PREFIX) and re2.compile(pattern[len(_REGEX_PREFIX) :], _RE2_QUIET)
     except re2.error as exc:
-        raise ValueError(f"invalid regular expression in rule '{pattern}' (RE2 syntax): {exc.args[0].decode()}") from None
+        raise ValueError(
+            f"invalid regular expression in rule '{pattern}' (RE2 syntax): {exc.args[0].decode()}"
+        ) from None
 
 
 MCPTransport = Literal["stdio", "http", "inprocess"]
@@ -166,7 +174,9 @@ class MCPServerConfig(BaseModel):
     url: str | None = Field(None, description="Endpoint of a streamable HTTP server, e.g. http://127.0.0.1:8000/mcp.")
     headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with every request.")
     # in-process
-    import_path: str | None = Field(None, description="'module:attribute': an MCPServer, a Server or a function returning one.")
+    import_path: str | None = Field(
+        None, description="'module:attribute': an MCPServer, a Server or a function returning one."
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of an import_path function.")
     # all transports
     timeout: float = Field(DEFAULT_MCP_TIMEOUT, gt=0, description="Seconds one command may take on this server.")
@@ -203,7 +213,7 @@ class MCPServerConfig(BaseModel):
         return {**data, "transport": _SELECTOR[present[0]]}
 
     @model_validator(mode="after")
-    def _check_transport_fields(self) -> "MCPServerConfig":
+    def _check_transport_fields(self) -> MCPServerConfig:
         needed = next(key for key, kind in _SELECTOR.items() if kind == self.transport)
         if getattr(self, needed) is None:
             raise ValueError(f"field {needed!r} is required for a {self.transport} server")
@@ -251,7 +261,9 @@ class MCPSettings(_Section):
     """MCP servers the local dispatcher starts (empty: the built-in Linux tools)."""
 
     servers: dict[str, MCPServerConfig] = Field(default_factory=dict)
-    isolate: bool | list[Literal["shell", "files"]] = Field(False, description="true or [shell, files]: stdio processes")
+    isolate: bool | list[Literal["shell", "files"]] = Field(
+        False, description="true or [shell, files]: stdio processes"
+    )
 
 
 _COMPONENT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
@@ -335,7 +347,7 @@ class LLMSettings(_Section):
     ask_user: bool = Field(True, description="Give the agents an ask_user tool: the model may ask the user a question.")
 
     @model_validator(mode="after")
-    def _window_holds_a_reply(self) -> "LLMSettings":
+    def _window_holds_a_reply(self) -> LLMSettings:
         if self.context_window is not None and self.max_tokens is not None and self.max_tokens >= self.context_window:
             raise ValueError(
                 f"llm.max_tokens ({self.max_tokens}) must be smaller than llm.context_window ({self.context_window}): "
@@ -349,7 +361,8 @@ class ServiceDeviceSettings(_Section):
 
     owner: str | None = Field(None, description="The only principal that may register this device id.")
     principals: list[str] = Field(
-        default_factory=list, description="Principals (token names) that may use the device besides its owner; '*' for all."
+        default_factory=list,
+        description="Principals (token names) that may use the device besides its owner; '*' for all.",
     )
 
 
@@ -358,8 +371,11 @@ class ServiceSettings(_Section):
 
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
-    tokens: list[SecretStr] = Field(default_factory=list, description="Bearer tokens, each 'name=token' (the name owns "
-                                    "the sessions it submits) or a bare token; SAUCER_SERVICE_TOKENS (name=token,...) adds more.")
+    tokens: list[SecretStr] = Field(
+        default_factory=list,
+        description="Bearer tokens, each 'name=token' (the name owns "
+        "the sessions it submits) or a bare token; SAUCER_SERVICE_TOKENS (name=token,...) adds more.",
+    )
     devices: dict[str, ServiceDeviceSettings] = Field(
         default_factory=dict,
         description="Sharing per device id: a device is usable by the principal that registered it, the principals "
@@ -369,10 +385,14 @@ class ServiceSettings(_Section):
     state_dir: Path = Field(Path(".saucer/service"), description="Session records and the server's identity.")
     heartbeat_interval: float = Field(10.0, gt=0, description="Seconds between device heartbeats.")
     missed_heartbeats: int = Field(3, ge=1, description="Heartbeats a device may miss before it is offline.")
-    reconnect_grace: float = Field(0.0, ge=0, description="Seconds pending commands wait for a lost device to reconnect.")
+    reconnect_grace: float = Field(
+        0.0, ge=0, description="Seconds pending commands wait for a lost device to reconnect."
+    )
     step_timeout: float = Field(300.0, gt=0, description="Default seconds for one step's command batch.")
     max_frame_bytes: int = Field(1024 * 1024, ge=1024, description="Largest WebSocket frame or request body accepted.")
-    max_streams: int = Field(16, ge=1, description="Live viewer pages (saucer serve's /ui, saucer ui) one principal may keep open.")
+    max_streams: int = Field(
+        16, ge=1, description="Live viewer pages (saucer serve's /ui, saucer ui) one principal may keep open."
+    )
     certfile: Path | None = Field(None, description="TLS certificate (PEM); with keyfile, the server speaks https/wss.")
     keyfile: Path | None = Field(None, description="TLS private key (PEM).")
 
@@ -385,7 +405,9 @@ class DesktopSettings(_Section):
         description="Start the desktop server beside shell and files (when mcp.servers is empty); needs an X11 "
         "display and at-spi2-core (Debian: apt-get install -y xvfb at-spi2-core dbus).",
     )
-    display: str | None = Field(None, description="X display for the server and the programs it launches (default: $DISPLAY).")
+    display: str | None = Field(
+        None, description="X display for the server and the programs it launches (default: $DISPLAY)."
+    )
     artifacts_dir: Path | None = Field(
         None, description="Where screenshots and saved trees go (default: the session's log folder, artifacts/)."
     )
@@ -394,14 +416,22 @@ class DesktopSettings(_Section):
 class QueueSettings(_Section):
     """The job queue (``saucer worker``, ``saucer run --queue``): PostgreSQL stores only. Times in seconds."""
 
-    name: str = Field("sessions", min_length=1, max_length=100, description="Queue used by run --queue and taken from by workers.")
+    name: str = Field(
+        "sessions", min_length=1, max_length=100, description="Queue used by run --queue and taken from by workers."
+    )
     priority: int = Field(0, description="Priority of queued jobs; a higher one is taken first.")
     concurrency: int = Field(4, ge=1, description="Sessions one worker runs at once.")
-    limits: dict[str, int] = Field(default_factory=dict, description="Most sessions of a queue running at once over all workers.")
-    job_timeout: float | None = Field(None, gt=0, description="How long one job may run before it is stopped and failed.")
+    limits: dict[str, int] = Field(
+        default_factory=dict, description="Most sessions of a queue running at once over all workers."
+    )
+    job_timeout: float | None = Field(
+        None, gt=0, description="How long one job may run before it is stopped and failed."
+    )
     heartbeat: float = Field(10.0, gt=0, description="Time between a worker's heartbeats.")
     stalled_after: float = Field(30.0, gt=0, description="Silence after which a worker is dead and its jobs go back.")
-    shutdown_timeout: float = Field(30.0, ge=0, description="On SIGTERM, how long sessions run on before they are handed back.")
+    shutdown_timeout: float = Field(
+        30.0, ge=0, description="On SIGTERM, how long sessions run on before they are handed back."
+    )
 
 
 class ApprovalSettings(_Section):
@@ -409,8 +439,10 @@ class ApprovalSettings(_Section):
     model's questions nobody at a terminal can answer as pending questions (``saucer answer``)."""
 
     timeout: float = Field(
-        300.0, ge=0, description="Seconds a pending approval waits before it is refused by timeout (0: refuse at once); "
-        "a pending question, before the model reads \"no answer (timeout)\" (0: \"no one to ask\" at once)."
+        300.0,
+        ge=0,
+        description="Seconds a pending approval waits before it is refused by timeout (0: refuse at once); "
+        'a pending question, before the model reads "no answer (timeout)" (0: "no one to ask" at once).',
     )
 
 
@@ -511,7 +543,10 @@ class Settings(BaseSettings):
 
 
 def load_settings(
-    config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None, *, file_data: dict[str, Any] | None = None
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    file_data: dict[str, Any] | None = None,
 ) -> Settings:
     """Read the settings: defaults < ``config_file`` (default ``./saucer.toml``) < ``SAUCER_*`` < ``overrides``.
 

@@ -7,8 +7,9 @@ flags into nested overrides and a ``ValidationError`` into the sentence of a :cl
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import SecretStr, ValidationError
 

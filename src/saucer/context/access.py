@@ -10,8 +10,9 @@ path inside it, so a commit never meets either.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from saucer.context.commit import Durable
 from saucer.context.core import PARTICIPANTS_VAR
@@ -157,9 +158,7 @@ class TypedAccess(Durable):
         """The operation that sets a durable name (derived names write their ledger entry)."""
         key = member._value_
         if not member.accepts(value):
-            raise TypeError(
-                f"{key} expects {_type_name(member.type)}, got {type(value).__name__}: {value!r:.80}"
-            )
+            raise TypeError(f"{key} expects {_type_name(member.type)}, got {type(value).__name__}: {value!r:.80}")
         ledger = DERIVED_LEDGERS.get(key)
         if ledger is not None:
             if key == "CURRENT_ROUND_COST":
@@ -192,7 +191,9 @@ class TypedAccess(Durable):
             return
         member = lookup(name)
         if member.value not in DICT_NAMES:
-            raise TypeError(f"update_dict({member.value}, ...) needs a dict-valued name; {member.value} is {_type_name(member.type)}")
+            raise TypeError(
+                f"update_dict({member.value}, ...) needs a dict-valued name; {member.value} is {_type_name(member.type)}"
+            )
         if not isinstance(value, Mapping):
             raise TypeError(f"update_dict({member.value}, ...) needs a dict, got {type(value).__name__}")
         merged = self.get(member)
@@ -265,7 +266,9 @@ class TypedAccess(Durable):
         if info.participants is None:
             return None
         added = self._state.vars.get(PARTICIPANTS_VAR)
-        return info.participants | frozenset(a for a in (added if isinstance(added, list) else []) if isinstance(a, str))
+        return info.participants | frozenset(
+            a for a in (added if isinstance(added, list) else []) if isinstance(a, str)
+        )
 
     def add_participants(self, *names: str) -> None:
         """Let ``names`` write to this session too, from this Context's next commit on (an

@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Generator, Iterator, Self
+from typing import Any, Self
 
 import orjson
 
@@ -103,7 +104,11 @@ def serialised_meta(
     written since, which it follows in the log), ``changed`` (the keys they changed)
     and, if any, ``dropped`` (its compare-and-sets that no longer held, and
     operations that no longer applied)."""
-    record: dict[str, Any] = {"based_on": based_on, "ordered_after": list(range(based_on + 1, head + 1)), "changed": changed}
+    record: dict[str, Any] = {
+        "based_on": based_on,
+        "ordered_after": list(range(based_on + 1, head + 1)),
+        "changed": changed,
+    }
     if dropped:
         record["dropped"] = list(dropped)
     return {**(meta or {}), "serialised": record}
@@ -126,7 +131,9 @@ def _check_commit_args(author: str, round: Any, step: Any, meta: dict[str, Any] 
 def _keep_pending(exc: StoreError, count: int) -> None:
     """Say, in the store's error, what happened to the pending changes (they are kept)."""
     if isinstance(exc, OutcomeUnknownError):
-        note = f"this Context keeps its {count} changes pending, and its next commit() writes them only if they were not"
+        note = (
+            f"this Context keeps its {count} changes pending, and its next commit() writes them only if they were not"
+        )
     else:
         note = f"this Context keeps its {count} changes pending: commit() again, or rollback() to drop them"
     exc.args = (f"{exc}; {note}",) + exc.args[1:]
@@ -171,8 +178,14 @@ class Durable(Snapshots):
                         continue
                     try:
                         event = job.store.append(
-                            job.session_id, action.version, action.ops, author=job.author,
-                            round=job.round, step=job.step, meta=action.meta, fence=self._fence,
+                            job.session_id,
+                            action.version,
+                            action.ops,
+                            author=job.author,
+                            round=job.round,
+                            step=job.step,
+                            meta=action.meta,
+                            fence=self._fence,
                         )
                     except StoreError as exc:
                         action = attempts.throw(exc)
@@ -221,8 +234,15 @@ class Durable(Snapshots):
                         # The store calls _written as soon as the event is durable,
                         # even if this task is cancelled while it waits.
                         await job.store.aappend(
-                            job.session_id, action.version, action.ops, author=job.author,
-                            round=job.round, step=job.step, meta=action.meta, fence=self._fence, on_written=self._written,
+                            job.session_id,
+                            action.version,
+                            action.ops,
+                            author=job.author,
+                            round=job.round,
+                            step=job.step,
+                            meta=action.meta,
+                            fence=self._fence,
+                            on_written=self._written,
                         )
                     except StoreError as exc:
                         action = attempts.throw(exc)
@@ -242,7 +262,9 @@ class Durable(Snapshots):
         with self._lock:
             self._maybe_snapshot()
 
-    def _begin(self, author: str | None, round: int | None, step: int | None, meta: dict[str, Any] | None) -> _Commit | None:
+    def _begin(
+        self, author: str | None, round: int | None, step: int | None, meta: dict[str, Any] | None
+    ) -> _Commit | None:
         """Under the lock: what a commit writes, or None when there is nothing to write."""
         if self._store is None:
             return None
@@ -305,7 +327,9 @@ class Durable(Snapshots):
             with self._lock:
                 if self._serialise:
                     dropped += self._rebase_all(ops)
-                    meta = serialised_meta(job.meta, base, self._version, self._keys_since(base, self._version), dropped)
+                    meta = serialised_meta(
+                        job.meta, base, self._version, self._keys_since(base, self._version), dropped
+                    )
                 else:
                     self._rebase(ops)
         raise ConflictError(job.session_id, self._version, None, ["(too many concurrent writers)"])

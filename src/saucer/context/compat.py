@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import types
 import warnings
-from typing import Any, Callable, Mapping, Self
+from collections.abc import Callable, Mapping
+from typing import Any, Self
 
 from saucer.context.access import TypedAccess
 from saucer.context.events import StoredJson, copy_json, to_wire
@@ -76,7 +77,9 @@ class UfoCompat(TypedAccess):
         if op is not None:
             self._record([op])
 
-    def charge(self, increments: Mapping[ContextNames | str, int | float], structural_log: Mapping[str, Any] | None = None) -> None:
+    def charge(
+        self, increments: Mapping[ContextNames | str, int | float], structural_log: Mapping[str, Any] | None = None
+    ) -> None:
         """A step's ledger as ONE change: add each ``by`` of ``increments`` (``{name or var: by}``)
         as :meth:`incr` does, and append ``structural_log`` as :meth:`add_to_structural_logs`
         does; everything is checked before anything is applied (the engine charges each step so)."""
@@ -98,8 +101,15 @@ class UfoCompat(TypedAccess):
         try:
             path = [int(round_key), int(subtask_key)]
         except (TypeError, ValueError):
-            raise TypeError(f"structural log keys Round/SubtaskIndex must be ints, got {round_key!r}/{subtask_key!r}") from None
-        return {"op": "append", "name": "STRUCTURAL_LOGS", "path": path, "value": to_wire(dict(data), "STRUCTURAL_LOGS")}
+            raise TypeError(
+                f"structural log keys Round/SubtaskIndex must be ints, got {round_key!r}/{subtask_key!r}"
+            ) from None
+        return {
+            "op": "append",
+            "name": "STRUCTURAL_LOGS",
+            "path": path,
+            "value": to_wire(dict(data), "STRUCTURAL_LOGS"),
+        }
 
     def filter_structural_logs(self, round_key: int, subtask_key: int, keys: str | list[str]) -> list[Any]:
         """Values of ``keys`` (a str gives a list of values, a list gives a list of dicts)."""
@@ -119,7 +129,9 @@ class UfoCompat(TypedAccess):
 
     # ========================================================= serialisation
 
-    def to_dict(self, ensure_serializable: bool = False, *, copy: bool = True, stored_json: bool = False) -> dict[str, Any]:
+    def to_dict(
+        self, ensure_serializable: bool = False, *, copy: bool = True, stored_json: bool = False
+    ) -> dict[str, Any]:
         """Every name's value (and ``_vars`` when there are context variables).
 
         With ``ensure_serializable=True`` runtime-only names are None and one

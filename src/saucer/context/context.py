@@ -63,7 +63,7 @@ class Context(UfoCompat, HistoryQueries):
             if handle is not None:
                 handle.release()
 
-    def __enter__(self) -> "Context":
+    def __enter__(self) -> Context:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

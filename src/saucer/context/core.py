@@ -12,9 +12,19 @@ a session (:meth:`ContextCore.open`) and loads its committed state
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable, Literal, Mapping, Self
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, Self
 
-from saucer.context.events import STATE_MAX_DEPTH, Event, State, ValueNotStorableError, copy_json, state_to_wire, to_wire, unpack
+from saucer.context.events import (
+    STATE_MAX_DEPTH,
+    Event,
+    State,
+    ValueNotStorableError,
+    copy_json,
+    state_to_wire,
+    to_wire,
+    unpack,
+)
 from saucer.context.handle import StoreHandle
 from saucer.context.names import DERIVED_LEDGERS, FLOAT_NAMES, lookup
 from saucer.context.replay import replay
@@ -31,6 +41,7 @@ KEEP_SNAPSHOTS = 2
 #: (:meth:`~saucer.context.Context.add_participants`); those it was made with are
 #: :attr:`saucer.store.SessionInfo.participants`.
 PARTICIPANTS_VAR = "saucer.participants"
+
 
 def check_text(value: Any, what: str) -> str:
     """A string every store can hold (no NUL, valid Unicode), or TypeError/ValueNotStorableError."""
@@ -167,7 +178,13 @@ class ContextCore:
         return ctx
 
     def _attach(
-        self, store: EventStore, session_id: str, *, at: int | None, create: bool, meta: dict[str, Any] | None,
+        self,
+        store: EventStore,
+        session_id: str,
+        *,
+        at: int | None,
+        create: bool,
+        meta: dict[str, Any] | None,
         participants: Iterable[str] | None = None,
     ) -> None:
         """Bind to ``session_id`` in ``store``, creating it unless ``create`` is False or ``at`` is given."""

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import base64
 import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import orjson
 
@@ -89,10 +90,10 @@ class State:
     opaque: set[str] = field(default_factory=set)
     #: Names whose value is still as a snapshot packed it (not in ``names``
     #: until :func:`unpack`; every reader of ``names`` unpacks what it reads).
-    packed: dict[str, "Packed"] = field(default_factory=dict)
+    packed: dict[str, Packed] = field(default_factory=dict)
     #: Names in ``names`` whose packed form in the last snapshot is still a base
     #: for the next one: the fold records the operations applied to them since.
-    bases: dict[str, "Packed"] = field(default_factory=dict)
+    bases: dict[str, Packed] = field(default_factory=dict)
 
 
 #: A name's value whose JSON is at least this large is packed in snapshots (see :class:`Packed`).
@@ -129,7 +130,7 @@ class Packed:
     #: (session, snapshot version) it came from, to name them if it does not decode.
     where: tuple[str, int] | None = None
 
-    def copy(self) -> "Packed":
+    def copy(self) -> Packed:
         """An independent copy (its lists are copied; operations are never mutated)."""
         return Packed(self.data, self.size, list(self.tails), list(self.ops), self.where)
 

@@ -26,7 +26,7 @@ class StoreHandle:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, url: str) -> "StoreHandle":
+    def open(cls, url: str) -> StoreHandle:
         """Open the store at ``url`` for one user."""
         return cls(open_store(url))
 
@@ -35,7 +35,7 @@ class StoreHandle:
         """How many Contexts hold this handle."""
         return self._users
 
-    def retain(self) -> "StoreHandle":
+    def retain(self) -> StoreHandle:
         """One more user (a fork of a Context holding it); returns the handle."""
         with self._lock:
             if self._users <= 0:

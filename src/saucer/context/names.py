@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "ContextNames",
@@ -294,6 +295,7 @@ def typed_name(key: Any) -> ContextNames | None:
     ``set("REQUEST", ...)`` sets the typed request, and no context variable can take a typed name.
     """
     return _BY_KEY.get(key) if isinstance(key, str) else None
+
 
 #: Names by the kind of value they hold, for the checks of the atomic operations.
 NUMBER_NAMES = frozenset(m.value for m in ContextNames if m.type in (int, float))

@@ -8,11 +8,12 @@ Context. A version that was pruned raises
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator, Self
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Self
 
 from saucer.context.events import Event, State, apply_ops, op_key, state_from_wire, state_to_wire
-from saucer.context.replay import replay
 from saucer.context.names import DERIVED_LEDGERS, ContextNames, typed_name
+from saucer.context.replay import replay
 from saucer.context.snapshots import Snapshots
 from saucer.store.model import check_version
 
@@ -87,8 +88,12 @@ class HistoryQueries(Snapshots):
         at = self._version if at is None else check_version(at, "at")
         store.create_session(new_session_id, parent_id=sid, parent_version=at, meta={"forked_from": sid, "at": at})
         child = self.open(
-            store, new_session_id, author=author or self._author, durability=self._durability,
-            snapshot_every=self._snapshot_every, keep_snapshots=self._keep_snapshots,
+            store,
+            new_session_id,
+            author=author or self._author,
+            durability=self._durability,
+            snapshot_every=self._snapshot_every,
+            keep_snapshots=self._keep_snapshots,
         )
         if self._handle is not None:
             # The store was opened from a URL for this Context: the child shares
@@ -115,7 +120,9 @@ def _flat(state: State) -> dict[str, Any]:
     return out
 
 
-def change_of(store: EventStore, session_id: str, version: int, before: State | None = None) -> tuple[dict[str, dict[str, Any]], State]:
+def change_of(
+    store: EventStore, session_id: str, version: int, before: State | None = None
+) -> tuple[dict[str, dict[str, Any]], State]:
     """What the event at ``version`` changed (``{key: {"before", "after"}}`` as :meth:`Queries.diff`),
     and the state after it: pass that as ``before`` for ``version + 1`` and the next change costs
     one event, not a hydrate (a viewer stepping through a session). ``before`` must be the state

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from saucer.context.events import Event, State, ValueNotStorableError, apply_ops, state_to_wire, to_wire
 from saucer.context.names import DERIVED_LEDGERS, RETIRED, ContextNames, UnknownStoredNameError, stored_name
@@ -100,7 +101,7 @@ def import_session(store: EventStore, data: Mapping[str, Any], session_id: str |
     nothing is written then.
     """
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
-        raise ValueError(f"not a saucer session export (expected \"format\": \"{FORMAT}\")")
+        raise ValueError(f'not a saucer session export (expected "format": "{FORMAT}")')
     session = data.get("session")
     raw_events = data.get("events")
     if not isinstance(session, Mapping) or not isinstance(session.get("session_id"), str):
@@ -162,7 +163,10 @@ def _base(raw: Any, events: list[Any]) -> tuple[int, dict[str, Any]]:
     state = raw.get("state")
     if not isinstance(state, Mapping) or set(state) - {"names", "vars"}:
         raise ValueError("export field 'base.state' must be an object with 'names' and 'vars'")
-    wire = {"names": _mapping(state.get("names") or {}, "base.state.names"), "vars": _mapping(state.get("vars") or {}, "base.state.vars")}
+    wire = {
+        "names": _mapping(state.get("names") or {}, "base.state.names"),
+        "vars": _mapping(state.get("vars") or {}, "base.state.vars"),
+    }
     if version == 0:
         if wire != empty:
             raise ValueError("export field 'base.state' must be empty at version 0")
@@ -203,7 +207,9 @@ def _event(raw: Any, index: int, target: str) -> Event:
     _json(author, f"{where}.author")
     for name in ("round", "step"):
         value = raw.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not _INT_MIN <= value <= _INT_MAX):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not _INT_MIN <= value <= _INT_MAX
+        ):
             raise ValueError(f"export field '{where}.{name}' must be a 64-bit int or null")
     ops = raw.get("ops")
     if not isinstance(ops, list):
@@ -232,7 +238,13 @@ def _op(op: Any, where: str) -> dict[str, Any]:
         )
     if kind not in _OPS:
         raise ValueError(f"export field '{where}.op' must be one of {', '.join(sorted(_OPS))}, not {kind!r}")
-    allowed = {"op", "name", "var", "path"} | {"set": {"value"}, "delete": set(), "incr": {"by"}, "append": {"value"}, "cas": {"expected", "value"}}[kind]
+    allowed = {"op", "name", "var", "path"} | {
+        "set": {"value"},
+        "delete": set(),
+        "incr": {"by"},
+        "append": {"value"},
+        "cas": {"expected", "value"},
+    }[kind]
     extra = set(op) - allowed
     if extra:
         raise ValueError(f"export field {where!r} has unknown fields: {', '.join(sorted(map(str, extra)))}")
@@ -259,8 +271,11 @@ def _op(op: Any, where: str) -> dict[str, Any]:
         out["var"] = _json(op["var"], f"{where}.var")
     if "path" in op:
         path = op["path"]
-        if not isinstance(path, list) or not path or len(path) > 2 or not all(
-            isinstance(p, (str, int)) and not isinstance(p, bool) for p in path
+        if (
+            not isinstance(path, list)
+            or not path
+            or len(path) > 2
+            or not all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in path)
         ):
             raise ValueError(f"export field '{where}.path' must be a list of 1 or 2 keys (strings or ints)")
         out["path"] = list(path)

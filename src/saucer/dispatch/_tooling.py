@@ -50,7 +50,7 @@ class ToolInfo:
         return bool(self.annotations.get("readOnlyHint"))
 
     @classmethod
-    def from_listing(cls, entry: Mapping[str, Any]) -> "ToolInfo":
+    def from_listing(cls, entry: Mapping[str, Any]) -> ToolInfo:
         """From a tool listed in MCP's JSON form (``inputSchema``, ``outputSchema``, ``annotations``)."""
         annotations = dict(entry.get("annotations") or {})
         return cls(
@@ -97,7 +97,11 @@ def mcp_error(exc: BaseException) -> tuple[int, str] | None:
 def is_mcp_server(obj: object) -> bool:
     """Whether ``obj`` is an MCP SDK server (an ``MCPServer`` or a low-level ``Server``)."""
     kinds = tuple(
-        kind for kind in (_loaded("mcp.server.mcpserver.server", "MCPServer"), _loaded("mcp.server.lowlevel.server", "Server"))
+        kind
+        for kind in (
+            _loaded("mcp.server.mcpserver.server", "MCPServer"),
+            _loaded("mcp.server.lowlevel.server", "Server"),
+        )
         if kind is not None
     )
     return bool(kinds) and isinstance(obj, kinds)
@@ -143,8 +147,9 @@ def load_server_object(import_path: str, options: Mapping[str, Any] | None = Non
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is reported the same way
-        raise ServerStartError(f"cannot import module {module_name!r} of import_path {import_path!r}: "
-                               f"{describe_exception(exc)}") from exc
+        raise ServerStartError(
+            f"cannot import module {module_name!r} of import_path {import_path!r}: {describe_exception(exc)}"
+        ) from exc
     for part in attribute.split("."):
         try:
             obj = getattr(obj, part)

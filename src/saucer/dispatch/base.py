@@ -136,7 +136,7 @@ async def run_batch(
             ran = [await _run_guarded(commands[todo[0]], run_one, deadline, timeout)]
         else:
             ran = list(await asyncio.gather(*(_run_guarded(commands[i], run_one, deadline, timeout) for i in todo)))
-        ready.update(zip(todo, ran))
+        ready.update(zip(todo, ran, strict=False))
         for i in group:
             results[i] = ready[i]
             if failed is None and ready[i].status == ResultStatus.FAILURE:

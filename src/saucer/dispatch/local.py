@@ -151,8 +151,7 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
         self._rules = {
             name: SensitivityRules(
                 tools=frozenset(
-                    tool if "." in tool else f"{name}.{tool}"
-                    for tool in [*configs[name].sensitive_tools, *extra_tools]
+                    tool if "." in tool else f"{name}.{tool}" for tool in [*configs[name].sensitive_tools, *extra_tools]
                 ),
                 command_patterns=compile_rules(configs[name].sensitive_commands) + extra_patterns,
             )
@@ -169,23 +168,23 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
     @classmethod
     def from_config(
         cls, servers: Mapping[str, MCPServerConfig | Mapping[str, Any]], **options: Any
-    ) -> "LocalCommandDispatcher":
+    ) -> LocalCommandDispatcher:
         """A dispatcher for the ``[mcp.servers.NAME]`` tables (validated here, errors name server and field)."""
         return cls(servers, **options)
 
     @classmethod
-    def from_servers(cls, servers: Mapping[str, ServerSpec], **options: Any) -> "LocalCommandDispatcher":
+    def from_servers(cls, servers: Mapping[str, ServerSpec], **options: Any) -> LocalCommandDispatcher:
         """A dispatcher for ``servers``: config tables, :class:`MCPServerConfig` or live server objects."""
         return cls(servers, **options)
 
     @classmethod
-    def with_default_servers(cls, workspace: Path, **options: Any) -> "LocalCommandDispatcher":
+    def with_default_servers(cls, workspace: Path, **options: Any) -> LocalCommandDispatcher:
         """A dispatcher for the built-in ``shell`` and ``files`` servers rooted at ``workspace``."""
         return cls(default_servers(workspace), **options)
 
     # -- lifecycle ------------------------------------------------------------------
 
-    async def __aenter__(self) -> "LocalCommandDispatcher":
+    async def __aenter__(self) -> LocalCommandDispatcher:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -277,7 +276,8 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
             if tool not in conn.tools:
                 known = ", ".join(sorted(conn.tools)[:_SHOWN_CANDIDATES]) or "none"
                 return Result.failure(
-                    command, f"unknown tool {name!r}: server {server!r} has no tool {tool!r} (its tools: {known})",
+                    command,
+                    f"unknown tool {name!r}: server {server!r} has no tool {tool!r} (its tools: {known})",
                     namespace=server,
                 )
             return conn, tool
@@ -388,9 +388,7 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
                 namespace=namespace,
                 call_id=command.call_id,
             )
-        return Result(
-            status=ResultStatus.SUCCESS, result=outcome.payload, namespace=namespace, call_id=command.call_id
-        )
+        return Result(status=ResultStatus.SUCCESS, result=outcome.payload, namespace=namespace, call_id=command.call_id)
 
     async def _after_crash(
         self, command: Command, conn: ServerConnection, generation: int, qualified: str, exc: BaseException

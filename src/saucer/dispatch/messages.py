@@ -56,11 +56,11 @@ class Result(BaseModel):
     call_id: str | None = None
 
     @classmethod
-    def failure(cls, command: Command, error: str, namespace: str | None = None) -> "Result":
+    def failure(cls, command: Command, error: str, namespace: str | None = None) -> Result:
         """A failure result for ``command`` with ``error`` as its cause."""
         return cls(status=ResultStatus.FAILURE, error=error, namespace=namespace, call_id=command.call_id)
 
     @classmethod
-    def skipped(cls, command: Command, reason: str) -> "Result":
+    def skipped(cls, command: Command, reason: str) -> Result:
         """A result for a command that was not run because of ``reason``."""
         return cls(status=ResultStatus.SKIPPED, error=reason, call_id=command.call_id)

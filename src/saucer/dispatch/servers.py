@@ -80,8 +80,14 @@ class DesktopServer:
         """
         return MCPServerConfig(
             command=sys.executable,
-            args=["-P", "-m", "saucer.tools.desktop", *confinement_args(self.sandbox or ShellSettings()),
-                  "--artifacts", str(self.artifacts.expanduser().resolve())],
+            args=[
+                "-P",
+                "-m",
+                "saucer.tools.desktop",
+                *confinement_args(self.sandbox or ShellSettings()),
+                "--artifacts",
+                str(self.artifacts.expanduser().resolve()),
+            ],
             cwd=Path(cwd).expanduser().resolve(),
             # An MCP stdio server inherits only HOME, PATH and a few others: pass DISPLAY and the buses.
             env=desktop_environment(self.display),
@@ -93,8 +99,12 @@ class DesktopServer:
 def confinement_args(shell: ShellSettings) -> list[str]:
     """The ``--sandbox``, ``--network``, ``--read`` and ``--write`` flags of a built-in server for ``[shell]``."""
     network = shell.network if not isinstance(shell.network, bool) else None
-    args = ["--sandbox", shell.sandbox,
-            "--network", ",".join(map(str, network)) if network is not None else ("on" if shell.network else "off")]
+    args = [
+        "--sandbox",
+        shell.sandbox,
+        "--network",
+        ",".join(map(str, network)) if network is not None else ("on" if shell.network else "off"),
+    ]
     for path in shell.read:
         args += ["--read", str(path)]
     for path in shell.write:
@@ -106,8 +116,12 @@ def shell_confinement(shell: ShellSettings | None, artifacts: Path | None) -> di
     """The confinement options of the in-process shell's ``create_server`` for ``[shell]`` and the artifacts folder."""
     shell = shell or ShellSettings()
     write = ([str(artifacts.expanduser().resolve())] if artifacts is not None else []) + [str(p) for p in shell.write]
-    return {"sandbox": shell.sandbox, "write": write, "read": [str(p) for p in shell.read],
-            "network": shell.network if isinstance(shell.network, bool) else list(shell.network)}
+    return {
+        "sandbox": shell.sandbox,
+        "write": write,
+        "read": [str(p) for p in shell.read],
+        "network": shell.network if isinstance(shell.network, bool) else list(shell.network),
+    }
 
 
 def confinement_summary(shell: ShellSettings | None, workspace: Path) -> str:
@@ -115,7 +129,9 @@ def confinement_summary(shell: ShellSettings | None, workspace: Path) -> str:
     from saucer.tools.confine import Policy, confinement_line
 
     shell = shell or ShellSettings()
-    policy = Policy.create(shell.sandbox, (Path(workspace).expanduser().resolve(), *shell.write), shell.read, shell.network)
+    policy = Policy.create(
+        shell.sandbox, (Path(workspace).expanduser().resolve(), *shell.write), shell.read, shell.network
+    )
     return confinement_line(policy, also=("the session's artifacts folder (desktop sessions)",))
 
 
@@ -176,8 +192,19 @@ def default_servers(
     """
     root = Path(workspace).expanduser().resolve()
     isolated = isolated_names(isolate)
-    shell_args = ["-P", "-m", "saucer.tools.shell", "--root", str(root), "--timeout", f"{shell_timeout:g}",
-                  "--max-timeout", f"{max(shell_timeout, 600.0):g}", "--max-output", str(max_output)]
+    shell_args = [
+        "-P",
+        "-m",
+        "saucer.tools.shell",
+        "--root",
+        str(root),
+        "--timeout",
+        f"{shell_timeout:g}",
+        "--max-timeout",
+        f"{max(shell_timeout, 600.0):g}",
+        "--max-output",
+        str(max_output),
+    ]
     for pattern in shell_allow or ():
         shell_args += ["--allow", pattern]
     for pattern in shell_deny or ():
@@ -190,8 +217,13 @@ def default_servers(
     # A command may ask for up to max_timeout; the dispatcher must wait at least that long.
     shell_limits = {"timeout": max(shell_timeout, 600.0) + 10.0, "sensitive_commands": patterns}
     shell_options = {
-        "root": str(root), "timeout": shell_timeout, "max_timeout": max(shell_timeout, 600.0),
-        "max_output": max_output, "allow": list(shell_allow or ()), "deny": list(shell_deny or ()), **confinement,
+        "root": str(root),
+        "timeout": shell_timeout,
+        "max_timeout": max(shell_timeout, 600.0),
+        "max_output": max_output,
+        "allow": list(shell_allow or ()),
+        "deny": list(shell_deny or ()),
+        **confinement,
     }
     servers = {
         "shell": (

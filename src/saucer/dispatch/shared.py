@@ -33,7 +33,7 @@ class _Closable(Protocol):
     async def close(self) -> None: ...
 
 
-_CURRENT: contextvars.ContextVar["SharedServers | None"] = contextvars.ContextVar("saucer_shared_servers", default=None)
+_CURRENT: contextvars.ContextVar[SharedServers | None] = contextvars.ContextVar("saucer_shared_servers", default=None)
 
 
 class SharedServers:

@@ -90,7 +90,11 @@ def _quick_check(schema: Any, depth: int = 0) -> _Check | None:
         checks.append(lambda v: not isinstance(v, dict) or all(c(v[k]) for k, c in properties.items() if k in v))
     if "required" in schema:
         required = schema["required"]
-        if not isinstance(required, list) or not all(isinstance(k, str) for k in required) or len(set(required)) != len(required):
+        if (
+            not isinstance(required, list)
+            or not all(isinstance(k, str) for k in required)
+            or len(set(required)) != len(required)
+        ):
             return None
         checks.append(lambda v: not isinstance(v, dict) or all(k in v for k in required))
     if "additionalProperties" in schema:
@@ -160,11 +164,15 @@ def resolve_tool(name: str, tools: Mapping[str, Any]) -> str:
     if len(owners) == 1:
         return owners[0]
     if len(owners) > 1:
-        raise LookupError(f"ambiguous tool name {name!r}: it exists on several servers ({', '.join(owners)}); use server.tool")
+        raise LookupError(
+            f"ambiguous tool name {name!r}: it exists on several servers ({', '.join(owners)}); use server.tool"
+        )
     bare = {q.partition(".")[2]: q for q in tools}
     guesses = close_names(name, sorted(tools))
     guesses += [bare[b] for b in close_names(name.rpartition(".")[2], sorted(bare)) if bare[b] not in guesses]
-    hint = f"closest: {', '.join(guesses[:3])}" if guesses else f"known tools: {', '.join(sorted(tools)[:10]) or 'none'}"
+    hint = (
+        f"closest: {', '.join(guesses[:3])}" if guesses else f"known tools: {', '.join(sorted(tools)[:10]) or 'none'}"
+    )
     raise LookupError(f"unknown tool {name!r} ({hint})")
 
 

@@ -60,7 +60,7 @@ class DeviceUnavailable(Exception):
 class DeviceLink(Protocol):
     """What a dispatcher needs from the server's registry of device connections."""
 
-    correlator: "CommandCorrelator"
+    correlator: CommandCorrelator
 
     async def wait_online(self, device_id: str, timeout: float) -> int | None:
         """The id of the device's live connection, waiting up to ``timeout`` s; None if it stays offline."""
@@ -264,7 +264,10 @@ class WebSocketCommandDispatcher:
         remaining = max(deadline - loop.time(), 0.001)
         allowed = [c.call_id for c in batch.commands if c.call_id in approved]
         frame = CommandFrame(
-            response_id=batch.response_id, session_id=self.session_id, commands=batch.commands, timeout=remaining,
+            response_id=batch.response_id,
+            session_id=self.session_id,
+            commands=batch.commands,
+            timeout=remaining,
             approved=allowed or None,
         )
         try:

@@ -116,8 +116,13 @@ def align_results(commands: list[Command], results: list[Result], *, source: str
     other side misbehaves.
     """
     problems: list[str] = []
-    if len(results) == len(commands) and all(r.call_id in (None, c.call_id) for c, r in zip(commands, results)):
-        aligned = [r if r.call_id == c.call_id else r.model_copy(update={"call_id": c.call_id}) for c, r in zip(commands, results)]
+    if len(results) == len(commands) and all(
+        r.call_id in (None, c.call_id) for c, r in zip(commands, results, strict=False)
+    ):
+        aligned = [
+            r if r.call_id == c.call_id else r.model_copy(update={"call_id": c.call_id})
+            for c, r in zip(commands, results, strict=False)
+        ]
         return aligned, problems
     if len(results) != len(commands):
         problems.append(f"{source} returned {len(results)} results for {len(commands)} commands")

@@ -12,6 +12,8 @@ Public API (stable for the CLI, the service and the LLM agents)::
     )
 """
 
+import types as _types
+
 from saucer.engine.accounting import CostSummary, Limits
 from saucer.engine.agent import (
     Agent,
@@ -26,8 +28,8 @@ from saucer.engine.agent import (
     FinishState,
     NoActionState,
     PendingState,
-    StopState,
     StateRegistry,
+    StopState,
     as_agent_set,
 )
 from saucer.engine.errors import (
@@ -81,9 +83,8 @@ from saucer.engine.routing import (
 )
 from saucer.engine.session import Session, SessionResult, SessionStatus
 
-import types as _types
-
 __all__ = sorted(
-    name for name, value in list(globals().items())
+    name
+    for name, value in list(globals().items())
     if not name.startswith("_") and not isinstance(value, _types.ModuleType)
 )

@@ -30,7 +30,7 @@ class Limits:
     def round_reached(self, rounds: int) -> bool:
         return bool(self.max_round) and rounds - self.round_base >= self.max_round
 
-    def from_here(self, session_step: int, rounds: int) -> "Limits":
+    def from_here(self, session_step: int, rounds: int) -> Limits:
         """The same limits, counted from ``session_step`` steps and ``rounds`` rounds."""
         return Limits(self.max_step, self.max_round, session_step, rounds)
 
@@ -79,9 +79,7 @@ class CostSummary:
 
     def render(self) -> str:
         """One line for the terminal."""
-        parts = (
-            f"steps ${self.steps:.4f} + evaluation ${self.evaluation:.4f} + experience ${self.experience:.4f}"
-        )
+        parts = f"steps ${self.steps:.4f} + evaluation ${self.evaluation:.4f} + experience ${self.experience:.4f}"
         if self.unknown:
             return f"cost: unknown (a model without a price was used; the priced part is {parts} = ${self.known:.4f})"
         return f"cost: {parts} = ${self.known:.4f}"

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from saucer.dispatch.messages import Command, Result
 from saucer.engine.errors import DispatcherUnavailableError, UnknownStateError
@@ -93,14 +94,14 @@ class AgentState(ABC):
     status: ClassVar[str | None] = None
 
     @abstractmethod
-    async def handle(self, agent: "Agent", context: "Context") -> None:
+    async def handle(self, agent: Agent, context: Context) -> None:
         """Do this state's work for one step (read and write ``context``, run commands)."""
 
-    def next_state(self, agent: "Agent") -> "AgentState":
+    def next_state(self, agent: Agent) -> AgentState:
         """The state after this step: by default the agent's state named by ``agent.status``."""
         return agent.state_for(agent.status)
 
-    def next_agent(self, agent: "Agent") -> "Agent":
+    def next_agent(self, agent: Agent) -> Agent:
         """The agent that takes the next step: by default ``agent.handoff`` if set, else ``agent``."""
         target = agent.handoff
         if target is None:
@@ -136,7 +137,7 @@ class AgentState(ABC):
 class StateRegistry:
     """States of one agent class by name; falls back to the parent class's registry."""
 
-    def __init__(self, owner: str, parent: "StateRegistry | None" = None) -> None:
+    def __init__(self, owner: str, parent: StateRegistry | None = None) -> None:
         self.owner = owner
         self.parent = parent
         self._classes: dict[str, type[AgentState]] = {}
@@ -251,27 +252,27 @@ class Agent:
         self.handoff = None
         self.host = None
 
-    async def handle(self, context: "Context") -> None:
+    async def handle(self, context: Context) -> None:
         """Handle one step in the current state (UFO's ``agent.handle``)."""
         await self.state.handle(self, context)
 
     # ----------------------------------------------------------- agent hooks
 
-    async def act(self, context: "Context") -> AgentStatus | str | None:
+    async def act(self, context: Context) -> AgentStatus | str | None:
         """The work of one ``CONTINUE`` step; return the new status (None keeps ``self.status``)."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement act(context) or register its own CONTINUE state"
         )
 
-    def on_round_start(self, round: "Round") -> None:
+    def on_round_start(self, round: Round) -> None:
         """Called when a round that uses this agent starts (or is resumed)."""
 
-    async def on_answer(self, context: "Context", question: str, answer: str) -> None:
+    async def on_answer(self, context: Context, question: str, answer: str) -> None:
         """The user answered the ``PENDING`` question; default: keep the answer and continue."""
         self.answers.append(answer)
         self.status = AgentStatus.CONTINUE.value
 
-    async def on_confirmed(self, context: "Context", approved: bool) -> None:
+    async def on_confirmed(self, context: Context, approved: bool) -> None:
         """The user decided on a sensitive step; default: continue if approved, else fail."""
         if approved:
             self.status = AgentStatus.CONTINUE.value
@@ -299,7 +300,7 @@ class Agent:
 
     async def dispatch(
         self,
-        context: "Context",
+        context: Context,
         commands: Iterable[Command | Mapping[str, Any]],
         *,
         timeout: float | None = None,
@@ -329,8 +330,7 @@ class Agent:
         if len(results) != len(cmds):
             got = len(results)
             results = results[: len(cmds)] + [
-                Result.failure(c, f"the dispatcher returned {got} results for {len(cmds)} commands")
-                for c in cmds[got:]
+                Result.failure(c, f"the dispatcher returned {got} results for {len(cmds)} commands") for c in cmds[got:]
             ]
         step = self.step
         if step is not None:
@@ -351,7 +351,7 @@ class ContinueState(AgentState):
 
     status = AgentStatus.CONTINUE.value
 
-    async def handle(self, agent: Agent, context: "Context") -> None:
+    async def handle(self, agent: Agent, context: Context) -> None:
         result = agent.act(context)
         if inspect.isawaitable(result):
             result = await result
@@ -365,7 +365,7 @@ class FinishState(AgentState):
 
     status = AgentStatus.FINISH.value
 
-    async def handle(self, agent: Agent, context: "Context") -> None:
+    async def handle(self, agent: Agent, context: Context) -> None:
         return None
 
     def is_round_end(self) -> bool:
@@ -381,7 +381,7 @@ class ErrorState(AgentState):
 
     status = AgentStatus.ERROR.value
 
-    async def handle(self, agent: Agent, context: "Context") -> None:
+    async def handle(self, agent: Agent, context: Context) -> None:
         return None
 
     def is_round_end(self) -> bool:
@@ -394,7 +394,7 @@ class FailState(AgentState):
 
     status = AgentStatus.FAIL.value
 
-    async def handle(self, agent: Agent, context: "Context") -> None:
+    async def handle(self, agent: Agent, context: Context) -> None:
         return None
 
     def is_round_end(self) -> bool:
@@ -410,7 +410,7 @@ class NoActionState(AgentState):
 
     status = AgentStatus.NO_ACTION.value
 
-    async def handle(self, agent: Agent, context: "Context") -> None:
+    async def handle(self, agent: Agent, context: Context) -> None:
         return None
 
     def is_round_end(self) -> bool:
@@ -423,7 +423,7 @@ class StopState(AgentState):
 
     status = AgentStatus.STOP.value
 
-    async def handle(self, agent: Agent, context: "Context") -> None:
+    async def handle(self, agent: Agent, context: Context) -> None:
         return None
 
     def is_round_end(self) -> bool:
@@ -436,7 +436,7 @@ class PendingState(AgentState):
 
     status = AgentStatus.PENDING.value
 
-    async def handle(self, agent: Agent, context: "Context") -> None:
+    async def handle(self, agent: Agent, context: Context) -> None:
         interactor = agent.round.session.interactor if agent.round is not None else None
         question = agent.pending_question
         answer = await ask(interactor, "question_asker", question, len(agent.answers))
@@ -450,7 +450,7 @@ class ConfirmState(AgentState):
 
     status = AgentStatus.CONFIRM.value
 
-    async def handle(self, agent: Agent, context: "Context") -> None:
+    async def handle(self, agent: Agent, context: Context) -> None:
         interactor = agent.round.session.interactor if agent.round is not None else None
         approved = bool(await ask(interactor, "sensitive_step_asker", agent.pending_action, agent.pending_target))
         agent.note(confirmed=approved, action=agent.pending_action)
@@ -466,7 +466,7 @@ class AgentSet:
 
     agents: Sequence[Agent]
     initial: str | None = None
-    graph: "TransitionGraph | Mapping[str, Any] | None" = None
+    graph: TransitionGraph | Mapping[str, Any] | None = None
     evaluator: Any = None
     by_name: dict[str, Agent] = field(init=False)
 
@@ -493,7 +493,7 @@ class AgentProvider(Protocol):
     works too. ``saucer.agents.llm`` provides one via ``create_agent_provider(settings)``.
     """
 
-    def __call__(self, session: "Session") -> "AgentSet | Agent | Sequence[Agent]": ...
+    def __call__(self, session: Session) -> AgentSet | Agent | Sequence[Agent]: ...
 
 
 def as_agent_set(value: Any) -> AgentSet:

@@ -22,8 +22,9 @@ window handle itself (``APPLICATION_WINDOW``) is a live object, never stored.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import PurePath
-from typing import Any, Mapping
+from typing import Any
 
 from saucer.context import Context, ContextNames
 from saucer.dispatch.messages import Command, ResultStatus
@@ -50,7 +51,7 @@ class ApplicationWatch:
 
     def learn(self, commands: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
         """Remember the programs a step's successful ``launch`` and ``ui_tree`` calls named."""
-        for command, result in zip(commands, results):
+        for command, result in zip(commands, results, strict=False):
             data = result.get("result")
             if result.get("status") != "success" or not isinstance(data, dict) or not isinstance(data.get("pid"), int):
                 continue
@@ -61,7 +62,9 @@ class ApplicationWatch:
             elif name in (LAUNCH_TOOL, UI_TREE_TOOL) and isinstance(data.get("app"), str) and data["app"]:
                 self.programs.setdefault(data["pid"], data["app"])
 
-    async def after_step(self, dispatcher: Any, context: Context, commands: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
+    async def after_step(
+        self, dispatcher: Any, context: Context, commands: list[dict[str, Any]], results: list[dict[str, Any]]
+    ) -> None:
         """After a step that ran commands: ask for the focused window and set the application names."""
         self.learn(commands, results)
         if not commands or dispatcher is None:
@@ -70,7 +73,11 @@ class ApplicationWatch:
         if answer.status != ResultStatus.SUCCESS or not isinstance(answer.result, dict):
             return
         windows = answer.result.get("windows")
-        focused = next((w for w in windows if isinstance(w, dict) and w.get("focused")), None) if isinstance(windows, list) else None
+        focused = (
+            next((w for w in windows if isinstance(w, dict) and w.get("focused")), None)
+            if isinstance(windows, list)
+            else None
+        )
         if focused is None:
             return
         info = {key: focused.get(key) for key in _WINDOW_FIELDS if key in focused}

@@ -44,8 +44,9 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Awaitable, Callable, Iterable, Literal
+from typing import Any, Literal
 
 from saucer.context import Context, ContextNames
 from saucer.engine.interactor import ask, interactor_approver, nobody_to_ask
@@ -163,8 +164,10 @@ class Approval:
         """What the model reads for a decided question: the answer, or that nobody answered in time."""
         if self.status == "answered":
             return f"the user ({self.decided_by}) answered: {self.note or ''}"
-        return (f"{QUESTION_TIMED_OUT}: nobody answered question {self.number} of session {self.session_id} "
-                f"within {self.timeout or 0:g} s; decide without the answer, or finish and say what you need to know")
+        return (
+            f"{QUESTION_TIMED_OUT}: nobody answered question {self.number} of session {self.session_id} "
+            f"within {self.timeout or 0:g} s; decide without the answer, or finish and say what you need to know"
+        )
 
     def refusal(self) -> str:
         """What the agent is told when this approval did not allow the step (its result's error text)."""
@@ -228,7 +231,11 @@ def approvals_of(events: Iterable[Event]) -> list[Approval]:
         current = found.get(number)
         if current is not None and current.pending:
             found[number] = replace(
-                current, status=status, decided_by=event.author, decided_at=event.timestamp, note=note  # type: ignore[arg-type]
+                current,
+                status=status,
+                decided_by=event.author,
+                decided_at=event.timestamp,
+                note=note,  # type: ignore[arg-type]
             )
     return [found[n] for n in sorted(found)]
 
@@ -350,10 +357,14 @@ def decide(
         approval = found[0]
         what = approval.what
         if approval.kind == "question" and status in ("approved", "refused"):
-            raise ApprovalError(f"{number} of session {session_id!r} is a question, not an approval: answer it "
-                                f"(saucer answer {session_id} {number} TEXT)")
+            raise ApprovalError(
+                f"{number} of session {session_id!r} is a question, not an approval: answer it "
+                f"(saucer answer {session_id} {number} TEXT)"
+            )
         if approval.kind == "approval" and status == "answered":
-            raise ApprovalError(f"{number} of session {session_id!r} is an approval, not a question: approve or refuse it")
+            raise ApprovalError(
+                f"{number} of session {session_id!r} is an approval, not a question: approve or refuse it"
+            )
         if status == "answered" and not (note or "").strip():
             raise ApprovalError("the answer must not be blank")
         if status == "answered" and len(note or "") > MAX_ANSWER_CHARS:
@@ -365,8 +376,10 @@ def decide(
             )
         ended = _ended(store, session_id)
         if ended is not None:
-            raise ApprovalError(f"session {session_id!r} has ended ({ended}); its {what} {number} can no longer "
-                               + ("be answered" if what == "question" else "run"))
+            raise ApprovalError(
+                f"session {session_id!r} has ended ({ended}); its {what} {number} can no longer "
+                + ("be answered" if what == "question" else "run")
+            )
         if status != "timed_out":  # the runner's own timeout is not a person's write
             check_decider(store, session_id, author, head)
         data: dict[str, Any] = {"number": number, "status": status}
@@ -374,7 +387,12 @@ def decide(
             data["note"] = note
         try:
             event = store.append(
-                session_id, head, [], author=author, round=approval.round, meta={"kind": DECISION_KIND, "approval": data}
+                session_id,
+                head,
+                [],
+                author=author,
+                round=approval.round,
+                meta={"kind": DECISION_KIND, "approval": data},
             )
         except ConflictError:
             continue  # something was written meanwhile (maybe a decision): check again
@@ -398,7 +416,11 @@ async def wait_for_decision(
                 if decision is not None and decision[0] == approval.number:
                     _, status, note = decision
                     return replace(
-                        approval, status=status, decided_by=event.author, decided_at=event.timestamp, note=note  # type: ignore[arg-type]
+                        approval,
+                        status=status,
+                        decided_by=event.author,
+                        decided_at=event.timestamp,
+                        note=note,  # type: ignore[arg-type]
                     )
     except TimeoutError:
         pass
@@ -407,7 +429,12 @@ async def wait_for_decision(
             await stream.aclose()  # type: ignore[attr-defined]
     try:
         return await asyncio.to_thread(
-            decide, store, approval.session_id, approval.number, status="timed_out", author="system",
+            decide,
+            store,
+            approval.session_id,
+            approval.number,
+            status="timed_out",
+            author="system",
             note=QUESTION_TIMED_OUT if approval.kind == "question" else None,
         )
     except ApprovalError:
@@ -445,8 +472,14 @@ def pending_approver(
         reason = (await reason_of(command) if reason_of is not None else None) or ""
         ctx = session.context
         approval = await asyncio.to_thread(
-            request_approval, store, session.session_id, action=f"run {command.tool_name}", detail=detail,
-            reason=reason, round=int(ctx.get(ContextNames.CURRENT_ROUND_ID)), timeout=timeout,
+            request_approval,
+            store,
+            session.session_id,
+            action=f"run {command.tool_name}",
+            detail=detail,
+            reason=reason,
+            round=int(ctx.get(ContextNames.CURRENT_ROUND_ID)),
+            timeout=timeout,
         )
         await ask(interactor, "approval_pending", approval)
         decided = await wait_for_decision(store, approval, interval=interval)
@@ -456,16 +489,36 @@ def pending_approver(
 
 
 def request_question(
-    store: EventStore, session_id: str, question: str, *, author: str = "system", round: int | None = None,
-    step: int | None = None, timeout: float | None = None,
+    store: EventStore,
+    session_id: str,
+    question: str,
+    *,
+    author: str = "system",
+    round: int | None = None,
+    step: int | None = None,
+    timeout: float | None = None,
 ) -> Approval:
     """Record a pending question in the session (:func:`request_approval` with ``kind="question"``)."""
-    return request_approval(store, session_id, action="ask_user", detail=question, author=author, round=round,
-                            step=step, timeout=timeout, kind="question")
+    return request_approval(
+        store,
+        session_id,
+        action="ask_user",
+        detail=question,
+        author=author,
+        round=round,
+        step=step,
+        timeout=timeout,
+        kind="question",
+    )
 
 
 async def pending_question(
-    session: Any, interactor: Any, question: str, *, timeout: float, author: str = "system",
+    session: Any,
+    interactor: Any,
+    question: str,
+    *,
+    timeout: float,
+    author: str = "system",
     interval: float = DEFAULT_POLL_INTERVAL,
 ) -> Approval | None:
     """Ask ``question`` as a pending question of ``session`` and wait up to ``timeout`` seconds
@@ -477,8 +530,13 @@ async def pending_question(
     ctx = getattr(session, "context", None)
     round_id = ctx.get(ContextNames.CURRENT_ROUND_ID) if ctx is not None else None
     asked = await asyncio.to_thread(
-        request_question, store, session.session_id, question, author=author,
-        round=int(round_id) if isinstance(round_id, int) else None, timeout=timeout,
+        request_question,
+        store,
+        session.session_id,
+        question,
+        author=author,
+        round=int(round_id) if isinstance(round_id, int) else None,
+        timeout=timeout,
     )
     await ask(interactor, "question_pending", asked)
     return await wait_for_decision(store, asked, interval=interval)

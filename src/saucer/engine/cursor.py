@@ -23,8 +23,9 @@ so far is version 1. A cursor of a newer version than this saucer knows is an
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from saucer.engine.accounting import Limits
 from saucer.engine.errors import EngineError
@@ -81,7 +82,7 @@ class ResumePoint:
     version: int = CURSOR_VERSION
 
     @classmethod
-    def from_meta(cls, data: Mapping[str, Any]) -> "ResumePoint":
+    def from_meta(cls, data: Mapping[str, Any]) -> ResumePoint:
         """Read a stored cursor (any version up to :data:`CURSOR_VERSION`)."""
         version = data.get("v", 1)
         if not isinstance(version, int) or version < 1 or version > CURSOR_VERSION:
@@ -117,7 +118,9 @@ class ResumePoint:
         """The stored form (what :func:`cursor_meta` writes)."""
         extra: dict[str, Any] = {} if self.evaluated is None else {"evaluated": self.evaluated}
         limits = Limits(step_base=self.limit_base[0], round_base=self.limit_base[1]) if self.limit_base else Limits()
-        return cursor_meta(self.phase, self.round, self.plan_index, self.agent, self.state, self.progress, limits, **extra)
+        return cursor_meta(
+            self.phase, self.round, self.plan_index, self.agent, self.state, self.progress, limits, **extra
+        )
 
 
 def cursor_meta(
@@ -131,7 +134,13 @@ def cursor_meta(
     **extra: Any,
 ) -> dict[str, Any]:
     """A cursor as stored in an event's meta: position, non-zero counters, the limits' base."""
-    cursor: dict[str, Any] = {"phase": phase, "round": round_id, "plan_index": plan_index, "agent": agent, "state": state}
+    cursor: dict[str, Any] = {
+        "phase": phase,
+        "round": round_id,
+        "plan_index": plan_index,
+        "agent": agent,
+        "state": state,
+    }
     if CURSOR_VERSION != 1:  # version 1 is the one stored without "v"
         cursor["v"] = CURSOR_VERSION
     # Counters at zero are left out (the cursor rides on every step's event).
@@ -267,8 +276,12 @@ def stored_session_brief(store: EventStore, session_id: str) -> tuple[dict[str, 
     seen = 0
     # A fork's meta names its origin (and, since forks inherit them, its task and mode): its creation
     # meta and plan are its origin's.
-    while ("mode" not in info.meta or (not has_plan and "forked_from" in info.meta)) and origin is not None \
-            and store.exists(origin) and seen < 100:
+    while (
+        ("mode" not in info.meta or (not has_plan and "forked_from" in info.meta))
+        and origin is not None
+        and store.exists(origin)
+        and seen < 100
+    ):
         info, has_plan = store.session_info_without_plan(origin)
         origin, _ = fork_origin(info)
         seen += 1

@@ -16,7 +16,8 @@ does its :class:`~saucer.engine.result.SessionResult`.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from saucer.config import Settings
 from saucer.engine.uitree import UI_TREE_TOOL

@@ -43,12 +43,12 @@ class Evaluation(BaseModel):
 class Evaluator(Protocol):
     """Judges a round or a session from its Context."""
 
-    async def evaluate(self, context: "Context", *, scope: Scope, round_id: int | None = None) -> Evaluation:
+    async def evaluate(self, context: Context, *, scope: Scope, round_id: int | None = None) -> Evaluation:
         """The verdict for ``scope`` (``round_id`` is the round's id for ``round``)."""
         ...
 
 
-async def judge(evaluator: Any, context: "Context", scope: Scope, round_id: int | None) -> Evaluation:
+async def judge(evaluator: Any, context: Context, scope: Scope, round_id: int | None) -> Evaluation:
     """``evaluator``'s verdict, named after it and its round filled in; an evaluator that fails
     (or answers something that is not a verdict) gives an ``unsure`` verdict saying so, never a crash."""
     name = getattr(evaluator, "name", None) or type(evaluator).__name__

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from saucer.engine.accounting import CostSummary
-from saucer.engine.evaluation import Evaluation
 from saucer.engine.defaults import NO_TERMINAL, can_answer
+from saucer.engine.evaluation import Evaluation
 from saucer.engine.interactor import ask
 from saucer.engine.logs import EXPERIENCE_FILE, SessionLogs, read_step_log, render_markdown, slug
 from saucer.engine.plan import Plan, plan_from_rounds

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from saucer.engine.errors import ExpressionError
 

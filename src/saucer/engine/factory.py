@@ -46,13 +46,15 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from saucer.config import Settings, load_settings
 from saucer.dispatch.messages import Command, Result
 from saucer.dispatch.servers import DesktopServer, configured_servers
+from saucer.engine.approvals import pending_approver
 from saucer.engine.components import create_agent_provider, create_operator_provider
 from saucer.engine.errors import (
     LLMUnavailableError,
@@ -61,7 +63,6 @@ from saucer.engine.errors import (
     PlatformNotSupportedError,
     ServiceModeError,
 )
-from saucer.engine.approvals import pending_approver
 from saucer.engine.interactor import interactor_approver
 from saucer.engine.logs import log_dir_for
 from saucer.engine.plan import (
@@ -82,6 +83,7 @@ MODES = ("normal", "follower", "batch_normal", "service", "operator", "normal_op
 #: Request modes whose agent drives the desktop (the desktop server is always added to their tools).
 OPERATOR_MODES = ("operator", "normal_operator")
 SUPPORTED_PLATFORMS = ("linux",)
+
 
 def current_platform() -> str:
     """``linux``, ``windows``, ``darwin`` or ``sys.platform``."""
@@ -111,15 +113,22 @@ def _desktop_server(settings: Settings, session: Session) -> DesktopServer | Non
     added to ``mcp.servers`` too, unless they have a ``desktop``; its artifacts go to
     ``desktop.artifacts_dir``, else to the session's log folder."""
     display = settings.desktop.display or os.environ.get("DISPLAY")
-    wanted = settings.desktop.enabled or (settings.system.save_ui_tree and bool(display)) or session.mode in OPERATOR_MODES
+    wanted = (
+        settings.desktop.enabled or (settings.system.save_ui_tree and bool(display)) or session.mode in OPERATOR_MODES
+    )
     if not wanted:
         return None
-    return DesktopServer(artifacts=_artifacts(settings, session), display=settings.desktop.display, sandbox=settings.shell)
+    return DesktopServer(
+        artifacts=_artifacts(settings, session), display=settings.desktop.display, sandbox=settings.shell
+    )
 
 
 def _artifacts(settings: Settings, session: Session) -> Path:
     """The session's artifacts folder: ``desktop.artifacts_dir``, else ``artifacts/`` in its log folder."""
-    return Path(settings.desktop.artifacts_dir or log_dir_for(settings.logs.root, session.task, session.session_id) / "artifacts")
+    return Path(
+        settings.desktop.artifacts_dir
+        or log_dir_for(settings.logs.root, session.task, session.session_id) / "artifacts"
+    )
 
 
 def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = None) -> Callable[[Session], Any]:
@@ -135,8 +144,12 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
         # The shell may write to the session's artifacts folder when it has one (a desktop session); the
         # other sessions' shell options stay the same, so a pool shares one shell server among them.
         servers = configured_servers(
-            settings.mcp.servers, where, desktop=desktop, isolate=settings.mcp.isolate,
-            shell=settings.shell, artifacts=desktop.artifacts if desktop is not None else None,
+            settings.mcp.servers,
+            where,
+            desktop=desktop,
+            isolate=settings.mcp.isolate,
+            shell=settings.shell,
+            artifacts=desktop.artifacts if desktop is not None else None,
         )
         interactor = getattr(session, "interactor", None)
         dispatcher = local.LocalCommandDispatcher.from_config(
@@ -235,7 +248,7 @@ class SessionFactory:
             self._store.close()
             self._store = None
 
-    def __enter__(self) -> "SessionFactory":
+    def __enter__(self) -> SessionFactory:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -307,7 +320,9 @@ class SessionFactory:
             return [self._session(task, "normal", request=request, agents=agents, **kw)]
         if mode in OPERATOR_MODES:
             if plan is not None:
-                raise ModeError(f"{mode} mode takes a request, not a plan (a plan of desktop commands runs in follower mode)")
+                raise ModeError(
+                    f"{mode} mode takes a request, not a plan (a plan of desktop commands runs in follower mode)"
+                )
             agents = kw.pop("agents", None) or self.agent_provider(mode)
             return [self._session(task, mode, request=request, agents=agents, **kw)]
         if mode == "follower":
@@ -412,7 +427,9 @@ class SessionFactory:
 
     def _plans(self, plan: Any, mode: str) -> list[tuple[str | None, Plan]]:
         if plan is None:
-            raise ModeError(f"{mode} mode needs a plan (a JSON file{' or a folder of them' if mode != 'service' else ''})")
+            raise ModeError(
+                f"{mode} mode needs a plan (a JSON file{' or a folder of them' if mode != 'service' else ''})"
+            )
         if isinstance(plan, (Plan, Mapping)):
             return [(None, parse_plan(plan))]
         path = Path(plan)
@@ -431,8 +448,12 @@ class SessionFactory:
             where = f" of {plan_file}" if plan_file else ""
             if text:
                 i = text[0]
-                raise LLMUnavailableError(f"plan step {i}{where} ({plan.steps[i]!r:.80}) is a text step and needs an LLM agent: {exc}") from None
-            raise LLMUnavailableError(f"the plan{where} has no steps, so its task is a request for an LLM agent: {exc}") from None
+                raise LLMUnavailableError(
+                    f"plan step {i}{where} ({plan.steps[i]!r:.80}) is a text step and needs an LLM agent: {exc}"
+                ) from None
+            raise LLMUnavailableError(
+                f"the plan{where} has no steps, so its task is a request for an LLM agent: {exc}"
+            ) from None
 
     def _follower(self, task: str, plan: Any, request: str, plan_tasks: bool = False, **kw: Any) -> list[Session]:
         plans = self._plans(plan, "follower")
@@ -501,7 +522,18 @@ class SessionFactory:
             if rest:
                 raise ModeError("service mode takes one plan, not a folder")
             agents = kw.pop("agents", None) or self._needs_llm(p, plan_file)
-            return [self._session(task, "service", plan=p, plan_file=plan_file, request=request, agents=agents, ask_new_requests=False, **kw)]
+            return [
+                self._session(
+                    task,
+                    "service",
+                    plan=p,
+                    plan_file=plan_file,
+                    request=request,
+                    agents=agents,
+                    ask_new_requests=False,
+                    **kw,
+                )
+            ]
         if not request:
             raise ModeError("service mode needs a request or a plan")
         agents = kw.pop("agents", None) or self.agent_provider()

@@ -37,7 +37,8 @@ import inspect
 import json
 import logging
 from collections import deque
-from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
 
 _log = logging.getLogger("saucer.engine.approvals")
 
@@ -107,13 +108,20 @@ class NonInteractiveInteractor:
     def question_pending(self, question: Any) -> None:
         _log.info(
             "session %s: question %d waits for an answer; saucer answer %s %d TEXT",
-            question.session_id, question.number, question.session_id, question.number,
+            question.session_id,
+            question.number,
+            question.session_id,
+            question.number,
         )
 
     def approval_pending(self, approval: Any) -> None:
         _log.info(
             "session %s: approval %d waits (%s); saucer approve %s %d, or saucer refuse",
-            approval.session_id, approval.number, approval.action, approval.session_id, approval.number,
+            approval.session_id,
+            approval.number,
+            approval.action,
+            approval.session_id,
+            approval.number,
         )
 
 

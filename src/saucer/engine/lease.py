@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from saucer.engine.errors import LeaseLostError
 from saucer.store import EventStore, LeaseHeldError, StoreError

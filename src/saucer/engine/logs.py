@@ -17,12 +17,14 @@ opened lazily and kept open for the session's lifetime.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping
+from typing import IO, Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter
@@ -149,7 +151,7 @@ class StepRecord:
         return meta
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], session_id: str = "") -> "StepRecord":
+    def from_dict(cls, data: Mapping[str, Any], session_id: str = "") -> StepRecord:
         """Validate a stored dict (a log line, or an event's ``meta`` plus its ``session_id``) into a record.
 
         Any step format up to :data:`~saucer.engine.step_format.STEP_FORMAT` is
@@ -268,7 +270,7 @@ def log_dir_for(root: str | Path, task: str, session_id: str) -> Path:
 class _LineHandler(logging.Handler):
     """Writes each record's message as one line to a lazily opened file."""
 
-    def __init__(self, logs: "SessionLogs", name: str) -> None:
+    def __init__(self, logs: SessionLogs, name: str) -> None:
         super().__init__()
         self._logs = logs
         self._name = name
@@ -292,7 +294,7 @@ class SessionLogs:
         self._loggers: dict[str, logging.Logger] = {}
 
     @classmethod
-    def create(cls, root: str | Path, task: str, session_id: str) -> "SessionLogs":
+    def create(cls, root: str | Path, task: str, session_id: str) -> SessionLogs:
         """A fresh folder for a new session (suffixed if a previous run used the name)."""
         base = log_dir_for(root, task, session_id)
         path = base
@@ -304,14 +306,14 @@ class SessionLogs:
         return cls(path.resolve())
 
     @classmethod
-    def reopen(cls, path: str | Path) -> "SessionLogs":
+    def reopen(cls, path: str | Path) -> SessionLogs:
         """The folder of a session being resumed (its files are appended to)."""
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
         return cls(p)
 
     @classmethod
-    def disabled(cls) -> "SessionLogs":
+    def disabled(cls) -> SessionLogs:
         """Logs that write nothing."""
         return cls(None)
 
@@ -379,10 +381,8 @@ class SessionLogs:
     def close(self) -> None:
         """Close every open file. Idempotent."""
         for fh in self._files.values():
-            try:
+            with contextlib.suppress(OSError):
                 fh.close()
-            except OSError:
-                pass
         self._files.clear()
         for logger in self._loggers.values():
             for handler in list(logger.handlers):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from saucer.engine.logs import StepRecord
@@ -28,33 +29,33 @@ _METHODS = ("on_session_start", "on_round_start", "on_step", "on_round_end", "on
 class SessionObserver(Protocol):
     """Hooks for live progress; all optional, plain or async."""
 
-    def on_session_start(self, session: "Session") -> Any: ...
+    def on_session_start(self, session: Session) -> Any: ...
 
-    def on_round_start(self, session: "Session", round: "Round") -> Any: ...
+    def on_round_start(self, session: Session, round: Round) -> Any: ...
 
-    def on_step(self, session: "Session", record: "StepRecord") -> Any: ...
+    def on_step(self, session: Session, record: StepRecord) -> Any: ...
 
-    def on_round_end(self, session: "Session", round: "Round", result: "RoundResult") -> Any: ...
+    def on_round_end(self, session: Session, round: Round, result: RoundResult) -> Any: ...
 
-    def on_session_end(self, session: "Session", result: "SessionResult") -> Any: ...
+    def on_session_end(self, session: Session, result: SessionResult) -> Any: ...
 
 
 class NullObserver:
     """Does nothing (subclass it and override what you need)."""
 
-    def on_session_start(self, session: "Session") -> None:
+    def on_session_start(self, session: Session) -> None:
         pass
 
-    def on_round_start(self, session: "Session", round: "Round") -> None:
+    def on_round_start(self, session: Session, round: Round) -> None:
         pass
 
-    def on_step(self, session: "Session", record: "StepRecord") -> None:
+    def on_step(self, session: Session, record: StepRecord) -> None:
         pass
 
-    def on_round_end(self, session: "Session", round: "Round", result: "RoundResult") -> None:
+    def on_round_end(self, session: Session, round: Round, result: RoundResult) -> None:
         pass
 
-    def on_session_end(self, session: "Session", result: "SessionResult") -> None:
+    def on_session_end(self, session: Session, result: SessionResult) -> None:
         pass
 
 
@@ -111,7 +112,9 @@ class ObserverCaller:
         except Exception as exc:  # noqa: BLE001 - an observer bug must not stop the session
             if name not in self._failed:
                 self._failed.add(name)
-                _log.warning("session observer %s.%s failed: %s: %s", type(fn).__qualname__, name, type(exc).__name__, exc)
+                _log.warning(
+                    "session observer %s.%s failed: %s: %s", type(fn).__qualname__, name, type(exc).__name__, exc
+                )
 
     def has(self, name: str) -> bool:
         return name in self._fns

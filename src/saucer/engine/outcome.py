@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from saucer.config import Settings
 from saucer.context import Context, ContextNames
@@ -59,7 +60,7 @@ class SessionOutcome:
     _notify: ObserverCaller
     _end_hooks: list[Callable[..., Any]]
     _evaluations: list[Evaluation]
-    _request_set: "AgentSet | None"
+    _request_set: AgentSet | None
     _run_rounds: list[tuple[str, list[dict[str, Any]]]]
 
     if TYPE_CHECKING:  # provided by ResumableSession
@@ -162,7 +163,13 @@ class SessionOutcome:
             meta["skipped"] = dict(self.skipped)
         version = await self.context.acommit(author="system", meta=meta)
         self.result = self._result(
-            status, reason, error or p.error, version, cost, experience_path=experience_path, evaluations=self._evaluations
+            status,
+            reason,
+            error or p.error,
+            version,
+            cost,
+            experience_path=experience_path,
+            evaluations=self._evaluations,
         )
         if self.settings.system.log_to_markdown and self.logs.path is not None:
             title = f"{self.task} — session {self.session_id} ({self.mode})"
@@ -171,7 +178,9 @@ class SessionOutcome:
 
     async def _fail(self, exc: BaseException) -> None:
         """An exception outside a step: record it as the session's end when the store still takes it."""
-        message = str(exc) if isinstance(exc, (EngineError, LeaseHeldError, ValueError)) else f"{type(exc).__name__}: {exc}"
+        message = (
+            str(exc) if isinstance(exc, (EngineError, LeaseHeldError, ValueError)) else f"{type(exc).__name__}: {exc}"
+        )
         self.progress.error = message
         if not isinstance(exc, (StoreError, LeaseLostError)):
             try:

@@ -9,7 +9,8 @@ a timeline from events already read.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from saucer.engine.status import status_of
 from saucer.store import Event, SessionHead
@@ -41,8 +42,11 @@ def session_row(head: SessionHead, now: float | None = None) -> dict[str, Any]:
         "created_at": info.created_at,
         "updated_at": info.updated_at,
         # A fork that stands alone (its parent was pruned) keeps its origin in its meta.
-        "parent": f"{info.parent_id}@{info.parent_version}" if info.parent_id
-        else f"{meta['forked_from']}@{meta.get('at')}" if meta.get("forked_from") else None,
+        "parent": f"{info.parent_id}@{info.parent_version}"
+        if info.parent_id
+        else f"{meta['forked_from']}@{meta.get('at')}"
+        if meta.get("forked_from")
+        else None,
         "runner": state.holder,
         "request": meta.get("request") if isinstance(meta.get("request"), str) else None,
         "reason": summary.get("reason") or (head.last.meta.get("reason") if head.last is not None else None) or None,
@@ -51,8 +55,24 @@ def session_row(head: SessionHead, now: float | None = None) -> dict[str, Any]:
 
 #: The fields of an event's meta that the timeline carries as they are.
 EVENT_FIELDS = (
-    "agent", "state", "status", "next_agent", "next_state", "subtask", "plan_index", "error", "request",
-    "round_status", "session_status", "reason", "scope", "verdict", "summary", "continues", "artifacts", "skipped",
+    "agent",
+    "state",
+    "status",
+    "next_agent",
+    "next_state",
+    "subtask",
+    "plan_index",
+    "error",
+    "request",
+    "round_status",
+    "session_status",
+    "reason",
+    "scope",
+    "verdict",
+    "summary",
+    "continues",
+    "artifacts",
+    "skipped",
 )
 
 

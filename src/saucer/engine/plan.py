@@ -25,9 +25,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Mapping, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
@@ -100,7 +101,7 @@ def _step_kind(value: Any) -> str | None:
 
 
 StepSpec = Annotated[
-    Union[Annotated[str, Tag("_text")], Annotated[PlanStep, Tag("_step")]],
+    Annotated[str, Tag("_text")] | Annotated[PlanStep, Tag("_step")],
     Discriminator(
         _step_kind,
         custom_error_type="plan_step",
@@ -210,7 +211,9 @@ def _parse_plan_bytes(raw: bytes, p: Path) -> Plan:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PlanError(f"plan file {p} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        raise PlanError(
+            f"plan file {p} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+        ) from None
     except RecursionError:  # the decoder's own guard, before any of it is used
         raise PlanError(f"plan file {p} nests lists or objects too deeply to be a plan") from None
     try:

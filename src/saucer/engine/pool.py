@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from saucer.dispatch.shared import share_tool_servers
 from saucer.engine.accounting import CostSummary

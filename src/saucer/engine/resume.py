@@ -80,7 +80,9 @@ class ResumableSession:
             holder = self._stored_plan
             spec = self.store if self.store is not None else self._store_spec
             if isinstance(spec, str):
-                with open_store(spec, encrypt=self.settings.store.encrypt, key_file=self.settings.store.key_file) as probe:
+                with open_store(
+                    spec, encrypt=self.settings.store.encrypt, key_file=self.settings.store.key_file
+                ) as probe:
                     data = probe.session_plan(holder)
             else:
                 data = spec.session_plan(holder)
@@ -94,7 +96,7 @@ class ResumableSession:
 
     if TYPE_CHECKING:  # provided by Session
 
-        def _agents_for(self, step: "PlanStep | str | None") -> "AgentSet": ...
+        def _agents_for(self, step: PlanStep | str | None) -> AgentSet: ...
 
     @classmethod
     def resume(
@@ -120,7 +122,11 @@ class ResumableSession:
         """
         settings = settings if settings is not None else load_settings()
         spec = store if store is not None else settings.store.url
-        probe = open_store(spec, encrypt=settings.store.encrypt, key_file=settings.store.key_file) if isinstance(spec, str) else spec
+        probe = (
+            open_store(spec, encrypt=settings.store.encrypt, key_file=settings.store.key_file)
+            if isinstance(spec, str)
+            else spec
+        )
         try:
             meta, plan_holder = stored_session_brief(probe, session_id)
         finally:

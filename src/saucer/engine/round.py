@@ -108,8 +108,8 @@ class RoundHost(Protocol):
     """What a round needs of its session; :class:`~saucer.engine.session.Session` provides it."""
 
     session_id: str
-    settings: "Settings"
-    context: "Context"
+    settings: Settings
+    context: Context
     logs: SessionLogs
     limits: Limits
     interactor: Any
@@ -120,7 +120,7 @@ class RoundHost(Protocol):
     #: Settings that are on but cannot apply to this session -> why (:mod:`saucer.engine.defaults`).
     skipped: dict[str, str]
     #: Fills UFO's APPLICATION_* names after each step, in a session with a desktop (else None).
-    application: "ApplicationWatch | None"
+    application: ApplicationWatch | None
 
     def check_lease(self) -> None:
         """Before each step: raise if this runner lost its lease on the session."""
@@ -133,7 +133,7 @@ class RoundHost(Protocol):
         """Some cost of this session could not be priced."""
 
     async def step_committed(
-        self, rnd: "Round", agent: Agent, record: StepRecord, *, subtask_end: bool = False, failed: bool = False
+        self, rnd: Round, agent: Agent, record: StepRecord, *, subtask_end: bool = False, failed: bool = False
     ) -> None:
         """A step's commit is in the store: count it, log it, tell the observer."""
 
@@ -149,7 +149,7 @@ class Round:
         agents: AgentSet,
         *,
         plan_index: int | None = None,
-        plan_step: "PlanStep | str | None" = None,
+        plan_step: PlanStep | str | None = None,
         start_agent: str | None = None,
         start_state: str | None = None,
     ) -> None:
@@ -171,9 +171,7 @@ class Round:
         self.terminated: str | None = None
         initial = start_agent or (graph.initial_agent if graph is not None else agents.initial)
         if initial not in agents.by_name:
-            raise GraphError(
-                f"round {round_id}: agent {initial!r} is not one of {', '.join(agents.by_name)}"
-            )
+            raise GraphError(f"round {round_id}: agent {initial!r} is not one of {', '.join(agents.by_name)}")
         for agent in agents.agents:
             agent.reset()
             agent.round = self
@@ -209,8 +207,15 @@ class Round:
             session.check_lease()
             round_step += 1
             record = StepRecord(
-                session.session_id, self.id, round_step, session.session_step + 1, agent.name, state.name(),
-                subtask_index=subtask_index, plan_index=self.plan_index, started_at=_now(),
+                session.session_id,
+                self.id,
+                round_step,
+                session.session_step + 1,
+                agent.name,
+                state.name(),
+                subtask_index=subtask_index,
+                plan_index=self.plan_index,
+                started_at=_now(),
             )
             if save_ui_tree and not agent.looks_at_desktop:
                 # What the step starts from, saved before it acts (an agent that looks itself saves its own).
@@ -300,7 +305,11 @@ class Round:
             author=agent.name, round=self.id, step=record.session_step, meta=meta
         )
         t3 = _perf()
-        record.timings = {"handle_ms": (t1 - t0) * 1000.0, "commit_ms": (t3 - t2) * 1000.0, "total_ms": (t3 - t0) * 1000.0}
+        record.timings = {
+            "handle_ms": (t1 - t0) * 1000.0,
+            "commit_ms": (t3 - t2) * 1000.0,
+            "total_ms": (t3 - t0) * 1000.0,
+        }
         self.steps += 1
 
     def _route(self, agent: Agent, next_state: AgentState, record: StepRecord) -> tuple[Agent, AgentState]:

@@ -39,10 +39,11 @@ when it is loaded, which fails only the session that uses it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from saucer.context.names import ContextNames, typed_name
+from saucer.context.names import typed_name
 from saucer.engine.errors import ExpressionError, GraphError, UnknownConditionError
 from saucer.engine.expression import compile_expression
 
@@ -71,12 +72,11 @@ __all__ = [
 ]
 
 
-
 @dataclass(slots=True)
 class RouteInput:
     """What a routing decision may look at."""
 
-    context: "Context | Mapping[str, Any]"
+    context: Context | Mapping[str, Any]
     last_agent: str = ""
     tools: tuple[str, ...] = ()
     turn: int = 0
@@ -94,11 +94,11 @@ class RouteInput:
 
 # ------------------------------------------------------------------ registries
 
-_CONDITIONS: dict[str, type["Condition"]] = {}
-_TARGETS: dict[str, type["Target"]] = {}
+_CONDITIONS: dict[str, type[Condition]] = {}
+_TARGETS: dict[str, type[Target]] = {}
 
 
-def register_condition(type_name: str) -> Callable[[type["Condition"]], type["Condition"]]:
+def register_condition(type_name: str) -> Callable[[type[Condition]], type[Condition]]:
     """Register a condition class under ``type_name`` (a decorator)."""
 
     def deco(cls: type[Condition]) -> type[Condition]:
@@ -109,7 +109,7 @@ def register_condition(type_name: str) -> Callable[[type["Condition"]], type["Co
     return deco
 
 
-def register_target(type_name: str) -> Callable[[type["Target"]], type["Target"]]:
+def register_target(type_name: str) -> Callable[[type[Target]], type[Target]]:
     """Register a target class under ``type_name`` (a decorator)."""
 
     def deco(cls: type[Target]) -> type[Target]:
@@ -147,7 +147,7 @@ class Condition:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Condition":
+    def from_dict(cls, data: Mapping[str, Any]) -> Condition:
         return cls(**{k: v for k, v in data.items() if k != "type"})
 
 
@@ -162,7 +162,7 @@ class Target:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Target":
+    def from_dict(cls, data: Mapping[str, Any]) -> Target:
         return cls(**{k: v for k, v in data.items() if k != "type"})
 
 
@@ -218,10 +218,7 @@ class ToolCalled(Condition):
 
     def matches(self, inp: RouteInput) -> bool:
         name = self.name
-        for tool in inp.tools:
-            if tool == name or tool.rsplit(".", 1)[-1] == name:
-                return True
-        return False
+        return any(tool == name or tool.rsplit(".", 1)[-1] == name for tool in inp.tools)
 
 
 @register_condition("always")
@@ -265,7 +262,7 @@ class Expression(Condition):
         return {"type": self.type_name, "text": self.text}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Expression":
+    def from_dict(cls, data: Mapping[str, Any]) -> Expression:
         return cls(data["text"])
 
     def __eq__(self, other: object) -> bool:
@@ -372,7 +369,7 @@ class TransitionGraph:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TransitionGraph":
+    def from_dict(cls, data: Mapping[str, Any]) -> TransitionGraph:
         """A graph from :meth:`to_dict` output; unknown condition/target types raise UnknownConditionError."""
         if not isinstance(data, Mapping):
             raise GraphError(f"a transition graph is an object, not {type(data).__name__}")
@@ -398,6 +395,8 @@ class TransitionGraph:
         return cls(
             initial_agent=data.get("initial_agent", ""),
             transitions=transitions,
-            default_target=_load("target", _TARGETS, default, "default_target") if default is not None else Terminate("no transition matched"),
+            default_target=_load("target", _TARGETS, default, "default_target")
+            if default is not None
+            else Terminate("no transition matched"),
             max_turns=data.get("max_turns"),
         )

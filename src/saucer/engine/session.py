@@ -46,8 +46,9 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
@@ -101,7 +102,7 @@ class Session(ResumableSession, SessionOutcome):
         agents: Any = None,
         graph: Any = None,
         dispatcher: Any = None,
-        dispatcher_factory: Callable[["Session"], Any] | None = None,
+        dispatcher_factory: Callable[[Session], Any] | None = None,
         interactor: Any = None,
         observer: Any = None,
         evaluator: Any = None,
@@ -211,11 +212,11 @@ class Session(ResumableSession, SessionOutcome):
 
     # ================================================================= hooks
 
-    def add_start_hook(self, hook: Callable[["Session"], Any]) -> None:
+    def add_start_hook(self, hook: Callable[[Session], Any]) -> None:
         """Call ``hook(session)`` once the session has started (its start is committed)."""
         self._start_hooks.append(hook)
 
-    def add_end_hook(self, hook: Callable[["Session", "SessionResult"], Any]) -> None:
+    def add_end_hook(self, hook: Callable[[Session, SessionResult], Any]) -> None:
         """Call ``hook(session, result)`` when the session ends, before ``on_session_end``."""
         self._end_hooks.append(hook)
 
@@ -340,7 +341,9 @@ class Session(ResumableSession, SessionOutcome):
             request = self.request or (plan.task if plan is not None else "")
             if not request:
                 if self.mode != "normal":
-                    raise EngineError(f"session {self.session_id!r} ({self.mode} mode) has no request and no plan steps")
+                    raise EngineError(
+                        f"session {self.session_id!r} ({self.mode} mode) has no request and no plan steps"
+                    )
                 request = await ask(self.interactor, "first_request") or ""
                 if not request:
                     raise EngineError("no request was given (pass a request, or run with a terminal to type one)")

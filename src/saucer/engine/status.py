@@ -71,5 +71,11 @@ def status_of(head: SessionHead, now: float | None = None) -> StoredStatus:
 
 def _fork_point(info: SessionInfo) -> int:
     """The version a fork branched at (its parent's newest it reads); -1 for a session that is no fork."""
-    at = info.parent_version if info.parent_id is not None else info.meta.get("at") if info.meta.get("forked_from") else None
+    at = (
+        info.parent_version
+        if info.parent_id is not None
+        else info.meta.get("at")
+        if info.meta.get("forked_from")
+        else None
+    )
     return at if isinstance(at, int) and not isinstance(at, bool) else -1

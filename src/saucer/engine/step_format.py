@@ -25,7 +25,8 @@ record out, its input unchanged), add it to :data:`_UPCASTERS`, bump
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from saucer.engine.errors import EngineError
 

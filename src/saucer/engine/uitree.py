@@ -64,13 +64,22 @@ class DesktopView:
             entry: dict[str, Any] = {"kind": "ui_tree"}
             if self.tree.get("path"):
                 entry["path"] = self.tree["path"]
-            entry.update({"app": self.tree.get("app"), "window": self.tree.get("window"), "nodes": self.tree.get("node_count")})
+            entry.update(
+                {"app": self.tree.get("app"), "window": self.tree.get("window"), "nodes": self.tree.get("node_count")}
+            )
             out.append({k: v for k, v in entry.items() if v is not None})
         elif "ui_tree" in self.errors:
             out.append({"kind": "ui_tree", "error": self.errors["ui_tree"]})
         if self.screenshot is not None:
             shot = self.screenshot
-            out.append({"kind": "screenshot", "path": shot.get("path"), "width": shot.get("width"), "height": shot.get("height")})
+            out.append(
+                {
+                    "kind": "screenshot",
+                    "path": shot.get("path"),
+                    "width": shot.get("width"),
+                    "height": shot.get("height"),
+                }
+            )
         elif "screenshot" in self.errors:
             out.append({"kind": "screenshot", "error": self.errors["screenshot"]})
         return out
@@ -113,10 +122,17 @@ async def look(
     parameters: dict[str, Any] = {"include_tree": include_tree, **(tree_parameters or {})}
     if save_tree:
         parameters["save_as"] = f"{name}-tree"
-    tree = await call_one(dispatcher, Command(tool_name=UI_TREE_TOOL, parameters=parameters, tool_type="data_collection"))
-    shot = await call_one(dispatcher, Command(
-        tool_name=SCREENSHOT_TOOL, parameters={"name": f"{name}-screen", **(screenshot_parameters or {})},
-        tool_type="data_collection"))
+    tree = await call_one(
+        dispatcher, Command(tool_name=UI_TREE_TOOL, parameters=parameters, tool_type="data_collection")
+    )
+    shot = await call_one(
+        dispatcher,
+        Command(
+            tool_name=SCREENSHOT_TOOL,
+            parameters={"name": f"{name}-screen", **(screenshot_parameters or {})},
+            tool_type="data_collection",
+        ),
+    )
     for key, result in (("ui_tree", tree), ("screenshot", shot)):
         if result.status == ResultStatus.SUCCESS and isinstance(result.result, dict):
             setattr(view, "tree" if key == "ui_tree" else "screenshot", result.result)

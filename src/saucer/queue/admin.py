@@ -107,7 +107,16 @@ def _describe(client: QueueClient, rows: list[tuple[Any, ...]], sessions: bool =
     out = []
     store = client.store if sessions else None
     for _key, sid, source, kind, queue, job_id, requeues, status, attempts, priority, _args, reason in rows:
-        row = JobRow(sid, source, kind, queue, _STATE_OF.get(status, str(status)), job_id, _retries(requeues, status, attempts), priority)
+        row = JobRow(
+            sid,
+            source,
+            kind,
+            queue,
+            _STATE_OF.get(status, str(status)),
+            job_id,
+            _retries(requeues, status, attempts),
+            priority,
+        )
         row.reason = reason if row.state == "failed" else None
         if store is not None and store.exists(sid):
             state = stored_status(store, sid)
@@ -139,7 +148,9 @@ async def _select(client: QueueClient, sessions: list[str], states: tuple[str, .
         if not found:
             raise LookupError(f"no queued session {name!r} (saucer queue status lists them)")
         if len(found) > 1:
-            raise LookupError(f"{name!r} fits {len(found)} queued sessions: {', '.join(r[1] for r in found[:5])}; give more of the id")
+            raise LookupError(
+                f"{name!r} fits {len(found)} queued sessions: {', '.join(r[1] for r in found[:5])}; give more of the id"
+            )
         picked.append(found[0])
     return picked
 
@@ -152,12 +163,16 @@ async def retry_jobs(client: QueueClient, sessions: list[str]) -> list[tuple[str
     running, or whose session finished, is left as it is.
     """
     out = []
-    for key, sid, source, kind, queue, _job, _req, status, _att, priority, args, _reason in await _select(client, sessions, ("failed", "cancelled")):
+    for key, sid, source, kind, queue, _job, _req, _status, _att, priority, args, _reason in await _select(
+        client, sessions, ("failed", "cancelled")
+    ):
         if args is None:
             out.append((sid, "has no job to retry yet (being queued)"))
             continue
         [done] = await client.enqueue([JobSpec(key, sid, kind, source, dict(args))], queue=queue, priority=priority)
-        out.append((sid, f"queued again as job {done.job_id}" if done.outcome != "skipped" else f"not retried: {done.why}"))
+        out.append(
+            (sid, f"queued again as job {done.job_id}" if done.outcome != "skipped" else f"not retried: {done.why}")
+        )
     return out
 
 
@@ -175,5 +190,16 @@ async def cancel_jobs(client: QueueClient, sessions: list[str]) -> list[tuple[st
             out.append((sid, f"not cancelled: it is {_STATE_OF.get(status, status)}"))
             continue
         cancelled = await client.app.job_manager.cancel_job_by_id_async(job_id, abort=True)
-        out.append((sid, ("cancelled" if status == "todo" else "stop asked; it stops within seconds, keeping the steps it committed") if cancelled else "not cancelled: it just ended"))
+        out.append(
+            (
+                sid,
+                (
+                    "cancelled"
+                    if status == "todo"
+                    else "stop asked; it stops within seconds, keeping the steps it committed"
+                )
+                if cancelled
+                else "not cancelled: it just ended",
+            )
+        )
     return out

@@ -42,7 +42,17 @@ from saucer.queue.jobs import TASK_NAME, make_app
 from saucer.queue.schema import QueueLocation, ensure_queue, queue_location
 from saucer.store import EventStore, open_store
 
-__all__ = ["JobSpec", "Enqueued", "QueueClient", "plan_jobs", "request_job", "seed_args", "enqueue_task", "ORPHAN_CLAIM_SECONDS", "lock_for"]
+__all__ = [
+    "JobSpec",
+    "Enqueued",
+    "QueueClient",
+    "plan_jobs",
+    "request_job",
+    "seed_args",
+    "enqueue_task",
+    "ORPHAN_CLAIM_SECONDS",
+    "lock_for",
+]
 
 #: A claim without a job (left by an older saucer, which wrote them in two steps) is taken over after this long.
 ORPHAN_CLAIM_SECONDS = 60.0
@@ -182,7 +192,7 @@ class QueueClient:
         self.me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.app: procrastinate.App | None = None
 
-    async def __aenter__(self) -> "QueueClient":
+    async def __aenter__(self) -> QueueClient:
         await asyncio.to_thread(ensure_queue, self.location)
         self.app = make_app(self.location)
         await self.app.open_async()
@@ -199,7 +209,9 @@ class QueueClient:
         assert self.app is not None, "use QueueClient in 'async with'"
         return self.app.connector.pool  # type: ignore[attr-defined]
 
-    async def enqueue(self, specs: list[JobSpec], *, queue: str | None = None, priority: int | None = None) -> list[Enqueued]:
+    async def enqueue(
+        self, specs: list[JobSpec], *, queue: str | None = None, priority: int | None = None
+    ) -> list[Enqueued]:
         """Claim and queue each spec not already queued, running or finished; say why for the others.
 
         Claims and jobs are written in one transaction per batch of :data:`BATCH`
@@ -209,7 +221,9 @@ class QueueClient:
         name = queue or self.settings.queue.name
         prio = self.settings.queue.priority if priority is None else priority
         settled = await asyncio.to_thread(lambda: [self._settled(spec) for spec in specs])
-        done: dict[str, Enqueued] = {spec.key: Enqueued(spec, "skipped", why) for spec, why in zip(specs, settled) if why}
+        done: dict[str, Enqueued] = {
+            spec.key: Enqueued(spec, "skipped", why) for spec, why in zip(specs, settled, strict=False) if why
+        }
         todo = sorted((spec for spec in specs if spec.key not in done), key=lambda spec: spec.key)
         for i in range(0, len(todo), BATCH):
             batch = todo[i : i + BATCH]
@@ -246,7 +260,14 @@ class QueueClient:
                     "INSERT INTO saucer_jobs (key, session_id, kind, source, queue_name, claimed_by) "
                     "SELECT k, s, kd, src, %s, %s FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS t(k, s, kd, src) "
                     "ON CONFLICT (key) DO NOTHING RETURNING key",
-                    (queue, self.me, [b.key for b in batch], [b.session_id for b in batch], [b.kind for b in batch], [b.source for b in batch]),
+                    (
+                        queue,
+                        self.me,
+                        [b.key for b in batch],
+                        [b.session_id for b in batch],
+                        [b.kind for b in batch],
+                        [b.source for b in batch],
+                    ),
                 )
                 new = {row[0] for row in await cur.fetchall()}
                 for spec in batch:
@@ -274,7 +295,9 @@ class QueueClient:
                     "UPDATE saucer_jobs AS s SET job_id = t.id FROM unnest(%s::text[], %s::bigint[]) AS t(k, id) WHERE s.key = t.k",
                     ([spec.key for spec, _ in claimed], ids),
                 )
-        return out + [Enqueued(spec, outcome, job_id=job_id) for (spec, outcome), job_id in zip(claimed, ids)]
+        return out + [
+            Enqueued(spec, outcome, job_id=job_id) for (spec, outcome), job_id in zip(claimed, ids, strict=False)
+        ]
 
     async def _reclaim(self, conn: Any, spec: JobSpec, queue: str) -> str:
         """Take over an existing identity if its job is over and its session is not; '' when taken, else why not."""
@@ -303,24 +326,46 @@ class QueueClient:
 
 
 async def enqueue_task(
-    settings: Settings, task: dict[str, Any], *, session_id: str | None = None, yes: bool = False, user: str | None = None
+    settings: Settings,
+    task: dict[str, Any],
+    *,
+    session_id: str | None = None,
+    yes: bool = False,
+    user: str | None = None,
 ) -> Enqueued:
     """Queue one task as the service receives it (``{"task": ..., "steps": [...], "vars": {...},
     "participants": [...]}``): a plan when it has steps, else its ``task`` as a request. Used by
     ``POST /api/sessions`` with ``"queue": true``; ``user`` is the principal that submitted it."""
     from saucer.engine.plan import parse_plan
 
-    steps = [{k: v for k, v in step.items() if k != "timeout"} for step in task.get("steps") or []]  # tools' own timeouts apply
+    steps = [
+        {k: v for k, v in step.items() if k != "timeout"} for step in task.get("steps") or []
+    ]  # tools' own timeouts apply
     if steps:
         plan = parse_plan({"task": task["task"], "steps": steps}, "the submitted task")
         sid = session_id or new_session_id(plan.task)
-        args = {"session_id": sid, "task": plan.task, "mode": "follower", "plan": plan.model_dump(mode="json", exclude_defaults=True),
-                "plan_file": None, "workspace": None, "yes": yes, "settings": {},
-                **seed_args(task.get("vars"), task.get("participants"), user)}
+        args = {
+            "session_id": sid,
+            "task": plan.task,
+            "mode": "follower",
+            "plan": plan.model_dump(mode="json", exclude_defaults=True),
+            "plan_file": None,
+            "workspace": None,
+            "yes": yes,
+            "settings": {},
+            **seed_args(task.get("vars"), task.get("participants"), user),
+        }
         spec = JobSpec(sid, sid, "plan", "service", args)
     else:
-        spec = request_job(task["task"], task="request", session_id=session_id, yes=yes,
-                           context_vars=task.get("vars"), participants=task.get("participants"), user=user)
+        spec = request_job(
+            task["task"],
+            task="request",
+            session_id=session_id,
+            yes=yes,
+            context_vars=task.get("vars"),
+            participants=task.get("participants"),
+            user=user,
+        )
         spec.args["workspace"] = None
     with open_store(settings.store.url) as store:
         async with QueueClient(settings, store) as client:

@@ -22,9 +22,11 @@ session's lease.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import procrastinate
 import psycopg
@@ -122,7 +124,9 @@ class SessionRunner:
 
         self.settings = settings
         self.store = store
-        self.factory = SessionFactory(settings, store=store, agents=agents, dispatcher_factory=dispatcher_factory, workspace=workspace)
+        self.factory = SessionFactory(
+            settings, store=store, agents=agents, dispatcher_factory=dispatcher_factory, workspace=workspace
+        )
         self._injected_dispatcher = dispatcher_factory is not None
         self.observer = observer
         #: Results of the sessions this runner ran, newest last (for the worker's log and for tests).
@@ -144,7 +148,9 @@ class SessionRunner:
         from types import SimpleNamespace
 
         with tempfile.TemporaryDirectory(prefix="saucer-worker-check-") as where:
-            probe = SimpleNamespace(workspace=where, mode="follower", task="worker-check", session_id="worker-check", interactor=None)
+            probe = SimpleNamespace(
+                workspace=where, mode="follower", task="worker-check", session_id="worker-check", interactor=None
+            )
             try:
                 async with self.factory.dispatcher_factory(probe) as dispatcher:
                     await dispatcher.list_tools()
@@ -210,7 +216,9 @@ class SessionRunner:
     def _resume(self, sid: str, args: dict[str, Any]) -> Session:
         state = stored_status(self.store, sid)
         retry = state.status in (SessionStatus.FAILED, SessionStatus.ERROR)
-        session = Session.resume(sid, store=self.store, settings=self._settings(args), retry_failed=retry, **self._common(args))
+        session = Session.resume(
+            sid, store=self.store, settings=self._settings(args), retry_failed=retry, **self._common(args)
+        )
         # A session whose worker died before its start was committed starts with the job's variables.
         session.context_vars = dict(args.get("vars") or {})
         return session
@@ -230,7 +238,9 @@ class SessionRunner:
         except SessionExistsError:  # created by another runner between the check and the create
             result = await self._resume(args["session_id"], args).run()
         except LeaseHeldError as exc:
-            raise SessionBusy(f"session {args['session_id']!r} is being run by {exc.holder}", self.settings.store.lease_ttl) from None
+            raise SessionBusy(
+                f"session {args['session_id']!r} is being run by {exc.holder}", self.settings.store.lease_ttl
+            ) from None
         self.finished.append(result)
         return result
 
@@ -276,10 +286,8 @@ class SessionRunner:
             "error": reason,
             _QUEUE_ERROR: True,
         }
-        try:
+        with contextlib.suppress(SessionExistsError):
             self.store.create_session(sid, meta=meta)
-        except SessionExistsError:
-            pass
 
     async def _run_job(self, context: job_context.JobContext, args: dict[str, Any]) -> dict[str, Any]:
         timeout = self.settings.queue.job_timeout
@@ -299,7 +307,9 @@ class SessionRunner:
                 raise HandedBack(f"session {sid!r}: handed back to the queue (the worker is shutting down)") from None
             raise
         if result.status in (SessionStatus.FAILED, SessionStatus.ERROR):
-            raise SessionJobFailed(f"session {sid!r} ended {result.status}: {result.reason or result.error or ''}".rstrip(": "))
+            raise SessionJobFailed(
+                f"session {sid!r} ended {result.status}: {result.reason or result.error or ''}".rstrip(": ")
+            )
         return {"session_id": sid, "status": result.status, "steps": result.steps}
 
 
@@ -332,8 +342,12 @@ class _SharedJobManager(JobManager):
         except procrastinate.exceptions.ConnectorException as exc:
             if not _taken_over(exc):
                 raise
-            _log.warning("job %s (session %s): ended by another worker meanwhile; its outcome here (%s) is dropped",
-                         job.id, job.task_kwargs.get("session_id"), status)
+            _log.warning(
+                "job %s (session %s): ended by another worker meanwhile; its outcome here (%s) is dropped",
+                job.id,
+                job.task_kwargs.get("session_id"),
+                status,
+            )
 
     async def retry_job(self, job: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -341,8 +355,11 @@ class _SharedJobManager(JobManager):
         except procrastinate.exceptions.ConnectorException as exc:
             if not _taken_over(exc):
                 raise
-            _log.warning("job %s (session %s): ended by another worker meanwhile; not put back on the queue",
-                         job.id, job.task_kwargs.get("session_id"))
+            _log.warning(
+                "job %s (session %s): ended by another worker meanwhile; not put back on the queue",
+                job.id,
+                job.task_kwargs.get("session_id"),
+            )
 
 
 def make_app(location: QueueLocation, *, pool_size: int = 4) -> procrastinate.App:

@@ -23,7 +23,14 @@ import psycopg
 
 from saucer.store._postgres_conn import display_url, one_line, split_url
 
-__all__ = ["QueueUnavailableError", "QueueLocation", "queue_location", "migrate_queue", "ensure_queue", "QUEUE_SCHEMA_VERSION"]
+__all__ = [
+    "QueueUnavailableError",
+    "QueueLocation",
+    "queue_location",
+    "migrate_queue",
+    "ensure_queue",
+    "QUEUE_SCHEMA_VERSION",
+]
 
 #: The version of saucer's own queue tables (procrastinate's version is recorded beside it).
 QUEUE_SCHEMA_VERSION = 1
@@ -114,21 +121,27 @@ def migrate_queue(location: QueueLocation, connect_timeout: float = 10.0) -> tup
     from procrastinate.schema import SchemaManager
 
     try:
-        with psycopg.connect(location.conninfo, connect_timeout=int(connect_timeout), **location.connect_kwargs()) as conn:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saucer-queue:{location.schema}",))
-                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{location.schema}"')
-                present = conn.execute(
-                    "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = 'procrastinate_jobs'",
-                    (location.schema,),
-                ).fetchone()
-                if not present:
-                    conn.execute(SchemaManager.get_schema())  # type: ignore[arg-type]
-                conn.execute(_SAUCER_TABLES)
-                row = conn.execute("SELECT version, procrastinate FROM saucer_queue_schema ORDER BY applied_at DESC LIMIT 1").fetchone()
-                if row is None:
-                    row = (QUEUE_SCHEMA_VERSION, _procrastinate_version())
-                    conn.execute("INSERT INTO saucer_queue_schema (version, procrastinate) VALUES (%s, %s)", row)
+        with (
+            psycopg.connect(
+                location.conninfo, connect_timeout=int(connect_timeout), **location.connect_kwargs()
+            ) as conn,
+            conn.transaction(),
+        ):
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saucer-queue:{location.schema}",))
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{location.schema}"')
+            present = conn.execute(
+                "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = 'procrastinate_jobs'",
+                (location.schema,),
+            ).fetchone()
+            if not present:
+                conn.execute(SchemaManager.get_schema())  # type: ignore[arg-type]
+            conn.execute(_SAUCER_TABLES)
+            row = conn.execute(
+                "SELECT version, procrastinate FROM saucer_queue_schema ORDER BY applied_at DESC LIMIT 1"
+            ).fetchone()
+            if row is None:
+                row = (QUEUE_SCHEMA_VERSION, _procrastinate_version())
+                conn.execute("INSERT INTO saucer_queue_schema (version, procrastinate) VALUES (%s, %s)", row)
     except psycopg.Error as exc:
         raise QueueUnavailableError(
             f"PostgreSQL at {location.display}: cannot create or open the queue schema {location.schema!r}: {one_line(exc)}"

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from saucer.config import Settings
 from saucer.queue.jobs import SessionRunner, make_app
@@ -41,12 +42,16 @@ async def recover_stalled(app: Any, stalled_after: float) -> list[int]:
     for job in await app.job_manager.get_stalled_jobs(seconds_since_heartbeat=stalled_after):
         try:
             # By id: the app's retry_job passes over a job ended meanwhile, and this one must know it.
-            await app.job_manager.retry_job_by_id_async(job_id=job.id, retry_at=datetime.now(timezone.utc))
+            await app.job_manager.retry_job_by_id_async(job_id=job.id, retry_at=datetime.now(UTC))
         except Exception as exc:  # noqa: BLE001 - another worker took it back first
             _log.debug("stalled job %s: not retried here (%s)", job.id, exc)
             continue
         back.append(job.id)
-        _log.warning("job %s (session %s): its worker stopped sending heartbeats; back on the queue", job.id, job.task_kwargs.get("session_id"))
+        _log.warning(
+            "job %s (session %s): its worker stopped sending heartbeats; back on the queue",
+            job.id,
+            job.task_kwargs.get("session_id"),
+        )
     await app.job_manager.prune_stalled_workers(stalled_after)
     return back
 

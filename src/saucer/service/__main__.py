@@ -16,8 +16,9 @@ import logging
 import os
 import ssl
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from saucer.service.auth import TokenConfigError
 
@@ -45,7 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--state-dir", type=Path, default=Path(".saucer/service"))
     serve.add_argument("--store", help="event store URL of the sessions' Contexts (default: sqlite in the state dir)")
     serve.add_argument(
-        "--runner", choices=("engine", "plan"), default="engine", help="engine sessions (default) or the plain plan runner"
+        "--runner",
+        choices=("engine", "plan"),
+        default="engine",
+        help="engine sessions (default) or the plain plan runner",
     )
     serve.add_argument("--heartbeat-interval", type=float, default=10.0)
     serve.add_argument("--missed-heartbeats", type=int, default=3)

@@ -172,7 +172,9 @@ def is_aip(obj: Any) -> bool:
     return isinstance(obj, dict) and "status" in obj and "protocol_version" not in obj
 
 
-def parse_aip(data: bytes | str | dict[str, Any], sender: Literal["client", "server"], *, max_bytes: int | None = None) -> Any:
+def parse_aip(
+    data: bytes | str | dict[str, Any], sender: Literal["client", "server"], *, max_bytes: int | None = None
+) -> Any:
     """Parse one AIP message sent by ``sender``; raise :class:`ProtocolError` saying what is wrong and where."""
     if isinstance(data, dict):
         obj: Any = data
@@ -218,7 +220,7 @@ def encode_aip(message: BaseModel) -> str:
 
 def timestamp() -> str:
     """An ISO 8601 UTC timestamp, as AIP messages carry."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return datetime.datetime.now(datetime.UTC).isoformat()
 
 
 # ------------------------------------------------------------------- results
@@ -279,7 +281,11 @@ def result_from_aip(result: AipResult) -> Result:
 def result_to_aip(result: Result) -> AipResult:
     """The AIP form of a saucer result."""
     return AipResult(
-        status=result.status.value, result=result.result, error=result.error, namespace=result.namespace, call_id=result.call_id
+        status=result.status.value,
+        result=result.result,
+        error=result.error,
+        namespace=result.namespace,
+        call_id=result.call_id,
     )
 
 
@@ -289,12 +295,19 @@ def action_of(command: Command, namespaces: set[str] | frozenset[str] = frozense
     prefix, dot, bare = name.partition(".")
     if dot and bare and prefix in namespaces:
         name = bare
-    return AipAction(tool_name=name, tool_type=command.tool_type, call_id=command.call_id, parameters=dict(command.parameters))
+    return AipAction(
+        tool_name=name, tool_type=command.tool_type, call_id=command.call_id, parameters=dict(command.parameters)
+    )
 
 
 def command_of(action: AipAction) -> Command:
     """The saucer command for an AIP action (a missing ``call_id`` gets a fresh one)."""
-    return Command(tool_name=action.tool_name, tool_type=action.tool_type, call_id=action.call_id, parameters=action.parameters or {})
+    return Command(
+        tool_name=action.tool_name,
+        tool_type=action.tool_type,
+        call_id=action.call_id,
+        parameters=action.parameters or {},
+    )
 
 
 # --------------------------------------------------------------------- tools
@@ -328,7 +341,9 @@ def tools_from_listing(listing: Any) -> dict[str, dict[str, Any]]:
             "description": entry.get("description") or "",
             "input_schema": entry.get("input_schema") or {"type": "object"},
             "annotations": entry.get("annotations"),
-            "tool_type": entry.get("tool_type") if entry.get("tool_type") in ("action", "data_collection") else "action",
+            "tool_type": entry.get("tool_type")
+            if entry.get("tool_type") in ("action", "data_collection")
+            else "action",
             "sensitive": False,
         }
     return tools

@@ -137,14 +137,21 @@ class AipDeviceClient:
                 except DeviceError:
                     raise
                 except (OSError, WebSocketException, TimeoutError, ProtocolError, ConnectionError) as exc:
-                    _log.warning("device %s: connection to %s failed: %s", self.device_id, _safe_url(self.server_url), _reason(exc))
+                    _log.warning(
+                        "device %s: connection to %s failed: %s",
+                        self.device_id,
+                        _safe_url(self.server_url),
+                        _reason(exc),
+                    )
                 if self.stop.is_set():
                     break
                 if self.registrations > before:
                     delay, failures = self._backoff[0], 0
                 failures += 1
                 if self._max_failures is not None and failures > self._max_failures:
-                    raise DeviceError(f"gave up after {failures - 1} failed reconnection attempts to {_safe_url(self.server_url)}")
+                    raise DeviceError(
+                        f"gave up after {failures - 1} failed reconnection attempts to {_safe_url(self.server_url)}"
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), random.uniform(delay / 2, delay))
                 delay = min(delay * 2, self._backoff[1])
@@ -174,7 +181,9 @@ class AipDeviceClient:
                 await self._register(ws)
             except ConnectionClosed as exc:
                 if exc.rcvd is not None and exc.rcvd.code == _POLICY_CLOSE:
-                    raise DeviceAuthError(f"server refused the connection: {exc.rcvd.reason or 'policy violation'}") from None
+                    raise DeviceAuthError(
+                        f"server refused the connection: {exc.rcvd.reason or 'policy violation'}"
+                    ) from None
                 raise
             self._ws = ws
             try:
@@ -192,7 +201,12 @@ class AipDeviceClient:
         await ws.send(
             encode_aip(
                 AipClientMessage(
-                    type="register", status=AipStatus.OK, client_type="device", client_id=self.device_id, metadata=metadata, timestamp=timestamp()
+                    type="register",
+                    status=AipStatus.OK,
+                    client_type="device",
+                    client_id=self.device_id,
+                    metadata=metadata,
+                    timestamp=timestamp(),
                 )
             )
         )
@@ -200,7 +214,11 @@ class AipDeviceClient:
         if answer.status != AipStatus.OK:
             raise DeviceRefused(f"server refused device {self.device_id!r}: {answer.error or answer.status.value}")
         hint = (answer.result or {}).get(SAUCER_METADATA_KEY) if isinstance(answer.result, dict) else None
-        if isinstance(hint, dict) and isinstance(hint.get("heartbeat_interval"), (int, float)) and hint["heartbeat_interval"] > 0:
+        if (
+            isinstance(hint, dict)
+            and isinstance(hint.get("heartbeat_interval"), (int, float))
+            and hint["heartbeat_interval"] > 0
+        ):
             self.heartbeat_interval = min(self.heartbeat_interval, float(hint["heartbeat_interval"]))
         self.registrations += 1
         _log.info("device %s registered with %s (AIP)", self.device_id, _safe_url(self.server_url))
@@ -225,7 +243,11 @@ class AipDeviceClient:
             try:
                 message: AipServerMessage = parse_aip(raw, "server")
             except ProtocolError as exc:
-                await self._send(self._message("error", AipStatus.ERROR, error=f"{exc.code}: {exc.message}", prev_response_id=exc.ref))
+                await self._send(
+                    self._message(
+                        "error", AipStatus.ERROR, error=f"{exc.code}: {exc.message}", prev_response_id=exc.ref
+                    )
+                )
                 continue
             kind = message.type
             if kind == "command":
@@ -246,7 +268,14 @@ class AipDeviceClient:
                 # As UFO's client does: a task the server assigns comes back as this device's task request.
                 request = message.user_request or message.task_name or ""
                 await self._send(
-                    self._message("task", AipStatus.CONTINUE, request=request, task_name=message.task_name, session_id=message.session_id, request_id=new_id())
+                    self._message(
+                        "task",
+                        AipStatus.CONTINUE,
+                        request=request,
+                        task_name=message.task_name,
+                        session_id=message.session_id,
+                        request_id=new_id(),
+                    )
                 )
             elif kind == "error":
                 _log.warning("device %s: server error: %s", self.device_id, message.error)
@@ -271,10 +300,17 @@ class AipDeviceClient:
 
     async def _answer(self, message: AipServerMessage) -> None:
         actions = message.actions or []
-        commands = [Command(tool_name=a.tool_name, tool_type=a.tool_type, call_id=a.call_id, parameters=a.parameters or {}) for a in actions]
+        commands = [
+            Command(tool_name=a.tool_name, tool_type=a.tool_type, call_id=a.call_id, parameters=a.parameters or {})
+            for a in actions
+        ]
         status, error = message.status, None
         if not message.agent_name or message.agent_name not in self.agent_names:
-            named = f"agent_name {message.agent_name!r} is not served here" if message.agent_name else "the command names no agent_name"
+            named = (
+                f"agent_name {message.agent_name!r} is not served here"
+                if message.agent_name
+                else "the command names no agent_name"
+            )
             error = f"{named}; device {self.device_id!r} serves {', '.join(self.agent_names)}"
             status, results = AipStatus.ERROR, failure_results(commands, error)
         else:
@@ -284,7 +320,9 @@ class AipDeviceClient:
                 why = self._cancelled.pop(message.response_id or "", None)
                 if why is None:
                     raise
-                results = failure_results(commands, f"device {self.device_id!r}: the batch was stopped before it finished ({why})")
+                results = failure_results(
+                    commands, f"device {self.device_id!r}: the batch was stopped before it finished ({why})"
+                )
         with contextlib.suppress(ConnectionClosed, ConnectionError):
             await self._send(
                 self._message(
@@ -304,7 +342,9 @@ class AipDeviceClient:
         runnable: list[Command] = []
         for command in commands:
             if command.tool_name == LIST_TOOLS:
-                answers[command.call_id] = Result(status="success", result=self._listing(command.parameters), call_id=command.call_id)
+                answers[command.call_id] = Result(
+                    status="success", result=self._listing(command.parameters), call_id=command.call_id
+                )
                 continue
             try:
                 command.tool_name = resolve_tool(command.tool_name, self.tools) if self.tools else command.tool_name
@@ -315,12 +355,16 @@ class AipDeviceClient:
         if runnable:
             try:
                 ran = await self.dispatcher.execute_commands(runnable, self.command_timeout)
-                ran, _ = align_results(runnable, [r if isinstance(r, Result) else Result.model_validate(r) for r in ran], source="dispatcher")
+                ran, _ = align_results(
+                    runnable,
+                    [r if isinstance(r, Result) else Result.model_validate(r) for r in ran],
+                    source="dispatcher",
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every command is answered
                 ran = failure_results(runnable, f"device {self.device_id!r}: {type(exc).__name__}: {exc}")
-            for command, result in zip(runnable, ran):
+            for command, result in zip(runnable, ran, strict=False):
                 namespace = result.namespace or str(self.tools.get(command.tool_name, {}).get("server") or "") or None
                 answers[command.call_id] = result.model_copy(update={"namespace": namespace})
         return [answers[c.call_id] for c in commands]

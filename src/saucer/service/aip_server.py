@@ -45,9 +45,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -213,7 +213,10 @@ class AipServerDialect:
         try:
             if kind == "register":
                 self.agent_name = agent_name_for(metadata)
-                self._parameters = {**self._all_parameters.get("*", {}), **self._all_parameters.get(message.client_id or "", {})}
+                self._parameters = {
+                    **self._all_parameters.get("*", {}),
+                    **self._all_parameters.get(message.client_id or "", {}),
+                }
                 inflight = extension.get("inflight") if isinstance(extension.get("inflight"), list) else []
                 return RegisterFrame(
                     role="device" if message.client_type == "device" else "client",
@@ -250,7 +253,9 @@ class AipServerDialect:
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             where = ".".join(str(p) for p in first["loc"]) or "<message>"
-            raise ProtocolError(ErrorCode.INVALID_FRAME, f"invalid AIP {kind!r} message: {where}: {first['msg']}") from None
+            raise ProtocolError(
+                ErrorCode.INVALID_FRAME, f"invalid AIP {kind!r} message: {where}: {first['msg']}"
+            ) from None
 
     # ----------------------------------------------------------------- out
 
@@ -268,7 +273,13 @@ class AipServerDialect:
                 "heartbeat_interval": self.heartbeat_interval,
                 "max_frame_bytes": frame.max_frame_bytes,
             }
-            return AipServerMessage(type="heartbeat", status=ok, timestamp=now, response_id=new_id(), result={SAUCER_METADATA_KEY: extension})
+            return AipServerMessage(
+                type="heartbeat",
+                status=ok,
+                timestamp=now,
+                response_id=new_id(),
+                result={SAUCER_METADATA_KEY: extension},
+            )
         if isinstance(frame, HeartbeatAckFrame):
             return AipServerMessage(type="heartbeat", status=ok, timestamp=now, response_id=new_id())
         if isinstance(frame, TaskAcceptedFrame):
@@ -326,10 +337,13 @@ class AipServerDialect:
             )
         raise TypeError(f"no AIP form for a {type(frame).__name__}")
 
-
     def _with_device_parameters(self, action: Any) -> Any:
         declared = self.tool_parameters.get(action.tool_name, set())
-        missing = {k: v for k, v in self._parameters.items() if k in declared and (action.parameters or {}).get(k) in (None, REDACTED)}
+        missing = {
+            k: v
+            for k, v in self._parameters.items()
+            if k in declared and (action.parameters or {}).get(k) in (None, REDACTED)
+        }
         if not missing or action.tool_name == LIST_TOOLS:
             return action
         return action.model_copy(update={"parameters": {**(action.parameters or {}), **missing}})
@@ -345,13 +359,17 @@ async def discover_tools(hub: Any, device_id: str, connection: Any, timeout: flo
     command = Command(tool_name=LIST_TOOLS, tool_type="action", parameters={})
     batch = correlator.open(device_id, DISCOVERY_SESSION, [command], 0.0)
     batch.connection_id = connection.id
-    frame = CommandFrame(response_id=batch.response_id, session_id=DISCOVERY_SESSION, commands=[command], timeout=timeout)
+    frame = CommandFrame(
+        response_id=batch.response_id, session_id=DISCOVERY_SESSION, commands=[command], timeout=timeout
+    )
     try:
         await connection.send(frame)
         results = await asyncio.wait_for(asyncio.shield(batch.future), timeout)
     except Exception as exc:  # noqa: BLE001 - a device without list_tools still runs commands
         correlator.discard(batch, "timed out")
-        _log.warning("device %s: list_tools got no answer (%s); its sessions see no tool list", device_id, type(exc).__name__)
+        _log.warning(
+            "device %s: list_tools got no answer (%s); its sessions see no tool list", device_id, type(exc).__name__
+        )
         return {}
     result = results[0]
     if result.status.value != "success":

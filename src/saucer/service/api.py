@@ -196,7 +196,9 @@ class ServiceApi:
         config = self.state.config
         auth = self.state.auth
         # UFO's clients cannot set a header: they send the token as ?token= (taken out of the logged URL).
-        principal = auth.from_header(websocket.headers.get("authorization")) or auth.principal(query_token(websocket.scope))
+        principal = auth.from_header(websocket.headers.get("authorization")) or auth.principal(
+            query_token(websocket.scope)
+        )
         if principal is None:
             # Refused at the handshake with a readable body, before any frame is accepted.
             _handshake_refused.set(True)
@@ -233,7 +235,9 @@ class ServiceApi:
                         reason = "refused: device id owned by another token"
                         await connection.close(1008, "device id owned by another token")
         except Exception as exc:  # a dead peer, mostly: one line, not a traceback
-            _log.warning("connection %d (%s) failed: %s: %s", connection.id, connection.client_id, type(exc).__name__, exc)
+            _log.warning(
+                "connection %d (%s) failed: %s: %s", connection.id, connection.client_id, type(exc).__name__, exc
+            )
             reason = "server error on the connection"
         finally:
             self.state.hub.disconnected(connection, reason)
@@ -261,7 +265,13 @@ class ServiceApi:
             hub.update_info(connection, frame.info)
             return
         if isinstance(frame, TaskEndNotice) and connection.role is not None:
-            _log.debug("%s %s: task_end %s for session %s", connection.role, connection.client_id, frame.status, frame.session_id)
+            _log.debug(
+                "%s %s: task_end %s for session %s",
+                connection.role,
+                connection.client_id,
+                frame.status,
+                frame.session_id,
+            )
             return
         if isinstance(frame, RegisterFrame):
             await self._register(connection, frame)
@@ -272,7 +282,9 @@ class ServiceApi:
             await connection.send(HeartbeatAckFrame(sent_at=frame.sent_at))
         elif isinstance(frame, CommandResultsFrame):
             if connection.role != "device":
-                raise ProtocolError(ErrorCode.UNEXPECTED_FRAME, "only devices send command_results", frame.prev_response_id)
+                raise ProtocolError(
+                    ErrorCode.UNEXPECTED_FRAME, "only devices send command_results", frame.prev_response_id
+                )
             problems = hub.accept_results(connection, frame)
             if problems:
                 await connection.send_error(ErrorCode.RESULTS_MISMATCH, "; ".join(problems), frame.prev_response_id)
@@ -368,7 +380,5 @@ def _summary(record: SessionRecord) -> dict[str, Any]:
 
 
 def _validation_message(exc: ValidationError) -> str:
-    parts = [
-        f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}" for e in exc.errors(include_url=False)[:5]
-    ]
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}" for e in exc.errors(include_url=False)[:5]]
     return "; ".join(parts)

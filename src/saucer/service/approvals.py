@@ -105,7 +105,11 @@ class ApprovalGate:
         self.interval = interval
 
     async def check(
-        self, store: EventStore | None, commands: Sequence[Command], device_info: Mapping[str, Any], round_id: int | None
+        self,
+        store: EventStore | None,
+        commands: Sequence[Command],
+        device_info: Mapping[str, Any],
+        round_id: int | None,
     ) -> tuple[int, list[str], Result | None]:
         """``(n, approved, refused)``: the first ``n`` commands may be sent, ``approved`` are the call
         ids a principal approved among them, and ``refused`` is the failure of command ``n`` (None:
@@ -120,12 +124,23 @@ class ApprovalGate:
                 continue
             detail = json.dumps(command.parameters, ensure_ascii=False, default=str)
             approval = await asyncio.to_thread(
-                request_approval, store, self.session_id, action=f"run {command.tool_name}", detail=detail,
-                reason=reason, round=round_id, timeout=self.timeout,
+                request_approval,
+                store,
+                self.session_id,
+                action=f"run {command.tool_name}",
+                detail=detail,
+                reason=reason,
+                round=round_id,
+                timeout=self.timeout,
             )
             _log.info(
                 "session %s: %s waits for approval %d (%s): POST /api/sessions/%s/approvals/%d/approve or /refuse",
-                self.session_id, approval.action, approval.number, reason, self.session_id, approval.number,
+                self.session_id,
+                approval.action,
+                approval.number,
+                reason,
+                self.session_id,
+                approval.number,
             )
             decided = await wait_for_decision(store, approval, interval=self.interval)
             if decided.status != "approved":
@@ -156,7 +171,9 @@ async def may_act(
     """Whether ``principal`` may act on the session (decide, answer, write from the viewer): its owner, a
     service admin, a participant its task named or one added since (``named``: the task's participants)."""
     return (
-        principal == owner or principal in set(admins) or principal in set(named)
+        principal == owner
+        or principal in set(admins)
+        or principal in set(named)
         or await _participant(store, session_id, principal)
     )
 
@@ -199,7 +216,8 @@ class ApprovalRoutes:
         owner, named = found
         if not await may_act(store, session_id, principal, owner, named, self.admins):
             return error_response(
-                403, "not_allowed",
+                403,
+                "not_allowed",
                 f"principal {principal!r} may not see, decide or answer approvals and questions of session {session_id!r} "
                 "(its owner, its participants and the service admins may)",
             )
@@ -244,7 +262,9 @@ class ApprovalRoutes:
             field = "answer" if status == "answered" else "reason"
             reason = data.get(field) if isinstance(data, dict) else None
             if reason is not None and not isinstance(reason, str):
-                return error_response(422, "invalid_body", f"{field}: a string" + ("" if status == "answered" else ", or leave it out"))
+                return error_response(
+                    422, "invalid_body", f"{field}: a string" + ("" if status == "answered" else ", or leave it out")
+                )
             note = reason or None
         if status == "answered" and not (note or "").strip():
             return error_response(422, "invalid_body", 'the body must be {"answer": "..."} with a non-blank answer')
@@ -252,8 +272,13 @@ class ApprovalRoutes:
             return error_response(422, "invalid_body", f"answer: at most {MAX_ANSWER_CHARS} characters")
         try:
             decided = await asyncio.to_thread(
-                decide, store, session_id, request.path_params["number"],
-                status=status, author=principal_author(principal), note=note,  # type: ignore[arg-type]
+                decide,
+                store,
+                session_id,
+                request.path_params["number"],
+                status=status,
+                author=principal_author(principal),
+                note=note,  # type: ignore[arg-type]
             )
         except ApprovalNotFound as exc:
             return error_response(404, "unknown_approval", str(exc))

@@ -42,7 +42,8 @@ import random
 import socket
 import ssl as ssl_module
 from collections import OrderedDict
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
 from pydantic import BaseModel
@@ -174,7 +175,9 @@ class DeviceClient:
                 except DeviceError:
                     raise
                 except (OSError, WebSocketException, TimeoutError, ProtocolError, ConnectionError) as exc:
-                    _log.warning("device %s: connection to %s failed: %s", self.device_id, self.server_url, _reason(exc))
+                    _log.warning(
+                        "device %s: connection to %s failed: %s", self.device_id, self.server_url, _reason(exc)
+                    )
                 if self.stop.is_set():
                     break
                 if self.registrations > registered_before:
@@ -225,7 +228,9 @@ class DeviceClient:
     async def _register(self, ws: ClientConnection) -> None:
         inflight = sorted(set(self._running) | set(self._outbox))
         await ws.send(
-            encode_frame(RegisterFrame(role="device", client_id=self.device_id, info=self._describe(), inflight=inflight))
+            encode_frame(
+                RegisterFrame(role="device", client_id=self.device_id, info=self._describe(), inflight=inflight)
+            )
         )
         frame = parse_frame(await asyncio.wait_for(ws.recv(), self._open_timeout), max_bytes=None)
         if isinstance(frame, ErrorFrame):
@@ -282,13 +287,18 @@ class DeviceClient:
                 pass
             elif isinstance(frame, DeviceInfoRequestFrame):
                 await self._send(
-                    ws, DeviceInfoResponseFrame(request_id=frame.request_id, device_id=self.device_id, info=self._describe())
+                    ws,
+                    DeviceInfoResponseFrame(
+                        request_id=frame.request_id, device_id=self.device_id, info=self._describe()
+                    ),
                 )
             elif isinstance(frame, ErrorFrame):
                 if frame.code == ErrorCode.SUPERSEDED:
                     # Another process registered this device id; fighting over it would flap forever.
                     raise DeviceRefused(f"device {self.device_id!r} was taken over by a newer connection")
-                _log.warning("device %s: server error %s: %s (ref %s)", self.device_id, frame.code, frame.message, frame.ref)
+                _log.warning(
+                    "device %s: server error %s: %s (ref %s)", self.device_id, frame.code, frame.message, frame.ref
+                )
             elif isinstance(frame, (TaskAcceptedFrame, TaskEndFrame, RegisteredFrame)):
                 _log.info("device %s: %s", self.device_id, frame.type)
             else:
@@ -308,7 +318,11 @@ class DeviceClient:
             self._trim_cache()
         else:
             self._cache.move_to_end(key)
-            _log.info("device %s: batch %s repeats a known batch; answering without running it again", self.device_id, frame.response_id)
+            _log.info(
+                "device %s: batch %s repeats a known batch; answering without running it again",
+                self.device_id,
+                frame.response_id,
+            )
         assert self.server_instance is not None
         self._running[frame.response_id] = self.server_instance
         self._keys[frame.response_id] = key
@@ -355,7 +369,9 @@ class DeviceClient:
         try:
             checked = [r if isinstance(r, Result) else Result.model_validate(r) for r in results]
         except Exception as exc:
-            return failure_results(commands, f"{source}: dispatcher returned something that is not a list of results: {exc}")
+            return failure_results(
+                commands, f"{source}: dispatcher returned something that is not a list of results: {exc}"
+            )
         aligned, problems = align_results(commands, checked, source=f"{source} dispatcher")
         if problems:
             _log.warning("device %s: %s", self.device_id, "; ".join(problems))

@@ -24,8 +24,8 @@ from starlette.routing import Route
 
 from saucer.dispatch.websocket import DeviceUnavailable
 from saucer.service.auth import TokenAuthenticator
-from saucer.service.hub import DeviceHub, DeviceState
 from saucer.service.http import error_response, float_param, json_response, unauthorized
+from saucer.service.hub import DeviceHub, DeviceState
 from saucer.service.protocol import ErrorCode
 
 __all__ = ["DeviceRoutes", "unknown_device_message"]

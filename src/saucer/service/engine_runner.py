@@ -55,8 +55,9 @@ import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
@@ -144,7 +145,12 @@ class _SessionDispatcher:
     """
 
     def __init__(
-        self, inner: CommandDispatcher, session_id: str, task: TaskSpec, default_timeout: float, approval_timeout: float = 0.0
+        self,
+        inner: CommandDispatcher,
+        session_id: str,
+        task: TaskSpec,
+        default_timeout: float,
+        approval_timeout: float = 0.0,
     ) -> None:
         self.inner = inner
         self.session_id = session_id
@@ -171,13 +177,18 @@ class _SessionDispatcher:
             else:
                 command.call_id = f"{self.session_id}.{round_id}.{step}.{batch}.{position}"
         if timeout is None:
-            timeout = (plan_step.timeout if plan_step is not None else None) or self.task.timeout or self.default_timeout
+            timeout = (
+                (plan_step.timeout if plan_step is not None else None) or self.task.timeout or self.default_timeout
+            )
         store = self.session.store if self.session is not None else None
         sendable, approved, refused = await self.gate.check(store, commands, self._device_info(), round_id)
         results = list(await self._send(commands[:sendable], timeout, approved)) if sendable else []
         if refused is not None:
             results.append(refused)
-            results += [Result.skipped(c, "not run: an earlier command of the batch was refused") for c in commands[sendable + 1 :]]
+            results += [
+                Result.skipped(c, "not run: an earlier command of the batch was refused")
+                for c in commands[sendable + 1 :]
+            ]
         return results
 
     async def _send(self, commands: list[Command], timeout: float, approved: list[str]) -> list[Result]:
@@ -274,7 +285,9 @@ class EngineTaskRunner:
         spec = store if store is not None else settings.store.url
         self._owns_store = not isinstance(spec, EventStore)
         self.store: EventStore = (
-            open_store(spec, encrypt=settings.store.encrypt, key_file=settings.store.key_file) if isinstance(spec, str) else spec
+            open_store(spec, encrypt=settings.store.encrypt, key_file=settings.store.key_file)
+            if isinstance(spec, str)
+            else spec
         )
         self.owner = owner or f"saucer-serve:{uuid.uuid4().hex}"
         self.default_step_timeout = default_step_timeout
@@ -283,7 +296,7 @@ class EngineTaskRunner:
         self._factory = SessionFactory(settings, store=self.store, agents=agents)
 
     @classmethod
-    def for_service(cls, state_dir: str | Path | None, store_url: str, **options: Any) -> "EngineTaskRunner":
+    def for_service(cls, state_dir: str | Path | None, store_url: str, **options: Any) -> EngineTaskRunner:
         """The runner a server builds when given none: settings from ``saucer.toml`` and ``SAUCER_*``,
         the event store at ``store_url``, session logs under ``<state_dir>/logs`` (none without a state dir)."""
         overrides: dict[str, Any] = {"store.url": store_url}
@@ -419,7 +432,11 @@ class EngineTaskRunner:
                     meta={
                         "kind": "session_end",
                         "session_status": outcome.status,
-                        "summary": {"status": outcome.status, "reason": reason, "steps": ctx.get(ContextNames.SESSION_STEP)},
+                        "summary": {
+                            "status": outcome.status,
+                            "reason": reason,
+                            "steps": ctx.get(ContextNames.SESSION_STEP),
+                        },
                         "error": outcome.error,
                         "cursor": {"phase": "end", "round": None, "plan_index": None, "agent": None, "state": None},
                     },
@@ -455,4 +472,3 @@ def outcome_of(result: SessionResult, steps: list[StepRecord]) -> TaskOutcome:
         label = f" ({last.subtask!r})" if last.subtask else ""
         return TaskOutcome(status="failed", results=results, error=f"step {last.index}{label} failed: {cause}")
     return TaskOutcome(status="failed", results=results, error=result.error or result.reason or f"session {status}")
-

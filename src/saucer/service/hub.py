@@ -24,8 +24,9 @@ import contextlib
 import itertools
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 from starlette.websockets import WebSocket
@@ -303,7 +304,9 @@ class DeviceHub:
             return
         for batch in self.correlator.pending_for(connection.client_id or ""):
             if batch.response_id == frame.ref:
-                self.correlator.fail(batch, f"device {batch.device_id!r} refused the commands: {frame.code}: {frame.message}")
+                self.correlator.fail(
+                    batch, f"device {batch.device_id!r} refused the commands: {frame.code}: {frame.message}"
+                )
 
     def accept_info(self, connection: Connection, frame: DeviceInfoResponseFrame) -> None:
         """A device answered a ``device_info_request``."""

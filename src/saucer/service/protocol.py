@@ -34,7 +34,6 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 # The frames the dispatcher itself sends and reads live with it; they are part of this protocol too.
-
 from saucer.dispatch.wire import (
     PROTOCOL_VERSION,
     BaseFrame,
@@ -121,7 +120,7 @@ class TaskSpec(BaseModel):
         description="who else may write to the session while it runs (the submitting principal always may); none: anyone",
     )
 
-    def submitted_by(self, owner: str) -> "TaskSpec":
+    def submitted_by(self, owner: str) -> TaskSpec:
         """This task as ``owner`` submits it: ``owner`` is one of its participants when it names any."""
         if not self.participants or owner in self.participants:
             return self
@@ -242,13 +241,11 @@ _FRAME_MODELS = (
     ErrorFrame,
 )
 
-Frame = Annotated[Union[_FRAME_MODELS], Field(discriminator="type")]
+Frame = Annotated[Union[_FRAME_MODELS], Field(discriminator="type")]  # noqa: UP007 (a tuple of models unpacks only through Union[...])
 """Any frame of the protocol, discriminated by ``type``."""
 
 _FRAME_ADAPTER: TypeAdapter[Any] = TypeAdapter(Frame)
-FRAME_TYPES: frozenset[str] = frozenset(
-    model.model_fields["type"].default for model in _FRAME_MODELS
-)
+FRAME_TYPES: frozenset[str] = frozenset(model.model_fields["type"].default for model in _FRAME_MODELS)
 """Every ``type`` value this version of the protocol knows."""
 
 
@@ -267,7 +264,9 @@ def parse_frame(data: bytes | str, *, max_bytes: int | None = DEFAULT_MAX_FRAME_
     if max_bytes is not None:
         size = frame_size(data)
         if size > max_bytes:
-            raise ProtocolError(ErrorCode.FRAME_TOO_LARGE, f"frame of {size} bytes exceeds the limit of {max_bytes} bytes")
+            raise ProtocolError(
+                ErrorCode.FRAME_TOO_LARGE, f"frame of {size} bytes exceeds the limit of {max_bytes} bytes"
+            )
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
@@ -43,7 +44,7 @@ class SessionStatus(str, Enum):
     CANCELLED = "cancelled"
 
     @classmethod
-    def _missing_(cls, value: object) -> "SessionStatus | None":
+    def _missing_(cls, value: object) -> SessionStatus | None:
         # A record stored by an earlier release, and a device's task_end (the wire keeps UFO's word).
         return cls.COMPLETED if value == "completed" else None
 
@@ -351,7 +352,9 @@ class SqliteSessionRecordStore:
             if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is None:
                 raise UnknownSession(session_id)
             try:
-                conn.execute("INSERT INTO steps (session_id, idx, record) VALUES (?, ?, ?)", (session_id, step.index, blob))
+                conn.execute(
+                    "INSERT INTO steps (session_id, idx, record) VALUES (?, ?, ?)", (session_id, step.index, blob)
+                )
             except sqlite3.IntegrityError:
                 raise StepAlreadyCommitted(f"session {session_id!r} step {step.index} is already committed") from None
 
@@ -360,7 +363,9 @@ class SqliteSessionRecordStore:
     async def steps(self, session_id: str) -> list[StepRecord]:
         """Committed steps in order."""
         rows = await self._call(
-            lambda conn: conn.execute("SELECT record FROM steps WHERE session_id = ? ORDER BY idx", (session_id,)).fetchall()
+            lambda conn: conn.execute(
+                "SELECT record FROM steps WHERE session_id = ? ORDER BY idx", (session_id,)
+            ).fetchall()
         )
         return [StepRecord.model_validate_json(row[0]) for row in rows]
 

@@ -126,7 +126,9 @@ class PlanTaskRunner:
         done = await record.completed_steps()
         for expected, step in enumerate(done):
             if step.index != expected:
-                return TaskOutcome(status="failed", error=f"step log of session {session_id} has a gap at step {expected}")
+                return TaskOutcome(
+                    status="failed", error=f"step log of session {session_id} has a gap at step {expected}"
+                )
         if done and done[-1].status == "failed":
             return _outcome(done)
         steps = list(done)
@@ -163,7 +165,9 @@ def _outcome(steps: list[StepRecord]) -> TaskOutcome:
     results = [s.model_dump(mode="json") for s in steps]
     last = steps[-1] if steps else None
     if last is not None and last.status == "failed":
-        first = next((r for r in last.results if r.status != ResultStatus.SUCCESS and r.status != ResultStatus.NONE), None)
+        first = next(
+            (r for r in last.results if r.status != ResultStatus.SUCCESS and r.status != ResultStatus.NONE), None
+        )
         cause = first.error if first is not None and first.error else "a command failed"
         label = f" ({last.subtask!r})" if last.subtask else ""
         return TaskOutcome(status="failed", results=results, error=f"step {last.index}{label} failed: {cause}")

@@ -48,14 +48,14 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route, WebSocketRoute
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from saucer.redaction import RedactingLogFilter
 from saucer.service.access import AccessPolicy
 from saucer.service.api import ServiceApi, quiet_refused_handshakes
-from saucer.redaction import RedactingLogFilter
 from saucer.service.approvals import ApprovalRoutes
 from saucer.service.auth import QueryTokenMiddleware, TokenAuthenticator
 from saucer.service.device_api import DeviceRoutes
@@ -151,7 +151,9 @@ def create_app(
             Route("/api/sessions/{session_id}/cancel", api.cancel, methods=["POST"]),
             *ApprovalRoutes(auth, lambda: getattr(runner, "store", None), _owner_of(store), config.admins).routes(),
             WebSocketRoute(WEBSOCKET_PATH, api.websocket),
-            *viewer_mount(runner, store, hub, auth, config.max_streams, sessions, config.admins),  # the web viewer at /ui (saucer.service.viewer)
+            *viewer_mount(
+                runner, store, hub, auth, config.max_streams, sessions, config.admins
+            ),  # the web viewer at /ui (saucer.service.viewer)
         ],
         lifespan=lifespan,
         # A token in the query (?token=, as UFO's clients send it) leaves the URL before uvicorn logs it.

@@ -42,7 +42,9 @@ class ServiceConfig(BaseModel):
     )
     reconnect_grace: float = Field(default=0.0, ge=0, description="seconds pending commands wait for a lost device")
     step_timeout: float = Field(default=DEFAULT_STEP_TIMEOUT, gt=0, description="default seconds per command batch")
-    cancel_timeout: float = Field(default=10.0, gt=0, description="seconds a cancel waits for the device's acknowledgement")
+    cancel_timeout: float = Field(
+        default=10.0, gt=0, description="seconds a cancel waits for the device's acknowledgement"
+    )
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024, description="larger frames get an error")
     register_timeout: float = Field(default=10.0, gt=0, description="seconds a new connection has to register")
     send_timeout: float = Field(default=10.0, gt=0, description="seconds a frame may take to leave")
@@ -53,13 +55,13 @@ class ServiceConfig(BaseModel):
     log_level: str = "info"
 
     @model_validator(mode="after")
-    def _tls_pair(self) -> "ServiceConfig":
+    def _tls_pair(self) -> ServiceConfig:
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("ssl_certfile and ssl_keyfile must be given together")
         return self
 
     @classmethod
-    def from_env(cls, **settings: Any) -> "ServiceConfig":
+    def from_env(cls, **settings: Any) -> ServiceConfig:
         """Build a config from ``settings``, taking tokens from the environment when none are given."""
         if not settings.get("tokens"):
             settings["tokens"] = tokens_from_env()

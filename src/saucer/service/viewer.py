@@ -43,7 +43,11 @@ class ServiceScope:
             return set()
         # the sessions it may act on (may_act): its own, every one for an admin, those whose task names it
         every = await self.records.list_sessions()
-        return {r.session_id for r in every if r.owner == principal or principal in self.admins or principal in r.task.participants}
+        return {
+            r.session_id
+            for r in every
+            if r.owner == principal or principal in self.admins or principal in r.task.participants
+        }
 
     async def devices(self, principal: str | None) -> list[dict[str, Any]] | None:
         if principal is None:
@@ -83,8 +87,13 @@ def service_acting(store: EventStore, records: SessionRecordStore, sessions: Any
 
 
 def viewer_mount(
-    runner: Any, records: SessionRecordStore, hub: DeviceHub, auth: TokenAuthenticator, max_streams: int,
-    sessions: Any = None, admins: Any = (),
+    runner: Any,
+    records: SessionRecordStore,
+    hub: DeviceHub,
+    auth: TokenAuthenticator,
+    max_streams: int,
+    sessions: Any = None,
+    admins: Any = (),
 ) -> list[Mount]:
     """The ``/ui`` mount over the runner's event store (none for a runner without one, such as the plan runner);
     with the service's ``sessions`` (its SessionManager) the session pages get their forms (:func:`service_acting`)."""
@@ -93,7 +102,11 @@ def viewer_mount(
         return []
     acting = service_acting(store, records, sessions, frozenset(admins)) if sessions is not None else None
     app = create_app(
-        store, authenticate=auth.principal, scope=ServiceScope(records, hub, frozenset(admins)), title="saucer serve", max_streams=max_streams,
+        store,
+        authenticate=auth.principal,
+        scope=ServiceScope(records, hub, frozenset(admins)),
+        title="saucer serve",
+        max_streams=max_streams,
         acting=acting,
     )
     return [Mount(UI_PATH, app=app)]

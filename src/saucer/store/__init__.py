@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from saucer.store.base import (
     SESSION_ID_MAX_LENGTH,
@@ -14,12 +14,11 @@ from saucer.store.base import (
     EventStore,
     Feature,
     FencedError,
-    NotParticipantError,
     FormatTooNewError,
-    StoreKeyError,
     InvalidSessionIdError,
     Lease,
     LeaseHeldError,
+    NotParticipantError,
     NotSupportedError,
     OutcomeUnknownError,
     ReadOnlyError,
@@ -28,6 +27,7 @@ from saucer.store.base import (
     SessionNotFoundError,
     Snapshot,
     StoreError,
+    StoreKeyError,
     VersionNotFoundError,
     VersionPrunedError,
     check_session_id,
@@ -98,7 +98,7 @@ def _open_backend(url: str) -> EventStore:
     if url.startswith("memory://"):
         from saucer.store.memory import MemoryStore
 
-        return MemoryStore(url[len("memory://"):] or None)
+        return MemoryStore(url[len("memory://") :] or None)
     if url.startswith("sqlite://"):
         from saucer.store.sqlite import SQLiteStore, path_from_url
 
@@ -107,6 +107,4 @@ def _open_backend(url: str) -> EventStore:
         from saucer.store.postgres import PostgresStore
 
         return PostgresStore(url)
-    raise ValueError(
-        f"unknown store URL {url!r}: use memory://, sqlite:///path.db or postgresql://user@host/db"
-    )
+    raise ValueError(f"unknown store URL {url!r}: use memory://, sqlite:///path.db or postgresql://user@host/db")

@@ -18,7 +18,8 @@ from __future__ import annotations
 import base64
 import warnings
 import zlib
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import orjson
 
@@ -159,7 +160,14 @@ def decode_rows(session_id: str, rows: Sequence[tuple[Any, ...]], head: int | No
             raise CorruptRecordError(session_id, version, str(exc)) from None
         origin = data.get("session")
         yield Event(
-            origin if isinstance(origin, str) else session_id, version, ts, author, rnd, step, data["ops"], data.get("meta") or {}
+            origin if isinstance(origin, str) else session_id,
+            version,
+            ts,
+            author,
+            rnd,
+            step,
+            data["ops"],
+            data.get("meta") or {},
         )
 
 
@@ -173,7 +181,14 @@ def head_event(session_id: str, version: int, row: Sequence[Any]) -> Event | Non
         return None
     origin = data.get("session")
     return Event(
-        origin if isinstance(origin, str) else session_id, version, ts, author, rnd, step, data["ops"], data.get("meta") or {}
+        origin if isinstance(origin, str) else session_id,
+        version,
+        ts,
+        author,
+        rnd,
+        step,
+        data["ops"],
+        data.get("meta") or {},
     )
 
 
@@ -197,7 +212,12 @@ def first_good_snapshot(session_id: str, rows: Iterable[tuple[Any, ...]]) -> Sna
     """The newest readable snapshot; a damaged one falls back to an older one (or none)."""
     for version, ts, blob, crc in rows:
         try:
-            return Snapshot(session_id, version, ts, decode_state(blob, crc, f"session {session_id!r}: the snapshot at version {version}"))
+            return Snapshot(
+                session_id,
+                version,
+                ts,
+                decode_state(blob, crc, f"session {session_id!r}: the snapshot at version {version}"),
+            )
         except DamagedRecord as exc:
             warnings.warn(
                 f"session {session_id!r}: ignoring damaged snapshot at version {version} ({exc})",

@@ -43,8 +43,9 @@ import sys
 import threading
 import warnings
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # asyncio is imported by the coroutines that use it: a command that only reads never loads it
     import asyncio
@@ -82,8 +83,18 @@ class Pending:
     """
 
     __slots__ = (
-        "event", "expected", "fence", "payload", "crc", "error", "on_written",
-        "_state", "_wake", "_next", "_loop", "_future",
+        "event",
+        "expected",
+        "fence",
+        "payload",
+        "crc",
+        "error",
+        "on_written",
+        "_state",
+        "_wake",
+        "_next",
+        "_loop",
+        "_future",
     )
 
     def __init__(
@@ -352,7 +363,7 @@ class GroupCommitter:
         # Wake the threads one after the other (each wakes the next as it
         # starts) rather than all at once: a hundred threads woken together
         # fight over the GIL and spend more time switching than running.
-        for a, b in zip(threads, threads[1:]):
+        for a, b in zip(threads, threads[1:], strict=False):
             a._next = b
         if threads:
             threads[0]._wake.release()  # type: ignore[union-attr]

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import select
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -260,7 +261,9 @@ class Connections:
         """A new asynchronous connection of its own, to LISTEN: named ``saucer listen <schema>`` in
         ``pg_stat_activity`` (one per process and event loop, see :mod:`saucer.store._postgres_listen`)."""
         return await psycopg.AsyncConnection.connect(
-            self.conninfo, autocommit=True, connect_timeout=self._connect_timeout,
+            self.conninfo,
+            autocommit=True,
+            connect_timeout=self._connect_timeout,
             application_name=f"saucer listen {self.schema}"[:63],
         )
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg.sql import Identifier, SQL
+from psycopg.sql import SQL, Identifier
 
 from saucer.store._postgres_conn import display_url
 
@@ -125,8 +125,11 @@ async def watch_notified(
     try:
         sub = await listener.subscribe(session_id)
     except psycopg.Error as exc:
-        warnings.warn(f"{where}: cannot LISTEN ({' '.join(str(exc).split())}); watching {session_id!r} by polling",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"{where}: cannot LISTEN ({' '.join(str(exc).split())}); watching {session_id!r} by polling",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         async for event in polling(after=after):
             yield event
         return
@@ -143,7 +146,10 @@ async def watch_notified(
                     await asyncio.wait_for(sub.wake.wait(), max(interval, 5.0))
     finally:
         await listener.unsubscribe(sub)
-    warnings.warn(f"{where}: lost the LISTEN connection ({sub.lost}); watching {session_id!r} by polling",
-                  RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"{where}: lost the LISTEN connection ({sub.lost}); watching {session_id!r} by polling",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     async for event in polling(after=last):
         yield event

@@ -13,7 +13,8 @@ prune (:meth:`Statements.replace_below`) or a fork that must stand alone
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 import psycopg
@@ -22,7 +23,6 @@ from psycopg.types.json import Jsonb
 from saucer.store._codec import encode_payload, encode_state
 from saucer.store._group import Pending
 from saucer.store._postgres_conn import quote
-from saucer.store.summary import Counters, ListQuery, brief_of, delta_of, listed_sql, order_sql
 from saucer.store.model import (
     ConflictError,
     Event,
@@ -31,6 +31,7 @@ from saucer.store.model import (
     SessionNotFoundError,
     Snapshot,
 )
+from saucer.store.summary import Counters, ListQuery, brief_of, delta_of, listed_sql, order_sql
 
 __all__ = ["Statements", "INFO_COLUMNS", "ROW_COLUMNS", "row_info"]
 
@@ -178,7 +179,9 @@ class Statements:
             where.append(f"({status}) = ANY(%s)")
             args.append(sorted(query.statuses))
         if query.task is not None:
-            where.append(f"strpos(translate(s.task, '{_AZ}', '{_AZ.lower()}'), translate(%s, '{_AZ}', '{_AZ.lower()}')) > 0")
+            where.append(
+                f"strpos(translate(s.task, '{_AZ}', '{_AZ.lower()}'), translate(%s, '{_AZ}', '{_AZ.lower()}')) > 0"
+            )
             args.append(query.task)
         if query.since is not None:
             where.append("s.updated_at >= %s")
@@ -255,7 +258,9 @@ class Statements:
 
     def insert_snapshot(self, conn: psycopg.Connection[Any], snapshot: Snapshot, *, replace: bool = True) -> None:
         blob, crc = encode_state(snapshot.state)
-        conflict = "DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc" if replace else "DO NOTHING"
+        conflict = (
+            "DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc" if replace else "DO NOTHING"
+        )
         conn.execute(
             f"INSERT INTO {self._s}.snapshots (session_id, version, ts, state, crc) VALUES (%s, %s, %s, %s, %s) "
             f"ON CONFLICT (session_id, version) {conflict}",
@@ -269,7 +274,9 @@ class Statements:
 
     # --------------------------------------------------------------- history
 
-    def replace_below(self, conn: psycopg.Connection[Any], session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+    def replace_below(
+        self, conn: psycopg.Connection[Any], session_id: str, cut: int, base: Event, snapshot: Snapshot
+    ) -> bool:
         """The body of ``EventStore._prune``, in the caller's transaction."""
         payload, crc = encode_payload(base)
         s = self._s
@@ -303,7 +310,12 @@ class Statements:
         return True
 
     def detach_fork(
-        self, conn: psycopg.Connection[Any], info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
+        self,
+        conn: psycopg.Connection[Any],
+        info: SessionInfo,
+        events: list[Event],
+        snapshot: Snapshot | None,
+        meta: dict[str, Any],
     ) -> bool:
         """The body of ``EventStore._materialise``, in the caller's transaction."""
         s = self._s

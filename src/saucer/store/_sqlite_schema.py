@@ -105,8 +105,10 @@ CREATE TABLE IF NOT EXISTS leases (
 def path_from_url(url: str) -> Path:
     """``sqlite:///a/b.db`` -> ``a/b.db``; ``sqlite:////tmp/x.db`` -> ``/tmp/x.db``."""
     if not url.startswith("sqlite:///"):
-        raise ValueError(f"not an SQLite store URL: {url!r} (expected sqlite:///relative/path.db or sqlite:////abs/path.db)")
-    rest = url[len("sqlite:///"):]
+        raise ValueError(
+            f"not an SQLite store URL: {url!r} (expected sqlite:///relative/path.db or sqlite:////abs/path.db)"
+        )
+    rest = url[len("sqlite:///") :]
     if not rest:
         raise ValueError(f"SQLite store URL {url!r} names no file")
     return Path(rest)
@@ -151,7 +153,9 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
     if row is None:
         conn.execute("INSERT INTO saucer_schema VALUES (?)", (SCHEMA_VERSION,))
     elif row[0] > SCHEMA_VERSION:
-        raise StoreError(f"{path}: store schema version {row[0]} is newer than this saucer ({SCHEMA_VERSION}); upgrade saucer")
+        raise StoreError(
+            f"{path}: store schema version {row[0]} is newer than this saucer ({SCHEMA_VERSION}); upgrade saucer"
+        )
     elif row[0] < SCHEMA_VERSION:  # the tables above were added by CREATE ... IF NOT EXISTS
         if row[0] < 4:
             upgrade_to_4(conn)
@@ -179,7 +183,9 @@ def record_format(conn: sqlite3.Connection, where: str) -> int:
 
 def damaged(path: Path, reason: str) -> DamagedStoreError:
     """The error for a file whose content cannot be read, with the command that checks it."""
-    return DamagedStoreError(f"SQLite file {path}", reason, f'sqlite3 {shlex.quote(str(path))} "PRAGMA integrity_check"')
+    return DamagedStoreError(
+        f"SQLite file {path}", reason, f'sqlite3 {shlex.quote(str(path))} "PRAGMA integrity_check"'
+    )
 
 
 def store_error(exc: sqlite3.Error, path: Path, busy_timeout: float) -> StoreError:

@@ -18,8 +18,16 @@ from saucer.store.model import Event, SessionExistsError, SessionInfo, SessionNo
 from saucer.store.summary import Counters, brief_of
 
 __all__ = [
-    "HEADS", "INFO_WITHOUT_PLAN", "detach_fork", "insert_events", "insert_session", "insert_snapshot", "join_plan",
-    "replace_below", "rewrite_rows", "split_plan",
+    "HEADS",
+    "INFO_WITHOUT_PLAN",
+    "detach_fork",
+    "insert_events",
+    "insert_session",
+    "insert_snapshot",
+    "join_plan",
+    "replace_below",
+    "rewrite_rows",
+    "split_plan",
 ]
 
 
@@ -150,7 +158,9 @@ def replace_below(conn: sqlite3.Connection, session_id: str, cut: int, base: Eve
     return True
 
 
-def detach_fork(conn: sqlite3.Connection, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+def detach_fork(
+    conn: sqlite3.Connection, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
+) -> bool:
     """The body of ``EventStore._materialise``, in the caller's transaction."""
     updated = conn.execute(
         "UPDATE sessions SET parent_id = NULL, parent_version = NULL "
@@ -167,7 +177,11 @@ def detach_fork(conn: sqlite3.Connection, info: SessionInfo, events: list[Event]
 
 
 def rewrite_rows(
-    conn: sqlite3.Connection, session_id: str, events: list[Event], snapshots: Any = (), meta: dict[str, Any] | None = None
+    conn: sqlite3.Connection,
+    session_id: str,
+    events: list[Event],
+    snapshots: Any = (),
+    meta: dict[str, Any] | None = None,
 ) -> None:
     """The body of ``EventStore._rewrite``: new payloads for own events (in either table), snapshots and meta."""
     for snapshot in snapshots:
@@ -181,6 +195,10 @@ def rewrite_rows(
     found = 0
     for table in ("events", "events_recent"):
         for row in rows:
-            found += conn.execute(f"UPDATE {table} SET payload = ?, crc = ? WHERE session_id = ? AND version = ?", row).rowcount
+            found += conn.execute(
+                f"UPDATE {table} SET payload = ?, crc = ? WHERE session_id = ? AND version = ?", row
+            ).rowcount
     if found != len(rows):
-        raise StoreError(f"session {session_id!r}: some of the events to rewrite are not in its own log; nothing was rewritten")
+        raise StoreError(
+            f"session {session_id!r}: some of the events to rewrite are not in its own log; nothing was rewritten"
+        )

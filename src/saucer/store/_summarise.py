@@ -5,7 +5,8 @@ session's lineage as its rows are read back."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from saucer.store._codec import decode_rows
 from saucer.store.model import CorruptRecordError, Event
@@ -34,7 +35,9 @@ def count_sessions(
             return at_head[sid]
         after = 0
         if parent is not None and parent_version is not None:
-            base = at(parent, min(upto, parent_version), depth + 1) if parent in sessions and depth < 1000 else Counters()
+            base = (
+                at(parent, min(upto, parent_version), depth + 1) if parent in sessions and depth < 1000 else Counters()
+            )
             after = parent_version
         else:
             base = initial_counters(meta)

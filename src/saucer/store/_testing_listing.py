@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -18,21 +19,41 @@ from saucer.store.summary import ListQuery, SessionSummary
 __all__ = ["SessionListingContract"]
 
 
-def _engine_session(store: EventStore, sid: str, task: str, steps: int, costs: list[Any], end: str | None = None) -> None:
+def _engine_session(
+    store: EventStore, sid: str, task: str, steps: int, costs: list[Any], end: str | None = None
+) -> None:
     """A session shaped as the engine writes one: a start, steps (one round each), round ends, an end."""
-    store.create_session(sid, meta={"task": task, "mode": "normal", "request": f"do {task}", "status": "running",
-                                    "plan": {"steps": ["x" * 50] * 20}})
+    store.create_session(
+        sid,
+        meta={
+            "task": task,
+            "mode": "normal",
+            "request": f"do {task}",
+            "status": "running",
+            "plan": {"steps": ["x" * 50] * 20},
+        },
+    )
     v = store.append(sid, 0, [], author="system", meta={"kind": "session_start", "session_status": "running"}).version
     for i in range(steps):
         meta: dict[str, Any] = {"kind": "step", "session_status": "running"}
         if i < len(costs):
             meta["cost"] = costs[i]
-        v = store.append(sid, v, [{"op": "incr", "var": "n", "by": 1}], author="agent", round=i + 1, step=i + 1, meta=meta).version
-        v = store.append(sid, v, [], author="system", round=i + 1,
-                         meta={"kind": "round_end", "cost": 99.0, "reason": f"round {i + 1} ok", "session_status": "running"}).version
+        v = store.append(
+            sid, v, [{"op": "incr", "var": "n", "by": 1}], author="agent", round=i + 1, step=i + 1, meta=meta
+        ).version
+        v = store.append(
+            sid,
+            v,
+            [],
+            author="system",
+            round=i + 1,
+            meta={"kind": "round_end", "cost": 99.0, "reason": f"round {i + 1} ok", "session_status": "running"},
+        ).version
     if end is not None:
         summary = {"status": end, "rounds": steps, "steps": steps, "cost": 0.5, "reason": "all done"}
-        store.append(sid, v, [], author="system", meta={"kind": "session_end", "session_status": end, "summary": summary})
+        store.append(
+            sid, v, [], author="system", meta={"kind": "session_end", "session_status": end, "summary": summary}
+        )
 
 
 def _row(store: EventStore, sid: str) -> SessionSummary:
@@ -44,29 +65,65 @@ def _row(store: EventStore, sid: str) -> SessionSummary:
 class SessionListingContract:
     """Tests of ``list_sessions`` (mixed into :class:`~saucer.store.testing.EventStoreContract`)."""
 
-    def test_commits_keep_each_sessions_summary(self, store: EventStore, store_factory: Callable[[], EventStore]) -> None:
+    def test_commits_keep_each_sessions_summary(
+        self, store: EventStore, store_factory: Callable[[], EventStore]
+    ) -> None:
         _engine_session(store, "run", "Tidy", steps=3, costs=[0.25, 0.5])
         row = _row(store, "run")
         assert (row.task, row.mode, row.request) == ("Tidy", "normal", "do Tidy")
-        assert (row.rounds, row.steps, row.cost, row.reason) == (3, 3, 0.75, "round 3 ok")  # round ends not counted twice
+        assert (row.rounds, row.steps, row.cost, row.reason) == (
+            3,
+            3,
+            0.75,
+            "round 3 ok",
+        )  # round ends not counted twice
         assert row.status == "interrupted" and row.runner is None  # running, but no runner holds a lease
         assert (row.version, row.origin, row.parent_id) == (7, None, None)
         assert row.updated_at == store.session_info("run").updated_at
         lease = store.acquire_lease("run", "worker-1", ttl=30)
         row = _row(store, "run")
         assert (row.status, row.runner) == ("running", "worker-1")
-        store.append("run", 7, [], author="evaluator", meta={"kind": "evaluation", "cost": None, "session_status": "running"}, fence=lease.token)
+        store.append(
+            "run",
+            7,
+            [],
+            author="evaluator",
+            meta={"kind": "evaluation", "cost": None, "session_status": "running"},
+            fence=lease.token,
+        )
         assert _row(store, "run").cost is None  # an unpriced cost makes the total unknown
-        store.append("run", 8, [], author="system", meta={
-            "kind": "session_end", "session_status": "failed",
-            "summary": {"status": "failed", "rounds": 2, "steps": 5, "cost": 1.5, "reason": "a step failed"},
-        })
+        store.append(
+            "run",
+            8,
+            [],
+            author="system",
+            meta={
+                "kind": "session_end",
+                "session_status": "failed",
+                "summary": {"status": "failed", "rounds": 2, "steps": 5, "cost": 1.5, "reason": "a step failed"},
+            },
+        )
         row = _row(store, "run")  # the engine's own final figures win
-        assert (row.status, row.runner, row.rounds, row.steps, row.cost, row.reason) == ("failed", None, 2, 5, 1.5, "a step failed")
+        assert (row.status, row.runner, row.rounds, row.steps, row.cost, row.reason) == (
+            "failed",
+            None,
+            2,
+            5,
+            1.5,
+            "a step failed",
+        )
         store.create_session("bare", meta={"plan": "not an engine session"})
         store.append("bare", 0, [{"op": "set", "var": "x", "value": 1}], author="me", round=4, step=9)
         bare = _row(store, "bare")
-        assert (bare.status, bare.task, bare.mode, bare.rounds, bare.steps, bare.cost, bare.reason) == ("-", None, None, 0, 9, 0.0, None)
+        assert (bare.status, bare.task, bare.mode, bare.rounds, bare.steps, bare.cost, bare.reason) == (
+            "-",
+            None,
+            None,
+            0,
+            9,
+            0.0,
+            None,
+        )
         again = store_factory()  # another handle reads the same summaries
         try:
             assert again.list_sessions() == store.list_sessions()
@@ -97,8 +154,18 @@ class SessionListingContract:
         assert ids(store.list_sessions(sort="steps")) == ["b-mid", "c-new", "a-old", "d-bare"]
         # Unknown (None) last; so is a session the engine did not make, whose cost is listed as none.
         assert ids(store.list_sessions(sort="cost")) == ["a-old", "b-mid", "c-new", "d-bare"]
-        assert ids(store.list_sessions(sort="cost", descending=False)) == ["a-old", "b-mid", "c-new", "d-bare"]  # a tie: by id
-        assert ids(store.list_sessions(sort="task")) == ["a-old", "c-new", "b-mid", "d-bare"]  # by code point; None last
+        assert ids(store.list_sessions(sort="cost", descending=False)) == [
+            "a-old",
+            "b-mid",
+            "c-new",
+            "d-bare",
+        ]  # a tie: by id
+        assert ids(store.list_sessions(sort="task")) == [
+            "a-old",
+            "c-new",
+            "b-mid",
+            "d-bare",
+        ]  # by code point; None last
         assert ids(store.list_sessions(sort="status", limit=1)) == ["c-new"]  # running > finished > failed > -
         assert ids(store.list_sessions(status="failed", task="build", since=mid, limit=5)) == ["b-mid"]
         assert ids(store.list_sessions(ids=["a-old", "ghost", "c-new"])) == ["c-new", "a-old"]
@@ -117,9 +184,16 @@ class SessionListingContract:
         assert (head.steps, head.rounds, head.cost, head.origin) == (3, 3, 3.0, "p@7")
         assert (early.steps, early.rounds, early.cost, early.origin) == (1, 1, 1.0, "p@3")
         # Its parent's task and mode; not started (never "interrupted": no runner ever held it) until it runs.
-        assert (early.task, early.mode, early.status, head.status) == ("Fork me", _row(store, "p").mode, "not started", "not started")
+        assert (early.task, early.mode, early.status, head.status) == (
+            "Fork me",
+            _row(store, "p").mode,
+            "not started",
+            "not started",
+        )
         assert store.list_sessions(status="not started", sort="id") == [early, head]
-        store.append("at-3", 3, [], author="agent", round=2, step=8, meta={"kind": "session_resume", "session_status": "running"})
+        store.append(
+            "at-3", 3, [], author="agent", round=2, step=8, meta={"kind": "session_resume", "session_status": "running"}
+        )
         store.append("at-3", 4, [], author="agent", round=2, step=8, meta={"kind": "step", "cost": 0.5})
         assert (_row(store, "at-3").steps, _row(store, "at-3").cost, _row(store, "p").steps) == (8, 1.5, 3)
         assert _row(store, "at-3").status == "interrupted"  # it ran, and its runner is gone
@@ -128,14 +202,19 @@ class SessionListingContract:
         _engine_session(store, "one", "A", steps=2, costs=[0.3, None], end="finished")
         _engine_session(store, "two", "B", steps=3, costs=[0.1, 0.2, 0.3])
         store.create_session("two-fork", parent_id="two", parent_version=4)
-        store.append("two-fork", 4, [], author="x", step=2, meta={"kind": "step", "cost": 0.05, "session_status": "stopped"})
+        store.append(
+            "two-fork", 4, [], author="x", step=2, meta={"kind": "step", "cost": 0.05, "session_status": "stopped"}
+        )
         if Feature.REPLACE_HISTORY in store.features:  # a prune keeps the counts of what it drops
             store.replace_history("one", 3, [], {"names": {}, "vars": {}})
         if Feature.IMPORT in store.features:
             info = store.session_info("two")
             store.import_log(
                 type(info)("copy", info.version, info.created_at, info.updated_at, None, None, info.meta),
-                [type(e)("copy", e.version, e.timestamp, e.author, e.round, e.step, e.ops, e.meta) for e in store.read("two")],
+                [
+                    type(e)("copy", e.version, e.timestamp, e.author, e.round, e.step, e.ops, e.meta)
+                    for e in store.read("two")
+                ],
             )
             assert _row(store, "copy").steps == 3 and _row(store, "copy").cost == _row(store, "two").cost
         query = ListQuery.of()
@@ -178,11 +257,19 @@ class SessionListingContract:
         assert (c.version, c.steps, c.cost) == (21, 21, 10.5) and (d.version, d.steps, d.cost) == (20, 20, 10.0)
         assert store._list(ListQuery.of()) == SessionListing._list(store, ListQuery.of())
 
-    def test_session_info_without_plan_leaves_out_the_plan_and_says_whether_there_is_one(self, store: EventStore) -> None:
+    def test_session_info_without_plan_leaves_out_the_plan_and_says_whether_there_is_one(
+        self, store: EventStore
+    ) -> None:
         plan = {"task": "t", "steps": [{"subtask": f"s{i}", "commands": []} for i in range(50)]}
         metas: dict[str, dict[str, Any]] = {
-            "planned": {"task": "t", "mode": "follower", "plan": plan, "plan_file": "p.json", "note": {"plan": 1},
-                        "odd": ["é\u2028\"\\\n\x01😀", 0.1, 2**63 - 1, None, True]},
+            "planned": {
+                "task": "t",
+                "mode": "follower",
+                "plan": plan,
+                "plan_file": "p.json",
+                "note": {"plan": 1},
+                "odd": ['é\u2028"\\\n\x01😀', 0.1, 2**63 - 1, None, True],
+            },
             "null": {"task": "t", "plan": None},
             "zero": {"plan": 0, "task": "t"},  # SQLite keeps 0 in the meta where the plan was: this 0 is the plan
             "plain": {"task": "t", "request": '"plan": not a key'},

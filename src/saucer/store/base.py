@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any, AsyncIterator, Callable, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar
 
 from saucer.redaction import redact
 from saucer.store.listing import SessionListing
-from saucer.store.rewriting import RecordRewriting
-from saucer.store.summary import fork_meta
-from saucer.store.streaming import EventStreaming
-from saucer.store.upcast import FORMAT_VERSION
 from saucer.store.model import (
+    PARTICIPANTS_KEY,
     SESSION_ID_MAX_LENGTH,
     ConflictError,
     CorruptRecordError,
@@ -42,7 +40,6 @@ from saucer.store.model import (
     Feature,
     FencedError,
     FormatTooNewError,
-    StoreKeyError,
     InvalidSessionIdError,
     Lease,
     LeaseHeldError,
@@ -55,21 +52,44 @@ from saucer.store.model import (
     SessionNotFoundError,
     Snapshot,
     StoreError,
+    StoreKeyError,
     VersionNotFoundError,
     VersionPrunedError,
-    PARTICIPANTS_KEY,
     check_participants,
     check_session_id,
     check_version,
 )
+from saucer.store.rewriting import RecordRewriting
+from saucer.store.streaming import EventStreaming
+from saucer.store.summary import fork_meta
+from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = [
-    "StoreError", "ConflictError", "FencedError", "FormatTooNewError", "StoreKeyError",
-    "SessionNotFoundError", "SessionExistsError", "CorruptRecordError", "DamagedStoreError",
-    "InvalidSessionIdError", "OutcomeUnknownError", "ReadOnlyError", "LeaseHeldError", "NotSupportedError",
+    "StoreError",
+    "ConflictError",
+    "FencedError",
+    "FormatTooNewError",
+    "StoreKeyError",
+    "SessionNotFoundError",
+    "SessionExistsError",
+    "CorruptRecordError",
+    "DamagedStoreError",
+    "InvalidSessionIdError",
+    "OutcomeUnknownError",
+    "ReadOnlyError",
+    "LeaseHeldError",
+    "NotSupportedError",
     "NotParticipantError",
-    "VersionNotFoundError", "VersionPrunedError", "SESSION_ID_MAX_LENGTH",
-    "check_session_id", "check_version", "SessionInfo", "Snapshot", "Lease", "Event", "Feature",
+    "VersionNotFoundError",
+    "VersionPrunedError",
+    "SESSION_ID_MAX_LENGTH",
+    "check_session_id",
+    "check_version",
+    "SessionInfo",
+    "Snapshot",
+    "Lease",
+    "Event",
+    "Feature",
     "EventStore",
 ]
 
@@ -209,7 +229,7 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
     def close(self) -> None:
         """Release connections. Idempotent."""
 
-    def __enter__(self) -> "EventStore":
+    def __enter__(self) -> EventStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -383,9 +403,7 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         snap = self.latest_snapshot(session_id)
         return self.head(session_id) - (snap.version if snap else 0)
 
-    async def watch(
-        self, session_id: str, after: int = 0, *, interval: float = 0.2
-    ) -> AsyncIterator[Event]:
+    async def watch(self, session_id: str, after: int = 0, *, interval: float = 0.2) -> AsyncIterator[Event]:
         """Yield the session's new events as they are committed (polling by default)."""
         import asyncio
 
@@ -478,7 +496,9 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
                 )
             for fork in self._forks(session_id):
                 self._materialise_fork(fork)
-            if self._prune(session_id, cut, self._base_event(info, cut, base_ops), Snapshot(session_id, cut, time.time(), state)):
+            if self._prune(
+                session_id, cut, self._base_event(info, cut, base_ops), Snapshot(session_id, cut, time.time(), state)
+            ):
                 return self.first_version(session_id)
         raise StoreError(f"session {session_id!r}: new forks kept appearing while it was pruned; try again")
 
@@ -530,13 +550,17 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         """
         raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REPLACE_HISTORY} yet lacks _prune")
 
-    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+    def _materialise(
+        self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
+    ) -> bool:
         """Primitive of :meth:`replace_history`, in ONE transaction: give the fork ``info`` its
         own copy of ``events`` (its lineage up to its branch point; each keeps,
         and reads back with, its own ``session_id``), store ``snapshot`` unless it
         has one there, merge ``meta`` into its meta, and detach it from its parent.
         False, changing nothing, if it is no longer attached as ``info`` says."""
-        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REPLACE_HISTORY} yet lacks _materialise")
+        raise NotSupportedError(
+            f"{type(self).__name__} does not declare {Feature.REPLACE_HISTORY} yet lacks _materialise"
+        )
 
     def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
         """Primitive of :meth:`import_log`, in ONE transaction: create the session
@@ -561,12 +585,16 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         if [e.version for e in events] != list(range(start, info.version + 1)) or any(
             e.session_id != info.session_id for e in events
         ):
-            raise ValueError(f"the events of {info.session_id!r} must be versions {start}..{info.version} of that session")
+            raise ValueError(
+                f"the events of {info.session_id!r} must be versions {start}..{info.version} of that session"
+            )
         self._import(info, list(events), list(snapshots))
 
     def _require(self, feature: Feature, what: str) -> None:
         if feature not in self.features:
-            raise NotSupportedError(f"{type(self).__name__} cannot {what}: it does not have the feature {feature.value!r}")
+            raise NotSupportedError(
+                f"{type(self).__name__} cannot {what}: it does not have the feature {feature.value!r}"
+            )
 
 
 def _new_event(

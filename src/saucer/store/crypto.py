@@ -34,8 +34,9 @@ import fnmatch
 import hashlib
 import os
 import secrets
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import orjson
 from cryptography.exceptions import InvalidTag
@@ -70,7 +71,9 @@ PLAIN_SESSION_META = frozenset({"task", "mode", "status", "forked_from", "at", "
 #: The keys of an event's meta that stay plain: what the per-session summary is counted from (kind,
 #: status and its reason, cost; see :mod:`saucer.store.summary`) and a prune's marker. The rest (the
 #: round's request, the step's commands, results and cursor, LLM calls...) is sealed.
-PLAIN_EVENT_META = frozenset({"kind", "session_status", "reason", "cost", "cost_summary", "summary", "pruned", "damaged"})
+PLAIN_EVENT_META = frozenset(
+    {"kind", "session_status", "reason", "cost", "cost_summary", "summary", "pruned", "damaged"}
+)
 #: Meta is sealed when the patterns cover this name: the meta holds the request (and all the session did).
 META_GUARD = "REQUEST"
 
@@ -88,7 +91,7 @@ def _parse_key(text: str, where: str) -> bytes:
     if len(key) != 32:
         raise StoreKeyError(
             f"the store key in {where} is not 32 bytes in base64; make one with: "
-            "python -c \"import base64, os; print(base64.b64encode(os.urandom(32)).decode())\""
+            'python -c "import base64, os; print(base64.b64encode(os.urandom(32)).decode())"'
         )
     return key
 
@@ -105,7 +108,9 @@ def load_key(key_file: str | os.PathLike[str] | None = None, env: Mapping[str, s
     try:
         text = path.read_text(encoding="ascii")
     except (OSError, UnicodeDecodeError) as exc:
-        raise StoreKeyError(f"cannot read the store key file {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise StoreKeyError(
+            f"cannot read the store key file {str(path)!r}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     return _parse_key(text, f"the key file {str(path)!r}")
 
 
@@ -133,14 +138,18 @@ class KeyRing:
         try:
             raw = base64.b64decode(token, validate=True)
         except (binascii.Error, ValueError, TypeError):
-            raise StoreKeyError(f"session {session_id!r}: the sealed value of {target} is damaged (not base64)") from None
+            raise StoreKeyError(
+                f"session {session_id!r}: the sealed value of {target} is damaged (not base64)"
+            ) from None
         if raw[:_KEY_ID] != self.id:
             raise StoreKeyError(
                 f"session {session_id!r}: {target} was sealed with another store key than the one given "
                 f"(key id {raw[:_KEY_ID].hex()}, given {self.id.hex()}); set {KEY_ENV} or store.key_file to that key"
             )
         try:
-            plain = self._aead.decrypt(raw[_KEY_ID:_KEY_ID + _NONCE], raw[_KEY_ID + _NONCE:], _aad(session_id, target))
+            plain = self._aead.decrypt(
+                raw[_KEY_ID : _KEY_ID + _NONCE], raw[_KEY_ID + _NONCE :], _aad(session_id, target)
+            )
         except InvalidTag:
             raise StoreKeyError(
                 f"session {session_id!r}: the sealed value of {target} does not open with its key "
@@ -150,12 +159,19 @@ class KeyRing:
             try:
                 plain = inflate(plain)
             except InflateError as exc:
-                raise StoreKeyError(f"session {session_id!r}: the sealed value of {target} does not inflate ({exc})") from None
+                raise StoreKeyError(
+                    f"session {session_id!r}: the sealed value of {target} does not inflate ({exc})"
+                ) from None
         return orjson.loads(plain)
 
 
 def _aad(session_id: str, target: str) -> bytes:
-    return b"saucer.sealed/1\x00" + session_id.encode("utf-8", "surrogatepass") + b"\x00" + target.encode("utf-8", "surrogatepass")
+    return (
+        b"saucer.sealed/1\x00"
+        + session_id.encode("utf-8", "surrogatepass")
+        + b"\x00"
+        + target.encode("utf-8", "surrogatepass")
+    )
 
 
 def target_of(op: Mapping[str, Any]) -> str:
@@ -272,7 +288,9 @@ class Sealer:
         """``meta`` opened; without the key its sealed part is :data:`ENCRYPTED` and its plan left out."""
         token = meta.get("sealed")
         plan = meta.get("plan")
-        plan_token = plan["sealed"] if isinstance(plan, dict) and set(plan) == {"sealed"} and _is_token(plan["sealed"]) else None
+        plan_token = (
+            plan["sealed"] if isinstance(plan, dict) and set(plan) == {"sealed"} and _is_token(plan["sealed"]) else None
+        )
         if not _is_token(token) and plan_token is None:
             return meta
         out = {k: v for k, v in meta.items() if k != "sealed" and not (k == "plan" and plan_token is not None)}

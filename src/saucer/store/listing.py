@@ -12,8 +12,9 @@ backends keep a summary per session up to date with every commit
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import Any
 
 from saucer.store.model import Event, SessionHead, SessionInfo, SessionNotFoundError, StoreError
 from saucer.store.summary import (
@@ -83,12 +84,29 @@ class SessionListing:
                     counters.status, lease.owner if lease else None, lease.expires_at if lease else None, query.now
                 )
                 task, mode, request, forked_from, at, _ = brief_of(info.meta)
-                rows.append(make_summary((
-                    info.session_id, info.version, info.created_at, info.updated_at, info.parent_id,
-                    info.parent_version, listed, counters.rounds, counters.steps,
-                    None if counters.cost_unknown else counters.cost, counters.reason,
-                    task, mode, request, forked_from, at, runner,
-                )))
+                rows.append(
+                    make_summary(
+                        (
+                            info.session_id,
+                            info.version,
+                            info.created_at,
+                            info.updated_at,
+                            info.parent_id,
+                            info.parent_version,
+                            listed,
+                            counters.rounds,
+                            counters.steps,
+                            None if counters.cost_unknown else counters.cost,
+                            counters.reason,
+                            task,
+                            mode,
+                            request,
+                            forked_from,
+                            at,
+                            runner,
+                        )
+                    )
+                )
         return select(rows, query)
 
     def _create_with(self, info: SessionInfo, counters: Counters) -> None:
@@ -121,7 +139,11 @@ class SessionListing:
         after = 0
         if info.parent_id is not None and info.parent_version is not None:
             parent = self._info(info.parent_id)  # type: ignore[attr-defined]
-            base = Counters() if parent is None else fork_counters(self._counters_at(parent, min(upto, info.parent_version)), info.meta)
+            base = (
+                Counters()
+                if parent is None
+                else fork_counters(self._counters_at(parent, min(upto, info.parent_version)), info.meta)
+            )
             after = info.parent_version
         else:
             base = initial_counters(info.meta)
@@ -146,8 +168,10 @@ class SessionListing:
     def forks(self, session_id: str) -> list[SessionInfo]:
         """The sessions forked from this one that still read its log (a fork that stands alone
         after a prune keeps its origin in ``meta["forked_from"]`` instead)."""
-        return sorted(self._forks(session_id),  # type: ignore[attr-defined]
-                      key=lambda info: info.session_id)
+        return sorted(
+            self._forks(session_id),  # type: ignore[attr-defined]
+            key=lambda info: info.session_id,
+        )
 
     def session_info_without_plan(self, session_id: str) -> tuple[SessionInfo, bool]:
         """The session's row with its meta's ``plan`` left out, and whether the meta has one.

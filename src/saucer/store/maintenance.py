@@ -14,8 +14,9 @@ import base64
 import os
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from saucer.store.base import EventStore
 from saucer.store.crypto import ENCRYPTED, SNAPSHOT_SECTIONS, KeyRing, StoreKeyError, target_of
@@ -144,7 +145,9 @@ def _reseal_ops(event: Event, old: KeyRing, new: KeyRing) -> tuple[Event, int]:
     return (replace(event, ops=ops, meta=meta) if count else event), count
 
 
-def _reseal_meta(session_id: str, target: str, meta: dict[str, Any], old: KeyRing, new: KeyRing) -> tuple[dict[str, Any], int]:
+def _reseal_meta(
+    session_id: str, target: str, meta: dict[str, Any], old: KeyRing, new: KeyRing
+) -> tuple[dict[str, Any], int]:
     """A meta sealed by :meth:`Sealer.seal_meta` with its tokens (rest, plan, listing's request) under ``new``."""
     out, count = dict(meta), 0
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from saucer.store.base import (
     ConflictError,
@@ -27,7 +28,17 @@ from saucer.store.base import (
 )
 from saucer.store.listing import KeepsSummaries
 from saucer.store.model import Event, copy_json
-from saucer.store.summary import Counters, ListQuery, SessionSummary, brief_of, fold, fold_events, listed_status, make_summary, select
+from saucer.store.summary import (
+    Counters,
+    ListQuery,
+    SessionSummary,
+    brief_of,
+    fold,
+    fold_events,
+    listed_status,
+    make_summary,
+    select,
+)
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["MemoryStore"]
@@ -47,7 +58,7 @@ class _Data:
 
     # Held with ``with``: the lock, without a generator-based context manager
     # on every call (the memory store is what the benchmarks of the engine use).
-    def __enter__(self) -> "_Data":
+    def __enter__(self) -> _Data:
         self.lock.acquire()
         return self
 
@@ -105,11 +116,29 @@ class MemoryStore(KeepsSummaries, EventStore):
                 counters.status, lease.owner if lease else None, lease.expires_at if lease else None, query.now
             )
             task, mode, request, forked_from, at, _ = brief_of(info.meta)
-            rows.append(make_summary((
-                info.session_id, info.version, info.created_at, info.updated_at, info.parent_id, info.parent_version,
-                listed, counters.rounds, counters.steps, None if counters.cost_unknown else counters.cost,
-                counters.reason, task, mode, request, forked_from, at, runner,
-            )))
+            rows.append(
+                make_summary(
+                    (
+                        info.session_id,
+                        info.version,
+                        info.created_at,
+                        info.updated_at,
+                        info.parent_id,
+                        info.parent_version,
+                        listed,
+                        counters.rounds,
+                        counters.steps,
+                        None if counters.cost_unknown else counters.cost,
+                        counters.reason,
+                        task,
+                        mode,
+                        request,
+                        forked_from,
+                        at,
+                        runner,
+                    )
+                )
+            )
         return select(rows, query)
 
     def _info(self, session_id: str) -> SessionInfo | None:
@@ -131,12 +160,26 @@ class MemoryStore(KeepsSummaries, EventStore):
             # EventStore.append; a Context's hold values normalised, copied, when they were set),
             # in a list of the log's own; the meta, which aliases the caller's objects (a step's
             # record), as a private copy, as a durable backend would. Reads copy both.
-            d.events[event.session_id].append(Event(
-                event.session_id, event.version, event.timestamp, event.author, event.round, event.step,
-                list(event.ops), copy_json(event.meta),
-            ))
+            d.events[event.session_id].append(
+                Event(
+                    event.session_id,
+                    event.version,
+                    event.timestamp,
+                    event.author,
+                    event.round,
+                    event.step,
+                    list(event.ops),
+                    copy_json(event.meta),
+                )
+            )
             d.infos[event.session_id] = SessionInfo(
-                info.session_id, event.version, info.created_at, event.timestamp, info.parent_id, info.parent_version, info.meta
+                info.session_id,
+                event.version,
+                info.created_at,
+                event.timestamp,
+                info.parent_id,
+                info.parent_version,
+                info.meta,
             )
             d.counters[event.session_id] = fold(d.counters.get(event.session_id) or Counters(), event.step, event.meta)
 
@@ -159,13 +202,19 @@ class MemoryStore(KeepsSummaries, EventStore):
         return dict.fromkeys(events, FORMAT_VERSION), dict.fromkeys(snaps, FORMAT_VERSION)
 
     def _rewrite(
-        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot] = (), meta: dict[str, Any] | None = None
+        self,
+        session_id: str,
+        events: list[Event],
+        snapshots: Sequence[Snapshot] = (),
+        meta: dict[str, Any] | None = None,
     ) -> None:
         with self._transaction() as d:
             if meta is not None:
                 d.infos[session_id] = replace(d.infos[session_id], meta=copy_json(meta))
             for snapshot in snapshots:
-                d.snapshots.setdefault(session_id, {})[snapshot.version] = replace(snapshot, state=copy_json(snapshot.state))
+                d.snapshots.setdefault(session_id, {})[snapshot.version] = replace(
+                    snapshot, state=copy_json(snapshot.state)
+                )
             log = d.events.get(session_id) or []
             first = log[0].version if log else 0
             for event in events:
@@ -193,7 +242,7 @@ class MemoryStore(KeepsSummaries, EventStore):
         with self._transaction() as d:
             snaps = d.snapshots.get(session_id)
             if snaps:
-                for version in sorted(snaps, reverse=True)[max(0, keep):]:
+                for version in sorted(snaps, reverse=True)[max(0, keep) :]:
                     del snaps[version]
 
     def sessions(self) -> list[SessionInfo]:
@@ -251,7 +300,9 @@ class MemoryStore(KeepsSummaries, EventStore):
             )
             return True
 
-    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+    def _materialise(
+        self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
+    ) -> bool:
         sid = info.session_id
         with self._transaction() as d:
             now = d.infos.get(sid)
@@ -260,7 +311,9 @@ class MemoryStore(KeepsSummaries, EventStore):
             copies = [replace(e, ops=copy_json(e.ops), meta=copy_json(e.meta)) for e in events]
             d.events[sid] = copies + d.events.get(sid, [])
             if snapshot is not None:
-                d.snapshots.setdefault(sid, {}).setdefault(snapshot.version, replace(snapshot, state=copy_json(snapshot.state)))
+                d.snapshots.setdefault(sid, {}).setdefault(
+                    snapshot.version, replace(snapshot, state=copy_json(snapshot.state))
+                )
             d.infos[sid] = replace(now, parent_id=None, parent_version=None, meta={**now.meta, **meta})
             return True
 

@@ -19,9 +19,10 @@ import operator
 import re
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "Event",

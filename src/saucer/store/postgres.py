@@ -69,14 +69,21 @@ import asyncio
 import functools
 import time
 import weakref
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 
 from saucer.store._codec import (
-    DamagedRecord, decode_payload, head_event, decode_rows, encode_payload, first_good_snapshot, formats_of,
+    DamagedRecord,
+    decode_payload,
+    decode_rows,
+    encode_payload,
+    first_good_snapshot,
+    formats_of,
+    head_event,
     quarantine_payload,
 )
 from saucer.store._group import GroupCommitter, Pending
@@ -128,7 +135,7 @@ def _translated(*, retry: bool) -> Callable[[_F], _F]:
 
     def decorate(method: _F) -> _F:
         @functools.wraps(method)
-        def wrapper(self: "PostgresStore", *args: Any, **kwargs: Any) -> Any:
+        def wrapper(self: PostgresStore, *args: Any, **kwargs: Any) -> Any:
             try:
                 return method(self, *args, **kwargs)
             except PoolTimeout as exc:
@@ -155,8 +162,12 @@ class PostgresStore(KeepsSummaries, EventStore):
 
     features = frozenset(
         {
-            Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.QUARANTINE,
-            Feature.GROUP_COMMIT, Feature.REWRITE,
+            Feature.REPLACE_HISTORY,
+            Feature.IMPORT,
+            Feature.SNAPSHOT_PRUNING,
+            Feature.QUARANTINE,
+            Feature.GROUP_COMMIT,
+            Feature.REWRITE,
         }
     )
 
@@ -255,7 +266,9 @@ class PostgresStore(KeepsSummaries, EventStore):
         if not isinstance(session_id, str) or "\x00" in session_id:
             return None  # PostgreSQL text cannot hold NUL, so no session has such an id
         with self._db.conn() as conn:
-            row = conn.execute(f"SELECT {columns} FROM {self._s}.sessions WHERE session_id = %s", (session_id,)).fetchone()
+            row = conn.execute(
+                f"SELECT {columns} FROM {self._s}.sessions WHERE session_id = %s", (session_id,)
+            ).fetchone()
         return row_info(row) if row else None
 
     @_translated(retry=True)
@@ -293,7 +306,9 @@ class PostgresStore(KeepsSummaries, EventStore):
             info = row_info(row[:7])
             lease = None
             if row[13] is not None:  # expiry on this machine's clock, as lease_of reports it
-                lease = Lease(info.session_id, row[13], int(row[14]), 0.0 if row[15] <= 0 else now + (row[15] - row[16]))
+                lease = Lease(
+                    info.session_id, row[13], int(row[14]), 0.0 if row[15] <= 0 else now + (row[15] - row[16])
+                )
             if row[11] is None:  # no events, or a fork whose head is in its parent's log
                 heads.append(SessionHead(info, self.last_event(info) if info.version else None, lease))
                 continue
@@ -413,13 +428,21 @@ class PostgresStore(KeepsSummaries, EventStore):
     @_translated(retry=True)
     def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
         with self._db.conn() as conn:
-            rows = conn.execute(f"SELECT version, payload FROM {self._s}.events WHERE session_id = %s", (session_id,)).fetchall()
-            snaps = conn.execute(f"SELECT version, state FROM {self._s}.snapshots WHERE session_id = %s", (session_id,)).fetchall()
+            rows = conn.execute(
+                f"SELECT version, payload FROM {self._s}.events WHERE session_id = %s", (session_id,)
+            ).fetchall()
+            snaps = conn.execute(
+                f"SELECT version, state FROM {self._s}.snapshots WHERE session_id = %s", (session_id,)
+            ).fetchall()
         return formats_of(rows), formats_of(snaps)
 
     @_translated(retry=False)
     def _rewrite(
-        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot] = (), meta: dict[str, Any] | None = None
+        self,
+        session_id: str,
+        events: list[Event],
+        snapshots: Sequence[Snapshot] = (),
+        meta: dict[str, Any] | None = None,
     ) -> None:
         rows = []
         for event in events:
@@ -430,7 +453,8 @@ class PostgresStore(KeepsSummaries, EventStore):
                 found = 0
                 for row in rows:
                     cur.execute(
-                        f"UPDATE {self._s}.events SET payload = %s, crc = %s WHERE session_id = %s AND version = %s", row
+                        f"UPDATE {self._s}.events SET payload = %s, crc = %s WHERE session_id = %s AND version = %s",
+                        row,
                     )
                     found += cur.rowcount
             self._sql.rewrite_extras(conn, session_id, snapshots, meta)
@@ -495,7 +519,9 @@ class PostgresStore(KeepsSummaries, EventStore):
             return self._sql.replace_below(conn, session_id, cut, base, snapshot)
 
     @_translated(retry=True)  # a repeat finds the fork detached and does nothing
-    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+    def _materialise(
+        self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
+    ) -> bool:
         with self._db.transaction() as conn:
             return self._sql.detach_fork(conn, info, events, snapshot, meta)
 
@@ -554,9 +580,7 @@ class PostgresStore(KeepsSummaries, EventStore):
 
     # ------------------------------------------------------------- watching
 
-    async def watch(
-        self, session_id: str, after: int = 0, *, interval: float = 0.2
-    ) -> AsyncIterator[Event]:
+    async def watch(self, session_id: str, after: int = 0, *, interval: float = 0.2) -> AsyncIterator[Event]:
         """Yield the session's new events as they are committed, woken by NOTIFY: all the watchers of
         this store on one event loop share ONE LISTEN connection (see :func:`watch_notified`)."""
         listener = self._listeners.setdefault(asyncio.get_running_loop(), Listener(self._db.alisten, self.channel))

@@ -9,7 +9,8 @@ store upcast or re-sealed events again through it; a backend implements
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from saucer.store.model import Event, Feature, NotSupportedError, Snapshot
 
@@ -27,7 +28,11 @@ class RecordRewriting:
         return self._formats(session_id)
 
     def rewrite_events(
-        self, session_id: str, events: Sequence[Event], snapshots: Sequence[Snapshot] = (), meta: dict[str, Any] | None = None
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        snapshots: Sequence[Snapshot] = (),
+        meta: dict[str, Any] | None = None,
     ) -> None:
         """Store ``events`` again (current format) in place of this session's own events at the same versions,
         with ``snapshots`` and its stored ``meta`` if given, in ONE transaction (all or none after a crash; needs
@@ -43,5 +48,7 @@ class RecordRewriting:
     def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
         raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _formats")
 
-    def _rewrite(self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot], meta: dict[str, Any] | None) -> None:
+    def _rewrite(
+        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot], meta: dict[str, Any] | None
+    ) -> None:
         raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _rewrite")

@@ -14,8 +14,9 @@ versions, leases, forks, prunes -- is the backend's, unchanged.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any
 
 from saucer.store.base import EventStore
 from saucer.store.crypto import KEY_ENV, PLAIN_EVENT_META, PLAIN_SESSION_META, Sealer
@@ -172,12 +173,16 @@ class SealedStore(EventStore):
     def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
         return self.inner._prune(session_id, cut, self._seal(base), self._seal_snapshot(snapshot))
 
-    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+    def _materialise(
+        self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
+    ) -> bool:
         sealed = None if snapshot is None else self._seal_snapshot(snapshot)
         return self.inner._materialise(info, [self._seal(e) for e in events], sealed, meta)
 
     def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
-        self.inner._import(self._seal_info(info), [self._seal(e) for e in events], [self._seal_snapshot(s) for s in snapshots])
+        self.inner._import(
+            self._seal_info(info), [self._seal(e) for e in events], [self._seal_snapshot(s) for s in snapshots]
+        )
 
     async def watch(self, session_id: str, after: int = 0, *, interval: float = 0.2) -> AsyncIterator[Event]:
         async for event in self.inner.watch(session_id, after, interval=interval):
@@ -190,6 +195,8 @@ class SealedStore(EventStore):
         self, session_id: str, events: list[Event], snapshots: Any = (), meta: dict[str, Any] | None = None
     ) -> None:
         self.inner._rewrite(
-            session_id, [self._seal(e) for e in events], [self._seal_snapshot(s) for s in snapshots],
+            session_id,
+            [self._seal(e) for e in events],
+            [self._seal_snapshot(s) for s in snapshots],
             None if meta is None else self._seal_info(SessionInfo(session_id, 0, 0, 0, None, None, meta)).meta,
         )

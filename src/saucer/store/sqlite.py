@@ -34,27 +34,37 @@ import sqlite3
 import threading
 import time
 import warnings
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from saucer.store._codec import (
     DamagedRecord,
     decode_payload,
-    head_event,
     decode_rows,
-    formats_of,
     encode_state,
     first_good_snapshot,
+    formats_of,
+    head_event,
     quarantine_payload,
 )
 from saucer.store._group import GroupCommitter, Pending
 from saucer.store._sqlite_schema import SCHEMA_VERSION, Closed, connect, damaged, path_from_url, store_error
 from saucer.store._sqlite_schema import migrate as migrate_schema
-from saucer.store._sqlite_sql import HEADS, INFO_WITHOUT_PLAN, detach_fork, insert_events, insert_session
-from saucer.store._sqlite_sql import insert_snapshot, join_plan, replace_below, rewrite_rows
+from saucer.store._sqlite_sql import (
+    HEADS,
+    INFO_WITHOUT_PLAN,
+    detach_fork,
+    insert_events,
+    insert_session,
+    insert_snapshot,
+    join_plan,
+    replace_below,
+    rewrite_rows,
+)
 from saucer.store.base import (
     ConflictError,
     EventStore,
@@ -69,7 +79,16 @@ from saucer.store.base import (
 )
 from saucer.store.listing import KeepsSummaries
 from saucer.store.model import Event, SessionHead
-from saucer.store.summary import Counters, ListQuery, SessionSummary, fold, fold_events, listed_sql, make_summary, order_sql
+from saucer.store.summary import (
+    Counters,
+    ListQuery,
+    SessionSummary,
+    fold,
+    fold_events,
+    listed_sql,
+    make_summary,
+    order_sql,
+)
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION", "path_from_url"]
 
@@ -108,7 +127,7 @@ def _translated(method: _F) -> _F:
     """Turn the ``sqlite3`` errors escaping ``method`` into :class:`StoreError` (one sentence)."""
 
     @functools.wraps(method)
-    def wrapper(self: "SQLiteStore", *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: SQLiteStore, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except sqlite3.Error as exc:
@@ -122,8 +141,12 @@ class SQLiteStore(KeepsSummaries, EventStore):
 
     features = frozenset(
         {
-            Feature.REPLACE_HISTORY, Feature.IMPORT, Feature.SNAPSHOT_PRUNING, Feature.QUARANTINE,
-            Feature.GROUP_COMMIT, Feature.REWRITE,
+            Feature.REPLACE_HISTORY,
+            Feature.IMPORT,
+            Feature.SNAPSHOT_PRUNING,
+            Feature.QUARANTINE,
+            Feature.GROUP_COMMIT,
+            Feature.REWRITE,
         }
     )
 
@@ -137,7 +160,9 @@ class SQLiteStore(KeepsSummaries, EventStore):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"cannot create the folder of the SQLite store {str(self.path)!r}: {exc.strerror or exc}") from None
+            raise StoreError(
+                f"cannot create the folder of the SQLite store {str(self.path)!r}: {exc.strerror or exc}"
+            ) from None
         self._open(busy_timeout)
 
     @_translated
@@ -263,7 +288,9 @@ class SQLiteStore(KeepsSummaries, EventStore):
                 rows = conn.execute(HEADS.format(where="")).fetchall()
             else:
                 ids = orjson.dumps(list(session_ids)).decode()
-                rows = conn.execute(HEADS.format(where="WHERE s.session_id IN (SELECT value FROM json_each(?))"), (ids,)).fetchall()
+                rows = conn.execute(
+                    HEADS.format(where="WHERE s.session_id IN (SELECT value FROM json_each(?))"), (ids,)
+                ).fetchall()
         return [self._head(row) for row in rows]
 
     def _head(self, row: tuple[Any, ...]) -> SessionHead:
@@ -338,10 +365,10 @@ class SQLiteStore(KeepsSummaries, EventStore):
                     "SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)
                 ).fetchone()
                 if row is None or row[0] != entry.fence:
-                    raise FencedError(
-                        event.session_id, entry.fence, row[0] if row else None, row[1] if row else None
-                    )
-            row = conn.execute(f"SELECT head, {_COUNTERS} FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
+                    raise FencedError(event.session_id, entry.fence, row[0] if row else None, row[1] if row else None)
+            row = conn.execute(
+                f"SELECT head, {_COUNTERS} FROM sessions WHERE session_id = ?", (event.session_id,)
+            ).fetchone()
             if row is None:
                 raise SessionNotFoundError(event.session_id)
             if row[0] != entry.expected:
@@ -351,8 +378,14 @@ class SQLiteStore(KeepsSummaries, EventStore):
             conn.execute(
                 "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    event.session_id, event.version, event.timestamp, event.author,
-                    event.round, event.step, entry.payload, entry.crc,
+                    event.session_id,
+                    event.version,
+                    event.timestamp,
+                    event.author,
+                    event.round,
+                    event.step,
+                    entry.payload,
+                    entry.crc,
                 ),
             )
             self._fold_if_due(1)
@@ -390,7 +423,8 @@ class SQLiteStore(KeepsSummaries, EventStore):
             heads: dict[str, tuple[int, Counters]] = {
                 row[0]: (row[1], Counters(row[2], row[3], row[4], row[5], bool(row[6]), row[7]))
                 for row in conn.execute(
-                    f"SELECT session_id, head, {_COUNTERS} FROM sessions WHERE session_id IN ({','.join('?' * len(ids))})", ids
+                    f"SELECT session_id, head, {_COUNTERS} FROM sessions WHERE session_id IN ({','.join('?' * len(ids))})",
+                    ids,
                 )
             }
             leases: dict[str, tuple[int, str]] = {}
@@ -410,12 +444,25 @@ class SQLiteStore(KeepsSummaries, EventStore):
                         continue
                 found = heads.get(sid)
                 if found is None or found[0] != entry.expected:
-                    entry.error = SessionNotFoundError(sid) if found is None else ConflictError(sid, entry.expected, found[0])
+                    entry.error = (
+                        SessionNotFoundError(sid) if found is None else ConflictError(sid, entry.expected, found[0])
+                    )
                     continue
                 counters = fold(found[1], event.step, event.meta)
                 heads[sid] = (event.version, counters)
                 updates.append((event.version, event.timestamp, *_counter_values(counters), sid))
-                rows.append((sid, event.version, event.timestamp, event.author, event.round, event.step, entry.payload, entry.crc))
+                rows.append(
+                    (
+                        sid,
+                        event.version,
+                        event.timestamp,
+                        event.author,
+                        event.round,
+                        event.step,
+                        entry.payload,
+                        entry.crc,
+                    )
+                )
             conn.executemany(_UPDATE_HEAD, updates)
             conn.executemany("INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self._fold_if_due(len(rows))
@@ -441,7 +488,9 @@ class SQLiteStore(KeepsSummaries, EventStore):
             conn.execute("DELETE FROM events_recent")
         except sqlite3.Error as exc:
             conn.execute("ROLLBACK TO fold")
-            warnings.warn(f"{self.path}: could not move recent events into the events table: {exc}", RuntimeWarning)
+            warnings.warn(
+                f"{self.path}: could not move recent events into the events table: {exc}", RuntimeWarning, stacklevel=2
+            )
         finally:
             conn.execute("RELEASE fold")
 
@@ -472,7 +521,11 @@ class SQLiteStore(KeepsSummaries, EventStore):
 
     @_translated
     def _rewrite(
-        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot] = (), meta: dict[str, Any] | None = None
+        self,
+        session_id: str,
+        events: list[Event],
+        snapshots: Sequence[Snapshot] = (),
+        meta: dict[str, Any] | None = None,
     ) -> None:
         with self._transaction() as conn:
             rewrite_rows(conn, session_id, events, snapshots, meta)
@@ -565,9 +618,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
                 raise LeaseHeldError(session_id, row[0], row[2])
             if row is None or row[0] != owner or row[2] <= now:
                 token += 1
-            conn.execute(
-                "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)", (session_id, owner, token, now + ttl)
-            )
+            conn.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)", (session_id, owner, token, now + ttl))
         return Lease(session_id, owner, token, now + ttl)
 
     @_translated
@@ -586,7 +637,9 @@ class SQLiteStore(KeepsSummaries, EventStore):
             return replace_below(conn, session_id, cut, base, snapshot)
 
     @_translated
-    def _materialise(self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]) -> bool:
+    def _materialise(
+        self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
+    ) -> bool:
         with self._transaction() as conn:
             return detach_fork(conn, info, events, snapshot, meta)
 

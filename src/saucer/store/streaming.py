@@ -8,7 +8,7 @@ a reader of a 10^5-event session holds one batch in memory, not the log.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from saucer.store.model import Event, StoreError, check_version
 

@@ -28,13 +28,36 @@ runner's lease has expired (or that has none) is ``interrupted``.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 __all__ = [
-    "ENDED", "INTERRUPTED", "NOT_STARTED", "SETTLED", "REQUEST_CHARS", "SORT_KEYS", "Counters", "Delta", "ListQuery", "SessionSummary",
-    "apply", "ascii_lower", "brief_of", "delta_of", "fold", "fold_events", "initial_counters", "listed_sql",
-    "listed_status", "make_summary", "order_sql", "select", "fork_counters", "fork_meta", "cost_text",
+    "ENDED",
+    "INTERRUPTED",
+    "NOT_STARTED",
+    "SETTLED",
+    "REQUEST_CHARS",
+    "SORT_KEYS",
+    "Counters",
+    "Delta",
+    "ListQuery",
+    "SessionSummary",
+    "apply",
+    "ascii_lower",
+    "brief_of",
+    "delta_of",
+    "fold",
+    "fold_events",
+    "initial_counters",
+    "listed_sql",
+    "listed_status",
+    "make_summary",
+    "order_sql",
+    "select",
+    "fork_counters",
+    "fork_meta",
+    "cost_text",
 ]
 
 #: Statuses of a session that has ended (its last event is ``session_end``).
@@ -131,7 +154,9 @@ def delta_of(step: int | None, meta: Mapping[str, Any]) -> Delta:
 
 def apply(c: Counters, d: Delta) -> Counters:
     """The counters after an event whose :class:`Delta` is ``d``."""
-    steps = d.final_steps if d.final_steps is not None else (d.step if d.step is not None and d.step > c.steps else c.steps)
+    steps = (
+        d.final_steps if d.final_steps is not None else (d.step if d.step is not None and d.step > c.steps else c.steps)
+    )
     rounds = d.final_rounds if d.final_rounds is not None else c.rounds + d.rounds_add
     if d.final_cost is not None:
         cost, unknown = d.final_cost, d.unknown
@@ -202,7 +227,9 @@ def fork_counters(parent: Counters, meta: Mapping[str, Any]) -> Counters:
     return Counters(status, parent.rounds, parent.steps, parent.cost, parent.cost_unknown, parent.reason)
 
 
-def listed_status(status: str | None, lease_owner: str | None, lease_expires: float | None, now: float) -> tuple[str, str | None]:
+def listed_status(
+    status: str | None, lease_owner: str | None, lease_expires: float | None, now: float
+) -> tuple[str, str | None]:
     """``(status as listed, runner)``: ``-`` for no status, ``interrupted`` for a session that has
     not ended without a live lease (a fork not started yet is listed as such); ``runner`` is the
     live lease's owner while running."""
@@ -245,7 +272,7 @@ class SessionSummary(NamedTuple):
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON data (field names as above)."""
-        return dict(zip(self._fields, self))
+        return dict(zip(self._fields, self, strict=False))
 
     def row(self) -> dict[str, Any]:
         """The session's columns as every surface shows them (``saucer sessions/show --json`` and the
@@ -254,11 +281,20 @@ class SessionSummary(NamedTuple):
         request and reason."""
         rounds, steps, cost = self.counts()
         return {
-            "id": self.session_id, "task": "-" if self.task is None else self.task,
-            "mode": "-" if self.mode is None else self.mode, "status": self.status, "rounds": rounds,
-            "steps": steps, "cost": cost, "version": self.version, "created_at": self.created_at,
-            "updated_at": self.updated_at, "parent": self.origin, "runner": self.runner,
-            "request": self.request, "reason": self.reason,
+            "id": self.session_id,
+            "task": "-" if self.task is None else self.task,
+            "mode": "-" if self.mode is None else self.mode,
+            "status": self.status,
+            "rounds": rounds,
+            "steps": steps,
+            "cost": cost,
+            "version": self.version,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "parent": self.origin,
+            "runner": self.runner,
+            "request": self.request,
+            "reason": self.reason,
         }
 
     def counts(self) -> tuple[int | None, int | None, float | None]:
@@ -281,8 +317,25 @@ def make_summary(row: Sequence[Any]) -> SessionSummary:
     """A :class:`SessionSummary` from the columns every backend selects, in this order: ``session_id,
     head, created_at, updated_at, parent_id, parent_version, listed status, rounds, steps, cost (None:
     unknown), reason, task, mode, request, forked_from, forked_at, runner``."""
-    (sid, head, created, updated, parent_id, parent_version, status, rounds, steps, cost, reason,
-     task, mode, request, forked_from, forked_at, runner) = row
+    (
+        sid,
+        head,
+        created,
+        updated,
+        parent_id,
+        parent_version,
+        status,
+        rounds,
+        steps,
+        cost,
+        reason,
+        task,
+        mode,
+        request,
+        forked_from,
+        forked_at,
+        runner,
+    ) = row
     if parent_id is not None:
         origin = f"{parent_id}@{parent_version}"
     elif forked_from is not None:
@@ -290,8 +343,22 @@ def make_summary(row: Sequence[Any]) -> SessionSummary:
     else:
         origin = None
     return SessionSummary(
-        sid, head, created, updated, task, mode, status, rounds, steps, cost,
-        reason, request, origin, runner, parent_id, parent_version,
+        sid,
+        head,
+        created,
+        updated,
+        task,
+        mode,
+        status,
+        rounds,
+        steps,
+        cost,
+        reason,
+        request,
+        origin,
+        runner,
+        parent_id,
+        parent_version,
     )
 
 
@@ -331,11 +398,10 @@ class ListQuery:
         sort: str = "updated",
         descending: bool | None = None,
         ids: Iterable[str] | None = None,
-    ) -> "ListQuery":
+    ) -> ListQuery:
         """Check the arguments of ``list_sessions``; ValueError/TypeError naming the bad one."""
-        if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-                raise ValueError(f"limit must be a non-negative int or None, not {limit!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be a non-negative int or None, not {limit!r}")
         statuses = None
         if status is not None:
             statuses = frozenset([status] if isinstance(status, str) else status)
@@ -366,8 +432,15 @@ def ascii_lower(text: str) -> str:
 
 
 _SORT_FIELD = {
-    "updated": "updated_at", "created": "created_at", "id": "session_id", "task": "task", "status": "status",
-    "rounds": "rounds", "steps": "steps", "cost": "cost", "version": "version",
+    "updated": "updated_at",
+    "created": "created_at",
+    "id": "session_id",
+    "task": "task",
+    "status": "status",
+    "rounds": "rounds",
+    "steps": "steps",
+    "cost": "cost",
+    "version": "version",
 }
 
 
@@ -378,7 +451,8 @@ def select(rows: Iterable[SessionSummary], query: ListQuery) -> list[SessionSumm
     """
     wanted = None if query.ids is None else set(query.ids)
     kept = [
-        r for r in rows
+        r
+        for r in rows
         if (wanted is None or r.session_id in wanted)
         and (query.statuses is None or r.status in query.statuses)
         and query.task_matches(r.task)
@@ -405,8 +479,13 @@ def order_sql(query: ListQuery, status: str, task: str, collate: str = "") -> st
     as Python does (PostgreSQL's default collation may not).
     """
     key = {
-        "updated": "s.updated_at", "created": "s.created_at", "id": f"s.session_id{collate}", "task": f"{task}{collate}",
-        "status": f"({status}){collate}", "rounds": "s.rounds", "steps": "s.steps",
+        "updated": "s.updated_at",
+        "created": "s.created_at",
+        "id": f"s.session_id{collate}",
+        "task": f"{task}{collate}",
+        "status": f"({status}){collate}",
+        "rounds": "s.rounds",
+        "steps": "s.steps",
         # the cost as listed (SessionSummary.counts): unknown, or none for a session the engine did not make
         "cost": "(CASE WHEN s.cost_unknown OR (s.status IS NULL AND s.rounds = 0 AND s.steps = 0) THEN NULL ELSE s.cost END)",
         "version": "s.head",

@@ -34,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -142,7 +143,13 @@ class EventStoreContract(SessionListingContract):
         assert ids(store.find_sessions(limit=1)) == ["run-a1"]  # the last updated session
         assert ids(store.find_sessions()) == ids(store.sessions())
         assert store.find_sessions("run", limit=0) == []
-        for prefix, limit in (("run-", None), ("run-a", 1), ("", 2), ("nope", None), ("run", 0)):  # the ids alone, same order
+        for prefix, limit in (
+            ("run-", None),
+            ("run-a", 1),
+            ("", 2),
+            ("nope", None),
+            ("run", 0),
+        ):  # the ids alone, same order
             assert store.find_session_ids(prefix, limit) == ids(store.find_sessions(prefix, limit))
 
     def test_lease_of_tells_a_live_runner_from_a_gone_one(self, store: EventStore) -> None:
@@ -165,7 +172,9 @@ class EventStoreContract(SessionListingContract):
         time.sleep(0.002)
         store.create_session("p")
         _fill(store, "p", 3)
-        store.append("p", 3, _set("done", True), author="engine", round=2, step=5, meta={"kind": "session_end", "n": [1]})
+        store.append(
+            "p", 3, _set("done", True), author="engine", round=2, step=5, meta={"kind": "session_end", "n": [1]}
+        )
         time.sleep(0.002)
         store.create_session("f", parent_id="p", parent_version=2)  # its head is in its parent's log
         lease = store.acquire_lease("p", "runner", ttl=30)
@@ -175,9 +184,19 @@ class EventStoreContract(SessionListingContract):
         assert by_id["empty"].last is None and by_id["empty"].lease is None
         last = by_id["p"].last
         assert last == next(store.read("p", 3)) and last is not None
-        assert (last.version, last.author, last.round, last.step, last.meta) == (4, "engine", 2, 5, {"kind": "session_end", "n": [1]})
+        assert (last.version, last.author, last.round, last.step, last.meta) == (
+            4,
+            "engine",
+            2,
+            5,
+            {"kind": "session_end", "n": [1]},
+        )
         held = by_id["p"].lease
-        assert held is not None and (held.owner, held.token) == ("runner", lease.token) and held.expires_at > time.time() + 20
+        assert (
+            held is not None
+            and (held.owner, held.token) == ("runner", lease.token)
+            and held.expires_at > time.time() + 20
+        )
         assert by_id["f"].last == next(store.read("p", 1, 2)) and by_id["f"].lease is None
         some = store.session_heads(["f", "ghost", "empty"])
         assert [h.info.session_id for h in some] == ["f", "empty"] and some[0] == by_id["f"]
@@ -217,7 +236,13 @@ class EventStoreContract(SessionListingContract):
     def test_append_checks_the_version(self, store: EventStore) -> None:
         store.create_session("s")
         event = store.append(
-            "s", 0, [{"op": "set", "name": "REQUEST", "value": "hi"}], author="agent:a", round=3, step=7, meta={"why": "test"}
+            "s",
+            0,
+            [{"op": "set", "name": "REQUEST", "value": "hi"}],
+            author="agent:a",
+            round=3,
+            step=7,
+            meta={"why": "test"},
         )
         assert (event.session_id, event.version, event.author, event.round, event.step) == ("s", 1, "agent:a", 3, 7)
         assert event.meta == {"why": "test"} and event.timestamp > 0
@@ -301,7 +326,9 @@ class EventStoreContract(SessionListingContract):
             for after, upto in ((0, None), (0, 3), (2, 6), (3, None), (6, None), (4, 2), (0, 100)):
                 whole = [(e.session_id, e.version, e.ops) for e in store.read(sid, after, upto)]
                 for batch in (1, 2, 3, 1000):
-                    streamed = [(e.session_id, e.version, e.ops) for e in store.iter_events(sid, after, upto, batch=batch)]
+                    streamed = [
+                        (e.session_id, e.version, e.ops) for e in store.iter_events(sid, after, upto, batch=batch)
+                    ]
                     assert streamed == whole, (sid, after, upto, batch)
         stream = store.iter_events("c", batch=2)
         assert next(stream).version == 1
@@ -330,7 +357,11 @@ class EventStoreContract(SessionListingContract):
         store.replace_history("s", 8, ops, state)
         with pytest.raises(StoreError, match="changed while being read"):
             list(stream)
-        assert [e.version for e in store.iter_events("s", batch=2)] == [8, 9, 10]  # a new stream starts at the first readable version
+        assert [e.version for e in store.iter_events("s", batch=2)] == [
+            8,
+            9,
+            10,
+        ]  # a new stream starts at the first readable version
 
     def test_forks_read_their_lineage(self, store: EventStore) -> None:
         store.create_session("p")
@@ -351,7 +382,12 @@ class EventStoreContract(SessionListingContract):
         store.create_session("g", parent_id="c")  # at the child's head
         store.append("g", 5, _set("i", 200), author="g")
         assert [(e.session_id, e.version) for e in store.read("g")] == [
-            ("p", 1), ("p", 2), ("p", 3), ("c", 4), ("c", 5), ("g", 6),
+            ("p", 1),
+            ("p", 2),
+            ("p", 3),
+            ("c", 4),
+            ("c", 5),
+            ("g", 6),
         ]
         store.create_session("zero", parent_id="p", parent_version=0)
         assert list(store.read("zero")) == [] and store.head("zero") == 0

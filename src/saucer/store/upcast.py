@@ -43,7 +43,8 @@ reads real version N bytes.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from saucer.store.model import FormatTooNewError
 

@@ -27,7 +27,7 @@ _READ_CHUNK = 64 * 1024
 class AsyncChild:
     """``pid``, ``returncode``, ``stdout``/``stderr`` (StreamReaders) and :meth:`wait` of a Popen started with pipes."""
 
-    def __init__(self, popen: "subprocess.Popen[bytes]") -> None:
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self.popen = popen
         self.pid = popen.pid
         self.stdout: asyncio.StreamReader | None = None
@@ -44,7 +44,7 @@ class AsyncChild:
             self._loop.add_reader(self._pidfd, self._reap)
 
     @classmethod
-    async def attach(cls, popen: "subprocess.Popen[bytes]") -> "AsyncChild":
+    async def attach(cls, popen: subprocess.Popen[bytes]) -> AsyncChild:
         """The child for ``popen``, with its stdout and stderr pipes (when it has them) connected to readers."""
         child = cls(popen)
         try:
@@ -158,14 +158,14 @@ async def to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
         raise asyncio.CancelledError
 
 
-def _close_pipes(popen: "subprocess.Popen[bytes]") -> None:
+def _close_pipes(popen: subprocess.Popen[bytes]) -> None:
     for pipe in (popen.stdin, popen.stdout, popen.stderr):
         if pipe is not None:
             with contextlib.suppress(OSError):
                 pipe.close()
 
 
-async def start_child(start: "Future[subprocess.Popen[bytes]]") -> AsyncChild:
+async def start_child(start: Future[subprocess.Popen[bytes]]) -> AsyncChild:
     """The :class:`AsyncChild` of a Popen being started in another thread (``start``).
 
     The start is awaited to its end even when the caller is cancelled meanwhile

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+import json
 import logging
 import os
 import sys
 import threading
-import json
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -158,7 +158,10 @@ def make_mcp_server(native: NativeServer) -> MCPServer:
     for spec in native.tools.values():
         hints = spec.annotations()
         server.add_tool(
-            _mcp_tool(spec), name=spec.name, title=spec.title, description=spec.description,
+            _mcp_tool(spec),
+            name=spec.name,
+            title=spec.title,
+            description=spec.description,
             annotations=ToolAnnotations.model_validate(hints) if hints else None,
         )
     return server

@@ -46,8 +46,17 @@ def _check(result: int, what: str) -> None:
 
 def _set_attr(path: str, set_flags: int, clear_flags: int) -> None:
     attr = struct.pack("=QQQQ", set_flags, clear_flags, 0, 0)
-    _check(_libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), os.fsencode(path),
-                         ctypes.c_uint(_AT_RECURSIVE), attr, ctypes.c_size_t(len(attr))), f"mount_setattr({path!r})")
+    _check(
+        _libc.syscall(
+            ctypes.c_long(_SYS_MOUNT_SETATTR),
+            ctypes.c_int(_AT_FDCWD),
+            os.fsencode(path),
+            ctypes.c_uint(_AT_RECURSIVE),
+            attr,
+            ctypes.c_size_t(len(attr)),
+        ),
+        f"mount_setattr({path!r})",
+    )
 
 
 def read_only_view(writable: Iterable[str]) -> bool:
@@ -64,8 +73,9 @@ def read_only_view(writable: Iterable[str]) -> bool:
     _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "making the mounts private")
     folders = [os.fspath(path) for path in writable]
     for folder in folders:
-        _check(_libc.mount(os.fsencode(folder), os.fsencode(folder), None, _MS_BIND | _MS_REC, None),
-               f"binding {folder!r}")
+        _check(
+            _libc.mount(os.fsencode(folder), os.fsencode(folder), None, _MS_BIND | _MS_REC, None), f"binding {folder!r}"
+        )
     try:
         _set_attr("/", _MOUNT_ATTR_RDONLY, 0)
     except OSError:

@@ -31,9 +31,9 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["SchemaCache", "tool_key"]
 
@@ -46,9 +46,14 @@ Schemas = dict[str, Any]  # {"inputSchema": {...}, "outputSchema": {...}}
 def tool_key(name: str, fn: Callable[..., Any], output: type) -> str:
     """What one tool's schemas follow from besides the source files: its name, function and result model."""
     material = [
-        name, fn.__module__, fn.__qualname__, repr(getattr(fn, "__annotations__", None)),
-        repr(getattr(fn, "__defaults__", None)), repr(getattr(fn, "__kwdefaults__", None)),
-        output.__module__, output.__qualname__,
+        name,
+        fn.__module__,
+        fn.__qualname__,
+        repr(getattr(fn, "__annotations__", None)),
+        repr(getattr(fn, "__defaults__", None)),
+        repr(getattr(fn, "__kwdefaults__", None)),
+        output.__module__,
+        output.__qualname__,
     ]
     return hashlib.sha256(json.dumps(material).encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -92,8 +97,10 @@ class SchemaCache:
         if not isinstance(data, dict) or data.get("key") != self.key or not isinstance(data.get("tools"), dict):
             return {}
         return {
-            key: entry for key, entry in data["tools"].items()
-            if isinstance(entry, dict) and isinstance(entry.get("inputSchema"), dict)
+            key: entry
+            for key, entry in data["tools"].items()
+            if isinstance(entry, dict)
+            and isinstance(entry.get("inputSchema"), dict)
             and isinstance(entry.get("outputSchema"), dict | None)
         }
 

@@ -97,7 +97,7 @@ class Policy:
         read: Iterable[str | os.PathLike[str]] = ("/",),
         network: bool | Iterable[int] = True,
         scoped: bool = True,
-    ) -> "Policy":
+    ) -> Policy:
         """A policy with its paths made absolute (the writable ones real); a ValueError names a bad value."""
         if sandbox not in SANDBOX_MODES:
             raise ValueError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {sandbox!r}")
@@ -148,13 +148,31 @@ def _bwrap_usable(path: str) -> str | None:
     """None when ``bwrap`` can build the sandbox used here, else why not (it may lack user namespaces)."""
     try:
         done = subprocess.run(
-            [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--cap-drop", "ALL",
-             "--", "true"],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False,
+            [
+                path,
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--proc",
+                "/proc",
+                "--unshare-pid",
+                "--cap-drop",
+                "ALL",
+                "--",
+                "true",
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return str(exc)
-    return None if done.returncode == 0 else (done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}")
+    return (
+        None if done.returncode == 0 else (done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}")
+    )
 
 
 def bubblewrap_path() -> str | None:
@@ -168,19 +186,26 @@ def resolve(sandbox: str = "auto") -> Confinement:
         return Confinement("off", 'off ([shell] sandbox = "off"): commands run unconfined')
     abi = _landlock_abi() if sandbox in ("auto", "landlock") else 0
     if abi >= 1:
-        extra = " and a read-only mount namespace (root: modes and owners outside are kept too)" if _read_only_view_works() else ""
+        extra = (
+            " and a read-only mount namespace (root: modes and owners outside are kept too)"
+            if _read_only_view_works()
+            else ""
+        )
         return Confinement("landlock", f"Landlock ABI {abi}{extra}")
     missing_landlock = "this kernel offers no Landlock (Linux 5.13+ with landlock in its lsm= list)"
     if sandbox == "landlock":
         return Confinement("none", "none", f'[shell] sandbox = "landlock" but {missing_landlock}')
     bwrap = bubblewrap_path()
-    problem = "bwrap is not installed (Debian: apt-get install -y bubblewrap)" if bwrap is None else _bwrap_usable(bwrap)
+    problem = (
+        "bwrap is not installed (Debian: apt-get install -y bubblewrap)" if bwrap is None else _bwrap_usable(bwrap)
+    )
     if problem is None:
         return Confinement("bubblewrap", f"bubblewrap ({bwrap})", bwrap=bwrap)
     if sandbox == "bubblewrap":
         return Confinement("none", "none", f'[shell] sandbox = "bubblewrap" but {problem}')
     return Confinement(
-        "none", "none",
+        "none",
+        "none",
         f"commands are refused: {missing_landlock}, and {problem}; install bubblewrap, or set "
         '[shell] sandbox = "off" to run commands unconfined',
     )
@@ -197,8 +222,13 @@ def confinement_line(policy: Policy, also: Sequence[str] = ()) -> str:
     if policy.network is True:
         net = "network: allowed"
     elif policy.network is False or found.kind == "bubblewrap":
-        net = "network: off" + (" (TCP; UDP is not covered by Landlock)" if found.kind == "landlock" else
-                                "" if policy.network is False else " (bubblewrap cannot open single ports)")
+        net = "network: off" + (
+            " (TCP; UDP is not covered by Landlock)"
+            if found.kind == "landlock"
+            else ""
+            if policy.network is False
+            else " (bubblewrap cannot open single ports)"
+        )
     else:
         net = "network: TCP connect to ports " + ", ".join(map(str, policy.network))
     reads = "the whole file system" if policy.read == ("/",) else ", ".join(policy.read)
@@ -249,13 +279,14 @@ class _ConfinedThreads:
     def __init__(self, policy: Policy, writable: tuple[str, ...]) -> None:
         self.writable = writable
         self.errors: list[BaseException] = []
-        self.executor = ThreadPoolExecutor(_POOL_THREADS, "saucer-confined", initializer=_confine_this_thread,
-                                           initargs=(policy, writable, self.errors))
+        self.executor = ThreadPoolExecutor(
+            _POOL_THREADS, "saucer-confined", initializer=_confine_this_thread, initargs=(policy, writable, self.errors)
+        )
 
-    def start(self, argv: list[str], popen: dict[str, Any]) -> "Future[subprocess.Popen[bytes]]":
+    def start(self, argv: list[str], popen: dict[str, Any]) -> Future[subprocess.Popen[bytes]]:
         outer: Future[subprocess.Popen[bytes]] = Future()
 
-        def forward(inner: "Future[subprocess.Popen[bytes]]") -> None:
+        def forward(inner: Future[subprocess.Popen[bytes]]) -> None:
             started = None if inner.cancelled() or inner.exception() else inner.result()
             if not outer.set_running_or_notify_cancel():
                 if started is not None:  # the caller gave up: nothing will read or wait on it
@@ -317,7 +348,7 @@ class Confiner:
         """``env`` with ``TMPDIR`` (and ``TMP``, ``TEMP``) set to the private temporary folder."""
         return {**env, "TMPDIR": self.tmpdir, "TMP": self.tmpdir, "TEMP": self.tmpdir}
 
-    def start(self, argv: Sequence[str], **popen: Any) -> "Future[subprocess.Popen[bytes]]":
+    def start(self, argv: Sequence[str], **popen: Any) -> Future[subprocess.Popen[bytes]]:
         """``subprocess.Popen(argv, **popen)`` confined; the future fails with OSError or ConfinementError."""
         self.check()
         kind = self.confinement.kind
@@ -333,7 +364,7 @@ class Confiner:
             future.set_exception(exc)
         return future
 
-    def popen(self, argv: Sequence[str], **popen: Any) -> "subprocess.Popen[bytes]":
+    def popen(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
         """:meth:`start`, waited for (for callers that may block, e.g. in a worker thread)."""
         return self.start(argv, **popen).result()
 
@@ -377,11 +408,30 @@ def parse_network(text: str) -> bool | tuple[int, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser, what: str = "commands") -> None:
     """``--sandbox``, ``--write``, ``--read`` and ``--network``, read back by :meth:`Policy.create`."""
-    parser.add_argument("--sandbox", choices=SANDBOX_MODES, default=os.environ.get("SAUCER_SHELL_SANDBOX", "auto"),
-                        help=f"how {what} are confined: auto (Landlock, else bubblewrap), landlock, bubblewrap, off")
-    parser.add_argument("--write", action="append", default=[], metavar="DIR",
-                        help=f"a folder {what} may write to besides the workspace and a private TMPDIR (repeatable)")
-    parser.add_argument("--read", action="append", default=None, metavar="DIR",
-                        help=f"a folder {what} may read (repeatable; default: the whole file system)")
-    parser.add_argument("--network", type=parse_network, default=True, metavar="on|off|PORT,...",
-                        help=f"network of {what}: on, off (no TCP) or the TCP ports they may connect to")
+    parser.add_argument(
+        "--sandbox",
+        choices=SANDBOX_MODES,
+        default=os.environ.get("SAUCER_SHELL_SANDBOX", "auto"),
+        help=f"how {what} are confined: auto (Landlock, else bubblewrap), landlock, bubblewrap, off",
+    )
+    parser.add_argument(
+        "--write",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help=f"a folder {what} may write to besides the workspace and a private TMPDIR (repeatable)",
+    )
+    parser.add_argument(
+        "--read",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help=f"a folder {what} may read (repeatable; default: the whole file system)",
+    )
+    parser.add_argument(
+        "--network",
+        type=parse_network,
+        default=True,
+        metavar="on|off|PORT,...",
+        help=f"network of {what}: on, off (no TCP) or the TCP ports they may connect to",
+    )

@@ -31,14 +31,13 @@ import stat as stat_module
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Annotated
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
+from saucer.tools import files_models, native
 from saucer.tools._common import (
     built_once,
     env_default,
@@ -50,7 +49,6 @@ from saucer.tools._common import (
     positive_int,
     serve_stdio,
 )
-from saucer.tools.linear import LinearPattern, compile_linear
 from saucer.tools.files_models import (
     DirEntry,
     FileContent,
@@ -61,7 +59,7 @@ from saucer.tools.files_models import (
     SearchResult,
     WriteResult,
 )
-from saucer.tools import files_models, native
+from saucer.tools.linear import LinearPattern, compile_linear
 from saucer.tools.native import NativeServer, ToolError, ToolSpec
 from saucer.tools.sandbox import SandboxError, SandboxPath, SandboxRoot
 
@@ -95,6 +93,7 @@ DEFAULT_MAX_SEARCH_FILE = 2 * 1024 * 1024
 _LINE_PREVIEW = 300
 _BINARY_SNIFF = 8192
 
+
 @dataclass(frozen=True)
 class FilesOptions:
     """The sandbox root and the size caps."""
@@ -114,7 +113,7 @@ class FilesOptions:
         max_write: int = DEFAULT_MAX_WRITE,
         max_search_file: int = DEFAULT_MAX_SEARCH_FILE,
         read_only: bool = False,
-    ) -> "FilesOptions":
+    ) -> FilesOptions:
         """Options with ``root`` resolved; the root must be an existing directory."""
         real = Path(os.path.realpath(root))
         if not real.is_dir():
@@ -156,7 +155,7 @@ def _read_all(fd: int, limit: int, offset: int = 0) -> bytes:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 # Opening never blocks on a FIFO; what was opened is checked with fstat before any byte moves.
@@ -241,7 +240,8 @@ class FileTools:
             raise ToolError(str(exc)) from None
         except (FileNotFoundError, NotADirectoryError):
             raise ToolError(
-                f"directory {rel.parent.shown!r} does not exist" + ("" if create_dirs else " (set create_dirs to create it)")
+                f"directory {rel.parent.shown!r} does not exist"
+                + ("" if create_dirs else " (set create_dirs to create it)")
             ) from None
         except OSError as exc:
             raise ToolError(f"cannot create directory {rel.parent.shown!r}: {exc.strerror}") from None
@@ -362,7 +362,7 @@ class FileTools:
             path=rel.shown,
             type=_type_of(info.st_mode),
             size=info.st_size,
-            modified=datetime.fromtimestamp(info.st_mtime, tz=timezone.utc).isoformat(),
+            modified=datetime.fromtimestamp(info.st_mtime, tz=UTC).isoformat(),
             mode=oct(stat_module.S_IMODE(info.st_mode)),
             is_symlink=stat_module.S_ISLNK(info.st_mode),
         )
@@ -418,7 +418,7 @@ class FileTools:
         matches: list[SearchMatch] = []
         searched = skipped = 0
         for candidate, _ in candidates:
-            shown = PurePosixPath(*candidate.parts[len(rel.parts):]) if is_dir else PurePosixPath(candidate.name)
+            shown = PurePosixPath(*candidate.parts[len(rel.parts) :]) if is_dir else PurePosixPath(candidate.name)
             if glob and not shown.match(glob):
                 continue
             found = self._search_file(candidate, compiled)
@@ -486,7 +486,11 @@ def tool_table(options: FilesOptions) -> NativeServer:
     cap = f"{options.max_read} bytes"
     table = [
         ToolSpec(
-            "read", read, FileContent, title="Read a file", hints=_READ_ONLY,
+            "read",
+            read,
+            FileContent,
+            title="Read a file",
+            hints=_READ_ONLY,
             description=f"Read a UTF-8 text file inside the workspace root ({root}). Returns at most {cap} per call; "
             "when `truncated` is true, call again with `offset` set to `next_offset` to read on. Binary files are refused.",
         )
@@ -494,14 +498,20 @@ def tool_table(options: FilesOptions) -> NativeServer:
     if not options.read_only:
         table += [
             ToolSpec(
-                "write", write, WriteResult, title="Write a file",
+                "write",
+                write,
+                WriteResult,
+                title="Write a file",
                 hints={"destructive": True, "idempotent": True, "open_world": False},
                 description="Create a text file or replace its whole content, inside the workspace root "
                 f"({root}). Missing parent directories are created. At most {options.max_write} bytes per call; "
                 "use append to add to an existing file.",
             ),
             ToolSpec(
-                "append", append, WriteResult, title="Append to a file",
+                "append",
+                append,
+                WriteResult,
+                title="Append to a file",
                 hints={"destructive": False, "idempotent": False, "open_world": False},
                 description="Add text at the end of a file inside the workspace root (the file is created when missing). "
                 "Include a trailing newline yourself if you want one.",
@@ -509,19 +519,31 @@ def tool_table(options: FilesOptions) -> NativeServer:
         ]
     table += [
         ToolSpec(
-            "list", list_dir, Listing, title="List a directory", hints=_READ_ONLY,
+            "list",
+            list_dir,
+            Listing,
+            title="List a directory",
+            hints=_READ_ONLY,
             description="List the entries of a directory inside the workspace root: path (relative to the root), "
             "type (file, directory, symlink, other) and size of files. Set recursive for the whole tree; hidden "
             "names (starting with a dot) are left out unless include_hidden is set. Symbolic links are listed, "
             "never followed: the files tools refuse paths through them.",
         ),
         ToolSpec(
-            "stat", stat, FileStat, title="File metadata", hints=_READ_ONLY,
+            "stat",
+            stat,
+            FileStat,
+            title="File metadata",
+            hints=_READ_ONLY,
             description="Type, size in bytes, last modification time (UTC) and permission bits of a path inside "
             "the workspace root.",
         ),
         ToolSpec(
-            "search", search, SearchResult, title="Search file contents", hints=_READ_ONLY,
+            "search",
+            search,
+            SearchResult,
+            title="Search file contents",
+            hints=_READ_ONLY,
             description="Find lines containing a text (or matching a regular expression) in the text files under a "
             "directory of the workspace, like grep -rn. Returns path, line number and line text for each match, "
             f"up to max_results. Binary files, hidden files and directories, and files over {options.max_search_file} "
@@ -529,7 +551,9 @@ def tool_table(options: FilesOptions) -> NativeServer:
         ),
     ]
     return NativeServer(
-        "saucer-files", f"Reads and writes files inside the workspace {root}.", table,
+        "saucer-files",
+        f"Reads and writes files inside the workspace {root}.",
+        table,
         schema_sources=(__file__, files_models.__file__, native.__file__),
     )
 
@@ -555,8 +579,11 @@ def create_server(
     closed when its table is garbage.
     """
     options = FilesOptions.create(root, max_read=max_read, max_write=max_write, read_only=read_only)
-    return built_once("files", {"root": str(options.root), "max_read": max_read, "max_write": max_write,
-                                "read_only": read_only}, lambda: tool_table(options))
+    return built_once(
+        "files",
+        {"root": str(options.root), "max_read": max_read, "max_write": max_write, "read_only": read_only},
+        lambda: tool_table(options),
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -567,17 +594,32 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Environment variables: SAUCER_FILES_ROOT, SAUCER_FILES_MAX_READ, SAUCER_FILES_MAX_WRITE, "
         "SAUCER_FILES_READ_ONLY=1.",
     )
-    parser.add_argument("--root", type=existing_dir, default=env_default("SAUCER_FILES_ROOT", "."),
-                        help="sandbox root; no path may leave it (default: .)")
-    parser.add_argument("--max-read", type=positive_int, metavar="BYTES",
-                        default=env_default("SAUCER_FILES_MAX_READ", str(DEFAULT_MAX_READ)),
-                        help=f"most bytes one read returns (default {DEFAULT_MAX_READ})")
-    parser.add_argument("--max-write", type=positive_int, metavar="BYTES",
-                        default=env_default("SAUCER_FILES_MAX_WRITE", str(DEFAULT_MAX_WRITE)),
-                        help=f"most bytes one write or append takes (default {DEFAULT_MAX_WRITE})")
-    parser.add_argument("--read-only", action="store_true",
-                        default=env_default("SAUCER_FILES_READ_ONLY", "") in ("1", "true", "yes"),
-                        help="offer no write or append tool")
+    parser.add_argument(
+        "--root",
+        type=existing_dir,
+        default=env_default("SAUCER_FILES_ROOT", "."),
+        help="sandbox root; no path may leave it (default: .)",
+    )
+    parser.add_argument(
+        "--max-read",
+        type=positive_int,
+        metavar="BYTES",
+        default=env_default("SAUCER_FILES_MAX_READ", str(DEFAULT_MAX_READ)),
+        help=f"most bytes one read returns (default {DEFAULT_MAX_READ})",
+    )
+    parser.add_argument(
+        "--max-write",
+        type=positive_int,
+        metavar="BYTES",
+        default=env_default("SAUCER_FILES_MAX_WRITE", str(DEFAULT_MAX_WRITE)),
+        help=f"most bytes one write or append takes (default {DEFAULT_MAX_WRITE})",
+    )
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        default=env_default("SAUCER_FILES_READ_ONLY", "") in ("1", "true", "yes"),
+        help="offer no write or append tool",
+    )
     return parser
 
 

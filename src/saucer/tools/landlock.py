@@ -66,8 +66,20 @@ SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 #: Reading and running what lies beneath a path.
 FS_READ = EXECUTE | READ_FILE | READ_DIR
 #: Everything a workspace needs, except making device nodes (a root could write to a disk through one).
-FS_WRITE = (FS_READ | WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO
-            | MAKE_SYM | REFER | TRUNCATE | IOCTL_DEV)
+FS_WRITE = (
+    FS_READ
+    | WRITE_FILE
+    | REMOVE_DIR
+    | REMOVE_FILE
+    | MAKE_DIR
+    | MAKE_REG
+    | MAKE_SOCK
+    | MAKE_FIFO
+    | MAKE_SYM
+    | REFER
+    | TRUNCATE
+    | IOCTL_DEV
+)
 #: The rights that may be granted on a single file (not a directory), e.g. /dev/null.
 FS_FILE_WRITE = READ_FILE | WRITE_FILE | TRUNCATE
 
@@ -111,8 +123,13 @@ def abi_version() -> int:
     if _libc is None:
         return 0
     try:
-        return _call("landlock_create_ruleset", ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
-                     ctypes.c_uint32(_CREATE_RULESET_VERSION))
+        return _call(
+            "landlock_create_ruleset",
+            ctypes.c_long(_SYS_CREATE_RULESET),
+            None,
+            ctypes.c_size_t(0),
+            ctypes.c_uint32(_CREATE_RULESET_VERSION),
+        )
     except LandlockError:
         return 0
 
@@ -161,8 +178,13 @@ class Ruleset:
         else:
             attr = struct.pack("=Q", self.fs)
         buffer = ctypes.create_string_buffer(attr, len(attr))
-        self.fd = _call("landlock_create_ruleset", ctypes.c_long(_SYS_CREATE_RULESET), buffer,
-                        ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+        self.fd = _call(
+            "landlock_create_ruleset",
+            ctypes.c_long(_SYS_CREATE_RULESET),
+            buffer,
+            ctypes.c_size_t(len(attr)),
+            ctypes.c_uint32(0),
+        )
 
     def allow_path(self, path: str | os.PathLike[str], rights: int) -> None:
         """Grant ``rights`` beneath ``path`` (a directory) or on it (a file: only the file rights count).
@@ -180,8 +202,14 @@ class Ruleset:
             if not allowed:
                 return
             attr = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd), 12)
-            _call(f"landlock_add_rule({os.fspath(path)!r})", ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(self.fd),
-                  ctypes.c_int(_RULE_PATH_BENEATH), attr, ctypes.c_uint32(0))
+            _call(
+                f"landlock_add_rule({os.fspath(path)!r})",
+                ctypes.c_long(_SYS_ADD_RULE),
+                ctypes.c_int(self.fd),
+                ctypes.c_int(_RULE_PATH_BENEATH),
+                attr,
+                ctypes.c_uint32(0),
+            )
         finally:
             os.close(fd)
 
@@ -190,8 +218,14 @@ class Ruleset:
         allowed = rights & self.net
         for port in ports if allowed else ():
             attr = ctypes.create_string_buffer(struct.pack("=QQ", allowed, port), 16)
-            _call(f"landlock_add_rule(port {port})", ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(self.fd),
-                  ctypes.c_int(_RULE_NET_PORT), attr, ctypes.c_uint32(0))
+            _call(
+                f"landlock_add_rule(port {port})",
+                ctypes.c_long(_SYS_ADD_RULE),
+                ctypes.c_int(self.fd),
+                ctypes.c_int(_RULE_NET_PORT),
+                attr,
+                ctypes.c_uint32(0),
+            )
 
     def restrict_self(self) -> None:
         """Confine the calling thread (and what it starts from now on) for good; sets ``no_new_privs`` first."""
@@ -207,7 +241,7 @@ class Ruleset:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "Ruleset":
+    def __enter__(self) -> Ruleset:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -39,8 +39,13 @@ __all__ = ["ToolError", "ToolOutcome", "ToolSpec", "NativeServer"]
 logger = logging.getLogger(__name__)
 
 # The order MCP's ToolAnnotations dumps its fields in, with their JSON names.
-_HINTS = (("title", "title"), ("read_only", "readOnlyHint"), ("destructive", "destructiveHint"),
-          ("idempotent", "idempotentHint"), ("open_world", "openWorldHint"))
+_HINTS = (
+    ("title", "title"),
+    ("read_only", "readOnlyHint"),
+    ("destructive", "destructiveHint"),
+    ("idempotent", "idempotentHint"),
+    ("open_world", "openWorldHint"),
+)
 
 
 class ToolError(Exception):
@@ -148,7 +153,10 @@ class _Compiled:
 
     def schemas(self) -> dict[str, Any]:
         """The input and output JSON schemas, as MCPServer publishes them."""
-        return {"inputSchema": self.arg_model.model_json_schema(by_alias=True), "outputSchema": self.output.json_schema()}
+        return {
+            "inputSchema": self.arg_model.model_json_schema(by_alias=True),
+            "outputSchema": self.output.json_schema(),
+        }
 
 
 class NativeServer:
@@ -209,13 +217,15 @@ class NativeServer:
         listed = []
         for name, spec in self.tools.items():
             annotations = spec.annotations()
-            listed.append({
-                "name": name,
-                "title": spec.title,
-                "description": spec.description,
-                **copy.deepcopy(schemas[name]),
-                "annotations": annotations or None,
-            })
+            listed.append(
+                {
+                    "name": name,
+                    "title": spec.title,
+                    "description": spec.description,
+                    **copy.deepcopy(schemas[name]),
+                    "annotations": annotations or None,
+                }
+            )
         return listed
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:

@@ -87,7 +87,7 @@ class CommandRule:
     _regex: LinearPattern | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def compile(cls, pattern: str) -> "CommandRule":
+    def compile(cls, pattern: str) -> CommandRule:
         """Compile ``pattern``; a bad regular expression is a ValueError naming it."""
         if not isinstance(pattern, str) or not pattern.strip():
             raise ValueError(f"a command rule must be a non-empty string, got {pattern!r}")
@@ -184,11 +184,11 @@ class SensitivityRules:
         command_patterns: Iterable[str | CommandRule] = (),
         command_tools: Iterable[str] = (),
         command_parameter: str = "command",
-    ) -> "SensitivityRules":
+    ) -> SensitivityRules:
         """Rules from plain lists (patterns are compiled here)."""
         return cls(frozenset(tools), compile_rules(command_patterns), frozenset(command_tools), command_parameter)
 
-    def merged(self, other: "SensitivityRules") -> "SensitivityRules":
+    def merged(self, other: SensitivityRules) -> SensitivityRules:
         """Both rule sets at once."""
         return SensitivityRules(
             self.tools | other.tools,

@@ -82,7 +82,7 @@ class SandboxPath:
         return "/".join(self.parts) or "."
 
     @property
-    def parent(self) -> "SandboxPath":
+    def parent(self) -> SandboxPath:
         """The containing directory (the root's parent is refused before it is ever asked for)."""
         return SandboxPath(self.parts[:-1])
 
@@ -91,7 +91,7 @@ class SandboxPath:
         """The last component (empty for the root)."""
         return self.parts[-1] if self.parts else ""
 
-    def child(self, name: str) -> "SandboxPath":
+    def child(self, name: str) -> SandboxPath:
         """This path with one more component."""
         return SandboxPath((*self.parts, name))
 
@@ -157,7 +157,9 @@ class SandboxRoot:
         try:
             self.fd = os.open(self.root, _DIR_FLAGS)
         except OSError as exc:
-            raise ValueError(f"sandbox root {str(root)!r} is not a directory that can be opened: {exc.strerror}") from None
+            raise ValueError(
+                f"sandbox root {str(root)!r} is not a directory that can be opened: {exc.strerror}"
+            ) from None
         self._closer = weakref.finalize(self, os.close, self.fd)
 
     def close(self) -> None:
@@ -184,7 +186,7 @@ class SandboxRoot:
             root = str(self.root)
             if text != root and not text.startswith(root.rstrip("/") + "/"):
                 raise SandboxError(f"path {_clip(text)!r} escapes the sandbox root {root!r}")
-            text = text[len(root):]
+            text = text[len(root) :]
         parts: list[str] = []
         for part in text.split("/"):
             if part in ("", "."):

@@ -36,6 +36,10 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, Field
 
+from saucer.tools import native
+from saucer.tools._child import AsyncChild, start_child
+from saucer.tools._child import CappedBuffer as _CappedBuffer
+from saucer.tools._child import to_the_end as _to_the_end
 from saucer.tools._common import (
     SandboxError,
     built_once,
@@ -52,11 +56,7 @@ from saucer.tools._common import (
     resolve_in_root,
     serve_stdio,
 )
-from saucer.tools._child import AsyncChild, start_child
-from saucer.tools._child import CappedBuffer as _CappedBuffer
-from saucer.tools._child import to_the_end as _to_the_end
 from saucer.tools._orphans import forget_group, watch_group
-from saucer.tools import native
 from saucer.tools.confine import ConfinementError, Confiner, Policy, add_arguments
 from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 from saucer.tools.rules import (
@@ -134,7 +134,7 @@ class ShellOptions:
         write: Sequence[str | os.PathLike[str]] = (),
         read: Sequence[str | os.PathLike[str]] = ("/",),
         network: bool | Sequence[int] = True,
-    ) -> "ShellOptions":
+    ) -> ShellOptions:
         """Options with ``root`` resolved, the rules compiled and the confinement policy built
         (writable: ``root`` and ``write``; see :class:`saucer.tools.confine.Policy`)."""
         real_root = Path(os.path.realpath(root))
@@ -283,15 +283,17 @@ async def run_command(
     # between the start and the announcement would otherwise leave it running unwatched.
     gate_read, gate_write = os.pipe()
     try:
-        proc = await start_child(confiner(options).start(
-            ["/bin/sh", "-c", _GATE, shell, command],
-            stdin=gate_read,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=workdir,
-            env=child_env,
-            start_new_session=True,  # its own process group, so a timeout kills the children too
-        ))
+        proc = await start_child(
+            confiner(options).start(
+                ["/bin/sh", "-c", _GATE, shell, command],
+                stdin=gate_read,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workdir,
+                env=child_env,
+                start_new_session=True,  # its own process group, so a timeout kills the children too
+            )
+        )
     except BaseException as exc:  # cancelled too: a started child must see end of file, never wait on
         os.close(gate_write)
         if isinstance(exc, (OSError, ConfinementError)):
@@ -369,7 +371,8 @@ def shell_call_result(result: ShellResult, expect_exit: Sequence[int] | None = N
 
     outcome = shell_outcome(result, expect_exit)
     return CallToolResult(
-        content=[TextContent(type="text", text=outcome.text)], structured_content=outcome.structured,
+        content=[TextContent(type="text", text=outcome.text)],
+        structured_content=outcome.structured,
         is_error=outcome.is_error,
     )
 
@@ -392,8 +395,7 @@ def _describe(options: ShellOptions) -> str:
         "its exit code, stdout and stderr are returned either way (e.g. `grep` exits 1 when nothing matches: "
         "pass expect_exit [0, 1] when that is fine). "
         "A background job must redirect its output (`job > job.log 2>&1 &`), otherwise it is stopped "
-        "when the command exits. "
-        + " ".join(rules)
+        "when the command exits. " + " ".join(rules)
     ).strip()
 
 
@@ -428,11 +430,17 @@ def tool_table(options: ShellOptions) -> NativeServer:
         return shell_outcome(finished, expect_exit)
 
     run_tool = ToolSpec(
-        "run", run, ShellResult, title="Run a shell command", description=_describe(options),
+        "run",
+        run,
+        ShellResult,
+        title="Run a shell command",
+        description=_describe(options),
         hints={"title": "Run a shell command", "destructive": True, "open_world": True},
     )
     return NativeServer(
-        "saucer-shell", f"Runs shell commands on Linux inside the workspace {options.root}.", [run_tool],
+        "saucer-shell",
+        f"Runs shell commands on Linux inside the workspace {options.root}.",
+        [run_tool],
         schema_sources=(__file__, native.__file__),
     )
 
@@ -493,11 +501,30 @@ def create_server(
     if not os.path.isdir(root):
         raise ValueError(f"shell root {os.fspath(root)!r} is not a directory")
     options = ShellOptions.create(
-        root, allow=allow, deny=deny, max_output=max_output, timeout=timeout, max_timeout=max_timeout,
-        shell=shell, env=env, sandbox=sandbox, write=write, read=read, network=network,
+        root,
+        allow=allow,
+        deny=deny,
+        max_output=max_output,
+        timeout=timeout,
+        max_timeout=max_timeout,
+        shell=shell,
+        env=env,
+        sandbox=sandbox,
+        write=write,
+        read=read,
+        network=network,
     )
-    given = {"root": str(options.root), "allow": list(allow), "deny": list(deny), "max_output": max_output,
-             "timeout": timeout, "max_timeout": max_timeout, "shell": shell, "env": env, "policy": options.policy}
+    given = {
+        "root": str(options.root),
+        "allow": list(allow),
+        "deny": list(deny),
+        "max_output": max_output,
+        "timeout": timeout,
+        "max_timeout": max_timeout,
+        "shell": shell,
+        "env": env,
+        "policy": options.policy,
+    }
     return built_once("shell", given, lambda: tool_table(options))
 
 
@@ -510,21 +537,47 @@ def _parser() -> argparse.ArgumentParser:
         "(one pattern per line), SAUCER_SHELL_MAX_OUTPUT, SAUCER_SHELL_TIMEOUT, SAUCER_SHELL_MAX_TIMEOUT, "
         "SAUCER_SHELL_SANDBOX.",
     )
-    parser.add_argument("--root", type=existing_dir, default=env_default("SAUCER_SHELL_ROOT", "."),
-                        help="workspace root: default working directory, cwd must stay inside it (default: .)")
-    parser.add_argument("--allow", action="append", default=None, metavar="PATTERN",
-                        help="only run commands whose every segment matches one of these rules (repeatable)")
-    parser.add_argument("--deny", action="append", default=None, metavar="PATTERN",
-                        help="refuse commands matching this rule (repeatable)")
-    parser.add_argument("--max-output", type=positive_int,
-                        default=env_default("SAUCER_SHELL_MAX_OUTPUT", str(DEFAULT_MAX_OUTPUT)),
-                        metavar="BYTES", help=f"cap on each of stdout and stderr (default {DEFAULT_MAX_OUTPUT})")
-    parser.add_argument("--timeout", type=positive_float,
-                        default=env_default("SAUCER_SHELL_TIMEOUT", str(DEFAULT_TIMEOUT)),
-                        metavar="S", help=f"default seconds before a command is killed (default {DEFAULT_TIMEOUT:g})")
-    parser.add_argument("--max-timeout", type=positive_float,
-                        default=env_default("SAUCER_SHELL_MAX_TIMEOUT", str(DEFAULT_MAX_TIMEOUT)),
-                        metavar="S", help=f"largest timeout a call may ask for (default {DEFAULT_MAX_TIMEOUT:g})")
+    parser.add_argument(
+        "--root",
+        type=existing_dir,
+        default=env_default("SAUCER_SHELL_ROOT", "."),
+        help="workspace root: default working directory, cwd must stay inside it (default: .)",
+    )
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="only run commands whose every segment matches one of these rules (repeatable)",
+    )
+    parser.add_argument(
+        "--deny",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="refuse commands matching this rule (repeatable)",
+    )
+    parser.add_argument(
+        "--max-output",
+        type=positive_int,
+        default=env_default("SAUCER_SHELL_MAX_OUTPUT", str(DEFAULT_MAX_OUTPUT)),
+        metavar="BYTES",
+        help=f"cap on each of stdout and stderr (default {DEFAULT_MAX_OUTPUT})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=env_default("SAUCER_SHELL_TIMEOUT", str(DEFAULT_TIMEOUT)),
+        metavar="S",
+        help=f"default seconds before a command is killed (default {DEFAULT_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--max-timeout",
+        type=positive_float,
+        default=env_default("SAUCER_SHELL_MAX_TIMEOUT", str(DEFAULT_MAX_TIMEOUT)),
+        metavar="S",
+        help=f"largest timeout a call may ask for (default {DEFAULT_MAX_TIMEOUT:g})",
+    )
     parser.add_argument("--shell", default="/bin/sh", help="shell used as `SHELL -c COMMAND` (default /bin/sh)")
     add_arguments(parser)
     return parser

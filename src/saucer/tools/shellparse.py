@@ -59,15 +59,59 @@ _WRAPPERS: dict[str, frozenset[str]] = {
     "nice": frozenset({"-n", "--adjustment"}),
     "ionice": frozenset({"-c", "--class", "-n", "--classdata", "-p", "--pid", "-P", "--pgid", "-u", "--uid"}),
     "timeout": frozenset({"-s", "--signal", "-k", "--kill-after"}),
-    "sudo": frozenset({"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host",
-                       "-p", "--prompt", "-r", "--role", "-t", "--type", "-T", "--command-timeout", "-U",
-                       "--other-user", "-R", "--chroot"}),
+    "sudo": frozenset(
+        {
+            "-u",
+            "--user",
+            "-g",
+            "--group",
+            "-C",
+            "--close-from",
+            "-D",
+            "--chdir",
+            "-h",
+            "--host",
+            "-p",
+            "--prompt",
+            "-r",
+            "--role",
+            "-t",
+            "--type",
+            "-T",
+            "--command-timeout",
+            "-U",
+            "--other-user",
+            "-R",
+            "--chroot",
+        }
+    ),
     "doas": frozenset({"-u", "-C"}),
     "setsid": frozenset(),
     "stdbuf": frozenset({"-i", "--input", "-o", "--output", "-e", "--error"}),
-    "xargs": frozenset({"-a", "--arg-file", "-d", "--delimiter", "-E", "-e", "--eof", "-I", "-i", "--replace",
-                        "-L", "-l", "--max-lines", "-n", "--max-args", "-P", "--max-procs", "-s", "--max-chars",
-                        "--process-slot-var"}),
+    "xargs": frozenset(
+        {
+            "-a",
+            "--arg-file",
+            "-d",
+            "--delimiter",
+            "-E",
+            "-e",
+            "--eof",
+            "-I",
+            "-i",
+            "--replace",
+            "-L",
+            "-l",
+            "--max-lines",
+            "-n",
+            "--max-args",
+            "-P",
+            "--max-procs",
+            "-s",
+            "--max-chars",
+            "--process-slot-var",
+        }
+    ),
     "flock": frozenset({"-w", "--timeout", "-E", "--conflict-exit-code"}),
     "chroot": frozenset({"--userspec", "--groups"}),
     "taskset": frozenset(),
@@ -76,20 +120,68 @@ _WRAPPERS: dict[str, frozenset[str]] = {
     "strace": frozenset({"-e", "-o", "-p", "-s", "-u", "-E", "-a", "-b", "-I", "-O", "-P", "-S", "-X"}),
     "ltrace": frozenset({"-e", "-o", "-p", "-s", "-u", "-a", "-n"}),
     "watch": frozenset({"-n", "--interval", "-d", "--differences", "-q", "--equexit"}),
-    "script": frozenset({"-c", "--command", "-E", "--echo", "-I", "--log-in", "-O", "--log-out", "-T",
-                         "--log-timing", "-m", "--logging-format"}),
+    "script": frozenset(
+        {
+            "-c",
+            "--command",
+            "-E",
+            "--echo",
+            "-I",
+            "--log-in",
+            "-O",
+            "--log-out",
+            "-T",
+            "--log-timing",
+            "-m",
+            "--logging-format",
+        }
+    ),
     # util-linux and friends: run the rest of the line as a command, changing one property of it.
-    "runuser": frozenset({"-u", "--user", "-g", "--group", "-G", "--supp-group", "-s", "--shell", "-w",
-                          "--whitelist-environment"}),
-    "unshare": frozenset({"-S", "--setuid", "-G", "--setgid", "-R", "--root", "-w", "--wd", "--propagation",
-                          "--map-user", "--map-group", "--setgroups", "--map-users", "--map-groups"}),
+    "runuser": frozenset(
+        {"-u", "--user", "-g", "--group", "-G", "--supp-group", "-s", "--shell", "-w", "--whitelist-environment"}
+    ),
+    "unshare": frozenset(
+        {
+            "-S",
+            "--setuid",
+            "-G",
+            "--setgid",
+            "-R",
+            "--root",
+            "-w",
+            "--wd",
+            "--propagation",
+            "--map-user",
+            "--map-group",
+            "--setgroups",
+            "--map-users",
+            "--map-groups",
+        }
+    ),
     "setarch": frozenset(),
     "linux32": frozenset(),
     "linux64": frozenset(),
     "chrt": frozenset({"-T", "--sched-runtime", "-P", "--sched-period", "-D", "--sched-deadline"}),
-    "setpriv": frozenset({"--reuid", "--regid", "--ruid", "--rgid", "--euid", "--egid", "--groups", "--inh-caps",
-                          "--ambient-caps", "--bounding-set", "--securebits", "--pdeathsig", "--selinux-label",
-                          "--apparmor-profile", "--landlock-access", "--landlock-rule"}),
+    "setpriv": frozenset(
+        {
+            "--reuid",
+            "--regid",
+            "--ruid",
+            "--rgid",
+            "--euid",
+            "--egid",
+            "--groups",
+            "--inh-caps",
+            "--ambient-caps",
+            "--bounding-set",
+            "--securebits",
+            "--pdeathsig",
+            "--selinux-label",
+            "--apparmor-profile",
+            "--landlock-access",
+            "--landlock-rule",
+        }
+    ),
     "prlimit": frozenset({"-p", "--pid", "-o", "--output"}),
     "nsenter": frozenset({"-t", "--target", "-S", "--setuid", "-G", "--setgid"}),
     "pkexec": frozenset({"--user"}),
@@ -323,7 +415,7 @@ class _Analyser:
                 return  # prints traps or signal names, sets none
             index += 1
         if index < len(words) and words[index] != "-":
-            self.code(words[index:index + 1], dynamic, index, depth, "trap")
+            self.code(words[index : index + 1], dynamic, index, depth, "trap")
 
     def shell(self, words: list[str], dynamic: set[int], depth: int) -> None:
         index = 1
@@ -357,7 +449,7 @@ class _Analyser:
                 continue
             break
         if command_string:
-            self.code(words[index:index + 1], dynamic, index, depth, f"{words[0]} -c")
+            self.code(words[index : index + 1], dynamic, index, depth, f"{words[0]} -c")
             if index >= len(words):
                 self.unknown.append(f"{words[0]} -c has no command string")
             return
@@ -373,7 +465,7 @@ class _Analyser:
                 end = index + 1
                 while end < len(words) and words[end] not in (";", "+"):
                     end += 1
-                self.rest(words[: end], dynamic, index + 1, depth)
+                self.rest(words[:end], dynamic, index + 1, depth)
                 index = end
             index += 1
 

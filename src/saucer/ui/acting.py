@@ -23,11 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from saucer.engine.approvals import (
-    MAX_ANSWER_CHARS, ApprovalError, ApprovalNotFound, NotAllowedToDecide, decide, read_approvals,
+    MAX_ANSWER_CHARS,
+    ApprovalError,
+    ApprovalNotFound,
+    NotAllowedToDecide,
+    decide,
+    read_approvals,
 )
 from saucer.engine.writes import write_vars
 from saucer.store import EventStore, NotParticipantError
@@ -90,7 +96,7 @@ def _parse_sets(text: str) -> dict[str, Any]:
         try:
             values[key] = json.loads(raw)
         except ValueError:
-            raise ActionRefused(400, f"{key}: {raw.strip()!r} is not JSON (a string needs quotes: \"text\")") from None
+            raise ActionRefused(400, f'{key}: {raw.strip()!r} is not JSON (a string needs quotes: "text")') from None
     return values
 
 
@@ -109,7 +115,9 @@ async def perform(
     if action not in _ACTIONS or getattr(acting, action, True) is None:
         raise ActionRefused(404, f"no action {action!r} here")
     if not await acting.allowed(principal, session_id):
-        raise ActionRefused(403, f"{principal!r} may not act on session {session_id!r} (its owner, its participants and the admins may)")
+        raise ActionRefused(
+            403, f"{principal!r} may not act on session {session_id!r} (its owner, its participants and the admins may)"
+        )
     author = acting.author(principal)
     try:
         if action == "vars":
@@ -118,7 +126,9 @@ async def perform(
             if not values and not deleted:
                 raise ActionRefused(400, "nothing to write: give KEY=JSON lines and/or a name to delete")
             version = await asyncio.to_thread(write_vars, store, session_id, values, deleted, author)
-            parts = (["set " + ", ".join(values)] if values else []) + (["deleted " + ", ".join(deleted)] if deleted else [])
+            parts = (["set " + ", ".join(values)] if values else []) + (
+                ["deleted " + ", ".join(deleted)] if deleted else []
+            )
             return f"v{version}: {'; '.join(parts)} (author {author})"
         if action == "cancel":
             assert acting.cancel is not None

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Sequence
+from typing import Any, Protocol
 from urllib.parse import parse_qs, quote
 
 import orjson
@@ -94,8 +95,13 @@ class Viewer:
     """The handlers, over one store."""
 
     def __init__(
-        self, store: EventStore, authenticate: Callable[[str], str | None] | None, scope: Scope | None, title: str,
-        max_streams: int = DEFAULT_MAX_STREAMS, acting: Acting | None = None,
+        self,
+        store: EventStore,
+        authenticate: Callable[[str], str | None] | None,
+        scope: Scope | None,
+        title: str,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        acting: Acting | None = None,
     ) -> None:
         self.store = store
         self.acting = acting  # None: read-only (no forms, every action refused)
@@ -126,8 +132,13 @@ class Viewer:
         base = request.scope.get("root_path", "").rstrip("/")
         csrf, nonce = self.forms.issue(request)  # every page may hold a form (sign out): each carries the token
         html = render(
-            template, base=base, title=self.title, signed_in=self.authenticate is not None,
-            devices_page=values.pop("devices_page", False), csrf=csrf, **values,
+            template,
+            base=base,
+            title=self.title,
+            signed_in=self.authenticate is not None,
+            devices_page=values.pop("devices_page", False),
+            csrf=csrf,
+            **values,
         )
         response = HTMLResponse(html, status_code=status, headers=_SECURITY_HEADERS)
         self.forms.set_cookie(response, nonce, request)
@@ -165,7 +176,13 @@ class Viewer:
             return self._page(request, "error.html", 400, message=str(exc), devices_page=False)
         except StoreError as exc:
             return self._page(request, "error.html", 500, message=f"store error: {exc}", devices_page=False)
-        return self._page(request, page.template, devices_page=devices_page, acting=getattr(request.state, "acting", None), **page.values)
+        return self._page(
+            request,
+            page.template,
+            devices_page=devices_page,
+            acting=getattr(request.state, "acting", None),
+            **page.values,
+        )
 
     def _sign_in(self, request: Request) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
@@ -207,15 +224,23 @@ class Viewer:
                 except LookupError as exc:
                     raise _NotFound(str(exc)) from None
             pending = pending_of(self.store, sid) if self.acting is not None else []
-            return _Page("session.html", {"view": view, "sid": sid, "before": before, "detail": detail, "pending": pending})
+            return _Page(
+                "session.html", {"view": view, "sid": sid, "before": before, "detail": detail, "pending": pending}
+            )
 
         if self.acting is not None:  # the forms, for a principal allowed to act on this session only
             allowed, principal = self._principal(request)
             may = allowed and await self.acting.allowed(principal, sid)
-            request.state.acting = {
-                "cancel": self.acting.cancel is not None, "resume": self.acting.resume is not None, "resumable": RESUMABLE,
-                "done": request.query_params.get("done"),
-            } if may else None
+            request.state.acting = (
+                {
+                    "cancel": self.acting.cancel is not None,
+                    "resume": self.acting.resume is not None,
+                    "resumable": RESUMABLE,
+                    "done": request.query_params.get("done"),
+                }
+                if may
+                else None
+            )
         return await self._run(request, sid, build)
 
     async def act(self, request: Request) -> Response:
@@ -335,10 +360,17 @@ class Viewer:
             if before is not None:
                 changes = [c for c in changes if c["version"] < before]
             shown = changes[-_HISTORY_LIMIT:]  # the newest; ?before=V pages back
-            return _Page("history.html", {
-                "sid": sid, "key": key, "changes": shown, "total": total, "before": before,
-                "earlier": shown[0]["version"] if len(changes) > len(shown) else None,
-            })
+            return _Page(
+                "history.html",
+                {
+                    "sid": sid,
+                    "key": key,
+                    "changes": shown,
+                    "total": total,
+                    "before": before,
+                    "earlier": shown[0]["version"] if len(changes) > len(shown) else None,
+                },
+            )
 
         return await self._run(request, sid, build)
 
@@ -361,7 +393,9 @@ class Viewer:
             return self._sign_in(request)
         devices = await self.scope.devices(principal)
         if devices is None:
-            return self._page(request, "error.html", 404, message="this viewer knows no devices (saucer serve shows them)")
+            return self._page(
+                request, "error.html", 404, message="this viewer knows no devices (saucer serve shows them)"
+            )
         return self._page(request, "devices.html", devices=devices, devices_page=True)
 
     # ---------------------------------------------------------------- live
@@ -395,7 +429,10 @@ class Viewer:
 
         base = request.scope.get("root_path", "").rstrip("/")
         return EventSourceResponse(
-            self._events(sid, after, base), ping=15, headers={"Cache-Control": "no-store"}, background=BackgroundTask(release)
+            self._events(sid, after, base),
+            ping=15,
+            headers={"Cache-Control": "no-store"},
+            background=BackgroundTask(release),
         )
 
     async def _events(self, sid: str, after: int, base: str) -> AsyncIterator[ServerSentEvent]:
@@ -413,9 +450,14 @@ class Viewer:
                     "round": event.round,
                     "round_key": _round_key(event.round),
                     "round_html": render(
-                        "round.html", entry={**new_round(event.round), "request": event.meta.get("request")},
-                        sid=sid, base=base, open=True,
-                    ) if event.round not in seen_rounds else None,
+                        "round.html",
+                        entry={**new_round(event.round), "request": event.meta.get("request")},
+                        sid=sid,
+                        base=base,
+                        open=True,
+                    )
+                    if event.round not in seen_rounds
+                    else None,
                     "html": html,
                     "status": event.meta.get("session_status"),
                     "failed": item["failed"],
@@ -456,7 +498,9 @@ class Viewer:
         return response
 
 
-_STALE_FORM = "that form is not one of this page's (too large, expired, or sent from another site): reload and try again"
+_STALE_FORM = (
+    "that form is not one of this page's (too large, expired, or sent from another site): reload and try again"
+)
 
 
 class _SignIn(Exception):

@@ -54,7 +54,10 @@ class HostCheck:
         self.allowed = frozenset(host_name(f"[{h}]" if ":" in h and not h.startswith("[") else h) for h in allowed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket") and host_name(Headers(scope=scope).get("host", "")) not in self.allowed:
+        if (
+            scope["type"] in ("http", "websocket")
+            and host_name(Headers(scope=scope).get("host", "")) not in self.allowed
+        ):
             await PlainTextResponse("Invalid host header", status_code=400)(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -89,8 +92,10 @@ def _cross_site(headers: Headers) -> str | None:
         return None  # not a browser's form (a browser sends Origin with every POST); the form token still applies
     netloc = urlsplit(source).netloc
     if not netloc or netloc.lower() != headers.get("host", "").strip().lower():
-        return "the request came from another site" if host_name(netloc) != host_name(headers.get("host", "")) else (
-            "the request came from another origin"
+        return (
+            "the request came from another site"
+            if host_name(netloc) != host_name(headers.get("host", ""))
+            else ("the request came from another origin")
         )
     return None
 
@@ -123,5 +128,10 @@ class FormTokens:
         if nonce is not None:
             base = request.scope.get("root_path", "").rstrip("/")
             response.set_cookie(
-                FORM_COOKIE, nonce, httponly=True, samesite="strict", secure=request.url.scheme == "https", path=f"{base}/"
+                FORM_COOKIE,
+                nonce,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+                path=f"{base}/",
             )

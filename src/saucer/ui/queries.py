@@ -13,18 +13,19 @@ import datetime as _dt
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from saucer.context import Context
-from saucer.context.queries import diff_of
 from saucer.context.events import op_key
+from saucer.context.queries import diff_of
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, read_evaluation_log, read_request_log
 from saucer.engine.status import ENDED, NOT_STARTED
 from saucer.store import Event, EventStore, SessionInfo, SessionNotFoundError
-from saucer.ui.steps import Tallies, item_of, rounds_view
 from saucer.store.summary import SessionSummary
+from saucer.ui.steps import Tallies, item_of, rounds_view
 
 __all__ = [
     "SessionQuery",
@@ -78,7 +79,7 @@ class SessionQuery:
     page: int = 1
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> "SessionQuery":
+    def from_params(cls, params: Mapping[str, str]) -> SessionQuery:
         """Read a query string; a bad value is a :class:`ValueError` naming the parameter."""
 
         def number(name: str, default: int, low: int, high: int) -> int:
@@ -103,7 +104,10 @@ class SessionQuery:
             tz_offset=number("tzo", 0, -24 * 60, 24 * 60),
             q=params.get("q", "").strip(),
             sort=sort,
-            desc=params.get("dir", "desc" if sort in ("updated", "created", "cost", "steps", "version", "duration") else "asc") != "asc",
+            desc=params.get(
+                "dir", "desc" if sort in ("updated", "created", "cost", "steps", "version", "duration") else "asc"
+            )
+            != "asc",
             page=number("page", 1, 1, 10**9),
         )
         query.window()  # check the dates now
@@ -116,9 +120,15 @@ class SessionQuery:
     def params(self, **changes: Any) -> dict[str, str]:
         """This query as query-string parameters (defaults left out), with ``changes`` applied."""
         values = {
-            "status": self.status, "mode": self.mode, "task": self.task, "since": self.since, "until": self.until,
-            "tzo": str(self.tz_offset) if self.since or self.until else "", "q": self.q,
-            "sort": "" if self.sort == "updated" else self.sort, "dir": "asc" if not self.desc else "",
+            "status": self.status,
+            "mode": self.mode,
+            "task": self.task,
+            "since": self.since,
+            "until": self.until,
+            "tzo": str(self.tz_offset) if self.since or self.until else "",
+            "q": self.q,
+            "sort": "" if self.sort == "updated" else self.sort,
+            "dir": "asc" if not self.desc else "",
             "page": "" if self.page == 1 else str(self.page),
         }
         values.update({k: str(v) for k, v in changes.items()})
@@ -153,8 +163,15 @@ def _cost(s: SessionSummary) -> float | None:
 #: The value each column of the table sorts by, from a summary (None: last, either way).
 _SORT_VALUE: dict[str, Any] = {
     # text by code point, as the store's listing (``saucer sessions --sort``) orders it; no task or mode last
-    "updated": lambda s: s.updated_at, "created": lambda s: s.created_at, "id": lambda s: s.session_id,
-    "task": lambda s: s.task, "mode": lambda s: s.mode, "status": lambda s: s.status, "steps": lambda s: s.counts()[1], "cost": _cost, "version": lambda s: s.version,
+    "updated": lambda s: s.updated_at,
+    "created": lambda s: s.created_at,
+    "id": lambda s: s.session_id,
+    "task": lambda s: s.task,
+    "mode": lambda s: s.mode,
+    "status": lambda s: s.status,
+    "steps": lambda s: s.counts()[1],
+    "cost": _cost,
+    "version": lambda s: s.version,
     "duration": lambda s: s.updated_at - s.created_at,
 }
 
@@ -194,8 +211,10 @@ def list_sessions(
         rows = [s for s in rows if s.created_at < end]
     if needle:
         rows = [
-            s for s in rows
-            if needle in s.session_id.casefold() or needle in ("-" if s.task is None else s.task).casefold()
+            s
+            for s in rows
+            if needle in s.session_id.casefold()
+            or needle in ("-" if s.task is None else s.task).casefold()
             or needle in (s.request or "").casefold()
         ]
     counts: dict[str, int] = {}
@@ -206,12 +225,23 @@ def list_sessions(
     if query.sort != "updated" or not query.desc:  # the store's order is already most recently updated first
         rows = _sorted(rows, query.sort, query.desc)
     costs = [_cost(s) for s in rows]
-    unknown = sum(1 for s, c in zip(rows, costs) if c is None and s.status != "-")
+    unknown = sum(1 for s, c in zip(rows, costs, strict=False) if c is None and s.status != "-")
     pages = max(1, -(-len(rows) // page_size))
     page = min(query.page, pages)
-    shown = [s.row() for s in rows[(page - 1) * page_size: page * page_size]]
-    return SessionsPage(shown, len(rows), page, pages, list(STATUSES), modes, tasks, store_total,
-                        [(s, counts[s]) for s in STATUSES if s in counts], sum(c for c in costs if c is not None), unknown)
+    shown = [s.row() for s in rows[(page - 1) * page_size : page * page_size]]
+    return SessionsPage(
+        shown,
+        len(rows),
+        page,
+        pages,
+        list(STATUSES),
+        modes,
+        tasks,
+        store_total,
+        [(s, counts[s]) for s in STATUSES if s in counts],
+        sum(c for c in costs if c is not None),
+        unknown,
+    )
 
 
 @dataclass
@@ -279,8 +309,9 @@ def session_row_of(store: EventStore, sid: str) -> dict[str, Any]:
     return found[0].row()
 
 
-def session_view(store: EventStore, sid: str, *, limit: int = 200, before: int | None = None,
-                 tallies: Tallies | None = None) -> SessionView:
+def session_view(
+    store: EventStore, sid: str, *, limit: int = 200, before: int | None = None, tallies: Tallies | None = None
+) -> SessionView:
     """A session's row, rounds (each with its steps, cost, tokens and time), forks, path and logs.
 
     Every round is summarised (from ``tallies``, which reads only what was committed since the
@@ -307,10 +338,20 @@ def session_view(store: EventStore, sid: str, *, limit: int = 200, before: int |
     parent = info.parent_id or info.meta.get("forked_from")
     at = info.parent_version if info.parent_id else info.meta.get("at")
     return SessionView(
-        info, row, rounds, first, store.forks(sid),
-        parent if isinstance(parent, str) else None, calls, verdicts, problem,
-        shown[0]["version"] if shown else info.version + 1, tally.first_failure,
-        tally.path(), at if isinstance(at, int) else None, folder,
+        info,
+        row,
+        rounds,
+        first,
+        store.forks(sid),
+        parent if isinstance(parent, str) else None,
+        calls,
+        verdicts,
+        problem,
+        shown[0]["version"] if shown else info.version + 1,
+        tally.first_failure,
+        tally.path(),
+        at if isinstance(at, int) else None,
+        folder,
     )
 
 
@@ -338,7 +379,7 @@ def diff(store: EventStore, sid: str, v1: int, v2: int) -> dict[str, dict[str, A
     return diff_of(store, sid, v1, v2)
 
 
-def history(store: EventStore, sid: str, key: str, kept: "Histories | None" = None) -> list[dict[str, Any]]:
+def history(store: EventStore, sid: str, key: str, kept: Histories | None = None) -> list[dict[str, Any]]:
     """Every change to ``key`` (a name or ``vars.NAME``): version, time, author, round, step and the operation.
 
     With ``kept`` (the viewer's), a later view of the same key reads only the events committed since."""
@@ -384,6 +425,10 @@ class Histories:
 
 def _change(event: Event, op: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "version": event.version, "time": event.timestamp, "author": event.author, "round": event.round,
-        "step": event.step, "op": dict(op),
+        "version": event.version,
+        "time": event.timestamp,
+        "author": event.author,
+        "round": event.round,
+        "step": event.step,
+        "op": dict(op),
     }

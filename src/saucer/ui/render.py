@@ -60,7 +60,7 @@ def timestamp(ts: Any, relative: bool = False) -> Markup:
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not ts:
         return Markup("-")
     try:
-        moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+        moment = _dt.datetime.fromtimestamp(ts, _dt.UTC)
     except (OverflowError, ValueError, OSError):  # a stored time no calendar can show: the number it is
         return Markup("{} (not a valid time)").format(repr(ts))
     iso = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -88,6 +88,8 @@ templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+
+
 def seconds(value: Any) -> str:
     """A duration: ``850 ms``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -105,8 +107,18 @@ def _cost(row: Any) -> str:
     return cost_text(row["cost"], row["status"])
 
 
-templates.filters.update(clip=clip, pretty=pretty, text=text_of, ts=timestamp, query=query, number=_number,
-                         value=value_html, keyname=key_html, seconds=seconds, cost=_cost)
+templates.filters.update(
+    clip=clip,
+    pretty=pretty,
+    text=text_of,
+    ts=timestamp,
+    query=query,
+    number=_number,
+    value=value_html,
+    keyname=key_html,
+    seconds=seconds,
+    cost=_cost,
+)
 templates.globals.update(escape=escape, change_html=change_html, separators=SEPARATORS)
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from saucer.context.queries import change_of
 from saucer.context.replay import replay
@@ -19,8 +20,19 @@ from saucer.engine.overview import timeline_items
 from saucer.store import Event, EventStore, SessionInfo, StoreError
 from saucer.store.summary import delta_of
 
-__all__ = ["SessionTally", "Tallies", "States", "item_of", "rounds_view", "path_of", "step_detail", "is_failure", "artifact_file", "new_round",
-           "SEPARATORS"]
+__all__ = [
+    "SessionTally",
+    "Tallies",
+    "States",
+    "item_of",
+    "rounds_view",
+    "path_of",
+    "step_detail",
+    "is_failure",
+    "artifact_file",
+    "new_round",
+    "SEPARATORS",
+]
 
 #: Event kinds shown as thin separators between steps (not as steps).
 SEPARATORS = frozenset({"session_start", "session_resume", "round_start", "round_end", "session_end"})
@@ -48,8 +60,21 @@ def _number(value: Any) -> bool:
 
 def new_round(key: Any) -> dict[str, Any]:
     """An empty round entry of :func:`rounds_view`."""
-    return {"round": key, "request": None, "status": None, "steps": 0, "cost": 0.0, "cost_unknown": False,
-            "tokens": 0, "events": [], "start": None, "end": None, "duration": None, "failures": 0, "failed_any": False}
+    return {
+        "round": key,
+        "request": None,
+        "status": None,
+        "steps": 0,
+        "cost": 0.0,
+        "cost_unknown": False,
+        "tokens": 0,
+        "events": [],
+        "start": None,
+        "end": None,
+        "duration": None,
+        "failures": 0,
+        "failed_any": False,
+    }
 
 
 def item_of(event: Event, previous: float | None) -> dict[str, Any]:
@@ -123,8 +148,10 @@ class SessionTally:
         order = {name: i for i, name in enumerate(self.nodes)}
         return {
             "nodes": [{"name": n, "steps": c, "index": order[n]} for n, c in self.nodes.items()],
-            "edges": [{"from": order[a], "to": order[b], "count": c, "source": a, "target": b}
-                      for (a, b), c in self.edges.items()],
+            "edges": [
+                {"from": order[a], "to": order[b], "count": c, "source": a, "target": b}
+                for (a, b), c in self.edges.items()
+            ],
         }
 
 
@@ -143,7 +170,9 @@ class Tallies:
         sid = info.session_id
         with self._lock:
             found = self._kept.pop(sid, None)  # held by this thread alone while it catches up
-        tally = found[1] if found is not None and found[0] == info.created_at and found[1].version <= info.version else None
+        tally = (
+            found[1] if found is not None and found[0] == info.created_at and found[1].version <= info.version else None
+        )
         try:
             tally = self._catch_up(store, sid, tally or SessionTally(), info.version)
         except StoreError:  # pruned past what it had: start again from what is readable
@@ -170,8 +199,12 @@ def path_of(events: Iterable[Event]) -> dict[str, Any]:
     return tally.path()
 
 
-def rounds_view(tally: SessionTally, shown: list[dict[str, Any]], calls: Iterable[Mapping[str, Any]] = (),
-                ledgers: tuple[Mapping[int, float | None], Mapping[int, int]] | None = None) -> list[dict[str, Any]]:
+def rounds_view(
+    tally: SessionTally,
+    shown: list[dict[str, Any]],
+    calls: Iterable[Mapping[str, Any]] = (),
+    ledgers: tuple[Mapping[int, float | None], Mapping[int, int]] | None = None,
+) -> list[dict[str, Any]]:
     """Every round of ``tally`` summarised (request, status, steps, cost, tokens, start, end,
     duration, failures), with the ``shown`` items (:func:`item_of`) in their rounds, each step's
     bar ``offset`` and ``width`` in % of its round (the waterfall).
@@ -243,8 +276,9 @@ class States:
         return changes
 
 
-def step_detail(store: EventStore, sid: str, version: int, calls: list[dict[str, Any]],
-                states: States | None = None) -> dict[str, Any]:
+def step_detail(
+    store: EventStore, sid: str, version: int, calls: list[dict[str, Any]], states: States | None = None
+) -> dict[str, Any]:
     """One step (or any event) in full: the timeline item, its commands with results (shell output
     as terminal blocks), the Context keys it changed before → after, its LLM calls and artifacts."""
     store.check_readable(sid, version)
@@ -255,8 +289,11 @@ def step_detail(store: EventStore, sid: str, version: int, calls: list[dict[str,
     for command in item.get("commands") or []:
         result = command.get("result") or {}
         command["terminal"] = _terminal(result.get("result")) if isinstance(result, Mapping) else None
-    deleted = {f"vars.{op['var']}" if op.get("var") is not None else op.get("name") for op in event.ops
-               if op.get("op") == "delete" and not op.get("path")}
+    deleted = {
+        f"vars.{op['var']}" if op.get("var") is not None else op.get("name")
+        for op in event.ops
+        if op.get("op") == "delete" and not op.get("path")
+    }
     changes: dict[str, dict[str, Any]] = {}
     if version - 1 >= store.first_version(sid):
         changes = states.change(store, sid, version) if states is not None else change_of(store, sid, version)[0]
@@ -264,9 +301,18 @@ def step_detail(store: EventStore, sid: str, version: int, calls: list[dict[str,
         change["missing_before"] = change["before"] is None
         change["missing_after"] = change["after"] is None and key in deleted
     meta = event.meta
-    step_calls = [c for c in calls if c.get("round") == event.round and c.get("step") == event.step] if item["kind"] == "step" else []
-    return {"item": item, "event": event, "changes": changes, "calls": step_calls,
-            "artifacts": [a for a in meta.get("artifacts") or [] if isinstance(a, Mapping)]}
+    step_calls = (
+        [c for c in calls if c.get("round") == event.round and c.get("step") == event.step]
+        if item["kind"] == "step"
+        else []
+    )
+    return {
+        "item": item,
+        "event": event,
+        "changes": changes,
+        "calls": step_calls,
+        "artifacts": [a for a in meta.get("artifacts") or [] if isinstance(a, Mapping)],
+    }
 
 
 def artifact_file(event: Event, index: int, folder: str | None) -> tuple[Path, str]:

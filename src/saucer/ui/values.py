@@ -59,8 +59,13 @@ def _scalar(value: Any, mark: str = "") -> str:
     return f'<span class="v-other{mark}">{escape(repr(value))}</span>'
 
 
-def _container(value: Any, depth: int, marks: dict[Any, str] | None = None, mark: str = "",
-               removed: list[tuple[Any, Any]] | None = None) -> str:
+def _container(
+    value: Any,
+    depth: int,
+    marks: dict[Any, str] | None = None,
+    mark: str = "",
+    removed: list[tuple[Any, Any]] | None = None,
+) -> str:
     """A list or object as a collapsible block; ``marks`` maps an index or key to a change class."""
     is_list = isinstance(value, list)
     items = list(enumerate(value)) if is_list else list(value.items())
@@ -78,12 +83,12 @@ def _container(value: Any, depth: int, marks: dict[Any, str] | None = None, mark
     for k, v in removed or []:
         label = "" if is_list else f'<span class="v-key">{key_html(str(k))}</span>: '
         rows.append(f'<li class="ch-removed">{label}{_value(v, depth + 1)}</li>')
-    size = f'{len(items)} item{"" if len(items) == 1 else "s"}'
+    size = f"{len(items)} item{'' if len(items) == 1 else 's'}"
     opened = " open" if len(items) <= _OPEN_UP_TO or marks else ""
     kind = "v-list" if is_list else "v-obj"
     return (
         f'<details class="{kind}{mark}"{opened}><summary>{opener} <span class="muted">{size}</span></summary>'
-        f'<ul>{"".join(rows)}</ul>{closer}</details>'
+        f"<ul>{''.join(rows)}</ul>{closer}</details>"
     )
 
 
@@ -107,9 +112,9 @@ def _list_change(before: list[Any], after: list[Any]) -> tuple[dict[Any, str], l
         return {i: " ch-added" for i in range(n, m)}, [], f"{m - n} appended"
     if m < n and before[:m] == after:
         return {}, [(i, before[i]) for i in range(m, n)], f"{n - m} removed from the end"
-    if m < n and before[n - m:] == after:
+    if m < n and before[n - m :] == after:
         return {}, [(i, before[i]) for i in range(n - m)], f"{n - m} removed from the start"
-    if m > n and after[m - n:] == before:
+    if m > n and after[m - n :] == before:
         return {i: " ch-added" for i in range(m - n)}, [], f"{m - n} inserted at the start"
     marks = {i: " ch-changed" for i in range(min(n, m)) if before[i] != after[i]}
     marks.update({i: " ch-added" for i in range(n, m)})

@@ -24,8 +24,15 @@ from saucer.tools.desktop.virtual import missing_packages
 
 #: Executables the tests need beyond the virtual desktop itself -> their Debian package.
 APPLICATIONS = {"gnome-calculator": "gnome-calculator"}
-DESKTOP_VARIABLES = ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "AT_SPI_BUS_ADDRESS", "XDG_RUNTIME_DIR",
-                     "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME")
+DESKTOP_VARIABLES = (
+    "DISPLAY",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "AT_SPI_BUS_ADDRESS",
+    "XDG_RUNTIME_DIR",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_CACHE_HOME",
+)
 
 
 def require_packages() -> None:
@@ -35,7 +42,9 @@ def require_packages() -> None:
         return
     command = "apt-get install -y " + " ".join(missing)
     if os.environ.get("CI") == "true":
-        pytest.fail(f"the desktop tests need the Debian packages {', '.join(missing)} ({command}); .ci/run installs them")
+        pytest.fail(
+            f"the desktop tests need the Debian packages {', '.join(missing)} ({command}); .ci/run installs them"
+        )
     pytest.skip(f"needs the Debian packages {', '.join(missing)}: {command}")
 
 
@@ -58,8 +67,12 @@ FOLDER = Path("/tmp/saucer-desktop-test-folder")
 CASES = {
     "gnome-calculator": Case(("gnome-calculator",), "gnome-calculator", "12+30", "gnome-calculator"),
     "mousepad": Case(("mousepad",), "mousepad", "hello wörld", "mousepad"),
-    "zenity": Case(("zenity", "--forms", "--title=Signup", "--text=Sign up", "--add-entry=Name",
-                    "--add-entry=Email"), "zenity", "Ada Lovelace", "zenity"),
+    "zenity": Case(
+        ("zenity", "--forms", "--title=Signup", "--text=Sign up", "--add-entry=Name", "--add-entry=Email"),
+        "zenity",
+        "Ada Lovelace",
+        "zenity",
+    ),
     "thunar": Case(("thunar", str(FOLDER)), "thunar", "/usr/share/", "thunar"),  # its location bar shows FOLDER
 }
 
@@ -71,7 +84,9 @@ def need(*programs: str) -> None:
     if missing:
         command = "apt-get install -y " + " ".join(missing)
         if os.environ.get("CI") == "true":
-            pytest.fail(f"the desktop tests need the Debian packages {', '.join(missing)} ({command}); .ci/run installs them")
+            pytest.fail(
+                f"the desktop tests need the Debian packages {', '.join(missing)} ({command}); .ci/run installs them"
+            )
         pytest.skip(f"needs the Debian packages {', '.join(missing)}: {command}")
 
 

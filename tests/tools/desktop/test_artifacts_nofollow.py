@@ -62,6 +62,7 @@ def test_a_program_log_is_created_new_and_never_through_a_link(tmp_path: Path, o
         Launcher().start(["true"], cwd=tmp_path, env=dict(os.environ), log=lambda: artifacts.open_log(log))
     assert outside.read_bytes() == SECRET
     fresh, _ = artifacts.path(None, "launch-echo", ".log")
-    proc = Launcher().start(["echo", "hello"], cwd=tmp_path, env=dict(os.environ), log=lambda: artifacts.open_log(fresh))
+    proc = Launcher().start(
+        ["echo", "hello"], cwd=tmp_path, env=dict(os.environ), log=lambda: artifacts.open_log(fresh)
+    )
     assert proc.wait(10) == 0 and fresh.read_text() == "hello\n"
-

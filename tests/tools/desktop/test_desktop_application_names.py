@@ -17,8 +17,15 @@ PLAN = ROOT / "examples" / "plans" / "desktop-calculator.json"
 def _saucer(virtual_desktop: VirtualDesktop, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     env.update(virtual_desktop.env, SAUCER_DESKTOP__ENABLED="true", COLUMNS="200", NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "saucer", *args],
-                          cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=150)
+    return subprocess.run(
+        [sys.executable, "-m", "saucer", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
 
 
 def test_saucer_state_shows_the_focused_application(virtual_desktop: VirtualDesktop, tmp_path: Path) -> None:

@@ -54,15 +54,22 @@ def _wm_running(name: str) -> bool:
 
 
 @pytest.fixture(scope="module", params=list(WINDOW_MANAGERS))
-def window_manager(request: pytest.FixtureRequest, virtual_desktop: VirtualDesktop,
-                   desktop_env: dict[str, str]) -> Iterator[str]:
+def window_manager(
+    request: pytest.FixtureRequest, virtual_desktop: VirtualDesktop, desktop_env: dict[str, str]
+) -> Iterator[str]:
     """No window manager, then openbox on the same display."""
     if WINDOW_MANAGERS[request.param] is None:
         yield request.param
         return
     need(request.param)
-    proc = subprocess.Popen([request.param, "--sm-disable"], env={**os.environ, **desktop_env}, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [request.param, "--sm-disable"],
+        env={**os.environ, **desktop_env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while not _wm_running(virtual_desktop.display):
@@ -109,7 +116,7 @@ async def test_an_application_on_any_x_server(window_manager: str, name: str, to
     summary = summarize_tree(tree["tree"], screen=SCREEN)
     match = EDITABLE.search(summary)
     assert match, summary
-    before = summary[:match.end()]
+    before = summary[: match.end()]
     assert before.count("\n") < 40 and len(before) < 3000, summary
     element = match.group(1)
     typed = await tools.ok("type_text", text=case.typed, element_id=element)
@@ -140,8 +147,9 @@ async def test_an_application_on_any_x_server(window_manager: str, name: str, to
     assert not _alive(bare["pid"])
 
 
-async def test_a_program_without_net_wm_pid_is_found_by_its_class(window_manager: str, tools: DesktopTools,
-                                                                   tmp_path: Path) -> None:
+async def test_a_program_without_net_wm_pid_is_found_by_its_class(
+    window_manager: str, tools: DesktopTools, tmp_path: Path
+) -> None:
     """A window that sets no _NET_WM_PID (xmessage, old toolkits): matched by WM_CLASS as it appears."""
     script = tmp_path / "plainwindow"
     # Launched programs are confined: they write only below the workspace, the artifacts and their TMPDIR.
@@ -172,7 +180,8 @@ async def test_a_program_without_net_wm_pid_is_found_by_its_class(window_manager
 
 
 async def test_a_window_the_bus_shows_before_x11_maps_it_still_gets_the_keyboard(
-        window_manager: str, tools: DesktopTools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    window_manager: str, tools: DesktopTools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """GTK says a window is showing on the accessibility bus a moment before X11 maps it (seen on a loaded
     machine): launch waits for the X11 window, gives it the keyboard and remembers it for closing."""
     script = tmp_path / "latewindow"

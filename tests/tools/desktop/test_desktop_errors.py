@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from desktop_helpers import DESKTOP_VARIABLES, DesktopTools
 
 from saucer.dispatch import Command, DesktopServer, LocalCommandDispatcher, default_servers
@@ -50,8 +49,9 @@ async def test_no_bus_names_the_packages(tools: DesktopTools, no_desktop: None) 
         assert "at-spi2-core" in error and "dbus-run-session" in error
 
 
-async def test_unreachable_display_and_bus(tools: DesktopTools, no_desktop: None, monkeypatch: pytest.MonkeyPatch,
-                                           tmp_path: Path) -> None:
+async def test_unreachable_display_and_bus(
+    tools: DesktopTools, no_desktop: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("DISPLAY", ":4711")
     error = await tools.fails("screenshot")
     assert "cannot open the X display ':4711'" in error and "xvfb" in error
@@ -64,8 +64,9 @@ async def test_unreachable_display_and_bus(tools: DesktopTools, no_desktop: None
     assert "no accessibility bus" in error
 
 
-async def test_session_bus_without_at_spi(tools: DesktopTools, no_desktop: None, monkeypatch: pytest.MonkeyPatch,
-                                          tmp_path: Path) -> None:
+async def test_session_bus_without_at_spi(
+    tools: DesktopTools, no_desktop: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """A D-Bus session bus that cannot start org.a11y.Bus (at-spi2-core missing) is named as such."""
     if shutil.which("dbus-daemon") is None:
         pytest.skip("needs dbus-daemon: apt-get install -y dbus")
@@ -77,8 +78,12 @@ async def test_session_bus_without_at_spi(tools: DesktopTools, no_desktop: None,
         "<policy context='default'><allow send_destination='*' eavesdrop='true'/><allow eavesdrop='true'/>"
         "<allow own='*'/></policy></busconfig>\n"
     )
-    daemon = subprocess.Popen(["dbus-daemon", f"--config-file={config}", "--nofork", "--print-address=1"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    daemon = subprocess.Popen(
+        ["dbus-daemon", f"--config-file={config}", "--nofork", "--print-address=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert daemon.stdout is not None
         monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", daemon.stdout.readline().strip())
@@ -128,19 +133,26 @@ async def test_bad_keys_and_commands(tools: DesktopTools, no_desktop: None) -> N
     assert "command is empty" in await tools.fails("launch", command="")
     assert "command is empty" in await tools.fails("launch", command=[])
     assert "cannot parse the command" in await tools.fails("launch", command="gnome-calculator 'unclosed")
-    assert "program 'no-such-program-4711' not found" in await tools.fails("launch", command="no-such-program-4711",
-                                                                          env={"DISPLAY": ":4711"})
+    assert "program 'no-such-program-4711' not found" in await tools.fails(
+        "launch", command="no-such-program-4711", env={"DISPLAY": ":4711"}
+    )
 
 
 def test_the_server_runs_as_a_module_with_help() -> None:
-    proc = subprocess.run([sys.executable, "-m", "saucer.tools.desktop", "--help"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "saucer.tools.desktop", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0 and "--artifacts" in proc.stdout and "at-spi2-core" in proc.stdout
 
 
 def test_without_the_python_packages_the_server_says_what_to_install() -> None:
-    code = ("import runpy, sys; sys.modules['dbus_fast'] = None; sys.argv = ['desktop']; "
-            "runpy.run_module('saucer.tools.desktop', run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    code = (
+        "import runpy, sys; sys.modules['dbus_fast'] = None; sys.argv = ['desktop']; "
+        "runpy.run_module('saucer.tools.desktop', run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "pip install 'saucer[desktop]' (dbus-fast, python-xlib, pillow)" in proc.stderr
 
@@ -153,7 +165,9 @@ def test_configuration_adds_the_server_with_launch_sensitive(tmp_path: Path, mon
     servers = default_servers(tmp_path, desktop=DesktopServer(artifacts=tmp_path / "art"))
     desktop = servers["desktop"]
     assert desktop.sensitive_tools == ["launch"] and servers["shell"].sensitive_commands  # both ask by default
-    assert desktop.args[:3] == ["-P", "-m", "saucer.tools.desktop"] and desktop.args[-1] == str((tmp_path / "art").resolve())
+    assert desktop.args[:3] == ["-P", "-m", "saucer.tools.desktop"] and desktop.args[-1] == str(
+        (tmp_path / "art").resolve()
+    )
     # An MCP stdio server inherits almost nothing: the display and the bus are passed, nothing else.
     assert desktop.env == {k: os.environ[k] for k in PASSED_ENVIRONMENT if os.environ.get(k)}
     assert desktop.env["DISPLAY"] == ":42" and desktop.env["DBUS_SESSION_BUS_ADDRESS"] == "unix:path=/run/user/0/bus"
@@ -172,12 +186,23 @@ async def test_launch_is_refused_without_approval(tmp_path: Path, no_desktop: No
     async with LocalCommandDispatcher.from_config({"desktop": servers["desktop"]}) as dispatcher:
         tools = await dispatcher.list_tools()
         assert {name.split(".", 1)[1] for name in tools} == {
-            "screenshot", "ui_tree", "find", "click", "type_text", "press_keys", "scroll", "launch", "windows"}
+            "screenshot",
+            "ui_tree",
+            "find",
+            "click",
+            "type_text",
+            "press_keys",
+            "scroll",
+            "launch",
+            "windows",
+        }
         marker = tmp_path / "started"
-        [refused, screenshot] = await dispatcher.execute_commands([
-            Command(tool_name="desktop.launch", parameters={"command": ["touch", str(marker)]}),
-            Command(tool_name="desktop.screenshot"),
-        ])
+        [refused, screenshot] = await dispatcher.execute_commands(
+            [
+                Command(tool_name="desktop.launch", parameters={"command": ["touch", str(marker)]}),
+                Command(tool_name="desktop.screenshot"),
+            ]
+        )
     assert refused.status.value == "failure" and "refused: tool 'desktop.launch' needs approval" in refused.error
     assert screenshot.status.value == "skipped"
     assert not marker.exists() and not (tmp_path / "art").exists()

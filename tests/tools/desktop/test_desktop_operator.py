@@ -102,13 +102,19 @@ class CalculatorModel:
 
 
 def _settings(tmp_path: Path, base_url: str, **extra: Any) -> Any:
-    return load_settings(overrides={
-        "store.url": "memory://", "logs.root": str(tmp_path / "logs"),
-        "llm.base_url": base_url, "llm.model": "vision-model", "llm.api_key": "sk-operator-test",
-        "llm.max_retries": 0, "llm.context_window": 32768,
-        "system.eva_session": False,  # the scripted model answers the agent only, not a session judge
-        **extra,
-    })
+    return load_settings(
+        overrides={
+            "store.url": "memory://",
+            "logs.root": str(tmp_path / "logs"),
+            "llm.base_url": base_url,
+            "llm.model": "vision-model",
+            "llm.api_key": "sk-operator-test",
+            "llm.max_retries": 0,
+            "llm.context_window": 32768,
+            "system.eva_session": False,  # the scripted model answers the agent only, not a session judge
+            **extra,
+        }
+    )
 
 
 def test_operator_mode_adds_2_and_3(desktop_env: dict[str, str], tmp_path: Path) -> None:
@@ -118,8 +124,9 @@ def test_operator_mode_adds_2_and_3(desktop_env: dict[str, str], tmp_path: Path)
         fake.responder = model
         settings = _settings(tmp_path, fake.base_url, **{"system.save_ui_tree": True})
         factory = SessionFactory(settings, store=MemoryStore(), interactor=interactor, workspace=tmp_path)
-        [session] = factory.create_session("calculator", "operator", request="Add 2 and 3 on the calculator.",
-                                           platform_override="linux")
+        [session] = factory.create_session(
+            "calculator", "operator", request="Add 2 and 3 on the calculator.", platform_override="linux"
+        )
         result = asyncio.run(session.run())
         requests = list(fake.requests)
     assert not model.problems, model.problems
@@ -134,7 +141,11 @@ def test_operator_mode_adds_2_and_3(desktop_env: dict[str, str], tmp_path: Path)
 
     steps = list(read_step_log(session.log_path))
     assert [[c["tool_name"] for c in s.commands] for s in steps] == [
-        ["desktop.launch"], ["desktop.click"] * 4, *[["desktop.screenshot"]] * looks, []]
+        ["desktop.launch"],
+        ["desktop.click"] * 4,
+        *[["desktop.screenshot"]] * looks,
+        [],
+    ]
     assert all(r["status"] == "success" for s in steps for r in s.results)
     # Each step keeps what it saw: the tree (save_ui_tree) and the screenshot, as artifacts.
     for step in steps:

@@ -75,18 +75,18 @@ class TypingModel:
         head = _TREE_HEAD.search(text)
         if head is None:
             return self._refuse(f"no UI tree in the observation: {text[:1500]}")
-        summary = text[head.end() + 1:]
+        summary = text[head.end() + 1 :]
         if self.element is None:
             found = EDITABLE.search(summary)
             if found is None:
                 return self._refuse(f"no editable element in the summary: {summary[:3000]}")
-            before = summary[:found.end()]
+            before = summary[: found.end()]
             if before.count("\n") >= 40 or len(before) >= 3000:
                 return self._refuse(f"the editable element is not in the first 40 lines / 3,000 characters: {summary}")
             self.element = found.group(1)
             return FakeOpenAI.tool_calls(("desktop.type_text", {"element_id": self.element, "text": self.case.typed}))
         line = next((line for line in summary.splitlines() if line.startswith(self.element + " ")), "")
-        if f"text='" in line and self.case.typed in line:
+        if "text='" in line and self.case.typed in line:
             return FakeOpenAI.text(f"Typed {self.case.typed!r}; the field shows it.")
         if self.looks_again < self.MAX_LOOKS_AGAIN:  # the application may redraw late on a loaded machine
             self.looks_again += 1
@@ -95,29 +95,42 @@ class TypingModel:
 
 
 def _settings(tmp_path: Path, base_url: str, **extra: Any) -> Any:
-    return load_settings(overrides={
-        "store.url": "memory://", "logs.root": str(tmp_path / "logs"),
-        "llm.base_url": base_url, "llm.model": "vision-model", "llm.api_key": "sk-operator-test",
-        "llm.max_retries": 0, "llm.context_window": 32768,
-        "system.eva_session": False,  # the scripted model answers the agent only, not a session judge
-        **extra,
-    })
+    return load_settings(
+        overrides={
+            "store.url": "memory://",
+            "logs.root": str(tmp_path / "logs"),
+            "llm.base_url": base_url,
+            "llm.model": "vision-model",
+            "llm.api_key": "sk-operator-test",
+            "llm.max_retries": 0,
+            "llm.context_window": 32768,
+            "system.eva_session": False,  # the scripted model answers the agent only, not a session judge
+            **extra,
+        }
+    )
 
 
 def _operate(tmp_path: Path, case: Case, **extra: Any) -> tuple[Any, Any, TypingModel]:
     model = TypingModel(case)
     with FakeOpenAI() as fake:
         fake.responder = model
-        factory = SessionFactory(_settings(tmp_path, fake.base_url, **extra), store=MemoryStore(),
-                                 interactor=NonInteractiveInteractor(assume_yes=True), workspace=tmp_path)
-        [session] = factory.create_session(f"type-{case.app}", "operator", platform_override="linux",
-                                           request=f"Type {case.typed!r} into {case.app}.")
+        factory = SessionFactory(
+            _settings(tmp_path, fake.base_url, **extra),
+            store=MemoryStore(),
+            interactor=NonInteractiveInteractor(assume_yes=True),
+            workspace=tmp_path,
+        )
+        [session] = factory.create_session(
+            f"type-{case.app}", "operator", platform_override="linux", request=f"Type {case.typed!r} into {case.app}."
+        )
         result = asyncio.run(session.run())
     return session, result, model
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_an_operator_session_types_into_each_application(desktop_env: dict[str, str], tmp_path: Path, name: str) -> None:
+def test_an_operator_session_types_into_each_application(
+    desktop_env: dict[str, str], tmp_path: Path, name: str
+) -> None:
     session, result, model = _operate(tmp_path, CASES[name])
     assert not model.problems, model.problems
     assert result.status == "finished", result
@@ -125,15 +138,21 @@ def test_an_operator_session_types_into_each_application(desktop_env: dict[str, 
     tools = [[c["tool_name"] for c in s.commands] for s in steps]
     assert tools[:2] == [["desktop.launch"], ["desktop.type_text"]] and tools[-1] == []
     assert all(r["status"] == "success" for s in steps for r in s.results)
-    typed = next(r["result"] for s in steps for c, r in zip(s.commands, s.results) if c["tool_name"] == "desktop.type_text")
+    typed = next(
+        r["result"]
+        for s in steps
+        for c, r in zip(s.commands, s.results, strict=False)
+        if c["tool_name"] == "desktop.type_text"
+    )
     assert typed["element"]["id"] == model.element and typed["locator"]["app"] == CASES[name].app
 
 
 def test_an_operator_sessions_experience_replays_in_a_new_session(desktop_env: dict[str, str], tmp_path: Path) -> None:
     case = CASES["mousepad"]
     experience = tmp_path / "experience"
-    session, result, model = _operate(tmp_path / "operator", case, **{
-        "system.save_experience": "always", "system.experience_dir": str(experience)})
+    session, result, model = _operate(
+        tmp_path / "operator", case, **{"system.save_experience": "always", "system.experience_dir": str(experience)}
+    )
     assert not model.problems and result.status == "finished", (model.problems, result)
     [plan_file] = experience.glob("*.json")
     plan = json.loads(plan_file.read_text())
@@ -144,15 +163,22 @@ def test_an_operator_sessions_experience_replays_in_a_new_session(desktop_env: d
     assert locator["app"] == "mousepad" and locator["role"] == "text" and locator["path"][0] == "frame"
 
     # A new session: a new desktop server and a new Mousepad, where the saved id means nothing.
-    settings = load_settings(overrides={"store.url": "memory://", "logs.root": str(tmp_path / "replay-logs"),
-                                        "desktop.enabled": True, "system.save_ui_tree": True})
-    factory = SessionFactory(settings, store=MemoryStore(), interactor=NonInteractiveInteractor(assume_yes=True),
-                             workspace=tmp_path)
+    settings = load_settings(
+        overrides={
+            "store.url": "memory://",
+            "logs.root": str(tmp_path / "replay-logs"),
+            "desktop.enabled": True,
+            "system.save_ui_tree": True,
+        }
+    )
+    factory = SessionFactory(
+        settings, store=MemoryStore(), interactor=NonInteractiveInteractor(assume_yes=True), workspace=tmp_path
+    )
     [replay] = factory.create_session("replay", "follower", plan=plan_file, platform_override="linux")
     outcome = asyncio.run(replay.run())
     assert outcome.status == "finished", outcome
     steps = list(read_step_log(replay.log_path))
-    results = {c["tool_name"]: r for s in steps for c, r in zip(s.commands, s.results)}
+    results = {c["tool_name"]: r for s in steps for c, r in zip(s.commands, s.results, strict=False)}
     assert all(r["status"] == "success" for r in results.values()), results
     found = results["desktop.type_text"]["result"]["element"]
     assert found["id"] != model.element and found["role"] == "text"  # found again by its locator

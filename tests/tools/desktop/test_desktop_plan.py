@@ -25,11 +25,20 @@ ROOT = Path(__file__).resolve().parents[3]
 PLAN = ROOT / "examples" / "plans" / "desktop-calculator.json"
 
 
-def _saucer(virtual_desktop: VirtualDesktop, cwd: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+def _saucer(
+    virtual_desktop: VirtualDesktop, cwd: Path, *args: str, **env_extra: str
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
     env.update(virtual_desktop.env, SAUCER_DESKTOP__ENABLED="true", COLUMNS="200", NO_COLOR="1", **env_extra)
-    return subprocess.run([sys.executable, "-m", "saucer", *args],
-                          cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=110)
+    return subprocess.run(
+        [sys.executable, "-m", "saucer", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
 
 
 def _run(virtual_desktop: VirtualDesktop, cwd: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
@@ -57,7 +66,7 @@ def test_follower_plan_adds_2_and_3_on_the_calculator(virtual_desktop: VirtualDe
     steps = [json.loads(line) for line in (log_dir / "response.log").read_text().splitlines()]
     results = {}
     for step in steps:
-        for command, result in zip(step["commands"], step["results"]):
+        for command, result in zip(step["commands"], step["results"], strict=False):
             assert result["status"] == "success", result
             results.setdefault(command["tool_name"], []).append(result["result"])
 
@@ -91,7 +100,10 @@ def test_launch_needs_approval(virtual_desktop: VirtualDesktop, tmp_path: Path) 
     assert "desktop.launch failure" in proc.stdout
     [log_dir] = (tmp_path / "logs").glob("*/*")
     [step] = [json.loads(line) for line in (log_dir / "response.log").read_text().splitlines()]
-    assert "refused" in step["results"][0]["error"] and "'desktop.launch' is marked sensitive" in step["results"][0]["error"]
+    assert (
+        "refused" in step["results"][0]["error"]
+        and "'desktop.launch' is marked sensitive" in step["results"][0]["error"]
+    )
     assert not list((log_dir / "artifacts").glob("launch-*.log"))  # nothing was started
 
 
@@ -101,7 +113,9 @@ def test_the_readme_shows_the_example_plan() -> None:
     assert json.loads(block) == json.loads(PLAN.read_text())
 
 
-def test_save_ui_tree_stores_a_tree_and_a_screenshot_before_each_step(virtual_desktop: VirtualDesktop, tmp_path: Path) -> None:
+def test_save_ui_tree_stores_a_tree_and_a_screenshot_before_each_step(
+    virtual_desktop: VirtualDesktop, tmp_path: Path
+) -> None:
     """system.save_ui_tree: one tree (or why there is none) and one screenshot per step, in the step's record and
     in saucer show; the plan's own commands are unchanged."""
     proc = _run(virtual_desktop, tmp_path, "--yes", SAUCER_SYSTEM__SAVE_UI_TREE="true")
@@ -121,7 +135,7 @@ def test_save_ui_tree_stores_a_tree_and_a_screenshot_before_each_step(virtual_de
     # Before the first step the calculator is not running yet: the record says why there is no tree (no
     # application on the bus, or no focused window when an earlier test left a helper like a portal running).
     assert trees[0]["error"].startswith("tool 'desktop.ui_tree' failed") and "path" not in trees[0]
-    for step, tree in zip(steps[1:], trees[1:]):
+    for step, tree in zip(steps[1:], trees[1:], strict=False):
         assert Path(tree["path"]) == log_dir / "artifacts" / f"step-{step['session_step']:04d}-tree.json"
         saved = json.loads(Path(tree["path"]).read_text())
         assert saved["app"] == tree["app"] == "gnome-calculator" and saved["node_count"] == tree["nodes"] > 20
@@ -135,8 +149,12 @@ def test_save_ui_tree_stores_a_tree_and_a_screenshot_before_each_step(virtual_de
         assert after_step == (["ui_tree", "screenshot"] if last_of_round[step["round"]] == step["session_step"] else [])
     after = [a for a in steps[-1]["artifacts"] if a.get("after")]
     prefix = f"step-{steps[-1]['session_step']:04d}-after"
-    assert Path(after[0]["path"]).name == f"{prefix}-tree.json" and Path(after[1]["path"]).name == f"{prefix}-screen.png"
-    final = {n.get("text") for n in _nodes(json.loads(Path(after[0]["path"]).read_text())["tree"]) if n["role"] == "text box"}
+    assert (
+        Path(after[0]["path"]).name == f"{prefix}-tree.json" and Path(after[1]["path"]).name == f"{prefix}-screen.png"
+    )
+    final = {
+        n.get("text") for n in _nodes(json.loads(Path(after[0]["path"]).read_text())["tree"]) if n["role"] == "text box"
+    }
     assert "5" in final  # the result of the last click, which no capture before a step shows
 
     show = _saucer(virtual_desktop, tmp_path, "show", "last")

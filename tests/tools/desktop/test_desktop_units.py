@@ -32,8 +32,14 @@ def test_key_combinations_parse_to_keysyms() -> None:
     assert parse_keys("ctrl+a") == [[K("Control_L"), K("a")]]
     assert parse_keys("ctrl+shift+Tab  Return") == [[K("Control_L"), K("Shift_L"), K("Tab")], [K("Return")]]
     assert parse_keys("Enter esc BACKSPACE pgdn f5 F12 super+l altgr+e") == [
-        [K("Return")], [K("Escape")], [K("BackSpace")], [K("Next")], [K("F5")], [K("F12")],
-        [K("Super_L"), K("l")], [K("ISO_Level3_Shift"), K("e")],
+        [K("Return")],
+        [K("Escape")],
+        [K("BackSpace")],
+        [K("Next")],
+        [K("F5")],
+        [K("F12")],
+        [K("Super_L"), K("l")],
+        [K("ISO_Level3_Shift"), K("e")],
     ]
     assert parse_keys("ctrl++ + plus") == [[K("Control_L"), K("plus")], [K("plus")], [K("plus")]]
     assert parse_keys("Page_Up =") == [[K("Prior")], [ord("=")]]
@@ -76,9 +82,16 @@ def test_state_bits_follow_at_spi_numbering() -> None:
 
 def _tree_nodes() -> dict[str, Any]:
     return {
-        "id": "eroot0000", "role": "window", "name": "Calculator",
+        "id": "eroot0000",
+        "role": "window",
+        "name": "Calculator",
         "children": [
-            {"id": "ebutton00", "role": "button", "name": "2 2", "children": [{"id": "elabel000", "role": "label", "name": "2"}]},
+            {
+                "id": "ebutton00",
+                "role": "button",
+                "name": "2 2",
+                "children": [{"id": "elabel000", "role": "label", "name": "2"}],
+            },
             {"id": "etext0000", "role": "text box", "name": "GtkSourceView", "text": "5"},
             {"id": "ehist0000", "role": "label", "name": "5", "text": "5"},
         ],
@@ -106,19 +119,40 @@ def test_selectors_match_exactly_ignoring_case_and_spacing_or_by_regex() -> None
 
 
 def _info(name: str, states: set[str], bounds: tuple[int, int, int, int] | None = None, bus: str = ":1.1") -> NodeInfo:
-    return NodeInfo(ref=(bus, f"/{name}"), name=name, role="frame", states=frozenset(states), interfaces=frozenset(),
-                    child_count=0, bounds=bounds)
+    return NodeInfo(
+        ref=(bus, f"/{name}"),
+        name=name,
+        role="frame",
+        states=frozenset(states),
+        interfaces=frozenset(),
+        child_count=0,
+        bounds=bounds,
+    )
 
 
-def _xwindow(pid: int, title: str, x: int, y: int, w: int, h: int, focused: bool = False,
-             frame: tuple[int, int, int, int] | None = None) -> XWindow:
-    return XWindow(id=0x400000 + pid, title=title, app="app", pid=pid, x=x, y=y, width=w, height=h, focused=focused,
-                   frame=frame)
+def _xwindow(
+    pid: int,
+    title: str,
+    x: int,
+    y: int,
+    w: int,
+    h: int,
+    focused: bool = False,
+    frame: tuple[int, int, int, int] | None = None,
+) -> XWindow:
+    return XWindow(
+        id=0x400000 + pid, title=title, app="app", pid=pid, x=x, y=y, width=w, height=h, focused=focused, frame=frame
+    )
 
 
 def test_choosing_the_focused_window_an_app_or_a_window() -> None:
     calc = App((":1.1", "/root"), "gnome-calculator", 100, [_info("Calculator", {"active", "showing"})])
-    edit = App((":1.2", "/root"), "gedit", 200, [_info("notes.txt", {"showing"}, bus=":1.2"), _info("Find", {"showing"}, bus=":1.2")])
+    edit = App(
+        (":1.2", "/root"),
+        "gedit",
+        200,
+        [_info("notes.txt", {"showing"}, bus=":1.2"), _info("Find", {"showing"}, bus=":1.2")],
+    )
     assert choose([calc, edit], None, None, None).window == "Calculator"
     assert choose([calc, edit], "GEDIT", None, None).window is None  # the whole application
     assert choose([calc, edit], None, "find", None).app == "gedit"
@@ -141,7 +175,10 @@ def test_window_offsets_for_toolkits_that_report_window_relative_positions() -> 
     gtk4 = _info("Calculator", {"showing"}, bounds=(0, 0, 355, 486))
     # GTK 4 under X11 without a window manager: 5 px of decoration margin on every side.
     assert window_offset(gtk4, 100, [_xwindow(100, "Calculator", 300, 150, 365, 496)]) == (305, 155)
-    assert window_offset(gtk4, 100, [_xwindow(100, "Calculator", 300, 150, 401, 532, frame=(23, 23, 17, 29))]) == (323, 167)
+    assert window_offset(gtk4, 100, [_xwindow(100, "Calculator", 300, 150, 401, 532, frame=(23, 23, 17, 29))]) == (
+        323,
+        167,
+    )
     # The window of the same title wins over another of the same process.
     both = [_xwindow(100, "About", 0, 0, 355, 486), _xwindow(100, "Calculator", 40, 60, 355, 486)]
     assert window_offset(gtk4, 100, both) == (40, 60)
@@ -171,8 +208,9 @@ class ScriptedBus:
         count = self.many if node.get("many") else len(node.get("children", []))
         return {"Name": node["name"], "Description": node.get("description", ""), "ChildCount": count}
 
-    async def call(self, ref: tuple[str, str], interface: str, method: str, signature: str | None = None,
-                   body: tuple = ()) -> tuple:
+    async def call(
+        self, ref: tuple[str, str], interface: str, method: str, signature: str | None = None, body: tuple = ()
+    ) -> tuple:
         self.calls += 1
         node = self._node(ref[1])
         if method == "GetRoleName":
@@ -189,8 +227,9 @@ class ScriptedBus:
             return ((":1.9", f"/many/{body[0]}"),)
         raise AssertionError(method)
 
-    async def call1(self, ref: tuple[str, str], interface: str, method: str, signature: str | None = None,
-                    body: tuple = ()) -> Any:
+    async def call1(
+        self, ref: tuple[str, str], interface: str, method: str, signature: str | None = None, body: tuple = ()
+    ) -> Any:
         return (await self.call(ref, interface, method, signature, body))[0]
 
     async def get(self, ref: tuple[str, str], interface: str, name: str) -> Any:
@@ -202,13 +241,25 @@ async def _walk(bus: ScriptedBus, **limits: Any) -> Any:
         return (10, 20)
 
     options = {"max_depth": 30, "max_nodes": 500, "max_text": 100, "only_visible": True, **limits}
-    return await build_tree(bus, (":1.9", "/root"), TreeLimits(**options), ElementRegistry(), pid=9,  # type: ignore[arg-type]
-                            root_is_toplevel=True, offset_for=no_offset)
+    return await build_tree(
+        bus,
+        (":1.9", "/root"),
+        TreeLimits(**options),
+        ElementRegistry(),
+        pid=9,  # type: ignore[arg-type]
+        root_is_toplevel=True,
+        offset_for=no_offset,
+    )
 
 
 async def test_a_huge_list_is_read_only_as_far_as_the_limit() -> None:
-    bus = ScriptedBus({"/root": {"name": "w", "role": "window", "children": ["/list"]},
-                       "/list": {"name": "", "role": "list", "many": True}}, many=10**9)
+    bus = ScriptedBus(
+        {
+            "/root": {"name": "w", "role": "window", "children": ["/list"]},
+            "/list": {"name": "", "role": "list", "many": True},
+        },
+        many=10**9,
+    )
     tree = await _walk(bus, max_nodes=50)
     assert tree.node_count == 50 and tree.truncated
     listing = tree.root["children"][0]
@@ -218,11 +269,13 @@ async def test_a_huge_list_is_read_only_as_far_as_the_limit() -> None:
 
 
 async def test_cycles_duplicates_and_vanished_nodes_do_not_break_the_walk() -> None:
-    bus = ScriptedBus({
-        "/root": {"name": "w", "role": "window", "children": ["/a", "/a", "/gone"]},
-        "/a": {"name": "a", "role": "panel", "children": ["/root", "/b"]},
-        "/b": {"name": "b", "role": "button", "children": ["/a"]},
-    })
+    bus = ScriptedBus(
+        {
+            "/root": {"name": "w", "role": "window", "children": ["/a", "/a", "/gone"]},
+            "/a": {"name": "a", "role": "panel", "children": ["/root", "/b"]},
+            "/b": {"name": "b", "role": "button", "children": ["/a"]},
+        }
+    )
     tree = await _walk(bus)
     assert tree.node_count == 3 and tree.gone == 1 and not tree.truncated
     assert [c["name"] for c in tree.root["children"]] == ["a"]
@@ -230,9 +283,13 @@ async def test_cycles_duplicates_and_vanished_nodes_do_not_break_the_walk() -> N
 
 
 async def test_depth_limit_marks_where_children_were_left_out() -> None:
-    bus = ScriptedBus({"/root": {"name": "w", "role": "window", "children": ["/a"]},
-                       "/a": {"name": "a", "role": "panel", "children": ["/b"]},
-                       "/b": {"name": "b", "role": "button", "children": []}})
+    bus = ScriptedBus(
+        {
+            "/root": {"name": "w", "role": "window", "children": ["/a"]},
+            "/a": {"name": "a", "role": "panel", "children": ["/b"]},
+            "/b": {"name": "b", "role": "button", "children": []},
+        }
+    )
     tree = await _walk(bus, max_depth=1)
     assert tree.depth_limited and tree.node_count == 2 and tree.root["children"][0]["child_count"] == 1
     assert "children" not in tree.root["children"][0]
@@ -247,15 +304,17 @@ async def test_huge_names_are_cut_and_say_so() -> None:
 
 async def test_on_screen_leaves_out_closed_menus_with_their_items() -> None:
     nowhere = (-2147483648, -2147483648, 1, 1)
-    bus = ScriptedBus({
-        "/root": {"name": "w", "role": "frame", "children": ["/menu", "/tab"]},
-        "/menu": {"name": "File", "role": "menu", "children": ["/open", "/recent"]},
-        "/open": {"name": "Open", "role": "menu item", "extents": nowhere, "children": []},
-        "/recent": {"name": "Recent", "role": "menu", "extents": nowhere, "children": ["/clear"]},
-        "/clear": {"name": "Clear", "role": "menu item", "extents": nowhere, "children": []},
-        "/tab": {"name": "", "role": "page tab", "extents": (-1, -1, -1, -1), "children": ["/text"]},
-        "/text": {"name": "", "role": "text", "children": []},
-    })
+    bus = ScriptedBus(
+        {
+            "/root": {"name": "w", "role": "frame", "children": ["/menu", "/tab"]},
+            "/menu": {"name": "File", "role": "menu", "children": ["/open", "/recent"]},
+            "/open": {"name": "Open", "role": "menu item", "extents": nowhere, "children": []},
+            "/recent": {"name": "Recent", "role": "menu", "extents": nowhere, "children": ["/clear"]},
+            "/clear": {"name": "Clear", "role": "menu item", "extents": nowhere, "children": []},
+            "/tab": {"name": "", "role": "page tab", "extents": (-1, -1, -1, -1), "children": ["/text"]},
+            "/text": {"name": "", "role": "text", "children": []},
+        }
+    )
     everything = await _walk(bus)
     assert everything.node_count == 7
     shown = await _walk(bus, on_screen=True)
@@ -265,9 +324,13 @@ async def test_on_screen_leaves_out_closed_menus_with_their_items() -> None:
 
 
 async def test_a_tree_read_again_asks_less_and_sees_what_changed() -> None:
-    bus = ScriptedBus({"/root": {"name": "w", "role": "window", "children": ["/a", "/b"]},
-                       "/a": {"name": "a", "role": "panel", "children": []},
-                       "/b": {"name": "b", "role": "button", "children": []}})
+    bus = ScriptedBus(
+        {
+            "/root": {"name": "w", "role": "window", "children": ["/a", "/b"]},
+            "/a": {"name": "a", "role": "panel", "children": []},
+            "/b": {"name": "b", "role": "button", "children": []},
+        }
+    )
     bus.static = {}  # type: ignore[attr-defined]  # what a real AtspiBus remembers
     first = await _walk(bus)
     calls, bus.calls = bus.calls, 0

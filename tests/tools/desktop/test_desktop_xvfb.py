@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from desktop_helpers import DesktopTools
 from PIL import Image, ImageStat
-from Xlib import X, XK, display
+from Xlib import XK, X, display
 
 from saucer.tools.desktop.atspi import AtspiBus, find_bus_address
 from saucer.tools.desktop.targets import list_apps
@@ -49,8 +49,14 @@ async def _wait_for_app(name: str, timeout: float = 60) -> None:
 @pytest.fixture(scope="module")
 def calculator(virtual_desktop: VirtualDesktop, desktop_env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
     """GNOME Calculator on the virtual desktop, for the whole module."""
-    proc = subprocess.Popen(["gnome-calculator"], env={**os.environ, **desktop_env}, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["gnome-calculator"],
+        env={**os.environ, **desktop_env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         asyncio.run(_wait_for_app("gnome-calculator"))
         yield proc
@@ -76,8 +82,9 @@ async def _clear(tools: DesktopTools) -> None:
     await tools.ok("press_keys", keys="Escape")
 
 
-async def test_screenshots_are_pngs_of_the_screen(tools: DesktopTools, calculator: Any, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_screenshots_are_pngs_of_the_screen(
+    tools: DesktopTools, calculator: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shot = await tools.ok("screenshot")
     data = Path(shot["path"]).read_bytes()
     assert data.startswith(PNG_MAGIC) and shot["artifact"].endswith(".png")
@@ -114,7 +121,7 @@ async def test_ui_tree_of_the_calculator(tools: DesktopTools, calculator: subpro
     assert {"window", "button", "label", "text box"} <= {n["role"] for n in nodes}
     [seven] = [n for n in nodes if n["name"] == "7"]
     x, y, w, h = seven["bounds"]
-    assert 0 <= x and x + w <= 1280 and 0 <= y and y + h <= 800 and w > 20 and h > 20
+    assert x >= 0 and x + w <= 1280 and y >= 0 and y + h <= 800 and w > 20 and h > 20
 
     again = await tools.ok("ui_tree", app="gnome-calculator", include_tree=False, save_as="trees/before")
     assert again["tree"] is None and again["window"] is None and again["artifact"] == "trees/before.json"
@@ -140,8 +147,9 @@ async def test_click_by_name_uses_the_buttons_action(tools: DesktopTools, calcul
     assert (await tools.ok("click", name="=", app="gnome-calculator"))["via"]["role"] == "button"
 
 
-async def test_pointer_clicks_land_where_the_window_is(tools: DesktopTools, calculator: Any,
-                                                       desktop_env: dict[str, str]) -> None:
+async def test_pointer_clicks_land_where_the_window_is(
+    tools: DesktopTools, calculator: Any, desktop_env: dict[str, str]
+) -> None:
     """GTK 4 reports positions relative to its window: moving the window must not break pointer clicks."""
     await _clear(tools)
     [window] = [w for w in (await tools.ok("windows"))["windows"] if w["title"] == "Calculator"]
@@ -188,7 +196,9 @@ async def test_keyboard_typing_and_keys(tools: DesktopTools, calculator: Any) ->
 async def test_find_waits_and_says_what_is_there(tools: DesktopTools, calculator: Any) -> None:
     started = time.monotonic()
     error = await tools.fails("find", text="no such text", timeout=0.6)
-    assert time.monotonic() - started >= 0.6 and "no element with text='no such text'" in error and "after 0.6 s" in error
+    assert (
+        time.monotonic() - started >= 0.6 and "no element with text='no such text'" in error and "after 0.6 s" in error
+    )
     assert "similar names: 'Undo'" in await tools.fails("find", name="Undoo")
     found = await tools.ok("find", role="button", name="re:^[0-9] [0-9]$")
     assert len(found["matches"]) == 10 and all(m["path"][0] == "window 'Calculator'" for m in found["matches"])
@@ -221,7 +231,14 @@ async def test_input_events_arrive_exactly(tools: DesktopTools, calculator: Any,
     """Clicks, wheel and keys as a window of the test's own receives them."""
     probe = display.Display(desktop_env["DISPLAY"])
     window = probe.screen().root.create_window(
-        700, 300, 200, 150, 0, probe.screen().root_depth, X.InputOutput, X.CopyFromParent,
+        700,
+        300,
+        200,
+        150,
+        0,
+        probe.screen().root_depth,
+        X.InputOutput,
+        X.CopyFromParent,
         background_pixel=probe.screen().white_pixel,
         event_mask=X.ButtonPressMask | X.KeyPressMask | X.StructureNotifyMask,
     )
@@ -237,7 +254,14 @@ async def test_input_events_arrive_exactly(tools: DesktopTools, calculator: Any,
         await tools.ok("scroll", direction="up", amount=1, x=770, y=370)
         clicks = await asyncio.to_thread(_events, probe, 7)
         assert [(e.detail, e.event_x, e.event_y) for e in clicks] == [
-            (1, 50, 50), (3, 60, 60), (3, 60, 60), (5, 70, 70), (5, 70, 70), (5, 70, 70), (4, 70, 70)]
+            (1, 50, 50),
+            (3, 60, 60),
+            (3, 60, 60),
+            (5, 70, 70),
+            (5, 70, 70),
+            (5, 70, 70),
+            (4, 70, 70),
+        ]
         await tools.ok("press_keys", keys="ctrl+shift+a Return")
         await tools.ok("type_text", text="H@é")  # é is on no key of the virtual keyboard: a spare key gets it
         modifiers = (XK.string_to_keysym("Control_L"), XK.string_to_keysym("Shift_L"))
@@ -288,8 +312,9 @@ def _gone(pid: int) -> bool:
     return False
 
 
-async def test_ids_of_a_closed_application_are_reported_gone(tools: DesktopTools,
-                                                             calculator: subprocess.Popen[bytes]) -> None:
+async def test_ids_of_a_closed_application_are_reported_gone(
+    tools: DesktopTools, calculator: subprocess.Popen[bytes]
+) -> None:
     tree = await tools.ok("ui_tree", app="gnome-calculator")
     ids = {n["name"]: n["id"] for n in _nodes(tree["tree"])}
     calculator.terminate()

@@ -14,7 +14,8 @@ when ``system.eva_round`` / ``system.eva_session`` are on.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from saucer.agents.llm.agent import SUBTASK_FINISH, LinuxAgent, LLMAgent, ToolUsingAgent, interactor_approver
 from saucer.agents.llm.client import (
@@ -71,6 +72,7 @@ __all__ = [
     "ENV_MODEL",
 ]
 
+
 def build_agent_set(settings: ModelSettings, client: ModelClient) -> AgentSet:
     """The agents for ``settings.agent`` (``single`` or ``host``) sharing ``client``, with the LLM judge."""
     if settings.agent == "host":
@@ -85,7 +87,7 @@ def create_agent_provider(
     *,
     env: Mapping[str, str] | None = None,
     client_factory: Callable[[ModelSettings], ModelClient] | None = None,
-) -> Callable[["Session"], AgentSet]:
+) -> Callable[[Session], AgentSet]:
     """A provider for :class:`~saucer.engine.session.Session` (``agents=``) in normal mode.
 
     ``settings`` is the app's :class:`~saucer.config.Settings` (its ``llm``
@@ -97,7 +99,7 @@ def create_agent_provider(
     resolved = require_model_settings(settings, env) if settings is not None else None
     make_client = client_factory or ModelClient
 
-    def provider(session: "Session") -> AgentSet:
+    def provider(session: Session) -> AgentSet:
         model_settings = resolved or require_model_settings(getattr(session, "settings", None), env)
         client = make_client(model_settings)
         session.add_closer(client.aclose)

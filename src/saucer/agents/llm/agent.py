@@ -35,7 +35,8 @@ stays unknown).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from saucer.agents.llm.ask import ASK_USER_TOOL, ask_the_user, ask_user_spec
 from saucer.agents.llm.client import (
@@ -152,7 +153,7 @@ class LLMAgent(Agent):
     def _meta_key(self) -> str:
         return f"_llm.{self.name}.meta"
 
-    def _load(self, context: "Context", scope: Any, initial: "Any") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def _load(self, context: Context, scope: Any, initial: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The conversation of ``scope`` (started with ``initial()`` when the scope is new)."""
         meta = context.get_var(self._meta_key)
         if isinstance(meta, dict) and meta.get("scope") == scope:
@@ -167,17 +168,17 @@ class LLMAgent(Agent):
         context.update_vars(set={self._messages_key: messages, self._meta_key: meta})
         return messages, meta
 
-    def _append(self, context: "Context", messages: list[dict[str, Any]], *new: dict[str, Any]) -> None:
+    def _append(self, context: Context, messages: list[dict[str, Any]], *new: dict[str, Any]) -> None:
         for message in new:
             messages.append(message)
             context.append(self._messages_key, message)
 
-    def _save_meta(self, context: "Context", meta: dict[str, Any]) -> None:
+    def _save_meta(self, context: Context, meta: dict[str, Any]) -> None:
         context.update_vars(set={self._meta_key: meta})
 
     # ----------------------------------------------------------------- tools
 
-    def tools(self, context: "Context") -> ToolSet:
+    def tools(self, context: Context) -> ToolSet:
         """The tools of ``TOOL_INFO`` (sensitive: flagged there or by the dispatcher)."""
         info = context.get(ContextNames.TOOL_INFO) or {}
         dispatcher = getattr(context, "command_dispatcher", None)
@@ -197,7 +198,9 @@ class LLMAgent(Agent):
 
     def offered(self, tools: ToolSet) -> ToolSet:
         """What the model is offered: ``tools``, plus ``finish`` when it must always call a tool, plus ``ask_user``."""
-        extra = ([finish_spec()] if self.finish_tool else []) + ([ask_user_spec()] if self.settings.ask_user and self.offers_ask_user else [])
+        extra = ([finish_spec()] if self.finish_tool else []) + (
+            [ask_user_spec()] if self.settings.ask_user and self.offers_ask_user else []
+        )
         return tools.with_tools(*extra) if extra else tools
 
     @staticmethod
@@ -211,7 +214,7 @@ class LLMAgent(Agent):
         return None
 
     def judge_answer(
-        self, context: "Context", messages: list[dict[str, Any]], meta: dict[str, Any], reply: ModelReply
+        self, context: Context, messages: list[dict[str, Any]], meta: dict[str, Any], reply: ModelReply
     ) -> str:
         """What the answer in ``reply`` means, from what this conversation did (see the module's docstring).
 
@@ -239,29 +242,27 @@ class LLMAgent(Agent):
 
     # ------------------------------------------------------------ the model
 
-    def system_extra(self, context: "Context") -> str | None:
+    def system_extra(self, context: Context) -> str | None:
         """The user's extra system prompt, templated when ``prompt_templating`` is on."""
         extra = self.settings.system_prompt
         if extra and self.settings.prompt_templating:
             extra = render_template(extra, template_variables(context), self.settings.hidden_vars)
         return extra
 
-    def _logger(self, context: "Context") -> RequestLogger | None:
+    def _logger(self, context: Context) -> RequestLogger | None:
         if self._request_logger_for is not context:
             self._request_logger = RequestLogger.for_context(context)  # type: ignore[assignment]
             self._request_logger_for = context
         return self._request_logger
 
-    def _log_fields(self, context: "Context") -> dict[str, Any]:
+    def _log_fields(self, context: Context) -> dict[str, Any]:
         step = self.step
         fields: dict[str, Any] = {"agent": self.name, "round": context.get(ContextNames.CURRENT_ROUND_ID)}
         if step is not None:
             fields.update(step=step.step, session_step=step.session_step, session_id=step.session_id)
         return fields
 
-    async def call_model(
-        self, context: "Context", messages: list[dict[str, Any]], tools: ToolSet | None
-    ) -> ModelReply:
+    async def call_model(self, context: Context, messages: list[dict[str, Any]], tools: ToolSet | None) -> ModelReply:
         """One answer of the model; its cost and tokens go to this step (and so to the ledgers).
 
         A reply cut off at ``max_tokens`` is asked for once more with a note
@@ -282,7 +283,7 @@ class LLMAgent(Agent):
                 )
         return reply
 
-    def _check_budget(self, context: "Context") -> None:
+    def _check_budget(self, context: Context) -> None:
         budget = self.settings.token_budget
         if budget is None:
             return
@@ -297,7 +298,7 @@ class LLMAgent(Agent):
         """The conversation as this call sends it (an operator attaches the screenshot); default: as kept."""
         return messages
 
-    async def _call(self, context: "Context", messages: list[dict[str, Any]], tools: ToolSet | None) -> ModelReply:
+    async def _call(self, context: Context, messages: list[dict[str, Any]], tools: ToolSet | None) -> ModelReply:
         self._check_budget(context)
         sent = messages = self.outgoing(messages)
         log_fields = self._log_fields(context)
@@ -314,7 +315,9 @@ class LLMAgent(Agent):
                 trimmed = {"dropped": fitted.dropped, "clipped": fitted.clipped, "fits": fitted.fits}
                 self.note(trimmed=trimmed)
                 log_fields["trimmed"] = trimmed
-        reply = await self.client.complete(sent, tools=tools, request_logger=self._logger(context), log_fields=log_fields)
+        reply = await self.client.complete(
+            sent, tools=tools, request_logger=self._logger(context), log_fields=log_fields
+        )
         self._account(context, reply.cost)
         used = reply.usage.total_tokens
         if not used:
@@ -335,7 +338,7 @@ class LLMAgent(Agent):
         )
         return reply
 
-    def _account(self, context: "Context", cost: float | None) -> None:
+    def _account(self, context: Context, cost: float | None) -> None:
         if self.step is not None:
             self.add_cost(cost)  # the round commits it with the step
             return
@@ -366,11 +369,11 @@ class LLMAgent(Agent):
 class ToolUsingAgent(LLMAgent):
     """An agent that calls tools until it gives a final answer (one model call per step)."""
 
-    def conversation_scope(self, context: "Context") -> Any:
+    def conversation_scope(self, context: Context) -> Any:
         """What a conversation belongs to; a new scope starts a new conversation."""
         return {"round": context.get(ContextNames.CURRENT_ROUND_ID)}
 
-    def initial_messages(self, context: "Context", tools: ToolSet) -> list[dict[str, Any]]:
+    def initial_messages(self, context: Context, tools: ToolSet) -> list[dict[str, Any]]:
         """The system prompt and the first user message."""
         prompt = linux_agent_system_prompt(tools, self.system_extra(context), finish_tool=self.finish_tool)
         return [
@@ -383,7 +386,7 @@ class ToolUsingAgent(LLMAgent):
             },
         ]
 
-    def _end_request(self, context: "Context", status: str, result: str) -> str:
+    def _end_request(self, context: Context, status: str, result: str) -> str:
         """End the round's request in ``status``: ``result`` is the round's result and a previous subtask."""
         self.round_result = result
         context.append(
@@ -392,29 +395,31 @@ class ToolUsingAgent(LLMAgent):
         )
         return status
 
-    async def before_model_call(self, context: "Context", messages: list[dict[str, Any]]) -> None:
+    async def before_model_call(self, context: Context, messages: list[dict[str, Any]]) -> None:
         """Called in each step before the model is asked (an operator appends what it sees); default: nothing."""
 
-    async def on_final_answer(self, context: "Context", content: str) -> str:
+    async def on_final_answer(self, context: Context, content: str) -> str:
         """The model answered after a tool call succeeded: record the result and finish."""
         return self._end_request(context, AgentStatus.FINISH.value, content)
 
-    async def on_give_up(self, context: "Context", reason: str) -> str:
+    async def on_give_up(self, context: Context, reason: str) -> str:
         """Too many failed steps in a row."""
         return self._error(reason)
 
-    async def on_nothing_done(self, context: "Context", content: str) -> str:
+    async def on_nothing_done(self, context: Context, content: str) -> str:
         """The model answered after tool calls that all failed or were refused: the work failed."""
         return self._end_request(context, AgentStatus.FAIL.value, nothing_done_reason("model", content))
 
-    async def on_no_action(self, context: "Context", content: str) -> str:
+    async def on_no_action(self, context: Context, content: str) -> str:
         """The model kept answering without calling a tool: the round ends ``no_action``."""
         reason = no_action_reason(self.settings.no_action_retries, content)
         return self._end_request(context, AgentStatus.NO_ACTION.value, reason)
 
-    async def act(self, context: "Context") -> str:
+    async def act(self, context: Context) -> str:
         tools = self.offered(self.tools(context))
-        messages, meta = self._load(context, self.conversation_scope(context), lambda: self.initial_messages(context, tools))
+        messages, meta = self._load(
+            context, self.conversation_scope(context), lambda: self.initial_messages(context, tools)
+        )
         try:
             await self.before_model_call(context, messages)
             reply = await self.call_model(context, messages, tools)
@@ -450,7 +455,8 @@ class ToolUsingAgent(LLMAgent):
         limit = self.settings.max_consecutive_failures
         if meta["failures"] >= limit:
             return await self.on_give_up(
-                context, f"{meta['failures']} consecutive steps failed (limit {limit}); last error: {meta.get('last_error', '')}"
+                context,
+                f"{meta['failures']} consecutive steps failed (limit {limit}); last error: {meta.get('last_error', '')}",
             )
         return AgentStatus.CONTINUE.value
 
@@ -462,7 +468,7 @@ class ToolUsingAgent(LLMAgent):
         return bool(approved)
 
     async def run_tool_calls(
-        self, context: "Context", calls: list[ToolCall], tools: ToolSet
+        self, context: Context, calls: list[ToolCall], tools: ToolSet
     ) -> tuple[list[dict[str, Any]], str]:
         """Run the calls; one ``tool`` message per call, in order, and ``ok``/``failed``/``neutral``.
 
@@ -513,7 +519,7 @@ class ToolUsingAgent(LLMAgent):
             self.step.results.extend(r.model_dump(mode="json", exclude_none=True) for _, r in refused_here)
         if to_run:
             results = await self.dispatch(context, [c for _, c in to_run])
-            for (i, command), result in zip(to_run, results):
+            for (i, command), result in zip(to_run, results, strict=False):
                 if result.status == ResultStatus.SUCCESS:
                     successes += 1
                     contents[i] = self.format_result(result)
@@ -587,7 +593,7 @@ class SubtaskFinishState(ContinueState):
         return True
 
 
-def previous_subtask_entry(context: "Context", subtask: str, status: str, result: str, agent: str) -> Mapping[str, Any]:
+def previous_subtask_entry(context: Context, subtask: str, status: str, result: str, agent: str) -> Mapping[str, Any]:
     """One ``PREVIOUS_SUBTASKS`` entry (the schema both tiers write and the prompts read)."""
     return {
         "subtask": subtask,

@@ -56,7 +56,11 @@ async def ask_the_user(agent: Agent, interactor: Any, call: ToolCall) -> str:
         session = getattr(rnd, "session", None) if rnd is not None else None
         settings = getattr(session, "settings", None)
         timeout = float(getattr(getattr(settings, "approvals", None), "timeout", 0) or 0)
-        decided = await pending_question(session, interactor, question, timeout=timeout, author=agent.name) if session else None
+        decided = (
+            await pending_question(session, interactor, question, timeout=timeout, author=agent.name)
+            if session
+            else None
+        )
         if decided is None:
             asked.append({"question": question, "answer": None, "why": "no one to ask"})  # type: ignore[dict-item]
             return NO_ONE_TO_ASK

@@ -18,8 +18,9 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import openai
 
@@ -33,8 +34,10 @@ from saucer.agents.llm.settings import (
     ModelNotConfiguredError,
     ModelSettings,
     ToolChoice,
-    not_configured_message as _not_configured_message,
     require_model_settings,
+)
+from saucer.agents.llm.settings import (
+    not_configured_message as _not_configured_message,
 )
 from saucer.agents.llm.tools import ToolSet
 from saucer.agents.llm.window import request_chars, without_images
@@ -86,7 +89,7 @@ class Usage:
     cached_tokens: int = 0
 
     @classmethod
-    def from_response(cls, usage: Any) -> "Usage":
+    def from_response(cls, usage: Any) -> Usage:
         if usage is None:
             return cls()
         details = getattr(usage, "prompt_tokens_details", None)
@@ -241,7 +244,7 @@ class ModelClient:
         """Close the HTTP connections."""
         await self._client.close()
 
-    async def __aenter__(self) -> "ModelClient":
+    async def __aenter__(self) -> ModelClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -256,7 +259,7 @@ class ModelClient:
         delay = min(s.backoff_max, s.backoff_base * (2 ** (retry - 1)))
         if s.backoff_jitter:
             delay *= 1 - s.backoff_jitter * random.random()
-        if retry_after is not None and 0 < retry_after:
+        if retry_after is not None and retry_after > 0:
             delay = max(delay, min(retry_after, _MAX_RETRY_AFTER))
         return delay
 
@@ -388,7 +391,9 @@ class ModelClient:
                 continue
             arguments, error = _parse_arguments(fn.arguments)
             name = tools.saucer_name(fn.name) if tools is not None else fn.name.replace("__", ".")
-            calls.append(ToolCall(raw.id or f"call_{len(calls)}", name, fn.name, arguments, fn.arguments or "{}", error))
+            calls.append(
+                ToolCall(raw.id or f"call_{len(calls)}", name, fn.name, arguments, fn.arguments or "{}", error)
+            )
         usage = Usage.from_response(getattr(response, "usage", None))
         used_model = getattr(response, "model", None) or model
         # Price by the model we asked for; providers often answer with a dated variant.

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from saucer.agents.llm.client import ModelCallError, ModelClient, ModelSettings
 from saucer.agents.llm.logs import RequestLogger
@@ -59,7 +60,11 @@ def parse_verdict(content: str | None) -> tuple[str, str, dict[str, Any]]:
     complete = _norm(data.get("complete", data.get("completed", "unsure")))
     reason = str(data.get("reason", "") or "")
     sub = data.get("sub_scores") or {}
-    sub_scores = {str(k): _norm(v) if isinstance(v, (str, bool)) else v for k, v in sub.items()} if isinstance(sub, Mapping) else {}
+    sub_scores = (
+        {str(k): _norm(v) if isinstance(v, (str, bool)) else v for k, v in sub.items()}
+        if isinstance(sub, Mapping)
+        else {}
+    )
     return complete, reason, sub_scores
 
 
@@ -72,7 +77,7 @@ class LLMEvaluator:
         self.client = client
         self.settings = settings or client.settings
 
-    async def evaluate(self, context: "Context", *, scope: Scope, round_id: int | None = None) -> Evaluation:
+    async def evaluate(self, context: Context, *, scope: Scope, round_id: int | None = None) -> Evaluation:
         messages = [
             {"role": "system", "content": judge_system_prompt()},
             {"role": "user", "content": self.describe(context, scope, round_id)},
@@ -87,7 +92,14 @@ class LLMEvaluator:
                 log_fields=fields,
             )
         except ModelCallError as exc:
-            return Evaluation(scope=scope, round=round_id, complete="unsure", reason=f"the judge could not be reached: {exc}", cost=0.0, evaluator=self.name)
+            return Evaluation(
+                scope=scope,
+                round=round_id,
+                complete="unsure",
+                reason=f"the judge could not be reached: {exc}",
+                cost=0.0,
+                evaluator=self.name,
+            )
         complete, reason, sub_scores = parse_verdict(reply.content)
         return Evaluation(
             scope=scope,
@@ -101,7 +113,7 @@ class LLMEvaluator:
 
     # ------------------------------------------------------------- the brief
 
-    def describe(self, context: "Context", scope: Scope, round_id: int | None) -> str:
+    def describe(self, context: Context, scope: Scope, round_id: int | None) -> str:
         """What the judge reads: requests, steps and results of the round or the session."""
         rounds = self._rounds(context, scope, round_id)
         parts = [f"Scope: the {'whole session' if scope == 'session' else f'round {round_id}'}."]
@@ -123,7 +135,7 @@ class LLMEvaluator:
         return "\n\n".join(parts)
 
     @staticmethod
-    def _rounds(context: "Context", scope: Scope, round_id: int | None) -> list[int]:
+    def _rounds(context: Context, scope: Scope, round_id: int | None) -> list[int]:
         if scope == "round" and round_id is not None:
             return [round_id]
         logs = context.get(ContextNames.STRUCTURAL_LOGS) or {}
@@ -132,7 +144,7 @@ class LLMEvaluator:
         return sorted(int(i) for i in ids)
 
     @staticmethod
-    def _request_and_result(context: "Context", round_id: int) -> tuple[str, str]:
+    def _request_and_result(context: Context, round_id: int) -> tuple[str, str]:
         """The round's request and result: from the event log when there is one, else the current values."""
         request = result = ""
         if getattr(context, "store", None) is not None:

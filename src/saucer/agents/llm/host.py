@@ -83,7 +83,7 @@ class HostAgent(LLMAgent):
         self.app_name = app_name
         self._assign = self.offered(assign_toolset())
 
-    def initial_messages(self, context: "Context", tools: ToolSet) -> list[dict[str, Any]]:
+    def initial_messages(self, context: Context, tools: ToolSet) -> list[dict[str, Any]]:
         prompt = host_agent_system_prompt(tools, self.system_extra(context), finish_tool=self.finish_tool)
         return [
             {"role": "system", "content": prompt},
@@ -95,7 +95,7 @@ class HostAgent(LLMAgent):
             },
         ]
 
-    async def act(self, context: "Context") -> str:
+    async def act(self, context: Context) -> str:
         app_tools = self.tools(context)
         scope = {"round": context.get(ContextNames.CURRENT_ROUND_ID)}
         messages, meta = self._load(context, scope, lambda: self.initial_messages(context, app_tools))
@@ -135,7 +135,13 @@ class HostAgent(LLMAgent):
             problem = None
             if call.function_name == ASK_USER_TOOL and self.settings.ask_user:
                 asked = True
-                answers.append({"role": "tool", "tool_call_id": call.id, "content": await ask_the_user(self, self._interactor(), call)})
+                answers.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.id,
+                        "content": await ask_the_user(self, self._interactor(), call),
+                    }
+                )
                 continue
             if call.function_name == FINISH_TOOL and self.finish_tool:
                 problem = f"not finished: call {FINISH_TOOL} alone, after the subtasks are done"
@@ -160,7 +166,9 @@ class HostAgent(LLMAgent):
             self._save_meta(context, meta)
             limit = self.settings.max_consecutive_failures
             if meta["failures"] >= limit:
-                return self._error(f"the host agent made {meta['failures']} invalid assignments in a row (limit {limit})")
+                return self._error(
+                    f"the host agent made {meta['failures']} invalid assignments in a row (limit {limit})"
+                )
             return AgentStatus.CONTINUE.value
         subtask = chosen.arguments["subtask"].strip()
         message = chosen.arguments.get("message")
@@ -175,7 +183,7 @@ class HostAgent(LLMAgent):
         return AgentStatus.CONTINUE.value
 
     @staticmethod
-    def _subtask_report(context: "Context", pending: dict[str, Any]) -> tuple[str | None, str]:
+    def _subtask_report(context: Context, pending: dict[str, Any]) -> tuple[str | None, str]:
         """The app agent's status for the pending subtask, and the text the host reads."""
         previous = context.get(ContextNames.PREVIOUS_SUBTASKS) or []
         last = previous[-1] if previous else None
@@ -206,14 +214,14 @@ class AppAgent(ToolUsingAgent):
         super().__init__(name, client=client, settings=settings)
         self.host_name = host_name
 
-    def conversation_scope(self, context: "Context") -> Any:
+    def conversation_scope(self, context: Context) -> Any:
         return {
             "round": context.get(ContextNames.CURRENT_ROUND_ID),
             "subtask_index": context.current_round_subtask_amount,
             "subtask": context.get(ContextNames.SUBTASK),
         }
 
-    def initial_messages(self, context: "Context", tools: ToolSet) -> list[dict[str, Any]]:
+    def initial_messages(self, context: Context, tools: ToolSet) -> list[dict[str, Any]]:
         prompt = app_agent_system_prompt(tools, self.system_extra(context), finish_tool=self.finish_tool)
         return [
             {"role": "system", "content": prompt},
@@ -228,12 +236,12 @@ class AppAgent(ToolUsingAgent):
             },
         ]
 
-    async def act(self, context: "Context") -> str:
+    async def act(self, context: Context) -> str:
         if self.step is not None:
             self.step.subtask = context.get(ContextNames.SUBTASK)
         return await super().act(context)
 
-    def _report(self, context: "Context", status: str, result: str) -> str | None:
+    def _report(self, context: Context, status: str, result: str) -> str | None:
         """Append the subtask's outcome; hand back to the host (None when there is no host)."""
         context.append(
             ContextNames.PREVIOUS_SUBTASKS,
@@ -244,25 +252,28 @@ class AppAgent(ToolUsingAgent):
             return SUBTASK_FINISH
         return None
 
-    async def on_final_answer(self, context: "Context", content: str) -> str:
+    async def on_final_answer(self, context: Context, content: str) -> str:
         back = self._report(context, AgentStatus.FINISH.value, content)
         if back is not None:
             return back
         self.round_result = content
         return AgentStatus.FINISH.value
 
-    async def on_give_up(self, context: "Context", reason: str) -> str:
+    async def on_give_up(self, context: Context, reason: str) -> str:
         back = self._report(context, AgentStatus.FAIL.value, reason)
         if back is not None:
             return back
         return self._error(reason)
 
-    async def on_nothing_done(self, context: "Context", content: str) -> str:
+    async def on_nothing_done(self, context: Context, content: str) -> str:
         if self.host_name not in self.peers:
             return await super().on_nothing_done(context, content)
-        return self._report(context, AgentStatus.FAIL.value, nothing_done_reason("app agent", content)) or AgentStatus.FAIL.value
+        return (
+            self._report(context, AgentStatus.FAIL.value, nothing_done_reason("app agent", content))
+            or AgentStatus.FAIL.value
+        )
 
-    async def on_no_action(self, context: "Context", content: str) -> str:
+    async def on_no_action(self, context: Context, content: str) -> str:
         if self.host_name not in self.peers:
             return await super().on_no_action(context, content)
         reason = no_action_reason(self.settings.no_action_retries, content)

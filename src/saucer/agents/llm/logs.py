@@ -13,9 +13,10 @@ import json
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from saucer.redaction import redact, redact_text
 
@@ -45,7 +46,7 @@ class JsonlLogger:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_context(cls, context: Any) -> "JsonlLogger | None":
+    def for_context(cls, context: Any) -> JsonlLogger | None:
         """The engine's logger when it set one, else ``LOG_PATH/<filename>``, else None (no log)."""
         if cls.context_logger_name:
             try:
@@ -65,7 +66,7 @@ class JsonlLogger:
     def write(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """Write ``record`` (with ``time`` and ``timestamp`` added) as one line; return what was written."""
         now = time.time()
-        full = redact({"time": datetime.fromtimestamp(now, timezone.utc).isoformat(), "timestamp": now, **record})
+        full = redact({"time": datetime.fromtimestamp(now, UTC).isoformat(), "timestamp": now, **record})
         # default= turns objects into text; that text is redacted too.
         line = redact_text(json.dumps(full, ensure_ascii=False, default=_default))
         with self._lock:

@@ -16,10 +16,11 @@ import json
 import math
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["ModelPrice", "PriceTable", "PriceFileError", "format_cost", "SHIPPED_PRICE_FILE"]
 
@@ -83,13 +84,13 @@ class PriceTable:
         self._prices: dict[str, ModelPrice] = {k.lower(): v for k, v in (prices or {}).items()}
 
     @classmethod
-    def shipped(cls) -> "PriceTable":
+    def shipped(cls) -> PriceTable:
         """The table shipped with saucer."""
         text = resources.files(__package__).joinpath(SHIPPED_PRICE_FILE).read_text(encoding="utf-8")
         return cls(_parse_table(f"saucer/agents/llm/{SHIPPED_PRICE_FILE}", json.loads(text)))
 
     @classmethod
-    def load(cls, override: str | Path | None = None) -> "PriceTable":
+    def load(cls, override: str | Path | None = None) -> PriceTable:
         """The shipped table, with the entries of ``override`` (a JSON or TOML file) on top."""
         table = cls.shipped()
         if override:
@@ -97,7 +98,7 @@ class PriceTable:
         return table
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "PriceTable":
+    def from_file(cls, path: str | Path) -> PriceTable:
         """A table read from one JSON or TOML file (by extension; JSON otherwise)."""
         p = Path(path)
         try:
@@ -107,7 +108,9 @@ class PriceTable:
         try:
             data = tomllib.loads(raw.decode("utf-8")) if p.suffix.lower() == ".toml" else json.loads(raw)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise PriceFileError(f"price file {p} is not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
+            raise PriceFileError(
+                f"price file {p} is not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {exc}"
+            ) from None
         return cls(_parse_table(str(p), data))
 
     def price(self, model: str) -> ModelPrice | None:

@@ -9,7 +9,8 @@ exactly what to set when something is missing.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -48,7 +49,9 @@ class ModelSettings(BaseModel):
     tool_choice: ToolChoice = Field("auto", description="sent with the tools: auto, required, or omit (not sent)")
     context_window: int | None = Field(8192, ge=256, description="tokens the model's context holds; trimmed to fit")
     token_budget: int | None = Field(None, gt=0, description="most tokens the agents may use in one session")
-    no_action_retries: int = Field(2, ge=0, description="times the agent is asked again after a reply with no tool call")
+    no_action_retries: int = Field(
+        2, ge=0, description="times the agent is asked again after a reply with no tool call"
+    )
     tool_description_chars: int = Field(160, ge=0, description="tool descriptions are cut to this length (0: whole)")
     timeout: float = Field(60.0, gt=0, description="seconds per request attempt")
     max_retries: int = Field(3, ge=0, description="retries after the first attempt")
@@ -58,7 +61,9 @@ class ModelSettings(BaseModel):
     price_file: str | None = Field(None, description="JSON/TOML price table overriding the shipped one")
     prompt_templating: bool = Field(False, description="render {var} context variables in system prompts")
     hidden_vars: list[str] = Field(default_factory=list, description="context variables never rendered into a prompt")
-    agent: Literal["single", "host"] = Field("single", description="'single' (one tool-using agent) or 'host' (host → app agents)")
+    agent: Literal["single", "host"] = Field(
+        "single", description="'single' (one tool-using agent) or 'host' (host → app agents)"
+    )
     max_consecutive_failures: int = Field(3, ge=1)
     judge_model: str | None = Field(None, description="model of the evaluation agent (default: model)")
     system_prompt: str | None = Field(None, description="extra instructions appended to the agent's system prompt")
@@ -93,7 +98,7 @@ class ModelSettings(BaseModel):
         return self.api_key.get_secret_value() if self.api_key is not None else None
 
     @classmethod
-    def from_settings(cls, settings: Any = None, env: Mapping[str, str] | None = None) -> "ModelSettings":
+    def from_settings(cls, settings: Any = None, env: Mapping[str, str] | None = None) -> ModelSettings:
         """Resolve from the app settings (``settings.llm``), an ``[llm]`` mapping or object, or None.
 
         The configuration wins for what it sets (it already merged file,

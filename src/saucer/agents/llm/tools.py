@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["ToolSpec", "ToolSet", "to_function_name", "short_description", "compact_schema"]
 
@@ -127,7 +128,7 @@ class ToolSet:
         *,
         sensitive: set[str] | frozenset[str] | None = None,
         description_chars: int = 0,
-    ) -> "ToolSet":
+    ) -> ToolSet:
         """Tools from ``TOOL_INFO`` (``"server.tool" -> {description, input schema, ...}``).
 
         A tool is sensitive when its info says ``"sensitive": true`` or its
@@ -180,7 +181,7 @@ class ToolSet:
         """The tool called ``name`` (a saucer name)."""
         return self._by_name.get(name)
 
-    def with_tools(self, *extra: ToolSpec) -> "ToolSet":
+    def with_tools(self, *extra: ToolSpec) -> ToolSet:
         """This set plus ``extra`` (a function name already offered is not added twice)."""
         return ToolSet(self.specs + [spec for spec in extra if self.resolve(spec.function_name) is None])
 

@@ -24,10 +24,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-__all__ = ["Fitted", "fit_to_window", "prompt_budget", "estimate_tokens", "request_chars", "without_images", "IMAGE_CHARS"]
+__all__ = [
+    "Fitted",
+    "fit_to_window",
+    "prompt_budget",
+    "estimate_tokens",
+    "request_chars",
+    "without_images",
+    "IMAGE_CHARS",
+]
 
 #: Share of the window kept free for what the estimate cannot see (the chat template's own tokens).
 _MARGIN = 0.05
@@ -65,7 +74,8 @@ def without_images(message: Mapping[str, Any]) -> Mapping[str, Any]:
         return message
     parts = [
         {"type": "image_url", "image_url": {"url": f"[image: {len(str(part['image_url'].get('url', '')))} characters]"}}
-        if _is_image(part) else part
+        if _is_image(part)
+        else part
         for part in content
     ]
     return {**message, "content": parts}

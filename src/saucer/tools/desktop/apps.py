@@ -70,7 +70,9 @@ class Launcher:
             self._confiner = Confiner(self.policy)
         return self._confiner
 
-    def start(self, argv: list[str], *, cwd: Path, env: Mapping[str, str], log: Callable[[], BinaryIO]) -> subprocess.Popen[bytes]:
+    def start(
+        self, argv: list[str], *, cwd: Path, env: Mapping[str, str], log: Callable[[], BinaryIO]
+    ) -> subprocess.Popen[bytes]:
         """Start ``argv`` in a new session with stdout and stderr appended to the file ``log()`` opens
         (:meth:`saucer.tools.desktop.artifacts.Artifacts.open_log`: through the folder's descriptor)."""
         if shutil.which(argv[0], path=env.get("PATH")) is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -53,7 +53,7 @@ class Artifacts:
         root = Path(os.path.realpath(self.root))
         if name is None:
             self._counter += 1
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")[:-3]
+            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")[:-3]
             name = f"{kind}-{stamp}-{self._counter:03d}{suffix}"
         elif not name.endswith(suffix):
             name += suffix

@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
@@ -78,12 +79,50 @@ _GONE_ERRORS = {
 
 #: AtspiStateType, in the order of at-spi2-core's atspi-constants.h (bit n of the state set).
 STATE_NAMES: tuple[str, ...] = (
-    "invalid", "active", "armed", "busy", "checked", "collapsed", "defunct", "editable", "enabled",
-    "expandable", "expanded", "focusable", "focused", "has_tooltip", "horizontal", "iconified", "modal",
-    "multi_line", "multiselectable", "opaque", "pressed", "resizable", "selectable", "selected", "sensitive", "showing",
-    "single_line", "stale", "transient", "vertical", "visible", "manages_descendants", "indeterminate",
-    "required", "truncated", "animated", "invalid_entry", "supports_autocompletion", "selectable_text",
-    "is_default", "visited", "checkable", "has_popup", "read_only",
+    "invalid",
+    "active",
+    "armed",
+    "busy",
+    "checked",
+    "collapsed",
+    "defunct",
+    "editable",
+    "enabled",
+    "expandable",
+    "expanded",
+    "focusable",
+    "focused",
+    "has_tooltip",
+    "horizontal",
+    "iconified",
+    "modal",
+    "multi_line",
+    "multiselectable",
+    "opaque",
+    "pressed",
+    "resizable",
+    "selectable",
+    "selected",
+    "sensitive",
+    "showing",
+    "single_line",
+    "stale",
+    "transient",
+    "vertical",
+    "visible",
+    "manages_descendants",
+    "indeterminate",
+    "required",
+    "truncated",
+    "animated",
+    "invalid_entry",
+    "supports_autocompletion",
+    "selectable_text",
+    "is_default",
+    "visited",
+    "checkable",
+    "has_popup",
+    "read_only",
 )
 
 
@@ -93,7 +132,7 @@ class ElementGone(DesktopError):
 
 def short_interface(name: str) -> str:
     """``org.a11y.atspi.Text`` -> ``Text``."""
-    return name[len(_PREFIX):] if name.startswith(_PREFIX) else name
+    return name[len(_PREFIX) :] if name.startswith(_PREFIX) else name
 
 
 def decode_states(words: Any) -> frozenset[str]:
@@ -133,8 +172,9 @@ def pair(value: Any) -> tuple[Any, Any] | None:
     return (value[0], value[1]) if isinstance(value, (list, tuple)) and len(value) == 2 else None
 
 
-async def find_bus_address(x_property: Callable[[], Awaitable[str | None]] | None, timeout: float,
-                           stale: list[str] | None = None) -> str:
+async def find_bus_address(
+    x_property: Callable[[], Awaitable[str | None]] | None, timeout: float, stale: list[str] | None = None
+) -> str:
     """The accessibility bus address (see the module docstring); ``x_property`` reads the X root property.
 
     An ``AT_SPI_BUS`` property whose bus does not answer is skipped (and appended to ``stale``)."""
@@ -150,7 +190,9 @@ async def find_bus_address(x_property: Callable[[], Awaitable[str | None]] | Non
                 probe = await _open(found, timeout)
             except DesktopError as exc:
                 # Left by an accessibility bus that is gone (a killed session): the session bus knows the live one.
-                logger.warning("desktop: the X root window's AT_SPI_BUS (%s) is stale (%s); asking the session bus", found, exc)
+                logger.warning(
+                    "desktop: the X root window's AT_SPI_BUS (%s) is stale (%s); asking the session bus", found, exc
+                )
                 if stale is not None:
                     stale.append(found)
             else:
@@ -168,8 +210,15 @@ async def find_bus_address(x_property: Callable[[], Awaitable[str | None]] | Non
     try:
         async with asyncio.timeout(timeout):
             # Toolkits that check it (Qt, Chromium) expose their UI only when this is on.
-            await bus.call(Message(**launcher, interface=_PROPERTIES, member="Set", signature="ssv",
-                                   body=["org.a11y.Status", "IsEnabled", Variant("b", True)]))
+            await bus.call(
+                Message(
+                    **launcher,
+                    interface=_PROPERTIES,
+                    member="Set",
+                    signature="ssv",
+                    body=["org.a11y.Status", "IsEnabled", Variant("b", True)],
+                )
+            )
             reply = await bus.call(Message(**launcher, interface="org.a11y.Bus", member="GetAddress"))
     except TimeoutError:
         raise _no_bus(f"the accessibility bus launcher did not answer within {timeout:g} s") from None
@@ -178,8 +227,10 @@ async def find_bus_address(x_property: Callable[[], Awaitable[str | None]] | Non
     finally:
         bus.disconnect()
     if reply.message_type == MessageType.ERROR or not reply.body:
-        raise _no_bus(f"the session bus has no accessibility bus launcher (org.a11y.Bus: {reply.error_name}); "
-                      "is at-spi2-core installed?")
+        raise _no_bus(
+            f"the session bus has no accessibility bus launcher (org.a11y.Bus: {reply.error_name}); "
+            "is at-spi2-core installed?"
+        )
     return str(reply.body[0])
 
 
@@ -196,7 +247,7 @@ class AtspiBus:
         self.static: dict[Ref, tuple[str, frozenset[str], int]] = {}
 
     @classmethod
-    async def connect(cls, address: str, timeout: float) -> "AtspiBus":
+    async def connect(cls, address: str, timeout: float) -> AtspiBus:
         """Connect to the accessibility bus at ``address``."""
         return cls(await _open(address, timeout), address, timeout)
 
@@ -213,8 +264,9 @@ class AtspiBus:
 
     async def call(self, ref: Ref, interface: str, method: str, signature: str = "", body: tuple = ()) -> list[Any]:
         """Call ``interface.method`` on ``ref``; errors are :class:`DesktopError` (:class:`ElementGone` when it vanished)."""
-        message = Message(destination=ref[0], path=ref[1], interface=interface, member=method, signature=signature,
-                          body=list(body))
+        message = Message(
+            destination=ref[0], path=ref[1], interface=interface, member=method, signature=signature, body=list(body)
+        )
         return await self._send(message, f"{short_interface(interface)}.{method}", ref)
 
     async def call1(self, ref: Ref, interface: str, method: str, signature: str = "", body: tuple = ()) -> Any:
@@ -363,8 +415,9 @@ ALL_PARTS = frozenset({"children", "bounds", "text", "value", "actions"})
 DETAILS = ALL_PARTS - {"children"}
 
 
-async def read_details(bus: AtspiBus, info: NodeInfo, *, max_text: int = 0, child_budget: int = 0,
-                       parts: frozenset[str] = ALL_PARTS) -> NodeInfo:
+async def read_details(
+    bus: AtspiBus, info: NodeInfo, *, max_text: int = 0, child_budget: int = 0, parts: frozenset[str] = ALL_PARTS
+) -> NodeInfo:
     """Fill in the ``parts`` of ``info`` it has interfaces for: children refs (at most ``child_budget``
     when there are many), bounds, text, value and actions; the calls are sent together."""
     ref = info.ref
@@ -379,7 +432,7 @@ async def read_details(bus: AtspiBus, info: NodeInfo, *, max_text: int = 0, chil
         jobs["value"] = _optional(_value(bus, ref))
     if "actions" in parts and "Action" in info.interfaces:
         jobs["actions"] = _optional(bus.call1(ref, ACTION, "GetActions"))
-    results = dict(zip(jobs, await asyncio.gather(*jobs.values())))
+    results = dict(zip(jobs, await asyncio.gather(*jobs.values()), strict=False))
     if "children" in parts:
         info.children = results["children"] or []
     if results.get("bounds"):

@@ -18,16 +18,29 @@ import io
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from saucer.tools.confine import Policy
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.apps import Launcher, descendants, split_command
 from saucer.tools.desktop.artifacts import Artifacts
-from saucer.tools.desktop.atspi import ACCESSIBLE, ACTION, APP_ROOT_PATH, COMPONENT, NULL_PATH, AtspiBus, NodeInfo
-from saucer.tools.desktop.atspi import DETAILS, find_bus_address, pair, read_details, read_node
+from saucer.tools.desktop.atspi import (
+    ACCESSIBLE,
+    ACTION,
+    APP_ROOT_PATH,
+    COMPONENT,
+    DETAILS,
+    NULL_PATH,
+    AtspiBus,
+    NodeInfo,
+    find_bus_address,
+    pair,
+    read_details,
+    read_node,
+)
 from saucer.tools.desktop.locator import Locator, describe, same_path, selector_name
 from saucer.tools.desktop.models import (
     ClickResult,
@@ -43,7 +56,16 @@ from saucer.tools.desktop.models import (
 )
 from saucer.tools.desktop.programs import close_programs, launched_windows, program_names
 from saucer.tools.desktop.targets import App, Target, active_windows, choose, list_apps, pick, window_offset
-from saucer.tools.desktop.tree import ElementRegistry, Located, Selector, Tree, TreeLimits, build_tree, complete, find_matches
+from saucer.tools.desktop.tree import (
+    ElementRegistry,
+    Located,
+    Selector,
+    Tree,
+    TreeLimits,
+    build_tree,
+    complete,
+    find_matches,
+)
 from saucer.tools.desktop.x11 import X11, X_LOST, X_REFUSED, XWindow, parse_keys
 
 __all__ = ["DesktopOptions", "Desktop"]
@@ -125,7 +147,9 @@ class Desktop:
         except X_LOST as exc:
             self._x = None  # the next call connects again
             await asyncio.to_thread(x.close)
-            raise DesktopError(f"the X display {x.name!r} failed ({type(exc).__name__}: {exc}); is it still running?") from None
+            raise DesktopError(
+                f"the X display {x.name!r} failed ({type(exc).__name__}: {exc}); is it still running?"
+            ) from None
         except X_REFUSED as exc:
             raise DesktopError(f"the X server refused a request ({exc})") from None
 
@@ -188,7 +212,9 @@ class Desktop:
         return window_offset(window, pid, xwindows)
 
     # -- trees ------------------------------------------------------------------------------------
-    def limits(self, max_depth: int, max_nodes: int, max_text: int, only_visible: bool, on_screen: bool = False) -> TreeLimits:
+    def limits(
+        self, max_depth: int, max_nodes: int, max_text: int, only_visible: bool, on_screen: bool = False
+    ) -> TreeLimits:
         """Validated limits (a value beyond the server's caps is an error, not silently lowered)."""
         o = self.options
         _check_range("max_depth", max_depth, 0, o.max_depth, "--max-depth")
@@ -199,31 +225,47 @@ class Desktop:
     async def _walk(self, target: Target, limits: TreeLimits) -> Tree:
         bus = await self._atspi()
         return await build_tree(
-            bus, target.ref, limits, self.registry,
-            pid=target.pid, root_is_toplevel=target.is_window, offset_for=self._window_offset,
+            bus,
+            target.ref,
+            limits,
+            self.registry,
+            pid=target.pid,
+            root_is_toplevel=target.is_window,
+            offset_for=self._window_offset,
         )
 
-    async def ui_tree(self, app: str | None, window: str | None, limits: TreeLimits, save_as: str | None,
-                      include_tree: bool) -> UITree:
+    async def ui_tree(
+        self, app: str | None, window: str | None, limits: TreeLimits, save_as: str | None, include_tree: bool
+    ) -> UITree:
         async with self._lock:
             started = time.perf_counter()
             target = await self._target(app, window)
             tree = await self._walk(target, limits)
             result = UITree(
-                app=target.app, pid=target.pid, window=target.window, node_count=tree.node_count,
-                truncated=tree.truncated, depth_limited=tree.depth_limited, hidden=tree.hidden, gone=tree.gone,
-                seconds=round(time.perf_counter() - started, 4), tree=tree.root,
+                app=target.app,
+                pid=target.pid,
+                window=target.window,
+                node_count=tree.node_count,
+                truncated=tree.truncated,
+                depth_limited=tree.depth_limited,
+                hidden=tree.hidden,
+                gone=tree.gone,
+                seconds=round(time.perf_counter() - started, 4),
+                tree=tree.root,
             )
             if save_as is not None:
                 path, artifact = self.artifacts.path(save_as, "tree", ".json")
                 result.path, result.artifact = str(path), artifact
-                self.artifacts.write(path, json.dumps(result.model_dump(mode="json"), ensure_ascii=False, indent=1).encode())
+                self.artifacts.write(
+                    path, json.dumps(result.model_dump(mode="json"), ensure_ascii=False, indent=1).encode()
+                )
             if not include_tree:
                 result.tree = None
             return result
 
-    async def _search(self, selector: Selector, app: str | None, window: str | None, timeout: float,
-                      max_nodes: int) -> tuple[list[tuple[dict[str, Any], list[str]]], Tree, Target]:
+    async def _search(
+        self, selector: Selector, app: str | None, window: str | None, timeout: float, max_nodes: int
+    ) -> tuple[list[tuple[dict[str, Any], list[str]]], Tree, Target]:
         """Matches of ``selector``, polling until one appears or ``timeout`` passes."""
         _check_range("timeout", timeout, 0, self.options.max_wait, "--max-wait")
         limits = self.limits(self.options.max_depth, max_nodes, _SEARCH_TEXT, True)
@@ -252,13 +294,18 @@ class Desktop:
             )
         return matches, tree, target
 
-    async def find(self, selector: Selector, app: str | None, window: str | None, timeout: float,
-                   max_nodes: int) -> FindResult:
+    async def find(
+        self, selector: Selector, app: str | None, window: str | None, timeout: float, max_nodes: int
+    ) -> FindResult:
         async with self._lock:
             started = time.perf_counter()
             matches, tree, _ = await self._search(selector, app, window, timeout, max_nodes)
-            return FindResult(matches=[node for node, _ in matches], node_count=tree.node_count, truncated=tree.truncated,
-                              seconds=round(time.perf_counter() - started, 4))
+            return FindResult(
+                matches=[node for node, _ in matches],
+                node_count=tree.node_count,
+                truncated=tree.truncated,
+                seconds=round(time.perf_counter() - started, 4),
+            )
 
     async def _element(self, key: str, locator: Locator | None = None) -> tuple[NodeInfo, dict[str, Any]]:
         """The current state of the element behind an id, as a node with corrected bounds; by ``locator``
@@ -290,14 +337,24 @@ class Desktop:
         """The element ``locator`` describes (see :mod:`~saucer.tools.desktop.locator`), waiting a little for it."""
         selector = Selector(name=selector_name(locator.name), role=locator.role)
         try:
-            matches, tree, target = await self._search(selector, locator.app, locator.window, _LOCATE_WAIT, self.options.max_nodes)
+            matches, tree, target = await self._search(
+                selector, locator.app, locator.window, _LOCATE_WAIT, self.options.max_nodes
+            )
         except DesktopError:  # a title that changed: any window of the application
-            matches, tree, target = await self._search(selector, locator.app, None, _LOCATE_WAIT, self.options.max_nodes)
+            matches, tree, target = await self._search(
+                selector, locator.app, None, _LOCATE_WAIT, self.options.max_nodes
+            )
         chosen = same_path(locator, matches, tree.nodes, not target.is_window)
         if len(chosen) > 1 and locator.indexes:
             bus = await self._atspi()
-            places = await asyncio.gather(*(describe(bus, tree.infos[n["id"]].ref) for n, _ in chosen), return_exceptions=True)
-            chosen = [m for m, d in zip(chosen, places) if isinstance(d, Locator) and d.indexes == locator.indexes] or chosen
+            places = await asyncio.gather(
+                *(describe(bus, tree.infos[n["id"]].ref) for n, _ in chosen), return_exceptions=True
+            )
+            chosen = [
+                m
+                for m, d in zip(chosen, places, strict=False)
+                if isinstance(d, Locator) and d.indexes == locator.indexes
+            ] or chosen
         node = chosen[0][0]
         return tree.infos[node["id"]], _summary(node)
 
@@ -318,8 +375,15 @@ class Desktop:
             return (await describe(await self._atspi(), info.ref)).model_dump()
         return None
 
-    async def _chosen(self, element_id: str | None, selector: Selector | None, app: str | None,
-                      window: str | None, index: int | None, locator: Locator | None = None) -> tuple[NodeInfo, dict[str, Any]]:
+    async def _chosen(
+        self,
+        element_id: str | None,
+        selector: Selector | None,
+        app: str | None,
+        window: str | None,
+        index: int | None,
+        locator: Locator | None = None,
+    ) -> tuple[NodeInfo, dict[str, Any]]:
         """The element to act on: by id, or the one match of a selector.
 
         When several elements match, the only one that can be clicked (it, or
@@ -332,11 +396,13 @@ class Desktop:
         matches, tree, _ = await self._search(selector, app, window, 0, self.options.max_nodes)
         if index is not None:
             if not 0 <= index < len(matches):
-                raise DesktopError(f"index {index} is out of range: {len(matches)} elements match {selector.describe()}")
+                raise DesktopError(
+                    f"index {index} is out of range: {len(matches)} elements match {selector.describe()}"
+                )
             chosen = [matches[index]]
         elif len(matches) > 1:
             owners = await asyncio.gather(*(self._action_owner(tree.infos[node["id"]]) for node, _ in matches))
-            chosen = [match for match, owner in zip(matches, owners) if owner is not None]
+            chosen = [match for match, owner in zip(matches, owners, strict=False) if owner is not None]
         else:
             chosen = matches
         if len(chosen) != 1:
@@ -364,7 +430,9 @@ class Desktop:
                 parent_ref = (str(parent[0]), str(parent[1]))
                 if not parent_ref[0] or parent_ref[1] in (NULL_PATH, APP_ROOT_PATH):
                     return None  # the application itself is not a widget to click
-                current = await read_details(bus, await read_node(bus, parent_ref), parts=frozenset({"bounds", "actions"}))
+                current = await read_details(
+                    bus, await read_node(bus, parent_ref), parts=frozenset({"bounds", "actions"})
+                )
             except DesktopError:
                 return None
         return None
@@ -373,12 +441,26 @@ class Desktop:
     def _centre(node: dict[str, Any]) -> tuple[int, int]:
         bounds = node.get("bounds")
         if not bounds or bounds[2] <= 0 or bounds[3] <= 0:
-            raise DesktopError(f"element {node['id']} ({node['role']} {node['name']!r}) has no size on the screen to click")
+            raise DesktopError(
+                f"element {node['id']} ({node['role']} {node['name']!r}) has no size on the screen to click"
+            )
         return bounds[0] + bounds[2] // 2, bounds[1] + bounds[3] // 2
 
-    async def click(self, *, element_id: str | None, selector: Selector | None, app: str | None, window: str | None,
-                    index: int | None, x: int | None, y: int | None, button: str, double: bool, method: str,
-                    locator: Locator | None = None) -> ClickResult:
+    async def click(
+        self,
+        *,
+        element_id: str | None,
+        selector: Selector | None,
+        app: str | None,
+        window: str | None,
+        index: int | None,
+        x: int | None,
+        y: int | None,
+        button: str,
+        double: bool,
+        method: str,
+        locator: Locator | None = None,
+    ) -> ClickResult:
         count = 2 if double else 1
         async with self._lock:
             if x is not None and y is not None:
@@ -396,17 +478,22 @@ class Desktop:
                     done = await bus.call1(actor.ref, ACTION, "DoAction", "i", (position,))
                     if done:
                         via = None if actor is info else {"role": actor.role, "name": actor.name}
-                        return ClickResult(method="action", action=actor.actions[position], element=node, via=via,
-                                           locator=where)
+                        return ClickResult(
+                            method="action", action=actor.actions[position], element=node, via=via, locator=where
+                        )
                 if method == "action":
-                    raise DesktopError(f"element {node['id']} has no click or press action (actions: {info.actions or 'none'})")
+                    raise DesktopError(
+                        f"element {node['id']} has no click or press action (actions: {info.actions or 'none'})"
+                    )
             elif method == "action":
                 raise DesktopError("method 'action' does only single left clicks; use method 'pointer'")
             px, py = self._centre(node)
             await self._xcall(lambda d: d.click(px, py, button, count))
             return ClickResult(method="pointer", x=px, y=py, button=button, count=count, element=node, locator=where)
 
-    async def type_text(self, text: str, element_id: str | None, delay: float, locator: Locator | None = None) -> TypeResult:
+    async def type_text(
+        self, text: str, element_id: str | None, delay: float, locator: Locator | None = None
+    ) -> TypeResult:
         if len(text) > self.options.max_type:
             raise DesktopError(f"text is {len(text)} characters; at most {self.options.max_type} per call")
         async with self._lock:
@@ -434,8 +521,15 @@ class Desktop:
             await self._xcall(lambda d: d.press(combos, delay))
             return KeysResult(keys=keys, combinations=len(combos))
 
-    async def scroll(self, direction: str, amount: int, element_id: str | None, x: int | None, y: int | None,
-                     locator: Locator | None = None) -> ScrollResult:
+    async def scroll(
+        self,
+        direction: str,
+        amount: int,
+        element_id: str | None,
+        x: int | None,
+        y: int | None,
+        locator: Locator | None = None,
+    ) -> ScrollResult:
         async with self._lock:
             where = None
             if element_id is not None:
@@ -463,16 +557,24 @@ class Desktop:
                 box = (left, top, right - left, bottom - top)
             size = (box[2], box[3]) if scale is None else (max(1, round(box[2] * scale)), max(1, round(box[3] * scale)))
             if size[0] * size[1] > _MAX_PIXELS:
-                raise DesktopError(f"a {size[0]}x{size[1]} image is too large (at most {_MAX_PIXELS:,} pixels); "
-                                   "use a smaller scale or region")
+                raise DesktopError(
+                    f"a {size[0]}x{size[1]} image is too large (at most {_MAX_PIXELS:,} pixels); "
+                    "use a smaller scale or region"
+                )
             image = await self._xcall(lambda d: d.capture(*box))
             if size != image.size:
                 image = await asyncio.to_thread(image.resize, size)
             path, artifact = self.artifacts.path(name, "screenshot", ".png")
             data = await asyncio.to_thread(_png, image)
             self.artifacts.write(path, data)
-            return Screenshot(path=str(path), artifact=artifact, width=image.width, height=image.height,
-                              region=list(box), screen=[width, height])
+            return Screenshot(
+                path=str(path),
+                artifact=artifact,
+                width=image.width,
+                height=image.height,
+                region=list(box),
+                screen=[width, height],
+            )
 
     async def windows(self, focus: str | None) -> WindowsResult:
         async with self._lock:
@@ -544,18 +646,26 @@ class Desktop:
                 result.running, result.exit_code = False, code
                 tail = self.launcher.log_tail(log)
                 if code != 0:
-                    raise DesktopError(f"{argv[0]} exited with status {code}" + (f"; its output ends with:\n{tail}" if tail else ""))
+                    raise DesktopError(
+                        f"{argv[0]} exited with status {code}" + (f"; its output ends with:\n{tail}" if tail else "")
+                    )
                 if not result.ready:
-                    result.note = ("it exited at once with status 0; it may have handed over to an instance that "
-                                   "was already running (see windows and ui_tree)")
+                    result.note = (
+                        "it exited at once with status 0; it may have handed over to an instance that "
+                        "was already running (see windows and ui_tree)"
+                    )
             elif not result.ready:
                 result.note = f"no window of the program appeared within {wait:g} s"
             elif x_only_since is not None and result.app is None:
-                result.note = ("its window is shown, but the program is not on the accessibility bus (its toolkit may "
-                               "not support AT-SPI, or NO_AT_BRIDGE=1 is set): use screenshots, clicks at x, y and keys")
+                result.note = (
+                    "its window is shown, but the program is not on the accessibility bus (its toolkit may "
+                    "not support AT-SPI, or NO_AT_BRIDGE=1 is set): use screenshots, clicks at x, y and keys"
+                )
             return result
 
-    async def _look_for_windows(self, result: LaunchResult, before: set[int], names: set[str]) -> tuple[str | None, list[XWindow]]:
+    async def _look_for_windows(
+        self, result: LaunchResult, before: set[int], names: set[str]
+    ) -> tuple[str | None, list[XWindow]]:
         """Fill in the program's application and windows: 'atspi' when it has an accessible window, 'x11' when
         only X11 shows one (see :func:`~saucer.tools.desktop.programs.launched_windows`); and its X11 windows."""
         pids = await asyncio.to_thread(descendants, result.pid)
@@ -588,5 +698,6 @@ def _png(image: Any) -> bytes:
 
 
 def _window(w: XWindow) -> WindowInfo:
-    return WindowInfo(id=f"{w.id:#x}", title=w.title, app=w.app, pid=w.pid, bounds=[w.x, w.y, w.width, w.height],
-                      focused=w.focused)
+    return WindowInfo(
+        id=f"{w.id:#x}", title=w.title, app=w.app, pid=w.pid, bounds=[w.x, w.y, w.width, w.height], focused=w.focused
+    )

@@ -40,7 +40,9 @@ class Locator(BaseModel):
     role: str
     name: str = ""
     path: list[str] = Field(default_factory=list, description="Roles from the top-level window down to its parent.")
-    indexes: list[int] = Field(default_factory=list, description="Position of each among its siblings, the element's last.")
+    indexes: list[int] = Field(
+        default_factory=list, description="Position of each among its siblings, the element's last."
+    )
 
 
 async def _step(bus: AtspiBus, ref: Ref) -> tuple[str, str, int, Ref | None]:
@@ -80,8 +82,12 @@ async def describe(bus: AtspiBus, ref: Ref) -> Locator:
     return Locator(app=app, window=window, role=role, name=name, path=roles, indexes=indexes)
 
 
-def same_path(locator: Locator, matches: list[tuple[dict[str, Any], list[str]]], nodes: dict[str, dict[str, Any]],
-              root_is_app: bool) -> list[tuple[dict[str, Any], list[str]]]:
+def same_path(
+    locator: Locator,
+    matches: list[tuple[dict[str, Any], list[str]]],
+    nodes: dict[str, dict[str, Any]],
+    root_is_app: bool,
+) -> list[tuple[dict[str, Any], list[str]]]:
     """The matches (from :func:`~saucer.tools.desktop.tree.find_matches`: node and ancestor ids) whose path of
     roles is the locator's; all of them when none is."""
 

@@ -36,7 +36,9 @@ class UITree(BaseModel):
 
     app: str = Field(description="Name of the application the tree belongs to.")
     pid: int | None = Field(None, description="Its process id, when the bus tells it.")
-    window: str | None = Field(None, description="Name of the window at the root; None when the root is the application.")
+    window: str | None = Field(
+        None, description="Name of the window at the root; None when the root is the application."
+    )
     node_count: int = Field(description="Nodes in the tree.")
     truncated: bool = Field(description="True when max_nodes cut the tree (its deepest levels are missing).")
     depth_limited: bool = Field(description="True when nodes at max_depth have children that were left out.")
@@ -56,7 +58,9 @@ class UITree(BaseModel):
 class FindResult(BaseModel):
     """Elements that matched a selector."""
 
-    matches: list[dict[str, Any]] = Field(description="Matching nodes without children, each with its path of ancestors.")
+    matches: list[dict[str, Any]] = Field(
+        description="Matching nodes without children, each with its path of ancestors."
+    )
     node_count: int = Field(description="Nodes searched.")
     truncated: bool = Field(description="True when the search stopped at max_nodes.")
     seconds: float = Field(description="Time taken, waiting included.")
@@ -73,11 +77,14 @@ class ClickResult(BaseModel):
     count: int = Field(1, description="Clicks (2 for a double click).")
     element: dict[str, Any] | None = Field(None, description="The element clicked (id, role, name, bounds).")
     via: dict[str, Any] | None = Field(
-        None, description="The parent whose action did the click, when the element itself has none (e.g. a button around a label)."
+        None,
+        description="The parent whose action did the click, when the element itself has none (e.g. a button around a label).",
     )
     locator: dict[str, Any] | None = Field(
-        None, description="The element described for a later session: app, window, role, name, path of roles; a plan "
-        "passes it back (locator=...) to find the element again when its id no longer resolves.")
+        None,
+        description="The element described for a later session: app, window, role, name, path of roles; a plan "
+        "passes it back (locator=...) to find the element again when its id no longer resolves.",
+    )
 
 
 class TypeResult(BaseModel):
@@ -86,8 +93,10 @@ class TypeResult(BaseModel):
     characters: int
     element: dict[str, Any] | None = Field(None, description="The element focused first, when one was given.")
     locator: dict[str, Any] | None = Field(
-        None, description="The element described for a later session: app, window, role, name, path of roles; a plan "
-        "passes it back (locator=...) to find the element again when its id no longer resolves.")
+        None,
+        description="The element described for a later session: app, window, role, name, path of roles; a plan "
+        "passes it back (locator=...) to find the element again when its id no longer resolves.",
+    )
 
 
 class KeysResult(BaseModel):
@@ -105,8 +114,10 @@ class ScrollResult(BaseModel):
     x: int
     y: int
     locator: dict[str, Any] | None = Field(
-        None, description="The element described for a later session: app, window, role, name, path of roles; a plan "
-        "passes it back (locator=...) to find the element again when its id no longer resolves.")
+        None,
+        description="The element described for a later session: app, window, role, name, path of roles; a plan "
+        "passes it back (locator=...) to find the element again when its id no longer resolves.",
+    )
 
 
 class LaunchResult(BaseModel):

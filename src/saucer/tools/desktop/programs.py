@@ -39,7 +39,8 @@ CLOSE_GRACE = 3.0
 #: The button of a "save changes?" dialog that closes without saving.
 DISCARD_BUTTON = re.compile(
     r"(?i)^\s*(don[’']?t save|do not save|discard( changes)?|close without saving|quit without saving|"
-    r"close without save|without saving)\s*$")
+    r"close without save|without saving)\s*$"
+)
 _POLL = 0.05
 _ANSWER_AFTER = 0.5
 
@@ -87,8 +88,15 @@ async def _answer_discard(pids: set[int], timeout: float) -> int:
             if app.pid not in pids:
                 continue
             for window in app.windows:
-                tree = await build_tree(bus, window.ref, limits, ElementRegistry(64), pid=app.pid,
-                                        root_is_toplevel=True, offset_for=_no_offset)
+                tree = await build_tree(
+                    bus,
+                    window.ref,
+                    limits,
+                    ElementRegistry(64),
+                    pid=app.pid,
+                    root_is_toplevel=True,
+                    offset_for=_no_offset,
+                )
                 for node, _ in find_matches(tree, selector):
                     info = tree.infos[node["id"]]
                     names = [a.casefold() for a in info.actions]

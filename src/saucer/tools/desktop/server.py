@@ -92,8 +92,15 @@ def _selector(name: str | None, role: str | None, text: str | None) -> Selector 
 def _one_target(element_id: str | None, selector: Selector | None, x: int | None, y: int | None) -> None:
     if (x is None) != (y is None):
         raise DesktopError("give both x and y, or neither")
-    given = [what for what, present in (("element_id", element_id is not None), ("name/role/text", selector is not None),
-                                        ("x and y", x is not None)) if present]
+    given = [
+        what
+        for what, present in (
+            ("element_id", element_id is not None),
+            ("name/role/text", selector is not None),
+            ("x and y", x is not None),
+        )
+        if present
+    ]
     if len(given) != 1:
         raise DesktopError(
             "say what to click with exactly one of: element_id (from ui_tree or find), name/role/text, or x and y"
@@ -104,11 +111,18 @@ def _one_target(element_id: str | None, selector: Selector | None, x: int | None
 Name = Annotated[str | None, Field(description="Element name: equal ignoring case and spacing, or 're:REGEX'.")]
 Role = Annotated[str | None, Field(description="Element role, e.g. 'button', 'text', 'label' (or 're:REGEX').")]
 Text = Annotated[str | None, Field(description="Element text content (Text interface), equal or 're:REGEX'.")]
-App = Annotated[str | None, Field(description="Application name, e.g. 'gnome-calculator' (default: the focused window's).")]
+App = Annotated[
+    str | None, Field(description="Application name, e.g. 'gnome-calculator' (default: the focused window's).")
+]
 Window = Annotated[str | None, Field(description="Window title (default: the focused window).")]
 ElementId = Annotated[str | None, Field(description="An element id from ui_tree or find, e.g. 'e3kqx7mab2c'.")]
-Where = Annotated[Locator | None, Field(description="The element's locator from an earlier result (plans): used when "
-                                                    "element_id does not resolve, e.g. in a new session.")]
+Where = Annotated[
+    Locator | None,
+    Field(
+        description="The element's locator from an earlier result (plans): used when "
+        "element_id does not resolve, e.g. in a new session."
+    ),
+]
 
 
 def build_server(desktop: Desktop) -> MCPServer:
@@ -121,31 +135,58 @@ def build_server(desktop: Desktop) -> MCPServer:
     )
 
     async def screenshot(
-        region: Annotated[list[int] | None, Field(min_length=4, max_length=4,
-                                                  description="[x, y, width, height] in screen pixels (default: the whole screen).")] = None,
+        region: Annotated[
+            list[int] | None,
+            Field(
+                min_length=4,
+                max_length=4,
+                description="[x, y, width, height] in screen pixels (default: the whole screen).",
+            ),
+        ] = None,
         scale: Annotated[float | None, Field(gt=0, le=4, description="Resize factor, e.g. 0.5 for half size.")] = None,
-        name: Annotated[str | None, Field(description="File name inside the artifacts directory (default: screenshot-TIME.png).")] = None,
+        name: Annotated[
+            str | None, Field(description="File name inside the artifacts directory (default: screenshot-TIME.png).")
+        ] = None,
     ) -> Screenshot:
         return await _guard(desktop.screenshot(region, scale, name))
 
     async def ui_tree(
         app: App = None,
         window: Window = None,
-        max_depth: Annotated[int | None, Field(description=f"Levels below the root to read (default {TREE_DEPTH}).")] = None,
-        max_nodes: Annotated[int | None, Field(description=f"Most nodes to return (default {TREE_NODES}; breadth first: "
-                                                           "deep levels are cut first).")] = None,
+        max_depth: Annotated[
+            int | None, Field(description=f"Levels below the root to read (default {TREE_DEPTH}).")
+        ] = None,
+        max_nodes: Annotated[
+            int | None,
+            Field(
+                description=f"Most nodes to return (default {TREE_NODES}; breadth first: deep levels are cut first)."
+            ),
+        ] = None,
         max_text: Annotated[int, Field(description="Most characters of text per node.")] = 200,
-        only_visible: Annotated[bool, Field(description="Leave out hidden elements (neither showing nor visible) and their children.")] = True,
-        on_screen: Annotated[bool, Field(description="Also leave out elements placed entirely off the screen (such as "
-                                                     "the items of closed menus) and their children.")] = False,
-        save_as: Annotated[str | None, Field(description="Also save the tree as JSON under this name in the artifacts directory.")] = None,
-        include_tree: Annotated[bool, Field(description="Return the tree itself (false: only counts and the saved path).")] = True,
+        only_visible: Annotated[
+            bool, Field(description="Leave out hidden elements (neither showing nor visible) and their children.")
+        ] = True,
+        on_screen: Annotated[
+            bool,
+            Field(
+                description="Also leave out elements placed entirely off the screen (such as "
+                "the items of closed menus) and their children."
+            ),
+        ] = False,
+        save_as: Annotated[
+            str | None, Field(description="Also save the tree as JSON under this name in the artifacts directory.")
+        ] = None,
+        include_tree: Annotated[
+            bool, Field(description="Return the tree itself (false: only counts and the saved path).")
+        ] = True,
     ) -> UITree:
         async def run() -> UITree:
             limits = desktop.limits(
                 min(TREE_DEPTH, options.max_depth) if max_depth is None else max_depth,
                 min(TREE_NODES, options.max_nodes) if max_nodes is None else max_nodes,
-                max_text, only_visible, on_screen,
+                max_text,
+                only_visible,
+                on_screen,
             )
             return await desktop.ui_tree(app, window, limits, save_as, include_tree)
 
@@ -158,11 +199,15 @@ def build_server(desktop: Desktop) -> MCPServer:
         app: App = None,
         window: Window = None,
         timeout: Annotated[float, Field(description="Seconds to wait for a match to appear (0: look once).")] = 0.0,
-        max_nodes: Annotated[int | None, Field(description="Most nodes to search (default: the server's --max-nodes).")] = None,
+        max_nodes: Annotated[
+            int | None, Field(description="Most nodes to search (default: the server's --max-nodes).")
+        ] = None,
     ) -> FindResult:
         async def run() -> FindResult:
             selector = _selector(name, role, text) or Selector()
-            return await desktop.find(selector, app, window, timeout, options.max_nodes if max_nodes is None else max_nodes)
+            return await desktop.find(
+                selector, app, window, timeout, options.max_nodes if max_nodes is None else max_nodes
+            )
 
         return await _guard(run())
 
@@ -173,35 +218,59 @@ def build_server(desktop: Desktop) -> MCPServer:
         text: Text = None,
         app: App = None,
         window: Window = None,
-        index: Annotated[int | None, Field(ge=0, description="Which match (0-based) when several elements match.")] = None,
+        index: Annotated[
+            int | None, Field(ge=0, description="Which match (0-based) when several elements match.")
+        ] = None,
         x: Annotated[int | None, Field(description="Screen x to click at (with y, instead of an element).")] = None,
         y: Annotated[int | None, Field(description="Screen y to click at.")] = None,
         button: Literal["left", "middle", "right"] = "left",
         double: Annotated[bool, Field(description="Double click (always a pointer click).")] = False,
-        method: Annotated[Literal["auto", "action", "pointer"], Field(
-            description="auto: the element's click/press action when it has one, else the pointer; "
-            "action: only the action; pointer: always a mouse click at the element's centre.")] = "auto",
+        method: Annotated[
+            Literal["auto", "action", "pointer"],
+            Field(
+                description="auto: the element's click/press action when it has one, else the pointer; "
+                "action: only the action; pointer: always a mouse click at the element's centre."
+            ),
+        ] = "auto",
         locator: Where = None,
     ) -> ClickResult:
         async def run() -> ClickResult:
             selector = _selector(name, role, text)
             _one_target(element_id, selector, x, y)
-            return await desktop.click(element_id=element_id, selector=selector, app=app, window=window, index=index,
-                                       x=x, y=y, button=button, double=double, method=method, locator=locator)
+            return await desktop.click(
+                element_id=element_id,
+                selector=selector,
+                app=app,
+                window=window,
+                index=index,
+                x=x,
+                y=y,
+                button=button,
+                double=double,
+                method=method,
+                locator=locator,
+            )
 
         return await _guard(run())
 
     async def type_text(
         text: Annotated[str, Field(description="The text to type; \\n presses Return and \\t Tab.")],
-        element_id: Annotated[str | None, Field(description="Focus this element first (else: type where the focus is).")] = None,
+        element_id: Annotated[
+            str | None, Field(description="Focus this element first (else: type where the focus is).")
+        ] = None,
         delay: Annotated[float, Field(ge=0, le=1, description="Seconds between keys.")] = 0.0,
         locator: Where = None,
     ) -> TypeResult:
         return await _guard(desktop.type_text(text, element_id, delay, locator))
 
     async def press_keys(
-        keys: Annotated[str, Field(description="Key combinations separated by spaces, e.g. 'ctrl+a', 'Return', "
-                                               "'ctrl+a BackSpace', 'alt+F4', 'shift+Tab'.")],
+        keys: Annotated[
+            str,
+            Field(
+                description="Key combinations separated by spaces, e.g. 'ctrl+a', 'Return', "
+                "'ctrl+a BackSpace', 'alt+F4', 'shift+Tab'."
+            ),
+        ],
         delay: Annotated[float, Field(ge=0, le=1, description="Seconds between combinations.")] = 0.0,
     ) -> KeysResult:
         return await _guard(desktop.press_keys(keys, delay))
@@ -224,65 +293,98 @@ def build_server(desktop: Desktop) -> MCPServer:
         return await _guard(run())
 
     async def launch(
-        command: Annotated[str | list[str], Field(description="The program and its arguments: a command line "
-                                                              "(split like a shell would, but no shell runs it) or a list.")],
+        command: Annotated[
+            str | list[str],
+            Field(
+                description="The program and its arguments: a command line "
+                "(split like a shell would, but no shell runs it) or a list."
+            ),
+        ],
         wait: Annotated[float, Field(description="Seconds to wait for its first window.")] = 10.0,
         env: Annotated[dict[str, str] | None, Field(description="Extra environment variables.")] = None,
     ) -> LaunchResult:
         return await _guard(desktop.launch(command, wait, env))
 
     async def windows(
-        focus: Annotated[str | None, Field(description="Raise and focus this window: its id (e.g. '0x200004') or title.")] = None,
+        focus: Annotated[
+            str | None, Field(description="Raise and focus this window: its id (e.g. '0x200004') or title.")
+        ] = None,
     ) -> WindowsResult:
         return await _guard(desktop.windows(focus))
 
     server.add_tool(
-        screenshot, name="screenshot", title="Take a screenshot", annotations=_OBSERVE,
+        screenshot,
+        name="screenshot",
+        title="Take a screenshot",
+        annotations=_OBSERVE,
         description="Capture the screen (or a region) as a PNG saved in the artifacts directory "
         f"({options.artifacts}); returns the file's path and its width and height in pixels.",
     )
     server.add_tool(
-        ui_tree, name="ui_tree", title="Read the UI tree", annotations=_OBSERVE,
+        ui_tree,
+        name="ui_tree",
+        title="Read the UI tree",
+        annotations=_OBSERVE,
         description="The accessible tree (AT-SPI) of the focused window, of a window by title, or of a whole "
         "application by name: each element has an id (stable while the element lives; use it with click, "
         "type_text and scroll), role, name, text, value, states and bounds [x, y, width, height] in screen "
         f"pixels. Limits: max_depth <= {options.max_depth}, max_nodes <= {options.max_nodes}.",
     )
     server.add_tool(
-        find, name="find", title="Find elements", annotations=_OBSERVE,
+        find,
+        name="find",
+        title="Find elements",
+        annotations=_OBSERVE,
         description="Elements of the focused window (or of app/window) whose name, role and/or text match; "
         "set timeout to wait for one to appear. Fails when nothing matches, so a plan can check that a text "
         "is shown, e.g. find(text='5', timeout=5).",
     )
     server.add_tool(
-        click, name="click", title="Click", annotations=_INPUT,
+        click,
+        name="click",
+        title="Click",
+        annotations=_INPUT,
         description="Click an element (by element_id, or by name/role/text in the focused window) or a screen "
         "point (x, y). An element's own click/press action is used when it has one, else a mouse click at "
         "the centre of its bounds.",
     )
     server.add_tool(
-        type_text, name="type_text", title="Type text", annotations=_INPUT,
+        type_text,
+        name="type_text",
+        title="Type text",
+        annotations=_INPUT,
         description="Type text on the keyboard into the focused element (or focus element_id first).",
     )
     server.add_tool(
-        press_keys, name="press_keys", title="Press keys", annotations=_INPUT,
+        press_keys,
+        name="press_keys",
+        title="Press keys",
+        annotations=_INPUT,
         description="Press key combinations such as 'ctrl+a', 'Return', 'Escape', 'alt+F4' or several "
         "separated by spaces ('ctrl+a BackSpace'). Key names are X11 names (Return, Tab, BackSpace, Delete, "
         "Left, Page_Up, F5, a) or enter, esc, ctrl, shift, alt, super, pgup, pgdn; the plus key is 'plus'.",
     )
     server.add_tool(
-        scroll, name="scroll", title="Scroll", annotations=_INPUT,
+        scroll,
+        name="scroll",
+        title="Scroll",
+        annotations=_INPUT,
         description="Turn the mouse wheel over an element, a point, or where the pointer is.",
     )
     server.add_tool(
-        launch, name="launch", title="Start a program",
+        launch,
+        name="launch",
+        title="Start a program",
         annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False, open_world_hint=True),
         description="Start a desktop program (e.g. 'gnome-calculator') and wait until its window appears. "
         "It runs until the session ends (then it is stopped); its output goes to a log file in the artifacts "
         "directory.",
     )
     server.add_tool(
-        windows, name="windows", title="List or focus windows", annotations=_INPUT,
+        windows,
+        name="windows",
+        title="List or focus windows",
+        annotations=_INPUT,
         description="The top-level windows (id, title, application, pid, bounds, focused); with focus, raise "
         "and focus one of them first.",
     )
@@ -297,19 +399,41 @@ def _parser() -> argparse.ArgumentParser:
         epilog="It needs DISPLAY and a D-Bus session bus with at-spi2-core (Debian: apt-get install -y xvfb "
         "at-spi2-core dbus). Environment variables: SAUCER_DESKTOP_ARTIFACTS, SAUCER_DESKTOP_DISPLAY.",
     )
-    parser.add_argument("--artifacts", type=Path, default=Path(env_default("SAUCER_DESKTOP_ARTIFACTS", DEFAULT_ARTIFACTS)),
-                        help="directory for screenshots, saved trees and program logs; created when needed "
-                        f"(default: ./{DEFAULT_ARTIFACTS})")
-    parser.add_argument("--display", default=env_default("SAUCER_DESKTOP_DISPLAY"),
-                        help="X display to use, e.g. :99 (default: $DISPLAY)")
-    parser.add_argument("--max-nodes", type=positive_int, default=5000, help="largest max_nodes a call may ask for (default 5000)")
-    parser.add_argument("--max-depth", type=positive_int, default=100, help="largest max_depth a call may ask for (default 100)")
-    parser.add_argument("--timeout", type=positive_float, default=5.0, metavar="S",
-                        help="seconds an application may take to answer one accessibility call (default 5)")
-    parser.add_argument("--max-wait", type=positive_float, default=120.0, metavar="S",
-                        help="largest wait/timeout of launch and find (default 120)")
-    parser.add_argument("--keep-apps", action="store_true",
-                        help="leave the programs started by launch running when the server stops")
+    parser.add_argument(
+        "--artifacts",
+        type=Path,
+        default=Path(env_default("SAUCER_DESKTOP_ARTIFACTS", DEFAULT_ARTIFACTS)),
+        help="directory for screenshots, saved trees and program logs; created when needed "
+        f"(default: ./{DEFAULT_ARTIFACTS})",
+    )
+    parser.add_argument(
+        "--display",
+        default=env_default("SAUCER_DESKTOP_DISPLAY"),
+        help="X display to use, e.g. :99 (default: $DISPLAY)",
+    )
+    parser.add_argument(
+        "--max-nodes", type=positive_int, default=5000, help="largest max_nodes a call may ask for (default 5000)"
+    )
+    parser.add_argument(
+        "--max-depth", type=positive_int, default=100, help="largest max_depth a call may ask for (default 100)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=5.0,
+        metavar="S",
+        help="seconds an application may take to answer one accessibility call (default 5)",
+    )
+    parser.add_argument(
+        "--max-wait",
+        type=positive_float,
+        default=120.0,
+        metavar="S",
+        help="largest wait/timeout of launch and find (default 120)",
+    )
+    parser.add_argument(
+        "--keep-apps", action="store_true", help="leave the programs started by launch running when the server stops"
+    )
     add_arguments(parser, "launched programs")
     return parser
 
@@ -326,8 +450,13 @@ def parse_options(argv: Sequence[str] | None = None) -> DesktopOptions:
         max_wait=args.max_wait,
         keep_apps=args.keep_apps,
         # Writable: the working directory (the workspace) and the artifacts; GUI programs need abstract sockets.
-        policy=Policy.create(args.sandbox, (Path.cwd(), args.artifacts.expanduser().absolute(), *args.write),
-                             args.read or ("/",), args.network, scoped=False),
+        policy=Policy.create(
+            args.sandbox,
+            (Path.cwd(), args.artifacts.expanduser().absolute(), *args.write),
+            args.read or ("/",),
+            args.network,
+            scoped=False,
+        ),
     )
 
 

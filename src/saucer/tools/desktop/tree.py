@@ -16,8 +16,9 @@ import base64
 import hashlib
 import re
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.atspi import DETAILS, MANY_CHILDREN, AtspiBus, NodeInfo, Ref, read_details, read_node
@@ -77,7 +78,9 @@ class ElementRegistry:
     def resolve(self, key: str) -> Located:
         """The element behind ``key``; :class:`DesktopError` when it is malformed or unknown."""
         if not isinstance(key, str) or not ID_PATTERN.match(key):
-            raise DesktopError(f"{key!r} is not an element id (ids look like 'e3kqx7mab2c' and come from ui_tree or find)")
+            raise DesktopError(
+                f"{key!r} is not an element id (ids look like 'e3kqx7mab2c' and come from ui_tree or find)"
+            )
         located = self._known.get(key)
         if located is None:
             raise DesktopError(
@@ -190,13 +193,18 @@ async def build_tree(
             guess = NodeInfo(item.ref, "", role, frozenset(), interfaces, count)
             info, details = await asyncio.gather(
                 read_node(bus, item.ref),
-                read_details(bus, guess, max_text=limits.max_text, child_budget=budget, parts=parts))
+                read_details(bus, guess, max_text=limits.max_text, child_budget=budget, parts=parts),
+            )
             if limits.only_visible and item.parent is not None and not info.states & _SEEN:
                 return None
             if info.child_count and (not count or info.child_count > MANY_CHILDREN and count <= MANY_CHILDREN):
                 details.children = []  # the children were not asked for, or not as many: ask now
-                details = await read_details(bus, info, child_budget=budget, parts=frozenset({"children"})) if budget else details
-            info.children = details.children[:max(budget, 0)] if info.child_count else []
+                details = (
+                    await read_details(bus, info, child_budget=budget, parts=frozenset({"children"}))
+                    if budget
+                    else details
+                )
+            info.children = details.children[: max(budget, 0)] if info.child_count else []
             info.bounds, info.text, info.text_length = details.bounds, details.text, details.text_length
             info.value, info.actions = details.value, details.actions
         if limits.on_screen and item.parent is not None and info.bounds is not None and not item.is_toplevel:
@@ -212,7 +220,7 @@ async def build_tree(
         budget = room - len(level)  # what the next level may hold at most
         infos = await asyncio.gather(*(read(item, budget) for item in level), return_exceptions=True)
         next_level: list[_Pending] = []
-        for item, info in zip(level, infos):
+        for item, info in zip(level, infos, strict=False):
             if info is None:
                 tree.hidden += 1
                 continue
@@ -253,7 +261,7 @@ async def complete(bus: AtspiBus, tree: Tree, keys: list[str], max_text: int) ->
     infos = await asyncio.gather(
         *(read_details(bus, tree.infos[key], max_text=max_text, parts=DETAILS) for key in keys), return_exceptions=True
     )
-    for key, info in zip(keys, infos):
+    for key, info in zip(keys, infos, strict=False):
         if isinstance(info, NodeInfo):
             tree.nodes[key].update(_node(info, key, tree.offsets[key]))
 
@@ -287,14 +295,22 @@ class Selector:
             _pattern(getattr(self, what), what)  # a bad regular expression is refused before any search
 
     def describe(self) -> str:
-        parts = [f"{key}={value!r}" for key, value in (("name", self.name), ("role", self.role), ("text", self.text)) if value is not None]
+        parts = [
+            f"{key}={value!r}"
+            for key, value in (("name", self.name), ("role", self.role), ("text", self.text))
+            if value is not None
+        ]
         return ", ".join(parts)
 
 
 def find_matches(tree: Tree, selector: Selector) -> list[tuple[dict[str, Any], list[str]]]:
     """The nodes of ``tree`` that ``selector`` matches, flat: each without children but with its ``path``
     (role and name of its ancestors), and beside it the ids of those ancestors, nearest last."""
-    name, role, text = (_pattern(selector.name, "name"), _pattern(selector.role, "role"), _pattern(selector.text, "text"))
+    name, role, text = (
+        _pattern(selector.name, "name"),
+        _pattern(selector.role, "role"),
+        _pattern(selector.text, "text"),
+    )
     found: list[tuple[dict[str, Any], list[str]]] = []
 
     def visit(node: dict[str, Any], trail: list[str], ids: list[str]) -> None:

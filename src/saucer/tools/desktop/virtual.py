@@ -64,10 +64,8 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
     # Services the bus started on demand (the accessibility bus and registry) are in its group.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -89,12 +87,14 @@ class VirtualDesktop:
         self._xvfb: subprocess.Popen[bytes] | None = None
         self._bus: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "VirtualDesktop":
+    def start(self) -> VirtualDesktop:
         """Start the display and the bus; :class:`DesktopError` names the missing Debian packages."""
         missing = missing_packages()
         if missing:
-            raise DesktopError(f"a virtual desktop needs the Debian packages {', '.join(missing)}: "
-                               f"apt-get install -y {' '.join(missing)}")
+            raise DesktopError(
+                f"a virtual desktop needs the Debian packages {', '.join(missing)}: "
+                f"apt-get install -y {' '.join(missing)}"
+            )
         self._dir = Path(tempfile.mkdtemp(prefix="saucer-desktop-"))
         try:
             self._start_display()
@@ -109,10 +109,22 @@ class VirtualDesktop:
         read_end, write_end = os.pipe()
         try:
             self._xvfb = subprocess.Popen(
-                ["Xvfb", "-displayfd", str(write_end), "-screen", "0", f"{width}x{height}x{depth}",
-                 "-nolisten", "tcp", "-noreset"],
-                pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True,
+                [
+                    "Xvfb",
+                    "-displayfd",
+                    str(write_end),
+                    "-screen",
+                    "0",
+                    f"{width}x{height}x{depth}",
+                    "-nolisten",
+                    "tcp",
+                    "-noreset",
+                ],
+                pass_fds=(write_end,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
             os.close(write_end)
             write_end = -1
@@ -126,19 +138,33 @@ class VirtualDesktop:
         assert self._dir is not None
         homes = {}
         if self.private_home:
-            homes = {name: str(self._dir / folder) for name, folder in
-                     (("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"), ("XDG_CACHE_HOME", "cache"))}
+            homes = {
+                name: str(self._dir / folder)
+                for name, folder in (
+                    ("XDG_CONFIG_HOME", "config"),
+                    ("XDG_DATA_HOME", "data"),
+                    ("XDG_CACHE_HOME", "cache"),
+                )
+            }
         env = {**os.environ, "DISPLAY": self.display, "XDG_RUNTIME_DIR": str(self._dir), **homes}
         env.pop("DBUS_SESSION_BUS_ADDRESS", None)
         env.pop("AT_SPI_BUS_ADDRESS", None)
         self._bus = subprocess.Popen(
             ["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address=1"],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         assert self._bus.stdout is not None
         address = _read_line(self._bus.stdout.fileno(), "dbus-daemon", self._bus)
-        self.env = {"DISPLAY": self.display, "DBUS_SESSION_BUS_ADDRESS": address, "XDG_RUNTIME_DIR": str(self._dir), **homes}
+        self.env = {
+            "DISPLAY": self.display,
+            "DBUS_SESSION_BUS_ADDRESS": address,
+            "XDG_RUNTIME_DIR": str(self._dir),
+            **homes,
+        }
 
     def stop(self) -> None:
         """Stop the bus (and what it started), then the display; remove the private runtime directory."""
@@ -151,8 +177,10 @@ class VirtualDesktop:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def __enter__(self) -> "VirtualDesktop":
+    def __enter__(self) -> VirtualDesktop:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

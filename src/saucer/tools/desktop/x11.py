@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
@@ -32,15 +32,43 @@ X_LOST: tuple[type[BaseException], ...] = (error.ConnectionClosedError, error.Di
 X_REFUSED = error.XError
 
 _MODIFIERS = {
-    "ctrl": "Control_L", "control": "Control_L", "shift": "Shift_L", "alt": "Alt_L", "meta": "Meta_L",
-    "super": "Super_L", "win": "Super_L", "cmd": "Super_L", "altgr": "ISO_Level3_Shift",
+    "ctrl": "Control_L",
+    "control": "Control_L",
+    "shift": "Shift_L",
+    "alt": "Alt_L",
+    "meta": "Meta_L",
+    "super": "Super_L",
+    "win": "Super_L",
+    "cmd": "Super_L",
+    "altgr": "ISO_Level3_Shift",
 }
 _KEYS = {
-    "enter": "Return", "return": "Return", "esc": "Escape", "escape": "Escape", "backspace": "BackSpace",
-    "tab": "Tab", "space": "space", "del": "Delete", "delete": "Delete", "ins": "Insert", "insert": "Insert",
-    "home": "Home", "end": "End", "pgup": "Prior", "pageup": "Prior", "pgdn": "Next", "pagedown": "Next",
-    "up": "Up", "down": "Down", "left": "Left", "right": "Right", "plus": "plus", "minus": "minus",
-    "menu": "Menu", "print": "Print", "capslock": "Caps_Lock",
+    "enter": "Return",
+    "return": "Return",
+    "esc": "Escape",
+    "escape": "Escape",
+    "backspace": "BackSpace",
+    "tab": "Tab",
+    "space": "space",
+    "del": "Delete",
+    "delete": "Delete",
+    "ins": "Insert",
+    "insert": "Insert",
+    "home": "Home",
+    "end": "End",
+    "pgup": "Prior",
+    "pageup": "Prior",
+    "pgdn": "Next",
+    "pagedown": "Next",
+    "up": "Up",
+    "down": "Down",
+    "left": "Left",
+    "right": "Right",
+    "plus": "plus",
+    "minus": "minus",
+    "menu": "Menu",
+    "print": "Print",
+    "capslock": "Caps_Lock",
 }
 _SPECIAL_CHARS = {"\n": "Return", "\r": "Return", "\t": "Tab", " ": "space", "\b": "BackSpace"}
 _BUTTONS = {"left": 1, "middle": 2, "right": 3}
@@ -232,8 +260,11 @@ class X11:
         found = []
         for child in self.root.query_tree().children:
             try:
-                if (child.get_full_property(wm_state, X.AnyPropertyType) is not None or child.get_wm_class()
-                        or child.get_wm_name()):
+                if (
+                    child.get_full_property(wm_state, X.AnyPropertyType) is not None
+                    or child.get_wm_class()
+                    or child.get_wm_name()
+                ):
                     found.append(child.id)
                     continue
                 inner = [w for w in child.query_tree().children if w.get_full_property(wm_state, X.AnyPropertyType)]
@@ -282,7 +313,9 @@ class X11:
                         width=int(geometry.width),
                         height=int(geometry.height),
                         focused=focused,
-                        frame=tuple(int(v) for v in frame.value[:4]) if frame is not None and len(frame.value) >= 4 else None,
+                        frame=tuple(int(v) for v in frame.value[:4])
+                        if frame is not None and len(frame.value) >= 4
+                        else None,
                         instance=wm_class[0] if wm_class else "",
                     )
                 )
@@ -302,7 +335,9 @@ class X11:
             message = event.ClientMessage(
                 window=target, client_type=self.atom("_NET_ACTIVE_WINDOW"), data=(32, [2, X.CurrentTime, 0, 0, 0])
             )
-            self.root.send_event(message, event_mask=X.SubstructureRedirectMask | X.SubstructureNotifyMask, onerror=catch)
+            self.root.send_event(
+                message, event_mask=X.SubstructureRedirectMask | X.SubstructureNotifyMask, onerror=catch
+            )
         self.d.sync()
         if catch.get_error() is not None:
             raise DesktopError(f"could not focus window {window.id:#x} ({catch.get_error()})")
@@ -320,8 +355,9 @@ class X11:
             return False
         if delete not in protocols:
             return False
-        message = event.ClientMessage(window=target, client_type=self.atom("WM_PROTOCOLS"),
-                                      data=(32, [delete, X.CurrentTime, 0, 0, 0]))
+        message = event.ClientMessage(
+            window=target, client_type=self.atom("WM_PROTOCOLS"), data=(32, [delete, X.CurrentTime, 0, 0, 0])
+        )
         catch = error.CatchError()
         target.send_event(message, event_mask=X.NoEventMask, onerror=catch)
         self.d.sync()
@@ -426,4 +462,3 @@ class X11:
 
     def __repr__(self) -> str:
         return f"<X11 {self.name}>"
-
