@@ -37,11 +37,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -m unit $(PYTEST_PARALLEL) $(PYTEST_ARGS) $(ARGS)
 
-# The peers (LangGraph, Burr) come with the bench extra; PostgreSQL columns
+# The peers (LangGraph, Burr, DBOS; procrastinate is a dependency) come with the bench extra; PostgreSQL columns
 # need SAUCER_TEST_POSTGRES_URL (or --postgres-url).
 bench: $(VENV)/bin/python
 	UV_PROJECT_ENVIRONMENT=$(VENV) $(VENV)/bin/uv sync --quiet --frozen --extra test --extra bench
 	rm -f $(STAMP)
+	$(VENV)/bin/python bench/peers.py
 	$(VENV)/bin/python bench/context_store.py
 	$(VENV)/bin/python bench/concurrency.py
 	$(VENV)/bin/python bench/encryption.py

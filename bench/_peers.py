@@ -1,6 +1,6 @@
 """Peer workloads for ``bench/context_store.py``: LangGraph's ``SqliteSaver``.
 
-The same two 1,000-step loops as saucer's (see /work/shared/peer-bench):
+The same two 1,000-step loops as saucer's (bench/README.md, "How the peers are measured"):
 ``const`` keeps state ``{i: int}``; ``grow`` also appends a 100-character
 string to a list every step (LangGraph's ``operator.add`` reducer).
 

@@ -33,16 +33,22 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-PLAN = {
-    "task": "bench",
-    "steps": [
-        {
-            "subtask": f"step {i}",
-            "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}", "content": "x"}}],
-        }
-        for i in range(3)
-    ],
-}
+
+def plan_of(steps: int) -> dict[str, Any]:
+    """A follower plan of ``steps`` command steps."""
+    return {
+        "task": "bench",
+        "steps": [
+            {
+                "subtask": f"step {i}",
+                "commands": [{"tool_name": "files.write", "parameters": {"path": f"f{i}", "content": "x"}}],
+            }
+            for i in range(steps)
+        ],
+    }
+
+
+PLAN = plan_of(3)
 
 
 class _Tool:
@@ -66,6 +72,7 @@ def _settings(url: str, logs: Path) -> Any:
             "logs.root": str(logs),
             "system.save_experience": "always_not",
             "system.log_to_markdown": False,
+            "system.save_ui_tree": False,
             "queue.heartbeat": 2.0,
         }
     )
@@ -84,7 +91,7 @@ def _drop(base: str, schema: str) -> None:
             conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
-def one_process(url: str, logs: Path, sessions: int) -> float:
+def one_process(url: str, logs: Path, sessions: int, plan: dict[str, Any]) -> float:
     from saucer.engine import Session, SessionPool
     from saucer.store import open_store
 
@@ -92,7 +99,7 @@ def one_process(url: str, logs: Path, sessions: int) -> float:
     store = open_store(url)
     tool = _Tool()
     items = [
-        Session("bench", mode="follower", settings=settings, store=store, plan=PLAN, dispatcher=tool)
+        Session("bench", mode="follower", settings=settings, store=store, plan=plan, dispatcher=tool)
         for _ in range(sessions)
     ]
     t = time.perf_counter()
@@ -103,10 +110,37 @@ def one_process(url: str, logs: Path, sessions: int) -> float:
     return wall
 
 
+async def _stall_ticker(path: Path, period: float = 0.001) -> None:
+    """Wake every ``period`` s; keep the longest lateness seen (the loop's longest stall) in ``path``."""
+    longest = 0.0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + period
+        await asyncio.sleep(period)
+        late = loop.time() - due
+        if late > longest:
+            longest = late
+            path.write_text(f"{longest:.6f}")
+
+
 def _worker_main(url: str, logs: str) -> None:
     from saucer.queue import run_worker
 
-    asyncio.run(run_worker(_settings(url, Path(logs)), concurrency=4, dispatcher_factory=lambda session: _Tool()))
+    async def main() -> None:
+        ticker = asyncio.create_task(_stall_ticker(Path(logs) / f"stall-{os.getpid()}"))
+        try:
+            await run_worker(_settings(url, Path(logs)), concurrency=4, dispatcher_factory=lambda session: _Tool())
+        finally:
+            ticker.cancel()
+
+    asyncio.run(main())
+
+
+def _longest_stall(logs: Path) -> float | None:
+    """The longest event-loop stall any worker of a run recorded (seconds), if any recorded one."""
+    stalls = [float(p.read_text() or 0) for p in logs.glob("stall-*")]
+    return max(stalls) if stalls else None
 
 
 async def _registered(client: Any) -> int:
@@ -124,7 +158,7 @@ async def _done(client: Any) -> tuple[int, int]:
         return int(done), int(failed)
 
 
-def through_queue(url: str, logs: Path, sessions: int, workers: int) -> tuple[float, float]:
+def through_queue(url: str, logs: Path, sessions: int, workers: int, plan: dict[str, Any]) -> tuple[float, float]:
     """(wall seconds from the first enqueue to the last job done, seconds spent enqueueing)."""
     from saucer.queue import JobSpec, QueueClient, migrate_queue, queue_location
     from saucer.store import open_store
@@ -142,7 +176,7 @@ def through_queue(url: str, logs: Path, sessions: int, workers: int) -> tuple[fl
             f"bench-{i:05d}",
             "plan",
             "bench",
-            {"session_id": f"bench-{i:05d}", "task": "bench", "mode": "follower", "plan": PLAN},
+            {"session_id": f"bench-{i:05d}", "task": "bench", "mode": "follower", "plan": plan},
         )
         for i in range(sessions)
     ]
@@ -174,6 +208,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4])
+    parser.add_argument("--steps-per-session", type=int, default=3, help="command steps in each session's plan")
     parser.add_argument("--postgres-url", default=os.environ.get("SAUCER_TEST_POSTGRES_URL"))
     parser.add_argument("--worker", nargs=2, metavar=("URL", "LOGS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -186,39 +221,59 @@ def main() -> int:
         )
         return 0
     n = args.sessions
+    plan = plan_of(args.steps_per_session)
     print(
-        f"{n} follower sessions (3 steps each, an instant in-process tool), PostgreSQL store, 4 sessions at once per process"
+        f"{n} follower sessions ({args.steps_per_session} steps each, an instant in-process tool), "
+        "PostgreSQL store, 4 sessions at once per process"
     )
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start\n")
-    print(f"{'run':40} {'wall s':>8} {'sessions/s':>11} {'enqueue ms/job':>15}", flush=True)
+    print(
+        f"{'run':40} {'wall s':>8} {'sessions/s':>11} {'enqueue ms/job':>15} {'longest loop stall ms':>22}", flush=True
+    )
     rows = []
 
-    def row(name: str, wall: float, enqueue: float | None) -> None:
+    stalls: list[float] = []
+
+    def row(name: str, wall: float, enqueue: float | None, stall: float | None = None) -> None:
         rows.append((name, wall, enqueue))
+        if stall is not None:
+            stalls.append(stall)
         print(
-            f"{name:40} {wall:8.2f} {n / wall:11.1f} {'' if enqueue is None else f'{enqueue / n * 1000:15.2f}'}",
+            f"{name:40} {wall:8.2f} {n / wall:11.1f} {'' if enqueue is None else f'{enqueue / n * 1000:15.2f}'}"
+            f" {'' if stall is None else f'{stall * 1000:22.1f}'}",
             flush=True,
         )
 
     with tempfile.TemporaryDirectory() as tmp:
         url, schema = _schema_url(args.postgres_url)
         try:
-            base = one_process(url, Path(tmp) / "logs0", n)
+            base = one_process(url, Path(tmp) / "logs0", n, plan)
         finally:
             _drop(args.postgres_url, schema)
         row("one process (SessionPool, no queue)", base, None)
         for w in args.workers:
             url, schema = _schema_url(args.postgres_url)
             try:
-                wall, enqueue = through_queue(url, Path(tmp) / f"logs{w}", n, w)
+                wall, enqueue = through_queue(url, Path(tmp) / f"logs{w}", n, w, plan)
             finally:
                 _drop(args.postgres_url, schema)
-            row(f"queue, {w} worker process{'es' if w > 1 else ''}", wall, enqueue)
-    one_worker = next((wall for name, wall, _ in rows if name.startswith("queue, 1 ")), None)
+            row(
+                f"queue, {w} worker process{'es' if w > 1 else ''}",
+                wall,
+                enqueue,
+                _longest_stall(Path(tmp) / f"logs{w}"),
+            )
+    walls = {name.split(",")[1].split()[0]: wall for name, wall, _ in rows if name.startswith("queue, ")}
+    one_worker = walls.get("1")
     if one_worker is not None:
         print(
-            f"\nqueue overhead per job (1 worker minus one process, same concurrency): {(one_worker - base) / n * 1000:.1f} ms"
+            f"\nqueue overhead per job (1 worker minus one process, same concurrency): "
+            f"{(one_worker - base) / n * 1000:.1f} ms   target <= 2.5 ms"
         )
+        if "2" in walls:
+            print(f"2 workers / 1 worker, sessions per second: {one_worker / walls['2']:.2f}x   target >= 1.7x")
+    if stalls:
+        print(f"longest event-loop stall in a worker: {max(stalls) * 1000:.1f} ms   target <= 5 ms")
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine moves these figures)")
     return 0
 
