@@ -18,7 +18,7 @@ from fake_openai import FakeOpenAI
 from llm_helpers import FakeDispatcher, make_session
 
 from saucer.agents.llm import LinuxAgent, ModelClient, ModelSettings
-from saucer.agents.llm.agent import TOKENS_VAR
+from saucer.agents.llm.agent import LEGACY_SINGLE_AGENT, TOKENS_VAR
 from saucer.agents.llm.logs import read_jsonl
 from saucer.context import Context, ContextNames
 from saucer.engine.logs import read_step_log
@@ -319,7 +319,7 @@ def test_a_long_conversation_is_trimmed_to_the_window_and_kept_whole(
     call_ids = {c["id"] for m in sent if m["role"] == "assistant" for c in m.get("tool_calls") or ()}
     assert all(m["tool_call_id"] in call_ids for m in sent if m["role"] == "tool")
     # the stored conversation is whole: the audit trail keeps every message
-    stored = session.context.get_var("_llm.linux.messages")
+    stored = session.context.get_var("_llm.app.messages")
     assert len(stored) == 2 + 2 * 8 and len(stored) > len(sent)
     lines = read_jsonl(Path(result.log_path) / "request.log")
     assert lines[-1]["trimmed"]["dropped"] > 0
@@ -400,7 +400,7 @@ def test_a_conversation_stored_by_an_older_saucer_goes_on(fake: FakeOpenAI, sett
 
     async def go() -> tuple[str, LinuxAgent]:
         async with ModelClient(settings) as client:
-            agent = LinuxAgent(client=client)
+            agent = LinuxAgent(LEGACY_SINGLE_AGENT, client=client)  # its name then (the provider keeps it)
             return await agent.act(ctx), agent
 
     status, agent = run(go())

@@ -71,6 +71,8 @@ __all__ = [
     "LLMAgent",
     "ToolUsingAgent",
     "LinuxAgent",
+    "SINGLE_AGENT",
+    "LEGACY_SINGLE_AGENT",
     "SubtaskFinishState",
     "SUBTASK_FINISH",
     "REFUSED",
@@ -552,10 +554,18 @@ class ToolUsingAgent(LLMAgent):
         return _clip(f"{status}: {result.error or as_text(result.result)}")
 
 
-class LinuxAgent(ToolUsingAgent):
-    """The single-tier agent: the whole request, tool call by tool call, until a final answer."""
+#: The single-tier agent's name: it does an app agent's work on the whole request (UFO's HostAgent/AppAgent
+#: vocabulary), so the session, its log and ``saucer show`` call it ``app``.
+SINGLE_AGENT = "app"
+#: Its name in sessions stored before 0.2 (``_llm.linux.*``): such a session resumes with that name.
+LEGACY_SINGLE_AGENT = "linux"
 
-    def __init__(self, name: str = "linux", *, client: ModelClient, settings: ModelSettings | None = None) -> None:
+
+class LinuxAgent(ToolUsingAgent):
+    """The single-tier agent (UFO's LinuxAgent role), named ``app``: the whole request, tool call by tool
+    call, until a final answer."""
+
+    def __init__(self, name: str = SINGLE_AGENT, *, client: ModelClient, settings: ModelSettings | None = None) -> None:
         super().__init__(name, client=client, settings=settings)
 
 
