@@ -63,9 +63,12 @@ def test_required_offers_a_finish_tool_that_ends_the_work(
     result = run(session.run())
     assert result.status == "finished", result
     assert session.context.get(ContextNames.ROUND_RESULT) == "listed the files"
-    first = fake.requests[0]
-    assert first.json["tool_choice"] == "required" and "finish" in first.tool_names
-    assert "call finish with a short summary" in first.messages[0]["content"]
+    first, second = fake.requests
+    assert (
+        first.json["tool_choice"] == "required" and "call finish with a short summary" in first.messages[0]["content"]
+    )
+    # finish is offered once a tool call was tried: before, the step must act
+    assert "finish" not in first.tool_names and "finish" in second.tool_names
 
 
 def test_required_finish_before_any_action_is_no_action(

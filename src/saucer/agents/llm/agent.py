@@ -205,6 +205,18 @@ class LLMAgent(Agent):
         )
         return tools.with_tools(*extra) if extra else tools
 
+    def for_this_step(self, tools: ToolSet, meta: Mapping[str, Any]) -> ToolSet:
+        """The tools of this step's call: all of them, but ``finish`` only once a tool call was tried.
+
+        With ``tool_choice = "required"`` a step before any attempt must act:
+        ending there would only be answered "nothing has been done yet", and
+        under a grammar (:mod:`saucer.agents.llm.grammar`) a small model
+        picks ``finish`` at once, every time (measured with SmolLM2-135M).
+        """
+        if self.finish_tool and not meta.get("tried"):
+            return tools.without(FINISH_TOOL)
+        return tools
+
     @staticmethod
     def answer_of(reply: ModelReply) -> str | None:
         """The answer in ``reply``: its text when it called no tool, or ``finish``'s summary; else None."""
@@ -424,7 +436,7 @@ class ToolUsingAgent(LLMAgent):
         )
         try:
             await self.before_model_call(context, messages)
-            reply = await self.call_model(context, messages, tools)
+            reply = await self.call_model(context, messages, self.for_this_step(tools, meta))
         except TokenBudgetReached as exc:
             return self._stop(str(exc))
         except ModelCallError as exc:
