@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=1, help="llama-server's -t (1: steadiest on a busy 2-core machine)"
     )
     args = parser.parse_args(argv)
+    print(llama_server.MODEL_WARNING, flush=True)  # before a build that can take 20 minutes
     llama_server.fetch_model()
     llama_server.build_server()
     Path(".saucer").mkdir(exist_ok=True)
@@ -90,15 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llama-server on {server.base_url} ({llama_server.MODEL_FILE}); saucer's settings for it:")
         for key, value in saucer_env(server.base_url).items():
             print(f"  {key}={shlex.quote(value)}")
-        finished = 0
+        finished, times = 0, []
         for i in range(args.runs):
             sid, status, seconds = run_once(server.base_url, args.request, args.store, quiet=args.runs > 1)
             finished += status == "finished"
-            print(f"run {i + 1}: session {sid} {status} in {seconds:.1f} s")
+            times.append(seconds)
+            print(f"run {i + 1}: session {sid} {status} in {seconds:.1f} s", flush=True)
             if args.runs == 1:
                 subprocess.run([*saucer_command(), "show", sid, "--store", args.store])
     if args.runs > 1:
-        print(f"{finished} of {args.runs} runs finished")
+        print(
+            f"{finished} of {args.runs} runs finished; time per run: median {statistics.median(times):.1f} s, "
+            f"min {min(times):.1f} s, max {max(times):.1f} s (load average {os.getloadavg()[0]:.1f})"
+        )
     return 0 if finished == args.runs else 1
 
 

@@ -18,8 +18,9 @@ from fake_openai import FakeOpenAI
 from llm_helpers import FakeDispatcher, make_session
 
 from saucer.agents.llm import LinuxAgent, ModelClient, ModelSettings
-from saucer.agents.llm.agent import LEGACY_SINGLE_AGENT, TOKENS_VAR
+from saucer.agents.llm.agent import TOKENS_VAR
 from saucer.agents.llm.logs import read_jsonl
+from saucer.agents.llm.single import LEGACY_SINGLE_AGENT
 from saucer.context import Context, ContextNames
 from saucer.engine.logs import read_step_log
 
