@@ -19,6 +19,7 @@ from llm_helpers import FakeDispatcher, make_session
 
 from saucer.agents.llm import ModelClient, ModelSettings
 from saucer.agents.llm.grammar import response_format, serves_llama_cpp, tool_call_from_content, tool_call_schema
+from saucer.agents.llm.logs import read_jsonl
 from saucer.agents.llm.tools import ToolSet
 from saucer.context import ContextNames
 
@@ -62,6 +63,8 @@ def test_on_llama_server_a_required_step_is_constrained_and_its_json_is_the_call
     [call] = turn["tool_calls"]
     assert turn["content"] == "" and call["id"].startswith("call_") and answer["tool_call_id"] == call["id"]
     assert call["function"] == {"name": "shell__run", "arguments": '{"cmd": "ls"}'}
+    lines = read_jsonl(Path(result.log_path) / "request.log")
+    assert [line["response_format"] for line in lines if line["agent"] == "app"] == ["json_schema", "json_schema"]
 
 
 def test_other_servers_keep_openais_behaviour(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:

@@ -477,6 +477,8 @@ class ModelClient:
                 "temperature": body.get("temperature"),
                 "max_tokens": body.get("max_tokens", body.get("max_completion_tokens")),
                 "tool_choice": body.get("tool_choice"),
+                # "json_schema" on a grammar-constrained call (saucer.agents.llm.grammar), else None
+                "response_format": (body.get("response_format") or {}).get("type"),
                 "prompt": [without_images(m) for m in body["messages"]],  # a screenshot's base64 is not log text
                 "tools": tools.names() if tools else [],
                 "attempts": attempts,
