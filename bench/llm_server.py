@@ -18,8 +18,10 @@ wire (through a recording proxy) to FILE as JSON.
 
 ``--sessions N`` instead runs ``make demo-llm``'s request ("create notes.txt
 containing hello, then show it") N times as whole ``saucer run`` sessions,
-with the settings of ``scripts/llama_server.py`` (``tool_choice = "required"``,
-grammar-constrained tool calls), and prints how many finished and how long each took.
+with the settings of ``scripts/llama_server.py`` (``tool_choice = "required"``;
+saucer adds the JSON-schema grammar of one tool call, ``[llm] tool_grammar``),
+and prints how many finished, how many left ``notes.txt`` holding ``hello``
+(a session finishes after *any* tool call that succeeded), and the time per run.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ and prints how many finished: what ``bench/llm_server.py --sessions N`` reports.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -43,8 +45,8 @@ def saucer_command() -> list[str]:
     return [str(venv)] if venv.exists() else ["saucer"]
 
 
-def run_once(base_url: str, request: str, store: str, *, quiet: bool = False) -> tuple[str, str, float]:
-    """One session of ``request``: (session id, its status, seconds)."""
+def run_once(base_url: str, request: str, store: str, *, quiet: bool = False) -> tuple[str, str, float, Path]:
+    """One session of ``request``: (session id, its status, seconds, its workspace)."""
     sid = f"demo-llm-{uuid.uuid4().hex[:6]}"
     workspace = Path(".saucer") / "demo-llm" / sid
     workspace.mkdir(parents=True, exist_ok=True)
@@ -68,10 +70,18 @@ def run_once(base_url: str, request: str, store: str, *, quiet: bool = False) ->
     show = subprocess.run(
         [*saucer_command(), "sessions", "--json", "--store", store], env=env, capture_output=True, text=True
     )
-    import json
-
     status = next((r["status"] for r in json.loads(show.stdout or "[]") if r["id"] == sid), f"exit {proc.returncode}")
-    return sid, status, elapsed
+    return sid, status, elapsed, workspace
+
+
+def did_the_demo(workspace: Path) -> bool:
+    """Whether the workspace shows the demo request done: ``notes.txt`` holds ``hello``.
+
+    A session is ``finished`` when the model ends its work after a tool call
+    that succeeded -- listing a folder counts -- so the file is checked too.
+    """
+    notes = workspace / "notes.txt"
+    return notes.is_file() and notes.read_text(errors="replace").strip().lower() == "hello"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=1, help="llama-server's -t (1: steadiest on a busy 2-core machine)"
     )
     args = parser.parse_args(argv)
+    print(llama_server.MODEL_WARNING, flush=True)  # before a build that can take 20 minutes
     llama_server.fetch_model()
     llama_server.build_server()
     Path(".saucer").mkdir(exist_ok=True)
@@ -90,15 +101,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llama-server on {server.base_url} ({llama_server.MODEL_FILE}); saucer's settings for it:")
         for key, value in saucer_env(server.base_url).items():
             print(f"  {key}={shlex.quote(value)}")
-        finished = 0
+        finished, done, times = 0, 0, []
         for i in range(args.runs):
-            sid, status, seconds = run_once(server.base_url, args.request, args.store, quiet=args.runs > 1)
+            sid, status, seconds, workspace = run_once(server.base_url, args.request, args.store, quiet=args.runs > 1)
             finished += status == "finished"
-            print(f"run {i + 1}: session {sid} {status} in {seconds:.1f} s")
+            times.append(seconds)
+            work = ""
+            if args.request == REQUEST:
+                done += did_the_demo(workspace)
+                work = f"; notes.txt holds hello: {'yes' if did_the_demo(workspace) else 'no'}"
+            print(f"run {i + 1}: session {sid} {status} in {seconds:.1f} s{work}", flush=True)
             if args.runs == 1:
                 subprocess.run([*saucer_command(), "show", sid, "--store", args.store])
     if args.runs > 1:
-        print(f"{finished} of {args.runs} runs finished")
+        did = f"; {done} of {args.runs} left notes.txt holding hello" if args.request == REQUEST else ""
+        print(
+            f"{finished} of {args.runs} runs finished{did}; time per run: median {statistics.median(times):.1f} s, "
+            f"min {min(times):.1f} s, max {max(times):.1f} s (load average {os.getloadavg()[0]:.1f})"
+        )
     return 0 if finished == args.runs else 1
 
 

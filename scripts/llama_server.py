@@ -326,10 +326,21 @@ def _running(
             process.wait()
 
 
+#: Printed by ``make llm`` and ``make demo-llm`` before anything is built (the build can take 20 minutes).
+MODEL_WARNING = (
+    "Read this first: the default local model, SmolLM2-135M, does not finish the demo request -- "
+    "0 of 5 runs finished (bench/llm_server.py --sessions 5, 2 busy cores: about 150 s a run). saucer makes it act "
+    "(a JSON-schema grammar forces one tool call a step), but it calls the wrong tool with made-up arguments. "
+    "It shows the machinery; for work that must get done use a 7B-class model (Ollama, vLLM) or an API. "
+    "Building llama-server takes 5-20 minutes once; then it is cached."
+)
+
+
 #: The settings a saucer session needs for this server (``make llm`` prints them, ``make demo-llm`` uses them).
-#: ``tool_choice = "required"`` makes llama-server constrain every reply with a grammar to a call of
-#: one of the offered tools (the agent adds a ``finish`` tool to end its work): a 135M model that
-#: would answer in prose has to act.
+#: ``tool_choice = "required"``: every step must call a tool (the agent adds a ``finish`` tool to end its
+#: work). llama-server alone still lets a reply start with prose, so saucer, seeing a llama-server at
+#: ``/props``, also sends a JSON-schema grammar of exactly one call of one offered tool
+#: (``[llm] tool_grammar = "auto"``, :mod:`saucer.agents.llm.grammar`): the 135M model has to act.
 def saucer_settings(base_url: str) -> dict[str, str]:
     """``SAUCER_*`` variables for a normal-mode session against the server at ``base_url``."""
     return {
@@ -344,6 +355,7 @@ def saucer_settings(base_url: str) -> dict[str, str]:
 
 
 def _serve_foreground(port: int = 8088) -> int:
+    print(MODEL_WARNING, flush=True)  # before a build that can take 20 minutes
     fetch_model()
     build_server()
     command = [
@@ -364,8 +376,8 @@ def _serve_foreground(port: int = 8088) -> int:
         "--chat-template-file",
         str(template_path()),
     ]
-    print("llama-server, as saucer needs it (--jinja and a chat template with tools: tool calls are parsed,")
-    print('and tool_choice "required" is enforced with a grammar):')
+    print("llama-server, as saucer needs it (--jinja and a chat template with tools; saucer constrains each")
+    print("required tool call with a JSON-schema grammar, [llm] tool_grammar = auto):")
     print("  " + " ".join(command))
     print("a session uses it with these settings (or the same keys under [llm] / [system] in saucer.toml):")
     for key, value in saucer_settings(f"http://127.0.0.1:{port}/v1").items():

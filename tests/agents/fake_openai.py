@@ -62,7 +62,12 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        if self.path.rstrip("/").endswith("/models"):
+        fake = self.server.fake
+        with fake._lock:
+            fake.gets.append(self.path)
+        if self.path == "/props" and fake.props is not None:  # llama-server's own endpoint
+            self._send(Scripted(200, fake.props))
+        elif self.path.rstrip("/").endswith("/models"):
             self._send(Scripted(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}))
         else:
             self._send(Scripted(404, {"error": {"message": "not found"}}))
@@ -115,6 +120,10 @@ class FakeOpenAI:
         self.requests: list[RecordedRequest] = []
         self.script: deque[Scripted] = deque()
         self.responder: Callable[[RecordedRequest], Scripted | dict[str, Any]] | None = None
+        #: The paths of the GET requests (``requests`` holds the POSTs).
+        self.gets: list[str] = []
+        #: What ``GET /props`` answers (None: 404, as any server but llama.cpp's llama-server).
+        self.props: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -143,8 +152,10 @@ class FakeOpenAI:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.gets.clear()
             self.script.clear()
             self.responder = None
+            self.props = None
 
     @property
     def base_url(self) -> str:

@@ -103,7 +103,7 @@ def test_cost_per_round_and_per_session_and_request_log(
     assert len(lines) == 4
     for line in lines:
         RequestLogEntry.model_validate(line)  # the engine's schema
-        assert line["agent"] == "linux" and line["model"] == "gpt-4o-mini" and line["status"] == "ok"
+        assert line["agent"] == "app" and line["model"] == "gpt-4o-mini" and line["status"] == "ok"
         assert line["prompt"][0]["role"] == "system" and line["latency_ms"] >= 0
     assert [line["round"] for line in lines] == [0, 0, 1, 1]
     assert [line["step"] for line in lines] == [1, 2, 1, 2]
@@ -386,7 +386,7 @@ def test_evaluation_of_rounds_and_session(fake: FakeOpenAI, settings: ModelSetti
     steps_cost = 2 * 1000 * 0.15 / 1e6
     assert session.context.get(ContextNames.SESSION_COST) == pytest.approx(steps_cost + 0.45)
     lines = read_jsonl(Path(result.log_path) / "request.log")
-    assert [line["agent"] for line in lines] == ["linux", "linux", "evaluator", "evaluator"]
+    assert [line["agent"] for line in lines] == ["app", "app", "evaluator", "evaluator"]
 
 
 def test_an_unparseable_or_failing_judge_is_unsure(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
@@ -636,3 +636,18 @@ def test_session_factory_normal_mode_with_a_model(fake: FakeOpenAI, tmp_path: Pa
         result = run(session.run())
     assert result.status == "finished" and [c.tool_name for c in dispatcher.commands] == ["shell.run"]
     assert fake.requests[0].headers["authorization"] == "Bearer not-needed"  # local servers need no key
+
+
+def test_the_single_agent_is_app_and_an_old_session_keeps_linux(settings: ModelSettings) -> None:
+    """The single agent is named ``app`` (host/app, as the session and ``saucer show`` name agents); a
+    session stored before, whose conversation and cursor say ``linux``, resumes with that name."""
+    from types import SimpleNamespace
+
+    provider = create_agent_provider(settings)
+    fresh = SimpleNamespace(context=Context(), add_closer=lambda close: None)
+    [agent] = provider(fresh).agents  # type: ignore[arg-type]
+    assert agent.name == "app"
+    stored = Context()
+    stored.update_vars(set={"_llm.linux.meta": {"scope": {"round": 0}, "failures": 0}})
+    [agent] = provider(SimpleNamespace(context=stored, add_closer=lambda close: None)).agents  # type: ignore[arg-type]
+    assert agent.name == "linux"

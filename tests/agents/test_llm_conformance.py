@@ -281,3 +281,43 @@ def test_a_tool_call_turn_goes_back_with_empty_content(proxy: RecordingProxy) ->
     assert sent["role"] == "assistant" and sent["content"] == "" and sent["tool_calls"][0]["id"] == "call_1"
     assert asked.assistant_message()["content"] == ""
     assert reply.usage.total_tokens > 0 and reply.finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_a_required_call_is_grammar_constrained_and_comes_back_as_a_tool_call(proxy: RecordingProxy) -> None:
+    """``tool_choice: "required"`` alone lets SmolLM2 answer in prose here; with the JSON-schema grammar
+    saucer sends to a llama-server, the reply is one call of an offered tool, with its required arguments."""
+    tools = ToolSet.from_tool_info(
+        {
+            "files.write": {
+                "description": "Create a text file with the given content",
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                    "required": ["path", "content"],
+                },
+            },
+            "files.read": {
+                "description": "Read a text file",
+                "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            },
+        }
+    )
+    settings = ModelSettings(base_url=proxy.base_url, model=MODEL, max_tokens=96, timeout=120, tool_choice="required")
+
+    async def go() -> ModelReply:
+        async with ModelClient(settings) as client:
+            assert await client.constrains_tool_calls()  # asked at /props
+            return await client.complete(
+                [{"role": "user", "content": "Create notes.txt containing hello."}], tools=tools
+            )
+
+    reply = asyncio.run(go())
+    [call] = proxy.completions()
+    _assert_wire(call, max_tokens=96, tools=False)
+    sent = call.request_json
+    assert sent["tool_choice"] == "required" and sent["response_format"]["type"] == "json_schema"
+    assert reply.finish_reason == "stop", call.response_json
+    [made] = reply.tool_calls
+    assert made.function_name in ("files__write", "files__read") and made.error is None
+    assert set(tools.resolve(made.function_name).parameters["required"]) <= set(made.arguments)  # type: ignore[union-attr]
+    assert reply.content is None and reply.assistant_message()["content"] == ""

@@ -20,6 +20,7 @@ from llm_helpers import FakeDispatcher, make_session
 from saucer.agents.llm import LinuxAgent, ModelClient, ModelSettings
 from saucer.agents.llm.agent import TOKENS_VAR
 from saucer.agents.llm.logs import read_jsonl
+from saucer.agents.llm.single import LEGACY_SINGLE_AGENT
 from saucer.context import Context, ContextNames
 from saucer.engine.logs import read_step_log
 
@@ -63,9 +64,12 @@ def test_required_offers_a_finish_tool_that_ends_the_work(
     result = run(session.run())
     assert result.status == "finished", result
     assert session.context.get(ContextNames.ROUND_RESULT) == "listed the files"
-    first = fake.requests[0]
-    assert first.json["tool_choice"] == "required" and "finish" in first.tool_names
-    assert "call finish with a short summary" in first.messages[0]["content"]
+    first, second = fake.requests
+    assert (
+        first.json["tool_choice"] == "required" and "call finish with a short summary" in first.messages[0]["content"]
+    )
+    # finish is offered once a tool call was tried: before, the step must act
+    assert "finish" not in first.tool_names and "finish" in second.tool_names
 
 
 def test_required_finish_before_any_action_is_no_action(
@@ -319,7 +323,7 @@ def test_a_long_conversation_is_trimmed_to_the_window_and_kept_whole(
     call_ids = {c["id"] for m in sent if m["role"] == "assistant" for c in m.get("tool_calls") or ()}
     assert all(m["tool_call_id"] in call_ids for m in sent if m["role"] == "tool")
     # the stored conversation is whole: the audit trail keeps every message
-    stored = session.context.get_var("_llm.linux.messages")
+    stored = session.context.get_var("_llm.app.messages")
     assert len(stored) == 2 + 2 * 8 and len(stored) > len(sent)
     lines = read_jsonl(Path(result.log_path) / "request.log")
     assert lines[-1]["trimmed"]["dropped"] > 0
@@ -400,7 +404,7 @@ def test_a_conversation_stored_by_an_older_saucer_goes_on(fake: FakeOpenAI, sett
 
     async def go() -> tuple[str, LinuxAgent]:
         async with ModelClient(settings) as client:
-            agent = LinuxAgent(client=client)
+            agent = LinuxAgent(LEGACY_SINGLE_AGENT, client=client)  # its name then (the provider keeps it)
             return await agent.act(ctx), agent
 
     status, agent = run(go())

@@ -102,3 +102,19 @@ def test_ui_open_says_when_no_browser_opens(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=30)
     [said] = [x for x in err.splitlines() if x.startswith("--open:")]
     assert f"http://127.0.0.1:{port}/" in said and "no browser could be opened" in said
+
+
+def test_sessions_piped_is_plain_and_narrow(run_cli, tmp_path: Path) -> None:
+    """Piped, ``sessions`` is a header line and one line a session: no title, box or rule lines, no padding."""
+    from saucer.store import open_store
+
+    with open_store(f"sqlite:///{tmp_path / 's.db'}") as store:
+        for sid in ("one", "a-longer-id"):
+            store.create_session(sid)
+    out = run_cli("sessions", "--store", f"sqlite:///{tmp_path / 's.db'}", check=True).stdout
+    lines = out.splitlines()
+    assert not BOX & set(out), out
+    assert lines[0].split() == ["id", "task", "mode", "status", "rounds", "steps", "cost", "updated"], out
+    assert sorted(line.split()[0] for line in lines[1:]) == ["a-longer-id", "one"], out
+    assert all(line == line.strip() and line for line in lines), out  # no blank, padded or indented line
+    assert max(map(len, lines)) < 80, out  # short cells make a short line: the columns fit their values

@@ -50,7 +50,7 @@ def test_markup_like_text_is_printed_byte_for_byte_by_every_command(run_cli, tmp
     _context_session(tmp_path)
 
     sessions = run_cli("sessions", check=True).stdout
-    assert f"mk   {TASK}" in sessions and f"\n {'ctx':<4}" in sessions
+    assert f"\nmk   {TASK}" in sessions and "\nctx  " in sessions
     assert json.loads(run_cli("sessions", "--json", check=True).stdout)[1]["task"] == TASK
     shown = run_cli("show", "mk", check=True).stdout
     assert f"round 0: {MARK}" in shown and f"subtask: {MARK}" in shown and f"SUBTASK = {MARK}" in shown
@@ -102,7 +102,7 @@ def test_output_to_a_pipe_is_never_wrapped(run_cli, tmp_path: Path) -> None:
     [line] = error.stderr.splitlines()
     assert len(line) > 40 and line.startswith("error: ")
     sessions = run_cli("sessions", env=narrow, check=True).stdout
-    assert " ctx " in sessions
+    assert "\nctx " in sessions
 
 
 def test_prompts_show_parameters_literally(tmp_path: Path) -> None:

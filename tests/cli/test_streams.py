@@ -200,7 +200,7 @@ def test_sessions_filters_sorts_and_limits_in_one_listing(run_cli, tmp_path: Pat
     assert ids("--sort", "id") == ["s0", "s1", "s2", "s3"]
     assert ids("--since", "2999-01-01") == [] and len(ids("--since", "1d")) == 4
     plain = run_cli("sessions", "--task", "gamma", check=True).stdout
-    assert " s3  [b]gamma[/b]  follower" in plain and "┏" not in plain
+    assert "\ns3  [b]gamma[/b]  follower" in plain and "┏" not in plain
     assert run_cli("sessions", "--task", "zeta", check=True).stdout.strip() == "no sessions match"
     for args, message in (
         (("--sort", "size"), "--sort 'size' is not one of"),

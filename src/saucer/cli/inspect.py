@@ -193,14 +193,13 @@ def _session_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def write_sessions(out: Any, rows: Iterable[Mapping[str, Any]]) -> None:
-    """The ``saucer sessions`` table as plain aligned text on ``out`` (for a pipe): the layout of
-    :func:`sessions_table` without rich, so 10^4 rows print in a blink; nothing is cut or wrapped."""
+    """``saucer sessions`` for a pipe: a header line, then one line a session, columns two spaces apart; no
+    title, box, rule or padding (grep and awk read it). Without rich: 10^4 rows in a blink, nothing cut."""
     cells = [_session_cells(row) for row in rows]
     widths = [max([len(name)] + [len(c[i]) for c in cells]) for i, name in enumerate(_SESSION_COLUMNS)]
-
-    # Each cell left-aligned and padded with spaces to its column's width (str.ljust), in one format call a row.
-    line = (" " + "  ".join(f"{{:<{w}}}" for w in widths) + " \n").format
-    out.write("sessions\n\n" + line(*_SESSION_COLUMNS) + " " + "─" * (sum(widths) + 2 * (len(widths) - 1)) + " \n")
+    # Every cell but the last padded to its column's width (str.ljust), in one format call a row.
+    line = ("  ".join([*(f"{{:<{w}}}" for w in widths[:-1]), "{}"]) + "\n").format
+    out.write(line(*_SESSION_COLUMNS))
     out.writelines(line(*c) for c in cells)
 
 

@@ -320,6 +320,11 @@ class LLMSettings(_Section):
         description="tool_choice sent with the tools: auto, required (the agent then gets a finish tool), "
         "or omit (send none, for servers that reject the field).",
     )
+    tool_grammar: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Constrain a required tool call with a JSON-schema grammar (response_format): auto (where the "
+        "endpoint is llama.cpp's llama-server, asked at /props), on (any server), off (never).",
+    )
     context_window: int | None = Field(
         8192, ge=256, description="Tokens the model's context holds; longer conversations are trimmed to fit."
     )

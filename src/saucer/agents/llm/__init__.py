@@ -6,7 +6,7 @@
     provider = create_agent_provider(settings)    # provider(session) -> AgentSet
     Session(task, mode="normal", agents=provider, ...)
 
-``[llm] agent = "single"`` (default) gives one :class:`LinuxAgent`;
+``[llm] agent = "single"`` (default) gives one :class:`LinuxAgent`, named ``app``;
 ``"host"`` gives a :class:`HostAgent` that hands subtasks to an
 :class:`AppAgent`. Either way the set carries an :class:`LLMEvaluator`, used
 when ``system.eva_round`` / ``system.eva_session`` are on.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from saucer.agents.llm.agent import SUBTASK_FINISH, LinuxAgent, LLMAgent, ToolUsingAgent, interactor_approver
+from saucer.agents.llm.agent import SUBTASK_FINISH, LLMAgent, ToolUsingAgent, interactor_approver
 from saucer.agents.llm.client import (
     ENV_API_KEY,
     ENV_BASE_URL,
@@ -36,6 +36,7 @@ from saucer.agents.llm.host import AppAgent, HostAgent
 from saucer.agents.llm.logs import RequestLogger
 from saucer.agents.llm.pricing import PriceFileError, PriceTable, format_cost
 from saucer.agents.llm.prompts import render_template
+from saucer.agents.llm.single import LEGACY_SINGLE_AGENT, SINGLE_AGENT, LinuxAgent
 from saucer.agents.llm.tools import ToolSet
 from saucer.engine.agent import AgentSet
 
@@ -73,13 +74,25 @@ __all__ = [
 ]
 
 
-def build_agent_set(settings: ModelSettings, client: ModelClient) -> AgentSet:
-    """The agents for ``settings.agent`` (``single`` or ``host``) sharing ``client``, with the LLM judge."""
+def build_agent_set(settings: ModelSettings, client: ModelClient, *, single_name: str = SINGLE_AGENT) -> AgentSet:
+    """The agents for ``settings.agent`` (``single`` or ``host``) sharing ``client``, with the LLM judge.
+
+    The single agent is named ``single_name`` (``app``; a session stored
+    under the old name keeps it, see :func:`create_agent_provider`).
+    """
     if settings.agent == "host":
         agents: list[Any] = [HostAgent(client=client, settings=settings), AppAgent(client=client, settings=settings)]
     else:
-        agents = [LinuxAgent(client=client, settings=settings)]
+        agents = [LinuxAgent(single_name, client=client, settings=settings)]
     return AgentSet(agents, evaluator=LLMEvaluator(client, settings))
+
+
+def _single_agent_name(session: Session) -> str:
+    """``app``, or ``linux`` for a session whose stored conversation (and cursor) name the agent so."""
+    context = getattr(session, "context", None)
+    if context is not None and context.get_var(f"_llm.{LEGACY_SINGLE_AGENT}.meta") is not None:
+        return LEGACY_SINGLE_AGENT
+    return SINGLE_AGENT
 
 
 def create_agent_provider(
@@ -103,6 +116,6 @@ def create_agent_provider(
         model_settings = resolved or require_model_settings(getattr(session, "settings", None), env)
         client = make_client(model_settings)
         session.add_closer(client.aclose)
-        return build_agent_set(model_settings, client)
+        return build_agent_set(model_settings, client, single_name=_single_agent_name(session))
 
     return provider

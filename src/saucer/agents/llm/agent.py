@@ -1,4 +1,5 @@
-"""The single-tier LLM agent (UFO's LinuxAgent role) and what the two-tier agents share.
+"""What saucer's tool-using LLM agents share: the single-tier agent (:mod:`saucer.agents.llm.single`),
+the two tiers (:mod:`saucer.agents.llm.host`) and the operator.
 
 One engine step of a tool-using agent is one model call:
 
@@ -48,6 +49,7 @@ from saucer.agents.llm.client import (
     ToolCall,
 )
 from saucer.agents.llm.logs import RequestLogger
+from saucer.agents.llm.outcomes import no_action_reason, nothing_done_reason, previous_subtask_entry
 from saucer.agents.llm.prompts import (
     as_text,
     cut_off_message,
@@ -70,7 +72,6 @@ if TYPE_CHECKING:
 __all__ = [
     "LLMAgent",
     "ToolUsingAgent",
-    "LinuxAgent",
     "SubtaskFinishState",
     "SUBTASK_FINISH",
     "REFUSED",
@@ -202,6 +203,18 @@ class LLMAgent(Agent):
             [ask_user_spec()] if self.settings.ask_user and self.offers_ask_user else []
         )
         return tools.with_tools(*extra) if extra else tools
+
+    def for_this_step(self, tools: ToolSet, meta: Mapping[str, Any]) -> ToolSet:
+        """The tools of this step's call: all of them, but ``finish`` only once a tool call was tried.
+
+        With ``tool_choice = "required"`` a step before any attempt must act:
+        ending there would only be answered "nothing has been done yet", and
+        under a grammar (:mod:`saucer.agents.llm.grammar`) a small model
+        picks ``finish`` at once, every time (measured with SmolLM2-135M).
+        """
+        if self.finish_tool and not meta.get("tried"):
+            return tools.without(FINISH_TOOL)
+        return tools
 
     @staticmethod
     def answer_of(reply: ModelReply) -> str | None:
@@ -422,7 +435,7 @@ class ToolUsingAgent(LLMAgent):
         )
         try:
             await self.before_model_call(context, messages)
-            reply = await self.call_model(context, messages, tools)
+            reply = await self.call_model(context, messages, self.for_this_step(tools, meta))
         except TokenBudgetReached as exc:
             return self._stop(str(exc))
         except ModelCallError as exc:
@@ -552,32 +565,6 @@ class ToolUsingAgent(LLMAgent):
         return _clip(f"{status}: {result.error or as_text(result.result)}")
 
 
-class LinuxAgent(ToolUsingAgent):
-    """The single-tier agent: the whole request, tool call by tool call, until a final answer."""
-
-    def __init__(self, name: str = "linux", *, client: ModelClient, settings: ModelSettings | None = None) -> None:
-        super().__init__(name, client=client, settings=settings)
-
-
-def _said(content: str, limit: int = 300) -> str:
-    """A model's answer inside a one-line reason (the whole answer is in the conversation and the step log)."""
-    text = " ".join(content.split())
-    if not text:
-        return "(an empty reply)"
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def nothing_done_reason(who: str, content: str) -> str:
-    """The round (or subtask) result of an agent whose every tool call failed or was refused."""
-    return f"nothing was done (every tool call failed or was refused); the {who} said: {_said(content)}"
-
-
-def no_action_reason(retries: int, content: str) -> str:
-    """The round result of an agent that never called a tool."""
-    asked = f", even after {retries} reminder(s)" if retries else ""
-    return f"no action: the model answered without calling a tool{asked}: {_said(content)}"
-
-
 def is_refusal(result: Result) -> bool:
     """A sensitive command the dispatcher did not run because approval was refused."""
     return result.status != ResultStatus.SUCCESS and (result.error or "").startswith("refused")
@@ -591,14 +578,3 @@ class SubtaskFinishState(ContinueState):
 
     def is_subtask_end(self) -> bool:
         return True
-
-
-def previous_subtask_entry(context: Context, subtask: str, status: str, result: str, agent: str) -> Mapping[str, Any]:
-    """One ``PREVIOUS_SUBTASKS`` entry (the schema both tiers write and the prompts read)."""
-    return {
-        "subtask": subtask,
-        "status": status,
-        "result": result,
-        "round": context.get(ContextNames.CURRENT_ROUND_ID),
-        "agent": agent,
-    }

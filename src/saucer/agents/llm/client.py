@@ -18,12 +18,14 @@ import asyncio
 import json
 import random
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 
+from saucer.agents.llm import grammar
 from saucer.agents.llm.logs import RequestLogger
 from saucer.agents.llm.pricing import PriceTable, format_cost
 from saucer.agents.llm.settings import (
@@ -220,6 +222,8 @@ class ModelClient:
         self._no_temperature: set[str] = set()
         #: Models that take ``max_completion_tokens`` instead of ``max_tokens``.
         self._max_tokens_field: dict[str, str] = {}
+        #: Whether the endpoint is a llama-server (asked once, for ``tool_grammar = "auto"``).
+        self._llama_server: bool | None = None
         #: Characters of request (messages and tools, as JSON) per prompt token, measured by the last reply.
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
         kwargs: dict[str, Any] = {}
@@ -304,11 +308,15 @@ class ModelClient:
             body["temperature"] = temp
         if s.max_tokens is not None:
             body[self._max_tokens_field.get(model_name, "max_tokens")] = s.max_tokens
+        constrained: ToolSet | None = None
         if tools:
             body["tools"] = tools.schemas()
             choice = tool_choice or s.tool_choice
             if choice != "omit":
                 body["tool_choice"] = choice
+            if choice == "required" and response_format is None and await self.constrains_tool_calls():
+                constrained = tools  # the grammar makes the reply one call of one of them (saucer.agents.llm.grammar)
+                response_format = grammar.response_format(tools)
         if response_format is not None:
             body["response_format"] = dict(response_format)
         logger = request_logger or self.request_logger
@@ -354,7 +362,7 @@ class ModelClient:
             await self._sleep(self.backoff_delay(attempt, retry_after))
         latency = time.monotonic() - attempt_started
         try:
-            reply = self._reply(response, model_name, tools, latency, attempt)
+            reply = self._reply(response, model_name, tools, latency, attempt, constrained)
         except ModelCallError as exc:
             self._log(logger, body, tools, None, started, attempt, errors, log_fields, str(exc))
             raise
@@ -375,7 +383,31 @@ class ModelClient:
             hint = f"; check {ENV_BASE_URL} (usually ends in /v1) and {ENV_MODEL}"
         return f"{where} refused the request: {detail}{hint}"
 
-    def _reply(self, response: Any, model: str, tools: ToolSet | None, latency: float, attempts: int) -> ModelReply:
+    async def constrains_tool_calls(self) -> bool:
+        """Whether a required tool call is sent with a JSON-schema grammar (``[llm] tool_grammar``).
+
+        ``auto`` asks the endpoint once whether it is a llama-server
+        (:func:`~saucer.agents.llm.grammar.serves_llama_cpp`), whose
+        ``tool_choice: "required"`` lets a small model answer in prose.
+        """
+        mode = self.settings.tool_grammar
+        if mode != "auto":
+            return mode == "on"
+        if self._llama_server is None:
+            self._llama_server = await grammar.serves_llama_cpp(
+                self.settings.effective_base_url, api_key=self.settings.secret(), timeout=min(self.settings.timeout, 10)
+            )
+        return self._llama_server
+
+    def _reply(
+        self,
+        response: Any,
+        model: str,
+        tools: ToolSet | None,
+        latency: float,
+        attempts: int,
+        constrained: ToolSet | None = None,
+    ) -> ModelReply:
         choices = getattr(response, "choices", None) or []
         if not choices:
             raise ModelCallError(
@@ -394,6 +426,15 @@ class ModelClient:
             calls.append(
                 ToolCall(raw.id or f"call_{len(calls)}", name, fn.name, arguments, fn.arguments or "{}", error)
             )
+        content = message.content
+        if constrained is not None and not calls:
+            found = grammar.tool_call_from_content(content, constrained)
+            if found is not None:  # the JSON the grammar allowed is the call; it has no text beside it
+                spec = constrained.resolve(found.function_name)
+                name = spec.name if spec is not None else found.function_name
+                call_id = f"call_{uuid.uuid4().hex[:16]}"
+                calls.append(ToolCall(call_id, name, found.function_name, found.arguments, found.raw_arguments))
+                content = None
         usage = Usage.from_response(getattr(response, "usage", None))
         used_model = getattr(response, "model", None) or model
         # Price by the model we asked for; providers often answer with a dated variant.
@@ -401,7 +442,7 @@ class ModelClient:
         if cost is None and used_model != model:
             cost = self.prices.cost(used_model, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
         return ModelReply(
-            content=message.content,
+            content=content,
             tool_calls=calls,
             usage=usage,
             cost=cost,
@@ -436,6 +477,8 @@ class ModelClient:
                 "temperature": body.get("temperature"),
                 "max_tokens": body.get("max_tokens", body.get("max_completion_tokens")),
                 "tool_choice": body.get("tool_choice"),
+                # "json_schema" on a grammar-constrained call (saucer.agents.llm.grammar), else None
+                "response_format": (body.get("response_format") or {}).get("type"),
                 "prompt": [without_images(m) for m in body["messages"]],  # a screenshot's base64 is not log text
                 "tools": tools.names() if tools else [],
                 "attempts": attempts,

@@ -28,12 +28,10 @@ from saucer.agents.llm.agent import (
     LLMAgent,
     TokenBudgetReached,
     ToolUsingAgent,
-    no_action_reason,
-    nothing_done_reason,
-    previous_subtask_entry,
 )
 from saucer.agents.llm.ask import ASK_USER_TOOL, ask_the_user
 from saucer.agents.llm.client import ModelCallError, ModelClient, ModelSettings
+from saucer.agents.llm.outcomes import no_action_reason, nothing_done_reason, previous_subtask_entry
 from saucer.agents.llm.prompts import app_agent_system_prompt, host_agent_system_prompt, request_message
 from saucer.agents.llm.tools import ToolSet, ToolSpec
 from saucer.context.names import ContextNames

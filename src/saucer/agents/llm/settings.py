@@ -22,6 +22,7 @@ __all__ = [
     "ENV_MODEL",
     "OPENAI_BASE_URL",
     "ToolChoice",
+    "ToolGrammar",
     "ModelSettings",
     "ModelNotConfiguredError",
     "not_configured_message",
@@ -34,6 +35,8 @@ ENV_MODEL = "SAUCER_LLM_MODEL"
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 #: ``auto`` and ``required`` are sent as they are; ``omit`` sends no ``tool_choice`` (a server that rejects it).
 ToolChoice = Literal["auto", "required", "omit"]
+#: ``auto``: constrain a required tool call where the endpoint is a llama-server; ``on``: on any server; ``off``: never.
+ToolGrammar = Literal["auto", "on", "off"]
 
 
 class ModelSettings(BaseModel):
@@ -47,6 +50,10 @@ class ModelSettings(BaseModel):
     temperature: float | None = Field(0.0, ge=0.0, le=2.0)
     max_tokens: int | None = Field(1024, gt=0, description="most tokens generated per call (bounds a runaway reply)")
     tool_choice: ToolChoice = Field("auto", description="sent with the tools: auto, required, or omit (not sent)")
+    tool_grammar: ToolGrammar = Field(
+        "auto",
+        description="constrain a required tool call with a JSON-schema grammar: auto (on a llama-server), on, off",
+    )
     context_window: int | None = Field(8192, ge=256, description="tokens the model's context holds; trimmed to fit")
     token_budget: int | None = Field(None, gt=0, description="most tokens the agents may use in one session")
     no_action_retries: int = Field(

@@ -185,6 +185,10 @@ class ToolSet:
         """This set plus ``extra`` (a function name already offered is not added twice)."""
         return ToolSet(self.specs + [spec for spec in extra if self.resolve(spec.function_name) is None])
 
+    def without(self, *function_names: str) -> ToolSet:
+        """This set less the tools of these function names."""
+        return ToolSet([spec for spec in self.specs if spec.function_name not in function_names])
+
     def names(self) -> list[str]:
         """The saucer names of the tools, sorted."""
         return [s.name for s in self.specs]
