@@ -49,7 +49,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from saucer.context import Context, ContextNames
-from saucer.engine.interactor import ask, interactor_approver, nobody_to_ask
+from saucer.engine.host import SessionRef
+from saucer.engine.interactor import as_channel, interactor_approver, nobody_to_ask
 from saucer.store import ConflictError, Event, EventStore, NotParticipantError, SessionNotFoundError, StoreError
 from saucer.store.summary import ENDED
 
@@ -448,8 +449,8 @@ async def wait_for_decision(
 
 
 def pending_approver(
-    session: Any,
-    interactor: Any,
+    session: SessionRef,
+    interactor: object | None,
     *,
     timeout: float,
     reason_of: Callable[[Any], Awaitable[str | None]] | None = None,
@@ -459,11 +460,12 @@ def pending_approver(
     (a terminal, or ``assume_yes``); otherwise a pending approval in the session's log that waits
     up to ``timeout`` seconds for ``saucer approve``/``refuse`` (0: refused at once, as before).
     ``reason_of(command)`` says why the command needs approval (stored with the request)."""
-    asker = interactor_approver(interactor)
+    channel = as_channel(interactor)
+    asker = interactor_approver(channel)
 
     async def approve(command: Any) -> bool | str:
-        store = getattr(session, "store", None)
-        if timeout <= 0 or store is None or not nobody_to_ask(interactor):
+        store = session.store
+        if timeout <= 0 or store is None or not nobody_to_ask(channel):
             return await asker(command)
         try:
             detail = json.dumps(command.parameters, ensure_ascii=False, default=str)
@@ -481,7 +483,7 @@ def pending_approver(
             round=int(ctx.get(ContextNames.CURRENT_ROUND_ID)),
             timeout=timeout,
         )
-        await ask(interactor, "approval_pending", approval)
+        await channel.approval_pending(approval)
         decided = await wait_for_decision(store, approval, interval=interval)
         return True if decided.status == "approved" else decided.refusal()
 
@@ -513,8 +515,8 @@ def request_question(
 
 
 async def pending_question(
-    session: Any,
-    interactor: Any,
+    session: SessionRef,
+    interactor: object | None,
     question: str,
     *,
     timeout: float,
@@ -524,10 +526,10 @@ async def pending_question(
     """Ask ``question`` as a pending question of ``session`` and wait up to ``timeout`` seconds
     for ``saucer answer`` or the API; return it decided (``answered`` or ``timed_out``). None when
     it cannot wait: no store, or ``timeout`` 0 (the caller says there is no one to ask)."""
-    store = getattr(session, "store", None)
+    store = session.store
     if timeout <= 0 or store is None:
         return None
-    ctx = getattr(session, "context", None)
+    ctx: Context | None = session.context  # None before the session runs
     round_id = ctx.get(ContextNames.CURRENT_ROUND_ID) if ctx is not None else None
     asked = await asyncio.to_thread(
         request_question,
@@ -538,5 +540,5 @@ async def pending_question(
         round=int(round_id) if isinstance(round_id, int) else None,
         timeout=timeout,
     )
-    await ask(interactor, "question_pending", asked)
+    await as_channel(interactor).question_pending(asked)
     return await wait_for_decision(store, asked, interval=interval)

@@ -136,10 +136,10 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
 
     def make(session: Session) -> Any:
         try:
-            from saucer.dispatch import local  # type: ignore[attr-defined]
+            from saucer.dispatch import local
         except ImportError as exc:
             return _UnavailableDispatcher(f"the local command dispatcher is not available ({exc})")
-        where = Path(getattr(session, "workspace", None) or workspace or Path.cwd())
+        where = Path(session.workspace or workspace or Path.cwd())
         desktop = _desktop_server(settings, session)
         # The shell may write to the session's artifacts folder when it has one (a desktop session); the
         # other sessions' shell options stay the same, so a pool shares one shell server among them.
@@ -151,15 +151,13 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
             shell=settings.shell,
             artifacts=desktop.artifacts if desktop is not None else None,
         )
-        interactor = getattr(session, "interactor", None)
+        channel = session.user_channel
         dispatcher = local.LocalCommandDispatcher.from_config(
-            servers,
-            approver=interactor_approver(interactor),
-            assume_yes=bool(getattr(interactor, "assume_yes", False)),
+            servers, approver=interactor_approver(channel), assume_yes=channel.assume_yes
         )
         # Nobody at a terminal: a sensitive command waits as a pending approval in the session's log.
         dispatcher.approver = pending_approver(
-            session, interactor, timeout=settings.approvals.timeout, reason_of=dispatcher.sensitive_reason
+            session, channel, timeout=settings.approvals.timeout, reason_of=dispatcher.sensitive_reason
         )
         return dispatcher
 

@@ -62,7 +62,7 @@ from saucer.agents.llm.window import estimate_tokens, fit_to_window, prompt_budg
 from saucer.context.names import ContextNames
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine.agent import Agent, AgentStatus, ContinueState
-from saucer.engine.interactor import ask, interactor_approver
+from saucer.engine.interactor import interactor_approver
 
 if TYPE_CHECKING:
     from saucer.context import Context
@@ -347,11 +347,6 @@ class LLMAgent(Agent):
             context.incr(ContextNames.SESSION_COST, cost)
             context.incr(ContextNames.CURRENT_ROUND_COST, cost)
 
-    def _interactor(self) -> Any:
-        rnd = self.round
-        session = getattr(rnd, "session", None) if rnd is not None else None
-        return getattr(session, "interactor", None)
-
     def _error(self, message: str) -> str:
         """End in ERROR with ``message`` on the step and as the round's result."""
         if self.step is not None:
@@ -464,8 +459,7 @@ class ToolUsingAgent(LLMAgent):
 
     async def _confirm(self, spec: ToolSpec, call: ToolCall) -> bool:
         args = as_text(call.arguments)
-        approved = await ask(self._interactor(), "sensitive_step_asker", f"run {spec.name}", args[:2000])
-        return bool(approved)
+        return await self.user_channel.sensitive_step_asker(f"run {spec.name}", args[:2000])
 
     async def run_tool_calls(
         self, context: Context, calls: list[ToolCall], tools: ToolSet
@@ -496,7 +490,7 @@ class ToolUsingAgent(LLMAgent):
                 contents[i] = f"not finished: call {FINISH_TOOL} alone, after the other calls' results"
                 continue
             if call.function_name == ASK_USER_TOOL and self.settings.ask_user and self.offers_ask_user:
-                contents[i] = await ask_the_user(self, self._interactor(), call)
+                contents[i] = await ask_the_user(self, call)
                 continue
             if spec is None:
                 available = ", ".join(s.function_name for s in tools.specs) or "none"
