@@ -41,7 +41,7 @@ from saucer.engine.interactor import UserChannel
 
 if TYPE_CHECKING:
     from saucer.context import Context
-    from saucer.engine.host import AgentHost, RoundView
+    from saucer.engine.host import AgentHost, ProviderHost, RoundView
     from saucer.engine.logs import StepRecord
     from saucer.engine.routing import TransitionGraph
 
@@ -319,7 +319,7 @@ class Agent:
         only cancellation propagates. Commands and results are recorded in the step.
         """
         cmds = [c if isinstance(c, Command) else Command(**dict(c)) for c in commands]
-        dispatcher = getattr(context, "command_dispatcher", None)
+        dispatcher = context.command_dispatcher
         if dispatcher is None:
             raise DispatcherUnavailableError(
                 f"agent {self.name!r} has commands to run ({', '.join(c.tool_name for c in cmds)}) "
@@ -499,7 +499,7 @@ class AgentProvider(Protocol):
     works too. ``saucer.agents.llm`` provides one via ``create_agent_provider(settings)``.
     """
 
-    def __call__(self, session: AgentHost) -> AgentSet | Agent | Sequence[Agent]: ...
+    def __call__(self, session: ProviderHost) -> AgentSet | Agent | Sequence[Agent]: ...
 
 
 def as_agent_set(value: Any) -> AgentSet:

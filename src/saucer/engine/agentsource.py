@@ -4,7 +4,7 @@
 :class:`~saucer.engine.agent.AgentSet` once, when a round first needs it: the
 follower named by ``agents.follower`` for a command step, and for requests
 (and a plan's text steps) the agents the session was given, a provider called
-with the session (an :class:`~saucer.engine.host.AgentHost`) or ready agents,
+with the session (a :class:`~saucer.engine.host.ProviderHost`) or ready agents,
 routed by the session's transition graph when it has one.
 """
 
@@ -21,7 +21,7 @@ from saucer.engine.plan import PlanStep
 if TYPE_CHECKING:
     from saucer.config import Settings
     from saucer.engine.evaluation import Evaluator
-    from saucer.engine.host import AgentHost
+    from saucer.engine.host import ProviderHost
     from saucer.engine.routing import TransitionGraph
 
 __all__ = ["AgentSource", "AgentsSpec"]
@@ -42,7 +42,7 @@ class AgentSource:
         self._follower_set: AgentSet | None = None
         self._request_set: AgentSet | None = None
 
-    def for_step(self, step: PlanStep | str | None, host: AgentHost, where: str) -> AgentSet:
+    def for_step(self, step: PlanStep | str | None, host: ProviderHost, where: str) -> AgentSet:
         """The agents of a round that runs ``step`` (a command step, a text step, or None: a request).
 
         ``host`` is what a provider is called with; ``where`` names the round in the error

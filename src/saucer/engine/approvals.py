@@ -46,7 +46,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from saucer.context import Context, ContextNames
 from saucer.engine.host import SessionRef
@@ -88,7 +88,8 @@ DEFAULT_POLL_INTERVAL = 0.5
 
 ApprovalStatus = Literal["pending", "approved", "refused", "timed_out", "answered"]
 RequestKind = Literal["approval", "question"]
-_DECIDED = ("approved", "refused", "timed_out", "answered")
+DecidedStatus = Literal["approved", "refused", "timed_out", "answered"]
+_DECIDED: tuple[DecidedStatus, ...] = ("approved", "refused", "timed_out", "answered")
 QUESTION_TIMED_OUT = "no answer (timeout)"
 """How a question nobody answered in time begins (what the model reads)."""
 _DETAIL_CHARS = 2000
@@ -206,15 +207,19 @@ def _request_of(event: Event) -> Approval | None:
     )
 
 
-def _decision_of(event: Event) -> tuple[int, str, str | None] | None:
+def _decision_of(event: Event) -> tuple[int, DecidedStatus, str | None] | None:
     data = event.meta.get("approval")
     if event.meta.get("kind") != DECISION_KIND or not isinstance(data, dict):
         return None
     number, status = data.get("number"), data.get("status")
-    if not isinstance(number, int) or status not in _DECIDED:
+    if not isinstance(number, int) or not _is_decided(status):
         return None
     note = data.get("note")
-    return number, str(status), note if isinstance(note, str) and note else None
+    return number, status, note if isinstance(note, str) and note else None
+
+
+def _is_decided(status: object) -> TypeGuard[DecidedStatus]:
+    return status in _DECIDED
 
 
 def approvals_of(events: Iterable[Event]) -> list[Approval]:
@@ -236,7 +241,7 @@ def approvals_of(events: Iterable[Event]) -> list[Approval]:
                 status=status,
                 decided_by=event.author,
                 decided_at=event.timestamp,
-                note=note,  # type: ignore[arg-type]
+                note=note,
             )
     return [found[n] for n in sorted(found)]
 
@@ -421,7 +426,7 @@ async def wait_for_decision(
                         status=status,
                         decided_by=event.author,
                         decided_at=event.timestamp,
-                        note=note,  # type: ignore[arg-type]
+                        note=note,
                     )
     except TimeoutError:
         pass

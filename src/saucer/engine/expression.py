@@ -114,6 +114,7 @@ class _Parser:
                 kind = "var"
             if kind != "ws":
                 value = m.group("varname") if kind == "var" else m.group(0)
+                assert kind is not None and value is not None  # every alternative of the pattern is named
                 if kind == "name":
                     if value not in _KEYWORDS:
                         raise ExpressionError(

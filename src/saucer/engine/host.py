@@ -11,7 +11,8 @@ modules import each other in one direction only, type-only imports included).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from saucer.config import Settings
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from saucer.engine.plan import PlanStep
     from saucer.store import EventStore
 
-__all__ = ["SessionRef", "AgentHost", "RoundView"]
+__all__ = ["SessionRef", "AgentHost", "ProviderHost", "RoundView"]
 
 
 class SessionRef(Protocol):
@@ -48,6 +49,13 @@ class AgentHost(SessionRef, Protocol):
     def user_channel(self) -> UserChannel:
         """The session's interactor, its methods resolved once (:class:`~saucer.engine.interactor.UserChannel`)."""
         ...
+
+
+class ProviderHost(AgentHost, Protocol):
+    """What an agent provider is called with (``provider(session)``): the session, whose settings it
+    reads and which closes what the provider opens for it (e.g. a model client's connections)."""
+
+    def add_closer(self, closer: Callable[[], Awaitable[Any]]) -> None: ...
 
 
 class RoundView(Protocol):

@@ -266,7 +266,7 @@ class UserChannel:
             target.question_pending if isinstance(target, _QuestionPending) else _DEFAULT.question_pending
         )
         self._refusal: Callable[[], str | None] | None = (
-            target.refusal_reason if isinstance(interactor, _RefusalReason) else None
+            interactor.refusal_reason if isinstance(interactor, _RefusalReason) else None
         )
 
     # ------------------------------------------------------------- what it is

@@ -59,9 +59,8 @@ EXPERIENCE_FILE = "experience.json"
 
 
 def _json_default(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    if dump is not None:
-        return dump(mode="json")
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
     return str(value)
 
 

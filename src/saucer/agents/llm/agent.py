@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 from saucer.agents.llm.ask import ASK_USER_TOOL, ask_the_user, ask_user_spec
 from saucer.agents.llm.client import (
-    DEFAULT_CHARS_PER_TOKEN,
     ModelCallError,
     ModelClient,
     ModelReply,
@@ -57,7 +56,7 @@ from saucer.agents.llm.prompts import (
     request_message,
     template_variables,
 )
-from saucer.agents.llm.tools import ToolSet, ToolSpec
+from saucer.agents.llm.tools import FlagsSensitiveTools, GatesSensitiveCommands, ToolSet, ToolSpec
 from saucer.agents.llm.window import estimate_tokens, fit_to_window, prompt_budget
 from saucer.context.names import ContextNames
 from saucer.dispatch.messages import Command, Result, ResultStatus
@@ -181,8 +180,8 @@ class LLMAgent(Agent):
     def tools(self, context: Context) -> ToolSet:
         """The tools of ``TOOL_INFO`` (sensitive: flagged there or by the dispatcher)."""
         info = context.get(ContextNames.TOOL_INFO) or {}
-        dispatcher = getattr(context, "command_dispatcher", None)
-        sensitive = getattr(dispatcher, "sensitive_tools", None) or ()
+        dispatcher = context.command_dispatcher
+        sensitive = dispatcher.sensitive_tools if isinstance(dispatcher, FlagsSensitiveTools) else ()
         try:
             sensitive_set = set(sensitive)
         except TypeError:
@@ -307,7 +306,7 @@ class LLMAgent(Agent):
             fitted = fit_to_window(
                 messages,
                 budget=prompt_budget(window, self.settings.max_tokens),
-                chars_per_token=getattr(self.client, "chars_per_token", DEFAULT_CHARS_PER_TOKEN),
+                chars_per_token=self.client.chars_per_token,
                 tool_schemas=tools.schemas() if tools else None,
             )
             if fitted.trimmed:
@@ -322,7 +321,7 @@ class LLMAgent(Agent):
         used = reply.usage.total_tokens
         if not used:
             # A server that reports no usage still spends tokens: estimate them, so a budget never counts 0.
-            cpt = getattr(self.client, "chars_per_token", DEFAULT_CHARS_PER_TOKEN)
+            cpt = self.client.chars_per_token
             used = estimate_tokens(sent, tools.schemas() if tools else None, cpt)
             used += estimate_tokens([reply.assistant_message()], None, cpt)
             self.note(tokens_estimated=True)
@@ -477,8 +476,7 @@ class ToolUsingAgent(LLMAgent):
         before dispatching a tool flagged ``sensitive``. Either way the user
         is asked once, and the model reads ``refused by the user``.
         """
-        dispatcher = getattr(context, "command_dispatcher", None)
-        dispatcher_gates = callable(getattr(dispatcher, "sensitive_reason", None))
+        dispatcher_gates = isinstance(context.command_dispatcher, GatesSensitiveCommands)
         contents: list[str | None] = [None] * len(calls)
         to_run: list[tuple[int, Command]] = []
         failures = successes = 0
@@ -501,7 +499,7 @@ class ToolUsingAgent(LLMAgent):
                 contents[i] = f"error: invalid arguments for {spec.function_name}: {call.error}; nothing was run"
                 failures += 1
                 continue
-            command = Command(tool_name=spec.name, parameters=call.arguments, tool_type=spec.tool_type)  # type: ignore[arg-type]
+            command = Command(tool_name=spec.name, parameters=call.arguments, tool_type=spec.tool_type)
             if spec.sensitive and not dispatcher_gates and not await self._confirm(spec, call):
                 contents[i] = f"{REFUSED}: {spec.name} was not run"
                 refused_here.append((command, Result.skipped(command, REFUSED)))
