@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
 
 from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
@@ -227,7 +227,7 @@ class Session:
     @property
     def interactor(self) -> Interactor | None:
         """The session's interactor as given (setting it makes a new :attr:`user_channel`)."""
-        return self.user_channel.interactor  # type: ignore[return-value]  # it is what was given
+        return cast("Interactor | None", self.user_channel.interactor)  # the object given, as typed here
 
     @interactor.setter
     def interactor(self, value: Interactor | None) -> None:
@@ -278,7 +278,7 @@ class Session:
         """Await ``closer()`` when the session closes, e.g. to close a model client's connections."""
         self._held.add_closer(closer)
 
-    def add_observers(self, *observers: Any) -> None:
+    def add_observers(self, *observers: object) -> None:
         """Tell ``observers`` too (after the session's own observer) what happens in this session."""
         self._notify = ObserverCaller(CompositeObserver([self.observer, *observers]))
 
