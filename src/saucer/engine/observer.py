@@ -1,5 +1,10 @@
 """Live progress: the :class:`SessionObserver` protocol the CLI (and pools) render from.
 
+The protocol is defined with :class:`~saucer.engine.session.Session` (its hooks name
+the session, and the session names it), and is importable from here with
+:class:`NullObserver`, :class:`~saucer.engine.notify.CompositeObserver` and
+:class:`~saucer.engine.notify.ObserverCaller`.
+
 Every method is optional and may be plain or ``async``; which ones an
 observer has is checked once, when the session is given it
 (:class:`~saucer.engine.notify.ObserverCaller`); an observer that raises is
@@ -10,9 +15,10 @@ committed: ``on_step`` receives the committed :class:`~saucer.engine.logs.StepRe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from saucer.engine.notify import CompositeObserver, ObserverCaller
+from saucer.engine.session import SessionObserver
 
 if TYPE_CHECKING:
     from saucer.engine.logs import StepRecord
@@ -20,21 +26,6 @@ if TYPE_CHECKING:
     from saucer.engine.session import Session, SessionResult
 
 __all__ = ["SessionObserver", "NullObserver", "CompositeObserver", "ObserverCaller"]
-
-
-@runtime_checkable
-class SessionObserver(Protocol):
-    """Hooks for live progress; all optional, plain or async."""
-
-    def on_session_start(self, session: Session) -> Any: ...
-
-    def on_round_start(self, session: Session, round: Round) -> Any: ...
-
-    def on_step(self, session: Session, record: StepRecord) -> Any: ...
-
-    def on_round_end(self, session: Session, round: Round, result: RoundResult) -> Any: ...
-
-    def on_session_end(self, session: Session, result: SessionResult) -> Any: ...
 
 
 class NullObserver:
