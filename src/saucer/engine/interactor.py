@@ -28,6 +28,12 @@ can answer).
 Methods may be plain or ``async``. An interactor whose plain methods block
 (reading a terminal) sets ``blocking = True`` so the engine calls them in a
 worker thread and other sessions keep running.
+
+The engine and the agents never call an interactor by a method's name: a
+:class:`UserChannel` (``session.user_channel``, ``agent.user_channel``) checks
+once, when it is made, which of these methods the interactor has (one
+``runtime_checkable`` Protocol each) and keeps them as bound callables, with the
+non-interactive defaults for the others.
 """
 
 from __future__ import annotations
