@@ -51,6 +51,7 @@ from typing import Any, Literal, TypeGuard
 from saucer.context import Context, ContextNames
 from saucer.engine.host import SessionRef
 from saucer.engine.interactor import as_channel, interactor_approver, nobody_to_ask
+from saucer.engine.meta import ApprovalDecisionData, ApprovalDecisionMeta, ApprovalRequestData, ApprovalRequestMeta
 from saucer.store import ConflictError, Event, EventStore, NotParticipantError, SessionNotFoundError, StoreError
 from saucer.store.summary import ENDED
 
@@ -313,12 +314,13 @@ def request_approval(
     kind: RequestKind = "approval",
 ) -> Approval:
     """Record a pending approval (or question) in the session (an ``approval_request`` event) and return it."""
-    data: dict[str, Any] = {"action": action, "detail": detail[:_DETAIL_CHARS], "reason": reason}
+    data: ApprovalRequestData = {"action": action, "detail": detail[:_DETAIL_CHARS], "reason": reason}
     if kind == "question":
         data["kind"] = "question"
     if timeout is not None:
         data["timeout"] = float(timeout)
-    meta = {"kind": REQUEST_KIND, "approval": data}
+    asking: ApprovalRequestMeta = {"kind": "approval_request", "approval": data}
+    meta = dict(asking)
     for _ in range(_MAX_TRIES):
         head = store.head(session_id)
         try:
@@ -388,9 +390,10 @@ def decide(
             )
         if status != "timed_out":  # the runner's own timeout is not a person's write
             check_decider(store, session_id, author, head)
-        data: dict[str, Any] = {"number": number, "status": status}
+        data: ApprovalDecisionData = {"number": number, "status": status}
         if note:
             data["note"] = note
+        decision: ApprovalDecisionMeta = {"kind": "approval_decision", "approval": data}
         try:
             event = store.append(
                 session_id,
@@ -398,7 +401,7 @@ def decide(
                 [],
                 author=author,
                 round=approval.round,
-                meta={"kind": DECISION_KIND, "approval": data},
+                meta=dict(decision),
             )
         except ConflictError:
             continue  # something was written meanwhile (maybe a decision): check again

@@ -23,6 +23,12 @@ __all__ = [
     "EvaluationMeta",
     "SessionSummary",
     "SessionEndMeta",
+    "StepRecordMeta",
+    "StepMeta",
+    "ApprovalRequestData",
+    "ApprovalRequestMeta",
+    "ApprovalDecisionData",
+    "ApprovalDecisionMeta",
 ]
 
 
@@ -145,6 +151,80 @@ class SessionSummary(TypedDict):
     steps: int
     cost: float | None
     reason: str
+
+
+class _StepRecordRequired(TypedDict):
+    step_format: int
+    round: int
+    step: int
+    session_step: int
+    agent: str
+    state: str
+    status: str
+    next_agent: str | None
+    next_state: str | None
+    subtask_index: int
+    started_at: float
+
+
+class StepRecordMeta(_StepRecordRequired, total=False):
+    """A :class:`~saucer.engine.logs.StepRecord` in its compact stored form (``StepRecord.to_meta``):
+    fields at their defaults are left out."""
+
+    subtask: str
+    plan_index: int
+    commands: list[dict[str, Any]]
+    results: list[dict[str, Any]]
+    cost: float | None
+    error: str
+    extra: dict[str, Any]
+    artifacts: list[dict[str, Any]]
+
+
+class StepMeta(StepRecordMeta, total=False):
+    """A step's commit: its record, with ``kind`` ``step``, ``session_status`` and the cursor of who acts next."""
+
+    kind: Literal["step"]
+    session_status: str
+    cursor: CursorMeta
+
+
+class _ApprovalRequestRequired(TypedDict):
+    action: str
+    detail: str
+    reason: str
+
+
+class ApprovalRequestData(_ApprovalRequestRequired, total=False):
+    """What a pending approval (or question, ``kind``) asks, and how long it waits (``timeout``, seconds)."""
+
+    kind: Literal["question"]
+    timeout: float
+
+
+class ApprovalRequestMeta(TypedDict):
+    """A pending approval or question (:mod:`saucer.engine.approvals`)."""
+
+    kind: Literal["approval_request"]
+    approval: ApprovalRequestData
+
+
+class _ApprovalDecisionRequired(TypedDict):
+    number: int
+    status: Literal["approved", "refused", "timed_out", "answered"]
+
+
+class ApprovalDecisionData(_ApprovalDecisionRequired, total=False):
+    """Which approval was decided, how, and a note (a question's answer)."""
+
+    note: str
+
+
+class ApprovalDecisionMeta(TypedDict):
+    """A decision on a pending approval or question."""
+
+    kind: Literal["approval_decision"]
+    approval: ApprovalDecisionData
 
 
 class _SessionEndRequired(TypedDict):

@@ -44,7 +44,7 @@ from saucer.engine.uitree import artifact_name, look
 
 if TYPE_CHECKING:
     from saucer.engine.application import ApplicationWatch
-    from saucer.engine.meta import CursorMeta
+    from saucer.engine.meta import CursorMeta, StepMeta
     from saucer.engine.plan import PlanStep
 
 __all__ = ["Round", "RoundResult", "RoundStatus", "RoundHost"]
@@ -294,10 +294,7 @@ class Round:
 
     async def _commit(self, agent: Agent, record: StepRecord, next_agent: Agent, t0: float, t1: float) -> None:
         """ONE commit: the step's Context changes, its record and the cursor (who acts next)."""
-        meta = record.to_meta()
-        meta["kind"] = "step"
-        meta["session_status"] = "running"
-        meta["cursor"] = self.session.step_cursor(self.id, self.plan_index, next_agent.name, record.next_state or "")
+        meta = self._step_meta(record, next_agent.name, record.next_state or "")
         t2 = _perf()
         record.version = await self.session.context.acommit_step(
             author=agent.name, round=self.id, step=record.session_step, meta=meta
@@ -363,16 +360,23 @@ class Round:
         error_state = agent.state_for(AgentStatus.ERROR)
         record.next_agent = agent.name
         record.next_state = error_state.name()
-        meta = record.to_meta()
-        meta["kind"] = "step"
-        meta["session_status"] = "running"
-        meta["cursor"] = session.step_cursor(self.id, self.plan_index, agent.name, error_state.name())
+        meta = self._step_meta(record, agent.name, error_state.name())
         record.version = await ctx.acommit_step(author=agent.name, round=self.id, step=record.session_step, meta=meta)
         record.timings = {"total_ms": (_perf() - t0) * 1000.0}
         self.steps += 1
         agent.set_state(error_state)
         await session.step_committed(self, agent, record, failed=True)
         return self._end(RoundStatus.ERROR, f"step {record.step} of agent {agent.name!r} failed", error=message)
+
+    def _step_meta(self, record: StepRecord, next_agent: str, next_state: str) -> dict[str, Any]:
+        """A step's commit meta: its record, and the cursor of the agent and state that act next."""
+        meta: StepMeta = {
+            **record.to_meta(),
+            "kind": "step",
+            "session_status": "running",
+            "cursor": self.session.step_cursor(self.id, self.plan_index, next_agent, next_state),
+        }
+        return dict(meta)
 
     def _end(self, status: str, reason: str, error: str | None = None) -> RoundResult:
         return RoundResult(self.id, status, self.steps, self.cost, reason, error)
