@@ -9,6 +9,7 @@ session that will never run.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -56,7 +57,7 @@ class DispatcherHolder:
             if inspect.isawaitable(dispatcher):
                 dispatcher = await dispatcher
             self._owned = True
-        if dispatcher is not None and self._owned and hasattr(dispatcher, "__aenter__"):
+        if self._owned and isinstance(dispatcher, contextlib.AbstractAsyncContextManager):
             entered = await dispatcher.__aenter__()
             self._entered = dispatcher
             if entered is not None:

@@ -54,6 +54,7 @@ from typing import Any
 from saucer.config import Settings, load_settings
 from saucer.dispatch.messages import Command, Result
 from saucer.dispatch.servers import DesktopServer, configured_servers
+from saucer.engine.agent import AgentSet
 from saucer.engine.approvals import pending_approver
 from saucer.engine.components import create_agent_provider, create_operator_provider
 from saucer.engine.errors import (
@@ -276,7 +277,7 @@ class SessionFactory:
     def _lazy_agents(self) -> Callable[[Session], Any]:
         def provide(session: Session) -> Any:
             provider = self.agent_provider(session.mode)
-            if callable(provider) and not hasattr(provider, "agents"):
+            if callable(provider) and not isinstance(provider, AgentSet):
                 return provider(session)
             return provider
 
