@@ -110,7 +110,8 @@ class OutcomeRecorder:
         #: The evaluator given to the session; else the agents' (``fallback_evaluator()``), else ``agents.evaluator``.
         self.evaluator = evaluator
         self._fallback = fallback_evaluator
-        self._saver = experience_saver
+        #: Saves the experience plan its own way (``saver(session, plan, path)``), when given.
+        self.experience_saver = experience_saver
         #: The verdicts of this run, in order (listed by the session's end).
         self.evaluations: list[Evaluation] = []
         #: (request, successful commands) per round of this run: the experience's source when nothing
@@ -385,7 +386,7 @@ class OutcomeRecorder:
         path = experience.experience_path(host.task, host.session_id, host.settings.system.experience_dir, host.logs)
         if path is None:
             return None
-        saver = self._saver
+        saver = self.experience_saver
         save: Callable[[Plan, Any], Any] | None = None
         if saver is not None:
 

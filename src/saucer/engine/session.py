@@ -76,13 +76,9 @@ class SessionObserver(Protocol):
     """Hooks for live progress (:mod:`saucer.engine.observer`); all optional, plain or async."""
 
     def on_session_start(self, session: Session) -> Any: ...
-
     def on_round_start(self, session: Session, round: Round) -> Any: ...
-
     def on_step(self, session: Session, record: StepRecord) -> Any: ...
-
     def on_round_end(self, session: Session, round: Round, result: RoundResult) -> Any: ...
-
     def on_session_end(self, session: Session, result: SessionResult) -> Any: ...
 
 
@@ -237,6 +233,11 @@ class Session:
     def evaluator(self) -> Any:
         """The evaluator given to the session (or made for it once it judged: ``agents.evaluator``)."""
         return self._outcome.evaluator
+
+    @property
+    def experience_saver(self) -> ExperienceSaver | None:
+        """Saves the session's experience plan its own way, when given (``saver(session, plan, path)``)."""
+        return self._outcome.experience_saver
 
     @property
     def resumed(self) -> bool:
