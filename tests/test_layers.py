@@ -18,9 +18,11 @@ The rules, with no exceptions list:
   packages (they stand beside the layers, usable from any of them);
 * ``ufo_config`` (UFO's YAML files read into the settings) imports ``config``
   and nothing else of saucer;
-* no file-level import cycle (two files importing each other, directly or
-  around a loop, lazily or not; an import under ``if TYPE_CHECKING:`` never
-  runs, so it counts for the layers but not for cycles);
+* no file-level import cycle in any package (two files importing each other,
+  directly or around a loop, lazily or not, and under ``if TYPE_CHECKING:``
+  too: an annotation that names a module which names it back is a circle of
+  concerns even though it never runs -- move the shared type down, or give
+  the lower module a Protocol);
 * no module over 600 lines.
 
 A new top-level package must be given its place in ``LAYERS`` (or in
@@ -224,15 +226,44 @@ def test_standalone_packages_import_nothing_of_saucer() -> None:
     assert not wrong, "tools, config and redaction import nothing of saucer:\n" + "\n".join(dict.fromkeys(wrong))
 
 
-def test_no_file_level_import_cycle() -> None:
-    """Imports that run (at module level or lazily) form no loop. Typing-only imports are left out
-    here (they never run, so they cannot make an import order matter), but not from the layer rules."""
+def _import_graph(imports: list[Import], *, typing_only: bool) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (``typing_only``: imports under ``if TYPE_CHECKING:`` count too)."""
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for imp in IMPORTS:
-        if imp.target in graph and imp.target != imp.source and not imp.typing_only:
+    for imp in imports:
+        if imp.target in graph and imp.target != imp.source and (typing_only or not imp.typing_only):
             graph[imp.source].add(imp.target)
-    cycles = _cycles(graph)
-    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c + [c[0]]) for c in cycles)
+    return graph
+
+
+def _explain(cycles: list[list[str]]) -> str:
+    return "\n".join(" -> ".join(c + [c[0]]) for c in cycles)
+
+
+def test_no_file_level_import_cycle() -> None:
+    """Imports that run (at module level or lazily) form no loop: an import order never matters."""
+    cycles = _cycles(_import_graph(IMPORTS, typing_only=False))
+    assert not cycles, "import cycles:\n" + _explain(cycles)
+
+
+def test_no_import_cycle_in_any_package_type_only_imports_included() -> None:
+    """No package's modules import each other around a loop, counting the imports under
+    ``if TYPE_CHECKING:`` (annotations): every package is a tree of concerns, not a knot."""
+    cycles = _cycles(_import_graph(IMPORTS, typing_only=True))
+    by_package: dict[str, list[list[str]]] = {}
+    for cycle in cycles:
+        by_package.setdefault(_package(cycle[0]), []).append(cycle)
+    assert not cycles, "import cycles (type-only imports included), by package:\n" + "\n".join(
+        f"{package}:\n{_explain(found)}" for package, found in sorted(by_package.items())
+    )
+
+
+def test_a_type_only_import_closes_a_cycle() -> None:
+    """The checker itself: a loop closed by an import under ``if TYPE_CHECKING:`` is found, and only
+    when type-only imports count."""
+    a, b = "saucer.engine.session", "saucer.engine.round"
+    imports = [Import(a, b, 1, False, False), Import(b, a, 2, False, True)]
+    assert _cycles(_import_graph(imports, typing_only=True)) == [sorted([a, b])]
+    assert _cycles(_import_graph(imports, typing_only=False)) == []
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -18,7 +18,7 @@ from saucer.engine.plan import PlanStep
 
 if TYPE_CHECKING:
     from saucer.context import Context
-    from saucer.engine.round import Round
+    from saucer.engine.host import RoundView
 
 __all__ = ["FollowerAgent"]
 
@@ -30,7 +30,7 @@ class FollowerAgent(Agent):
         super().__init__(name)
         self.plan_step: PlanStep | None = None
 
-    def on_round_start(self, round: Round) -> None:
+    def on_round_start(self, round: RoundView) -> None:
         step = round.plan_step
         self.plan_step = step if isinstance(step, PlanStep) else None
 

@@ -43,7 +43,7 @@ from saucer.engine.uitree import DesktopView, artifact_name, look
 
 if TYPE_CHECKING:
     from saucer.context import Context
-    from saucer.engine.session import Session
+    from saucer.engine.host import ProviderHost
 
 __all__ = [
     "OPERATOR_MODES",
@@ -183,7 +183,7 @@ class OperatorAgent(ToolUsingAgent):
         session_step = step.session_step if step is not None else None
         name = artifact_name(session_step) if session_step is not None else "operator"
         view = await look(
-            getattr(context, "command_dispatcher", None),
+            context.command_dispatcher,
             name,
             save_tree=self.save_trees,
             include_tree=True,
@@ -216,7 +216,7 @@ def create_operator_provider(
     mode: str = "operator",
     env: Mapping[str, str] | None = None,
     client_factory: Callable[[ModelSettings], ModelClient] | None = None,
-) -> Callable[[Session], AgentSet]:
+) -> Callable[[ProviderHost], AgentSet]:
     """A provider (``agents=``) for ``operator`` or ``normal_operator`` sessions.
 
     ``settings`` is as for :func:`saucer.agents.llm.create_agent_provider`
@@ -228,16 +228,15 @@ def create_operator_provider(
     resolved = require_model_settings(settings, env) if settings is not None else None
     make_client = client_factory or ModelClient
 
-    def provider(session: Session) -> AgentSet:
-        model_settings = resolved or require_model_settings(getattr(session, "settings", None), env)
+    def provider(session: ProviderHost) -> AgentSet:
+        model_settings = resolved or require_model_settings(session.settings, env)
         client = make_client(model_settings)
         session.add_closer(client.aclose)
-        system = getattr(getattr(session, "settings", None), "system", None)
         agent = OperatorAgent(
             client=client,
             settings=model_settings,
             mix_tools=mode == "normal_operator",
-            save_trees=bool(getattr(system, "save_ui_tree", False)),
+            save_trees=session.settings.system.save_ui_tree,
         )
         return AgentSet([agent], evaluator=LLMEvaluator(client, model_settings))
 

@@ -7,7 +7,8 @@ Public API (stable for the CLI, the service and the LLM agents)::
         SessionFactory, SessionPool,
         Agent, AgentState, AgentStatus, AgentSet, ContinueState, FinishState, ...,
         TransitionGraph, Transition, ContextEquals, Expression, AgentTarget, Terminate, ...,
-        Interactor, NonInteractiveInteractor, SessionObserver, NullObserver,
+        Interactor, NonInteractiveInteractor, UserChannel, SessionObserver, NullObserver,
+        AgentHost, ProviderHost, RoundView,
         Evaluator, Evaluation, CostSummary, Limits, StepRecord, load_plan, Plan,
     )
 """
@@ -49,7 +50,8 @@ from saucer.engine.errors import (
 )
 from saucer.engine.evaluation import Evaluation, Evaluator
 from saucer.engine.factory import MODES, SessionFactory
-from saucer.engine.interactor import Interactor, NonInteractiveInteractor
+from saucer.engine.host import AgentHost, ProviderHost, RoundView
+from saucer.engine.interactor import Interactor, NonInteractiveInteractor, UserChannel
 from saucer.engine.logs import (
     EvaluationLogEntry,
     RequestLogEntry,

@@ -28,7 +28,9 @@ class Limits:
         return session_step - self.step_base >= self.max_step
 
     def round_reached(self, rounds: int) -> bool:
-        return bool(self.max_round) and rounds - self.round_base >= self.max_round
+        if not self.max_round:
+            return False
+        return rounds - self.round_base >= self.max_round
 
     def from_here(self, session_step: int, rounds: int) -> Limits:
         """The same limits, counted from ``session_step`` steps and ``rounds`` rounds."""

@@ -30,21 +30,20 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from saucer.dispatch.messages import Command, Result
 from saucer.engine.errors import DispatcherUnavailableError, UnknownStateError
-from saucer.engine.interactor import ask
+from saucer.engine.interactor import UserChannel
 
 if TYPE_CHECKING:
     from saucer.context import Context
+    from saucer.engine.host import AgentHost, ProviderHost, RoundView
     from saucer.engine.logs import StepRecord
-    from saucer.engine.round import Round
     from saucer.engine.routing import TransitionGraph
-    from saucer.engine.session import Session
 
 __all__ = [
     "AgentStatus",
@@ -190,6 +189,8 @@ class StateRegistry:
 
 S = TypeVar("S", bound=type[AgentState])
 
+_NOBODY = UserChannel(None)
+
 
 class Agent:
     """An agent: a name, a status, a current state, and the peers it can hand off to."""
@@ -203,7 +204,7 @@ class Agent:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        parent = next((b.states for b in cls.__mro__[1:] if "states" in b.__dict__), None)
+        parent = next((b.states for b in cls.__mro__[1:] if issubclass(b, Agent) and "states" in b.__dict__), None)
         cls.states = StateRegistry(cls.__name__, parent)
 
     def __init__(self, name: str | None = None) -> None:
@@ -218,8 +219,10 @@ class Agent:
         self.handoff: str | None = None
         #: The record of the step being handled (set by the round).
         self.step: StepRecord | None = None
-        #: The round being run (set by the round).
-        self.round: Round | None = None
+        #: The round being run (set by the round), as an agent may see it.
+        self.round: RoundView | None = None
+        #: The session of that round, as an agent may use it (set by the round).
+        self.session: AgentHost | None = None
         #: Question for the ``PENDING`` state, action for the ``CONFIRM`` state.
         self.pending_question: str = ""
         self.pending_action: str = ""
@@ -264,7 +267,12 @@ class Agent:
             f"{type(self).__name__} must implement act(context) or register its own CONTINUE state"
         )
 
-    def on_round_start(self, round: Round) -> None:
+    @property
+    def user_channel(self) -> UserChannel:
+        """The session's interactor (the non-interactive defaults outside a session)."""
+        return self.session.user_channel if self.session is not None else _NOBODY
+
+    def on_round_start(self, round: RoundView) -> None:
         """Called when a round that uses this agent starts (or is resumed)."""
 
     async def on_answer(self, context: Context, question: str, answer: str) -> None:
@@ -311,7 +319,7 @@ class Agent:
         only cancellation propagates. Commands and results are recorded in the step.
         """
         cmds = [c if isinstance(c, Command) else Command(**dict(c)) for c in commands]
-        dispatcher = getattr(context, "command_dispatcher", None)
+        dispatcher = context.command_dispatcher
         if dispatcher is None:
             raise DispatcherUnavailableError(
                 f"agent {self.name!r} has commands to run ({', '.join(c.tool_name for c in cmds)}) "
@@ -352,7 +360,7 @@ class ContinueState(AgentState):
     status = AgentStatus.CONTINUE.value
 
     async def handle(self, agent: Agent, context: Context) -> None:
-        result = agent.act(context)
+        result: object = agent.act(context)  # a subclass may define a plain ``act``
         if inspect.isawaitable(result):
             result = await result
         if result is not None:
@@ -437,11 +445,10 @@ class PendingState(AgentState):
     status = AgentStatus.PENDING.value
 
     async def handle(self, agent: Agent, context: Context) -> None:
-        interactor = agent.round.session.interactor if agent.round is not None else None
         question = agent.pending_question
-        answer = await ask(interactor, "question_asker", question, len(agent.answers))
+        answer = await agent.user_channel.question_asker(question, len(agent.answers))
         agent.note(question=question, answer=answer)
-        await agent.on_answer(context, question, answer if isinstance(answer, str) else "")
+        await agent.on_answer(context, question, answer)
 
 
 @Agent.register_state
@@ -451,8 +458,7 @@ class ConfirmState(AgentState):
     status = AgentStatus.CONFIRM.value
 
     async def handle(self, agent: Agent, context: Context) -> None:
-        interactor = agent.round.session.interactor if agent.round is not None else None
-        approved = bool(await ask(interactor, "sensitive_step_asker", agent.pending_action, agent.pending_target))
+        approved = await agent.user_channel.sensitive_step_asker(agent.pending_action, agent.pending_target)
         agent.note(confirmed=approved, action=agent.pending_action)
         await agent.on_confirmed(context, approved)
 
@@ -493,7 +499,7 @@ class AgentProvider(Protocol):
     works too. ``saucer.agents.llm`` provides one via ``create_agent_provider(settings)``.
     """
 
-    def __call__(self, session: Session) -> AgentSet | Agent | Sequence[Agent]: ...
+    def __call__(self, session: ProviderHost) -> AgentSet | Agent | Sequence[Agent]: ...
 
 
 def as_agent_set(value: Any) -> AgentSet:
@@ -505,6 +511,3 @@ def as_agent_set(value: Any) -> AgentSet:
     if isinstance(value, (list, tuple)) and all(isinstance(a, Agent) for a in value):
         return AgentSet(list(value))
     raise TypeError(f"an agent provider must return an AgentSet, an Agent or a list of Agents, not {value!r:.80}")
-
-
-AgentFactoryFn = Callable[["Session"], Any]

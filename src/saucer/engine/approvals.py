@@ -46,10 +46,12 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from saucer.context import Context, ContextNames
-from saucer.engine.interactor import ask, interactor_approver, nobody_to_ask
+from saucer.engine.host import SessionRef
+from saucer.engine.interactor import as_channel, interactor_approver, nobody_to_ask
+from saucer.engine.meta import ApprovalDecisionData, ApprovalDecisionMeta, ApprovalRequestData, ApprovalRequestMeta
 from saucer.store import ConflictError, Event, EventStore, NotParticipantError, SessionNotFoundError, StoreError
 from saucer.store.summary import ENDED
 
@@ -87,7 +89,8 @@ DEFAULT_POLL_INTERVAL = 0.5
 
 ApprovalStatus = Literal["pending", "approved", "refused", "timed_out", "answered"]
 RequestKind = Literal["approval", "question"]
-_DECIDED = ("approved", "refused", "timed_out", "answered")
+DecidedStatus = Literal["approved", "refused", "timed_out", "answered"]
+_DECIDED: tuple[DecidedStatus, ...] = ("approved", "refused", "timed_out", "answered")
 QUESTION_TIMED_OUT = "no answer (timeout)"
 """How a question nobody answered in time begins (what the model reads)."""
 _DETAIL_CHARS = 2000
@@ -205,15 +208,19 @@ def _request_of(event: Event) -> Approval | None:
     )
 
 
-def _decision_of(event: Event) -> tuple[int, str, str | None] | None:
+def _decision_of(event: Event) -> tuple[int, DecidedStatus, str | None] | None:
     data = event.meta.get("approval")
     if event.meta.get("kind") != DECISION_KIND or not isinstance(data, dict):
         return None
     number, status = data.get("number"), data.get("status")
-    if not isinstance(number, int) or status not in _DECIDED:
+    if not isinstance(number, int) or not _is_decided(status):
         return None
     note = data.get("note")
-    return number, str(status), note if isinstance(note, str) and note else None
+    return number, status, note if isinstance(note, str) and note else None
+
+
+def _is_decided(status: object) -> TypeGuard[DecidedStatus]:
+    return status in _DECIDED
 
 
 def approvals_of(events: Iterable[Event]) -> list[Approval]:
@@ -235,7 +242,7 @@ def approvals_of(events: Iterable[Event]) -> list[Approval]:
                 status=status,
                 decided_by=event.author,
                 decided_at=event.timestamp,
-                note=note,  # type: ignore[arg-type]
+                note=note,
             )
     return [found[n] for n in sorted(found)]
 
@@ -307,12 +314,13 @@ def request_approval(
     kind: RequestKind = "approval",
 ) -> Approval:
     """Record a pending approval (or question) in the session (an ``approval_request`` event) and return it."""
-    data: dict[str, Any] = {"action": action, "detail": detail[:_DETAIL_CHARS], "reason": reason}
+    data: ApprovalRequestData = {"action": action, "detail": detail[:_DETAIL_CHARS], "reason": reason}
     if kind == "question":
         data["kind"] = "question"
     if timeout is not None:
         data["timeout"] = float(timeout)
-    meta = {"kind": REQUEST_KIND, "approval": data}
+    asking: ApprovalRequestMeta = {"kind": "approval_request", "approval": data}
+    meta = dict(asking)
     for _ in range(_MAX_TRIES):
         head = store.head(session_id)
         try:
@@ -382,9 +390,10 @@ def decide(
             )
         if status != "timed_out":  # the runner's own timeout is not a person's write
             check_decider(store, session_id, author, head)
-        data: dict[str, Any] = {"number": number, "status": status}
+        data: ApprovalDecisionData = {"number": number, "status": status}
         if note:
             data["note"] = note
+        decision: ApprovalDecisionMeta = {"kind": "approval_decision", "approval": data}
         try:
             event = store.append(
                 session_id,
@@ -392,7 +401,7 @@ def decide(
                 [],
                 author=author,
                 round=approval.round,
-                meta={"kind": DECISION_KIND, "approval": data},
+                meta=dict(decision),
             )
         except ConflictError:
             continue  # something was written meanwhile (maybe a decision): check again
@@ -420,7 +429,7 @@ async def wait_for_decision(
                         status=status,
                         decided_by=event.author,
                         decided_at=event.timestamp,
-                        note=note,  # type: ignore[arg-type]
+                        note=note,
                     )
     except TimeoutError:
         pass
@@ -448,8 +457,8 @@ async def wait_for_decision(
 
 
 def pending_approver(
-    session: Any,
-    interactor: Any,
+    session: SessionRef,
+    interactor: object | None,
     *,
     timeout: float,
     reason_of: Callable[[Any], Awaitable[str | None]] | None = None,
@@ -459,11 +468,12 @@ def pending_approver(
     (a terminal, or ``assume_yes``); otherwise a pending approval in the session's log that waits
     up to ``timeout`` seconds for ``saucer approve``/``refuse`` (0: refused at once, as before).
     ``reason_of(command)`` says why the command needs approval (stored with the request)."""
-    asker = interactor_approver(interactor)
+    channel = as_channel(interactor)
+    asker = interactor_approver(channel)
 
     async def approve(command: Any) -> bool | str:
-        store = getattr(session, "store", None)
-        if timeout <= 0 or store is None or not nobody_to_ask(interactor):
+        store = session.store
+        if timeout <= 0 or store is None or not nobody_to_ask(channel):
             return await asker(command)
         try:
             detail = json.dumps(command.parameters, ensure_ascii=False, default=str)
@@ -481,7 +491,7 @@ def pending_approver(
             round=int(ctx.get(ContextNames.CURRENT_ROUND_ID)),
             timeout=timeout,
         )
-        await ask(interactor, "approval_pending", approval)
+        await channel.approval_pending(approval)
         decided = await wait_for_decision(store, approval, interval=interval)
         return True if decided.status == "approved" else decided.refusal()
 
@@ -513,8 +523,8 @@ def request_question(
 
 
 async def pending_question(
-    session: Any,
-    interactor: Any,
+    session: SessionRef,
+    interactor: object | None,
     question: str,
     *,
     timeout: float,
@@ -524,10 +534,10 @@ async def pending_question(
     """Ask ``question`` as a pending question of ``session`` and wait up to ``timeout`` seconds
     for ``saucer answer`` or the API; return it decided (``answered`` or ``timed_out``). None when
     it cannot wait: no store, or ``timeout`` 0 (the caller says there is no one to ask)."""
-    store = getattr(session, "store", None)
+    store = session.store
     if timeout <= 0 or store is None:
         return None
-    ctx = getattr(session, "context", None)
+    ctx: Context | None = session.context  # None before the session runs
     round_id = ctx.get(ContextNames.CURRENT_ROUND_ID) if ctx is not None else None
     asked = await asyncio.to_thread(
         request_question,
@@ -538,5 +548,5 @@ async def pending_question(
         round=int(round_id) if isinstance(round_id, int) else None,
         timeout=timeout,
     )
-    await ask(interactor, "question_pending", asked)
+    await as_channel(interactor).question_pending(asked)
     return await wait_for_decision(store, asked, interval=interval)

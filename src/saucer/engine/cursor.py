@@ -29,6 +29,7 @@ from typing import Any
 
 from saucer.engine.accounting import Limits
 from saucer.engine.errors import EngineError
+from saucer.engine.meta import CursorMeta
 from saucer.engine.step_format import upcast_step
 from saucer.store import Event, EventStore, SessionInfo
 
@@ -114,12 +115,18 @@ class ResumePoint:
             version=version,
         )
 
-    def to_meta(self) -> dict[str, Any]:
+    def to_meta(self) -> CursorMeta:
         """The stored form (what :func:`cursor_meta` writes)."""
-        extra: dict[str, Any] = {} if self.evaluated is None else {"evaluated": self.evaluated}
         limits = Limits(step_base=self.limit_base[0], round_base=self.limit_base[1]) if self.limit_base else Limits()
         return cursor_meta(
-            self.phase, self.round, self.plan_index, self.agent, self.state, self.progress, limits, **extra
+            self.phase,
+            self.round,
+            self.plan_index,
+            self.agent,
+            self.state,
+            self.progress,
+            limits,
+            evaluated=self.evaluated,
         )
 
 
@@ -131,10 +138,12 @@ def cursor_meta(
     state: str | None,
     progress: Progress,
     limits: Limits,
-    **extra: Any,
-) -> dict[str, Any]:
-    """A cursor as stored in an event's meta: position, non-zero counters, the limits' base."""
-    cursor: dict[str, Any] = {
+    *,
+    evaluated: bool | None = None,
+) -> CursorMeta:
+    """A cursor as stored in an event's meta: position, non-zero counters, the limits' base
+    (and, for a round's end, whether its evaluation is committed)."""
+    cursor: CursorMeta = {
         "phase": phase,
         "round": round_id,
         "plan_index": plan_index,
@@ -157,11 +166,13 @@ def cursor_meta(
     if progress.unknown_cost:
         cursor["unknown_cost"] = True
     if progress.error is not None or progress.stopped is not None or progress.reason:
-        cursor.update(error=progress.error, stopped=progress.stopped, reason=progress.reason)
+        cursor["error"] = progress.error
+        cursor["stopped"] = progress.stopped
+        cursor["reason"] = progress.reason
     if limits.step_base or limits.round_base:
         cursor["limit_base"] = {"steps": limits.step_base, "rounds": limits.round_base}
-    if extra:
-        cursor.update(extra)
+    if evaluated is not None:
+        cursor["evaluated"] = evaluated
     return cursor
 
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from saucer.config import Settings
+from saucer.engine.interactor import UserChannel
 from saucer.engine.uitree import UI_TREE_TOOL
 
 __all__ = ["inapplicable", "can_answer", "say_once", "NO_DESKTOP", "NO_TERMINAL", "LOGS_OFF"]
@@ -34,11 +35,11 @@ NO_TERMINAL = "no terminal to ask, so nothing is saved (--yes saves, or set syst
 LOGS_OFF = "logs are off (logs.enabled = false): there is no log folder to write output.md to"
 
 
-def can_answer(interactor: Any) -> bool:
-    """Whether ``interactor`` answers a question: someone at a terminal, or ``assume_yes`` (--yes)."""
-    if interactor is None:
+def can_answer(channel: UserChannel) -> bool:
+    """Whether the interactor answers a question: someone at a terminal, or ``assume_yes`` (--yes)."""
+    if not channel.present:
         return False
-    return bool(getattr(interactor, "interactive", True) or getattr(interactor, "assume_yes", False))
+    return channel.interactive(True) or channel.assume_yes
 
 
 def inapplicable(settings: Settings, *, tools: Mapping[str, Any], logs_on: bool) -> dict[str, str]:

@@ -9,16 +9,32 @@ session that will never run.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
+from pydantic import BaseModel
 
 __all__ = ["DispatcherHolder"]
 
 _log = logging.getLogger("saucer.engine")
+
+
+@runtime_checkable
+class _ListsTools(Protocol):
+    """A dispatcher that lists the tools it offers (optional)."""
+
+    def list_tools(self) -> Any: ...
+
+
+@runtime_checkable
+class _ReportsDevice(Protocol):
+    """A dispatcher whose device(s) report about themselves (optional)."""
+
+    def device_info(self) -> Any: ...
 
 
 class DispatcherHolder:
@@ -41,7 +57,7 @@ class DispatcherHolder:
             if inspect.isawaitable(dispatcher):
                 dispatcher = await dispatcher
             self._owned = True
-        if dispatcher is not None and self._owned and hasattr(dispatcher, "__aenter__"):
+        if self._owned and isinstance(dispatcher, contextlib.AbstractAsyncContextManager):
             entered = await dispatcher.__aenter__()
             self._entered = dispatcher
             if entered is not None:
@@ -52,9 +68,10 @@ class DispatcherHolder:
 
     async def tool_info(self, session_id: str) -> dict[str, Any]:
         """The tools the dispatcher offers, keyed ``server.tool``, as JSON data ({} when it cannot list them)."""
-        fn = getattr(self.dispatcher, "list_tools", None)
-        if fn is None:
+        dispatcher = self.dispatcher
+        if not isinstance(dispatcher, _ListsTools):
             return {}
+        fn = dispatcher.list_tools
         try:
             tools = fn()
             if inspect.isawaitable(tools):
@@ -74,9 +91,10 @@ class DispatcherHolder:
 
     async def device_info(self, session_id: str) -> list[dict[str, Any]]:
         """What the dispatcher's device(s) reported about themselves (``device_info()``), as JSON data; [] if nothing."""
-        fn = getattr(self.dispatcher, "device_info", None)
-        if fn is None:
+        dispatcher = self.dispatcher
+        if not isinstance(dispatcher, _ReportsDevice):
             return []
+        fn = dispatcher.device_info
         try:
             info = fn()
             if inspect.isawaitable(info):
@@ -99,7 +117,6 @@ class DispatcherHolder:
 
 
 def _jsonable(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    if dump is not None:
-        return dump(mode="json")
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
     return orjson.loads(orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS))

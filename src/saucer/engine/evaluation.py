@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from saucer.context import Context
 
-__all__ = ["Evaluation", "Evaluator", "Scope", "judge"]
+__all__ = ["Evaluation", "Evaluator", "Scope", "judge", "evaluator_name"]
 
 Scope = Literal["round", "session"]
 
@@ -48,10 +48,21 @@ class Evaluator(Protocol):
         ...
 
 
+@runtime_checkable
+class _Named(Protocol):
+    name: str
+
+
+def evaluator_name(evaluator: object) -> str:
+    """The evaluator's ``name`` when it has one, else its class name (what its verdicts and commits say)."""
+    name = evaluator.name if isinstance(evaluator, _Named) else None
+    return name if isinstance(name, str) and name else type(evaluator).__name__
+
+
 async def judge(evaluator: Any, context: Context, scope: Scope, round_id: int | None) -> Evaluation:
     """``evaluator``'s verdict, named after it and its round filled in; an evaluator that fails
     (or answers something that is not a verdict) gives an ``unsure`` verdict saying so, never a crash."""
-    name = getattr(evaluator, "name", None) or type(evaluator).__name__
+    name = evaluator_name(evaluator)
     try:
         verdict = evaluator.evaluate(context, scope=scope, round_id=round_id)
         if inspect.isawaitable(verdict):

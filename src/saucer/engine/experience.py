@@ -18,7 +18,7 @@ from typing import Any
 from saucer.engine.accounting import CostSummary
 from saucer.engine.defaults import NO_TERMINAL, can_answer
 from saucer.engine.evaluation import Evaluation
-from saucer.engine.interactor import ask
+from saucer.engine.interactor import UserChannel
 from saucer.engine.logs import EXPERIENCE_FILE, SessionLogs, read_step_log, render_markdown, slug
 from saucer.engine.plan import Plan, plan_from_rounds
 from saucer.engine.step_format import upcast_step
@@ -55,7 +55,7 @@ def experience_plan(task: str, store: EventStore, session_id: str, version: int,
     return plan_from_rounds(task, rounds)
 
 
-async def wanted(mode: str, finished: bool, evaluations: Sequence[Evaluation], interactor: Any) -> str | None:
+async def wanted(mode: str, finished: bool, evaluations: Sequence[Evaluation], channel: UserChannel) -> str | None:
     """Why the experience is not saved under ``save_experience`` mode ``mode``; None: save it."""
     if mode == "always_not":
         return "system.save_experience is always_not"
@@ -67,8 +67,8 @@ async def wanted(mode: str, finished: bool, evaluations: Sequence[Evaluation], i
         return "an evaluation says the task is not complete"  # never a good plan
     if mode == "auto" and session_verdicts and session_verdicts[-1].complete != "yes":
         return "auto: the evaluation does not say the task is complete"
-    if mode == "ask" and not await ask(interactor, "experience_asker"):
-        return "the user said no" if can_answer(interactor) else NO_TERMINAL
+    if mode == "ask" and not await channel.experience_asker():
+        return "the user said no" if can_answer(channel) else NO_TERMINAL
     return None
 
 

@@ -114,6 +114,7 @@ class _Parser:
                 kind = "var"
             if kind != "ws":
                 value = m.group("varname") if kind == "var" else m.group(0)
+                assert kind is not None and value is not None  # every alternative of the pattern is named
                 if kind == "name":
                     if value not in _KEYWORDS:
                         raise ExpressionError(
@@ -159,7 +160,7 @@ class _Parser:
         while self._is("or"):
             self._take()
             left, right = node, self._and()
-            node = (lambda l, r: lambda look: l(look) or r(look))(left, right)
+            node = (lambda lhs, rhs: lambda look: lhs(look) or rhs(look))(left, right)
         return node
 
     def _and(self) -> Node:
@@ -167,7 +168,7 @@ class _Parser:
         while self._is("and"):
             self._take()
             left, right = node, self._not()
-            node = (lambda l, r: lambda look: l(look) and r(look))(left, right)
+            node = (lambda lhs, rhs: lambda look: lhs(look) and rhs(look))(left, right)
         return node
 
     def _not(self) -> Node:
@@ -209,7 +210,7 @@ class _Parser:
         while self._is("+", "-"):
             fn = _ARITH[self._take()[1]]
             left, right = node, self._term()
-            node = (lambda f, l, r: lambda look: f(l(look), r(look)))(fn, left, right)
+            node = (lambda f, lhs, rhs: lambda look: f(lhs(look), rhs(look)))(fn, left, right)
         return node
 
     def _term(self) -> Node:
@@ -217,7 +218,7 @@ class _Parser:
         while self._is("*", "/"):
             fn = _ARITH[self._take()[1]]
             left, right = node, self._unary()
-            node = (lambda f, l, r: lambda look: f(l(look), r(look)))(fn, left, right)
+            node = (lambda f, lhs, rhs: lambda look: f(lhs(look), rhs(look)))(fn, left, right)
         return node
 
     def _unary(self) -> Node:

@@ -54,6 +54,7 @@ from typing import Any
 from saucer.config import Settings, load_settings
 from saucer.dispatch.messages import Command, Result
 from saucer.dispatch.servers import DesktopServer, configured_servers
+from saucer.engine.agent import AgentSet
 from saucer.engine.approvals import pending_approver
 from saucer.engine.components import create_agent_provider, create_operator_provider
 from saucer.engine.errors import (
@@ -136,10 +137,10 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
 
     def make(session: Session) -> Any:
         try:
-            from saucer.dispatch import local  # type: ignore[attr-defined]
+            from saucer.dispatch import local
         except ImportError as exc:
             return _UnavailableDispatcher(f"the local command dispatcher is not available ({exc})")
-        where = Path(getattr(session, "workspace", None) or workspace or Path.cwd())
+        where = Path(session.workspace or workspace or Path.cwd())
         desktop = _desktop_server(settings, session)
         # The shell may write to the session's artifacts folder when it has one (a desktop session); the
         # other sessions' shell options stay the same, so a pool shares one shell server among them.
@@ -151,15 +152,13 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
             shell=settings.shell,
             artifacts=desktop.artifacts if desktop is not None else None,
         )
-        interactor = getattr(session, "interactor", None)
+        channel = session.user_channel
         dispatcher = local.LocalCommandDispatcher.from_config(
-            servers,
-            approver=interactor_approver(interactor),
-            assume_yes=bool(getattr(interactor, "assume_yes", False)),
+            servers, approver=interactor_approver(channel), assume_yes=channel.assume_yes
         )
         # Nobody at a terminal: a sensitive command waits as a pending approval in the session's log.
         dispatcher.approver = pending_approver(
-            session, interactor, timeout=settings.approvals.timeout, reason_of=dispatcher.sensitive_reason
+            session, channel, timeout=settings.approvals.timeout, reason_of=dispatcher.sensitive_reason
         )
         return dispatcher
 
@@ -278,7 +277,7 @@ class SessionFactory:
     def _lazy_agents(self) -> Callable[[Session], Any]:
         def provide(session: Session) -> Any:
             provider = self.agent_provider(session.mode)
-            if callable(provider) and not hasattr(provider, "agents"):
+            if callable(provider) and not isinstance(provider, AgentSet):
                 return provider(session)
             return provider
 

@@ -29,6 +29,7 @@ from typing import IO, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from saucer.engine.meta import StepRecordMeta
 from saucer.engine.step_format import STEP_FORMAT, STEP_FORMAT_KEY, StepFormatError, upcast_step
 from saucer.redaction import redact, redact_text
 
@@ -59,9 +60,8 @@ EXPERIENCE_FILE = "experience.json"
 
 
 def _json_default(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    if dump is not None:
-        return dump(mode="json")
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
     return str(value)
 
 
@@ -114,13 +114,13 @@ class StepRecord:
         data[STEP_FORMAT_KEY] = STEP_FORMAT
         return data
 
-    def to_meta(self) -> dict[str, Any]:
+    def to_meta(self) -> StepRecordMeta:
         """The compact form stored in the step's event ``meta``: fields at their defaults are left out.
 
         ``session_id``, ``version`` and ``timings`` are not known or not needed
         there; :meth:`from_dict` restores the defaults.
         """
-        meta: dict[str, Any] = {
+        meta: StepRecordMeta = {
             STEP_FORMAT_KEY: STEP_FORMAT,
             "round": self.round,
             "step": self.step,

@@ -15,6 +15,7 @@ With ``progress=True`` a rich progress bar shows how many sessions are done;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -22,7 +23,6 @@ from typing import Any
 
 from saucer.dispatch.shared import share_tool_servers
 from saucer.engine.accounting import CostSummary
-from saucer.engine.interactor import ask
 from saucer.engine.session import Session, SessionResult, SessionStatus
 from saucer.store import LeaseHeldError, SessionExistsError
 
@@ -112,11 +112,9 @@ class SessionPool:
         asking = [s for s in self.sessions if (s.save_experience or s.settings.system.save_experience) == "ask"]
         if len(self.sessions) < 2 or not asking:
             return
-        interactor = asking[0].interactor
-        if interactor is not None and getattr(interactor, "interactive", True):
-            method = "batch_experience_asker" if hasattr(interactor, "batch_experience_asker") else "experience_asker"
-            args = (len(asking),) if method == "batch_experience_asker" else ()
-            decision = "always" if await ask(interactor, method, *args) else "always_not"
+        channel = asking[0].user_channel
+        if channel.present and channel.interactive(True):
+            decision = "always" if await channel.batch_experience_asker(len(asking)) else "always_not"
         else:
             decision = "auto"
         for session in asking:
@@ -147,10 +145,8 @@ class SessionPool:
                 error=f"{type(exc).__name__}: {exc}",
                 cost=CostSummary(),
             )
-        try:
+        with contextlib.suppress(Exception):  # an observer's failure never hides the result
             await session.notify("on_session_end", session, result)
-        except Exception:  # noqa: BLE001
-            pass
         return result
 
     def counts(self) -> dict[str, int]:

@@ -1,285 +1,311 @@
-"""Starting a session where its stored history says: the resume side of :class:`~saucer.engine.session.Session`.
+"""Starting a session where its stored history says: the session's :class:`Resumer` and its stored plan.
 
-:class:`ResumableSession` is the part of the session that reads and writes
-its resume cursor (:mod:`saucer.engine.cursor`): what a run's first commit
-says, where a resumed run continues, and which log folder it writes to.
+Durability and resume. Every commit the engine makes (session start, round
+start, each step, round end, evaluations, session end) carries a *cursor* in
+its event ``meta``: the round, the plan step, and the agent and state that act
+next. ``Session.resume`` reads the newest cursor and continues right after
+the last committed step, so **a committed step is never executed again**. A
+step that was running when the process died had not committed: it runs again
+on resume (at-least-once for the one in-flight step; make tools idempotent or
+check the Context if that matters). With durability ``exit`` nothing is
+committed before the session ends, so a crashed ``exit`` session resumes from
+its start. Agents' Python attributes are not restored; durable agent data
+belongs in the Context.
+
+:class:`Resumer` is the session's collaborator that knows whether a run
+resumes and where: it reads the resume cursor (:mod:`saucer.engine.cursor`)
+under the lease, says what the run's first commit says when it resumes, and
+turns a cursor into a :class:`Continuation` that the session applies. It
+holds only the session's id and how it was asked to resume; everything else
+is passed in, so it reads nothing of the session behind its back.
+:class:`StoredPlan` reads a resumed session's plan when it is first needed;
+:func:`resume_arguments` makes ``Session.resume``'s arguments from the stored
+session, and :func:`open_session_logs` picks the log folder a run writes to.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
-from saucer.config import Settings, load_settings
-from saucer.context import Context, ContextNames
+from saucer.context import ContextNames
 from saucer.engine.accounting import Limits
 from saucer.engine.cursor import (
     Progress,
     ResumePoint,
     continue_cursor,
-    cursor_meta,
     fork_origin,
     last_cursor,
     retry_cursor,
     stored_session_brief,
 )
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, TEXT_LOG, SessionLogs, slug
-from saucer.engine.plan import Plan, initial_vars, parse_plan
+from saucer.engine.meta import CreationMeta, CursorMeta, SessionResumeMeta, SessionStartMeta
+from saucer.engine.plan import Plan, parse_plan
 from saucer.engine.result import SessionStatus
-from saucer.engine.round import Round
 from saucer.redaction import redact_known
 from saucer.store import EventStore, open_store
 
 if TYPE_CHECKING:
-    from saucer.engine.agent import AgentSet
-    from saucer.engine.plan import PlanStep
+    from saucer.config import LogsSettings, Settings
+    from saucer.context import Context
 
-__all__ = ["ResumableSession"]
+__all__ = [
+    "Resumer",
+    "StartPoint",
+    "Continuation",
+    "StoredPlan",
+    "creation_meta",
+    "resume_arguments",
+    "open_session_logs",
+]
+
+#: What ``Session.resume`` takes from the stored session, never as an argument.
+_FIXED = ("task", "mode", "request", "plan", "plan_file", "session_id", "context_vars", "participants")
 
 
-class ResumableSession:
-    """Resume, and the cursor every commit carries; mixed into :class:`~saucer.engine.session.Session`."""
+@dataclass(frozen=True, slots=True)
+class StartPoint:
+    """Where a run starts, read under the lease before anything is written."""
 
-    # Set by Session.__init__ (and run):
-    task: str
-    mode: str
-    id: int
-    owner: str
-    session_id: str
-    settings: Settings
-    plan_file: str | None
-    platform: str
-    workspace: str | None
-    request: str
-    store: EventStore | None
-    _store_spec: EventStore | str
-    context: Context
-    logs: SessionLogs
-    limits: Limits
-    progress: Progress
-    _resuming: bool
-    _retry_failed: bool
-    context_vars: dict[str, Any]
-    _phase: str
-    _round: Round | None
-    _rounds: dict[int, Round]
-    _next_round_id: int
-    _next_plan_index: int
-    _pending_round_eval: int | None
-    skipped: dict[str, str]
-    _plan: Plan | None = None
-    #: A resumed session's plan is read when first needed: the id of the session whose stored meta holds it.
-    _stored_plan: str | None = None
+    #: The cursor to continue from (None: a new session, or one whose start was never committed).
+    point: ResumePoint | None = None
+    #: The meta of the event that carries the newest cursor.
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: How an ended session continues: ``stopped`` (a fresh budget) or ``retry_failed``; None: it does not.
+    continued: str | None = None
+    #: How the stored session ended (None: it did not).
+    ended: str | None = None
+    #: The stored session was created but its start never committed: this run is its start.
+    never_started: bool = False
 
     @property
-    def plan(self) -> Plan | None:
-        """The session's plan (None: none); a resumed session reads it from its store when first asked,
-        as a stored plan of 10^4 steps is megabytes (:class:`PlanError` if it is no longer a valid plan)."""
-        if self._stored_plan is not None:
-            holder = self._stored_plan
-            spec = self.store if self.store is not None else self._store_spec
-            if isinstance(spec, str):
-                with open_store(
-                    spec, encrypt=self.settings.store.encrypt, key_file=self.settings.store.key_file
-                ) as probe:
-                    data = probe.session_plan(holder)
-            else:
-                data = spec.session_plan(holder)
-            self._plan = parse_plan(data, self.plan_file or "plan") if data is not None else None
-            self._stored_plan = None
-        return self._plan
+    def over(self) -> bool:
+        """The stored session ended and does not continue: the run only reports its stored result."""
+        return self.ended is not None and self.continued is None
 
-    @plan.setter
-    def plan(self, value: Plan | None) -> None:
-        self._plan, self._stored_plan = value, None
 
-    if TYPE_CHECKING:  # provided by Session
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """What a cursor means for the session's state: the session applies it (and reopens the round)."""
 
-        def _agents_for(self, step: PlanStep | str | None) -> AgentSet: ...
+    progress: Progress
+    limits: Limits
+    phase: str
+    #: The next round's id and plan step (None: unchanged).
+    next_round_id: int | None = None
+    next_plan_index: int | None = None
+    #: A round to reopen where its next step runs: (round id, plan index, agent, state).
+    reopen: tuple[int, int | None, str | None, str | None] | None = None
+    #: A round whose end is committed but not its evaluation.
+    pending_round_eval: int | None = None
 
-    @classmethod
-    def resume(
-        cls,
-        session_id: str,
-        *,
-        store: EventStore | str | None = None,
-        settings: Settings | None = None,
-        retry_failed: bool = False,
-        **kwargs: Any,
-    ) -> Self:
-        """A Session that continues ``session_id`` at its first uncommitted step when :meth:`run`.
 
-        Task, mode, request and plan come from the stored session; pass the
-        same kind of ``agents``/``dispatcher`` the first run had.
-        ``lease_wait=SECONDS`` waits that long for a dead runner's lease to expire.
+class Resumer:
+    """Whether a run resumes its session, and where (see the module docs)."""
 
-        A session that a limit stopped continues where the limit cut it, with
-        a fresh budget of ``max_step`` steps and ``max_round`` rounds. A
-        finished session only reports its result; so does a failed one,
-        unless ``retry_failed``: then its failed step runs again (the failed
-        attempt stays in the log) and the session goes on from there.
+    def __init__(self, session_id: str, *, resuming: bool = False, retry_failed: bool = False) -> None:
+        self.session_id = session_id
+        #: True for a run that continues a stored session.
+        self.resuming = resuming
+        #: Run a failed session's failed step again (``resume --retry-failed``).
+        self.retry_failed = retry_failed
+
+    def locate(self, store: EventStore) -> StartPoint:
+        """Where to continue: the cursor, its event's meta, how it continues and how it ended.
+
+        A stored session with no cursor was created but its runner died before its start was
+        committed (a worker killed at that moment): this run is its start, not a resume
+        (``never_started``; the session then commits ``session_start`` and its initial variables).
         """
-        settings = settings if settings is not None else load_settings()
-        spec = store if store is not None else settings.store.url
-        probe = (
-            open_store(spec, encrypt=settings.store.encrypt, key_file=settings.store.key_file)
-            if isinstance(spec, str)
-            else spec
-        )
-        try:
-            meta, plan_holder = stored_session_brief(probe, session_id)
-        finally:
-            if isinstance(spec, str):
-                probe.close()
-        kwargs.setdefault("platform", meta.get("platform") or "linux")
-        if meta.get("workspace"):
-            kwargs.setdefault("workspace", meta["workspace"])
-        for fixed in ("task", "mode", "request", "plan", "plan_file", "session_id", "context_vars", "participants"):
-            if fixed in kwargs:
-                raise TypeError(f"Session.resume takes {fixed} from the stored session, not as an argument")
-        session = cls(  # type: ignore[call-arg]  # cls is Session
-            meta.get("task") or session_id,
-            mode=meta.get("mode") or "normal",
-            settings=settings,
-            store=spec,
-            session_id=session_id,
-            request=meta.get("request") or "",
-            plan_file=meta.get("plan_file"),
-            **kwargs,
-        )
-        session._stored_plan = plan_holder  # read when a step of it is first needed
-        session._resuming = True
-        session._retry_failed = retry_failed
-        return session
-
-    def _resume_point(self, store: EventStore) -> tuple[ResumePoint | None, dict[str, Any], str | None, str | None]:
-        """Where to continue: the cursor, its event's meta, how it continues (stopped, retry_failed) and how it ended.
-
-        A stored session with no cursor was created but its runner died before its start was committed
-        (a worker killed at that moment): this run is its start, not a resume. It commits the
-        ``session_start`` (its id, mode, application) and the initial variables: the plan's, then
-        :attr:`context_vars` (which the caller of :meth:`resume` may set, e.g. from the queue job).
-        """
-        if not self._resuming:
-            return None, {}, None, None
+        if not self.resuming:
+            return StartPoint()
         point, meta = last_cursor(store, self.session_id)
         if point is None:
-            self._resuming = False
-            self.context_vars = initial_vars(self.plan, self.context_vars)
-            return None, {}, None, None
-        ended = meta.get("session_status") if point is not None and point.phase == "end" else None
+            self.resuming = False
+            return StartPoint(never_started=True)
+        ended = meta.get("session_status") if point.phase == "end" else None
         if ended == SessionStatus.STOPPED:
-            return continue_cursor(store, self.session_id)[0], meta, "stopped", ended
-        if ended in (SessionStatus.FAILED, SessionStatus.ERROR) and self._retry_failed:
-            return retry_cursor(store, self.session_id)[0], meta, "retry_failed", ended
-        return point, meta, None, ended
+            return StartPoint(continue_cursor(store, self.session_id)[0], meta, "stopped", ended)
+        if ended in (SessionStatus.FAILED, SessionStatus.ERROR) and self.retry_failed:
+            return StartPoint(retry_cursor(store, self.session_id)[0], meta, "retry_failed", ended)
+        return StartPoint(point, meta, None, ended)
 
-    def _start_meta(self, point: ResumePoint | None, continued: str | None) -> dict[str, Any]:
-        """The meta of the first commit of this run (session_start, or session_resume)."""
-        if self._resuming:
-            resumed_at = point.to_meta() if point is not None else self._cursor("start", None, None)
-            if self.limits.step_base or self.limits.round_base:
-                resumed_at["limit_base"] = {"steps": self.limits.step_base, "rounds": self.limits.round_base}
-            meta: dict[str, Any] = {
+    @staticmethod
+    def continuation(point: ResumePoint, limits: Limits, *, eva_round: bool) -> Continuation:
+        """What continuing at ``point`` means for the session (``eva_round``: rounds are evaluated)."""
+        if point.limit_base is not None:
+            limits = limits.from_here(*point.limit_base)
+        round_id, plan_index = point.round, point.plan_index
+        if round_id is None:
+            return Continuation(point.progress, limits, point.phase)
+        reopen = None
+        pending = None
+        if point.phase in ("round_start", "step"):
+            reopen = (round_id, plan_index, point.agent, point.state)
+        elif point.phase == "round_end" and point.evaluated is False and eva_round:
+            pending = round_id
+        return Continuation(
+            point.progress,
+            limits,
+            point.phase,
+            next_round_id=round_id + 1,
+            next_plan_index=None if plan_index is None else plan_index + 1,
+            reopen=reopen,
+            pending_round_eval=pending,
+        )
+
+    def first_meta(
+        self,
+        start: StartPoint,
+        here: CursorMeta,
+        *,
+        task: str,
+        mode: str,
+        owner: str,
+        limits: Limits,
+        skipped: dict[str, str],
+    ) -> SessionStartMeta | SessionResumeMeta:
+        """The meta of a run's first commit: ``session_start`` for a new session, ``session_resume`` for a
+        resumed one (where it continues, and how: ``continues``), with what this run cannot apply (``skipped``);
+        ``here`` is the session's cursor at its start (a resume continues its stored one)."""
+        meta: SessionStartMeta | SessionResumeMeta
+        if not self.resuming:
+            meta = {
+                "kind": "session_start",
+                "task": task,
+                "mode": mode,
+                "owner": owner,
+                "session_status": SessionStatus.RUNNING,
+                "cursor": here,
+            }
+        else:
+            resumed_at = start.point.to_meta() if start.point is not None else here
+            if limits.step_base or limits.round_base:
+                resumed_at["limit_base"] = {"steps": limits.step_base, "rounds": limits.round_base}
+            meta = {
                 "kind": "session_resume",
-                "owner": self.owner,
+                "owner": owner,
                 "session_status": SessionStatus.RUNNING,
                 "cursor": resumed_at,
             }
-            if continued is not None:
-                meta["continues"] = continued
-        else:
-            ctx = self.context
-            ctx.set(ContextNames.ID, int(self.id))
-            ctx.set(ContextNames.MODE, self.mode)
-            if self.plan is not None and self.plan.object:
-                ctx.set(ContextNames.APPLICATION_ROOT_NAME, self.plan.object)
-            meta = {
-                "kind": "session_start",
-                "task": self.task,
-                "mode": self.mode,
-                "owner": self.owner,
-                "session_status": SessionStatus.RUNNING,
-                "cursor": self._cursor("start", None, None),
-            }
-        if self.skipped:  # the seed's defaults this run cannot apply, and why
-            meta["skipped"] = dict(self.skipped)
+            if start.continued is not None:
+                meta["continues"] = start.continued
+        if skipped:  # the seed's defaults this run cannot apply, and why
+            meta["skipped"] = dict(skipped)
         return meta
 
-    def _creation_meta(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "task": self.task,
-            "mode": self.mode,
-            "request": self.request,
-            "platform": self.platform,
-            "status": SessionStatus.RUNNING,
-        }
-        if self.workspace is not None:
-            meta["workspace"] = self.workspace
-        if self.plan is not None:
-            # Known secrets (configured keys and tokens) never reach the store, a plan written with one literally included.
-            meta["plan"] = redact_known(self.plan.model_dump(mode="json", exclude_defaults=True))
-            meta["plan_file"] = self.plan_file
-        return meta
 
-    def _apply_cursor(self, point: ResumePoint) -> None:
-        """Continue where the cursor says (see the module docs)."""
-        self.progress = point.progress
-        if point.limit_base is not None:
-            self.limits = self.limits.from_here(*point.limit_base)
-        self._phase = point.phase
-        round_id, plan_index = point.round, point.plan_index
-        if round_id is None:
-            return
-        self._next_round_id = round_id + 1
-        if plan_index is not None:
-            self._next_plan_index = plan_index + 1
-        if point.phase in ("round_start", "step"):
-            step = self.plan.steps[plan_index] if (self.plan is not None and plan_index is not None) else None
-            self._round = Round(
-                self,
-                round_id,
-                self.context.get(ContextNames.REQUEST),
-                self._agents_for(step),
-                plan_index=plan_index,
-                plan_step=step,
-                start_agent=point.agent,
-                start_state=point.state,
-            )
-            self._rounds[round_id] = self._round
-        elif point.phase == "round_end" and point.evaluated is False and self.settings.system.eva_round:
-            self._pending_round_eval = round_id
+class StoredPlan:
+    """A session's plan; a resumed session's is read from its store when first asked for, as a
+    stored plan of 10^4 steps is megabytes (:class:`PlanError` if it is no longer a valid plan)."""
 
-    def _cursor(
-        self,
-        phase: str,
-        round_id: int | None,
-        plan_index: int | None,
-        agent: str | None = None,
-        state: str | None = None,
-        **extra: Any,
-    ) -> dict[str, Any]:
-        return cursor_meta(phase, round_id, plan_index, agent, state, self.progress, self.limits, **extra)
+    def __init__(self, plan: Plan | None, plan_file: str | None) -> None:
+        self._plan = plan
+        self._plan_file = plan_file
+        #: The id of the session whose stored meta holds the plan, until it is read.
+        self._holder: str | None = None
 
-    def _open_logs(self, ctx: Context) -> None:
-        cfg = self.settings.logs
-        if not cfg.enabled:
-            self.logs = SessionLogs.disabled()
-        else:
-            previous = ctx.get(ContextNames.LOG_PATH) if self._resuming else ""
-            if previous and not self._logs_of_another_session(previous):
-                self.logs = SessionLogs.reopen(previous)
+    def stored_in(self, holder: str | None) -> None:
+        """The plan is the one stored with session ``holder`` (None: there is none)."""
+        self._plan, self._holder = None, holder
+
+    def get(self, store: EventStore | str, settings: Settings) -> Plan | None:
+        """The plan (``store``: the session's store, or its URL when it is not open)."""
+        holder = self._holder
+        if holder is not None:
+            if isinstance(store, str):
+                with open_store(store, encrypt=settings.store.encrypt, key_file=settings.store.key_file) as probe:
+                    data = probe.session_plan(holder)
             else:
-                self.logs = SessionLogs.create(cfg.root, self.task, self.session_id)
-        ctx.set(ContextNames.LOGGER, self.logs.logger(TEXT_LOG))
-        ctx.set(ContextNames.REQUEST_LOGGER, self.logs.logger(REQUEST_LOG))
-        ctx.set(ContextNames.EVALUATION_LOGGER, self.logs.logger(EVALUATION_LOG))
+                data = store.session_plan(holder)
+            self._plan = parse_plan(data, self._plan_file or "plan") if data is not None else None
+            self._holder = None
+        return self._plan
 
-    def _logs_of_another_session(self, path: str) -> bool:
-        """True when ``path`` is the log folder a fork inherited from its parent (a fork writes its own)."""
-        assert self.store is not None
-        if fork_origin(self.store.session_info(self.session_id))[0] is None:
-            return False
-        own = re.escape(slug(self.session_id, 120))
-        return re.fullmatch(rf"{own}(-\d+)?", Path(path).name) is None
+    def set(self, plan: Plan | None) -> None:
+        """Replace the plan."""
+        self._plan, self._holder = plan, None
+
+
+def creation_meta(
+    task: str, mode: str, request: str, platform: str, workspace: str | None, plan: Plan | None, plan_file: str | None
+) -> CreationMeta:
+    """The meta a new session is created with in the store (what :func:`resume_arguments` reads back)."""
+    meta: CreationMeta = {
+        "task": task,
+        "mode": mode,
+        "request": request,
+        "platform": platform,
+        "status": SessionStatus.RUNNING,
+    }
+    if workspace is not None:
+        meta["workspace"] = workspace
+    if plan is not None:
+        # Known secrets (configured keys and tokens) never reach the store, a plan written with one literally included.
+        meta["plan"] = redact_known(plan.model_dump(mode="json", exclude_defaults=True))
+        meta["plan_file"] = plan_file
+    return meta
+
+
+def resume_arguments(
+    spec: EventStore | str, settings: Settings, session_id: str, kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """``Session(...)``'s arguments for resuming ``session_id`` (``kwargs``: the caller's own, checked),
+    and the id of the session whose stored meta holds its plan (None: it has none)."""
+    probe = (
+        open_store(spec, encrypt=settings.store.encrypt, key_file=settings.store.key_file)
+        if isinstance(spec, str)
+        else spec
+    )
+    try:
+        meta, plan_holder = stored_session_brief(probe, session_id)
+    finally:
+        if isinstance(spec, str):
+            probe.close()
+    for fixed in _FIXED:
+        if fixed in kwargs:
+            raise TypeError(f"Session.resume takes {fixed} from the stored session, not as an argument")
+    out = dict(kwargs)
+    out.setdefault("platform", meta.get("platform") or "linux")
+    if meta.get("workspace"):
+        out.setdefault("workspace", meta["workspace"])
+    out.update(
+        task=meta.get("task") or session_id,
+        mode=meta.get("mode") or "normal",
+        settings=settings,
+        store=spec,
+        session_id=session_id,
+        request=meta.get("request") or "",
+        plan_file=meta.get("plan_file"),
+    )
+    return out, plan_holder
+
+
+def open_session_logs(
+    cfg: LogsSettings, ctx: Context, *, resuming: bool, task: str, session_id: str, store: EventStore
+) -> SessionLogs:
+    """The run's log files (a resumed run continues its own folder; a fork writes its own), with the
+    Context's loggers pointed at them."""
+    if not cfg.enabled:
+        logs = SessionLogs.disabled()
+    else:
+        previous = ctx.get(ContextNames.LOG_PATH) if resuming else ""
+        if previous and not _logs_of_another_session(store, session_id, previous):
+            logs = SessionLogs.reopen(previous)
+        else:
+            logs = SessionLogs.create(cfg.root, task, session_id)
+    ctx.set(ContextNames.LOGGER, logs.logger(TEXT_LOG))
+    ctx.set(ContextNames.REQUEST_LOGGER, logs.logger(REQUEST_LOG))
+    ctx.set(ContextNames.EVALUATION_LOGGER, logs.logger(EVALUATION_LOG))
+    return logs
+
+
+def _logs_of_another_session(store: EventStore, session_id: str, path: str) -> bool:
+    """True when ``path`` is the log folder a fork inherited from its parent (a fork writes its own)."""
+    if fork_origin(store.session_info(session_id))[0] is None:
+        return False
+    own = re.escape(slug(session_id, 120))
+    return re.fullmatch(rf"{own}(-\d+)?", Path(path).name) is None

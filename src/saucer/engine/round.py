@@ -30,6 +30,7 @@ from saucer.context.names import ContextNames
 from saucer.engine.accounting import Limits
 from saucer.engine.agent import Agent, AgentSet, AgentState, AgentStatus
 from saucer.engine.errors import GraphError
+from saucer.engine.host import AgentHost
 from saucer.engine.logs import SessionLogs, StepRecord
 from saucer.engine.routing import (
     AgentTarget,
@@ -42,9 +43,8 @@ from saucer.engine.routing import (
 from saucer.engine.uitree import artifact_name, look
 
 if TYPE_CHECKING:
-    from saucer.config import Settings
-    from saucer.context import Context
     from saucer.engine.application import ApplicationWatch
+    from saucer.engine.meta import CursorMeta, StepMeta
     from saucer.engine.plan import PlanStep
 
 __all__ = ["Round", "RoundResult", "RoundStatus", "RoundHost"]
@@ -104,15 +104,12 @@ _STATUS_OF_STATE = {
 }
 
 
-class RoundHost(Protocol):
-    """What a round needs of its session; :class:`~saucer.engine.session.Session` provides it."""
+class RoundHost(AgentHost, Protocol):
+    """What a round needs of its session (and, as :class:`~saucer.engine.host.AgentHost`, what it
+    hands its agents); :class:`~saucer.engine.session.Session` provides it."""
 
-    session_id: str
-    settings: Settings
-    context: Context
     logs: SessionLogs
     limits: Limits
-    interactor: Any
     #: Steps of the whole session committed so far.
     session_step: int
     #: Fill ``STRUCTURAL_LOGS`` with one entry per step.
@@ -125,7 +122,7 @@ class RoundHost(Protocol):
     def check_lease(self) -> None:
         """Before each step: raise if this runner lost its lease on the session."""
 
-    def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> dict[str, Any]:
+    def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> CursorMeta:
         """The resume cursor a step's commit carries: the agent and state that act next."""
         ...
 
@@ -175,6 +172,7 @@ class Round:
         for agent in agents.agents:
             agent.reset()
             agent.round = self
+            agent.session = session
             agent.on_round_start(self)
         self.agent: Agent = agents.by_name[initial]
         if start_state is not None:
@@ -219,7 +217,7 @@ class Round:
             )
             if save_ui_tree and not agent.looks_at_desktop:
                 # What the step starts from, saved before it acts (an agent that looks itself saves its own).
-                dispatcher = getattr(session.context, "command_dispatcher", None)
+                dispatcher = session.context.command_dispatcher
                 view = await look(dispatcher, artifact_name(record.session_step))
                 record.artifacts = view.artifacts()
             t0 = _perf()
@@ -230,12 +228,12 @@ class Round:
             except Exception as exc:  # noqa: BLE001 - one failed step fails this round, not the process
                 return await self._step_failed(agent, record, exc, t0)
             if session.application is not None:  # the focused application, in this step's commit
-                dispatcher = getattr(session.context, "command_dispatcher", None)
+                dispatcher = session.context.command_dispatcher
                 await session.application.after_step(dispatcher, session.context, record.commands, record.results)
             t1 = _perf()
             if save_ui_tree and (next_state.is_round_end() or limits.step_reached(record.session_step)):
                 # The state the round leaves behind: nothing else would capture it (UFO saves it too).
-                dispatcher = getattr(session.context, "command_dispatcher", None)
+                dispatcher = session.context.command_dispatcher
                 view = await look(dispatcher, artifact_name(record.session_step) + "-after")
                 record.artifacts = [*record.artifacts, *({**entry, "after": True} for entry in view.artifacts())]
             subtask_end = next_state.is_subtask_end()
@@ -278,7 +276,7 @@ class Round:
     def _charge(self, record: StepRecord, subtask_end: bool) -> None:
         """The step's share of the ledger (steps, cost, subtasks, structural log), in its commit."""
         ctx = self.session.context
-        increments: dict[ContextNames, int | float] = {_SESSION_STEP: 1, _ROUND_STEP: 1}
+        increments: dict[ContextNames | str, int | float] = {_SESSION_STEP: 1, _ROUND_STEP: 1}
         cost = record.cost
         if cost is None:  # unknown: the round's ledger entry becomes None and stays so
             if self.cost is not None:
@@ -296,10 +294,7 @@ class Round:
 
     async def _commit(self, agent: Agent, record: StepRecord, next_agent: Agent, t0: float, t1: float) -> None:
         """ONE commit: the step's Context changes, its record and the cursor (who acts next)."""
-        meta = record.to_meta()
-        meta["kind"] = "step"
-        meta["session_status"] = "running"
-        meta["cursor"] = self.session.step_cursor(self.id, self.plan_index, next_agent.name, record.next_state or "")
+        meta = self._step_meta(record, next_agent.name, record.next_state or "")
         t2 = _perf()
         record.version = await self.session.context.acommit_step(
             author=agent.name, round=self.id, step=record.session_step, meta=meta
@@ -334,12 +329,13 @@ class Round:
             self.terminated = target.reason or "terminated by the transition graph"
             return agent, agent.state_for(AgentStatus.FINISH)
         if isinstance(target, AgentTarget):
-            nxt = self.agent_set.by_name.get(target.name)
-            if nxt is None:
+            found = self.agent_set.by_name.get(target.name)
+            if found is None:
                 raise GraphError(
                     f"the transition graph routes to agent {target.name!r}, which is not one of "
                     f"{', '.join(self.agent_set.by_name)}"
                 )
+            nxt = found
         elif isinstance(target, RevertToInitiator):
             nxt = agent.host or self.agent_set.by_name[graph.initial_agent]
         else:
@@ -364,16 +360,23 @@ class Round:
         error_state = agent.state_for(AgentStatus.ERROR)
         record.next_agent = agent.name
         record.next_state = error_state.name()
-        meta = record.to_meta()
-        meta["kind"] = "step"
-        meta["session_status"] = "running"
-        meta["cursor"] = session.step_cursor(self.id, self.plan_index, agent.name, error_state.name())
+        meta = self._step_meta(record, agent.name, error_state.name())
         record.version = await ctx.acommit_step(author=agent.name, round=self.id, step=record.session_step, meta=meta)
         record.timings = {"total_ms": (_perf() - t0) * 1000.0}
         self.steps += 1
         agent.set_state(error_state)
         await session.step_committed(self, agent, record, failed=True)
         return self._end(RoundStatus.ERROR, f"step {record.step} of agent {agent.name!r} failed", error=message)
+
+    def _step_meta(self, record: StepRecord, next_agent: str, next_state: str) -> dict[str, Any]:
+        """A step's commit meta: its record, and the cursor of the agent and state that act next."""
+        meta: StepMeta = {
+            **record.to_meta(),
+            "kind": "step",
+            "session_status": "running",
+            "cursor": self.session.step_cursor(self.id, self.plan_index, next_agent, next_state),
+        }
+        return dict(meta)
 
     def _end(self, status: str, reason: str, error: str | None = None) -> RoundResult:
         return RoundResult(self.id, status, self.steps, self.cost, reason, error)

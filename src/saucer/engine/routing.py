@@ -40,7 +40,7 @@ when it is loaded, which fails only the session that uses it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from saucer.context.names import typed_name
@@ -130,6 +130,14 @@ def target_types() -> list[str]:
     return sorted(_TARGETS)
 
 
+def _fields_of(item: Condition | Target) -> dict[str, Any]:
+    """``{"type": ..., <its dataclass fields>}``: the stored form of a condition or a target."""
+    data: dict[str, Any] = {"type": item.type_name}
+    if is_dataclass(item):
+        data.update({f.name: getattr(item, f.name) for f in fields(item)})
+    return data
+
+
 class Condition:
     """When a transition applies. Subclasses implement :meth:`matches` and serialise their fields.
 
@@ -142,9 +150,7 @@ class Condition:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"type": self.type_name}
-        data.update({k: getattr(self, k) for k in getattr(self, "__dataclass_fields__", {})})
-        return data
+        return _fields_of(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Condition:
@@ -157,16 +163,16 @@ class Target:
     type_name: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"type": self.type_name}
-        data.update({k: getattr(self, k) for k in getattr(self, "__dataclass_fields__", {})})
-        return data
+        return _fields_of(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Target:
         return cls(**{k: v for k, v in data.items() if k != "type"})
 
 
-def _load(kind: str, registry: Mapping[str, type], data: Any, where: str) -> Any:
+def _load(
+    kind: str, registry: Mapping[str, type[Condition]] | Mapping[str, type[Target]], data: Any, where: str
+) -> Any:
     if isinstance(data, (Condition, Target)):
         return data
     if not isinstance(data, Mapping) or not isinstance(data.get("type"), str):
@@ -195,7 +201,7 @@ class ContextEquals(Condition):
     value: Any = None
 
     def matches(self, inp: RouteInput) -> bool:
-        return inp.value(self.key) == self.value
+        return bool(inp.value(self.key) == self.value)
 
 
 @register_condition("from_agent")

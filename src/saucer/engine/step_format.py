@@ -26,7 +26,7 @@ record out, its input unchanged), add it to :data:`_UPCASTERS`, bump
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from saucer.engine.errors import EngineError
 
@@ -35,7 +35,7 @@ __all__ = ["STEP_FORMAT", "STEP_FORMAT_KEY", "StepFormatError", "step_format_of"
 #: The step format this saucer writes, and the newest it reads.
 STEP_FORMAT = 2
 #: The key that says a stored step record's format (absent: version 1).
-STEP_FORMAT_KEY = "step_format"
+STEP_FORMAT_KEY: Final = "step_format"
 
 
 class StepFormatError(EngineError, ValueError):

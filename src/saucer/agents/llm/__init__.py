@@ -41,7 +41,7 @@ from saucer.agents.llm.tools import ToolSet
 from saucer.engine.agent import AgentSet
 
 if TYPE_CHECKING:
-    from saucer.engine.session import Session
+    from saucer.engine.host import ProviderHost
 
 __all__ = [
     "create_agent_provider",
@@ -100,7 +100,7 @@ def create_agent_provider(
     *,
     env: Mapping[str, str] | None = None,
     client_factory: Callable[[ModelSettings], ModelClient] | None = None,
-) -> Callable[[Session], AgentSet]:
+) -> Callable[[ProviderHost], AgentSet]:
     """A provider for :class:`~saucer.engine.session.Session` (``agents=``) in normal mode.
 
     ``settings`` is the app's :class:`~saucer.config.Settings` (its ``llm``
@@ -112,8 +112,8 @@ def create_agent_provider(
     resolved = require_model_settings(settings, env) if settings is not None else None
     make_client = client_factory or ModelClient
 
-    def provider(session: Session) -> AgentSet:
-        model_settings = resolved or require_model_settings(getattr(session, "settings", None), env)
+    def provider(session: ProviderHost) -> AgentSet:
+        model_settings = resolved or require_model_settings(session.settings, env)
         client = make_client(model_settings)
         session.add_closer(client.aclose)
         return build_agent_set(model_settings, client, single_name=_single_agent_name(session))

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 
 from saucer.agents.llm.ask import ASK_USER_TOOL, ask_the_user, ask_user_spec
 from saucer.agents.llm.client import (
-    DEFAULT_CHARS_PER_TOKEN,
     ModelCallError,
     ModelClient,
     ModelReply,
@@ -59,12 +58,12 @@ from saucer.agents.llm.prompts import (
     request_message,
     template_variables,
 )
-from saucer.agents.llm.tools import ToolSet, ToolSpec
+from saucer.agents.llm.tools import FlagsSensitiveTools, GatesSensitiveCommands, ToolSet, ToolSpec
 from saucer.agents.llm.window import estimate_tokens, fit_to_window, prompt_budget
 from saucer.context.names import ContextNames
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine.agent import Agent, AgentStatus, ContinueState
-from saucer.engine.interactor import ask, interactor_approver
+from saucer.engine.interactor import interactor_approver
 
 if TYPE_CHECKING:
     from saucer.context import Context
@@ -182,8 +181,8 @@ class LLMAgent(Agent):
     def tools(self, context: Context) -> ToolSet:
         """The tools of ``TOOL_INFO`` (sensitive: flagged there or by the dispatcher)."""
         info = context.get(ContextNames.TOOL_INFO) or {}
-        dispatcher = getattr(context, "command_dispatcher", None)
-        sensitive = getattr(dispatcher, "sensitive_tools", None) or ()
+        dispatcher = context.command_dispatcher
+        sensitive = dispatcher.sensitive_tools if isinstance(dispatcher, FlagsSensitiveTools) else ()
         try:
             sensitive_set = set(sensitive)
         except TypeError:
@@ -320,7 +319,7 @@ class LLMAgent(Agent):
             fitted = fit_to_window(
                 messages,
                 budget=prompt_budget(window, self.settings.max_tokens),
-                chars_per_token=getattr(self.client, "chars_per_token", DEFAULT_CHARS_PER_TOKEN),
+                chars_per_token=self.client.chars_per_token,
                 tool_schemas=tools.schemas() if tools else None,
             )
             if fitted.trimmed:
@@ -335,7 +334,7 @@ class LLMAgent(Agent):
         used = reply.usage.total_tokens
         if not used:
             # A server that reports no usage still spends tokens: estimate them, so a budget never counts 0.
-            cpt = getattr(self.client, "chars_per_token", DEFAULT_CHARS_PER_TOKEN)
+            cpt = self.client.chars_per_token
             used = estimate_tokens(sent, tools.schemas() if tools else None, cpt)
             used += estimate_tokens([reply.assistant_message()], None, cpt)
             self.note(tokens_estimated=True)
@@ -359,11 +358,6 @@ class LLMAgent(Agent):
         if cost is not None:
             context.incr(ContextNames.SESSION_COST, cost)
             context.incr(ContextNames.CURRENT_ROUND_COST, cost)
-
-    def _interactor(self) -> Any:
-        rnd = self.round
-        session = getattr(rnd, "session", None) if rnd is not None else None
-        return getattr(session, "interactor", None)
 
     def _error(self, message: str) -> str:
         """End in ERROR with ``message`` on the step and as the round's result."""
@@ -477,8 +471,7 @@ class ToolUsingAgent(LLMAgent):
 
     async def _confirm(self, spec: ToolSpec, call: ToolCall) -> bool:
         args = as_text(call.arguments)
-        approved = await ask(self._interactor(), "sensitive_step_asker", f"run {spec.name}", args[:2000])
-        return bool(approved)
+        return await self.user_channel.sensitive_step_asker(f"run {spec.name}", args[:2000])
 
     async def run_tool_calls(
         self, context: Context, calls: list[ToolCall], tools: ToolSet
@@ -496,8 +489,7 @@ class ToolUsingAgent(LLMAgent):
         before dispatching a tool flagged ``sensitive``. Either way the user
         is asked once, and the model reads ``refused by the user``.
         """
-        dispatcher = getattr(context, "command_dispatcher", None)
-        dispatcher_gates = callable(getattr(dispatcher, "sensitive_reason", None))
+        dispatcher_gates = isinstance(context.command_dispatcher, GatesSensitiveCommands)
         contents: list[str | None] = [None] * len(calls)
         to_run: list[tuple[int, Command]] = []
         failures = successes = 0
@@ -509,7 +501,7 @@ class ToolUsingAgent(LLMAgent):
                 contents[i] = f"not finished: call {FINISH_TOOL} alone, after the other calls' results"
                 continue
             if call.function_name == ASK_USER_TOOL and self.settings.ask_user and self.offers_ask_user:
-                contents[i] = await ask_the_user(self, self._interactor(), call)
+                contents[i] = await ask_the_user(self, call)
                 continue
             if spec is None:
                 available = ", ".join(s.function_name for s in tools.specs) or "none"
@@ -520,7 +512,7 @@ class ToolUsingAgent(LLMAgent):
                 contents[i] = f"error: invalid arguments for {spec.function_name}: {call.error}; nothing was run"
                 failures += 1
                 continue
-            command = Command(tool_name=spec.name, parameters=call.arguments, tool_type=spec.tool_type)  # type: ignore[arg-type]
+            command = Command(tool_name=spec.name, parameters=call.arguments, tool_type=spec.tool_type)
             if spec.sensitive and not dispatcher_gates and not await self._confirm(spec, call):
                 contents[i] = f"{REFUSED}: {spec.name} was not run"
                 refused_here.append((command, Result.skipped(command, REFUSED)))

@@ -14,15 +14,14 @@ step's record (``asked``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from saucer.agents.llm.client import ToolCall
 from saucer.agents.llm.tools import ToolSpec
 from saucer.engine.agent import Agent
 from saucer.engine.approvals import QUESTION_TIMED_OUT, pending_question
-from saucer.engine.interactor import ask
 
-__all__ = ["ASK_USER_TOOL", "NO_ONE_TO_ASK", "ask_user_spec", "ask_the_user"]
+__all__ = ["ASK_USER_TOOL", "NO_ONE_TO_ASK", "AskedEntry", "ask_user_spec", "ask_the_user"]
 
 ASK_USER_TOOL = "ask_user"
 #: What the model reads when nobody can answer.
@@ -31,6 +30,22 @@ NO_ONE_TO_ASK = (
     "as a service or on a worker); decide without the answer, or finish and say what you need to know"
 )
 _MAX_QUESTION = 2000
+
+
+class _AskedRequired(TypedDict):
+    question: str
+    answer: str | None
+
+
+class AskedEntry(_AskedRequired, total=False):
+    """One question of a step and its answer, in the step's record (``extra["asked"]``)."""
+
+    #: The pending question's number, when it waited in the session's log.
+    number: int
+    #: Who answered it there.
+    answered_by: str | None
+    #: Why there is no answer.
+    why: str
 
 
 def ask_user_spec() -> ToolSpec:
@@ -44,36 +59,34 @@ def ask_user_spec() -> ToolSpec:
     )
 
 
-async def ask_the_user(agent: Agent, interactor: Any, call: ToolCall) -> str:
+async def ask_the_user(agent: Agent, call: ToolCall) -> str:
     """The tool message for ``call``: the user's answer, or why there is none."""
     question = call.arguments.get("question") if isinstance(call.arguments, dict) else None
     if call.error or not isinstance(question, str) or not question.strip():
         return "error: ask_user needs a non-empty 'question' string; nothing was asked"
     question = question.strip()[:_MAX_QUESTION]
-    asked: list[dict[str, str]] = agent.step.extra.setdefault("asked", []) if agent.step is not None else []
-    if interactor is None or not getattr(interactor, "interactive", False):
-        rnd = agent.round
-        session = getattr(rnd, "session", None) if rnd is not None else None
-        settings = getattr(session, "settings", None)
-        timeout = float(getattr(getattr(settings, "approvals", None), "timeout", 0) or 0)
+    asked: list[AskedEntry] = agent.step.extra.setdefault("asked", []) if agent.step is not None else []
+    channel = agent.user_channel
+    if not channel.present or not channel.interactive(False):
+        session = agent.session
+        timeout = float(session.settings.approvals.timeout or 0) if session is not None else 0.0
         decided = (
-            await pending_question(session, interactor, question, timeout=timeout, author=agent.name)
-            if session
+            await pending_question(session, channel, question, timeout=timeout, author=agent.name)
+            if session is not None
             else None
         )
         if decided is None:
-            asked.append({"question": question, "answer": None, "why": "no one to ask"})  # type: ignore[dict-item]
+            asked.append({"question": question, "answer": None, "why": "no one to ask"})
             return NO_ONE_TO_ASK
-        entry: dict[str, Any] = {"question": question, "answer": decided.answer, "number": decided.number}
+        entry: AskedEntry = {"question": question, "answer": decided.answer, "number": decided.number}
         if decided.answer is not None:
             entry["answered_by"] = decided.decided_by
             agent.answers.append(decided.answer)
         else:
             entry["why"] = QUESTION_TIMED_OUT
-        asked.append(entry)  # type: ignore[arg-type]
+        asked.append(entry)
         return decided.reply()
-    answer = await ask(interactor, "question_asker", question, len(agent.answers))
-    answer = answer.strip() if isinstance(answer, str) else ""
+    answer = (await channel.question_asker(question, len(agent.answers))).strip()
     agent.answers.append(answer)
     asked.append({"question": question, "answer": answer})
     return f"the user answered: {answer}" if answer else "the user gave no answer"

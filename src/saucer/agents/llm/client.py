@@ -265,7 +265,7 @@ class ModelClient:
             delay *= 1 - s.backoff_jitter * random.random()
         if retry_after is not None and retry_after > 0:
             delay = max(delay, min(retry_after, _MAX_RETRY_AFTER))
-        return delay
+        return float(delay)
 
     @staticmethod
     def _retry_after(exc: openai.APIStatusError) -> float | None:

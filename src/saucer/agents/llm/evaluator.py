@@ -147,7 +147,7 @@ class LLMEvaluator:
     def _request_and_result(context: Context, round_id: int) -> tuple[str, str]:
         """The round's request and result: from the event log when there is one, else the current values."""
         request = result = ""
-        if getattr(context, "store", None) is not None:
+        if context.store is not None:
             try:
                 for event in context.history():
                     if event.round != round_id:

@@ -137,7 +137,7 @@ class HostAgent(LLMAgent):
                     {
                         "role": "tool",
                         "tool_call_id": call.id,
-                        "content": await ask_the_user(self, self._interactor(), call),
+                        "content": await ask_the_user(self, call),
                     }
                 )
                 continue

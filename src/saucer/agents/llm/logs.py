@@ -18,15 +18,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from saucer.redaction import redact, redact_text
 
 __all__ = ["JsonlLogger", "RequestLogger", "read_jsonl"]
 
 
 def _default(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json")
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
     return str(value)

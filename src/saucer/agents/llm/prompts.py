@@ -116,7 +116,7 @@ def template_variables(context: Any) -> dict[str, Any]:
             out[name] = context.get(name)
         except KeyError:
             continue
-    out.update(dict(getattr(context, "vars", {}) or {}))
+    out.update(context.vars)
     return out
 
 

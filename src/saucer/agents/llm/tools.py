@@ -11,11 +11,35 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ToolSpec", "ToolSet", "to_function_name", "short_description", "compact_schema"]
+__all__ = [
+    "ToolSpec",
+    "ToolSet",
+    "FlagsSensitiveTools",
+    "GatesSensitiveCommands",
+    "to_function_name",
+    "short_description",
+    "compact_schema",
+]
+
+
+@runtime_checkable
+class FlagsSensitiveTools(Protocol):
+    """A dispatcher that names tools as sensitive besides ``TOOL_INFO``'s flags (optional)."""
+
+    sensitive_tools: Iterable[str]
+
+
+@runtime_checkable
+class GatesSensitiveCommands(Protocol):
+    """A dispatcher that asks about sensitive commands itself (it says why a command is sensitive);
+    the agent then does not ask again (:class:`~saucer.dispatch.local.LocalCommandDispatcher`)."""
+
+    async def sensitive_reason(self, command: Any) -> str | None: ...
+
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_-]")
 _MAX_NAME = 64
