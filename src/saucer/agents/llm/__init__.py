@@ -87,9 +87,9 @@ def build_agent_set(settings: ModelSettings, client: ModelClient, *, single_name
     return AgentSet(agents, evaluator=LLMEvaluator(client, settings))
 
 
-def _single_agent_name(session: Session) -> str:
+def _single_agent_name(session: ProviderHost) -> str:
     """``app``, or ``linux`` for a session whose stored conversation (and cursor) name the agent so."""
-    context = getattr(session, "context", None)
+    context = session.context  # None until the session's run opens it
     if context is not None and context.get_var(f"_llm.{LEGACY_SINGLE_AGENT}.meta") is not None:
         return LEGACY_SINGLE_AGENT
     return SINGLE_AGENT
