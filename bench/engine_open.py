@@ -130,7 +130,7 @@ def measure_open(path: str) -> dict[str, float]:
         "open_ms": (t1 - t0) * 1e3,
         "logs_ms": (t2 - t0) * 1e3,
         "head": store.head(SID),
-        "snapshot": ctx._snapshot_version,
+        "snapshot": ctx._snapshots.version,
     }
     ctx.close()
     store.close()

@@ -179,7 +179,8 @@ def _base(raw: Any, events: list[Any]) -> tuple[int, dict[str, Any]]:
 def _mapping(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"export field {field!r} must be an object")
-    return _json(dict(value), field)
+    checked: dict[str, Any] = _json(dict(value), field)
+    return checked
 
 
 def _json(value: Any, field: str) -> Any:
@@ -199,7 +200,7 @@ def _event(raw: Any, index: int, target: str) -> Event:
         raise ValueError(f"export field '{where}.version' must be an int >= 1")
     timestamp = raw.get("timestamp")
     problem = timestamp_problem(timestamp)  # the same limit as a live event's time
-    if problem is not None:
+    if problem is not None or not isinstance(timestamp, (int, float)):
         raise ValueError(f"export field '{where}.timestamp' {problem}")
     author = raw.get("author")
     if not isinstance(author, str) or "\x00" in author:
