@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -439,6 +440,53 @@ class Committer:
             work.step_mark = len(work.pending)
             return True
         return False
+
+    @contextmanager
+    def step(
+        self,
+        *,
+        author: str | None = None,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Iterator[None]:
+        """One atomic step (see ``Context.step``): committed on success, discarded on error."""
+        work = self._work
+        if work.store is None:
+            saved = work.copy_state()
+            try:
+                yield
+            except BaseException:
+                work.state = saved
+                raise
+            return
+        if work.pending and work.durability != "exit":
+            raise RuntimeError("uncommitted changes before the step; commit() them first")
+        mark = len(work.pending)
+        try:
+            yield
+        except BaseException:
+            self.discard_after(mark)
+            raise
+        self.commit_step(author=author, round=round, step=step, meta=meta)
+
+    def finish(self) -> None:
+        """Closing: commit what is pending, then snapshot if there is new history (every packed value whole)."""
+        self.commit()
+        # A closed session is read more often than it is extended: its last
+        # snapshot holds each packed value whole, so reading it folds no tails.
+        if self._snapshots.needed_on_close():
+            self._snapshots.auto(whole=True)
+
+    def abandon_step(self) -> None:
+        """Discard the unfinished step (what is pending after the last step boundary)."""
+        try:
+            self.discard_after(self._work.step_mark)
+        except Exception:
+            # The committed state could not be reloaded: write nothing
+            # (neither the half step nor a snapshot of it).
+            self._work.pending = []
+            self._snapshots.version = self._work.version
 
     def discard_after(self, mark: int) -> None:
         """Drop the pending operations after ``mark``: back to the committed state plus the rest."""

@@ -15,7 +15,7 @@ import types
 import warnings
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from saucer.context.access import TypedAccess
 from saucer.context.events import StoredJson, copy_json, to_wire
@@ -23,10 +23,11 @@ from saucer.context.names import DERIVED_LEDGERS, ContextNames, typed_name
 from saucer.context.types import AppendOp, Op, Recorder
 from saucer.context.working import WorkingCopy
 
-__all__ = ["UfoCompat", "ClassOrInstance", "structural_op"]
+__all__ = ["UfoCompat", "ClassOrInstance", "RoundValue", "structural_op"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
+_V = TypeVar("_V", int, float)
 
 
 class ClassOrInstance(Generic[_T, _R]):
@@ -40,6 +41,33 @@ class ClassOrInstance(Generic[_T, _R]):
 
     def __get__(self, obj: _T | None, cls: Callable[[], _T]) -> Callable[[Mapping[str, Any]], _R]:
         return types.MethodType(self.fn, cls() if obj is None else obj)
+
+
+class _Typed(Protocol):
+    def get(self, name: ContextNames | str, default: Any = None) -> Any: ...
+    def set(self, name: ContextNames | str, value: Any) -> None: ...
+
+
+class RoundValue(Generic[_V]):
+    """UFO's writable ``current_round_*`` property: reads and writes the entry of ``CURRENT_ROUND_ID``
+    in a per-round ledger, through the Context's ``get`` and ``set`` (so reads never write)."""
+
+    def __init__(self, name: ContextNames, doc: str) -> None:
+        self.name = name
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, obj: None, cls: type) -> RoundValue[_V]: ...
+    @overload
+    def __get__(self, obj: _Typed, cls: type | None = None) -> _V: ...
+    def __get__(self, obj: _Typed | None, cls: type | None = None) -> _V | RoundValue[_V]:
+        if obj is None:
+            return self  # on the class: the property itself, as a property reads
+        value: _V = obj.get(self.name)
+        return value
+
+    def __set__(self, obj: _Typed, value: _V) -> None:
+        obj.set(self.name, value)
 
 
 def structural_op(data: Mapping[str, Any]) -> AppendOp | None:

@@ -13,21 +13,12 @@ Durability modes:
 - ``strict``: every change is committed before the call that made it returns.
 - ``exit``: changes are committed when the Context is closed.
 
-The class is a composition: it holds one :class:`~saucer.context.working.WorkingCopy`
-(the state it works on and where it is bound; every shared field is declared there)
-and the collaborators that work on it, each with one concern, and exposes their
-API by explicit delegation:
-
-- :class:`~saucer.context.access.TypedAccess`: ``get``/``set``, context variables, atomic operations;
-- :class:`~saucer.context.commit.Committer`: recording changes, commits and their retry core
-  (re-bases in :mod:`~saucer.context.rebase`), steps;
-- :class:`~saucer.context.snapshots.Snapshotter`: when snapshots are taken;
-- :class:`~saucer.context.participants.ParticipantGate`: who may commit;
-- :class:`~saucer.context.compat.UfoCompat`: the rest of UFO's API;
-- :class:`~saucer.context.queries.HistoryQueries`: history, changes, watch.
-
-This module opens a session, makes the Contexts of its past (``state_at``,
-``fork``), and closes: the last commit, the last snapshot, and the store.
+The class is a composition: one :class:`~saucer.context.working.WorkingCopy` (the
+state it works on and where it is bound: every shared field is declared there) and
+collaborators with one concern each (typed access, the committer, the snapshotter,
+the participants gate, UFO's rest, the history queries; see ``Context.__init__``),
+whose API it exposes by explicit delegation. It opens a session, makes the Contexts
+of its past (``state_at``, ``fork``), and closes.
 """
 
 from __future__ import annotations
@@ -39,16 +30,16 @@ from typing import Any, Self
 
 from saucer.context.access import TypedAccess
 from saucer.context.commit import Committer
-from saucer.context.compat import ClassOrInstance, UfoCompat
+from saucer.context.compat import ClassOrInstance, RoundValue, UfoCompat
 from saucer.context.events import Event, copy_json
 from saucer.context.handle import StoreHandle
 from saucer.context.loading import Loader
 from saucer.context.names import ContextNames
-from saucer.context.opening import attach, check_open_args
+from saucer.context.opening import attach, check_open_args, create_fork
 from saucer.context.participants import ParticipantGate
 from saucer.context.queries import HistoryQueries, changes, history_key
 from saucer.context.snapshots import KEEP_SNAPSHOTS, Snapshotter
-from saucer.context.types import Change, ForkOrigin, Json, Op
+from saucer.context.types import Change, Json, Op
 from saucer.context.working import Durability, WorkingCopy, check_text
 from saucer.store.base import EventStore
 from saucer.store.model import check_version
@@ -126,18 +117,13 @@ class Context:
         if isinstance(store, str):
             ctx._handle = StoreHandle.open(store)
             store = ctx._handle.store
-        work, committer = ctx._work, ctx._committer
+        work, committer, snapshots = ctx._work, ctx._committer, ctx._snapshots
         try:
             work.store = store
             committer.creation = attach(store, session_id, at=at, create=create, meta=meta, participants=participants)
-            work.session_id = session_id
-            work.read_only = at is not None
-            committer.author = author
-            work.durability = durability
-            ctx._snapshots.every = snapshot_every
-            ctx._snapshots.keep = keep_snapshots
-            committer.fence = fence
-            committer.serialise = bool(serialise)
+            work.session_id, work.read_only, work.durability = session_id, at is not None, durability
+            committer.author, committer.fence, committer.serialise = author, fence, bool(serialise)
+            snapshots.every, snapshots.keep = snapshot_every, keep_snapshots
             ctx._hydrate(at)
         except BaseException:
             if ctx._handle is not None:
@@ -305,35 +291,16 @@ class Context:
 
     # ---------------------------------------------- UFO's derived properties
 
-    @property
-    def current_round_step(self) -> int:
-        """Steps taken in the current round (``ROUND_STEP[CURRENT_ROUND_ID]``)."""
-        step: int = self._access.get(ContextNames.CURRENT_ROUND_STEP)
-        return step
-
-    @current_round_step.setter
-    def current_round_step(self, value: int) -> None:
-        self._access.set(ContextNames.CURRENT_ROUND_STEP, value)
-
-    @property
-    def current_round_cost(self) -> float:
-        """Cost of the current round (``ROUND_COST[CURRENT_ROUND_ID]``)."""
-        cost: float = self._access.get(ContextNames.CURRENT_ROUND_COST)
-        return cost
-
-    @current_round_cost.setter
-    def current_round_cost(self, value: float) -> None:
-        self._access.set(ContextNames.CURRENT_ROUND_COST, value)
-
-    @property
-    def current_round_subtask_amount(self) -> int:
-        """Subtasks finished in the current round (``ROUND_SUBTASK_AMOUNT[CURRENT_ROUND_ID]``)."""
-        amount: int = self._access.get(ContextNames.CURRENT_ROUND_SUBTASK_AMOUNT)
-        return amount
-
-    @current_round_subtask_amount.setter
-    def current_round_subtask_amount(self, value: int) -> None:
-        self._access.set(ContextNames.CURRENT_ROUND_SUBTASK_AMOUNT, value)
+    current_round_step = RoundValue[int](
+        ContextNames.CURRENT_ROUND_STEP, "Steps taken in the current round (``ROUND_STEP[CURRENT_ROUND_ID]``)."
+    )
+    current_round_cost = RoundValue[float](
+        ContextNames.CURRENT_ROUND_COST, "Cost of the current round (``ROUND_COST[CURRENT_ROUND_ID]``)."
+    )
+    current_round_subtask_amount = RoundValue[int](
+        ContextNames.CURRENT_ROUND_SUBTASK_AMOUNT,
+        "Subtasks finished in the current round (``ROUND_SUBTASK_AMOUNT[CURRENT_ROUND_ID]``).",
+    )
 
     # --------------------------------------------------------- UFO's rest
 
@@ -391,9 +358,8 @@ class Context:
         return self
 
     def _sync_round_values(self) -> None:
-        """UFO's way to copy the current round's step, cost and subtask count into their
-        ``CURRENT_ROUND_*`` names; a documented no-op here: those values are derived from the
-        per-round ledgers when they are read (reads never write), so they are always in sync."""
+        """UFO's copy of the current round's values into ``CURRENT_ROUND_*``: a documented no-op here,
+        as those are derived from the per-round ledgers when read (reads never write), always in sync."""
 
     # ============================================================== commits
 
@@ -488,24 +454,8 @@ class Context:
         ``strict`` commits each change as it is made, so there is nothing left
         to discard when the step fails.
         """
-        work = self._work
-        if work.store is None:
-            saved = work.copy_state()
-            try:
-                yield self
-            except BaseException:
-                work.state = saved
-                raise
-            return
-        if work.pending and work.durability != "exit":
-            raise RuntimeError("uncommitted changes before the step; commit() them first")
-        mark = len(work.pending)
-        try:
+        with self._committer.step(author=author, round=round, step=step, meta=meta):
             yield self
-        except BaseException:
-            self._committer.discard_after(mark)
-            raise
-        self._committer.commit_step(author=author, round=round, step=step, meta=meta)
 
     def rollback(self) -> None:
         """Discard uncommitted changes and return to the last committed state."""
@@ -524,11 +474,9 @@ class Context:
     def snapshot(self, *, whole: bool = False) -> int:
         """Store a snapshot of the committed state now; return its version.
 
-        ``whole`` writes each packed value whole, without the operations since
-        its base (see :func:`~saucer.context.events.state_to_wire`): what
-        :meth:`close` stores, so that reading a finished session decodes its
-        values and folds no tails. Only the newest ``keep_snapshots`` of the
-        session are kept (see :meth:`~saucer.context.snapshots.Snapshotter.snapshot`).
+        ``whole`` writes each packed value whole, without the operations since its base: what
+        :meth:`close` stores, so that reading a finished session folds no tails. Only the newest
+        ``keep_snapshots`` are kept (see :meth:`~saucer.context.snapshots.Snapshotter.snapshot`).
         """
         return self._snapshots.snapshot(whole=whole)
 
@@ -583,8 +531,7 @@ class Context:
         """
         store, sid = self._work.require_store()
         at = self._work.version if at is None else check_version(at, "at")
-        origin: ForkOrigin = {"forked_from": sid, "at": at}
-        store.create_session(new_session_id, parent_id=sid, parent_version=at, meta=dict(origin))
+        create_fork(store, sid, new_session_id, at)
         child = self.open(
             store,
             new_session_id,
@@ -621,11 +568,7 @@ class Context:
             return
         try:
             if work.store is not None and not work.read_only:
-                self._committer.commit()
-                # A closed session is read more often than it is extended: its last
-                # snapshot holds each packed value whole, so reading it folds no tails.
-                if self._snapshots.needed_on_close():
-                    self._snapshots.auto(whole=True)
+                self._committer.finish()
         finally:
             work.closed = True
             handle, self._handle = self._handle, None
@@ -648,13 +591,7 @@ class Context:
         it are still committed). What leaving a ``with`` block on an exception does."""
         work = self._work
         if work.store is not None and not work.read_only and not work.closed:
-            try:
-                self._committer.discard_after(work.step_mark)
-            except Exception:
-                # The committed state could not be reloaded: write nothing
-                # (neither the half step nor a snapshot of it).
-                work.pending = []
-                self._snapshots.version = work.version
+            self._committer.abandon_step()
         self.close()
 
     def __repr__(self) -> str:
