@@ -20,7 +20,7 @@ import copy
 import logging
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, get_origin
 
 __all__ = [
     "ContextNames",
@@ -310,7 +310,7 @@ FLOAT_NAMES = frozenset(
     m.value for m in ContextNames if m.type is float or m.type in (dict[int, float], dict[int, float | None])
 )
 LIST_NAMES = frozenset(m.value for m in ContextNames if m.type is list)
-DICT_NAMES = frozenset(m.value for m in ContextNames if m.type is dict or getattr(m.type, "__origin__", None) is dict)
+DICT_NAMES = frozenset(m.value for m in ContextNames if m.type is dict or get_origin(m.type) is dict)
 
 
 # ------------------------------------------------------- renamed and retired

@@ -23,6 +23,7 @@ from typing import Any
 
 from saucer.context.events import Event, State, ValueNotStorableError, apply_ops, state_to_wire, to_wire
 from saucer.context.names import DERIVED_LEDGERS, RETIRED, ContextNames, UnknownStoredNameError, stored_name
+from saucer.context.types import ImportOrigin
 from saucer.redaction import redact_known
 from saucer.store.base import EventStore
 from saucer.store.model import SessionInfo, Snapshot, check_session_id, timestamp_problem
@@ -126,10 +127,11 @@ def import_session(store: EventStore, data: Mapping[str, Any], session_id: str |
             raise ValueError(f"export field 'events[0]' (version {first}) does not set the state of 'base.state'")
         events.append(event)
     meta = _mapping(session.get("meta") or {}, "session.meta")
-    meta["imported_from"] = session["session_id"]
-    meta.pop("pruned_to", None)
+    origin: ImportOrigin = {"imported_from": session["session_id"]}
     if first:
-        meta["pruned_to"] = first
+        origin["pruned_to"] = first
+    meta.pop("pruned_to", None)
+    meta.update(origin)
     now = time.time()
     head = events[-1].version if events else first
     snapshots = [Snapshot(target, first, now, base_state)] if first else []
