@@ -35,7 +35,7 @@ from saucer.context.events import Event, ValueNotStorableError, apply_ops, copy_
 from saucer.context.participants import ParticipantGate
 from saucer.context.rebase import MAX_REBASES, Rebaser, serialised_meta
 from saucer.context.snapshots import Snapshotter
-from saucer.context.types import Op, Reloader
+from saucer.context.types import EventMeta, Op, Reloader
 from saucer.context.working import WorkingCopy, check_text
 from saucer.store.base import EventStore
 from saucer.store.model import (
@@ -58,7 +58,7 @@ class _Append:
 
     ops: list[dict[str, Any]]
     version: int
-    meta: dict[str, Any] | None
+    meta: EventMeta | None
 
 
 @dataclass(slots=True)
@@ -77,7 +77,7 @@ class _Commit:
     author: str
     round: int | None
     step: int | None
-    meta: dict[str, Any] | None
+    meta: EventMeta | None
 
 
 @dataclass(slots=True)
@@ -85,12 +85,12 @@ class SessionCreation:
     """How a Context made its session, so that a first commit that is refused leaves no empty
     session behind (it is removed, ``dropped``, and made anew by the next commit)."""
 
-    meta: dict[str, Any] | None
+    meta: EventMeta | None
     participants: list[str] | None
     dropped: bool = False
 
 
-def _check_commit_args(author: str, round: object, step: object, meta: dict[str, Any] | None) -> None:
+def _check_commit_args(author: str, round: object, step: object, meta: EventMeta | None) -> None:
     """Refuse, before anything is sent, what a store could not write for a commit."""
     check_text(author, "author")
     for what, value in (("round", round), ("step", step)):
@@ -159,7 +159,7 @@ class Committer:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> int:
         """Write the pending changes as ONE event; return the new version (see ``Context.commit``)."""
         work = self._work
@@ -203,7 +203,7 @@ class Committer:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> int:
         """:meth:`commit` for coroutines: the same event, durable when it returns (see ``Context.acommit``)."""
         work = self._work
@@ -251,9 +251,7 @@ class Committer:
             await asyncio.to_thread(self._snapshots.maybe_locked)  # it writes the whole state: never on the loop
         return work.version
 
-    def _begin(
-        self, author: str | None, round: int | None, step: int | None, meta: dict[str, Any] | None
-    ) -> _Commit | None:
+    def _begin(self, author: str | None, round: int | None, step: int | None, meta: EventMeta | None) -> _Commit | None:
         """Under the lock: what a commit writes, or None when there is nothing to write."""
         work = self._work
         if work.store is None:
@@ -364,7 +362,7 @@ class Committer:
             self._unknown = replace(exc.event, ops=copy_json(exc.event.ops))
         _keep_pending(exc, len(self._work.pending))
 
-    def _settle_unknown(self, meta: dict[str, Any] | None) -> bool:
+    def _settle_unknown(self, meta: EventMeta | None) -> bool:
         """After a commit whose outcome was unknown: adopt its event if the store has it.
 
         Returns whether there is still something to commit.
@@ -413,7 +411,7 @@ class Committer:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> int:
         """Commit at a step boundary unless durability is ``exit`` (then changes wait for close)."""
         if self._step_waits_for_close():
@@ -426,7 +424,7 @@ class Committer:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> int:
         """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
         if self._step_waits_for_close():
@@ -448,7 +446,7 @@ class Committer:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> Iterator[None]:
         """One atomic step (see ``Context.step``): committed on success, discarded on error."""
         work = self._work

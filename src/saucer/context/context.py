@@ -39,7 +39,7 @@ from saucer.context.opening import attach, check_open_args, create_fork
 from saucer.context.participants import ParticipantGate
 from saucer.context.queries import HistoryQueries, changes, history_key
 from saucer.context.snapshots import KEEP_SNAPSHOTS, Snapshotter
-from saucer.context.types import Change, Json, Op
+from saucer.context.types import Change, EventMeta, Json, Op
 from saucer.context.working import Durability, WorkingCopy, check_text
 from saucer.store.base import EventStore
 from saucer.store.model import check_version
@@ -369,7 +369,7 @@ class Context:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> int:
         """Write the pending changes as ONE event; return the new version.
 
@@ -392,7 +392,7 @@ class Context:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> int:
         """:meth:`commit` for coroutines: the same event, durable when it returns.
 
@@ -411,7 +411,7 @@ class Context:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> int:
         """Commit at a step boundary unless durability is ``exit`` (then changes wait for close)."""
         return self._committer.commit_step(author=author, round=round, step=step, meta=meta)
@@ -422,7 +422,7 @@ class Context:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> int:
         """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
         return await self._committer.acommit_step(author=author, round=round, step=step, meta=meta)
@@ -446,7 +446,7 @@ class Context:
         author: str | None = None,
         round: int | None = None,
         step: int | None = None,
-        meta: dict[str, Any] | None = None,
+        meta: EventMeta | None = None,
     ) -> Iterator[Self]:
         """Group changes into one atomic step: committed together on success, discarded on error.
 

@@ -17,12 +17,10 @@ out and named under ``"dropped"``.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
-from typing import Any
 
 from saucer.context.events import ATOMIC_OPS, apply_ops, op_key
 from saucer.context.names import lookup
-from saucer.context.types import SERIALISED, CasOp, Op, Reloader, SerialisedRecord, Target
+from saucer.context.types import SERIALISED, CasOp, EventMeta, Op, Reloader, SerialisedRecord, Target
 from saucer.context.working import WorkingCopy
 from saucer.store.model import ConflictError, StoreError
 
@@ -33,8 +31,8 @@ MAX_REBASES = 200
 
 
 def serialised_meta(
-    meta: Mapping[str, Any] | None, based_on: int, head: int, changed: list[str], dropped: list[str]
-) -> dict[str, Any]:
+    meta: EventMeta | None, based_on: int, head: int, changed: list[str], dropped: list[str]
+) -> EventMeta:
     """``meta`` with what a serialised commit records under ``"serialised"`` (a :class:`SerialisedRecord`):
     ``based_on`` (the version its changes were made on), ``ordered_after`` (the concurrent versions
     written since, which it follows in the log), ``changed`` (the keys they changed)

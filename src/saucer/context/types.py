@@ -29,6 +29,7 @@ __all__ = [
     "CasOp",
     "Op",
     "OpKind",
+    "EventMeta",
     "SERIALISED",
     "SerialisedRecord",
     "serialised_record",
@@ -91,6 +92,10 @@ class CasOp(Target):
 
 #: An operation a Context writes.
 Op = SetOp | DeleteOp | IncrOp | AppendOp | CasOp
+
+#: An event's meta: JSON data. Its keys are the committer's (the engine's), but for
+#: :data:`SERIALISED`, which a Context adds itself.
+EventMeta = dict[str, Any]
 
 #: The key of an event's meta under which a serialised commit records how it was ordered.
 SERIALISED = "serialised"
