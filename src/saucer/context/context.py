@@ -39,7 +39,7 @@ from saucer.context.opening import attach, check_open_args, create_fork
 from saucer.context.participants import ParticipantGate
 from saucer.context.queries import HistoryQueries, changes, history_key
 from saucer.context.snapshots import KEEP_SNAPSHOTS, Snapshotter
-from saucer.context.types import Change, EventMeta, Json, Op
+from saucer.context.types import Change, EventMeta, Json, Key, Op
 from saucer.context.working import Durability, WorkingCopy, check_text
 from saucer.store.base import EventStore
 from saucer.store.model import check_version
@@ -315,9 +315,7 @@ class Context:
         """Values of ``keys`` (a str gives a list of values, a list gives a list of dicts)."""
         return self._compat.filter_structural_logs(round_key, subtask_key, keys)
 
-    def charge(
-        self, increments: Mapping[ContextNames | str, int | float], structural_log: Mapping[str, Any] | None = None
-    ) -> None:
+    def charge(self, increments: Mapping[Key, int | float], structural_log: Mapping[str, Any] | None = None) -> None:
         """A step's ledger as ONE change: add each ``by`` of ``increments`` (``{name or var: by}``)
         as :meth:`incr` does, and append ``structural_log`` as :meth:`add_to_structural_logs`
         does; everything is checked before anything is applied (the engine charges each step so)."""

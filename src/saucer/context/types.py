@@ -17,10 +17,13 @@ Every other key of an event's meta is the caller's (the engine's).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, Protocol, Required, TypedDict, TypeGuard
+from typing import Any, Literal, NotRequired, Protocol, Required, TypedDict, TypeGuard, TypeVar
+
+from saucer.context.names import ContextNames
 
 __all__ = [
     "Json",
+    "Key",
     "Target",
     "SetOp",
     "DeleteOp",
@@ -44,6 +47,10 @@ __all__ = [
 Json = Any
 
 OpKind = Literal["set", "delete", "incr", "append", "cas"]
+
+#: What a key of a Context is: a typed name (a :class:`ContextNames` member or its name) or a
+#: context variable's name (a TypeVar, so that a mapping keyed by either kind alone is taken too).
+Key = TypeVar("Key", bound="ContextNames | str")
 
 
 class Target(TypedDict, total=False):
