@@ -65,6 +65,15 @@ class Context:
         self._access = TypedAccess(work, self._committer.record)
         self._compat = UfoCompat(work, self._access, self._committer.record)
         self._queries = HistoryQueries(work)
+        # The hot calls are bound once to the collaborator that makes them: no delegation hop
+        # per call (the methods of the class, which delegate, document them and serve unbound calls).
+        self.get = self._access.get  # type: ignore[method-assign]  # the same signature, bound once
+        self.set = self._access.set  # type: ignore[method-assign]  # the same signature, bound once
+        self.charge = self._compat.charge  # type: ignore[method-assign]  # the same signature, bound once
+        self.commit = self._committer.commit  # type: ignore[method-assign]  # the same signature, bound once
+        self.acommit = self._committer.acommit  # type: ignore[method-assign]  # the same signature, bound once
+        self.commit_step = self._committer.commit_step  # type: ignore[method-assign]  # the same, bound once
+        self.acommit_step = self._committer.acommit_step  # type: ignore[method-assign]  # the same, bound once
         # Set when this Context opened the store itself (from a URL): the last of it and its forks closes it.
         self._handle: StoreHandle | None = None
         #: The command dispatcher agents use (runtime only; see :meth:`attach_command_dispatcher`).
@@ -330,15 +339,12 @@ class Context:
     ) -> dict[str, Any]:
         """Every name's value (and ``_vars`` when there are context variables).
 
-        With ``ensure_serializable=True`` runtime-only names are None and one
-        warning lists those that held an object. With ``copy=False`` the
-        values are the Context's own, not copies: for writing them out at
-        once (``saucer export`` of a long session would otherwise hold its
-        state twice); changing them would change the Context behind its back.
-        With ``stored_json=True`` a large value that the snapshot read stores
-        whole and nothing changed since is given as its compact JSON text
-        (:class:`~saucer.context.events.StoredJson`), never decoded: for
-        showing a long session's state without building it.
+        With ``ensure_serializable=True`` runtime-only names are None and one warning lists
+        those that held an object. With ``copy=False`` the values are the Context's own, not
+        copies: for writing them out at once (``saucer export`` of a long session would otherwise
+        hold its state twice); changing them would change the Context behind its back. With
+        ``stored_json=True`` a large value that the snapshot read stores whole, unchanged since,
+        is its compact JSON text (:class:`~saucer.context.events.StoredJson`), never decoded.
         """
         return self._compat.to_dict(ensure_serializable, copy=copy, stored_json=stored_json)
 
@@ -371,16 +377,14 @@ class Context:
     ) -> int:
         """Write the pending changes as ONE event; return the new version.
 
-        If another writer committed first, a batch of only atomic operations is
-        re-based onto the newest version and retried; any other batch raises
-        :class:`~saucer.store.ConflictError` naming the keys the other writers
-        changed (call :meth:`reload`), unless this Context serialises its commits
-        (``Context.open(..., serialise=True)``): then the whole batch is ordered
-        after theirs and ``meta["serialised"]`` records it (see
-        :class:`~saucer.context.types.SerialisedRecord`).
-        Any other store failure leaves the changes pending (the error says so):
-        the Context stays usable, and its next commit tries again; after a
-        commit whose outcome is unknown it first checks whether they were written.
+        If another writer committed first, a batch of only atomic operations is re-based onto
+        the newest version and retried; any other batch raises :class:`~saucer.store.ConflictError`
+        naming the keys the other writers changed (call :meth:`reload`), unless this Context
+        serialises its commits (``Context.open(..., serialise=True)``): then the whole batch is
+        ordered after theirs, as ``meta["serialised"]`` records (a :class:`~saucer.context.types.SerialisedRecord`).
+        Any other store failure leaves the changes pending (the error says so): the Context stays
+        usable, and its next commit tries again (after a commit whose outcome is unknown, it first
+        checks whether they were written).
         """
         return self._committer.commit(author=author, round=round, step=step, meta=meta)
 
@@ -428,12 +432,10 @@ class Context:
     def catch_up(self) -> int:
         """Bring in what other writers committed since this Context's version; return how many versions.
 
-        For a Context that serialises its commits (the engine's): its pending changes
-        stay on top, re-based as a serialised commit re-bases them, so that what it
-        decides next (a transition of the graph) sees an out-of-turn write made while
-        its step ran. Their commit then records the version they were made on and the
-        versions they follow (``meta["serialised"]``). A no-op (0) for any other Context,
-        and while a commit of unknown outcome is unsettled.
+        For a Context that serialises its commits (the engine's): its pending changes stay on top,
+        re-based as a serialised commit re-bases them, so that what it decides next (a transition
+        of the graph) sees an out-of-turn write made while its step ran; their commit records it
+        (``meta["serialised"]``). A no-op (0) for any other Context, and while a commit of unknown outcome is unsettled.
         """
         return self._committer.catch_up()
 
