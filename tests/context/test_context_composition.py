@@ -24,9 +24,9 @@ def test_an_attribute_of_the_working_copy_is_declared_once_in_the_package() -> N
     """No collaborator redeclares a field of the working copy (``self.state = ...`` lives in working.py only)."""
     names = {"state", "runtime", "pending", "pending_base", "caught_dropped", "step_mark", "committing", "lock"}
     names |= {"session_id", "durability", "read_only", "closed"}
-    fields = names | {f"_{name}" for name in names} | {"_version", "_store"}  # a StoreHandle's ``store`` is its own
+    fields = names | {f"_{name}" for name in names} | {"_version", "store", "_store"}
     for path in CONTEXT.glob("*.py"):
-        if path.name == "working.py":
+        if path.name in ("working.py", "handle.py"):  # the copy itself; a StoreHandle's store and lock are its own
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
