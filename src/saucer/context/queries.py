@@ -67,7 +67,7 @@ def _flat(state: State) -> dict[str, Json]:
 def change_of(
     store: EventStore, session_id: str, version: int, before: State | None = None
 ) -> tuple[dict[str, Change], State]:
-    """What the event at ``version`` changed (``{key: {"before", "after"}}`` as :meth:`Queries.diff`),
+    """What the event at ``version`` changed (``{key: {"before", "after"}}`` as ``Context.diff``),
     and the state after it: pass that as ``before`` for ``version + 1`` and the next change costs
     one event, not a hydrate (a viewer stepping through a session). ``before`` must be the state
     at ``version - 1``; without it the session is hydrated there (snapshot + tail)."""
@@ -82,7 +82,7 @@ def change_of(
 
 
 def diff_of(store: EventStore, session_id: str, v1: int, v2: int) -> dict[str, Change]:
-    """:meth:`Queries.diff` of ``v1 <= v2`` from one hydrate: the state at ``v1``, then the events up
+    """``Context.diff`` of ``v1 <= v2`` from one hydrate: the state at ``v1``, then the events up
     to ``v2`` put through the one fold (two hydrates cost twice as much far from a snapshot)."""
     if v2 < v1:
         swapped = diff_of(store, session_id, v2, v1)
