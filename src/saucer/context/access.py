@@ -57,7 +57,8 @@ del _m, _d
 
 def type_name(tp: object) -> str:
     """How an error message names a declared type (``int``, ``dict[int, float]``)."""
-    return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
+    name: str = getattr(tp, "__name__", "")  # a generic alias (dict[int, float]) answers its origin's name
+    return name or str(tp).replace("typing.", "")
 
 
 def _wrong_type(member: ContextNames, value: object) -> TypeError:
@@ -78,7 +79,7 @@ def check_var_key(key: object) -> None:
 
 def set_op(member: ContextNames, value: object, round_id: int) -> SetOp:
     """The operation that sets a durable name (derived names write their ledger entry)."""
-    key = member.value
+    key: str = member._value_  # not .value, an Enum property: set is a hot call
     if not member.accepts(value):
         raise TypeError(f"{key} expects {type_name(member.type)}, got {type(value).__name__}: {value!r:.80}")
     ledger = DERIVED_LEDGERS.get(key)

@@ -85,7 +85,8 @@ class SessionCreation:
     """How a Context made its session, so that a first commit that is refused leaves no empty
     session behind (it is removed, ``dropped``, and made anew by the next commit)."""
 
-    meta: EventMeta | None
+    #: The session's meta it was made with (not an event's).
+    meta: dict[str, Any] | None
     participants: list[str] | None
     dropped: bool = False
 
