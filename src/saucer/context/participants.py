@@ -13,10 +13,8 @@ agents) is always allowed; a session that declares none is open to every writer.
 
 from __future__ import annotations
 
-from typing import Any
-
 from saucer.context.events import State, apply_ops, copy_json
-from saucer.context.types import Op
+from saucer.context.types import Json, Op
 from saucer.store.base import EventStore
 from saucer.store.model import NotParticipantError
 
@@ -36,7 +34,7 @@ class ParticipantGate:
         # them; None: it declared none) and, as committed, those added since.
         self._declared: frozenset[str] | None = None
         self._declared_read = False
-        self._added: Any = None
+        self._added: Json = None
 
     def loaded(self, state: State) -> None:
         """The committed state was loaded: take the added participants from it."""
