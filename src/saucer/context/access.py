@@ -1,4 +1,6 @@
-"""Reading and writing a Context: typed names, context variables, atomic operations.
+"""Writing a Context (typed names, context variables, atomic operations) and reading its variables.
+
+Reading a typed name is the working copy's (:meth:`~saucer.context.working.WorkingCopy.get`).
 
 Every write becomes an operation (see :mod:`saucer.context.events`), applied
 at once through the one fold and, on a Context bound to a store, kept pending
@@ -37,23 +39,6 @@ _MISSING: Any = object()
 #: The least 64-bit integer: an int increment and its result within range need no further check.
 _I64 = -(2**63)
 
-# get() is the hottest call of the runtime: one dict lookup tells it what a
-# name is. kind 0: durable, stored as is; 1: derived from a per-round ledger;
-# 2: runtime-only. Works for members and plain strings (a str-valued Enum
-# hashes and compares as its value).
-_DURABLE, _DERIVED, _RUNTIME = 0, 1, 2
-_GET_SPEC: dict[str, tuple[int, str, Any]] = {}
-for _m in ContextNames:
-    if _m.derived:
-        _GET_SPEC[_m.value] = (_DERIVED, DERIVED_LEDGERS[_m.value], _m.default_value)
-    elif not _m.durable:
-        _GET_SPEC[_m.value] = (_RUNTIME, _m.value, None)
-    else:
-        _d = _m.default_value
-        # Mutable defaults are produced fresh on each read (their type is the factory).
-        _GET_SPEC[_m.value] = (_DURABLE, _m.value, _d.__class__ if _d.__class__ in (list, dict) else _d)
-del _m, _d
-
 
 def type_name(tp: object) -> str:
     """How an error message names a declared type (``int``, ``dict[int, float]``)."""
@@ -91,63 +76,13 @@ def set_op(member: ContextNames, value: object, round_id: int) -> SetOp:
 
 
 class TypedAccess:
-    """``get``/``set`` of typed names, context variables, and the atomic operations, on a working copy."""
+    """``set`` of typed names, context variables, and the atomic operations, on a working copy."""
 
     def __init__(self, work: WorkingCopy, record: Recorder) -> None:
         self._work = work
         self._record = record
 
     # ================================================================= reads
-
-    def get(self, name: ContextNames | str, default: Any = None) -> Any:
-        """The value of ``name``; its default when unset (``default`` if that is None).
-
-        Never writes. Containers are returned as copies, so mutating the
-        result does not change the Context.
-        """
-        try:
-            kind, key, fallback = _GET_SPEC[name]
-        except (KeyError, TypeError):
-            raise KeyError(f"unknown context name {name!r}; see ContextNames for the valid names") from None
-        work = self._work
-        if kind == _DURABLE:
-            state = work.state
-            if key in state.packed:
-                work.unpack(key)
-            value = state.names.get(key, fallback)
-            cls = value.__class__
-            if cls is dict or cls is list:
-                return copy_json(value)
-            if value is list or value is dict:
-                return value()
-            return default if value is None else value
-        if kind == _DERIVED:
-            state = work.state
-            if key in state.packed:
-                work.unpack(key)
-            names = state.names
-            entries = names.get(key)
-            if entries and isinstance(entries, dict):  # not a ledger sealed at rest and read without the key
-                value = entries.get(names.get("CURRENT_ROUND_ID", 0))
-                if value is not None:
-                    return value
-            return fallback
-        value = work.runtime.get(key)
-        return default if value is None else value
-
-    def peek(self, name: ContextNames | str) -> Any:
-        """:meth:`get` without the copy: the stored value itself, which the caller must not change
-        (for writing a large state out without holding it twice)."""
-        kind, key, fallback = _GET_SPEC[name]
-        if kind != _DURABLE:
-            return self.get(name)
-        work = self._work
-        if key in work.state.packed:
-            work.unpack(key)
-        value = work.state.names.get(key, fallback)
-        if value is list or value is dict:
-            return value()
-        return value
 
     def vars(self) -> Mapping[str, Json]:
         """The free-form context variables (a read-only copy)."""
@@ -198,7 +133,7 @@ class TypedAccess:
             )
         if not isinstance(value, Mapping):
             raise TypeError(f"update_dict({member.value}, ...) needs a dict, got {type(value).__name__}")
-        merged = self.get(member)
+        merged = self._work.get(member)
         merged.update(value)
         self.set(member, merged)
 

@@ -130,7 +130,7 @@ class UfoCompat:
         self, ensure_serializable: bool = False, *, copy: bool = True, stored_json: bool = False
     ) -> dict[str, Any]:
         """Every name's value (and ``_vars`` when there are context variables); see ``Context.to_dict``."""
-        work, access = self._work, self._access
+        work = self._work
         out: dict[str, Any] = {}
         dropped: list[str] = []
         for member in ContextNames:
@@ -149,7 +149,7 @@ class UfoCompat:
                     value = None
                 out[member.value] = value
                 continue
-            out[member.value] = access.get(member) if copy else access.peek(member)
+            out[member.value] = work.get(member) if copy else work.peek(member)
         if ensure_serializable:
             out = {k: (v.value if k == "WEAVING_MODE" and isinstance(v, Enum) else v) for k, v in out.items()}
         if work.state.vars:

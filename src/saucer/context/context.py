@@ -67,7 +67,7 @@ class Context:
         self._queries = HistoryQueries(work)
         # The hot calls are bound once to the collaborator that makes them: no delegation hop
         # per call (the methods of the class, which delegate, document them and serve unbound calls).
-        self.get = self._access.get  # type: ignore[method-assign]  # the same signature, bound once
+        self.get = work.get  # type: ignore[method-assign]  # the same signature, bound once
         self.set = self._access.set  # type: ignore[method-assign]  # the same signature, bound once
         self.charge = self._compat.charge  # type: ignore[method-assign]  # the same signature, bound once
         self.commit = self._committer.commit  # type: ignore[method-assign]  # the same signature, bound once
@@ -213,7 +213,7 @@ class Context:
         Never writes. Containers are returned as copies, so mutating the
         result does not change the Context.
         """
-        return self._access.get(name, default)
+        return self._work.get(name, default)
 
     def set(self, name: ContextNames | str, value: Any) -> None:
         """Set a typed name; KeyError for an unknown name, TypeError for a wrong type.

@@ -4,7 +4,9 @@ Every collaborator of a :class:`~saucer.context.Context` (the committer, the
 snapshotter, the typed access, the queries) works on this one record; each of
 its fields is declared here, once. It loads a session's committed state
 (:meth:`WorkingCopy.load`, through :func:`~saucer.context.replay.replay`) and
-answers the questions they all ask (is it writable, what does a target hold).
+answers the questions they all ask: what a typed name reads as (:meth:`WorkingCopy.get`,
+the runtime's hottest call, which ``Context.get`` is bound to), whether it is
+writable, what an atomic operation's target holds.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from saucer.context.events import (
     to_wire,
     unpack,
 )
-from saucer.context.names import DERIVED_LEDGERS, FLOAT_NAMES, lookup
+from saucer.context.names import DERIVED_LEDGERS, FLOAT_NAMES, ContextNames, lookup
 from saucer.context.replay import Replayed, replay
 from saucer.context.types import Json, Op, Target
 from saucer.store.base import EventStore
@@ -32,6 +34,24 @@ __all__ = ["WorkingCopy", "Durability", "DURABILITIES", "check_text"]
 
 Durability = Literal["step", "strict", "exit"]
 DURABILITIES: tuple[Durability, ...] = ("step", "strict", "exit")
+
+
+# get() (WorkingCopy.get) is the hottest call of the runtime: one dict lookup tells it what a
+# name is. kind 0: durable, stored as is; 1: derived from a per-round ledger;
+# 2: runtime-only. Works for members and plain strings (a str-valued Enum
+# hashes and compares as its value).
+_DURABLE, _DERIVED, _RUNTIME = 0, 1, 2
+_GET_SPEC: dict[str, tuple[int, str, Any]] = {}
+for _m in ContextNames:
+    if _m.derived:
+        _GET_SPEC[_m.value] = (_DERIVED, DERIVED_LEDGERS[_m.value], _m.default_value)
+    elif not _m.durable:
+        _GET_SPEC[_m.value] = (_RUNTIME, _m.value, None)
+    else:
+        _d = _m.default_value
+        # Mutable defaults are produced fresh on each read (their type is the factory).
+        _GET_SPEC[_m.value] = (_DURABLE, _m.value, _d.__class__ if _d.__class__ in (list, dict) else _d)
+del _m, _d
 
 
 def check_text(value: object, what: str) -> str:
@@ -72,6 +92,58 @@ class WorkingCopy:
         #: An asynchronous commit is in flight: changes are refused until it ends.
         self.committing = False
         self.lock = threading.RLock()
+
+    # ================================================================= reads
+
+    def get(self, name: ContextNames | str, default: Any = None) -> Any:
+        """The value of ``name``; its default when unset (``default`` if that is None).
+
+        Never writes. Containers are returned as copies, so mutating the
+        result does not change the Context.
+        """
+        try:
+            kind, key, fallback = _GET_SPEC[name]
+        except (KeyError, TypeError):
+            raise KeyError(f"unknown context name {name!r}; see ContextNames for the valid names") from None
+        if kind == _DURABLE:
+            state = self.state
+            if key in state.packed:
+                self.unpack(key)
+            value = state.names.get(key, fallback)
+            cls = value.__class__
+            if cls is dict or cls is list:
+                return copy_json(value)
+            if value is list or value is dict:
+                return value()
+            return default if value is None else value
+        if kind == _DERIVED:
+            state = self.state
+            if key in state.packed:
+                self.unpack(key)
+            names = state.names
+            entries = names.get(key)
+            if entries and isinstance(entries, dict):  # not a ledger sealed at rest and read without the key
+                value = entries.get(names.get("CURRENT_ROUND_ID", 0))
+                if value is not None:
+                    return value
+            return fallback
+        value = self.runtime.get(key)
+        return default if value is None else value
+
+    def peek(self, name: ContextNames | str) -> Any:
+        """:meth:`get` without the copy: the stored value itself, which the caller must not change
+        (for writing a large state out without holding it twice)."""
+        kind, key, fallback = _GET_SPEC[name]
+        if kind != _DURABLE:
+            return self.get(name)
+        if key in self.state.packed:
+            self.unpack(key)
+        value = self.state.names.get(key, fallback)
+        if value is list or value is dict:
+            return value()
+        return value
+
+    # ============================================================ the rest
 
     def require_store(self) -> tuple[EventStore, str]:
         """The store and session this copy is bound to; RuntimeError for a detached Context."""
