@@ -226,7 +226,7 @@ def time_open(url: str, sid: str, expect: int, repeat: int = 15) -> tuple[float,
         t = time.perf_counter()
         ctx = Context.open(url, sid, durability="exit")
         cold.append(time.perf_counter() - t)
-        ctx._closed = True  # noqa: SLF001  (read only: no snapshot on close)
+        ctx._work.closed = True  # noqa: SLF001  (read only: no snapshot on close)
         ctx.store.close()  # type: ignore[union-attr]
     return _median(warm), _median(cold)
 
@@ -479,7 +479,7 @@ def _run(args: argparse.Namespace, sizes: list[int], run_dir: Path) -> None:
         t = time.perf_counter()
         ctx = Context.open(b.fresh_url("grow-step-0"), "grow-step", durability="exit")
         b.results["open-grow"] = _ms(time.perf_counter() - t)
-        ctx._closed = True  # noqa: SLF001  (read only)
+        ctx._work.closed = True  # noqa: SLF001  (read only)
         ctx.store.close()  # type: ignore[union-attr]
         opens = []
         for n in sizes:

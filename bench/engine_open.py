@@ -130,7 +130,7 @@ def measure_open(path: str) -> dict[str, float]:
         "open_ms": (t1 - t0) * 1e3,
         "logs_ms": (t2 - t0) * 1e3,
         "head": store.head(SID),
-        "snapshot": ctx._snapshot_version,
+        "snapshot": ctx._snapshots.version,
     }
     ctx.close()
     store.close()
@@ -233,7 +233,7 @@ def main() -> int:
     print(
         f"{'session':<8} {'snapshots':<9} {'events':>8} {'tail':>7} {'open ms':>15} {'+ read logs ms':>17} {'resume ms':>19}"
     )
-    for label, form, opens, resumes, built_s in rows:
+    for label, form, opens, resumes, _built_s in rows:
 
         def fig(values: list[float]) -> str:
             return f"{statistics.median(values):8.1f} ({min(values):.1f})"

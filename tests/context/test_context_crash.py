@@ -113,7 +113,7 @@ def _check_committed_prefix(url: str, sid: str) -> int:
     history = ctx.history()
     assert [e.version for e in history] == list(range(1, v + 1))
     assert all(len(e.ops) == 5 for e in history)
-    ctx._closed = True  # noqa: SLF001  (read only: leave the log exactly as the crash left it)
+    ctx._work.closed = True  # noqa: SLF001  (read only: leave the log exactly as the crash left it)
     ctx.store.close()  # type: ignore[union-attr]
     return v
 

@@ -382,8 +382,8 @@ def _session(db_url: str, sid: str, n: int, **kw: object) -> None:
     for i in range(n):
         ctx.update_vars(set={"i": i + 1})
         ctx.commit()
-    ctx._pending = []  # noqa: SLF001
-    ctx._closed = True  # noqa: SLF001  (no snapshot on close: leave the log as it is)
+    ctx._work.pending = []  # noqa: SLF001
+    ctx._work.closed = True  # noqa: SLF001  (no snapshot on close: leave the log as it is)
     ctx.store.close()  # type: ignore[union-attr]
 
 

@@ -72,11 +72,11 @@ def test_a_large_value_is_packed_and_decoded_only_when_read() -> None:
     assert wire["names"]["REQUEST"] == "small"
 
     reopened = Context.open(store, "s")
-    assert "STRUCTURAL_LOGS" in reopened._state.packed  # not decoded by opening
+    assert "STRUCTURAL_LOGS" in reopened._work.state.packed  # not decoded by opening
     assert reopened.get(ContextNames.SESSION_STEP) == 60
-    assert "STRUCTURAL_LOGS" in reopened._state.packed  # nor by reading another name
+    assert "STRUCTURAL_LOGS" in reopened._work.state.packed  # nor by reading another name
     assert reopened.filter_structural_logs(1, 0, "Step") == [i for i in range(40, 60) if i % 2 == 0]
-    assert not reopened._state.packed
+    assert not reopened._work.state.packed
     assert _plain(reopened) == live
 
 
@@ -92,7 +92,7 @@ def test_operations_on_a_packed_value_give_what_an_eager_load_gives(seed: int) -
     ctx.commit()
     ctx.snapshot()
     ctx.close()
-    for round_ in range(4):
+    for _round in range(4):
         ctx = Context.open(store, "s")
         for _ in range(rng.randint(1, 12)):
             kind = rng.choice(["append", "incr-ledger", "set-ledger-entry", "replace", "delete", "other"])
@@ -115,7 +115,7 @@ def test_operations_on_a_packed_value_give_what_an_eager_load_gives(seed: int) -
             ctx.snapshot()  # with operations kept for a packed value: unpacked, then packed again
         ctx.close()
         fresh = Context.open(store, "s")
-        assert ev.state_to_wire(fresh._state) == _replayed(store, "s")
+        assert ev.state_to_wire(fresh._work.state) == _replayed(store, "s")
         fresh.close()
 
 
@@ -130,7 +130,7 @@ def test_an_untouched_packed_value_is_carried_to_the_next_snapshot_as_it_is() ->
     ctx.set(ContextNames.REQUEST, "only this")
     ctx.commit()
     ctx.snapshot()
-    assert "STRUCTURAL_LOGS" in ctx._state.packed  # never decoded
+    assert "STRUCTURAL_LOGS" in ctx._work.state.packed  # never decoded
     second = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
     assert second == first
 
@@ -151,14 +151,14 @@ def test_a_value_that_only_grew_is_written_as_its_base_and_new_tails() -> None:
     live = _plain(ctx)
     assert _plain(Context.open(store, "s")) == live
     reopened = Context.open(store, "s")  # while ctx is open: the newest snapshot has its tails
-    assert len(reopened._state.packed["STRUCTURAL_LOGS"].tails) == 2
+    assert len(reopened._work.state.packed["STRUCTURAL_LOGS"].tails) == 2
     # Grown on from a still-packed value: the kept operations become one more tail.
     _grow(reopened, 605, 1)
     reopened.snapshot()
-    assert "STRUCTURAL_LOGS" in reopened._state.packed  # never decoded
+    assert "STRUCTURAL_LOGS" in reopened._work.state.packed  # never decoded
     fourth = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
     assert fourth["zlib"] == first["zlib"] and len(fourth["tails"]) == 3
-    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+    assert ev.state_to_wire(Context.open(store, "s")._work.state) == _replayed(store, "s")
     # Closing stores the value whole (a closed session is read more often than extended),
     # at the same version, and still keeps the snapshot before it.
     head = store.head("s")
@@ -167,8 +167,8 @@ def test_a_value_that_only_grew_is_written_as_its_base_and_new_tails() -> None:
     assert closed.version == head and "tails" not in closed.state["packed"]["STRUCTURAL_LOGS"]
     assert store.latest_snapshot("s", head - 1) is not None
     final = Context.open(store, "s")
-    assert not final._state.packed["STRUCTURAL_LOGS"].tails
-    assert ev.state_to_wire(final._state) == _replayed(store, "s")
+    assert not final._work.state.packed["STRUCTURAL_LOGS"].tails
+    assert ev.state_to_wire(final._work.state) == _replayed(store, "s")
 
 
 def test_tails_that_outweigh_their_base_are_packed_afresh() -> None:
@@ -183,7 +183,7 @@ def test_tails_that_outweigh_their_base_are_packed_afresh() -> None:
         entry = store.latest_snapshot("s", store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
         assert sum(map(len, entry.get("tails", []))) <= len(entry["zlib"]) + 2048
     assert entry["zlib"] != first["zlib"]
-    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+    assert ev.state_to_wire(Context.open(store, "s")._work.state) == _replayed(store, "s")
 
 
 def test_snapshot_spacing_weighs_what_a_snapshot_writes_so_a_crash_leaves_a_short_tail() -> None:
@@ -193,8 +193,8 @@ def test_snapshot_spacing_weighs_what_a_snapshot_writes_so_a_crash_leaves_a_shor
     ctx = Context.open(store, "s")
     _grow(ctx, 0, 3000)  # about 270 KB of JSON, a few tens of KB packed
     wire = store.latest_snapshot("s", store.head("s")).state
-    assert ctx._snapshot_bytes == len(orjson.dumps(wire)) < 64 * 1024
-    assert ctx._snapshot_bytes * 4 < len(orjson.dumps(ev.state_to_wire(ctx._state)))
+    assert ctx._snapshots.bytes == len(orjson.dumps(wire)) < 64 * 1024
+    assert ctx._snapshots.bytes * 4 < len(orjson.dumps(ev.state_to_wire(ctx._work.state)))
     assert store.head("s") - store.latest_snapshot("s", store.head("s")).version < 100  # snapshot_every
     assert wire["packed"]["STRUCTURAL_LOGS"].get("tails")
 
@@ -240,7 +240,7 @@ def test_a_torn_snapshot_falls_back_to_the_one_before(tmp_path: Path) -> None:
         conn.execute("UPDATE snapshots SET state = X'00ff00ff' WHERE version = ?", (newest,))
     with open_store(url) as store, pytest.warns(RuntimeWarning, match="damaged snapshot"):
         reopened = Context.open(store, "s")
-        assert reopened._snapshot_version < newest
+        assert reopened._snapshots.version < newest
         assert _plain(reopened) == live
 
 
@@ -308,15 +308,15 @@ def test_after_a_crash_the_next_snapshot_writes_the_packed_base_without_decoding
     _grow(ctx, 1000, 4)
     # A crash: those 4 events stay a tail, the Context is never closed.
     reopened = Context.open(store, "s", snapshot_every=5)
-    assert reopened._snapshot_bytes >= len(base)
+    assert reopened._snapshots.bytes >= len(base)
     reopened.set(ContextNames.REQUEST, "after the crash")
     reopened.commit()
     snap = store.latest_snapshot("s", store.head("s"))
     assert snap.version == store.head("s")
     entry = snap.state["packed"]["STRUCTURAL_LOGS"]
     assert entry["zlib"] == base and entry["tails"][:-1] == tails  # one more tail: the crash's tail
-    assert "STRUCTURAL_LOGS" in reopened._state.packed
-    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+    assert "STRUCTURAL_LOGS" in reopened._work.state.packed
+    assert ev.state_to_wire(Context.open(store, "s")._work.state) == _replayed(store, "s")
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -358,15 +358,15 @@ def test_packed_values_and_tails_round_trip_on_every_backend(any_store: Any) -> 
     entry = any_store.latest_snapshot("s", any_store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
     assert entry.get("tails")
     reopened = Context.open(any_store, "s")
-    assert reopened._state.packed["STRUCTURAL_LOGS"].tails
+    assert reopened._work.state.packed["STRUCTURAL_LOGS"].tails
     assert _plain(reopened) == live
     ctx.close()  # stores the value whole
     entry = any_store.latest_snapshot("s", any_store.head("s")).state["packed"]["STRUCTURAL_LOGS"]
     assert "tails" not in entry
     reopened = Context.open(any_store, "s")
-    assert "STRUCTURAL_LOGS" in reopened._state.packed
+    assert "STRUCTURAL_LOGS" in reopened._work.state.packed
     assert _plain(reopened) == live
-    assert ev.state_to_wire(Context.open(any_store, "s")._state) == _replayed(any_store, "s")
+    assert ev.state_to_wire(Context.open(any_store, "s")._work.state) == _replayed(any_store, "s")
 
 
 def test_a_live_value_keeps_no_more_operations_than_its_base_is_worth() -> None:
@@ -375,11 +375,11 @@ def test_a_live_value_keeps_no_more_operations_than_its_base_is_worth() -> None:
     ctx = Context.open(store, "s", snapshot_every=10**9)
     _grow(ctx, 0, 600)
     ctx.snapshot()
-    assert "STRUCTURAL_LOGS" in ctx._state.bases
+    assert "STRUCTURAL_LOGS" in ctx._work.state.bases
     _grow(ctx, 600, 2000)
-    assert "STRUCTURAL_LOGS" not in ctx._state.bases
+    assert "STRUCTURAL_LOGS" not in ctx._work.state.bases
     ctx.snapshot()  # packed afresh
-    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+    assert ev.state_to_wire(Context.open(store, "s")._work.state) == _replayed(store, "s")
 
 
 def _ledgers(ctx: Context, rounds: int, start: int = 0) -> None:
@@ -407,7 +407,7 @@ def test_closing_writes_packed_values_whole_and_they_read_as_the_fold_gives() ->
     assert not any("tails" in e for e in closing.values())
     reopened = Context.open(store, "s")
     assert _plain(reopened) == live
-    assert ev.state_to_wire(Context.open(store, "s")._state) == _replayed(store, "s")
+    assert ev.state_to_wire(Context.open(store, "s")._work.state) == _replayed(store, "s")
     # Each whole value's text is the value's own compact JSON, as the table shows it.
     texts = Context.open(store, "s").to_dict(ensure_serializable=True, copy=False, stored_json=True)
     decoded = Context.open(store, "s").to_dict(ensure_serializable=True, copy=False)

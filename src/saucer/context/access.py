@@ -1,4 +1,6 @@
-"""Reading and writing a Context: typed names, context variables, atomic operations.
+"""Writing a Context (typed names, context variables, atomic operations) and reading its variables.
+
+Reading a typed name is the working copy's (:meth:`~saucer.context.working.WorkingCopy.get`).
 
 Every write becomes an operation (see :mod:`saucer.context.events`), applied
 at once through the one fold and, on a Context bound to a store, kept pending
@@ -12,11 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
-from saucer.context.commit import Durable
-from saucer.context.core import PARTICIPANTS_VAR
-from saucer.context.events import apply_ops, copy_json, to_wire
+from saucer.context.events import copy_json, to_wire
 from saucer.context.names import (
     DERIVED_LEDGERS,
     DICT_NAMES,
@@ -28,159 +28,96 @@ from saucer.context.names import (
     lookup,
     typed_name,
 )
+from saucer.context.participants import PARTICIPANTS_VAR
+from saucer.context.types import AppendOp, CasOp, DeleteOp, IncrOp, Json, Op, Recorder, SetOp, Target
+from saucer.context.working import WorkingCopy
 from saucer.store.model import check_participants
 
-__all__ = ["TypedAccess"]
+__all__ = ["TypedAccess", "check_var_key", "type_name"]
 
 _MISSING: Any = object()
 #: The least 64-bit integer: an int increment and its result within range need no further check.
 _I64 = -(2**63)
 
-# get() is the hottest call of the runtime: one dict lookup tells it what a
-# name is. kind 0: durable, stored as is; 1: derived from a per-round ledger;
-# 2: runtime-only. Works for members and plain strings (a str-valued Enum
-# hashes and compares as its value).
-_DURABLE, _DERIVED, _RUNTIME = 0, 1, 2
-_GET_SPEC: dict[str, tuple[int, str, Any]] = {}
-for _m in ContextNames:
-    if _m.derived:
-        _GET_SPEC[_m.value] = (_DERIVED, DERIVED_LEDGERS[_m.value], _m.default_value)
-    elif not _m.durable:
-        _GET_SPEC[_m.value] = (_RUNTIME, _m.value, None)
-    else:
-        _d = _m.default_value
-        # Mutable defaults are produced fresh on each read (their type is the factory).
-        _GET_SPEC[_m.value] = (_DURABLE, _m.value, _d.__class__ if _d.__class__ in (list, dict) else _d)
-del _m, _d
+
+def type_name(tp: object) -> str:
+    """How an error message names a declared type (``int``, ``dict[int, float]``)."""
+    name: str = getattr(tp, "__name__", "")  # a generic alias (dict[int, float]) answers its origin's name
+    return name or str(tp).replace("typing.", "")
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+def _wrong_type(member: ContextNames, value: object) -> TypeError:
+    return TypeError(f"{member.value} expects {type_name(member.type)}, got {type(value).__name__}")
 
 
-def _wrong_type(member: ContextNames, value: Any) -> TypeError:
-    return TypeError(f"{member.value} expects {_type_name(member.type)}, got {type(value).__name__}")
+def check_var_key(key: object) -> None:
+    """Refuse what cannot name a context variable (TypeError): not a non-empty str, or a typed name's string."""
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"context variable names are non-empty strings, not {key!r}")
+    if typed_name(key) is not None:
+        raise TypeError(
+            f"{key!r} names the typed ContextNames.{key}, not a context variable: "
+            "read and write it with get/set (incr/append/compare_and_set take it too)"
+        )
+    to_wire(key, "vars")  # a name that JSON cannot hold is refused too
 
 
-class TypedAccess(Durable):
-    """``get``/``set`` of typed names, context variables, and the atomic operations."""
+def set_op(member: ContextNames, value: object, round_id: int) -> SetOp:
+    """The operation that sets a durable name (derived names write their ledger entry)."""
+    key: str = member._value_  # not .value, an Enum property: set is a hot call
+    if not member.accepts(value):
+        raise TypeError(f"{key} expects {type_name(member.type)}, got {type(value).__name__}: {value!r:.80}")
+    ledger = DERIVED_LEDGERS.get(key)
+    if ledger is not None:
+        if key == "CURRENT_ROUND_COST":
+            value = float(cast("float", value))
+        return {"op": "set", "name": ledger, "path": [round_id], "value": to_wire(value, key)}
+    return {"op": "set", "name": key, "value": to_wire(value, key, int_keys=member.int_key_depth)}
+
+
+class TypedAccess:
+    """``set`` of typed names, context variables, and the atomic operations, on a working copy."""
+
+    def __init__(self, work: WorkingCopy, record: Recorder) -> None:
+        self._work = work
+        self._record = record
 
     # ================================================================= reads
 
-    def get(self, name: ContextNames | str, default: Any = None) -> Any:
-        """The value of ``name``; its default when unset (``default`` if that is None).
-
-        Never writes. Containers are returned as copies, so mutating the
-        result does not change the Context.
-        """
-        try:
-            kind, key, fallback = _GET_SPEC[name]
-        except (KeyError, TypeError):
-            raise KeyError(f"unknown context name {name!r}; see ContextNames for the valid names") from None
-        if kind == _DURABLE:
-            if key in self._state.packed:
-                self._unpack(key)
-            value = self._state.names.get(key, fallback)
-            cls = value.__class__
-            if cls is dict or cls is list:
-                return copy_json(value)
-            if value is list or value is dict:
-                return value()
-            return default if value is None else value
-        if kind == _DERIVED:
-            if key in self._state.packed:
-                self._unpack(key)
-            names = self._state.names
-            entries = names.get(key)
-            if entries and isinstance(entries, dict):  # not a ledger sealed at rest and read without the key
-                value = entries.get(names.get("CURRENT_ROUND_ID", 0))
-                if value is not None:
-                    return value
-            return fallback
-        value = self._runtime.get(key)
-        return default if value is None else value
-
-    def _peek(self, name: ContextNames | str) -> Any:
-        """:meth:`get` without the copy: the stored value itself, which the caller must not change
-        (for writing a large state out without holding it twice)."""
-        kind, key, fallback = _GET_SPEC[name]
-        if kind != _DURABLE:
-            return self.get(name)
-        if key in self._state.packed:
-            self._unpack(key)
-        value = self._state.names.get(key, fallback)
-        if value is list or value is dict:
-            return value()
-        return value
-
-    @property
-    def vars(self) -> Mapping[str, Any]:
+    def vars(self) -> Mapping[str, Json]:
         """The free-form context variables (a read-only copy)."""
-        return MappingProxyType(copy_json(self._state.vars))
+        return MappingProxyType(copy_json(self._work.state.vars))
 
-    @property
-    def retired(self) -> Mapping[str, Any]:
-        """Values of names retired since this session stored them (a read-only copy, wire form).
+    def retired(self) -> Mapping[str, Json]:
+        """Values of names retired since this session stored them (a read-only copy, wire form)."""
+        return MappingProxyType(copy_json(self._work.state.retired))
 
-        See :data:`~saucer.context.names.RETIRED`: they stay readable in
-        history and time travel, and are no longer part of the typed state.
-        """
-        return MappingProxyType(copy_json(self._state.retired))
-
-    @property
     def encrypted(self) -> frozenset[str]:
-        """Targets (``REQUEST``, ``vars.api_key``) encrypted at rest that were read without
-        the store key: they read as ``"<encrypted>"`` (see :mod:`saucer.store.crypto`)."""
-        return frozenset(self._state.opaque)
+        """Targets encrypted at rest that were read without the store key."""
+        return frozenset(self._work.state.opaque)
 
     def get_var(self, key: str, default: Any = None) -> Any:
         """One context variable, or ``default`` when it is not set (a typed name's string is a
         TypeError: see :func:`~saucer.context.names.typed_name`; read it with :meth:`get`)."""
-        self._check_var_key(key)
-        value = self._state.vars.get(key, _MISSING)
+        check_var_key(key)
+        value = self._work.state.vars.get(key, _MISSING)
         if value is _MISSING:
             return default
         return copy_json(value)
 
     # ================================================================ writes
 
-    def _record(self, ops: list[dict[str, Any]]) -> None:
-        """Apply ``ops`` now and keep them pending (committed at once with ``strict``)."""
-        with self._lock:
-            self._check_writable()
-            apply_ops(self._state, ops)
-            if self._store is not None:
-                self._pending.extend(ops)
-                if self._durability == "strict":
-                    self.commit()
-
-    def _set_op(self, member: ContextNames, value: Any, round_id: int) -> dict[str, Any]:
-        """The operation that sets a durable name (derived names write their ledger entry)."""
-        key = member._value_
-        if not member.accepts(value):
-            raise TypeError(f"{key} expects {_type_name(member.type)}, got {type(value).__name__}: {value!r:.80}")
-        ledger = DERIVED_LEDGERS.get(key)
-        if ledger is not None:
-            if key == "CURRENT_ROUND_COST":
-                value = float(value)
-            return {"op": "set", "name": ledger, "path": [round_id], "value": to_wire(value, key)}
-        return {"op": "set", "name": key, "value": to_wire(value, key, int_keys=member.int_key_depth)}
-
     def set(self, name: ContextNames | str, value: Any) -> None:
-        """Set a typed name; KeyError for an unknown name, TypeError for a wrong type.
-
-        The value is copied and normalised now: changing it afterwards does not
-        change the Context, and a value that cannot be stored is refused here
-        (:class:`ValueNotStorableError`, naming the key and the path inside it).
-        """
+        """Set a typed name; KeyError for an unknown name, TypeError for a wrong type (see ``Context.set``)."""
         member = lookup(name)
+        work = self._work
         if not member.durable:
             if not member.accepts(value):
                 raise _wrong_type(member, value)
-            self._check_writable()
-            self._runtime[member.value] = value
+            work.check_writable()
+            work.runtime[member.value] = value
             return
-        self._record([self._set_op(member, value, self._round_id())])
+        self._record([set_op(member, value, work.round_id())])
 
     def update_dict(self, name: ContextNames | str | Mapping[Any, Any], value: Mapping[Any, Any] | None = None) -> None:
         """UFO's two forms: ``update_dict(name, {...})`` merges into a dict-valued name;
@@ -192,11 +129,11 @@ class TypedAccess(Durable):
         member = lookup(name)
         if member.value not in DICT_NAMES:
             raise TypeError(
-                f"update_dict({member.value}, ...) needs a dict-valued name; {member.value} is {_type_name(member.type)}"
+                f"update_dict({member.value}, ...) needs a dict-valued name; {member.value} is {type_name(member.type)}"
             )
         if not isinstance(value, Mapping):
             raise TypeError(f"update_dict({member.value}, ...) needs a dict, got {type(value).__name__}")
-        merged = self.get(member)
+        merged = self._work.get(member)
         merged.update(value)
         self.set(member, merged)
 
@@ -205,8 +142,9 @@ class TypedAccess(Durable):
         members = [(lookup(k), v) for k, v in values.items()]
         # Round id first, so derived names land in the right round's ledger.
         members.sort(key=lambda mv: mv[0] is not ContextNames.CURRENT_ROUND_ID)
-        round_id = self._round_id()
-        ops: list[dict[str, Any]] = []
+        work = self._work
+        round_id = work.round_id()
+        ops: list[Op] = []
         runtime: list[tuple[ContextNames, Any]] = []
         for member, v in members:
             if not member.durable:
@@ -214,12 +152,12 @@ class TypedAccess(Durable):
                     raise _wrong_type(member, v)
                 runtime.append((member, v))
                 continue
-            ops.append(self._set_op(member, v, round_id))
+            ops.append(set_op(member, v, round_id))
             if member is ContextNames.CURRENT_ROUND_ID:
                 round_id = v
-        self._check_writable()
+        work.check_writable()
         for member, v in runtime:
-            self._runtime[member.value] = v
+            work.runtime[member.value] = v
         if ops:
             self._record(ops)
 
@@ -229,59 +167,38 @@ class TypedAccess(Durable):
             raise TypeError("update_vars(delete=...) takes a list of variable names, not a str")
         if set is not None and not isinstance(set, Mapping):
             raise TypeError(f"update_vars(set=...) takes a dict of variables, not {type(set).__name__}")
-        delete = delete or ()
-        ops: list[dict[str, Any]] = []
-        for key in delete:
-            self._check_var_key(key)
-            ops.append({"op": "delete", "var": key})
+        ops: list[Op] = []
+        for key in delete or ():
+            check_var_key(key)
+            deletion: DeleteOp = {"op": "delete", "var": key}
+            ops.append(deletion)
         for key, value in (set or {}).items():
-            self._check_var_key(key)
-            ops.append({"op": "set", "var": key, "value": to_wire(value, f"vars.{key}")})
+            check_var_key(key)
+            setting: SetOp = {"op": "set", "var": key, "value": to_wire(value, f"vars.{key}")}
+            ops.append(setting)
         if ops:
             self._record(ops)
 
-    @staticmethod
-    def _check_var_key(key: Any) -> None:
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"context variable names are non-empty strings, not {key!r}")
-        if typed_name(key) is not None:
-            raise TypeError(
-                f"{key!r} names the typed ContextNames.{key}, not a context variable: "
-                "read and write it with get/set (incr/append/compare_and_set take it too)"
-            )
-        to_wire(key, "vars")  # a name that JSON cannot hold is refused too
-
-    def delete_var(self, key: str) -> None:
-        """Delete one context variable (no error if it is not set)."""
-        self.update_vars(delete=[key])
-
     # ========================================================= participants
 
-    @property
     def participants(self) -> frozenset[str] | None:
         """Who may write to this session: those it was made with and those added since;
         None when it declares none (every writer may). The session's runner always may."""
-        store, sid = self._require_store()
+        store, sid = self._work.require_store()
         info, _ = store.session_info_without_plan(sid)
         if info.participants is None:
             return None
-        added = self._state.vars.get(PARTICIPANTS_VAR)
+        added = self._work.state.vars.get(PARTICIPANTS_VAR)
         return info.participants | frozenset(
             a for a in (added if isinstance(added, list) else []) if isinstance(a, str)
         )
 
     def add_participants(self, *names: str) -> None:
-        """Let ``names`` write to this session too, from this Context's next commit on (an
-        atomic append to the context variable ``saucer.participants``, committed like any
-        change, by a participant: the commit of a non-participant is refused).
-
-        A session that declares no participants is open to every writer already:
-        adding to it is a ValueError (declare them when it is made).
-        """
-        known = self.participants
+        """Let ``names`` write to this session too (see ``Context.add_participants``)."""
+        known = self.participants()
         if known is None:
             raise ValueError(
-                f"session {self._session_id!r} declares no participants, so every writer may write already; "
+                f"session {self._work.session_id!r} declares no participants, so every writer may write already; "
                 "name them when it is made (participants=...)"
             )
         for name in check_participants(names):
@@ -290,7 +207,7 @@ class TypedAccess(Durable):
 
     # ========================================================== atomic ops
 
-    def _target(self, key: ContextNames | str) -> tuple[dict[str, Any], str]:
+    def _target(self, key: ContextNames | str) -> tuple[Target, str]:
         """The op target for ``key`` and its display label.
 
         By the one rule (:func:`~saucer.context.names.typed_name`): a
@@ -300,27 +217,25 @@ class TypedAccess(Durable):
         """
         member = typed_name(key)
         if member is not None:
-            key = member
-            if not key.durable:
-                raise TypeError(f"{key.value} is runtime-only; atomic operations need a durable name")
-            ledger = DERIVED_LEDGERS.get(key.value)
+            if not member.durable:
+                raise TypeError(f"{member.value} is runtime-only; atomic operations need a durable name")
+            ledger = DERIVED_LEDGERS.get(member.value)
             if ledger is not None:
-                return {"name": ledger, "path": [self._round_id()]}, key.value
-            return {"name": key.value}, key.value
-        self._check_var_key(key)
+                return {"name": ledger, "path": [self._work.round_id()]}, member.value
+            return {"name": member.value}, member.value
+        check_var_key(key)
         return {"var": key}, f"vars.{key}"
 
     def incr(self, key: ContextNames | str, by: int | float = 1) -> int | float:
-        """Atomically add ``by`` to a number (a var, or a numeric typed name); return the new value.
-
-        Increments re-base onto concurrent writers at commit, so none is lost.
-        """
-        with self._lock:
-            op, target = self._incr_op(key, by)
+        """Atomically add ``by`` to a number (a var, or a numeric typed name); return the new value."""
+        work = self._work
+        with work.lock:
+            op, target = self.incr_op(key, by)
             self._record([op])
-            return self._current(target)
+            result: int | float = work.current(target)
+            return result
 
-    def _incr_op(self, key: ContextNames | str, by: int | float) -> tuple[dict[str, Any], dict[str, Any]]:
+    def incr_op(self, key: ContextNames | str, by: int | float) -> tuple[IncrOp, Target]:
         """The operation adding ``by`` to ``key`` and its target, checked against the current value
         (under the lock): TypeError for what is not a number, ValueNotStorableError for a result JSON cannot hold."""
         if isinstance(by, bool) or not isinstance(by, (int, float)):
@@ -329,12 +244,12 @@ class TypedAccess(Durable):
         name = target.get("name")
         if name is not None:
             if name not in NUMBER_NAMES and "path" not in target:
-                raise TypeError(f"incr needs a numeric name; {name} is {_type_name(lookup(name).type)}")
+                raise TypeError(f"incr needs a numeric name; {name} is {type_name(lookup(name).type)}")
             if name in INT_NAMES and not isinstance(by, int):
                 raise TypeError(f"incr: {label} is an int; 'by' must be an int, not {by!r}")
             if name in FLOAT_NAMES:
                 by = float(by)  # keeps a float ledger float, live and on replay
-        current = self._current(target)
+        current = self._work.current(target)
         if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
             raise TypeError(f"incr: {label} holds {type(current).__name__}, not a number")
         result = (current or 0) + by
@@ -349,31 +264,31 @@ class TypedAccess(Durable):
         if "name" in target and target["name"] not in LIST_NAMES:
             raise TypeError(f"append needs a list-valued name; {label} is not a list")
         wire = to_wire(value, label)
-        with self._lock:
-            current = self._current(target)
+        work = self._work
+        with work.lock:
+            current = work.current(target)
             if current is not None and not isinstance(current, list):
                 raise TypeError(f"append: {label} holds {type(current).__name__}, not a list")
-            self._record([{"op": "append", **target, "value": wire}])
+            op: AppendOp = {"op": "append", **target, "value": wire}
+            self._record([op])
 
     def compare_and_set(self, key: ContextNames | str, expected: Any, new: Any) -> bool:
-        """Set ``key`` to ``new`` only if it currently equals ``expected``; return whether it did.
-
-        The check is repeated against the newest version if another writer
-        committed first; if it no longer holds, :meth:`commit` raises ConflictError.
-        """
+        """Set ``key`` to ``new`` only if it currently equals ``expected``; return whether it did."""
         target, label = self._target(key)
         depth = 0
-        key = typed_name(key) or key
-        if isinstance(key, ContextNames):
-            if not key.accepts(new):
-                raise TypeError(f"{label} expects {_type_name(key.type)}, got {type(new).__name__}")
-            if key.value in FLOAT_NAMES and new is not None:
+        member = typed_name(key)
+        if member is not None:
+            if not member.accepts(new):
+                raise TypeError(f"{label} expects {type_name(member.type)}, got {type(new).__name__}")
+            if member.value in FLOAT_NAMES and new is not None:
                 new = float(new)
-            depth = key.int_key_depth
+            depth = member.int_key_depth
         expected_wire = to_wire(expected, label, int_keys=depth)
         new_wire = to_wire(new, label, int_keys=depth)
-        with self._lock:
-            if self._current_wire(target, label, depth) != expected_wire:
+        work = self._work
+        with work.lock:
+            if work.current_wire(target, label, depth) != expected_wire:
                 return False
-            self._record([{"op": "cas", **target, "expected": expected_wire, "value": new_wire}])
+            op: CasOp = {"op": "cas", **target, "expected": expected_wire, "value": new_wire}
+            self._record([op])
             return True

@@ -1,190 +1,169 @@
 """UFO's Context API beyond ``get``/``set``: what UFO's documentation shows.
 
-The writable ``current_round_*`` properties (over the per-round ledgers), the
-structural logs (``add_to_structural_logs``/``filter_structural_logs``, keyed
-by round and subtask as UFO's writers and readers should have agreed),
-``attach_command_dispatcher``, and ``to_dict``/``from_dict``, whose output
-keeps int round ids ints and leaves runtime-only objects out when asked to be
-serialisable (see ARCHITECTURE.md, "Compatibility with UFO's documented Context").
+The structural logs (``add_to_structural_logs``/``filter_structural_logs``, keyed
+by round and subtask as UFO's writers and readers should have agreed), the
+engine's one-change step ledger (``charge``), and ``to_dict``/``from_dict``,
+whose output keeps int round ids ints and leaves runtime-only objects out when
+asked to be serialisable (see ARCHITECTURE.md, "Compatibility with UFO's
+documented Context"). The writable ``current_round_*`` properties are the
+Context's own (:mod:`saucer.context.context`), over the per-round ledgers.
 """
 
 from __future__ import annotations
 
-import functools
 import types
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Self
+from enum import Enum
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from saucer.context.access import TypedAccess
 from saucer.context.events import StoredJson, copy_json, to_wire
 from saucer.context.names import DERIVED_LEDGERS, ContextNames, typed_name
+from saucer.context.types import AppendOp, Key, Op, Recorder
+from saucer.context.working import WorkingCopy
 
-__all__ = ["UfoCompat"]
+__all__ = ["UfoCompat", "ClassOrInstance", "RoundValue", "structural_op"]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+_V = TypeVar("_V", int, float)
 
 
-class _ClassOrInstance:
+class ClassOrInstance(Generic[_T, _R]):
     """A method that acts on the instance it is called on, or on a new instance when called on the class."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[[_T, Mapping[str, Any]], _R]) -> None:
         self.fn = fn
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]  # a descriptor object, not a function
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+        self.__wrapped__ = fn
 
-    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
+    def __get__(self, obj: _T | None, cls: Callable[[], _T]) -> Callable[[Mapping[str, Any]], _R]:
         return types.MethodType(self.fn, cls() if obj is None else obj)
 
 
-class UfoCompat(TypedAccess):
-    """UFO's derived properties, structural logs, dispatcher and dict round trip."""
+class _Typed(Protocol):
+    def get(self, name: ContextNames | str, default: Any = None) -> Any: ...
+    def set(self, name: ContextNames | str, value: Any) -> None: ...
 
-    # ---------------------------------------------- UFO's derived properties
 
-    @property
-    def current_round_step(self) -> int:
-        """Steps taken in the current round (``ROUND_STEP[CURRENT_ROUND_ID]``)."""
-        return self.get(ContextNames.CURRENT_ROUND_STEP)
+class RoundValue(Generic[_V]):
+    """UFO's writable ``current_round_*`` property: reads and writes the entry of ``CURRENT_ROUND_ID``
+    in a per-round ledger, through the Context's ``get`` and ``set`` (so reads never write)."""
 
-    @current_round_step.setter
-    def current_round_step(self, value: int) -> None:
-        self.set(ContextNames.CURRENT_ROUND_STEP, value)
+    def __init__(self, name: ContextNames, doc: str) -> None:
+        self.name = name
+        self.__doc__ = doc
 
-    @property
-    def current_round_cost(self) -> float:
-        """Cost of the current round (``ROUND_COST[CURRENT_ROUND_ID]``)."""
-        return self.get(ContextNames.CURRENT_ROUND_COST)
+    @overload
+    def __get__(self, obj: None, cls: type) -> RoundValue[_V]: ...
+    @overload
+    def __get__(self, obj: _Typed, cls: type | None = None) -> _V: ...
+    def __get__(self, obj: _Typed | None, cls: type | None = None) -> _V | RoundValue[_V]:
+        if obj is None:
+            return self  # on the class: the property itself, as a property reads
+        value: _V = obj.get(self.name)
+        return value
 
-    @current_round_cost.setter
-    def current_round_cost(self, value: float) -> None:
-        self.set(ContextNames.CURRENT_ROUND_COST, value)
+    def __set__(self, obj: _Typed, value: _V) -> None:
+        obj.set(self.name, value)
 
-    @property
-    def current_round_subtask_amount(self) -> int:
-        """Subtasks finished in the current round (``ROUND_SUBTASK_AMOUNT[CURRENT_ROUND_ID]``)."""
-        return self.get(ContextNames.CURRENT_ROUND_SUBTASK_AMOUNT)
 
-    @current_round_subtask_amount.setter
-    def current_round_subtask_amount(self, value: int) -> None:
-        self.set(ContextNames.CURRENT_ROUND_SUBTASK_AMOUNT, value)
+def structural_op(data: Mapping[str, Any]) -> AppendOp | None:
+    """The operation appending ``data`` to the structural logs (None without Round or SubtaskIndex)."""
+    round_key = data.get("Round")
+    subtask_key = data.get("SubtaskIndex")
+    if round_key is None or subtask_key is None:
+        return None
+    try:
+        path: list[int | str] = [int(round_key), int(subtask_key)]
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"structural log keys Round/SubtaskIndex must be ints, got {round_key!r}/{subtask_key!r}"
+        ) from None
+    return {"op": "append", "name": "STRUCTURAL_LOGS", "path": path, "value": to_wire(dict(data), "STRUCTURAL_LOGS")}
 
-    # --------------------------------------------------------- structural logs
+
+class UfoCompat:
+    """UFO's structural logs, the step ledger and the dict round trip, on a working copy."""
+
+    def __init__(self, work: WorkingCopy, access: TypedAccess, record: Recorder) -> None:
+        self._work = work
+        self._access = access
+        self._record = record
 
     def add_to_structural_logs(self, data: Mapping[str, Any]) -> None:
         """Append ``data`` under ``STRUCTURAL_LOGS[data["Round"]][data["SubtaskIndex"]]``.
 
         Ignored when either key is missing, as in UFO.
         """
-        op = self._structural_op(data)
+        op = structural_op(data)
         if op is not None:
             self._record([op])
 
-    def charge(
-        self, increments: Mapping[ContextNames | str, int | float], structural_log: Mapping[str, Any] | None = None
-    ) -> None:
-        """A step's ledger as ONE change: add each ``by`` of ``increments`` (``{name or var: by}``)
-        as :meth:`incr` does, and append ``structural_log`` as :meth:`add_to_structural_logs`
-        does; everything is checked before anything is applied (the engine charges each step so)."""
-        entry = None if structural_log is None else self._structural_op(structural_log)
-        with self._lock:
-            ops = [self._incr_op(key, by)[0] for key, by in increments.items()]
+    def charge(self, increments: Mapping[Key, int | float], structural_log: Mapping[str, Any] | None = None) -> None:
+        """A step's ledger as ONE change (see ``Context.charge``)."""
+        entry = None if structural_log is None else structural_op(structural_log)
+        incr_op = self._access.incr_op
+        with self._work.lock:
+            ops: list[Op] = [incr_op(key, by)[0] for key, by in increments.items()]
             if entry is not None:
                 ops.append(entry)
             if ops:
                 self._record(ops)
 
-    @staticmethod
-    def _structural_op(data: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The operation appending ``data`` to the structural logs (None without Round or SubtaskIndex)."""
-        round_key = data.get("Round")
-        subtask_key = data.get("SubtaskIndex")
-        if round_key is None or subtask_key is None:
-            return None
-        try:
-            path = [int(round_key), int(subtask_key)]
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"structural log keys Round/SubtaskIndex must be ints, got {round_key!r}/{subtask_key!r}"
-            ) from None
-        return {
-            "op": "append",
-            "name": "STRUCTURAL_LOGS",
-            "path": path,
-            "value": to_wire(dict(data), "STRUCTURAL_LOGS"),
-        }
-
     def filter_structural_logs(self, round_key: int, subtask_key: int, keys: str | list[str]) -> list[Any]:
         """Values of ``keys`` (a str gives a list of values, a list gives a list of dicts)."""
         if not isinstance(keys, (str, list)):
             raise TypeError(f"keys must be a str or a list of str, got {type(keys).__name__}")
-        if "STRUCTURAL_LOGS" in self._state.packed:
-            self._unpack("STRUCTURAL_LOGS")
-        logs = self._state.names.get("STRUCTURAL_LOGS") or {}
+        work = self._work
+        if "STRUCTURAL_LOGS" in work.state.packed:
+            work.unpack("STRUCTURAL_LOGS")
+        logs = work.state.names.get("STRUCTURAL_LOGS") or {}
         entries = (logs.get(int(round_key)) or {}).get(int(subtask_key)) or []
         if isinstance(keys, str):
             return [copy_json(entry.get(keys)) for entry in entries]
         return [{k: copy_json(entry.get(k)) for k in keys} for entry in entries]
 
-    def attach_command_dispatcher(self, dispatcher: Any) -> None:
-        """Make ``dispatcher`` available to agents as ``context.command_dispatcher`` (runtime only)."""
-        self.command_dispatcher = dispatcher
-
-    # ========================================================= serialisation
-
     def to_dict(
         self, ensure_serializable: bool = False, *, copy: bool = True, stored_json: bool = False
     ) -> dict[str, Any]:
-        """Every name's value (and ``_vars`` when there are context variables).
-
-        With ``ensure_serializable=True`` runtime-only names are None and one
-        warning lists those that held an object. With ``copy=False`` the
-        values are the Context's own, not copies: for writing them out at
-        once (``saucer export`` of a long session would otherwise hold its
-        state twice); changing them would change the Context behind its back.
-        With ``stored_json=True`` a large value that the snapshot read stores
-        whole and nothing changed since is given as its compact JSON text
-        (:class:`~saucer.context.events.StoredJson`), never decoded: for
-        showing a long session's state without building it.
-        """
+        """Every name's value (and ``_vars`` when there are context variables); see ``Context.to_dict``."""
+        work = self._work
         out: dict[str, Any] = {}
         dropped: list[str] = []
         for member in ContextNames:
             if stored_json and member.durable:
-                with self._lock:
-                    packed = self._state.packed.get(member.value)
+                with work.lock:
+                    packed = work.state.packed.get(member.value)
                     text = packed.whole_json() if packed is not None else None
                 if text is not None:
                     out[member.value] = StoredJson(text)
                     continue
             if not member.durable:
-                value = self._runtime.get(member.value)
+                value = work.runtime.get(member.value)
                 if ensure_serializable:
                     if value is not None:
                         dropped.append(member.value)
                     value = None
                 out[member.value] = value
                 continue
-            out[member.value] = self.get(member) if copy else self._peek(member)  # type: ignore[attr-defined]
+            out[member.value] = work.get(member) if copy else work.peek(member)
         if ensure_serializable:
-            out = {k: (v.value if k == "WEAVING_MODE" else v) for k, v in out.items()}
-        if self._state.vars:
-            out["_vars"] = copy_json(self._state.vars) if copy else self._state.vars
+            out = {k: (v.value if k == "WEAVING_MODE" and isinstance(v, Enum) else v) for k, v in out.items()}
+        if work.state.vars:
+            out["_vars"] = copy_json(work.state.vars) if copy else work.state.vars
         if dropped:
             warnings.warn(
                 f"to_dict(ensure_serializable=True) left out runtime-only values: {', '.join(dropped)}",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         return out
 
-    @_ClassOrInstance
-    def from_dict(self, data: Mapping[str, Any]) -> Self:
-        """Load :meth:`to_dict` output (or its JSON round trip): ``Context.from_dict(d)`` gives
-        a new detached Context; ``ctx.from_dict(d)`` (UFO's form) loads into ``ctx`` and returns it.
-
-        The names present are set (a None value is skipped), context variables (``_vars``)
-        too, as one change on a Context bound to a store. A key that is neither a
-        :class:`ContextNames` name nor ``_vars`` is skipped with one warning naming them all,
-        as UFO skips it (not a KeyError).
-        """
+    def from_dict(self, data: Mapping[str, Any]) -> None:
+        """Load :meth:`to_dict` output (or its JSON round trip) as one change (see ``Context.from_dict``)."""
         if not isinstance(data, Mapping):
             raise TypeError(f"from_dict takes a dict (what to_dict gives), not {type(data).__name__}")
         items = dict(data)
@@ -194,12 +173,15 @@ class UfoCompat(TypedAccess):
             warnings.warn(
                 f"from_dict skipped {len(unknown)} key(s) that are not context names: {', '.join(map(repr, unknown))}",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        known = {typed_name(k): v for k, v in items.items() if typed_name(k) is not None}
+        known: dict[ContextNames, Any] = {}
+        for k, v in items.items():
+            member = typed_name(k)
+            if member is not None:
+                known[member] = v
         values: dict[ContextNames, Any] = {}
         for member, value in known.items():
-            assert member is not None
             if value is None:
                 continue
             if member.derived and DERIVED_LEDGERS[member.value] in known:
@@ -208,12 +190,6 @@ class UfoCompat(TypedAccess):
                 value = member.restore(to_wire(value, member.value, int_keys=member.int_key_depth))
             values[member] = value
         if values:
-            self.update_dict(values)  # every value checked, then set as one change (round id first)
+            self._access.update_dict(values)  # every value checked, then set as one change (round id first)
         if context_vars:
-            self.update_vars(set=context_vars)
-        return self
-
-    def _sync_round_values(self) -> None:
-        """UFO's way to copy the current round's step, cost and subtask count into their
-        ``CURRENT_ROUND_*`` names; a documented no-op here: those values are derived from the
-        per-round ledgers when they are read (reads never write), so they are always in sync."""
+            self._access.update_vars(set=context_vars)

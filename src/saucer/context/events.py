@@ -220,11 +220,6 @@ def unpack(state: State, name: str) -> None:
     state.packed.pop(name, None)
 
 
-def _unpack_all(state: State) -> None:
-    for name in list(state.packed):
-        unpack(state, name)
-
-
 def _restore(name: str, wire: Any, owned: bool = False) -> Any:
     return _NAMES[name].restore(wire if owned else copy_json(wire))
 

@@ -20,7 +20,7 @@ import copy
 import logging
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, get_origin
 
 __all__ = [
     "ContextNames",
@@ -50,7 +50,7 @@ class WeavingMode(str, Enum):
 _MISSING = object()
 
 
-def _int_keys(value: dict, inner: Callable[[Any], Any] | None = None) -> dict:
+def _int_keys(value: dict[Any, Any], inner: Callable[[Any], Any] | None = None) -> dict[Any, Any]:
     # JSON turns int keys into strings; the declared type says they are ints.
     if inner is None:
         return {int(k) if isinstance(k, str) else k: v for k, v in value.items()}
@@ -169,7 +169,13 @@ _SPECS: dict[str, _Spec] = {
     "LOGGER": (logging.Logger, None, False, _is_logger, None),
     "REQUEST_LOGGER": (logging.Logger, None, False, _is_logger, None),
     "EVALUATION_LOGGER": (logging.Logger, None, False, _is_logger, None),
-    "STRUCTURAL_LOGS": (dict[int, dict[int, list[dict]]], dict, True, _is_structural_logs, _restore_structural_logs),
+    "STRUCTURAL_LOGS": (
+        dict[int, dict[int, list[dict]]],  # type: ignore[type-arg]  # the declared type UFO's users compare with
+        dict,
+        True,
+        _is_structural_logs,
+        _restore_structural_logs,
+    ),
     "TOOL_INFO": (dict, dict, True, _is_dict, None),
     "DEVICE_INFO": (list, list, True, _is_list, None),
     "CONSTELLATION": (object, None, False, _is_any, None),
@@ -304,7 +310,7 @@ FLOAT_NAMES = frozenset(
     m.value for m in ContextNames if m.type is float or m.type in (dict[int, float], dict[int, float | None])
 )
 LIST_NAMES = frozenset(m.value for m in ContextNames if m.type is list)
-DICT_NAMES = frozenset(m.value for m in ContextNames if m.type is dict or getattr(m.type, "__origin__", None) is dict)
+DICT_NAMES = frozenset(m.value for m in ContextNames if m.type is dict or get_origin(m.type) is dict)
 
 
 # ------------------------------------------------------- renamed and retired

@@ -11,10 +11,11 @@ before; older ones raise :class:`~saucer.store.VersionPrunedError`.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from saucer.context.events import state_to_wire
 from saucer.context.replay import replay
+from saucer.context.types import SetOp
 from saucer.store.base import EventStore
 from saucer.store.model import SessionInfo, StoreKeyError, check_version
 
@@ -54,17 +55,17 @@ def prune(store: EventStore, session_id: str, keep_last: int | None = None, olde
             "are encrypted at rest); set SAUCER_STORE_KEY or store.key_file"
         )
     wire = state_to_wire(state)
-    return store.replace_history(session_id, cut, base_ops(wire), wire)
+    # The store takes the operations as JSON objects: what each SetOp is.
+    return store.replace_history(session_id, cut, cast("list[dict[str, Any]]", base_ops(wire)), wire)
 
 
-def base_ops(wire: dict[str, Any]) -> list[dict[str, Any]]:
+def base_ops(wire: dict[str, Any]) -> list[SetOp]:
     """The operations of a base event: sets only, so that it replays on its own, from an empty state."""
-    return (
-        [{"op": "set", "name": k, "value": v} for k, v in wire["names"].items()]
-        + [{"op": "set", "var": k, "value": v} for k, v in wire["vars"].items()]
-        # A retired name's value stays in history: the fold keeps it aside again.
-        + [{"op": "set", "name": k, "value": v} for k, v in wire.get("retired", {}).items()]
-    )
+    names: list[SetOp] = [{"op": "set", "name": k, "value": v} for k, v in wire["names"].items()]
+    variables: list[SetOp] = [{"op": "set", "var": k, "value": v} for k, v in wire["vars"].items()]
+    # A retired name's value stays in history: the fold keeps it aside again.
+    retired: list[SetOp] = [{"op": "set", "name": k, "value": v} for k, v in wire.get("retired", {}).items()]
+    return names + variables + retired
 
 
 def _cut(store: EventStore, info: SessionInfo, keep_last: int | None, older_than: float | None) -> int | None:

@@ -13,27 +13,54 @@ import warnings
 
 import orjson
 
-from saucer.context.core import ContextCore
 from saucer.context.events import state_to_wire
+from saucer.context.replay import Replayed
+from saucer.context.working import WorkingCopy
 from saucer.store.model import Snapshot, StoreKeyError
 
-__all__ = ["Snapshots"]
+__all__ = ["Snapshotter", "KEEP_SNAPSHOTS"]
 
+#: Snapshots kept per session: the newest, and one to fall back on if it is damaged.
+KEEP_SNAPSHOTS = 2
 #: Snapshots up to this size are taken every ``snapshot_every`` events, whatever the tail.
 _SMALL_SNAPSHOT = 64 * 1024
 #: Rough stored size of one operation, to weigh a tail against a snapshot.
 _OP_BYTES = 64
 
 
-class Snapshots(ContextCore):
-    """Taking snapshots: on demand, and every ``snapshot_every`` events after a commit."""
+class Snapshotter:
+    """Taking a Context's snapshots: on demand, and every ``every`` events after a commit."""
+
+    def __init__(self, work: WorkingCopy) -> None:
+        self._work = work
+        #: A snapshot is due every this many events (see :meth:`due`).
+        self.every = 100
+        #: Snapshots kept per session.
+        self.keep = KEEP_SNAPSHOTS
+        #: The version of the newest snapshot this Context read or wrote.
+        self.version = 0
+        #: Roughly what the next snapshot writes (the size of the last one).
+        self.bytes = 0
+        # Whether the newest snapshot this Context wrote has packed values with tails
+        # (close() then writes one whole, see snapshot()).
+        self.tails = False
+        #: Operations committed since the last snapshot.
+        self.tail_ops = 0
+
+    def loaded(self, loaded: Replayed, head: int) -> None:
+        """The working copy was loaded at ``head`` from ``loaded``."""
+        self.version = loaded.snapshot_version
+        # Known without decoding anything for a snapshot with packed values: roughly what the
+        # next snapshot writes again, which the spacing weighs the tail against.
+        self.bytes = sum(len(p.data) + sum(map(len, p.tails)) for p in loaded.state.packed.values())
+        self.tail_ops = head - loaded.snapshot_version
 
     def snapshot(self, *, whole: bool = False) -> int:
         """Store a snapshot of the committed state now; return its version.
 
         ``whole`` writes each packed value whole, without the operations since
         its base (see :func:`~saucer.context.events.state_to_wire`): what
-        :meth:`close` stores, so that reading a finished session decodes its
+        closing a Context stores, so that reading a finished session decodes its
         values and folds no tails.
 
         Older snapshots of the session beyond the newest ``keep_snapshots`` are
@@ -41,37 +68,44 @@ class Snapshots(ContextCore):
         in case the newest is damaged). Opening ``at=`` an old version replays
         from the newest snapshot before it, or from the start.
         """
-        with self._lock:
-            store, sid = self._require_store()
-            if self._pending:
+        work = self._work
+        with work.lock:
+            store, sid = work.require_store()
+            if work.pending:
                 raise RuntimeError("commit() pending changes before taking a snapshot")
-            if self._state.opaque:
+            if work.state.opaque:
                 raise StoreKeyError(
-                    f"session {self._session_id!r}: no snapshot without the store key: "
-                    f"{', '.join(sorted(self._state.opaque))} read as <encrypted>"
+                    f"session {sid!r}: no snapshot without the store key: "
+                    f"{', '.join(sorted(work.state.opaque))} read as <encrypted>"
                 )
-            wire = state_to_wire(self._state, pack=True, whole=whole)
+            wire = state_to_wire(work.state, pack=True, whole=whole)
             # What a snapshot writes: the next one, spaced by it, writes about as much again (a
             # packed value that changed only by appends is written as its base and new tail).
-            self._snapshot_bytes = len(orjson.dumps(wire))
-            self._snapshot_tails = any("tails" in entry for entry in wire.get("packed", {}).values())
-            self._tail_ops = 0
+            self.bytes = len(orjson.dumps(wire))
+            self.tails = any("tails" in entry for entry in wire.get("packed", {}).values())
+            self.tail_ops = 0
             # Prune first, so the file never holds more than ``keep_snapshots``
             # copies of a large state at once; a crash in between only means a
             # longer replay on the next open, never a wrong state.
             # (a snapshot at this version already, which this one replaces, counts as the new one)
-            replacing = self._snapshot_version == self._version > 0
-            store.prune_snapshots(sid, self._keep_snapshots - (0 if replacing else 1))
-            store.save_snapshot(Snapshot(sid, self._version, time.time(), wire))
-            self._snapshot_version = self._version
-            return self._version
+            replacing = self.version == work.version > 0
+            store.prune_snapshots(sid, self.keep - (0 if replacing else 1))
+            store.save_snapshot(Snapshot(sid, work.version, time.time(), wire))
+            self.version = work.version
+            return work.version
 
-    def _maybe_snapshot(self) -> None:
-        if self._snapshot_due() and not self._state.opaque:
-            self._auto_snapshot()
+    def maybe(self) -> None:
+        """Take a snapshot if one is due (after a commit)."""
+        if self.due() and not self._work.state.opaque:
+            self.auto()
 
-    def _snapshot_due(self) -> bool:
-        """Every ``snapshot_every`` events, and, for a large state, not before the tail
+    def maybe_locked(self) -> None:
+        """:meth:`maybe` under the Context's lock (from a worker thread after an asynchronous commit)."""
+        with self._work.lock:
+            self.maybe()
+
+    def due(self) -> bool:
+        """Every ``every`` events, and, for a large state, not before the tail
         written since the last snapshot is worth half of it.
 
         A snapshot costs what it writes: taken every K events of a state that
@@ -84,14 +118,20 @@ class Snapshots(ContextCore):
         (:class:`~saucer.context.events.Packed`), so what a snapshot writes,
         and so the tail after a crash, follows its compressed size.
         """
-        if self._version - self._snapshot_version < self._snapshot_every:
+        if self._work.version - self.version < self.every:
             return False
-        if self._snapshot_bytes <= _SMALL_SNAPSHOT:
+        if self.bytes <= _SMALL_SNAPSHOT:
             return True
-        return self._tail_ops * _OP_BYTES * 2 >= self._snapshot_bytes
+        return self.tail_ops * _OP_BYTES * 2 >= self.bytes
 
-    def _auto_snapshot(self, *, whole: bool = False) -> None:
-        if self._state.opaque:
+    def needed_on_close(self) -> bool:
+        """Whether closing should write a last snapshot: new history since the last, or one with tails."""
+        return self._work.version > self.version or self.tails
+
+    def auto(self, *, whole: bool = False) -> None:
+        """Take a snapshot after a commit: a failure is a warning (the event is committed already)."""
+        work = self._work
+        if work.state.opaque:
             return  # read without the store key: its placeholders are not data to store
         # The event is committed already: a snapshot that cannot be written
         # costs a longer replay later, it must not make the commit look failed.
@@ -99,7 +139,7 @@ class Snapshots(ContextCore):
             self.snapshot(whole=whole)
         except Exception as exc:
             warnings.warn(
-                f"session {self._session_id!r}: snapshot at version {self._version} failed ({exc!r})",
+                f"session {work.session_id!r}: snapshot at version {work.version} failed ({exc!r})",
                 RuntimeWarning,
                 stacklevel=3,
             )

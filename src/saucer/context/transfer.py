@@ -23,6 +23,7 @@ from typing import Any
 
 from saucer.context.events import Event, State, ValueNotStorableError, apply_ops, state_to_wire, to_wire
 from saucer.context.names import DERIVED_LEDGERS, RETIRED, ContextNames, UnknownStoredNameError, stored_name
+from saucer.context.types import ImportOrigin
 from saucer.redaction import redact_known
 from saucer.store.base import EventStore
 from saucer.store.model import SessionInfo, Snapshot, check_session_id, timestamp_problem
@@ -126,10 +127,11 @@ def import_session(store: EventStore, data: Mapping[str, Any], session_id: str |
             raise ValueError(f"export field 'events[0]' (version {first}) does not set the state of 'base.state'")
         events.append(event)
     meta = _mapping(session.get("meta") or {}, "session.meta")
-    meta["imported_from"] = session["session_id"]
-    meta.pop("pruned_to", None)
+    origin: ImportOrigin = {"imported_from": session["session_id"]}
     if first:
-        meta["pruned_to"] = first
+        origin["pruned_to"] = first
+    meta.pop("pruned_to", None)
+    meta.update(origin)
     now = time.time()
     head = events[-1].version if events else first
     snapshots = [Snapshot(target, first, now, base_state)] if first else []
@@ -179,7 +181,8 @@ def _base(raw: Any, events: list[Any]) -> tuple[int, dict[str, Any]]:
 def _mapping(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"export field {field!r} must be an object")
-    return _json(dict(value), field)
+    checked: dict[str, Any] = _json(dict(value), field)
+    return checked
 
 
 def _json(value: Any, field: str) -> Any:
@@ -199,7 +202,7 @@ def _event(raw: Any, index: int, target: str) -> Event:
         raise ValueError(f"export field '{where}.version' must be an int >= 1")
     timestamp = raw.get("timestamp")
     problem = timestamp_problem(timestamp)  # the same limit as a live event's time
-    if problem is not None:
+    if problem is not None or not isinstance(timestamp, (int, float)):
         raise ValueError(f"export field '{where}.timestamp' {problem}")
     author = raw.get("author")
     if not isinstance(author, str) or "\x00" in author:

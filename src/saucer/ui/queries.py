@@ -21,6 +21,7 @@ from typing import Any
 from saucer.context import Context
 from saucer.context.events import op_key
 from saucer.context.queries import diff_of
+from saucer.context.types import Change
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, read_evaluation_log, read_request_log
 from saucer.engine.status import ENDED, NOT_STARTED
 from saucer.store import Event, EventStore, SessionInfo, SessionNotFoundError
@@ -371,7 +372,7 @@ def state_at(store: EventStore, sid: str, at: int | None) -> tuple[int, dict[str
     return version, flat
 
 
-def diff(store: EventStore, sid: str, v1: int, v2: int) -> dict[str, dict[str, Any]]:
+def diff(store: EventStore, sid: str, v1: int, v2: int) -> dict[str, Change]:
     """Keys whose values differ between two versions: ``{key: {"before": a, "after": b}}``
     (:meth:`Context.diff`'s answer, from one hydrate: :func:`~saucer.context.queries.diff_of`)."""
     store.check_readable(sid, v1)

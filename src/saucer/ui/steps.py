@@ -16,6 +16,7 @@ from typing import Any
 
 from saucer.context.queries import change_of
 from saucer.context.replay import replay
+from saucer.context.types import Change
 from saucer.engine.overview import timeline_items
 from saucer.store import Event, EventStore, SessionInfo, StoreError
 from saucer.store.summary import delta_of
@@ -260,7 +261,7 @@ class States:
         self._lock = threading.Lock()
         self._kept: OrderedDict[tuple[str, int, float], Any] = OrderedDict()
 
-    def change(self, store: EventStore, sid: str, version: int) -> dict[str, dict[str, Any]]:
+    def change(self, store: EventStore, sid: str, version: int) -> dict[str, Change]:
         """What the event at ``version`` changed, from a kept state at ``version - 1`` when there is one."""
         created = store.session_info(sid).created_at
         with self._lock:
@@ -294,7 +295,7 @@ def step_detail(
         for op in event.ops
         if op.get("op") == "delete" and not op.get("path")
     }
-    changes: dict[str, dict[str, Any]] = {}
+    changes: dict[str, Any] = {}  # each a Change, with the page's missing_before/missing_after added
     if version - 1 >= store.first_version(sid):
         changes = states.change(store, sid, version) if states is not None else change_of(store, sid, version)[0]
     for key, change in changes.items():
