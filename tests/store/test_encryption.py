@@ -298,8 +298,8 @@ def test_a_commit_whose_outcome_is_unknown_is_adopted_not_written_twice() -> Non
     class DropsAfterWriting(MemoryStore):
         drop = False
 
-        def _append(self, event: Any, expected_version: int, fence: int | None) -> None:
-            super()._append(event, expected_version, fence)
+        def write_event(self, event: Any, expected_version: int, fence: int | None) -> None:
+            super().write_event(event, expected_version, fence)
             if self.drop:
                 self.drop = False
                 raise OutcomeUnknownError(event.session_id, event.version, "connection dropped", event=event)

@@ -22,7 +22,7 @@ from saucer.context import Context
 from saucer.store import FormatTooNewError, open_store
 from saucer.store._codec import decode_payload, decode_state, encode_payload, encode_state, payload_format
 from saucer.store.model import Event
-from saucer.store.upcast import FORMAT_VERSION, record_format, upcast_event, upcast_snapshot
+from saucer.store.upcast import FORMAT_VERSION, record_format, summary_of_v5_meta, upcast_event, upcast_snapshot
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SQLITE_GOLDEN = GOLDEN / "2026-11-saucer-0.1.0-sqlite-schema2" / "store.db"
@@ -80,7 +80,8 @@ def test_the_golden_records_are_version_1_and_upcast_to_the_current_shape(golden
         assert "v" not in raw and record_format(raw) == 1 == payload_format(payload)
         data = decode_payload(payload, crc)
         assert data["v"] == FORMAT_VERSION
-        assert {k: v for k, v in data.items() if k != "v"} == raw  # v1 -> v2 keeps every field
+        assert {k: v for k, v in data.items() if k not in ("v", "summary")} == raw  # v1 -> v2 keeps every field
+        assert data.get("summary", {}) == summary_of_v5_meta(raw.get("meta") or {})  # v5 -> v6: what it meant
     compressed = 0
     for _, _, blob, crc in snaps:
         compressed += blob[:1] != b"{"

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from saucer.store.summary import SummaryDelta
+
 __all__ = [
     "Event",
     "Feature",
@@ -271,6 +273,9 @@ class Event:
     step: int | None
     ops: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    #: What this commit changes in its session's summary, as its writer said (None: nothing
+    #: but the step counter); the store keeps the summary from this, never from ``meta``.
+    summary: SummaryDelta | None = None
 
     def keys(self) -> list[str]:
         """The names and vars this event touches (vars prefixed with ``vars.``)."""
@@ -287,6 +292,7 @@ class Event:
             "step": self.step,
             "ops": self.ops,
             "meta": self.meta,
+            **({} if self.summary is None else {"summary": self.summary.to_wire()}),
         }
 
 

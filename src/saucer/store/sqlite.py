@@ -77,14 +77,13 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
-from saucer.store.listing import KeepsSummaries
 from saucer.store.model import Event, SessionHead
+from saucer.store.recorder import check_fork_point
 from saucer.store.summary import (
     Counters,
     ListQuery,
     SessionSummary,
     fold,
-    fold_events,
     listed_sql,
     make_summary,
     order_sql,
@@ -136,7 +135,7 @@ def _translated(method: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-class SQLiteStore(KeepsSummaries, EventStore):
+class SQLiteStore(EventStore):
     """Events, snapshots and leases in one SQLite file."""
 
     features = frozenset(
@@ -197,7 +196,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
     # ------------------------------------------------------------- sessions
 
     @_translated
-    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
+    def create_row(self, info: SessionInfo, counters: Counters) -> None:
         with self._transaction() as conn:
             if info.parent_id is not None:
                 row = conn.execute(
@@ -205,17 +204,17 @@ class SQLiteStore(KeepsSummaries, EventStore):
                     "WHERE s.session_id = ?",
                     (info.parent_id,),
                 ).fetchone()
-                self._check_fork_point(info, row)
+                check_fork_point(info, row)
             insert_session(conn, info, counters)
 
     @_translated
-    def _stored_counters(self, session_id: str) -> Counters | None:
+    def kept_counters(self, session_id: str) -> Counters | None:
         with self._lock:
             row = self._conn.execute(f"SELECT {_COUNTERS} FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
         return None if row is None else Counters(row[0], row[1], row[2], row[3], bool(row[4]), row[5])
 
     @_translated
-    def _list(self, query: ListQuery) -> list[SessionSummary]:
+    def list_rows(self, query: ListQuery) -> list[SessionSummary]:
         # One statement: the hot rows, the listed fields of the meta (never the meta
         # itself) and the leases; filtered, sorted and cut by SQLite.
         where, args = ["1"], [query.now, query.now]
@@ -245,13 +244,13 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], meta)
 
     @_translated
-    def _info(self, session_id: str) -> SessionInfo | None:
+    def row(self, session_id: str) -> SessionInfo | None:
         with self._lock:
             row = self._conn.execute(f"{_INFO} WHERE s.session_id = ?", (session_id,)).fetchone()
         return self._row_info(row) if row else None
 
     @_translated
-    def _info_without_plan(self, session_id: str) -> tuple[SessionInfo, bool] | None:
+    def row_without_plan(self, session_id: str) -> tuple[SessionInfo, bool] | None:
         # The plan stays in its column, neither read nor parsed (a 3 MB plan would take ~45-80 ms to parse).
         with self._lock:
             row = self._conn.execute(INFO_WITHOUT_PLAN, (session_id,)).fetchone()
@@ -263,7 +262,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return info, bool(row[8])
 
     @_translated
-    def _row(self, session_id: str) -> SessionInfo | None:
+    def log_row(self, session_id: str) -> SessionInfo | None:
         # Reading a log needs no meta but its first readable version: never parse a plan for it.
         with self._lock:
             row = self._conn.execute(
@@ -280,7 +279,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return [self._row_info(r) for r in rows]
 
     @_translated
-    def session_heads(self, session_ids: Iterable[str] | None = None) -> list[SessionHead]:
+    def heads(self, session_ids: Iterable[str] | None) -> list[SessionHead]:
         # One read transaction: each session's row, the event at its head
         # (from either event table) and its lease.
         with self._transaction("DEFERRED") as conn:
@@ -301,11 +300,11 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return SessionHead(info, head_event(info.session_id, info.version, row[8:14]), lease)
 
     @_translated
-    def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
+    def find(self, prefix: str, limit: int | None) -> list[SessionInfo]:
         return [self._row_info(r) for r in self._found(_INFO, prefix, limit)]
 
     @_translated
-    def find_session_ids(self, prefix: str = "", limit: int | None = None) -> list[str]:
+    def find_ids(self, prefix: str, limit: int | None) -> list[str]:
         return [r[0] for r in self._found("SELECT s.session_id FROM sessions s", prefix, limit)]
 
     def _found(self, select: str, prefix: str, limit: int | None) -> list[tuple[Any, ...]]:
@@ -324,13 +323,13 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return Lease(session_id, row[0], row[1], row[2]) if row else None
 
     @_translated
-    def _forks(self, session_id: str) -> list[SessionInfo]:
+    def forks_of(self, session_id: str) -> list[SessionInfo]:
         with self._lock:
             rows = self._conn.execute(f"{_INFO} WHERE s.parent_id = ?", (session_id,)).fetchall()
         return [self._row_info(r) for r in rows]
 
     @_translated
-    def _delete(self, session_id: str) -> None:
+    def delete_rows(self, session_id: str) -> None:
         with self._transaction() as conn:
             for table in ("events", "events_recent", "snapshots", "leases", "session_meta", "sessions"):
                 conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
@@ -341,19 +340,19 @@ class SQLiteStore(KeepsSummaries, EventStore):
     #: ``saucer.store._group``); False writes each append in its own transaction.
     group_commit: bool = True
 
-    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
+    def write_event(self, event: Event, expected_version: int, fence: int | None) -> None:
         if self.group_commit:
             self._group_committer().append(event, expected_version, fence)
         else:
             self._write_one(Pending(event, expected_version, fence, blocking=False))
 
-    def _aappend(
+    def awrite_event(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
     ) -> Awaitable[None]:
         # Returns the committer's coroutine itself: one coroutine frame less per commit.
         if self.group_commit:
             return self._group_committer().append_async(event, expected_version, fence, on_written)
-        return super()._aappend(event, expected_version, fence, on_written)
+        return super().awrite_event(event, expected_version, fence, on_written)
 
     @_translated
     def _write_one(self, entry: Pending) -> None:
@@ -373,7 +372,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
                 raise SessionNotFoundError(event.session_id)
             if row[0] != entry.expected:
                 raise ConflictError(event.session_id, entry.expected, row[0])
-            counters = fold(Counters(row[1], row[2], row[3], row[4], bool(row[5]), row[6]), event.step, event.meta)
+            counters = fold(Counters(row[1], row[2], row[3], row[4], bool(row[5]), row[6]), event)
             conn.execute(_UPDATE_HEAD, (event.version, event.timestamp, *_counter_values(counters), event.session_id))
             conn.execute(
                 "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -448,7 +447,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
                         SessionNotFoundError(sid) if found is None else ConflictError(sid, entry.expected, found[0])
                     )
                     continue
-                counters = fold(found[1], event.step, event.meta)
+                counters = fold(found[1], event)
                 heads[sid] = (event.version, counters)
                 updates.append((event.version, event.timestamp, *_counter_values(counters), sid))
                 rows.append(
@@ -495,7 +494,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
             conn.execute("RELEASE fold")
 
     @_translated
-    def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
+    def read_own(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         args = (session_id, after, upto if upto is not None else 2**62)
         columns = "SELECT version, ts, author, round, step, payload, crc FROM"
         where = "WHERE session_id = ? AND version > ? AND version <= ? ORDER BY version"
@@ -509,7 +508,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return decode_rows(session_id, rows, head=row[0] if row else None)
 
     @_translated
-    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+    def own_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
                 "SELECT version, payload FROM events WHERE session_id = ? UNION ALL "
@@ -520,7 +519,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return formats_of(rows), formats_of(snaps)
 
     @_translated
-    def _rewrite(
+    def rewrite_rows(
         self,
         session_id: str,
         events: list[Event],
@@ -554,7 +553,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
     # ------------------------------------------------------------ snapshots
 
     @_translated
-    def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
+    def own_snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
         with self._lock:
             # Newest first and lazily: usually only the first blob is read; a
             # damaged one falls back to the next.
@@ -632,20 +631,21 @@ class SQLiteStore(KeepsSummaries, EventStore):
     # ------------------------------------------------------------ retention
 
     @_translated
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+    def prune_rows(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
         with self._transaction() as conn:
             return replace_below(conn, session_id, cut, base, snapshot)
 
     @_translated
-    def _materialise(
+    def materialise_rows(
         self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
     ) -> bool:
         with self._transaction() as conn:
             return detach_fork(conn, info, events, snapshot, meta)
 
     @_translated
-    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
-        counters = fold_events(self._new_counters(info), events)
+    def import_rows(
+        self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot], counters: Counters
+    ) -> None:
         with self._transaction() as conn:
             insert_session(conn, info, counters)
             insert_events(conn, info.session_id, events)
