@@ -50,7 +50,7 @@ from saucer.context.core import PARTICIPANTS_VAR, check_text
 from saucer.context.events import ATOMIC_OPS, Event, State, ValueNotStorableError, apply_ops, copy_json, op_key, to_wire
 from saucer.context.names import lookup
 from saucer.context.snapshots import Snapshots
-from saucer.store.base import EventStore
+from saucer.store.base import EventStore, SummaryDelta
 from saucer.store.model import (
     ConflictError,
     FencedError,
@@ -94,6 +94,7 @@ class _Commit:
     round: int | None
     step: int | None
     meta: dict[str, Any] | None
+    summary: SummaryDelta | None = None
 
 
 def serialised_meta(
@@ -151,8 +152,12 @@ class Durable(Snapshots):
         round: int | None = None,
         step: int | None = None,
         meta: dict[str, Any] | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """Write the pending changes as ONE event; return the new version.
+
+        ``summary`` says what the event changes in the session's kept summary
+        (:class:`~saucer.store.summary.SummaryDelta`, given by the engine; None: nothing but the step).
 
         If another writer committed first, a batch of only atomic operations is
         re-based onto the newest version and retried; any other batch raises
@@ -165,7 +170,7 @@ class Durable(Snapshots):
         commit whose outcome is unknown it first checks whether they were written.
         """
         with self._lock:
-            job = self._begin(author, round, step, meta)
+            job = self._begin(author, round, step, meta, summary)
             if job is None:
                 return self._version
             attempts = self._attempts(job)
@@ -186,6 +191,7 @@ class Durable(Snapshots):
                             step=job.step,
                             meta=action.meta,
                             fence=self._fence,
+                            summary=job.summary,
                         )
                     except StoreError as exc:
                         action = attempts.throw(exc)
@@ -204,6 +210,7 @@ class Durable(Snapshots):
         round: int | None = None,
         step: int | None = None,
         meta: dict[str, Any] | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """:meth:`commit` for coroutines: the same event, durable when it returns.
 
@@ -215,7 +222,7 @@ class Durable(Snapshots):
         or committed, as the Context's version then says.
         """
         with self._lock:
-            job = self._begin(author, round, step, meta)
+            job = self._begin(author, round, step, meta, summary)
             if job is None:
                 return self._version
             self._committing = True
@@ -243,6 +250,7 @@ class Durable(Snapshots):
                             meta=action.meta,
                             fence=self._fence,
                             on_written=self._written,
+                            summary=job.summary,
                         )
                     except StoreError as exc:
                         action = attempts.throw(exc)
@@ -263,13 +271,18 @@ class Durable(Snapshots):
             self._maybe_snapshot()
 
     def _begin(
-        self, author: str | None, round: int | None, step: int | None, meta: dict[str, Any] | None
+        self,
+        author: str | None,
+        round: int | None,
+        step: int | None,
+        meta: dict[str, Any] | None,
+        summary: SummaryDelta | None = None,
     ) -> _Commit | None:
         """Under the lock: what a commit writes, or None when there is nothing to write."""
         if self._store is None:
             return None
         self._check_writable()
-        if not (self._pending or meta):
+        if not (self._pending or meta or summary is not None):
             return None
         store, sid = self._require_store()
         author = author or self._author
@@ -283,7 +296,7 @@ class Durable(Snapshots):
             except SessionExistsError:
                 pass
             self._creation["dropped"] = False
-        return _Commit(store, sid, author, round, step, meta)
+        return _Commit(store, sid, author, round, step, meta, summary)
 
     def _attempts(self, job: _Commit) -> Generator[_Append | _Wait, None, None]:
         """The retry core of :meth:`commit` and :meth:`acommit`: what to do next.
@@ -537,11 +550,12 @@ class Durable(Snapshots):
         round: int | None = None,
         step: int | None = None,
         meta: dict[str, Any] | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """Commit at a step boundary unless durability is ``exit`` (then changes wait for close)."""
         if self._step_waits_for_close():
             return self._version
-        return self.commit(author=author, round=round, step=step, meta=meta)
+        return self.commit(author=author, round=round, step=step, meta=meta, summary=summary)
 
     async def acommit_step(
         self,
@@ -550,11 +564,12 @@ class Durable(Snapshots):
         round: int | None = None,
         step: int | None = None,
         meta: dict[str, Any] | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
         if self._step_waits_for_close():
             return self._version
-        return await self.acommit(author=author, round=round, step=step, meta=meta)
+        return await self.acommit(author=author, round=round, step=step, meta=meta, summary=summary)
 
     def _step_waits_for_close(self) -> bool:
         """With durability ``exit``, a finished step stays pending until close: mark where it ends."""
@@ -571,6 +586,7 @@ class Durable(Snapshots):
         round: int | None = None,
         step: int | None = None,
         meta: dict[str, Any] | None = None,
+        summary: SummaryDelta | None = None,
     ) -> Iterator[Self]:
         """Group changes into one atomic step: committed together on success, discarded on error.
 
@@ -594,7 +610,7 @@ class Durable(Snapshots):
         except BaseException:
             self._discard_after(mark)
             raise
-        self.commit_step(author=author, round=round, step=step, meta=meta)
+        self.commit_step(author=author, round=round, step=step, meta=meta, summary=summary)
 
     def _discard_after(self, mark: int) -> None:
         """Drop the pending operations after ``mark``: back to the committed state plus the rest."""

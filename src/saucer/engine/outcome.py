@@ -27,6 +27,7 @@ from saucer.engine.logs import EvaluationLogEntry, SessionLogs
 from saucer.engine.observer import ObserverCaller
 from saucer.engine.plan import Plan
 from saucer.engine.result import SessionResult, SessionStatus, stored_cost
+from saucer.engine.summaries import summary_of
 from saucer.store import EventStore, LeaseHeldError, StoreError
 
 if TYPE_CHECKING:
@@ -103,18 +104,15 @@ class SessionOutcome:
         name = getattr(evaluator, "name", None) or type(evaluator).__name__
         cost = verdict.cost
         phase = "round_end" if scope == "round" else "session_eval"
-        await self.context.acommit_step(
-            author=f"evaluator:{name}",
-            round=round_id,
-            meta={
-                "kind": "evaluation",
-                "scope": scope,
-                "verdict": verdict.model_dump(mode="json"),
-                "cost": cost,
-                "session_status": SessionStatus.RUNNING,
-                "cursor": self._cursor(phase, round_id if scope == "round" else None, plan_index, evaluated=True),
-            },
-        )
+        meta = {
+            "kind": "evaluation",
+            "scope": scope,
+            "verdict": verdict.model_dump(mode="json"),
+            "cost": cost,
+            "session_status": SessionStatus.RUNNING,
+            "cursor": self._cursor(phase, round_id if scope == "round" else None, plan_index, evaluated=True),
+        }
+        await self.context.acommit_step(author=f"evaluator:{name}", round=round_id, meta=meta, summary=summary_of(meta))
         return verdict
 
     # ================================================================== end
@@ -161,7 +159,7 @@ class SessionOutcome:
         }
         if self.skipped:
             meta["skipped"] = dict(self.skipped)
-        version = await self.context.acommit(author="system", meta=meta)
+        version = await self.context.acommit(author="system", meta=meta, summary=summary_of(meta))
         self.result = self._result(
             status,
             reason,

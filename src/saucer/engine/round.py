@@ -39,6 +39,7 @@ from saucer.engine.routing import (
     Terminate,
     TransitionGraph,
 )
+from saucer.engine.summaries import summary_of
 from saucer.engine.uitree import artifact_name, look
 
 if TYPE_CHECKING:
@@ -302,7 +303,7 @@ class Round:
         meta["cursor"] = self.session.step_cursor(self.id, self.plan_index, next_agent.name, record.next_state or "")
         t2 = _perf()
         record.version = await self.session.context.acommit_step(
-            author=agent.name, round=self.id, step=record.session_step, meta=meta
+            author=agent.name, round=self.id, step=record.session_step, meta=meta, summary=summary_of(meta)
         )
         t3 = _perf()
         record.timings = {
@@ -368,7 +369,9 @@ class Round:
         meta["kind"] = "step"
         meta["session_status"] = "running"
         meta["cursor"] = session.step_cursor(self.id, self.plan_index, agent.name, error_state.name())
-        record.version = await ctx.acommit_step(author=agent.name, round=self.id, step=record.session_step, meta=meta)
+        record.version = await ctx.acommit_step(
+            author=agent.name, round=self.id, step=record.session_step, meta=meta, summary=summary_of(meta)
+        )
         record.timings = {"total_ms": (_perf() - t0) * 1000.0}
         self.steps += 1
         agent.set_state(error_state)

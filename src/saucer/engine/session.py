@@ -70,6 +70,7 @@ from saucer.engine.plan import Plan, PlanStep, declared_participants, initial_va
 from saucer.engine.result import SessionResult, SessionStatus
 from saucer.engine.resume import ResumableSession
 from saucer.engine.round import Round, RoundResult, RoundStatus
+from saucer.engine.summaries import summary_of
 from saucer.engine.uitree import replayable
 from saucer.store import EventStore, SessionNotFoundError, StoreError, open_store
 from saucer.store.base import Lease
@@ -361,13 +362,13 @@ class Session(ResumableSession, SessionOutcome):
     def create_new_round(self, request: str) -> Round:
         """Start the next round for ``request`` (commits its start)."""
         rnd, meta = self._open_round(request)
-        self.context.commit_step(author="system", round=rnd.id, meta=meta)
+        self.context.commit_step(author="system", round=rnd.id, meta=meta, summary=summary_of(meta))
         return self._round_opened(rnd)
 
     async def _acreate_new_round(self, request: str) -> Round:
         """:meth:`create_new_round`, committing with the pool's other sessions (``acommit``)."""
         rnd, meta = self._open_round(request)
-        await self.context.acommit_step(author="system", round=rnd.id, meta=meta)
+        await self.context.acommit_step(author="system", round=rnd.id, meta=meta, summary=summary_of(meta))
         return self._round_opened(rnd)
 
     def _open_round(self, request: str) -> tuple[Round, dict[str, Any]]:
@@ -435,20 +436,17 @@ class Session(ResumableSession, SessionOutcome):
                 # The first round that did not finish says why the session did not (e.g. no_action).
                 p.reason = f"round {rnd.id} {result.status}: {result.reason}" if result.reason else ""
         evaluate = self.settings.system.eva_round
-        await self.context.acommit_step(
-            author="system",
-            round=rnd.id,
-            meta={
-                "kind": "round_end",
-                "round_status": result.status,
-                "reason": result.reason,
-                "error": result.error,
-                "steps": result.steps,
-                "cost": result.cost,
-                "session_status": SessionStatus.RUNNING,
-                "cursor": self._cursor("round_end", rnd.id, rnd.plan_index, evaluated=not evaluate),
-            },
-        )
+        meta = {
+            "kind": "round_end",
+            "round_status": result.status,
+            "reason": result.reason,
+            "error": result.error,
+            "steps": result.steps,
+            "cost": result.cost,
+            "session_status": SessionStatus.RUNNING,
+            "cursor": self._cursor("round_end", rnd.id, rnd.plan_index, evaluated=not evaluate),
+        }
+        await self.context.acommit_step(author="system", round=rnd.id, meta=meta, summary=summary_of(meta))
         await self._notify("on_round_end", self, rnd, result)
         if evaluate:
             await self._evaluate("round", rnd.id, rnd.plan_index)
@@ -535,7 +533,8 @@ class Session(ResumableSession, SessionOutcome):
         say_once(self.skipped)
         if ApplicationWatch.wanted(tool_info):
             self.application = ApplicationWatch()
-        await ctx.acommit_step(author="system", meta=self._start_meta(point, continued))
+        start = self._start_meta(point, continued)
+        await ctx.acommit_step(author="system", meta=start, summary=summary_of(start))
         for hook in self._start_hooks:
             hook(self)
         self._lease.start_renewing()
