@@ -1,4 +1,4 @@
-"""The part of the store contract (:mod:`saucer.store.testing`) about listing sessions:
+"""The store contract (:mod:`saucer.store.testing`), part: listing sessions:
 the summary each commit keeps (:mod:`saucer.store.summary`) and
 :meth:`~saucer.store.EventStore.list_sessions`."""
 
@@ -15,7 +15,7 @@ from saucer.store.base import EventStore
 from saucer.store.model import ConflictError, Feature, FencedError, SessionNotFoundError
 from saucer.store.summary import ListQuery, SessionSummary, SummaryDelta
 
-__all__ = ["SessionListingContract"]
+__all__ = ["ListingContract"]
 
 
 def _engine_session(
@@ -79,7 +79,7 @@ def _row(store: EventStore, sid: str) -> SessionSummary:
     return rows[0]
 
 
-class SessionListingContract:
+class ListingContract:
     """Tests of ``list_sessions`` (mixed into :class:`~saucer.store.testing.EventStoreContract`)."""
 
     def test_commits_keep_each_sessions_summary(
