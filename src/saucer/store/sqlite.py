@@ -23,7 +23,7 @@ Every ``sqlite3`` error is turned into a :class:`~saucer.store.StoreError` at
 this module's edge: a file that is not a database, or whose pages are
 damaged, is a :class:`~saucer.store.DamagedStoreError` naming the file and the
 command that checks it. ``_sqlite_schema`` holds the tables, their upgrade and
-those messages; ``_sqlite_sql`` the statements that rewrite history for a prune.
+those messages; ``_sqlite_write`` the appends and the listing; ``_sqlite_sql`` the statements that rewrite history for a prune.
 Every transaction goes through :meth:`SQLiteStore._transaction`.
 """
 
@@ -65,11 +65,11 @@ from saucer.store._sqlite_sql import (
     replace_below,
     rewrite_rows,
 )
+from saucer.store._sqlite_write import kept_counters as counters_of
+from saucer.store._sqlite_write import listing, write_batch, write_one
 from saucer.store.base import (
-    ConflictError,
     EventStore,
     Feature,
-    FencedError,
     Lease,
     LeaseHeldError,
     SessionInfo,
@@ -83,10 +83,7 @@ from saucer.store.summary import (
     Counters,
     ListQuery,
     SessionSummary,
-    fold,
-    listed_sql,
     make_summary,
-    order_sql,
 )
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION", "path_from_url"]
@@ -96,29 +93,6 @@ _INFO = (
     "SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, m.meta, m.plan "
     "FROM sessions s JOIN session_meta m ON m.session_id = s.session_id"
 )
-_COUNTERS = "status, rounds, steps, cost, cost_unknown, reason"
-_LISTED_STATUS, _RUNNER = listed_sql("?")
-#: The columns of :func:`~saucer.store.summary.make_summary`, for :meth:`SQLiteStore._list`.
-_LIST = f"""
-SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version,
-       {_LISTED_STATUS} AS listed, s.rounds, s.steps, CASE WHEN s.cost_unknown THEN NULL ELSE s.cost END AS shown_cost,
-       s.reason, m.task AS task, m.mode, m.request, m.forked_from, m.forked_at, {_RUNNER}
-FROM sessions s JOIN session_meta m ON m.session_id = s.session_id
-LEFT JOIN leases l ON l.session_id = s.session_id
-"""
-
-
-#: What a commit changes in its session's row (and nothing else).
-_UPDATE_HEAD = (
-    "UPDATE sessions SET head = ?, updated_at = ?, status = ?, rounds = ?, steps = ?, cost = ?, cost_unknown = ?, "
-    "reason = ? WHERE session_id = ?"
-)
-
-
-def _counter_values(c: Counters) -> tuple[Any, ...]:
-    return (c.status, c.rounds, c.steps, c.cost, int(c.cost_unknown), c.reason)
-
-
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -210,28 +184,11 @@ class SQLiteStore(EventStore):
     @_translated
     def kept_counters(self, session_id: str) -> Counters | None:
         with self._lock:
-            row = self._conn.execute(f"SELECT {_COUNTERS} FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-        return None if row is None else Counters(row[0], row[1], row[2], row[3], bool(row[4]), row[5])
+            return counters_of(self._conn, session_id)
 
     @_translated
     def list_rows(self, query: ListQuery) -> list[SessionSummary]:
-        # One statement: the hot rows, the listed fields of the meta (never the meta
-        # itself) and the leases; filtered, sorted and cut by SQLite.
-        where, args = ["1"], [query.now, query.now]
-        if query.ids is not None:
-            where.append("s.session_id IN (SELECT value FROM json_each(?))")
-            args.append(orjson.dumps(list(query.ids)).decode())
-        if query.statuses is not None:
-            where.append("listed IN (SELECT value FROM json_each(?))")
-            args.append(orjson.dumps(sorted(query.statuses)).decode())
-        if query.task is not None:
-            where.append("instr(lower(m.task), lower(?)) > 0")
-            args.append(query.task)
-        if query.since is not None:
-            where.append("s.updated_at >= ?")
-            args.append(query.since)
-        sql = f"{_LIST} WHERE {' AND '.join(where)} {order_sql(query, 'listed', 'm.task')} LIMIT ?"
-        args.append(-1 if query.limit is None else query.limit)
+        sql, args = listing(query)
         with self._lock:
             rows = self._conn.execute(sql, args).fetchall()
         return [make_summary(row) for row in rows]
@@ -357,36 +314,8 @@ class SQLiteStore(EventStore):
     @_translated
     def _write_one(self, entry: Pending) -> None:
         """Write one append in its own transaction; raise its error."""
-        event = entry.event
         with self._transaction() as conn:
-            if entry.fence is not None:
-                row = conn.execute(
-                    "SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)
-                ).fetchone()
-                if row is None or row[0] != entry.fence:
-                    raise FencedError(event.session_id, entry.fence, row[0] if row else None, row[1] if row else None)
-            row = conn.execute(
-                f"SELECT head, {_COUNTERS} FROM sessions WHERE session_id = ?", (event.session_id,)
-            ).fetchone()
-            if row is None:
-                raise SessionNotFoundError(event.session_id)
-            if row[0] != entry.expected:
-                raise ConflictError(event.session_id, entry.expected, row[0])
-            counters = fold(Counters(row[1], row[2], row[3], row[4], bool(row[5]), row[6]), event)
-            conn.execute(_UPDATE_HEAD, (event.version, event.timestamp, *_counter_values(counters), event.session_id))
-            conn.execute(
-                "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    event.session_id,
-                    event.version,
-                    event.timestamp,
-                    event.author,
-                    event.round,
-                    event.step,
-                    entry.payload,
-                    entry.crc,
-                ),
-            )
+            write_one(conn, entry)
             self._fold_if_due(1)
 
     @_translated
@@ -414,57 +343,9 @@ class SQLiteStore(EventStore):
         sessions are read at once, each entry is checked against them in order,
         and the accepted ones are written with two ``executemany`` calls.
         """
-        ids = list({e.event.session_id: None for e in entries})
-        fenced = list({e.event.session_id: None for e in entries if e.fence is not None})
-        updates: list[tuple[Any, ...]] = []
-        rows: list[tuple[Any, ...]] = []
         with self._transaction() as conn:
-            heads: dict[str, tuple[int, Counters]] = {
-                row[0]: (row[1], Counters(row[2], row[3], row[4], row[5], bool(row[6]), row[7]))
-                for row in conn.execute(
-                    f"SELECT session_id, head, {_COUNTERS} FROM sessions WHERE session_id IN ({','.join('?' * len(ids))})",
-                    ids,
-                )
-            }
-            leases: dict[str, tuple[int, str]] = {}
-            if fenced:
-                found = conn.execute(
-                    f"SELECT session_id, token, owner FROM leases WHERE session_id IN ({','.join('?' * len(fenced))})",
-                    fenced,
-                )
-                leases = {sid: (token, owner) for sid, token, owner in found}
-            for entry in entries:
-                event = entry.event
-                sid = event.session_id
-                if entry.fence is not None:
-                    token, owner = leases.get(sid, (None, None))
-                    if token != entry.fence:
-                        entry.error = FencedError(sid, entry.fence, token, owner)
-                        continue
-                found = heads.get(sid)
-                if found is None or found[0] != entry.expected:
-                    entry.error = (
-                        SessionNotFoundError(sid) if found is None else ConflictError(sid, entry.expected, found[0])
-                    )
-                    continue
-                counters = fold(found[1], event)
-                heads[sid] = (event.version, counters)
-                updates.append((event.version, event.timestamp, *_counter_values(counters), sid))
-                rows.append(
-                    (
-                        sid,
-                        event.version,
-                        event.timestamp,
-                        event.author,
-                        event.round,
-                        event.step,
-                        entry.payload,
-                        entry.crc,
-                    )
-                )
-            conn.executemany(_UPDATE_HEAD, updates)
-            conn.executemany("INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            self._fold_if_due(len(rows))
+            added = write_batch(conn, entries)
+            self._fold_if_due(added)
 
     #: Move ``events_recent`` into ``events`` once this process has added this many rows to it.
     fold_every = 2048
