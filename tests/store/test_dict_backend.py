@@ -83,7 +83,6 @@ def test_a_failing_assert_of_the_suite_shows_its_values_under_the_documented_rec
         timeout=120,
     )
     assert run.returncode == 1, run.stdout + run.stderr
-    assert (
-        "AssertionError" in run.stdout
-        and "assert (41, 0, 0.0, None) == (3, 3, 0.75, 'round 3 ok')" in run.stdout
-    ), run.stdout
+    assert "AssertionError" in run.stdout and "assert (41, 0, 0.0, None) == (3, 3, 0.75, 'round 3 ok')" in run.stdout, (
+        run.stdout
+    )

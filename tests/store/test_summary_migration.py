@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import zlib
 import uuid
 import warnings
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

@@ -172,7 +172,8 @@ class Statements:
         rows (their summary columns, never their meta) and the leases, whose expiry is
         compared with ``now`` (SQL: the server's clock)."""
         status, runner = listed_sql(now)
-        where, args = ["true"], []
+        where: list[str] = ["true"]
+        args: list[Any] = []
         if query.ids is not None:
             where.append("s.session_id = ANY(%s)")
             args.append([sid for sid in query.ids if "\x00" not in sid])

@@ -133,11 +133,11 @@ def write_batch(conn: sqlite3.Connection, entries: list[Pending]) -> int:
             if token != entry.fence:
                 entry.error = FencedError(sid, entry.fence, token, owner)
                 continue
-        found = heads.get(sid)
-        if found is None or found[0] != entry.expected:
-            entry.error = SessionNotFoundError(sid) if found is None else ConflictError(sid, entry.expected, found[0])
+        head = heads.get(sid)
+        if head is None or head[0] != entry.expected:
+            entry.error = SessionNotFoundError(sid) if head is None else ConflictError(sid, entry.expected, head[0])
             continue
-        counters = fold(found[1], event)
+        counters = fold(head[1], event)
         heads[sid] = (event.version, counters)
         updates.append((event.version, event.timestamp, *_counter_values(counters), sid))
         rows.append(

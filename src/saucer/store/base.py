@@ -401,7 +401,7 @@ class EventStore(Recorder):
         ended whose runner's lease expired is ``interrupted``). ValueError or
         TypeError name a bad argument.
         """
-        return self.summaries.list(ListQuery.of(limit, status, task, since, sort, descending, ids))
+        return self.summaries.listing(ListQuery.of(limit, status, task, since, sort, descending, ids))
 
     def session_heads(self, session_ids: Iterable[str] | None = None) -> list[SessionHead]:
         """Sessions with their newest event and their lease, in the order of :meth:`sessions`:

@@ -36,7 +36,7 @@ import os
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 from cryptography.exceptions import InvalidTag
@@ -340,7 +340,7 @@ class Sealer:
         return out
 
 
-def _is_token(value: Any) -> bool:
+def _is_token(value: Any) -> TypeGuard[str]:
     return isinstance(value, str) and value != ENCRYPTED
 
 

@@ -42,7 +42,7 @@ class SummaryKeeper:
         self.recorder = recorder
         self.lineage = lineage
 
-    def list(self, query: ListQuery) -> list[SessionSummary]:
+    def listing(self, query: ListQuery) -> list[SessionSummary]:
         """The rows of ``query``: the backend's kept summaries, else folded from every log."""
         kept = self.recorder.list_rows(query)
         return self._rows(query, kept=True) if kept is None else kept

@@ -88,7 +88,9 @@ class MemoryStore(EventStore):
                 raise SessionExistsError(f"session {info.session_id!r} already exists")
             if info.parent_id is not None:
                 parent = d.infos.get(info.parent_id)
-                check_fork_point(info, parent and (parent.version, int(parent.meta.get("pruned_to", 0))))
+                check_fork_point(
+                    info, None if parent is None else (parent.version, int(parent.meta.get("pruned_to", 0)))
+                )
             d.infos[info.session_id] = info
             d.events[info.session_id] = []
             d.snapshots[info.session_id] = {}

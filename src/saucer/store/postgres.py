@@ -70,7 +70,7 @@ import functools
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -152,7 +152,7 @@ def _translated(*, retry: bool) -> Callable[[_F], _F]:
             except psycopg.Error as exc:
                 raise self._db.error(exc, retried=isinstance(exc, psycopg.OperationalError)) from first
 
-        return wrapper  # type: ignore[return-value]
+        return cast(_F, wrapper)
 
     return decorate
 

@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -106,7 +106,7 @@ def _translated(method: _F) -> _F:
         except sqlite3.Error as exc:
             raise store_error(exc, self.path, self._busy_timeout) from exc
 
-    return wrapper  # type: ignore[return-value]
+    return cast(_F, wrapper)
 
 
 class SQLiteStore(EventStore):
@@ -128,7 +128,8 @@ class SQLiteStore(EventStore):
         self.url = f"sqlite:///{self.path}"
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
-        self._conn = Closed(self.path)  # type: ignore[assignment]
+        # A closed store has a Closed in place of its connection (a late call says why it fails).
+        self._conn: sqlite3.Connection = cast(sqlite3.Connection, Closed(self.path))
         self._committer = GroupCommitter(self._write_batch, self._write_one)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +166,7 @@ class SQLiteStore(EventStore):
         with self._lock:
             if isinstance(self._conn, sqlite3.Connection):
                 self._conn.close()
-                self._conn = Closed(self.path)  # type: ignore[assignment]
+                self._conn = cast(sqlite3.Connection, Closed(self.path))
 
     # ------------------------------------------------------------- sessions
 
@@ -227,7 +228,11 @@ class SQLiteStore(EventStore):
                 "FROM sessions s JOIN session_meta m ON m.session_id = s.session_id WHERE s.session_id = ?",
                 (session_id,),
             ).fetchone()
-        return None if row is None else SessionInfo(*row[:6], {"pruned_to": row[6]} if row[6] else {})
+        return (
+            None
+            if row is None
+            else SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], {"pruned_to": row[6]} if row[6] else {})
+        )
 
     @_translated
     def sessions(self) -> list[SessionInfo]:
@@ -266,10 +271,11 @@ class SQLiteStore(EventStore):
 
     def _found(self, select: str, prefix: str, limit: int | None) -> list[tuple[Any, ...]]:
         with self._lock:
-            return self._conn.execute(
+            found: list[tuple[Any, ...]] = self._conn.execute(
                 f"{select} WHERE substr(s.session_id, 1, ?) = ? ORDER BY s.updated_at DESC, s.session_id LIMIT ?",
                 (len(prefix), prefix, -1 if limit is None else max(0, limit)),
             ).fetchall()
+        return found
 
     @_translated
     def lease_of(self, session_id: str) -> Lease | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -78,7 +79,7 @@ class EventContract:
 
     def test_events_round_trip_exactly(self, store: EventStore) -> None:
         store.create_session("s")
-        ops = [
+        ops: list[dict[str, Any]] = [
             {"op": "set", "var": "v", "value": {"nested": [1, 2.5, -0.0, None, True, "ünïcødé ✓", {"k": []}]}},
             {"op": "set", "name": "ROUND_COST", "path": [3], "value": 0.1},
             {"op": "incr", "var": "big", "by": 2**62},

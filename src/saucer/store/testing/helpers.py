@@ -8,7 +8,7 @@ from typing import Any
 from saucer.store.base import EventStore
 from saucer.store.model import Snapshot
 
-__all__ = ["base_state", "fill", "set_op", "snapshot_at"]
+__all__ = ["base_state", "fill", "latest", "set_op", "snapshot_at"]
 
 
 def set_op(key: str, value: Any) -> list[dict[str, Any]]:
@@ -30,3 +30,10 @@ def snapshot_at(sid: str, version: int) -> Snapshot:
 def base_state(version: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Base operations and state for a log made by :func:`fill` (it sets ``i`` to the version)."""
     return set_op("i", version), {"names": {}, "vars": {"i": version}}
+
+
+def latest(store: EventStore, sid: str, upto: int | None = None) -> Snapshot:
+    """The snapshot :meth:`~saucer.store.EventStore.latest_snapshot` gives, which must exist."""
+    snap = store.latest_snapshot(sid, upto)
+    assert snap is not None, f"no snapshot of {sid!r} at or before {upto}"
+    return snap

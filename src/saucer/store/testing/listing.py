@@ -158,7 +158,10 @@ class ListingContract:
         _engine_session(store, "c-new", "Deploy", steps=2, costs=[None])
         store.acquire_lease("c-new", "w", ttl=30)
         store.create_session("d-bare")
-        ids = lambda rows: [r.session_id for r in rows]  # noqa: E731
+
+        def ids(rows: list[SessionSummary]) -> list[str]:
+            return [r.session_id for r in rows]
+
         assert ids(store.list_sessions()) == ["d-bare", "c-new", "b-mid", "a-old"]  # most recently updated first
         assert ids(store.list_sessions(limit=2)) == ["d-bare", "c-new"] and store.list_sessions(limit=0) == []
         assert ids(store.list_sessions(status="finished")) == ["a-old"]
@@ -193,7 +196,7 @@ class ListingContract:
         with pytest.raises(ValueError, match="limit"):
             store.list_sessions(limit=-1)
         with pytest.raises(TypeError, match="since"):
-            store.list_sessions(since="yesterday")  # type: ignore[arg-type]
+            store.list_sessions(since="yesterday")  # type: ignore[arg-type]  # a wrong type, on purpose
 
     def test_a_fork_starts_from_its_parents_summary_at_its_branch_point(self, store: EventStore) -> None:
         _engine_session(store, "p", "Fork me", steps=3, costs=[1.0, 1.0, 1.0])
@@ -252,7 +255,7 @@ class ListingContract:
         assert (row.status, row.rounds, row.cost, row.reason) == ("stopped", 0, 0.0, "x" * 500)  # cut as requests
         assert next(store.read("m", 1)).summary == SummaryDelta("stopped", reason="x" * 600)  # stored as given
         with pytest.raises(TypeError, match="SummaryDelta"):
-            store.append("m", 2, [], author="a", summary={"status": "finished"})  # type: ignore[arg-type]
+            store.append("m", 2, [], author="a", summary={"status": "finished"})  # type: ignore[arg-type]  # on purpose
 
     def test_refused_and_concurrent_commits_count_exactly_once(self, store: EventStore) -> None:
         store.create_session("c", meta={"status": "running"})

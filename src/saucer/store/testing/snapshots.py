@@ -18,7 +18,7 @@ from saucer.store.model import (
     SessionNotFoundError,
     Snapshot,
 )
-from saucer.store.testing.helpers import fill, set_op, snapshot_at
+from saucer.store.testing.helpers import fill, latest, set_op, snapshot_at
 
 __all__ = ["SnapshotLeaseContract"]
 
@@ -34,19 +34,19 @@ class SnapshotLeaseContract:
         assert store.latest_snapshot("s") is None
         store.save_snapshot(snapshot_at("s", 2))
         store.save_snapshot(snapshot_at("s", 4))
-        latest = store.latest_snapshot("s")
-        assert latest is not None and latest.version == 4 and latest.session_id == "s"
-        assert latest.state == {"names": {"ROUND_STEP": {"1": 4}}, "vars": {"i": 4}}
-        assert store.latest_snapshot("s", 3).version == 2  # type: ignore[union-attr]
-        assert store.latest_snapshot("s", 4).version == 4  # type: ignore[union-attr]
+        newest = store.latest_snapshot("s")
+        assert newest is not None and newest.version == 4 and newest.session_id == "s"
+        assert newest.state == {"names": {"ROUND_STEP": {"1": 4}}, "vars": {"i": 4}}
+        assert latest(store, "s", 3).version == 2
+        assert latest(store, "s", 4).version == 4
         assert store.latest_snapshot("s", 1) is None
         assert store.events_since_snapshot("s") == 2
         replacement = Snapshot("s", 4, time.time(), {"names": {}, "vars": {"i": "again"}})
         store.save_snapshot(replacement)
-        assert store.latest_snapshot("s").state["vars"] == {"i": "again"}  # type: ignore[union-attr]
+        assert latest(store, "s").state["vars"] == {"i": "again"}
         big = Snapshot("s", 6, time.time(), {"names": {}, "vars": {"log": ["x" * 100] * 500}})
         store.save_snapshot(big)
-        assert store.latest_snapshot("s").state == big.state  # type: ignore[union-attr]
+        assert latest(store, "s").state == big.state
 
     def test_forks_use_their_parents_snapshots_up_to_the_fork_point(self, store: EventStore) -> None:
         store.create_session("p")
@@ -54,11 +54,11 @@ class SnapshotLeaseContract:
         store.save_snapshot(snapshot_at("p", 2))
         store.save_snapshot(snapshot_at("p", 5))
         store.create_session("c", parent_id="p", parent_version=4)
-        assert store.latest_snapshot("c").version == 2  # type: ignore[union-attr]
+        assert latest(store, "c").version == 2
         store.save_snapshot(snapshot_at("c", 4))
         own = store.latest_snapshot("c")
         assert own is not None and own.session_id == "c" and own.version == 4
-        assert store.latest_snapshot("c", 3).version == 2  # type: ignore[union-attr]
+        assert latest(store, "c", 3).version == 2
 
     def test_prune_snapshots_keeps_the_newest(self, store: EventStore) -> None:
         store.create_session("s")
@@ -69,14 +69,14 @@ class SnapshotLeaseContract:
             store.save_snapshot(snapshot_at("s", v))
         store.save_snapshot(snapshot_at("t", 2))
         store.prune_snapshots("s", 2)
-        assert store.latest_snapshot("s").version == 8  # type: ignore[union-attr]
+        assert latest(store, "s").version == 8
         if Feature.SNAPSHOT_PRUNING not in store.features:
             return  # a cache it may keep whole: the newest is what counts
-        assert store.latest_snapshot("s", 7).version == 6  # type: ignore[union-attr]
+        assert latest(store, "s", 7).version == 6
         assert store.latest_snapshot("s", 5) is None
         store.prune_snapshots("s", 0)
         assert store.latest_snapshot("s") is None
-        assert store.latest_snapshot("t").version == 2  # type: ignore[union-attr]  # other sessions untouched
+        assert latest(store, "t").version == 2  # other sessions untouched
 
     def test_quarantine_leaves_readable_records_alone(self, store: EventStore) -> None:
         store.create_session("s")
@@ -144,7 +144,7 @@ class SnapshotLeaseContract:
                     if len(seen) == 4:
                         break
             finally:
-                await stream.aclose()  # type: ignore[attr-defined]
+                await stream.aclose()  # type: ignore[attr-defined]  # watch() is an async generator
             return seen
 
         thread = threading.Thread(target=writer)
