@@ -4,19 +4,20 @@ query that lists sessions from it.
 A listing of 10^4 sessions must not read 10^4 logs: each commit folds its
 event into a few counters kept beside the session's head (:func:`fold`), and
 :meth:`~saucer.store.EventStore.list_sessions` answers from those rows in one
-query. The counters follow what the engine writes into an event's ``meta``
-(a store does not interpret operations, which may be sealed):
+query. What a commit changes is said by its writer, with the commit: a
+:class:`SummaryDelta` (``EventStore.append(..., summary=...)``, stored with the
+event). The store interprets neither operations (which may be sealed) nor
+meta; the engine makes its deltas (:mod:`saucer.engine.summaries`):
 
-- ``status``: the newest ``meta["session_status"]``, else the session meta's
+- ``status``: the newest delta's ``status``, else the session meta's
   ``status`` given at creation (None: not an engine session);
 - ``steps``: the highest ``step`` of the session's events (its step counter);
-- ``rounds``: how many events have ``meta["kind"] == "round_end"``;
-- ``cost``: the sum of ``meta["cost"]`` over the ``step`` and ``evaluation``
-  events (a round's end repeats its steps' cost); a ``None`` cost makes the
-  total unknown for good;
-- ``reason``: the newest event's ``meta["reason"]``;
-- a ``session_end`` event's ``meta["summary"]`` (the engine's own final
-  figures) overrides rounds, steps, cost and reason.
+- ``rounds``: the sum of the deltas' ``rounds_add``;
+- ``cost``: the sum of their ``cost_add``; an ``unknown`` makes the total
+  unknown for good;
+- ``reason``: the newest event's delta's ``reason``;
+- a delta's ``final_rounds``, ``final_steps`` and ``final_cost`` (a session's
+  end, with the engine's own final figures) replace the counts.
 
 A fork starts from its parent's counters at its branch point, with the status
 of its meta (``not started``, :data:`NOT_STARTED`, for an engine session's fork)
