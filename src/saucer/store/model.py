@@ -281,8 +281,9 @@ class Event:
         """The names and vars this event touches (vars prefixed with ``vars.``)."""
         return [op_key(op) for op in self.ops]
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of this event."""
+    def to_dict(self, *, summary: bool = False) -> dict[str, Any]:
+        """A JSON-serialisable dict of this event; with ``summary``, also its summary delta
+        (``"summary"``: its stored form, or None), as an export keeps it."""
         return {
             "session_id": self.session_id,
             "version": self.version,
@@ -292,7 +293,7 @@ class Event:
             "step": self.step,
             "ops": self.ops,
             "meta": self.meta,
-            **({} if self.summary is None else {"summary": self.summary.to_wire()}),
+            **({"summary": None if self.summary is None else self.summary.to_wire()} if summary else {}),
         }
 
 
