@@ -57,3 +57,23 @@ def test_apply_counts_steps_from_the_event_and_the_rest_from_the_delta() -> None
     assert (c.steps, c.rounds, c.cost_unknown) == (4, 1, True)
     c = apply(c, None, SummaryDelta("finished", final_rounds=3, final_steps=7, final_cost=2.0))
     assert c == Counters("finished", 3, 7, 2.0, False, None)  # final figures replace, and are known
+
+
+@pytest.mark.parametrize("status", [None, "running", "finished", "failed", "error", "stopped", "not started", "odd"])
+def test_the_listings_sql_says_interrupted_exactly_where_listed_status_does(status: str | None) -> None:
+    import sqlite3
+
+    from saucer.store.summary import listed_sql, listed_status
+
+    sql_status, sql_runner = listed_sql("?")
+    with sqlite3.connect(":memory:") as conn:
+        conn.execute("CREATE TABLE s (status TEXT)")
+        conn.execute("CREATE TABLE l (owner TEXT, expires_at REAL)")
+        conn.execute("INSERT INTO s VALUES (?)", (status,))
+        for lease in (None, ("w", 50.0), ("w", 150.0)):  # none, expired, live (now = 100)
+            conn.execute("DELETE FROM l")
+            if lease is not None:
+                conn.execute("INSERT INTO l VALUES (?, ?)", lease)
+            row = conn.execute(f"SELECT {sql_status}, {sql_runner} FROM s LEFT JOIN l ON 1", (100.0, 100.0)).fetchone()
+            expected = listed_status(status, *(lease or (None, None)), 100.0)
+            assert tuple(row) == expected, (status, lease)
