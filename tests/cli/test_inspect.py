@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from saucer.context import Context, ContextNames
+from saucer.engine.summaries import summary_of
 
 
 def _make_session(cwd: Path, sid: str = "s1") -> None:
@@ -119,7 +120,8 @@ def test_show_follow_prints_new_steps_and_stops_at_the_end(tmp_path: Path) -> No
         ctx = Context.open(f"sqlite:///{tmp_path}/.saucer/saucer.db", "s1", author="agent:late")
         ctx.update_vars(set={"late": "yes"})
         ctx.commit(step=2)
-        ctx.commit(meta={"kind": "session_end", "session_status": "finished"})
+        end = {"kind": "session_end", "session_status": "finished"}
+        ctx.commit(meta=end, summary=summary_of(end))
         ctx.close()
         out, err = proc.communicate(timeout=30)
         out = seen + out

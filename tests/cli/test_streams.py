@@ -19,6 +19,7 @@ from saucer.cli.output import JsonStream, TextChunks
 from saucer.cli.streams import parse_since
 from saucer.context import Context, ContextNames
 from saucer.context.transfer import export_session
+from saucer.engine.summaries import summary_of
 from saucer.store import open_store
 
 
@@ -185,7 +186,8 @@ def test_sessions_filters_sorts_and_limits_in_one_listing(run_cli, tmp_path: Pat
         ctx.commit(meta={"kind": "session_start", "mode": "follower"})
         for k in range(i):
             ctx.update_vars(set={"k": k})
-            ctx.commit(meta={"kind": "session_end", "session_status": "finished"} if i == 2 and k == i - 1 else {})
+            end = {"kind": "session_end", "session_status": "finished"} if i == 2 and k == i - 1 else {}
+            ctx.commit(meta=end, summary=summary_of(end))
         ctx.close()
         time.sleep(0.02)
 

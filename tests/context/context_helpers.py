@@ -9,6 +9,7 @@ from typing import Any
 
 from saucer.context.events import Event
 from saucer.store.base import EventStore, Lease, SessionInfo, Snapshot
+from saucer.store.summary import Counters
 
 
 class CountingStore(EventStore):
@@ -24,23 +25,23 @@ class CountingStore(EventStore):
     def reset(self) -> None:
         self.events_read = self.snapshots_read = self.appends = 0
 
-    def _create(self, info: SessionInfo) -> None:
-        self.inner._create(info)
+    def create_row(self, info: SessionInfo, counters: Counters) -> None:
+        self.inner.create_row(info, counters)
 
-    def _info(self, session_id: str) -> SessionInfo | None:
-        return self.inner._info(session_id)
+    def row(self, session_id: str) -> SessionInfo | None:
+        return self.inner.row(session_id)
 
-    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
+    def write_event(self, event: Event, expected_version: int, fence: int | None) -> None:
         self.appends += 1
-        self.inner._append(event, expected_version, fence)
+        self.inner.write_event(event, expected_version, fence)
 
-    def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
-        for event in self.inner._read(session_id, after, upto):
+    def read_own(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
+        for event in self.inner.read_own(session_id, after, upto):
             self.events_read += 1
             yield event
 
-    def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
-        snap = self.inner._snapshot(session_id, upto)
+    def own_snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
+        snap = self.inner.own_snapshot(session_id, upto)
         if snap is not None:
             self.snapshots_read += 1
         return snap
@@ -57,8 +58,8 @@ class CountingStore(EventStore):
     def sessions(self) -> list[SessionInfo]:
         return self.inner.sessions()
 
-    def _delete(self, session_id: str) -> None:
-        self.inner._delete(session_id)
+    def delete_rows(self, session_id: str) -> None:
+        self.inner.delete_rows(session_id)
 
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
         return self.inner.acquire_lease(session_id, owner, ttl)

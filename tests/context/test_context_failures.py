@@ -111,15 +111,15 @@ class _Flaky(MemoryStore):
         super().__init__()
         self.fail: str | None = None
 
-    def _append(self, event: Any, expected_version: int, fence: int | None) -> None:
+    def write_event(self, event: Any, expected_version: int, fence: int | None) -> None:
         mode, self.fail = self.fail, None
         if mode == "after":
-            super()._append(event, expected_version, fence)
+            super().write_event(event, expected_version, fence)
         if mode in ("before", "after"):
             raise OutcomeUnknownError(event.session_id, event.version, "connection reset", event=event)
         if mode == "refused":
             raise StoreError("the store refused it")
-        super()._append(event, expected_version, fence)
+        super().write_event(event, expected_version, fence)
 
 
 @pytest.mark.parametrize("mode", ["before", "after", "refused"])

@@ -178,11 +178,11 @@ def test_a_fork_resumes_from_where_it_was_forked(settings: Any) -> None:
 def test_a_resume_reads_the_stored_plan_only_when_a_step_needs_it(
     make_settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from saucer.store.listing import SessionListing
+    from saucer.store.base import EventStore
 
     reads: list[str] = []
-    original = SessionListing.session_plan
-    monkeypatch.setattr(SessionListing, "session_plan", lambda self, sid: reads.append(sid) or original(self, sid))
+    original = EventStore.session_plan
+    monkeypatch.setattr(EventStore, "session_plan", lambda self, sid: reads.append(sid) or original(self, sid))
     url = f"sqlite:///{tmp_path / 'plans.db'}"
     dispatcher = FakeDispatcher()
     cut = asyncio.run(

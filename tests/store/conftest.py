@@ -18,7 +18,7 @@ import pytest
 
 # The contract suite lives in the package (a third-party backend runs it too):
 # let pytest show the values of its failing asserts.
-pytest.register_assert_rewrite("saucer.store.testing", "saucer.store._testing_listing")
+pytest.register_assert_rewrite("saucer.store.testing")
 
 POSTGRES_ENV = "SAUCER_TEST_POSTGRES_URL"
 POSTGRES_HINT = f"set {POSTGRES_ENV}=postgresql://postgres@127.0.0.1:5432/test to run the PostgreSQL tests"

@@ -187,9 +187,11 @@ def test_a_wrong_or_malformed_key_is_refused_and_a_value_moved_to_another_sessio
         _write_session(store, "a")
         _write_session(store, "b")
     monkeypatch.setenv("SAUCER_STORE_KEY", new_key())
-    with open_store(url, encrypt=PATTERNS) as store:
-        with pytest.raises(StoreKeyError, match="sealed with another store key than the one given"):
-            Context.open(store, "a")
+    with (
+        open_store(url, encrypt=PATTERNS) as store,
+        pytest.raises(StoreKeyError, match="sealed with another store key than the one given"),
+    ):
+        Context.open(store, "a")
     monkeypatch.setenv("SAUCER_STORE_KEY", "not-a-key")
     with pytest.raises(StoreKeyError, match="SAUCER_STORE_KEY is not 32 bytes in base64"):
         open_store(url)
@@ -298,8 +300,8 @@ def test_a_commit_whose_outcome_is_unknown_is_adopted_not_written_twice() -> Non
     class DropsAfterWriting(MemoryStore):
         drop = False
 
-        def _append(self, event: Any, expected_version: int, fence: int | None) -> None:
-            super()._append(event, expected_version, fence)
+        def write_event(self, event: Any, expected_version: int, fence: int | None) -> None:
+            super().write_event(event, expected_version, fence)
             if self.drop:
                 self.drop = False
                 raise OutcomeUnknownError(event.session_id, event.version, "connection dropped", event=event)

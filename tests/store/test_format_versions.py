@@ -22,7 +22,7 @@ from saucer.context import Context
 from saucer.store import FormatTooNewError, open_store
 from saucer.store._codec import decode_payload, decode_state, encode_payload, encode_state, payload_format
 from saucer.store.model import Event
-from saucer.store.upcast import FORMAT_VERSION, record_format, upcast_event, upcast_snapshot
+from saucer.store.upcast import FORMAT_VERSION, record_format, summary_of_v5_meta, upcast_event, upcast_snapshot
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SQLITE_GOLDEN = GOLDEN / "2026-11-saucer-0.1.0-sqlite-schema2" / "store.db"
@@ -80,7 +80,8 @@ def test_the_golden_records_are_version_1_and_upcast_to_the_current_shape(golden
         assert "v" not in raw and record_format(raw) == 1 == payload_format(payload)
         data = decode_payload(payload, crc)
         assert data["v"] == FORMAT_VERSION
-        assert {k: v for k, v in data.items() if k != "v"} == raw  # v1 -> v2 keeps every field
+        assert {k: v for k, v in data.items() if k not in ("v", "summary")} == raw  # v1 -> v2 keeps every field
+        assert data.get("summary", {}) == summary_of_v5_meta(raw.get("meta") or {})  # v5 -> v6: what it meant
     compressed = 0
     for _, _, blob, crc in snaps:
         compressed += blob[:1] != b"{"
@@ -224,9 +225,8 @@ def test_sqlite_refuses_newer_records_and_stores_naming_both_versions(tmp_path: 
         assert Context.open(store, "other").version == 1  # one session's newer record stops nobody else
     snap = orjson.dumps({"v": FORMAT_VERSION + 1, "names": {}, "vars": {}})
     _sqlite_poke(path, "UPDATE snapshots SET state = ?, crc = ? WHERE session_id = 's'", snap, zlib.crc32(snap))
-    with open_store(f"sqlite:///{path}") as store:
-        with pytest.raises(FormatTooNewError, match="the snapshot at version 3"):
-            Context.open(store, "s")
+    with open_store(f"sqlite:///{path}") as store, pytest.raises(FormatTooNewError, match="the snapshot at version 3"):
+        Context.open(store, "s")
     _sqlite_poke(path, "UPDATE saucer_format SET newest = ?", FORMAT_VERSION + 1)
     with pytest.raises(FormatTooNewError) as info:
         open_store(f"sqlite:///{path}")

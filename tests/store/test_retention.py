@@ -197,7 +197,7 @@ def test_a_fork_made_while_its_parent_is_pruned_is_never_left_reading_a_gap(stor
     _fill(store, "s", 30).close()
     before = _readable(store, "s")
     made: list[str] = []
-    original = type(store)._materialise
+    original = type(store).materialise_rows
 
     def materialise_then_fork(self: EventStore, *args: Any) -> bool:
         done = original(self, *args)
@@ -206,12 +206,12 @@ def test_a_fork_made_while_its_parent_is_pruned_is_never_left_reading_a_gap(stor
             self.create_session(made[-1], parent_id="s", parent_version=5 + len(made))
         return done
 
-    type(store)._materialise = materialise_then_fork  # type: ignore[method-assign]
+    type(store).materialise_rows = materialise_then_fork  # type: ignore[method-assign]
     try:
         store.create_session("early", parent_id="s", parent_version=3)
         assert prune(store, "s", keep_last=5) == 25
     finally:
-        type(store)._materialise = original  # type: ignore[method-assign]
+        type(store).materialise_rows = original  # type: ignore[method-assign]
     for sid in ["early", *made]:
         info = store.session_info(sid)
         assert info.parent_id is None, sid

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import uuid
 import warnings
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,8 @@ import orjson
 import pytest
 
 from saucer.store import open_store
-from saucer.store._codec import encode_payload
-from saucer.store.listing import SessionListing
 from saucer.store.model import Event
-from saucer.store.summary import ListQuery
+from saucer.store.summary import ListQuery, SummaryDelta
 
 POSTGRES_ENV = "SAUCER_TEST_POSTGRES_URL"
 
@@ -61,7 +60,12 @@ def _events(sid: str) -> list[Event]:
 
 
 def _rows(sid: str, events: list[Event]) -> list[tuple[Any, ...]]:
-    return [(sid, e.version, e.timestamp, e.author, e.round, e.step, *encode_payload(e, sid)) for e in events]
+    """The rows of ``events`` as saucer wrote them before format 6: no summary delta, only the meta."""
+    rows = []
+    for e in events:
+        payload = orjson.dumps({"v": 5, "ops": e.ops, "meta": e.meta})
+        rows.append((sid, e.version, e.timestamp, e.author, e.round, e.step, payload, zlib.crc32(payload)))
+    return rows
 
 
 def test_an_sqlite_schema_3_file_is_upgraded_and_its_summaries_counted(tmp_path: Path) -> None:
@@ -99,7 +103,7 @@ def test_an_sqlite_schema_3_file_is_upgraded_and_its_summaries_counted(tmp_path:
         assert (torn_row.steps, torn_row.rounds) == (0, 0)  # its damaged record is not counted
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            assert store.list_sessions() == SessionListing._list(store, ListQuery.of())
+            assert store.list_sessions() == store.summaries.folded(ListQuery.of())
             assert [e.version for e in store.read("run")] == [1, 2, 3, 4, 5]
         v = store.append(
             "run",
@@ -111,6 +115,7 @@ def test_an_sqlite_schema_3_file_is_upgraded_and_its_summaries_counted(tmp_path:
                 "session_status": "finished",
                 "summary": {"status": "finished", "rounds": 2, "steps": 2, "cost": 0.75, "reason": "done"},
             },
+            summary=SummaryDelta("finished", final_rounds=2, final_steps=2, final_cost=0.75, reason="done"),
         )
         assert v.version == 6 and store.list_sessions(ids=["run"])[0].status == "finished"
     with sqlite3.connect(path) as conn:
@@ -182,6 +187,6 @@ def test_a_postgres_schema_2_is_upgraded_and_its_summaries_counted(pg_base: tupl
             "round 2 ok",
         )
         assert (fork.rounds, fork.steps, fork.cost, fork.origin) == (1, 1, 0.25, "run@3")
-        assert store.list_sessions() == SessionListing._list(store, ListQuery.of())
+        assert store.list_sessions() == store.summaries.folded(ListQuery.of())
         assert store.session_info("run").meta == META
         assert store.schema_version() == 3  # type: ignore[attr-defined]

@@ -177,3 +177,32 @@ def test_an_import_checks_everything_before_it_writes_anything(store: EventStore
     with pytest.raises(SessionExistsError):
         import_session(store, pruned, "copy")
     assert _readable(store, "copy") == _readable(store, "s")
+
+
+def test_an_import_keeps_each_events_summary_delta_and_gives_older_exports_what_their_meta_meant(
+    store: EventStore,
+) -> None:
+    from saucer.store.summary import SummaryDelta
+
+    store.create_session("e", meta={"status": "running"})
+    end = {"kind": "session_end", "session_status": "finished", "summary": {"rounds": 2, "steps": 3, "cost": 0.5}}
+    store.append("e", 0, [], author="a", step=3, meta={"kind": "step", "cost": 0.25})  # no delta: counts no cost
+    store.append("e", 1, [], author="a", meta=end, summary=SummaryDelta("finished", final_rounds=2, final_cost=0.5))
+    data = export_session(store, "e", {"names": {}, "vars": {}})
+    assert [e["summary"] for e in data["events"]] == [
+        None,
+        {"status": "finished", "final_rounds": 2, "final_cost": 0.5},
+    ]
+    row = store.list_sessions(ids=["e"])[0]
+    copy_row = store.list_sessions(ids=[import_session(store, data, "e-copy").session_id])[0]
+    assert (copy_row.status, copy_row.rounds, copy_row.steps, copy_row.cost) == (row.status, 2, 3, 0.5)
+    older = copy.deepcopy(data)  # as saucer wrote exports before events carried their delta
+    for event in older["events"]:
+        del event["summary"]
+    old_row = store.list_sessions(ids=[import_session(store, older, "e-old").session_id])[0]
+    assert (old_row.status, old_row.rounds, old_row.steps, old_row.cost) == ("finished", 2, 3, 0.5)
+    bad = copy.deepcopy(data)
+    bad["events"][1]["summary"] = "finished"
+    with pytest.raises(ValueError, match=r"events\[1\].summary"):
+        import_session(store, bad, "e-bad")
+    assert not store.exists("e-bad")

@@ -25,6 +25,7 @@ import pytest
 from test_ui_browser import artifacts, browser, expect  # noqa: F401  (fixtures and the retrying assertion)
 
 from saucer.context import Context
+from saucer.engine.summaries import summary_of
 from saucer.store import open_store
 from saucer.ui import create_app
 
@@ -34,8 +35,14 @@ SAUCER = [sys.executable, "-m", "saucer"]
 DURATIONS = (0.15, 0.3, 0.6)
 
 
+def _commit(ctx: Context, **args: Any) -> int:
+    """A commit as the engine makes it: with the summary delta of its meta."""
+    return ctx.commit_step(**args, summary=summary_of(args["meta"]))
+
+
 def _step(ctx: Context, number: int, agent: str, state: str, nxt: str, began: float, **meta: Any) -> int:
-    return ctx.commit_step(
+    return _commit(
+        ctx,
         author=agent,
         round=1,
         step=number,
@@ -69,9 +76,9 @@ def _inspected_session(store: Any) -> dict[str, int]:
             "nested": {"a": [1, 2, {"b": "c"}], "long": "y" * 2000},
         }
     )
-    ctx.commit_step(author="system", meta={"kind": "session_start", "session_status": "running"})
+    _commit(ctx, author="system", meta={"kind": "session_start", "session_status": "running"})
     ctx.set("CURRENT_ROUND_ID", 1)
-    ctx.commit_step(author="system", round=1, meta={"kind": "round_start", "request": "look"})
+    _commit(ctx, author="system", round=1, meta={"kind": "round_start", "request": "look"})
     versions: dict[str, int] = {}
     ctx.append("items", "beta")
     versions["append"] = _step(
@@ -115,8 +122,9 @@ def _inspected_session(store: Any) -> dict[str, int]:
         time.sleep(duration)
         ctx.update_vars({"n": i})
         versions[f"timed{i}"] = _step(ctx, i, "actor", "ACT", "CHECK" if i == 4 else "ACT", began, cost=0.03)
-    ctx.commit_step(author="system", round=1, meta={"kind": "round_end", "round_status": "finished"})
-    ctx.commit_step(
+    _commit(ctx, author="system", round=1, meta={"kind": "round_end", "round_status": "finished"})
+    _commit(
+        ctx,
         author="system",
         meta={"kind": "session_end", "session_status": "failed", "summary": {"rounds": 1, "steps": 4, "cost": 0.09}},
     )

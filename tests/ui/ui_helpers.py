@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from saucer.context import Context
+from saucer.engine.summaries import summary_of
 from saucer.store import EventStore
 
 SAUCER = [sys.executable, "-m", "saucer"]
@@ -45,9 +46,8 @@ def write_session(
     store.create_session(sid, meta={"task": task, "mode": "follower", "request": request, "status": "running"})
     ctx = Context.open(store, sid, author="system")
     ctx.set("REQUEST", request)
-    ctx.commit_step(
-        author="system", meta={"kind": "session_start", "task": task, "mode": "follower", "session_status": "running"}
-    )
+    start = {"kind": "session_start", "task": task, "mode": "follower", "session_status": "running"}
+    ctx.commit_step(author="system", meta=start, summary=summary_of(start))
     ctx.set("CURRENT_ROUND_ID", 1)
     ctx.commit_step(author="system", meta={"kind": "round_start", "request": request})
     for i in range(1, steps + 1):
@@ -70,17 +70,20 @@ def write_session(
                 "results": [{"status": "success", "result": f"wrote f{i}.txt " + request}],
                 "cost": 0.001,
             },
+            summary=summary_of({"kind": "step", "cost": 0.001}),
         )
-    ctx.commit_step(author="system", meta={"kind": "round_end", "round_status": "finished"})
+    ctx.commit_step(
+        author="system",
+        meta={"kind": "round_end", "round_status": "finished"},
+        summary=summary_of({"kind": "round_end"}),
+    )
     if status != "running":
-        ctx.commit_step(
-            author="system",
-            meta={
-                "kind": "session_end",
-                "session_status": status,
-                "summary": {"rounds": 1, "steps": steps, "cost": 0.001 * steps},
-            },
-        )
+        end = {
+            "kind": "session_end",
+            "session_status": status,
+            "summary": {"rounds": 1, "steps": steps, "cost": 0.001 * steps},
+        }
+        ctx.commit_step(author="system", meta=end, summary=summary_of(end))
     ctx.close()
 
 
@@ -98,16 +101,12 @@ def many_sessions(store: EventStore, n: int) -> None:
             [{"op": "set", "name": "REQUEST", "value": f"request number {i}"}],
             author="system",
             meta={"kind": "session_start", "session_status": "running"},
+            summary=summary_of({"session_status": "running"}),
         )
-        store.append(
-            sid,
-            1,
-            [],
-            author="system",
-            meta={
-                "kind": "session_end",
-                "session_status": "finished" if i % 3 else "failed",
-                "summary": {"rounds": 1, "steps": i % 11, "cost": i / 1000},
-            },
-        )
+        end = {
+            "kind": "session_end",
+            "session_status": "finished" if i % 3 else "failed",
+            "summary": {"rounds": 1, "steps": i % 11, "cost": i / 1000},
+        }
+        store.append(sid, 1, [], author="system", meta=end, summary=summary_of(end))
         time.sleep(0)  # keep the loop cooperative; updated_at orders them

@@ -6,6 +6,7 @@ import sys
 import time
 
 from saucer.context import Context
+from saucer.engine.summaries import summary_of
 from saucer.store import open_store
 
 
@@ -32,9 +33,8 @@ def main() -> None:
             )
             print(f"committed v{ctx.version}", flush=True)
         time.sleep(delay)
-        ctx.commit_step(
-            author="system", meta={"kind": "session_end", "session_status": "finished", "summary": {"steps": steps}}
-        )
+        end = {"kind": "session_end", "session_status": "finished", "summary": {"steps": steps}}
+        ctx.commit_step(author="system", meta=end, summary=summary_of(end))
         ctx.close()
 
 

@@ -493,7 +493,10 @@ def export_cmd(
             header = export_header(source, sid)
             for key in list(header):
                 yield key, header.pop(key)
-            yield "events", (lineage.add(event).to_dict() for event in source.iter_events(sid, upto=ctx.version))
+            yield (
+                "events",
+                (lineage.add(event).to_dict(summary=True) for event in source.iter_events(sid, upto=ctx.version)),
+            )
             yield "lineage", lineage.segments
             yield "state", _streamed_state(_state_data(ctx))
 

@@ -37,7 +37,7 @@ from saucer.context.rebase import MAX_REBASES, Rebaser, serialised_meta
 from saucer.context.snapshots import Snapshotter
 from saucer.context.types import EventMeta, Op, Reloader
 from saucer.context.working import WorkingCopy, check_text
-from saucer.store.base import EventStore
+from saucer.store.base import EventStore, SummaryDelta
 from saucer.store.model import (
     ConflictError,
     FencedError,
@@ -78,6 +78,7 @@ class _Commit:
     round: int | None
     step: int | None
     meta: EventMeta | None
+    summary: SummaryDelta | None = None
 
 
 @dataclass(slots=True)
@@ -141,6 +142,11 @@ class Committer:
         """The pending changes were dropped: a commit of unknown outcome is no longer theirs to settle."""
         self._unknown = None
 
+    def hydrate(self, upto: int | None = None) -> None:
+        """Load the committed state at ``upto`` (the head when None); drop what is pending."""
+        self._reload(upto)
+        self.forget_unknown()
+
     def record(self, ops: list[Op]) -> None:
         """Apply ``ops`` now and keep them pending (committed at once with ``strict``)."""
         work = self._work
@@ -161,11 +167,16 @@ class Committer:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
-        """Write the pending changes as ONE event; return the new version (see ``Context.commit``)."""
+        """Write the pending changes as ONE event; return the new version (see ``Context.commit``).
+
+        ``summary`` says what the event changes in the session's kept summary
+        (:class:`~saucer.store.summary.SummaryDelta`, given by the engine; None: nothing but the step).
+        """
         work = self._work
         with work.lock:
-            job = self._begin(author, round, step, meta)
+            job = self._begin(author, round, step, meta, summary)
             if job is None:
                 return work.version
             attempts = self._attempts(job)
@@ -187,6 +198,7 @@ class Committer:
                             step=job.step,
                             meta=action.meta,
                             fence=self.fence,
+                            summary=job.summary,
                         )
                     except StoreError as exc:
                         action = attempts.throw(exc)
@@ -205,11 +217,12 @@ class Committer:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """:meth:`commit` for coroutines: the same event, durable when it returns (see ``Context.acommit``)."""
         work = self._work
         with work.lock:
-            job = self._begin(author, round, step, meta)
+            job = self._begin(author, round, step, meta, summary)
             if job is None:
                 return work.version
             work.committing = True
@@ -237,6 +250,7 @@ class Committer:
                             meta=action.meta,
                             fence=self.fence,
                             on_written=self._written,
+                            summary=job.summary,
                         )
                     except StoreError as exc:
                         action = attempts.throw(exc)
@@ -252,13 +266,20 @@ class Committer:
             await asyncio.to_thread(self._snapshots.maybe_locked)  # it writes the whole state: never on the loop
         return work.version
 
-    def _begin(self, author: str | None, round: int | None, step: int | None, meta: EventMeta | None) -> _Commit | None:
+    def _begin(
+        self,
+        author: str | None,
+        round: int | None,
+        step: int | None,
+        meta: EventMeta | None,
+        summary: SummaryDelta | None = None,
+    ) -> _Commit | None:
         """Under the lock: what a commit writes, or None when there is nothing to write."""
         work = self._work
         if work.store is None:
             return None
         work.check_writable()
-        if not (work.pending or meta):
+        if not (work.pending or meta or summary is not None):
             return None
         store, sid = work.require_store()
         author = author or self.author
@@ -272,7 +293,7 @@ class Committer:
             with contextlib.suppress(SessionExistsError):
                 store.create_session(sid, meta=creation.meta, participants=creation.participants)
             creation.dropped = False
-        return _Commit(store, sid, author, round, step, meta)
+        return _Commit(store, sid, author, round, step, meta, summary)
 
     def _attempts(self, job: _Commit) -> Generator[_Append | _Wait, None, None]:
         """The retry core of :meth:`commit` and :meth:`acommit`: what to do next.
@@ -413,11 +434,12 @@ class Committer:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """Commit at a step boundary unless durability is ``exit`` (then changes wait for close)."""
         if self._step_waits_for_close():
             return self._work.version
-        return self.commit(author=author, round=round, step=step, meta=meta)
+        return self.commit(author=author, round=round, step=step, meta=meta, summary=summary)
 
     async def acommit_step(
         self,
@@ -426,11 +448,12 @@ class Committer:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
         if self._step_waits_for_close():
             return self._work.version
-        return await self.acommit(author=author, round=round, step=step, meta=meta)
+        return await self.acommit(author=author, round=round, step=step, meta=meta, summary=summary)
 
     def _step_waits_for_close(self) -> bool:
         """With durability ``exit``, a finished step stays pending until close: mark where it ends."""
@@ -448,6 +471,7 @@ class Committer:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> Iterator[None]:
         """One atomic step (see ``Context.step``): committed on success, discarded on error."""
         work = self._work
@@ -467,7 +491,7 @@ class Committer:
         except BaseException:
             self.discard_after(mark)
             raise
-        self.commit_step(author=author, round=round, step=step, meta=meta)
+        self.commit_step(author=author, round=round, step=step, meta=meta, summary=summary)
 
     def finish(self) -> None:
         """Closing: commit what is pending, then snapshot if there is new history (every packed value whole)."""

@@ -41,7 +41,7 @@ from saucer.context.queries import HistoryQueries, changes, history_key
 from saucer.context.snapshots import KEEP_SNAPSHOTS, Snapshotter
 from saucer.context.types import Change, EventMeta, Json, Key, Op
 from saucer.context.working import Durability, WorkingCopy, check_text
-from saucer.store.base import EventStore
+from saucer.store.base import EventStore, SummaryDelta
 from saucer.store.model import check_version
 
 __all__ = ["Context", "Durability"]
@@ -133,17 +133,12 @@ class Context:
             work.session_id, work.read_only, work.durability = session_id, at is not None, durability
             committer.author, committer.fence, committer.serialise = author, fence, bool(serialise)
             snapshots.every, snapshots.keep = snapshot_every, keep_snapshots
-            ctx._hydrate(at)
+            committer.hydrate(at)
         except BaseException:
             if ctx._handle is not None:
                 ctx._handle.release()
             raise
         return ctx
-
-    def _hydrate(self, upto: int | None = None) -> None:
-        """Load the committed state at ``upto`` (the head when None); drop what is pending."""
-        self._load(upto)
-        self._committer.forget_unknown()
 
     # ============================================================ properties
 
@@ -374,6 +369,7 @@ class Context:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """Write the pending changes as ONE event; return the new version.
 
@@ -386,7 +382,7 @@ class Context:
         usable, and its next commit tries again (after a commit whose outcome is unknown, it first
         checks whether they were written).
         """
-        return self._committer.commit(author=author, round=round, step=step, meta=meta)
+        return self._committer.commit(author=author, round=round, step=step, meta=meta, summary=summary)
 
     async def acommit(
         self,
@@ -395,6 +391,7 @@ class Context:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """:meth:`commit` for coroutines: the same event, durable when it returns.
 
@@ -405,7 +402,7 @@ class Context:
         cancelled, the changes are either still pending (nothing was written)
         or committed, as the Context's version then says.
         """
-        return await self._committer.acommit(author=author, round=round, step=step, meta=meta)
+        return await self._committer.acommit(author=author, round=round, step=step, meta=meta, summary=summary)
 
     def commit_step(
         self,
@@ -414,9 +411,10 @@ class Context:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """Commit at a step boundary unless durability is ``exit`` (then changes wait for close)."""
-        return self._committer.commit_step(author=author, round=round, step=step, meta=meta)
+        return self._committer.commit_step(author=author, round=round, step=step, meta=meta, summary=summary)
 
     async def acommit_step(
         self,
@@ -425,9 +423,10 @@ class Context:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> int:
         """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
-        return await self._committer.acommit_step(author=author, round=round, step=step, meta=meta)
+        return await self._committer.acommit_step(author=author, round=round, step=step, meta=meta, summary=summary)
 
     def catch_up(self) -> int:
         """Bring in what other writers committed since this Context's version; return how many versions.
@@ -447,6 +446,7 @@ class Context:
         round: int | None = None,
         step: int | None = None,
         meta: EventMeta | None = None,
+        summary: SummaryDelta | None = None,
     ) -> Iterator[Self]:
         """Group changes into one atomic step: committed together on success, discarded on error.
 
@@ -454,7 +454,7 @@ class Context:
         ``strict`` commits each change as it is made, so there is nothing left
         to discard when the step fails.
         """
-        with self._committer.step(author=author, round=round, step=step, meta=meta):
+        with self._committer.step(author=author, round=round, step=step, meta=meta, summary=summary):
             yield self
 
     def rollback(self) -> None:
@@ -463,13 +463,13 @@ class Context:
         with work.lock:
             if work.store is None:
                 raise RuntimeError("a detached Context has no committed state to roll back to")
-            self._hydrate(work.version if work.read_only else None)
+            self._committer.hydrate(work.version if work.read_only else None)
 
     def reload(self) -> None:
         """Discard uncommitted changes and load the newest committed version."""
         work = self._work
         with work.lock:
-            self._hydrate(work.version if work.read_only else None)
+            self._committer.hydrate(work.version if work.read_only else None)
 
     def snapshot(self, *, whole: bool = False) -> int:
         """Store a snapshot of the committed state now; return its version.

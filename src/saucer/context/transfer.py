@@ -27,6 +27,8 @@ from saucer.context.types import ImportOrigin
 from saucer.redaction import redact_known
 from saucer.store.base import EventStore
 from saucer.store.model import SessionInfo, Snapshot, check_session_id, timestamp_problem
+from saucer.store.summary import SummaryDelta
+from saucer.store.upcast import summary_of_v5_meta
 
 __all__ = ["FORMAT", "export_session", "export_header", "Lineage", "import_session"]
 
@@ -42,7 +44,7 @@ def export_session(store: EventStore, session_id: str, state: Mapping[str, Any])
     """The session's info, every readable event of its lineage, its base state and ``state`` (its final state)."""
     data = export_header(store, session_id)
     tally = Lineage()
-    data["events"] = [tally.add(event).to_dict() for event in store.read(session_id)]
+    data["events"] = [tally.add(event).to_dict(summary=True) for event in store.read(session_id)]
     data["lineage"] = tally.segments
     data["state"] = dict(state)
     return data
@@ -217,6 +219,7 @@ def _event(raw: Any, index: int, target: str) -> Event:
     ops = raw.get("ops")
     if not isinstance(ops, list):
         raise ValueError(f"export field '{where}.ops' must be a list")
+    meta = _mapping(raw.get("meta") or {}, f"{where}.meta")
     return Event(
         session_id=target,
         version=version,
@@ -225,8 +228,18 @@ def _event(raw: Any, index: int, target: str) -> Event:
         round=raw.get("round"),
         step=raw.get("step"),
         ops=[_op(op, f"{where}.ops[{i}]") for i, op in enumerate(ops)],
-        meta=_mapping(raw.get("meta") or {}, f"{where}.meta"),
+        meta=meta,
+        summary=_summary(raw, meta, where),
     )
+
+
+def _summary(raw: Mapping[str, Any], meta: Mapping[str, Any], where: str) -> SummaryDelta | None:
+    """The event's summary delta: as exported, or (an export of a saucer that wrote none) what its meta meant."""
+    if "summary" not in raw:
+        return SummaryDelta.from_wire(summary_of_v5_meta(meta))
+    if raw["summary"] is not None and not isinstance(raw["summary"], Mapping):
+        raise ValueError(f"export field '{where}.summary' must be an object or null")
+    return SummaryDelta.from_wire(raw["summary"])
 
 
 def _op(op: Any, where: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from saucer.engine.logs import EvaluationLogEntry, StepRecord
 from saucer.engine.meta import CursorMeta, EvaluationMeta, RoundEndMeta, SessionEndMeta, SessionSummary
 from saucer.engine.result import SessionResult, SessionStatus, stored_cost
 from saucer.engine.round import RoundResult, RoundStatus
+from saucer.engine.summaries import summary_of
 from saucer.engine.uitree import replayable
 from saucer.store import LeaseHeldError, StoreError
 
@@ -156,7 +157,10 @@ class OutcomeRecorder:
             "cursor": host.cursor(phase, round_id if scope == "round" else None, plan_index, evaluated=True),
         }
         await host.context.acommit_step(
-            author=f"evaluator:{evaluator_name(self.resolve_evaluator())}", round=round_id, meta=dict(meta)
+            author=f"evaluator:{evaluator_name(self.resolve_evaluator())}",
+            round=round_id,
+            meta=dict(meta),
+            summary=summary_of(meta),
         )
         return verdict
 
@@ -197,7 +201,7 @@ class OutcomeRecorder:
             "session_status": SessionStatus.RUNNING,
             "cursor": host.cursor("round_end", round_id, plan_index, evaluated=not evaluate),
         }
-        await host.context.acommit_step(author="system", round=round_id, meta=dict(meta))
+        await host.context.acommit_step(author="system", round=round_id, meta=dict(meta), summary=summary_of(meta))
 
     def ends_session(self, round_id: int, result: RoundResult, *, stop_on_failure: bool) -> bool:
         """Whether how round ``round_id`` ended ends the session (an error, a limit, a failure with
@@ -263,7 +267,7 @@ class OutcomeRecorder:
         }
         if host.skipped:
             meta["skipped"] = dict(host.skipped)
-        version = await host.context.acommit(author="system", meta=dict(meta))
+        version = await host.context.acommit(author="system", meta=dict(meta), summary=summary_of(meta))
         result = self.result(
             status,
             reason,

@@ -40,6 +40,7 @@ from saucer.engine.routing import (
     Terminate,
     TransitionGraph,
 )
+from saucer.engine.summaries import summary_of
 from saucer.engine.uitree import artifact_name, look
 
 if TYPE_CHECKING:
@@ -297,7 +298,7 @@ class Round:
         meta = self._step_meta(record, next_agent.name, record.next_state or "")
         t2 = _perf()
         record.version = await self.session.context.acommit_step(
-            author=agent.name, round=self.id, step=record.session_step, meta=meta
+            author=agent.name, round=self.id, step=record.session_step, meta=meta, summary=summary_of(meta)
         )
         t3 = _perf()
         record.timings = {
@@ -361,7 +362,9 @@ class Round:
         record.next_agent = agent.name
         record.next_state = error_state.name()
         meta = self._step_meta(record, agent.name, error_state.name())
-        record.version = await ctx.acommit_step(author=agent.name, round=self.id, step=record.session_step, meta=meta)
+        record.version = await ctx.acommit_step(
+            author=agent.name, round=self.id, step=record.session_step, meta=meta, summary=summary_of(meta)
+        )
         record.timings = {"total_ms": (_perf() - t0) * 1000.0}
         self.steps += 1
         agent.set_state(error_state)

@@ -53,6 +53,7 @@ from saucer.engine.resources import RunResources
 from saucer.engine.result import SessionResult, SessionStatus
 from saucer.engine.resume import Resumer, StartPoint, StoredPlan, creation_meta, open_session_logs, resume_arguments
 from saucer.engine.round import Round, RoundResult
+from saucer.engine.summaries import summary_of
 from saucer.store import EventStore, SessionNotFoundError, StoreError
 from saucer.store.base import Lease
 
@@ -400,13 +401,13 @@ class Session:
     def create_new_round(self, request: str) -> Round:
         """Start the next round for ``request`` (commits its start)."""
         rnd, meta = self._open_round(request)
-        self.context.commit_step(author="system", round=rnd.id, meta=dict(meta))
+        self.context.commit_step(author="system", round=rnd.id, meta=dict(meta), summary=summary_of(meta))
         return self._round_opened(rnd)
 
     async def _acreate_new_round(self, request: str) -> Round:
         """:meth:`create_new_round`, committing with the pool's other sessions (``acommit``)."""
         rnd, meta = self._open_round(request)
-        await self.context.acommit_step(author="system", round=rnd.id, meta=dict(meta))
+        await self.context.acommit_step(author="system", round=rnd.id, meta=dict(meta), summary=summary_of(meta))
         return self._round_opened(rnd)
 
     def _open_round(self, request: str) -> tuple[Round, RoundStartMeta]:
@@ -540,7 +541,7 @@ class Session:
         first = resumer.first_meta(
             start, here, task=self.task, mode=self.mode, owner=self.owner, limits=self.limits, skipped=self.skipped
         )
-        await ctx.acommit_step(author="system", meta=dict(first))
+        await ctx.acommit_step(author="system", meta=dict(first), summary=summary_of(first))
         for hook in self._start_hooks:
             hook(self)
         assert self._held.keeper is not None

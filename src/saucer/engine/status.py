@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saucer.store import EventStore, SessionHead, SessionInfo
-from saucer.store.summary import ENDED, INTERRUPTED, NOT_STARTED, SETTLED  # one rule for this and the store's listing
+from saucer.store.summary import ENDED, INTERRUPTED, NOT_STARTED, listed_status  # one rule: the store's listing
 
 __all__ = ["StoredStatus", "stored_status", "status_of", "INTERRUPTED", "ENDED", "NOT_STARTED"]
 
@@ -59,14 +59,14 @@ def status_of(head: SessionHead, now: float | None = None) -> StoredStatus:
         status = last.meta.get("session_status", status)
         if (last.meta.get("cost_summary") or {}).get("unknown") and "cost" in summary:
             summary["cost"] = None  # older ends stored the known part as the total
-    if status is None:
-        return StoredStatus("-", summary)
-    if status in SETTLED:
-        return StoredStatus(str(status), summary)
     lease = head.lease
-    if lease is not None and lease.expires_at > (time.time() if now is None else now):
-        return StoredStatus(str(status), summary, lease.owner)
-    return StoredStatus(INTERRUPTED, summary)
+    listed, runner = listed_status(  # the store's listing rule, the one place "interrupted" is decided
+        None if status is None else str(status),
+        None if lease is None else lease.owner,
+        None if lease is None else lease.expires_at,
+        time.time() if now is None else now,
+    )
+    return StoredStatus(listed, summary, runner)
 
 
 def _fork_point(info: SessionInfo) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from saucer.context import Context
+from saucer.engine.summaries import summary_of
 from saucer.store import ConflictError, EventStore
 
 __all__ = ["standing_end", "write_vars"]
@@ -46,7 +47,9 @@ def write_vars(store: EventStore, session_id: str, values: dict[str, Any], delet
         for attempt in range(20):
             ctx.update_vars(set=values, delete=deleted)
             try:
-                return int(ctx.commit(author=author, meta={"kind": "vars", **carried}))
+                return int(
+                    ctx.commit(author=author, meta=(meta := {"kind": "vars", **carried}), summary=summary_of(meta))
+                )
             except ConflictError:
                 if attempt == 19:
                     raise

@@ -68,6 +68,7 @@ from saucer.engine.logs import StepRecord as EngineStepRecord
 from saucer.engine.plan import Plan, PlanCommand, PlanStep, initial_vars
 from saucer.engine.session import Session, SessionResult
 from saucer.engine.step_format import upcast_step
+from saucer.engine.summaries import summary_of
 from saucer.service.approvals import ApprovalGate, listed_reason
 from saucer.service.protocol import TaskSpec
 from saucer.service.records import StepAlreadyCommitted, StepRecord
@@ -427,20 +428,18 @@ class EngineTaskRunner:
             try:
                 reason = outcome.error or outcome.status
                 ctx.set(ContextNames.ROUND_RESULT, reason)
-                ctx.commit(
-                    author="system",
-                    meta={
-                        "kind": "session_end",
-                        "session_status": outcome.status,
-                        "summary": {
-                            "status": outcome.status,
-                            "reason": reason,
-                            "steps": ctx.get(ContextNames.SESSION_STEP),
-                        },
-                        "error": outcome.error,
-                        "cursor": {"phase": "end", "round": None, "plan_index": None, "agent": None, "state": None},
+                meta = {
+                    "kind": "session_end",
+                    "session_status": outcome.status,
+                    "summary": {
+                        "status": outcome.status,
+                        "reason": reason,
+                        "steps": ctx.get(ContextNames.SESSION_STEP),
                     },
-                )
+                    "error": outcome.error,
+                    "cursor": {"phase": "end", "round": None, "plan_index": None, "agent": None, "state": None},
+                }
+                ctx.commit(author="system", meta=meta, summary=summary_of(meta))
             finally:
                 ctx.close()
         finally:

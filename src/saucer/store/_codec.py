@@ -25,6 +25,7 @@ import orjson
 
 from saucer.store.inflate import InflateError, check_record_size, inflate
 from saucer.store.model import CorruptRecordError, Event, Snapshot
+from saucer.store.summary import SummaryDelta
 from saucer.store.upcast import FORMAT_VERSION, record_format, upcast_event, upcast_snapshot
 
 
@@ -43,6 +44,8 @@ def encode_payload(event: Event, owner: str | None = None) -> tuple[bytes, int]:
     data: dict[str, Any] = {"v": FORMAT_VERSION, "ops": event.ops}
     if event.meta:
         data["meta"] = event.meta
+    if event.summary is not None:
+        data["summary"] = event.summary.to_wire()
     if owner is not None and event.session_id != owner:
         data["session"] = event.session_id
     payload = orjson.dumps(data)
@@ -168,6 +171,7 @@ def decode_rows(session_id: str, rows: Sequence[tuple[Any, ...]], head: int | No
             step,
             data["ops"],
             data.get("meta") or {},
+            SummaryDelta.from_wire(data.get("summary")),
         )
 
 
@@ -189,6 +193,7 @@ def head_event(session_id: str, version: int, row: Sequence[Any]) -> Event | Non
         step,
         data["ops"],
         data.get("meta") or {},
+        SummaryDelta.from_wire(data.get("summary")),
     )
 
 

@@ -39,6 +39,7 @@ its synchronous appends are written directly, in their own transaction.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import warnings
@@ -59,9 +60,10 @@ _QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is None:  # no event loop runs in a program that never imported asyncio
+    if "asyncio" not in sys.modules:  # no event loop runs in a program that never imported asyncio
         return None
+    import asyncio  # already imported: a dictionary lookup
+
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
@@ -357,7 +359,7 @@ class GroupCommitter:
             if entry is own:
                 continue
             if entry._future is not None:
-                loops.setdefault(entry._loop, []).append(entry._future)  # type: ignore[arg-type]
+                loops.setdefault(entry._loop, []).append(entry._future)  # type: ignore[arg-type]  # _loop is set with _future
             elif entry._wake is not None:
                 threads.append(entry)
         # Wake the threads one after the other (each wakes the next as it
@@ -366,12 +368,10 @@ class GroupCommitter:
         for a, b in zip(threads, threads[1:], strict=False):
             a._next = b
         if threads:
-            threads[0]._wake.release()  # type: ignore[union-attr]
+            threads[0]._wake.release()  # type: ignore[union-attr]  # only entries with a _wake are in threads
         for loop, futures in loops.items():
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting there any more
                 self._call(loop, _resolve, futures)
-            except RuntimeError:
-                pass  # the loop is closed: nobody is waiting there any more
 
     def _hand_over(self) -> None:
         """Make the front of the queue the next leader, or go idle (under the mutex)."""

@@ -17,6 +17,7 @@ trip, and replaced.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import threading
 from collections.abc import Callable, Iterator
@@ -296,7 +297,7 @@ class Connections:
                         min_size=1,
                         max_size=4,
                         kwargs={"autocommit": True, "connect_timeout": self._connect_timeout},
-                        configure=lambda conn: conn.execute("SET synchronous_commit = off"),
+                        configure=_commit_asynchronously,
                         open=True,
                         name=f"saucer-cache:{self.schema}",
                         timeout=self._pool_timeout,
@@ -307,10 +308,8 @@ class Connections:
         """Test the idle pooled connections and drop those that no longer work."""
         for pool in (self._pool, self._cache_pool):
             if pool is not None:
-                try:
+                with contextlib.suppress(psycopg.Error):  # the retry says what is wrong
                     pool.check()
-                except psycopg.Error:
-                    pass  # the retry says what is wrong
 
     def error(self, exc: BaseException, *, retried: bool = False) -> StoreError:
         """The one-sentence :class:`StoreError` for a ``psycopg`` error."""
@@ -344,3 +343,8 @@ def _checked(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
                 continue
             yield conn
             return
+
+
+def _commit_asynchronously(conn: psycopg.Connection[Any]) -> None:
+    """The cache pool's connections: commits need not wait for the WAL flush (derived data)."""
+    conn.execute("SET synchronous_commit = off")

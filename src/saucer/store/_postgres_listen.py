@@ -137,7 +137,7 @@ async def watch_notified(
     try:
         while sub.lost is None:
             sub.wake.clear()  # before the read: a commit after it wakes the wait below
-            fresh = await asyncio.to_thread(lambda: list(store.read(session_id, last)))
+            fresh = await asyncio.to_thread(_read_after, store, session_id, last)
             for event in fresh:
                 last = event.version
                 yield event
@@ -153,3 +153,7 @@ async def watch_notified(
     )
     async for event in polling(after=last):
         yield event
+
+
+def _read_after(store: Any, session_id: str, after: int) -> list[Any]:
+    return list(store.read(session_id, after))

@@ -31,7 +31,7 @@ from saucer.store.model import (
     SessionNotFoundError,
     Snapshot,
 )
-from saucer.store.summary import Counters, ListQuery, brief_of, delta_of, listed_sql, order_sql
+from saucer.store.summary import REQUEST_CHARS, Counters, ListQuery, SummaryDelta, brief_of, listed_sql, order_sql
 
 __all__ = ["Statements", "INFO_COLUMNS", "ROW_COLUMNS", "row_info"]
 
@@ -112,7 +112,8 @@ class Statements:
         ``settled`` (its outcome is certain) once the statement has returned.
         """
         events = [e.event for e in batch]
-        deltas = [delta_of(e.step, e.meta) for e in events]  # counted as summary.apply() does, in SQL
+        # Counted as summary.apply() does, in SQL (the step from the event; the rest from its delta).
+        deltas = [e.summary or SummaryDelta() for e in events]
         done = conn.execute(
             self._append,
             (
@@ -129,7 +130,7 @@ class Statements:
                 [d.rounds_add for d in deltas],
                 [d.cost_add for d in deltas],
                 [d.unknown for d in deltas],
-                [d.reason for d in deltas],
+                [d.reason[:REQUEST_CHARS] if d.reason else None for d in deltas],
                 [d.final_rounds for d in deltas],
                 [d.final_steps for d in deltas],
                 [d.final_cost for d in deltas],
@@ -171,7 +172,8 @@ class Statements:
         rows (their summary columns, never their meta) and the leases, whose expiry is
         compared with ``now`` (SQL: the server's clock)."""
         status, runner = listed_sql(now)
-        where, args = ["true"], []
+        where: list[str] = ["true"]
+        args: list[Any] = []
         if query.ids is not None:
             where.append("s.session_id = ANY(%s)")
             args.append([sid for sid in query.ids if "\x00" not in sid])

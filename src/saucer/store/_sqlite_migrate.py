@@ -4,6 +4,7 @@ migration's write transaction, see ``_sqlite_schema.migrate``)."""
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 import orjson
 
@@ -62,8 +63,8 @@ def upgrade_to_4(conn: sqlite3.Connection) -> None:
     columns_read = "SELECT version, ts, author, round, step, payload, crc FROM"
     where = "WHERE session_id = ? AND version > ? AND version <= ? ORDER BY version"
 
-    def own_rows(sid: str, after: int, upto: int) -> list[tuple]:
-        rows = conn.execute(f"{columns_read} events {where}", (sid, after, upto)).fetchall()
+    def own_rows(sid: str, after: int, upto: int) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = conn.execute(f"{columns_read} events {where}", (sid, after, upto)).fetchall()
         return rows + conn.execute(f"{columns_read} events_recent {where}", (sid, after, upto)).fetchall()
 
     counted = count_sessions(sessions, own_rows)

@@ -6,13 +6,17 @@ records numbered 1, 2, 3, ... and occasional snapshots of the materialised
 state. It knows nothing about the Context beyond that: operations and states
 are JSON data it stores and returns as they are.
 
-Backends implement a handful of primitives on *their own* rows
-(``_create``, ``_info``, ``_append``, ``_read``, ``_snapshot``, ...). The public
-methods here add what is the same everywhere: forks that reference their
-parent's log instead of copying it (copy-on-write lineage), version checks,
-and polling for :meth:`EventStore.watch`. What a backend may leave out is
-declared in :attr:`EventStore.features`, never guessed. The contract suite
-:mod:`saucer.store.testing` holds every backend to the same behaviour.
+A backend implements the :class:`~saucer.store.recorder.Recorder` contract on
+*its own* rows (eleven abstract methods with public names). The public methods
+here add what is the same everywhere, held in collaborators built on that
+contract alone: :class:`~saucer.store.lineage.Lineage` (forks that reference
+their parent's log instead of copying it, version checks, streams),
+:class:`~saucer.store.listing.SummaryKeeper` (summaries and listings),
+:class:`~saucer.store.pruning.Pruner` (prune and import) and
+:class:`~saucer.store.rewriting.Rewriter` (records rewritten in place). What a
+backend may leave out is declared in :attr:`EventStore.features`, never
+guessed. The contract suite :mod:`saucer.store.testing` holds every backend to
+the same behaviour.
 
 Every error that leaves a store derives from :class:`StoreError`: backends
 translate their driver's errors (``sqlite3``, ``psycopg``) at their edge.
@@ -22,14 +26,13 @@ Session ids follow one rule, checked wherever a session is made (:func:`check_se
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import replace
-from functools import partial
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from functools import cached_property, partial
+from typing import Any
 
 from saucer.redaction import redact
-from saucer.store.listing import SessionListing
+from saucer.store.lineage import DEFAULT_BATCH, Lineage
+from saucer.store.listing import SummaryKeeper
 from saucer.store.model import (
     PARTICIPANTS_KEY,
     SESSION_ID_MAX_LENGTH,
@@ -48,6 +51,7 @@ from saucer.store.model import (
     OutcomeUnknownError,
     ReadOnlyError,
     SessionExistsError,
+    SessionHead,
     SessionInfo,
     SessionNotFoundError,
     Snapshot,
@@ -59,9 +63,10 @@ from saucer.store.model import (
     check_session_id,
     check_version,
 )
-from saucer.store.rewriting import RecordRewriting
-from saucer.store.streaming import EventStreaming
-from saucer.store.summary import fork_meta
+from saucer.store.pruning import Pruner
+from saucer.store.recorder import Recorder
+from saucer.store.rewriting import Rewriter
+from saucer.store.summary import ListQuery, SessionSummary, SummaryDelta, fork_meta
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = [
@@ -91,143 +96,39 @@ __all__ = [
     "Event",
     "Feature",
     "EventStore",
+    "Recorder",
+    "SummaryDelta",
 ]
 
 
-class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
-    """An append-only, versioned log of events per session, with snapshots and leases."""
+class EventStore(Recorder):
+    """An append-only, versioned log of events per session, with snapshots, leases and summaries.
 
-    url: str = ""
-    #: The optional features this backend has (see :class:`Feature`).
-    features: ClassVar[frozenset[Feature]] = frozenset()
+    A backend implements the :class:`~saucer.store.recorder.Recorder` methods; everything
+    public here is built on them by the store's collaborators (see the module docs).
+    """
 
-    # ------------------------------------------------------------ primitives
+    # ------------------------------------------------------------ collaborators
 
-    @abstractmethod
-    def _create(self, info: SessionInfo) -> None:
-        """Insert a session row; raise :class:`SessionExistsError` if the id is taken.
+    @cached_property
+    def lineage(self) -> Lineage:
+        """Reads across forks and prunes (built on this store's recorder methods)."""
+        return Lineage(self)
 
-        For a fork, atomically with the insert (against a concurrent prune of
-        the parent): raise :class:`SessionNotFoundError` if the parent is gone
-        and :class:`VersionPrunedError` if the parent's own ``meta["pruned_to"]``
-        is past ``info.parent_version``.
-        """
+    @cached_property
+    def summaries(self) -> SummaryKeeper:
+        """The per-session summaries and listings."""
+        return SummaryKeeper(self, self.lineage)
 
-    @abstractmethod
-    def _info(self, session_id: str) -> SessionInfo | None:
-        """The session row, or None."""
+    @cached_property
+    def pruner(self) -> Pruner:
+        """Prune and import."""
+        return Pruner(self, self.lineage, self.summaries)
 
-    def _row(self, session_id: str) -> SessionInfo | None:
-        """The session row as reading its log needs it, or None: its ``meta`` may hold only
-        ``pruned_to`` (a backend whose meta is costly to load overrides :meth:`_info` so)."""
-        return self._info(session_id)
-
-    def _log_info(self, session_id: str) -> SessionInfo:
-        info = self._row(session_id)
-        if info is None:
-            raise SessionNotFoundError(session_id)
-        return info
-
-    @abstractmethod
-    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
-        """Append ``event`` (version ``expected_version + 1``) atomically.
-
-        Raise :class:`ConflictError` if the head is not ``expected_version``,
-        :class:`FencedError` if ``fence`` is not the session's current lease token.
-        """
-
-    @abstractmethod
-    def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
-        """This session's own events with ``after < version <= upto``, in order.
-
-        A damaged trailing record is skipped with a warning; a damaged record
-        followed by good ones raises :class:`CorruptRecordError`.
-        """
-
-    @abstractmethod
-    def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
-        """This session's own newest readable snapshot at or before ``upto``."""
-
-    @abstractmethod
-    def save_snapshot(self, snapshot: Snapshot) -> None:
-        """Store a snapshot (replacing one at the same version)."""
-
-    @abstractmethod
-    def sessions(self) -> list[SessionInfo]:
-        """Every session, most recently updated first (ties by session id)."""
-
-    def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
-        """Sessions whose id starts with ``prefix`` (case-sensitive), most recently updated first.
-
-        ``limit`` caps how many come back; ``find_sessions(limit=1)`` is the
-        most recently updated session. Backends with an index override this.
-        """
-        found = [info for info in self.sessions() if info.session_id.startswith(prefix)]
-        return found if limit is None else found[: max(0, limit)]
-
-    def find_session_ids(self, prefix: str = "", limit: int | None = None) -> list[str]:
-        """The ids :meth:`find_sessions` gives, in its order, without reading the sessions' meta
-        (a long plan's meta is megabytes; resolving ``last`` or a prefix needs only the ids)."""
-        return [info.session_id for info in self.find_sessions(prefix, limit)]
-
-    @abstractmethod
-    def lease_of(self, session_id: str) -> Lease | None:
-        """The session's current lease row, or None if no runner ever took one.
-
-        ``expires_at`` is on this machine's clock; a released lease expires at 0.
-        Readers use it to tell a live runner from one that vanished.
-        """
-
-    @abstractmethod
-    def _delete(self, session_id: str) -> None:
-        """Remove the session's row, events, snapshots and lease (no error if it is gone)."""
-
-    @abstractmethod
-    def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
-        """Take (or renew, for the same owner) the lease on a session.
-
-        Raise :class:`LeaseHeldError` while another owner's lease is unexpired.
-        Each takeover by a new owner increases the token.
-        """
-
-    @abstractmethod
-    def release_lease(self, lease: Lease) -> None:
-        """Give a lease up (no-op when it was already taken over)."""
-
-    def prune_snapshots(self, session_id: str, keep: int) -> None:
-        """Drop this session's own snapshots except the newest ``keep`` (0: all of them).
-
-        Snapshots are a cache of the fold (hydrate needs only the newest), so
-        pruning never loses data; it bounds the space a large state takes.
-        A backend without :attr:`Feature.SNAPSHOT_PRUNING` keeps everything.
-        """
-
-    def quarantine_record(self, session_id: str, version: int) -> bool:
-        """Turn this session's own damaged record at ``version`` into an empty event.
-
-        Called by a writer after a read skipped a damaged *trailing* record, so
-        that the record does not become a fatal damaged record in the middle
-        once newer events follow it. The replacement's ``meta`` keeps the
-        reason and the original bytes. Returns True when a record was replaced;
-        False when it is readable, absent, or the backend has no
-        :attr:`Feature.QUARANTINE` (its records cannot be damaged).
-        """
-        return False
-
-    def migrate(self) -> int | None:
-        """Create or upgrade the store's schema; return its version (None: nothing to migrate).
-
-        Opening a store migrates it already; this is for ``saucer store migrate``.
-        """
-        return None
-
-    def format_version(self) -> int:
-        """The newest record format this store holds (:mod:`saucer.store.upcast`); a store
-        holding newer records than this code reads is refused when opened."""
-        return FORMAT_VERSION
-
-    def close(self) -> None:
-        """Release connections. Idempotent."""
+    @cached_property
+    def rewriter(self) -> Rewriter:
+        """Records rewritten in place (``saucer store migrate --rewrite``, ``rekey``)."""
+        return Rewriter(self)
 
     def __enter__(self) -> EventStore:
         return self
@@ -235,7 +136,12 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---------------------------------------------------------- public API
+    def format_version(self) -> int:
+        """The newest record format this store holds (:mod:`saucer.store.upcast`); a store
+        holding newer records than this code reads is refused when opened."""
+        return FORMAT_VERSION
+
+    # ---------------------------------------------------------- sessions
 
     def create_session(
         self,
@@ -268,39 +174,75 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
             if parent_version is None:
                 parent_version = parent.version
             parent_version = check_version(parent_version, "parent_version")
-            self._check_readable(parent, parent_version)
+            self.lineage.check_readable(parent, parent_version)
             version = parent_version
             meta = fork_meta(parent.meta, meta, parent_id, parent_version)
         info = SessionInfo(session_id, version, now, now, parent_id, parent_version, meta)
-        self._create_with(info, self._new_counters(info))
+        self.create_row(info, self.summaries.new_counters(info))
         return info
 
     def session_info(self, session_id: str) -> SessionInfo:
         """The session's row; :class:`SessionNotFoundError` if unknown."""
-        info = self._info(session_id)
+        info = self.row(session_id)
         if info is None:
             raise SessionNotFoundError(session_id)
         return info
 
+    def session_info_without_plan(self, session_id: str) -> tuple[SessionInfo, bool]:
+        """The session's row with its meta's ``plan`` left out, and whether the meta has one.
+
+        What a resume reads first: a stored plan of 10^4 steps is megabytes of JSON,
+        read (:meth:`session_plan`) only when a step of it runs. SQLite leaves it
+        unparsed. :class:`SessionNotFoundError` if unknown.
+        """
+        found = self.row_without_plan(session_id)
+        if found is None:
+            raise SessionNotFoundError(session_id)
+        return found
+
+    def session_plan(self, session_id: str) -> Any:
+        """The ``plan`` of the session's meta (None if it has none); :class:`SessionNotFoundError` if unknown."""
+        return self.session_info(session_id).meta.get("plan")
+
     def exists(self, session_id: str) -> bool:
         """Whether the session exists."""
-        return self._row(session_id) is not None
+        return self.log_row(session_id) is not None
 
     def head(self, session_id: str) -> int:
         """The session's latest version (0 for a new session)."""
-        return self._log_info(session_id).version
+        return self.lineage.log_info(session_id).version
+
+    def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
+        """Sessions whose id starts with ``prefix`` (case-sensitive), most recently updated first.
+
+        ``limit`` caps how many come back; ``find_sessions(limit=1)`` is the
+        most recently updated session.
+        """
+        return self.find(prefix, limit)
+
+    def find_session_ids(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        """The ids :meth:`find_sessions` gives, in its order, without reading the sessions' meta
+        (a long plan's meta is megabytes; resolving ``last`` or a prefix needs only the ids)."""
+        return self.find_ids(prefix, limit)
 
     def delete_session(self, session_id: str) -> None:
         """Remove a session completely: its events, snapshots and lease (no error if it is gone).
 
         Refused with :class:`StoreError` while forks of it exist: they read its log.
         """
-        forks = sorted(i.session_id for i in self._forks(session_id))
+        forks = sorted(i.session_id for i in self.forks_of(session_id))
         if forks:
             raise StoreError(
                 f"session {session_id!r} has forks that read its log ({', '.join(forks)}); delete them first"
             )
-        self._delete(session_id)
+        self.delete_rows(session_id)
+
+    def forks(self, session_id: str) -> list[SessionInfo]:
+        """The sessions forked from this one that still read its log (a fork that stands alone
+        after a prune keeps its origin in ``meta["forked_from"]`` instead)."""
+        return sorted(self.forks_of(session_id), key=lambda info: info.session_id)
+
+    # ------------------------------------------------------------ events
 
     def append(
         self,
@@ -313,16 +255,19 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         step: int | None = None,
         meta: dict[str, Any] | None = None,
         fence: int | None = None,
+        summary: SummaryDelta | None = None,
     ) -> Event:
         """Commit ``ops`` as one event based on ``expected_version``; return the event.
 
+        ``summary`` says what the commit changes in the session's summary (what
+        :meth:`list_sessions` shows; None: only the step counter moves, to ``step``).
         The operations are the store's once appended: a caller never changes them
         (nor their values) afterwards, so a store may keep them without a copy
         (the memory store does; a Context's operations hold values normalised and
         copied when they were set). ``meta`` stays the caller's.
         """
-        event = _new_event(session_id, expected_version, ops, author, round, step, meta)
-        self._append(event, expected_version, fence)
+        event = _new_event(session_id, expected_version, ops, author, round, step, meta, summary)
+        self.write_event(event, expected_version, fence)
         return event
 
     async def aappend(
@@ -337,6 +282,7 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         meta: dict[str, Any] | None = None,
         fence: int | None = None,
         on_written: Callable[[Event], Any] | None = None,
+        summary: SummaryDelta | None = None,
     ) -> Event:
         """:meth:`append` for coroutines; durable when it returns.
 
@@ -348,17 +294,11 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         cancelled append is either not written at all, or written and reported
         there).
         """
-        event = _new_event(session_id, expected_version, ops, author, round, step, meta)
-        await self._aappend(event, expected_version, fence, None if on_written is None else partial(on_written, event))
+        event = _new_event(session_id, expected_version, ops, author, round, step, meta, summary)
+        await self.awrite_event(
+            event, expected_version, fence, None if on_written is None else partial(on_written, event)
+        )
         return event
-
-    async def _aappend(
-        self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
-    ) -> None:
-        """Append from a coroutine (a backend may return any awaitable); by default, synchronously."""
-        self._append(event, expected_version, fence)
-        if on_written is not None:
-            on_written()
 
     def read(self, session_id: str, after: int = 0, upto: int | None = None) -> Iterator[Event]:
         """Events of the session's whole lineage with ``after < version <= upto``.
@@ -367,36 +307,35 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         event sets the whole state then); nothing before it is returned. The
         events are consecutive: a read that raced with a prune is done again.
         """
-        after = check_version(after, "after")
-        upto = None if upto is None else check_version(upto, "upto")
-        for _ in range(3):
-            info = self._log_info(session_id)
-            start = max(after + 1, self._first(info))
-            events = list(self._lineage(info, after, upto))
-            if all(event.version == start + i for i, event in enumerate(events)):
-                return iter(events)
-        raise StoreError(f"session {session_id!r}: its log kept changing while being read (a prune?); try again")
+        return self.lineage.read(session_id, after, upto)
 
-    def _lineage(self, info: SessionInfo, after: int, upto: int | None) -> Iterator[Event]:
-        """Own events of ``info``'s session and, below its branch point, its parent's lineage."""
-        if info.parent_id is not None and info.parent_version is not None and after < info.parent_version:
-            limit = info.parent_version if upto is None else min(upto, info.parent_version)
-            yield from self._lineage(self._log_info(info.parent_id), after, limit)
-            after = info.parent_version
-        if upto is not None and upto <= after:
-            return
-        yield from self._read(info.session_id, after, upto)
+    def iter_events(
+        self, session_id: str, after: int = 0, upto: int | None = None, *, batch: int = DEFAULT_BATCH
+    ) -> Iterator[Event]:
+        """The events of the session's whole lineage with ``after < version <= upto``, read
+        ``batch`` versions at a time (the same events, in the same order, as :meth:`read`).
+
+        ``upto`` defaults to the session's head when the iteration starts:
+        events committed meanwhile are not included. A pruned session's
+        stream starts at its first readable version. Each batch is its own
+        read: if the log changes under the stream (a prune, a deleted
+        session), it raises :class:`StoreError` (or :class:`SessionNotFoundError`)
+        rather than skip or repeat a version.
+        """
+        return self.lineage.iter_events(session_id, after, upto, batch)
+
+    def last_event(self, info: SessionInfo) -> Event | None:
+        """The event at ``info.version`` (of its lineage), or None: no events, a damaged
+        newest record, or the session deleted meanwhile."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a damaged trailing record: the listing shows no last event
+            return self.lineage.last_event(info)
 
     def latest_snapshot(self, session_id: str, upto: int | None = None) -> Snapshot | None:
         """The newest snapshot usable for the session at or before ``upto`` (own, else its parent's)."""
-        info = self._log_info(session_id)
-        own = self._snapshot(session_id, upto)
-        if own is not None:
-            return own
-        if info.parent_id is not None and info.parent_version is not None:
-            limit = info.parent_version if upto is None else min(upto, info.parent_version)
-            return self.latest_snapshot(info.parent_id, limit)
-        return None
+        return self.lineage.latest_snapshot(session_id, upto)
 
     def events_since_snapshot(self, session_id: str) -> int:
         """How many events a hydrate of the head would fold after the latest snapshot."""
@@ -409,7 +348,7 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
 
         last = after
         while True:
-            fresh = await asyncio.to_thread(lambda: list(self.read(session_id, last)))
+            fresh = await asyncio.to_thread(_listed, self.read, session_id, last)
             for event in fresh:
                 last = event.version
                 yield event
@@ -420,43 +359,59 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
 
     def first_version(self, session_id: str) -> int:
         """The oldest version of the session that can still be read (0 unless pruned)."""
-        return self._first(self._log_info(session_id))
-
-    def _first(self, info: SessionInfo) -> int:
-        # A fork that still reads its parent's log reads it from the parent's first version.
-        own = int(info.meta.get("pruned_to", 0))
-        if info.parent_id is None or info.parent_version is None or own > info.parent_version:
-            return own
-        parent = self._row(info.parent_id)
-        return own if parent is None else max(own, self._first(parent))
+        return self.lineage.first(self.lineage.log_info(session_id))
 
     def check_readable(self, session_id: str, version: int) -> int:
         """``version`` if the session can be read at it; else :class:`VersionPrunedError`
         (below its first readable version) or :class:`VersionNotFoundError` (past its head)."""
-        return self._check_readable(self._log_info(session_id), check_version(version))
+        return self.lineage.check_readable(self.lineage.log_info(session_id), check_version(version))
 
-    def _check_readable(self, info: SessionInfo, version: int) -> int:
-        first = self._first(info)
-        if 0 <= version < first:
-            raise VersionPrunedError(info.session_id, version, first, info.version)
-        if not first <= version <= info.version:
-            raise VersionNotFoundError(info.session_id, version, first, info.version)
-        return version
+    # ------------------------------------------------------------ listings
 
-    @staticmethod
-    def _check_fork_point(info: SessionInfo, parent: tuple[int, int] | None) -> None:
-        """For a backend's ``_create`` of the fork ``info``, given its parent's ``(head,
-        meta["pruned_to"])`` read in the same transaction (None: no parent)."""
-        assert info.parent_id is not None and info.parent_version is not None
-        if parent is None:
-            raise SessionNotFoundError(info.parent_id)
-        head, first = parent
-        if info.parent_version < first:
-            raise VersionPrunedError(info.parent_id, info.parent_version, first, head)
+    def list_sessions(
+        self,
+        *,
+        limit: int | None = None,
+        status: str | Iterable[str] | None = None,
+        task: str | None = None,
+        since: float | None = None,
+        sort: str = "updated",
+        descending: bool | None = None,
+        ids: Iterable[str] | None = None,
+    ) -> list[SessionSummary]:
+        """The sessions' summaries (what ``saucer sessions`` shows), from ONE query on saucer's backends.
 
-    def _forks(self, session_id: str) -> list[SessionInfo]:
-        """The sessions that read this session's log (its attached forks)."""
-        return [i for i in self.sessions() if i.parent_id == session_id]
+        - ``limit``: at most this many rows (None: all);
+        - ``status``: only sessions listed with this status, or one of these
+          (``running``, ``interrupted``, ``finished``, ``failed``, ``error``,
+          ``stopped``, ``-`` for a session the engine did not make);
+        - ``task``: only sessions whose task contains this text (ASCII letters
+          compared without case);
+        - ``since``: only sessions updated at or after this time (epoch seconds);
+        - ``sort``: one of :data:`~saucer.store.summary.SORT_KEYS`
+          (``updated``, ``created``, ``id``, ``task``, ``status``, ``rounds``,
+          ``steps``, ``cost``, ``version``); ``descending`` defaults to True
+          except for ``id`` and ``task``; None values sort last, ties by id;
+        - ``ids``: only these sessions (those that exist).
+
+        Each :class:`~saucer.store.summary.SessionSummary` is kept up to date by
+        the commits themselves, from the :class:`~saucer.store.summary.SummaryDelta`
+        each one carries (see :mod:`saucer.store.summary` for what each field
+        counts); ``status`` is derived at the time of the query (a session not
+        ended whose runner's lease expired is ``interrupted``). ValueError or
+        TypeError name a bad argument.
+        """
+        return self.summaries.listing(ListQuery.of(limit, status, task, since, sort, descending, ids))
+
+    def session_heads(self, session_ids: Iterable[str] | None = None) -> list[SessionHead]:
+        """Sessions with their newest event and their lease, in the order of :meth:`sessions`:
+        every session, or those of ``session_ids`` that exist.
+
+        The durable backends answer in one query whatever the number of
+        sessions (a listing page must not read once per session). A damaged
+        newest record gives ``last=None``.
+        """
+        return self.summaries.heads(session_ids)
 
     # ------------------------------------------------------------ retention
 
@@ -480,93 +435,7 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         prune went further). :class:`NotSupportedError` unless the backend
         declares :attr:`Feature.REPLACE_HISTORY`.
         """
-        self._require(Feature.REPLACE_HISTORY, "replace history (prune)")
-        cut = check_version(cut, "cut")
-        for _ in range(5):
-            info = self.session_info(session_id)
-            first = self._first(info)
-            if cut <= first:
-                return first
-            if cut > info.version:
-                raise VersionNotFoundError(session_id, cut, first, info.version)
-            if info.parent_id is not None and info.parent_version is not None and cut <= info.parent_version:
-                raise ValueError(
-                    f"session {session_id!r} is a fork of {info.parent_id!r} at version {info.parent_version}: "
-                    f"it is cut only above that version, not at {cut}"
-                )
-            for fork in self._forks(session_id):
-                self._materialise_fork(fork)
-            if self._prune(
-                session_id, cut, self._base_event(info, cut, base_ops), Snapshot(session_id, cut, time.time(), state)
-            ):
-                return self.first_version(session_id)
-        raise StoreError(f"session {session_id!r}: new forks kept appearing while it was pruned; try again")
-
-    def _base_event(self, info: SessionInfo, cut: int, ops: list[dict[str, Any]]) -> Event:
-        """The base event that replaces the session's own event at ``cut`` (its time, round and step stay)."""
-        original = next(iter(self._read(info.session_id, cut - 1, cut)), None)
-        if original is None:
-            raise StoreError(f"session {info.session_id!r}: cannot prune at version {cut}: its event is missing")
-        return Event(
-            session_id=info.session_id,
-            version=cut,
-            timestamp=original.timestamp,
-            author="system",
-            round=original.round,
-            step=original.step,
-            ops=ops,
-            meta={"pruned": {"upto": cut, "author": original.author}},
-        )
-
-    def _materialise_fork(self, fork: SessionInfo) -> None:
-        """Give a fork its own copy of the parent's lineage it reads, so it stands alone."""
-        assert fork.parent_id is not None and fork.parent_version is not None
-        first = self._first(fork)
-        after = max(first - 1, 0)
-        # The copies keep their own session ids: they stay attributed to where they were made.
-        events = list(self.read(fork.parent_id, after, fork.parent_version))
-        if len(events) != fork.parent_version - after:
-            raise StoreError(
-                f"session {fork.session_id!r}: cannot copy versions {after + 1}..{fork.parent_version} "
-                f"of its parent {fork.parent_id!r} (some are missing); nothing was pruned"
-            )
-        snap = self.latest_snapshot(fork.parent_id, fork.parent_version)
-        own = None if snap is None or snap.version < first else replace(snap, session_id=fork.session_id)
-        meta = {"forked_from": fork.parent_id, "at": fork.parent_version}
-        if first:
-            meta["pruned_to"] = first
-        self._materialise(fork, events, own, meta)
-
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
-        """Primitive of :meth:`replace_history`, in ONE transaction: delete this
-        session's own events and snapshots below ``cut``, replace its own event at
-        ``cut`` by ``base``, store ``snapshot`` (at ``cut``), record ``cut`` as
-        ``meta["pruned_to"]``, and detach the session from its parent (its log no
-        longer reads the parent's). Does nothing if ``meta["pruned_to"]`` is
-        already at or past ``cut`` (a concurrent prune went further).
-
-        Returns False, having changed nothing, if a fork of the session exists
-        (one made since :meth:`replace_history` materialised the forks).
-        """
-        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REPLACE_HISTORY} yet lacks _prune")
-
-    def _materialise(
-        self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
-    ) -> bool:
-        """Primitive of :meth:`replace_history`, in ONE transaction: give the fork ``info`` its
-        own copy of ``events`` (its lineage up to its branch point; each keeps,
-        and reads back with, its own ``session_id``), store ``snapshot`` unless it
-        has one there, merge ``meta`` into its meta, and detach it from its parent.
-        False, changing nothing, if it is no longer attached as ``info`` says."""
-        raise NotSupportedError(
-            f"{type(self).__name__} does not declare {Feature.REPLACE_HISTORY} yet lacks _materialise"
-        )
-
-    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
-        """Primitive of :meth:`import_log`, in ONE transaction: create the session
-        ``info`` (no parent) with ``events`` and ``snapshots``;
-        :class:`SessionExistsError` if the id is taken."""
-        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.IMPORT} yet lacks _import")
+        return self.pruner.replace_history(session_id, cut, base_ops, state)
 
     def import_log(self, info: SessionInfo, events: list[Event], snapshots: Sequence[Snapshot] = ()) -> None:
         """Create the session ``info`` (standing alone) with a checked log, in ONE transaction
@@ -576,25 +445,24 @@ class EventStore(SessionListing, EventStreaming, RecordRewriting, ABC):
         ``info.meta["pruned_to"]`` (a base event). :class:`SessionExistsError` if the id is taken;
         :class:`NotSupportedError` unless the backend declares :attr:`Feature.IMPORT`.
         """
-        self._require(Feature.IMPORT, "import a session")
-        check_session_id(info.session_id)
-        first = int(info.meta.get("pruned_to", 0))
-        start = first or 1
-        if info.parent_id is not None or info.parent_version is not None:
-            raise ValueError("an imported session stands alone: it has no parent")
-        if [e.version for e in events] != list(range(start, info.version + 1)) or any(
-            e.session_id != info.session_id for e in events
-        ):
-            raise ValueError(
-                f"the events of {info.session_id!r} must be versions {start}..{info.version} of that session"
-            )
-        self._import(info, list(events), list(snapshots))
+        self.pruner.import_log(info, events, snapshots)
 
-    def _require(self, feature: Feature, what: str) -> None:
-        if feature not in self.features:
-            raise NotSupportedError(
-                f"{type(self).__name__} cannot {what}: it does not have the feature {feature.value!r}"
-            )
+    def record_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+        """``({version: format}, {snapshot version: format})`` of this session's *own*
+        stored records (damaged ones left out); needs :attr:`Feature.REWRITE`."""
+        return self.rewriter.record_formats(session_id)
+
+    def rewrite_events(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        snapshots: Sequence[Snapshot] = (),
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        """Store ``events`` again (current format) in place of this session's own events at the same versions,
+        with ``snapshots`` and its stored ``meta`` if given, in ONE transaction (all or none after a crash; needs
+        :attr:`Feature.REWRITE`); the caller promises the same meaning (upcast, or sealed with another key)."""
+        self.rewriter.rewrite_events(session_id, events, snapshots, meta)
 
 
 def _new_event(
@@ -605,7 +473,10 @@ def _new_event(
     round: int | None,
     step: int | None,
     meta: dict[str, Any] | None,
+    summary: SummaryDelta | None,
 ) -> Event:
+    if summary is not None and not isinstance(summary, SummaryDelta):
+        raise TypeError(f"summary must be a SummaryDelta or None, not {type(summary).__name__}")
     return Event(
         session_id=session_id,
         version=expected_version + 1,
@@ -615,4 +486,9 @@ def _new_event(
         step=step,
         ops=ops,
         meta=redact(dict(meta or {})),  # step records carry tool results and errors: no secrets in the log
+        summary=summary,
     )
+
+
+def _listed(read: Callable[[str, int], Iterator[Event]], session_id: str, after: int) -> list[Event]:
+    return list(read(session_id, after))

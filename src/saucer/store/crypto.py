@@ -36,7 +36,7 @@ import os
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 from cryptography.exceptions import InvalidTag
@@ -68,9 +68,10 @@ _VALUE_FIELDS = ("value", "expected", "by")
 #: The keys of a session's meta that stay plain when the meta is sealed: what the listings show without
 #: the key (task and mode) and what the store itself reads (a fork's origin, a prune's first version).
 PLAIN_SESSION_META = frozenset({"task", "mode", "status", "forked_from", "at", "pruned_to", "imported_from"})
-#: The keys of an event's meta that stay plain: what the per-session summary is counted from (kind,
-#: status and its reason, cost; see :mod:`saucer.store.summary`) and a prune's marker. The rest (the
-#: round's request, the step's commands, results and cursor, LLM calls...) is sealed.
+#: The keys of an event's meta that stay plain: what a reader without the key shows of a session (kind,
+#: status and its reason, cost), what the summaries of records older than format 6 are upcast from
+#: (:mod:`saucer.store.upcast`), and a prune's marker. The rest (the round's request, the step's
+#: commands, results and cursor, LLM calls...) is sealed. A commit's SummaryDelta is never sealed.
 PLAIN_EVENT_META = frozenset(
     {"kind", "session_status", "reason", "cost", "cost_summary", "summary", "pruned", "damaged"}
 )
@@ -340,7 +341,7 @@ class Sealer:
         return out
 
 
-def _is_token(value: Any) -> bool:
+def _is_token(value: Any) -> TypeGuard[str]:
     return isinstance(value, str) and value != ENCRYPTED
 
 

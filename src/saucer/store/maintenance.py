@@ -100,11 +100,11 @@ def _rewrite_session(raw: EventStore, sid: str) -> int:
     done = 0
     for start in range(0, len(old), BATCH):
         chunk = set(old[start : start + BATCH])
-        batch = [e for e in raw._read(sid, min(chunk) - 1, max(chunk)) if e.version in chunk]
+        batch = [e for e in raw.read_own(sid, min(chunk) - 1, max(chunk)) if e.version in chunk]
         raw.rewrite_events(sid, batch)
         done += len(batch)
     for version in sorted(v for v, f in snaps.items() if f < FORMAT_VERSION):
-        snap = raw._snapshot(sid, version)
+        snap = raw.own_snapshot(sid, version)
         if snap is not None and snap.version == version:
             raw.save_snapshot(snap)  # decoded (upcast) and stored again in the current format
             done += 1
@@ -210,21 +210,21 @@ def rekey(
         events: list[Event] = []
         for start in range(0, len(versions), BATCH):  # read in batches, written in one transaction
             chunk = versions[start : start + BATCH]
-            for event in raw._read(sid, chunk[0] - 1, chunk[-1]):
+            for event in raw.read_own(sid, chunk[0] - 1, chunk[-1]):
                 event, count = _reseal_ops(event, old, new)
                 if count:
                     events.append(event)
                     report.values += count
         snapshots = []
         for version in sorted(snaps):
-            snap = raw._snapshot(sid, version)
+            snap = raw.own_snapshot(sid, version)
             if snap is None or snap.version != version:
                 continue
             state, count = _reseal_state(sid, snap.state, old, new)
             if count:
                 snapshots.append(replace(snap, state=state))
                 report.values += count
-        stored = raw._info(sid)
+        stored = raw.row(sid)
         meta, count = _reseal_meta(sid, "meta", stored.meta, old, new) if stored is not None else ({}, 0)
         report.values += count
         if events or snapshots or count:

@@ -26,19 +26,9 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
-from saucer.store.listing import KeepsSummaries
 from saucer.store.model import Event, copy_json
-from saucer.store.summary import (
-    Counters,
-    ListQuery,
-    SessionSummary,
-    brief_of,
-    fold,
-    fold_events,
-    listed_status,
-    make_summary,
-    select,
-)
+from saucer.store.recorder import check_fork_point
+from saucer.store.summary import Counters, fold
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["MemoryStore"]
@@ -70,7 +60,7 @@ _SHARED: dict[str, _Data] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-class MemoryStore(KeepsSummaries, EventStore):
+class MemoryStore(EventStore):
     """Keeps events and snapshots in memory; ``name`` shares them within the process."""
 
     # No QUARANTINE (its records cannot be damaged) and no GROUP_COMMIT (nothing to flush).
@@ -92,59 +82,27 @@ class MemoryStore(KeepsSummaries, EventStore):
         """
         return self._d
 
-    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
+    def create_row(self, info: SessionInfo, counters: Counters) -> None:
         with self._transaction() as d:
             if info.session_id in d.infos:
                 raise SessionExistsError(f"session {info.session_id!r} already exists")
             if info.parent_id is not None:
                 parent = d.infos.get(info.parent_id)
-                self._check_fork_point(info, parent and (parent.version, int(parent.meta.get("pruned_to", 0))))
+                check_fork_point(
+                    info, None if parent is None else (parent.version, int(parent.meta.get("pruned_to", 0)))
+                )
             d.infos[info.session_id] = info
             d.events[info.session_id] = []
             d.snapshots[info.session_id] = {}
             d.counters[info.session_id] = counters
 
-    def _stored_counters(self, session_id: str) -> Counters | None:
+    def kept_counters(self, session_id: str) -> Counters | None:
         return self._d.counters.get(session_id)
 
-    def _list(self, query: ListQuery) -> list[SessionSummary]:
-        with self._transaction() as d:
-            found = [(info, d.counters.get(sid) or Counters(), d.leases.get(sid)) for sid, info in d.infos.items()]
-        rows = []
-        for info, counters, lease in found:
-            listed, runner = listed_status(
-                counters.status, lease.owner if lease else None, lease.expires_at if lease else None, query.now
-            )
-            task, mode, request, forked_from, at, _ = brief_of(info.meta)
-            rows.append(
-                make_summary(
-                    (
-                        info.session_id,
-                        info.version,
-                        info.created_at,
-                        info.updated_at,
-                        info.parent_id,
-                        info.parent_version,
-                        listed,
-                        counters.rounds,
-                        counters.steps,
-                        None if counters.cost_unknown else counters.cost,
-                        counters.reason,
-                        task,
-                        mode,
-                        request,
-                        forked_from,
-                        at,
-                        runner,
-                    )
-                )
-            )
-        return select(rows, query)
-
-    def _info(self, session_id: str) -> SessionInfo | None:
+    def row(self, session_id: str) -> SessionInfo | None:
         return self._d.infos.get(session_id)  # one dict lookup: atomic without the lock
 
-    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
+    def write_event(self, event: Event, expected_version: int, fence: int | None) -> None:
         with self._transaction() as d:
             info = d.infos.get(event.session_id)
             if info is None:
@@ -170,6 +128,7 @@ class MemoryStore(KeepsSummaries, EventStore):
                     event.step,
                     list(event.ops),
                     copy_json(event.meta),
+                    event.summary,
                 )
             )
             d.infos[event.session_id] = SessionInfo(
@@ -181,9 +140,9 @@ class MemoryStore(KeepsSummaries, EventStore):
                 info.parent_version,
                 info.meta,
             )
-            d.counters[event.session_id] = fold(d.counters.get(event.session_id) or Counters(), event.step, event.meta)
+            d.counters[event.session_id] = fold(d.counters.get(event.session_id) or Counters(), event)
 
-    def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
+    def read_own(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         with self._transaction() as d:
             events = d.events.get(session_id) or []
             # Own versions are consecutive, so the range is a slice (no scan).
@@ -194,19 +153,15 @@ class MemoryStore(KeepsSummaries, EventStore):
         for event in chosen:
             yield replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta))
 
-    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+    def own_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
         # Nothing outlives the process: every record is in this code's format.
         with self._transaction() as d:
             events = [e.version for e in d.events.get(session_id) or []]
             snaps = list(d.snapshots.get(session_id) or {})
         return dict.fromkeys(events, FORMAT_VERSION), dict.fromkeys(snaps, FORMAT_VERSION)
 
-    def _rewrite(
-        self,
-        session_id: str,
-        events: list[Event],
-        snapshots: Sequence[Snapshot] = (),
-        meta: dict[str, Any] | None = None,
+    def rewrite_rows(
+        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot], meta: dict[str, Any] | None
     ) -> None:
         with self._transaction() as d:
             if meta is not None:
@@ -224,7 +179,7 @@ class MemoryStore(KeepsSummaries, EventStore):
             for event in events:
                 log[event.version - first] = replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta))
 
-    def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
+    def own_snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
         with self._transaction() as d:
             snaps = d.snapshots.get(session_id, {})
             versions = [v for v in snaps if upto is None or v <= upto]
@@ -254,7 +209,7 @@ class MemoryStore(KeepsSummaries, EventStore):
         with self._transaction() as d:
             return d.leases.get(session_id)
 
-    def _delete(self, session_id: str) -> None:
+    def delete_rows(self, session_id: str) -> None:
         with self._transaction() as d:
             for table in (d.infos, d.events, d.snapshots, d.leases, d.tokens, d.counters):
                 table.pop(session_id, None)
@@ -262,7 +217,8 @@ class MemoryStore(KeepsSummaries, EventStore):
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
         now = time.time()
         with self._transaction() as d:
-            self.session_info(session_id)
+            if session_id not in d.infos:
+                raise SessionNotFoundError(session_id)
             held = d.leases.get(session_id)
             if held is not None and held.owner != owner and held.expires_at > now:
                 raise LeaseHeldError(session_id, held.owner, held.expires_at)
@@ -280,7 +236,7 @@ class MemoryStore(KeepsSummaries, EventStore):
             if held is not None and held.token == lease.token and held.owner == lease.owner:
                 d.leases[lease.session_id] = replace(held, expires_at=0.0)
 
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+    def prune_rows(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
         with self._transaction() as d:
             info = d.infos.get(session_id)
             if info is None:
@@ -300,7 +256,7 @@ class MemoryStore(KeepsSummaries, EventStore):
             )
             return True
 
-    def _materialise(
+    def materialise_rows(
         self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
     ) -> bool:
         sid = info.session_id
@@ -317,7 +273,9 @@ class MemoryStore(KeepsSummaries, EventStore):
             d.infos[sid] = replace(now, parent_id=None, parent_version=None, meta={**now.meta, **meta})
             return True
 
-    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
+    def import_rows(
+        self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot], counters: Counters
+    ) -> None:
         sid = info.session_id
         with self._transaction() as d:
             if sid in d.infos:
@@ -325,4 +283,4 @@ class MemoryStore(KeepsSummaries, EventStore):
             d.infos[sid] = replace(info, meta=copy_json(info.meta))
             d.events[sid] = [replace(e, ops=copy_json(e.ops), meta=copy_json(e.meta)) for e in events]
             d.snapshots[sid] = {s.version: replace(s, state=copy_json(s.state)) for s in snapshots}
-            d.counters[sid] = fold_events(self._new_counters(info), events)
+            d.counters[sid] = counters

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from saucer.store.summary import SummaryDelta
+
 __all__ = [
     "Event",
     "Feature",
@@ -271,13 +273,17 @@ class Event:
     step: int | None
     ops: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    #: What this commit changes in its session's summary, as its writer said (None: nothing
+    #: but the step counter); the store keeps the summary from this, never from ``meta``.
+    summary: SummaryDelta | None = None
 
     def keys(self) -> list[str]:
         """The names and vars this event touches (vars prefixed with ``vars.``)."""
         return [op_key(op) for op in self.ops]
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of this event."""
+    def to_dict(self, *, summary: bool = False) -> dict[str, Any]:
+        """A JSON-serialisable dict of this event; with ``summary``, also its summary delta
+        (``"summary"``: its stored form, or None), as an export keeps it."""
         return {
             "session_id": self.session_id,
             "version": self.version,
@@ -287,6 +293,7 @@ class Event:
             "step": self.step,
             "ops": self.ops,
             "meta": self.meta,
+            **({"summary": None if self.summary is None else self.summary.to_wire()} if summary else {}),
         }
 
 

@@ -70,7 +70,7 @@ import functools
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -113,9 +113,9 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
-from saucer.store.listing import KeepsSummaries
 from saucer.store.model import Event, SessionHead
-from saucer.store.summary import Counters, ListQuery, SessionSummary, fold_events, make_summary
+from saucer.store.recorder import check_fork_point
+from saucer.store.summary import Counters, ListQuery, SessionSummary, make_summary
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["PostgresStore", "SCHEMA_VERSION", "DEFAULT_SCHEMA", "split_url"]
@@ -152,12 +152,12 @@ def _translated(*, retry: bool) -> Callable[[_F], _F]:
             except psycopg.Error as exc:
                 raise self._db.error(exc, retried=isinstance(exc, psycopg.OperationalError)) from first
 
-        return wrapper  # type: ignore[return-value]
+        return cast(_F, wrapper)
 
     return decorate
 
 
-class PostgresStore(KeepsSummaries, EventStore):
+class PostgresStore(EventStore):
     """Events, snapshots and leases in one PostgreSQL schema, shared by any number of processes."""
 
     features = frozenset(
@@ -230,17 +230,17 @@ class PostgresStore(KeepsSummaries, EventStore):
     # ------------------------------------------------------------- sessions
 
     @_translated(retry=True)
-    def _stored_counters(self, session_id: str) -> Counters | None:
+    def kept_counters(self, session_id: str) -> Counters | None:
         with self._db.conn() as conn:
             return self._sql.counters(conn, session_id)
 
     @_translated(retry=True)
-    def _list(self, query: ListQuery) -> list[SessionSummary]:
+    def list_rows(self, query: ListQuery) -> list[SessionSummary]:
         with self._db.conn() as conn:
             return [make_summary(row) for row in conn.execute(*self._sql.listing(query, _NOW)).fetchall()]
 
     @_translated(retry=False)
-    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
+    def create_row(self, info: SessionInfo, counters: Counters) -> None:
         s = self._s
         try:
             with self._db.transaction() as conn:
@@ -250,15 +250,15 @@ class PostgresStore(KeepsSummaries, EventStore):
                         f"SELECT head, coalesce((meta ->> 'pruned_to')::bigint, 0) FROM {s}.sessions WHERE session_id = %s",
                         (info.parent_id,),
                     ).fetchone()
-                    self._check_fork_point(info, row)
+                    check_fork_point(info, row)
                 self._sql.insert_session(conn, info, counters)
         except pg_errors.UniqueViolation:
             raise SessionExistsError(f"session {info.session_id!r} already exists") from None
 
-    def _info(self, session_id: str) -> SessionInfo | None:
+    def row(self, session_id: str) -> SessionInfo | None:
         return self._session_row(session_id, INFO_COLUMNS)
 
-    def _row(self, session_id: str) -> SessionInfo | None:
+    def log_row(self, session_id: str) -> SessionInfo | None:
         return self._session_row(session_id, ROW_COLUMNS)  # reading a log parses no plan
 
     @_translated(retry=True)
@@ -272,7 +272,7 @@ class PostgresStore(KeepsSummaries, EventStore):
         return row_info(row) if row else None
 
     @_translated(retry=True)
-    def _forks(self, session_id: str) -> list[SessionInfo]:
+    def forks_of(self, session_id: str) -> list[SessionInfo]:
         with self._db.conn() as conn:
             rows = conn.execute(
                 f"SELECT {INFO_COLUMNS} FROM {self._s}.sessions WHERE parent_id = %s", (session_id,)
@@ -288,7 +288,7 @@ class PostgresStore(KeepsSummaries, EventStore):
         return [row_info(r) for r in rows]
 
     @_translated(retry=True)
-    def session_heads(self, session_ids: Iterable[str] | None = None) -> list[SessionHead]:
+    def heads(self, session_ids: Iterable[str] | None) -> list[SessionHead]:
         # One statement: each session's row, the event at its head and its lease.
         s = self._s
         where = "" if session_ids is None else "WHERE s.session_id = ANY(%s) "
@@ -316,7 +316,7 @@ class PostgresStore(KeepsSummaries, EventStore):
         return heads
 
     @_translated(retry=True)
-    def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
+    def find(self, prefix: str, limit: int | None) -> list[SessionInfo]:
         with self._db.conn() as conn:
             rows = conn.execute(
                 f"SELECT {INFO_COLUMNS} FROM {self._s}.sessions WHERE left(session_id, %s) = %s "
@@ -338,26 +338,26 @@ class PostgresStore(KeepsSummaries, EventStore):
         return Lease(session_id, row[0], int(row[1]), expires)
 
     @_translated(retry=True)
-    def _delete(self, session_id: str) -> None:
+    def delete_rows(self, session_id: str) -> None:
         with self._db.transaction() as conn:
             for table in ("events", "snapshots", "leases", "sessions"):
                 conn.execute(f"DELETE FROM {self._s}.{table} WHERE session_id = %s", (session_id,))
 
     # --------------------------------------------------------------- events
 
-    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
+    def write_event(self, event: Event, expected_version: int, fence: int | None) -> None:
         if self.group_commit:
             self._committer.append(event, expected_version, fence)
         else:
             self._write_one(Pending(event, expected_version, fence, blocking=False))
 
-    def _aappend(
+    def awrite_event(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
     ) -> Awaitable[None]:
         # Returns the committer's coroutine itself: one coroutine frame less per commit.
         if self.group_commit:
             return self._committer.append_async(event, expected_version, fence, on_written)
-        return super()._aappend(event, expected_version, fence, on_written)
+        return super().awrite_event(event, expected_version, fence, on_written)
 
     def _group_committer(self) -> GroupCommitter:
         return self._committer
@@ -412,7 +412,7 @@ class PostgresStore(KeepsSummaries, EventStore):
                         )
 
     @_translated(retry=True)
-    def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
+    def read_own(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         with self._db.conn() as conn:
             # One statement, one snapshot: the head tells a damaged *trailing*
             # record from one in the middle, so it must agree with the rows.
@@ -426,7 +426,7 @@ class PostgresStore(KeepsSummaries, EventStore):
         return decode_rows(session_id, [row[:7] for row in rows], head=head)
 
     @_translated(retry=True)
-    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+    def own_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
         with self._db.conn() as conn:
             rows = conn.execute(
                 f"SELECT version, payload FROM {self._s}.events WHERE session_id = %s", (session_id,)
@@ -437,7 +437,7 @@ class PostgresStore(KeepsSummaries, EventStore):
         return formats_of(rows), formats_of(snaps)
 
     @_translated(retry=False)
-    def _rewrite(
+    def rewrite_rows(
         self,
         session_id: str,
         events: list[Event],
@@ -486,7 +486,7 @@ class PostgresStore(KeepsSummaries, EventStore):
     # ------------------------------------------------------------ snapshots
 
     @_translated(retry=True)
-    def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
+    def own_snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
         with self._db.conn() as conn:
             rows = conn.execute(
                 f"SELECT version, ts, state, crc FROM {self._s}.snapshots WHERE session_id = %s AND version <= %s "
@@ -514,20 +514,21 @@ class PostgresStore(KeepsSummaries, EventStore):
     # ------------------------------------------------------------ retention
 
     @_translated(retry=True)  # a repeat finds the prune done (or does it)
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+    def prune_rows(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
         with self._db.transaction() as conn:
             return self._sql.replace_below(conn, session_id, cut, base, snapshot)
 
     @_translated(retry=True)  # a repeat finds the fork detached and does nothing
-    def _materialise(
+    def materialise_rows(
         self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
     ) -> bool:
         with self._db.transaction() as conn:
             return self._sql.detach_fork(conn, info, events, snapshot, meta)
 
     @_translated(retry=False)
-    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
-        counters = fold_events(self._new_counters(info), events)
+    def import_rows(
+        self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot], counters: Counters
+    ) -> None:
         try:
             with self._db.transaction() as conn:
                 self._sql.insert_session(conn, info, counters)

@@ -1,10 +1,11 @@
 """Rewriting a store's own records in place, in the current format (:attr:`Feature.REWRITE`).
 
-:class:`RecordRewriting` is a base of :class:`~saucer.store.EventStore` (built
-on its ``session_info`` and ``_require``): ``saucer store migrate --rewrite``
-and ``saucer store rekey`` report the formats of a session's records and
-store upcast or re-sealed events again through it; a backend implements
-``_formats`` and ``_rewrite`` when it declares the feature.
+:class:`Rewriter` is a collaborator of :class:`~saucer.store.EventStore`, built on a
+:class:`~saucer.store.recorder.Recorder`: ``saucer store migrate --rewrite`` and
+``saucer store rekey`` report the formats of a session's records and store upcast
+or re-sealed events again through it; a backend implements
+:meth:`~saucer.store.recorder.Recorder.own_formats` and
+:meth:`~saucer.store.recorder.Recorder.rewrite_rows` when it declares the feature.
 """
 
 from __future__ import annotations
@@ -12,43 +13,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from saucer.store.model import Event, Feature, NotSupportedError, Snapshot
+from saucer.store.model import Event, Feature, NotSupportedError, SessionNotFoundError, Snapshot
+from saucer.store.recorder import Recorder
 
-__all__ = ["RecordRewriting"]
+__all__ = ["Rewriter", "require"]
 
 
-class RecordRewriting:
+def require(recorder: Recorder, feature: Feature, what: str) -> None:
+    """:class:`NotSupportedError` unless ``recorder`` declares ``feature``."""
+    if feature not in recorder.features:
+        raise NotSupportedError(
+            f"{type(recorder).__name__} cannot {what}: it does not have the feature {feature.value!r}"
+        )
+
+
+class Rewriter:
     """``record_formats`` and ``rewrite_events`` of an event store."""
 
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
     def record_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
-        """``({version: format}, {snapshot version: format})`` of this session's *own*
-        stored records (damaged ones left out); needs :attr:`Feature.REWRITE`."""
-        self._require(Feature.REWRITE, "report record formats")  # type: ignore[attr-defined]
-        self.session_info(session_id)  # type: ignore[attr-defined]
-        return self._formats(session_id)
+        """See :meth:`saucer.store.EventStore.record_formats`."""
+        require(self.recorder, Feature.REWRITE, "report record formats")
+        if self.recorder.row(session_id) is None:
+            raise SessionNotFoundError(session_id)
+        return self.recorder.own_formats(session_id)
 
     def rewrite_events(
-        self,
-        session_id: str,
-        events: Sequence[Event],
-        snapshots: Sequence[Snapshot] = (),
-        meta: dict[str, Any] | None = None,
+        self, session_id: str, events: Sequence[Event], snapshots: Sequence[Snapshot], meta: dict[str, Any] | None
     ) -> None:
-        """Store ``events`` again (current format) in place of this session's own events at the same versions,
-        with ``snapshots`` and its stored ``meta`` if given, in ONE transaction (all or none after a crash; needs
-        :attr:`Feature.REWRITE`); the caller promises the same meaning (upcast, or sealed with another key)."""
-        self._require(Feature.REWRITE, "rewrite events")  # type: ignore[attr-defined]
-        info = self.session_info(session_id)  # type: ignore[attr-defined]
+        """See :meth:`saucer.store.EventStore.rewrite_events`."""
+        require(self.recorder, Feature.REWRITE, "rewrite events")
+        info = self.recorder.row(session_id)
+        if info is None:
+            raise SessionNotFoundError(session_id)
         low = info.parent_version or 0
         if bad := [e.version for e in events if not low < e.version <= info.version]:
             raise ValueError(f"session {session_id!r} has no own events at versions {bad} to rewrite")
         if events or snapshots or meta is not None:
-            self._rewrite(session_id, list(events), list(snapshots), meta)
-
-    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
-        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _formats")
-
-    def _rewrite(
-        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot], meta: dict[str, Any] | None
-    ) -> None:
-        raise NotSupportedError(f"{type(self).__name__} does not declare {Feature.REWRITE} yet lacks _rewrite")
+            self.recorder.rewrite_rows(session_id, list(events), list(snapshots), meta)

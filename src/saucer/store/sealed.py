@@ -14,9 +14,9 @@ versions, leases, forks, prunes -- is the backend's, unchanged.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, overload
 
 from saucer.store.base import EventStore
 from saucer.store.crypto import KEY_ENV, PLAIN_EVENT_META, PLAIN_SESSION_META, Sealer
@@ -33,7 +33,7 @@ class SealedStore(EventStore):
         self.inner = inner
         self.sealer = sealer
         self.url = inner.url
-        self.features = inner.features  # type: ignore[misc]
+        self.features = inner.features
 
     def __getattr__(self, name: str) -> Any:
         # Backend specifics (``path``, ``schema``, ``schema_version()``...) are the inner store's.
@@ -63,7 +63,11 @@ class SealedStore(EventStore):
         meta = self.sealer.seal_meta(info.session_id, "meta", info.meta, PLAIN_SESSION_META)
         return info if meta is info.meta else replace(info, meta=meta)
 
-    def _open_info(self, info: SessionInfo | None) -> Any:
+    @overload
+    def _open_info(self, info: SessionInfo) -> SessionInfo: ...
+    @overload
+    def _open_info(self, info: None) -> None: ...
+    def _open_info(self, info: SessionInfo | None) -> SessionInfo | None:
         if info is None:
             return None
         meta = self.sealer.open_meta(info.session_id, "meta", info.meta)
@@ -77,56 +81,53 @@ class SealedStore(EventStore):
             return None
         return replace(snapshot, state=self.sealer.open_state(snapshot.session_id, snapshot.state))
 
-    # ---------------------------------------------------------- primitives
+    # ------------------------------------------------------------ recorder
 
-    def _create(self, info: SessionInfo) -> None:
-        self.inner._create(self._seal_info(info))
+    def create_row(self, info: SessionInfo, counters: Counters) -> None:
+        # The summaries are the backend's: each event's SummaryDelta is plain (it is not meta).
+        self.inner.create_row(self._seal_info(info), counters)
 
-    def _info(self, session_id: str) -> SessionInfo | None:
-        return self._open_info(self.inner._info(session_id))
+    def row(self, session_id: str) -> SessionInfo | None:
+        return self._open_info(self.inner.row(session_id))
 
-    def _row(self, session_id: str) -> SessionInfo | None:
-        return self._open_info(self.inner._row(session_id))
+    def log_row(self, session_id: str) -> SessionInfo | None:
+        return self._open_info(self.inner.log_row(session_id))
 
-    def _info_without_plan(self, session_id: str) -> tuple[SessionInfo, bool] | None:
-        found = self.inner._info_without_plan(session_id)
+    def row_without_plan(self, session_id: str) -> tuple[SessionInfo, bool] | None:
+        found = self.inner.row_without_plan(session_id)
         return None if found is None else (self._open_info(found[0]), found[1])
 
-    # The summaries are the backend's: they are counted from the plain part of event meta (PLAIN_EVENT_META).
-    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
-        self.inner._create_with(self._seal_info(info), counters)
+    def kept_counters(self, session_id: str) -> Counters | None:
+        return self.inner.kept_counters(session_id)
 
-    def _stored_counters(self, session_id: str) -> Counters | None:
-        return self.inner._stored_counters(session_id)
-
-    def _list(self, query: ListQuery) -> list[SessionSummary]:
-        rows = self.inner._list(query)
-        if not self.sealer.seals_meta:
+    def list_rows(self, query: ListQuery) -> list[SessionSummary] | None:
+        rows = self.inner.list_rows(query)
+        if rows is None or not self.sealer.seals_meta:
             return rows
         return [row._replace(request=self.sealer.open_brief(row.session_id, row.request)) for row in rows]
 
-    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
+    def write_event(self, event: Event, expected_version: int, fence: int | None) -> None:
         try:
-            self.inner._append(self._seal(event), expected_version, fence)
+            self.inner.write_event(self._seal(event), expected_version, fence)
         except OutcomeUnknownError as exc:
             exc.event = event  # the caller compares it with what it reads back: the opened event
             raise
 
-    async def _aappend(
-        self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
+    async def awrite_event(
+        self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], object] | None
     ) -> None:
         try:
-            await self.inner._aappend(self._seal(event), expected_version, fence, on_written)
+            await self.inner.awrite_event(self._seal(event), expected_version, fence, on_written)
         except OutcomeUnknownError as exc:
             exc.event = event
             raise
 
-    def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
-        for event in self.inner._read(session_id, after, upto):
+    def read_own(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
+        for event in self.inner.read_own(session_id, after, upto):
             yield self._open(event)
 
-    def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
-        return self._open_snapshot(self.inner._snapshot(session_id, upto))
+    def own_snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
+        return self._open_snapshot(self.inner.own_snapshot(session_id, upto))
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
         self.inner.save_snapshot(self._seal_snapshot(snapshot))
@@ -134,17 +135,17 @@ class SealedStore(EventStore):
     def sessions(self) -> list[SessionInfo]:
         return [self._open_info(info) for info in self.inner.sessions()]
 
-    def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
-        return [self._open_info(info) for info in self.inner.find_sessions(prefix, limit)]
+    def find(self, prefix: str, limit: int | None) -> list[SessionInfo]:
+        return [self._open_info(info) for info in self.inner.find(prefix, limit)]
 
-    def find_session_ids(self, prefix: str = "", limit: int | None = None) -> list[str]:
-        return self.inner.find_session_ids(prefix, limit)
+    def find_ids(self, prefix: str, limit: int | None) -> list[str]:
+        return self.inner.find_ids(prefix, limit)
 
     def lease_of(self, session_id: str) -> Lease | None:
         return self.inner.lease_of(session_id)
 
-    def _delete(self, session_id: str) -> None:
-        self.inner._delete(session_id)
+    def delete_rows(self, session_id: str) -> None:
+        self.inner.delete_rows(session_id)
 
     def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease:
         return self.inner.acquire_lease(session_id, owner, ttl)
@@ -167,34 +168,39 @@ class SealedStore(EventStore):
     def close(self) -> None:
         self.inner.close()
 
-    def _forks(self, session_id: str) -> list[SessionInfo]:
-        return [self._open_info(info) for info in self.inner._forks(session_id)]
+    def forks_of(self, session_id: str) -> list[SessionInfo]:
+        return [self._open_info(info) for info in self.inner.forks_of(session_id)]
 
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
-        return self.inner._prune(session_id, cut, self._seal(base), self._seal_snapshot(snapshot))
+    def prune_rows(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+        return self.inner.prune_rows(session_id, cut, self._seal(base), self._seal_snapshot(snapshot))
 
-    def _materialise(
+    def materialise_rows(
         self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
     ) -> bool:
         sealed = None if snapshot is None else self._seal_snapshot(snapshot)
-        return self.inner._materialise(info, [self._seal(e) for e in events], sealed, meta)
+        return self.inner.materialise_rows(info, [self._seal(e) for e in events], sealed, meta)
 
-    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
-        self.inner._import(
-            self._seal_info(info), [self._seal(e) for e in events], [self._seal_snapshot(s) for s in snapshots]
+    def import_rows(
+        self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot], counters: Counters
+    ) -> None:
+        self.inner.import_rows(
+            self._seal_info(info),
+            [self._seal(e) for e in events],
+            [self._seal_snapshot(s) for s in snapshots],
+            counters,
         )
 
     async def watch(self, session_id: str, after: int = 0, *, interval: float = 0.2) -> AsyncIterator[Event]:
         async for event in self.inner.watch(session_id, after, interval=interval):
             yield self._open(event)
 
-    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
-        return self.inner._formats(session_id)
+    def own_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+        return self.inner.own_formats(session_id)
 
-    def _rewrite(
-        self, session_id: str, events: list[Event], snapshots: Any = (), meta: dict[str, Any] | None = None
+    def rewrite_rows(
+        self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot], meta: dict[str, Any] | None
     ) -> None:
-        self.inner._rewrite(
+        self.inner.rewrite_rows(
             session_id,
             [self._seal(e) for e in events],
             [self._seal_snapshot(s) for s in snapshots],

@@ -23,7 +23,7 @@ Every ``sqlite3`` error is turned into a :class:`~saucer.store.StoreError` at
 this module's edge: a file that is not a database, or whose pages are
 damaged, is a :class:`~saucer.store.DamagedStoreError` naming the file and the
 command that checks it. ``_sqlite_schema`` holds the tables, their upgrade and
-those messages; ``_sqlite_sql`` the statements that rewrite history for a prune.
+those messages; ``_sqlite_write`` the appends and the listing; ``_sqlite_sql`` the statements that rewrite history for a prune.
 Every transaction goes through :meth:`SQLiteStore._transaction`.
 """
 
@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -65,11 +65,11 @@ from saucer.store._sqlite_sql import (
     replace_below,
     rewrite_rows,
 )
+from saucer.store._sqlite_write import kept_counters as counters_of
+from saucer.store._sqlite_write import listing, write_batch, write_one
 from saucer.store.base import (
-    ConflictError,
     EventStore,
     Feature,
-    FencedError,
     Lease,
     LeaseHeldError,
     SessionInfo,
@@ -77,17 +77,13 @@ from saucer.store.base import (
     Snapshot,
     StoreError,
 )
-from saucer.store.listing import KeepsSummaries
 from saucer.store.model import Event, SessionHead
+from saucer.store.recorder import check_fork_point
 from saucer.store.summary import (
     Counters,
     ListQuery,
     SessionSummary,
-    fold,
-    fold_events,
-    listed_sql,
     make_summary,
-    order_sql,
 )
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION", "path_from_url"]
@@ -97,29 +93,6 @@ _INFO = (
     "SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version, m.meta, m.plan "
     "FROM sessions s JOIN session_meta m ON m.session_id = s.session_id"
 )
-_COUNTERS = "status, rounds, steps, cost, cost_unknown, reason"
-_LISTED_STATUS, _RUNNER = listed_sql("?")
-#: The columns of :func:`~saucer.store.summary.make_summary`, for :meth:`SQLiteStore._list`.
-_LIST = f"""
-SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version,
-       {_LISTED_STATUS} AS listed, s.rounds, s.steps, CASE WHEN s.cost_unknown THEN NULL ELSE s.cost END AS shown_cost,
-       s.reason, m.task AS task, m.mode, m.request, m.forked_from, m.forked_at, {_RUNNER}
-FROM sessions s JOIN session_meta m ON m.session_id = s.session_id
-LEFT JOIN leases l ON l.session_id = s.session_id
-"""
-
-
-#: What a commit changes in its session's row (and nothing else).
-_UPDATE_HEAD = (
-    "UPDATE sessions SET head = ?, updated_at = ?, status = ?, rounds = ?, steps = ?, cost = ?, cost_unknown = ?, "
-    "reason = ? WHERE session_id = ?"
-)
-
-
-def _counter_values(c: Counters) -> tuple[Any, ...]:
-    return (c.status, c.rounds, c.steps, c.cost, int(c.cost_unknown), c.reason)
-
-
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -133,10 +106,10 @@ def _translated(method: _F) -> _F:
         except sqlite3.Error as exc:
             raise store_error(exc, self.path, self._busy_timeout) from exc
 
-    return wrapper  # type: ignore[return-value]
+    return cast(_F, wrapper)
 
 
-class SQLiteStore(KeepsSummaries, EventStore):
+class SQLiteStore(EventStore):
     """Events, snapshots and leases in one SQLite file."""
 
     features = frozenset(
@@ -155,7 +128,8 @@ class SQLiteStore(KeepsSummaries, EventStore):
         self.url = f"sqlite:///{self.path}"
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
-        self._conn = Closed(self.path)  # type: ignore[assignment]
+        # A closed store has a Closed in place of its connection (a late call says why it fails).
+        self._conn: sqlite3.Connection = cast(sqlite3.Connection, Closed(self.path))
         self._committer = GroupCommitter(self._write_batch, self._write_one)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,12 +166,12 @@ class SQLiteStore(KeepsSummaries, EventStore):
         with self._lock:
             if isinstance(self._conn, sqlite3.Connection):
                 self._conn.close()
-                self._conn = Closed(self.path)  # type: ignore[assignment]
+                self._conn = cast(sqlite3.Connection, Closed(self.path))
 
     # ------------------------------------------------------------- sessions
 
     @_translated
-    def _create_with(self, info: SessionInfo, counters: Counters) -> None:
+    def create_row(self, info: SessionInfo, counters: Counters) -> None:
         with self._transaction() as conn:
             if info.parent_id is not None:
                 row = conn.execute(
@@ -205,34 +179,17 @@ class SQLiteStore(KeepsSummaries, EventStore):
                     "WHERE s.session_id = ?",
                     (info.parent_id,),
                 ).fetchone()
-                self._check_fork_point(info, row)
+                check_fork_point(info, row)
             insert_session(conn, info, counters)
 
     @_translated
-    def _stored_counters(self, session_id: str) -> Counters | None:
+    def kept_counters(self, session_id: str) -> Counters | None:
         with self._lock:
-            row = self._conn.execute(f"SELECT {_COUNTERS} FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-        return None if row is None else Counters(row[0], row[1], row[2], row[3], bool(row[4]), row[5])
+            return counters_of(self._conn, session_id)
 
     @_translated
-    def _list(self, query: ListQuery) -> list[SessionSummary]:
-        # One statement: the hot rows, the listed fields of the meta (never the meta
-        # itself) and the leases; filtered, sorted and cut by SQLite.
-        where, args = ["1"], [query.now, query.now]
-        if query.ids is not None:
-            where.append("s.session_id IN (SELECT value FROM json_each(?))")
-            args.append(orjson.dumps(list(query.ids)).decode())
-        if query.statuses is not None:
-            where.append("listed IN (SELECT value FROM json_each(?))")
-            args.append(orjson.dumps(sorted(query.statuses)).decode())
-        if query.task is not None:
-            where.append("instr(lower(m.task), lower(?)) > 0")
-            args.append(query.task)
-        if query.since is not None:
-            where.append("s.updated_at >= ?")
-            args.append(query.since)
-        sql = f"{_LIST} WHERE {' AND '.join(where)} {order_sql(query, 'listed', 'm.task')} LIMIT ?"
-        args.append(-1 if query.limit is None else query.limit)
+    def list_rows(self, query: ListQuery) -> list[SessionSummary]:
+        sql, args = listing(query)
         with self._lock:
             rows = self._conn.execute(sql, args).fetchall()
         return [make_summary(row) for row in rows]
@@ -245,13 +202,13 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], meta)
 
     @_translated
-    def _info(self, session_id: str) -> SessionInfo | None:
+    def row(self, session_id: str) -> SessionInfo | None:
         with self._lock:
             row = self._conn.execute(f"{_INFO} WHERE s.session_id = ?", (session_id,)).fetchone()
         return self._row_info(row) if row else None
 
     @_translated
-    def _info_without_plan(self, session_id: str) -> tuple[SessionInfo, bool] | None:
+    def row_without_plan(self, session_id: str) -> tuple[SessionInfo, bool] | None:
         # The plan stays in its column, neither read nor parsed (a 3 MB plan would take ~45-80 ms to parse).
         with self._lock:
             row = self._conn.execute(INFO_WITHOUT_PLAN, (session_id,)).fetchone()
@@ -263,7 +220,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return info, bool(row[8])
 
     @_translated
-    def _row(self, session_id: str) -> SessionInfo | None:
+    def log_row(self, session_id: str) -> SessionInfo | None:
         # Reading a log needs no meta but its first readable version: never parse a plan for it.
         with self._lock:
             row = self._conn.execute(
@@ -271,7 +228,11 @@ class SQLiteStore(KeepsSummaries, EventStore):
                 "FROM sessions s JOIN session_meta m ON m.session_id = s.session_id WHERE s.session_id = ?",
                 (session_id,),
             ).fetchone()
-        return None if row is None else SessionInfo(*row[:6], {"pruned_to": row[6]} if row[6] else {})
+        return (
+            None
+            if row is None
+            else SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], {"pruned_to": row[6]} if row[6] else {})
+        )
 
     @_translated
     def sessions(self) -> list[SessionInfo]:
@@ -280,7 +241,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return [self._row_info(r) for r in rows]
 
     @_translated
-    def session_heads(self, session_ids: Iterable[str] | None = None) -> list[SessionHead]:
+    def heads(self, session_ids: Iterable[str] | None) -> list[SessionHead]:
         # One read transaction: each session's row, the event at its head
         # (from either event table) and its lease.
         with self._transaction("DEFERRED") as conn:
@@ -301,19 +262,20 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return SessionHead(info, head_event(info.session_id, info.version, row[8:14]), lease)
 
     @_translated
-    def find_sessions(self, prefix: str = "", limit: int | None = None) -> list[SessionInfo]:
+    def find(self, prefix: str, limit: int | None) -> list[SessionInfo]:
         return [self._row_info(r) for r in self._found(_INFO, prefix, limit)]
 
     @_translated
-    def find_session_ids(self, prefix: str = "", limit: int | None = None) -> list[str]:
+    def find_ids(self, prefix: str, limit: int | None) -> list[str]:
         return [r[0] for r in self._found("SELECT s.session_id FROM sessions s", prefix, limit)]
 
     def _found(self, select: str, prefix: str, limit: int | None) -> list[tuple[Any, ...]]:
         with self._lock:
-            return self._conn.execute(
+            found: list[tuple[Any, ...]] = self._conn.execute(
                 f"{select} WHERE substr(s.session_id, 1, ?) = ? ORDER BY s.updated_at DESC, s.session_id LIMIT ?",
                 (len(prefix), prefix, -1 if limit is None else max(0, limit)),
             ).fetchall()
+        return found
 
     @_translated
     def lease_of(self, session_id: str) -> Lease | None:
@@ -324,13 +286,13 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return Lease(session_id, row[0], row[1], row[2]) if row else None
 
     @_translated
-    def _forks(self, session_id: str) -> list[SessionInfo]:
+    def forks_of(self, session_id: str) -> list[SessionInfo]:
         with self._lock:
             rows = self._conn.execute(f"{_INFO} WHERE s.parent_id = ?", (session_id,)).fetchall()
         return [self._row_info(r) for r in rows]
 
     @_translated
-    def _delete(self, session_id: str) -> None:
+    def delete_rows(self, session_id: str) -> None:
         with self._transaction() as conn:
             for table in ("events", "events_recent", "snapshots", "leases", "session_meta", "sessions"):
                 conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
@@ -341,53 +303,25 @@ class SQLiteStore(KeepsSummaries, EventStore):
     #: ``saucer.store._group``); False writes each append in its own transaction.
     group_commit: bool = True
 
-    def _append(self, event: Event, expected_version: int, fence: int | None) -> None:
+    def write_event(self, event: Event, expected_version: int, fence: int | None) -> None:
         if self.group_commit:
             self._group_committer().append(event, expected_version, fence)
         else:
             self._write_one(Pending(event, expected_version, fence, blocking=False))
 
-    def _aappend(
+    def awrite_event(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
     ) -> Awaitable[None]:
         # Returns the committer's coroutine itself: one coroutine frame less per commit.
         if self.group_commit:
             return self._group_committer().append_async(event, expected_version, fence, on_written)
-        return super()._aappend(event, expected_version, fence, on_written)
+        return super().awrite_event(event, expected_version, fence, on_written)
 
     @_translated
     def _write_one(self, entry: Pending) -> None:
         """Write one append in its own transaction; raise its error."""
-        event = entry.event
         with self._transaction() as conn:
-            if entry.fence is not None:
-                row = conn.execute(
-                    "SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)
-                ).fetchone()
-                if row is None or row[0] != entry.fence:
-                    raise FencedError(event.session_id, entry.fence, row[0] if row else None, row[1] if row else None)
-            row = conn.execute(
-                f"SELECT head, {_COUNTERS} FROM sessions WHERE session_id = ?", (event.session_id,)
-            ).fetchone()
-            if row is None:
-                raise SessionNotFoundError(event.session_id)
-            if row[0] != entry.expected:
-                raise ConflictError(event.session_id, entry.expected, row[0])
-            counters = fold(Counters(row[1], row[2], row[3], row[4], bool(row[5]), row[6]), event.step, event.meta)
-            conn.execute(_UPDATE_HEAD, (event.version, event.timestamp, *_counter_values(counters), event.session_id))
-            conn.execute(
-                "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    event.session_id,
-                    event.version,
-                    event.timestamp,
-                    event.author,
-                    event.round,
-                    event.step,
-                    entry.payload,
-                    entry.crc,
-                ),
-            )
+            write_one(conn, entry)
             self._fold_if_due(1)
 
     @_translated
@@ -415,57 +349,9 @@ class SQLiteStore(KeepsSummaries, EventStore):
         sessions are read at once, each entry is checked against them in order,
         and the accepted ones are written with two ``executemany`` calls.
         """
-        ids = list({e.event.session_id: None for e in entries})
-        fenced = list({e.event.session_id: None for e in entries if e.fence is not None})
-        updates: list[tuple[Any, ...]] = []
-        rows: list[tuple[Any, ...]] = []
         with self._transaction() as conn:
-            heads: dict[str, tuple[int, Counters]] = {
-                row[0]: (row[1], Counters(row[2], row[3], row[4], row[5], bool(row[6]), row[7]))
-                for row in conn.execute(
-                    f"SELECT session_id, head, {_COUNTERS} FROM sessions WHERE session_id IN ({','.join('?' * len(ids))})",
-                    ids,
-                )
-            }
-            leases: dict[str, tuple[int, str]] = {}
-            if fenced:
-                found = conn.execute(
-                    f"SELECT session_id, token, owner FROM leases WHERE session_id IN ({','.join('?' * len(fenced))})",
-                    fenced,
-                )
-                leases = {sid: (token, owner) for sid, token, owner in found}
-            for entry in entries:
-                event = entry.event
-                sid = event.session_id
-                if entry.fence is not None:
-                    token, owner = leases.get(sid, (None, None))
-                    if token != entry.fence:
-                        entry.error = FencedError(sid, entry.fence, token, owner)
-                        continue
-                found = heads.get(sid)
-                if found is None or found[0] != entry.expected:
-                    entry.error = (
-                        SessionNotFoundError(sid) if found is None else ConflictError(sid, entry.expected, found[0])
-                    )
-                    continue
-                counters = fold(found[1], event.step, event.meta)
-                heads[sid] = (event.version, counters)
-                updates.append((event.version, event.timestamp, *_counter_values(counters), sid))
-                rows.append(
-                    (
-                        sid,
-                        event.version,
-                        event.timestamp,
-                        event.author,
-                        event.round,
-                        event.step,
-                        entry.payload,
-                        entry.crc,
-                    )
-                )
-            conn.executemany(_UPDATE_HEAD, updates)
-            conn.executemany("INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            self._fold_if_due(len(rows))
+            added = write_batch(conn, entries)
+            self._fold_if_due(added)
 
     #: Move ``events_recent`` into ``events`` once this process has added this many rows to it.
     fold_every = 2048
@@ -495,7 +381,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
             conn.execute("RELEASE fold")
 
     @_translated
-    def _read(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
+    def read_own(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         args = (session_id, after, upto if upto is not None else 2**62)
         columns = "SELECT version, ts, author, round, step, payload, crc FROM"
         where = "WHERE session_id = ? AND version > ? AND version <= ? ORDER BY version"
@@ -509,7 +395,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return decode_rows(session_id, rows, head=row[0] if row else None)
 
     @_translated
-    def _formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
+    def own_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
         with self._transaction("DEFERRED") as conn:
             rows = conn.execute(
                 "SELECT version, payload FROM events WHERE session_id = ? UNION ALL "
@@ -520,7 +406,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
         return formats_of(rows), formats_of(snaps)
 
     @_translated
-    def _rewrite(
+    def rewrite_rows(
         self,
         session_id: str,
         events: list[Event],
@@ -554,7 +440,7 @@ class SQLiteStore(KeepsSummaries, EventStore):
     # ------------------------------------------------------------ snapshots
 
     @_translated
-    def _snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
+    def own_snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
         with self._lock:
             # Newest first and lazily: usually only the first blob is read; a
             # damaged one falls back to the next.
@@ -632,20 +518,21 @@ class SQLiteStore(KeepsSummaries, EventStore):
     # ------------------------------------------------------------ retention
 
     @_translated
-    def _prune(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
+    def prune_rows(self, session_id: str, cut: int, base: Event, snapshot: Snapshot) -> bool:
         with self._transaction() as conn:
             return replace_below(conn, session_id, cut, base, snapshot)
 
     @_translated
-    def _materialise(
+    def materialise_rows(
         self, info: SessionInfo, events: list[Event], snapshot: Snapshot | None, meta: dict[str, Any]
     ) -> bool:
         with self._transaction() as conn:
             return detach_fork(conn, info, events, snapshot, meta)
 
     @_translated
-    def _import(self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot]) -> None:
-        counters = fold_events(self._new_counters(info), events)
+    def import_rows(
+        self, info: SessionInfo, events: list[Event], snapshots: list[Snapshot], counters: Counters
+    ) -> None:
         with self._transaction() as conn:
             insert_session(conn, info, counters)
             insert_events(conn, info.session_id, events)

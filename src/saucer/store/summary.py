@@ -4,19 +4,20 @@ query that lists sessions from it.
 A listing of 10^4 sessions must not read 10^4 logs: each commit folds its
 event into a few counters kept beside the session's head (:func:`fold`), and
 :meth:`~saucer.store.EventStore.list_sessions` answers from those rows in one
-query. The counters follow what the engine writes into an event's ``meta``
-(a store does not interpret operations, which may be sealed):
+query. What a commit changes is said by its writer, with the commit: a
+:class:`SummaryDelta` (``EventStore.append(..., summary=...)``, stored with the
+event). The store interprets neither operations (which may be sealed) nor
+meta; the engine makes its deltas (:mod:`saucer.engine.summaries`):
 
-- ``status``: the newest ``meta["session_status"]``, else the session meta's
+- ``status``: the newest delta's ``status``, else the session meta's
   ``status`` given at creation (None: not an engine session);
 - ``steps``: the highest ``step`` of the session's events (its step counter);
-- ``rounds``: how many events have ``meta["kind"] == "round_end"``;
-- ``cost``: the sum of ``meta["cost"]`` over the ``step`` and ``evaluation``
-  events (a round's end repeats its steps' cost); a ``None`` cost makes the
-  total unknown for good;
-- ``reason``: the newest event's ``meta["reason"]``;
-- a ``session_end`` event's ``meta["summary"]`` (the engine's own final
-  figures) overrides rounds, steps, cost and reason.
+- ``rounds``: the sum of the deltas' ``rounds_add``;
+- ``cost``: the sum of their ``cost_add``; an ``unknown`` makes the total
+  unknown for good;
+- ``reason``: the newest event's delta's ``reason``;
+- a delta's ``final_rounds``, ``final_steps`` and ``final_cost`` (a session's
+  end, with the engine's own final figures) replace the counts.
 
 A fork starts from its parent's counters at its branch point, with the status
 of its meta (``not started``, :data:`NOT_STARTED`, for an engine session's fork)
@@ -30,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 __all__ = [
     "ENDED",
@@ -40,13 +41,13 @@ __all__ = [
     "REQUEST_CHARS",
     "SORT_KEYS",
     "Counters",
-    "Delta",
+    "SummaryDelta",
+    "Summarised",
     "ListQuery",
     "SessionSummary",
     "apply",
     "ascii_lower",
     "brief_of",
-    "delta_of",
     "fold",
     "fold_events",
     "initial_counters",
@@ -86,94 +87,104 @@ class Counters:
     reason: str | None = None
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
-class Delta:
-    """What one event changes in the counters, from the event alone (:func:`delta_of`).
+class SummaryDelta:
+    """What one commit changes in its session's summary: given by the writer (the engine) with the
+    commit (``EventStore.append(..., summary=...)``), stored with the event, and applied by
+    :func:`apply` -- the store never reads an event's ``meta`` to guess it.
 
-    :func:`apply` combines it with the counters before; the PostgreSQL store
-    does the same in its append statement (``_postgres_sql``), so that every
-    backend counts alike.
+    The PostgreSQL store applies it in its append statement (``_postgres_sql``) as :func:`apply`
+    does, so that every backend counts alike. Records written before format 6 carry none: their
+    upcaster (:mod:`saucer.store.upcast`) gives the one their meta then meant.
     """
 
-    status: str | None = None  # the new status, or None: unchanged
-    step: int | None = None  # steps become at least this
-    rounds_add: int = 0
-    cost_add: float = 0.0
-    unknown: bool = False  # the cost becomes unknown
-    reason: str | None = None  # the reason after this event (None: none)
-    final_rounds: int | None = None  # a session_end's own figures replace the counts
+    status: str | None = None  # the session's new status, or None: unchanged
+    rounds_add: int = 0  # rounds this commit ends
+    cost_add: float = 0.0  # cost this commit adds
+    unknown: bool = False  # the total cost becomes unknown (something could not be priced)
+    reason: str | None = None  # the reason after this commit (None: none)
+    final_rounds: int | None = None  # a session end's own figures replace the counts
     final_steps: int | None = None
     final_cost: float | None = None  # with it, ``unknown`` alone says whether the total is known
 
+    def to_wire(self) -> dict[str, Any]:
+        """The fields that differ from their default, as JSON data (how records store it)."""
+        return {name: getattr(self, name) for name in _FIELDS if getattr(self, name) != getattr(_NO_CHANGE, name)}
 
-def delta_of(step: int | None, meta: Mapping[str, Any]) -> Delta:
-    """What an event with this ``step`` and ``meta`` changes (see the module docs)."""
-    kind = meta.get("kind")
-    cost_add, unknown = 0.0, False
-    if kind in ("step", "evaluation") and "cost" in meta:
-        value = meta["cost"]
-        if _number(value):
-            cost_add = float(value)
-        elif value is None:
-            unknown = True
-    status = meta.get("session_status")
-    reason = meta.get("reason")
-    final_rounds = final_steps = final_cost = None
-    final = meta.get("summary")
-    if kind == "session_end" and isinstance(final, Mapping):
-        if _number(final.get("rounds")):
-            final_rounds = int(final["rounds"])
-        if _number(final.get("steps")):
-            final_steps = int(final["steps"])
-        if "cost" in final:
-            if _number(final["cost"]):
-                final_cost = float(final["cost"])
-            elif final["cost"] is None:
-                unknown = True
-        if isinstance(final.get("reason"), str) and final["reason"]:
-            reason = final["reason"]
-    summary = meta.get("cost_summary")
-    if isinstance(summary, Mapping) and summary.get("unknown"):
-        unknown = True
-    return Delta(
-        status if isinstance(status, str) else None,
-        step if isinstance(step, int) and not isinstance(step, bool) else None,
-        1 if kind == "round_end" else 0,
-        cost_add,
-        unknown,
-        reason[:REQUEST_CHARS] if isinstance(reason, str) and reason else None,
-        final_rounds,
-        final_steps,
-        final_cost,
-    )
+    @classmethod
+    def from_wire(cls, data: Any) -> SummaryDelta | None:
+        """The delta a record stored (:meth:`to_wire`); None for none. A field of the wrong type
+        is left at its default: a summary is a listing's, and must not make a record unreadable."""
+        if not isinstance(data, Mapping):
+            return None
+
+        def text(name: str) -> str | None:
+            value = data.get(name)
+            return value if isinstance(value, str) else None
+
+        def count(name: str) -> int | None:
+            value = data.get(name)
+            return int(value) if _number(value) else None
+
+        cost = data.get("final_cost")
+        return cls(
+            text("status"),
+            count("rounds_add") or 0,
+            float(data["cost_add"]) if _number(data.get("cost_add")) else 0.0,
+            data.get("unknown") is True,
+            text("reason"),
+            count("final_rounds"),
+            count("final_steps"),
+            float(cost) if _number(cost) else None,
+        )
 
 
-def apply(c: Counters, d: Delta) -> Counters:
-    """The counters after an event whose :class:`Delta` is ``d``."""
-    steps = (
-        d.final_steps if d.final_steps is not None else (d.step if d.step is not None and d.step > c.steps else c.steps)
-    )
+_FIELDS = tuple(SummaryDelta.__dataclass_fields__)
+#: The delta of a commit that says nothing about its session's summary.
+_NO_CHANGE = SummaryDelta()
+
+
+def apply(c: Counters, step: int | None, d: SummaryDelta | None) -> Counters:
+    """The counters after a commit with this ``step`` (steps become at least it) and delta ``d``."""
+    d = _NO_CHANGE if d is None else d
+    if d.final_steps is not None:
+        steps = d.final_steps
+    elif isinstance(step, int) and not isinstance(step, bool) and step > c.steps:
+        steps = step
+    else:
+        steps = c.steps
     rounds = d.final_rounds if d.final_rounds is not None else c.rounds + d.rounds_add
     if d.final_cost is not None:
         cost, unknown = d.final_cost, d.unknown
     else:
         cost, unknown = c.cost + d.cost_add, c.cost_unknown or d.unknown
-    return Counters(d.status if d.status is not None else c.status, rounds, steps, cost, unknown, d.reason)
+    reason = d.reason[:REQUEST_CHARS] if d.reason else None
+    return Counters(d.status if d.status is not None else c.status, rounds, steps, cost, unknown, reason)
 
 
-def fold(counters: Counters, step: int | None, meta: Mapping[str, Any]) -> Counters:
-    """``counters`` after one more event (its ``step`` and ``meta``); pure, the same on every backend."""
-    return apply(counters, delta_of(step, meta))
+class Summarised(Protocol):
+    """What :func:`fold` reads of an event: its step and its summary delta."""
+
+    @property
+    def step(self) -> int | None: ...
+
+    @property
+    def summary(self) -> SummaryDelta | None: ...
 
 
-def fold_events(counters: Counters, events: Iterable[Any]) -> Counters:
-    """:func:`fold` over events (anything with ``step`` and ``meta``), in order."""
+def fold(counters: Counters, event: Summarised) -> Counters:
+    """``counters`` after one more event; pure, the same on every backend."""
+    return apply(counters, event.step, event.summary)
+
+
+def fold_events(counters: Counters, events: Iterable[Summarised]) -> Counters:
+    """:func:`fold` over events, in order."""
     for event in events:
-        counters = fold(counters, event.step, event.meta)
+        counters = apply(counters, event.step, event.summary)
     return counters
 
 

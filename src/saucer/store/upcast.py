@@ -34,6 +34,13 @@ The versions:
 5. A packed value may have ``"tails"`` (the operations on it since its base,
    packed, see :class:`saucer.context.events.Packed`): a version 4 reader
    would read the base without them.
+6. An event payload may have ``"summary"``: what the commit changes in its
+   session's summary (:class:`saucer.store.summary.SummaryDelta`, as its
+   writer said). Before, a store read that from the event's ``meta``
+   (``kind``, ``session_status``, ``reason``, ``cost``, ``cost_summary``,
+   ``summary``); :func:`_event_v5` gives an older event the delta its meta
+   meant then (the store reads no meta of a version 6 event). A version 5
+   reader would count a version 6 event by its meta.
 
 Adding a version: write ``_event_vN`` / ``_snapshot_vN`` (taking a version N
 object, returning a version N + 1 object, without mutating its input), add
@@ -43,7 +50,7 @@ reads real version N bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from saucer.store.model import FormatTooNewError
@@ -57,7 +64,7 @@ __all__ = [
 ]
 
 #: The format this code writes, and the newest it reads.
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 _Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -102,9 +109,69 @@ def _snapshot_v4(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "v": 5}
 
 
+def _event_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """v5 -> v6: the summary delta its meta meant (see :func:`summary_of_v5_meta`), if any."""
+    meta = data.get("meta")
+    summary = summary_of_v5_meta(meta) if isinstance(meta, dict) else {}
+    return {**data, "v": 6, **({"summary": summary} if summary else {})}
+
+
+def _snapshot_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """v5 -> v6: the same snapshot (version 6 changed events only)."""
+    return {**data, "v": 6}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def summary_of_v5_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The wire form of the :class:`~saucer.store.summary.SummaryDelta` of an event of format 5 or
+    older, from its ``meta`` as the engine of those versions wrote it (frozen: new events carry
+    their own): ``session_status``; a ``round_end`` ends a round; a ``step`` or ``evaluation``
+    event's ``cost`` adds (None: unknown); a ``session_end``'s ``summary`` holds the final figures;
+    ``cost_summary.unknown``; the ``reason`` (a ``session_end``'s own first)."""
+    out: dict[str, Any] = {}
+    kind = meta.get("kind")
+    if isinstance(meta.get("session_status"), str):
+        out["status"] = meta["session_status"]
+    if kind == "round_end":
+        out["rounds_add"] = 1
+    if kind in ("step", "evaluation") and "cost" in meta:
+        if _number(meta["cost"]):
+            out["cost_add"] = float(meta["cost"])
+        elif meta["cost"] is None:
+            out["unknown"] = True
+    reason = meta.get("reason")
+    final = meta.get("summary")
+    if kind == "session_end" and isinstance(final, Mapping):
+        for name in ("rounds", "steps"):
+            if _number(final.get(name)):
+                out[f"final_{name}"] = int(final[name])
+        if "cost" in final:
+            if _number(final["cost"]):
+                out["final_cost"] = float(final["cost"])
+            elif final["cost"] is None:
+                out["unknown"] = True
+        if isinstance(final.get("reason"), str) and final["reason"]:
+            reason = final["reason"]
+    costs = meta.get("cost_summary")
+    if isinstance(costs, Mapping) and costs.get("unknown"):
+        out["unknown"] = True
+    if isinstance(reason, str) and reason:
+        out["reason"] = reason
+    return out
+
+
 #: ``version -> the function that turns a record of that version into the next one``.
-_EVENT_UPCASTERS: dict[int, _Upcaster] = {1: _event_v1, 2: _event_v2, 3: _event_v3, 4: _event_v4}
-_SNAPSHOT_UPCASTERS: dict[int, _Upcaster] = {1: _snapshot_v1, 2: _snapshot_v2, 3: _snapshot_v3, 4: _snapshot_v4}
+_EVENT_UPCASTERS: dict[int, _Upcaster] = {1: _event_v1, 2: _event_v2, 3: _event_v3, 4: _event_v4, 5: _event_v5}
+_SNAPSHOT_UPCASTERS: dict[int, _Upcaster] = {
+    1: _snapshot_v1,
+    2: _snapshot_v2,
+    3: _snapshot_v3,
+    4: _snapshot_v4,
+    5: _snapshot_v5,
+}
 
 
 def record_format(data: dict[str, Any]) -> int:

@@ -1,7 +1,7 @@
 """What a session's page shows of its steps: the timeline with time (durations, waterfall, failures),
 the path its agents took, and one step in full (the step inspector). Plain data, no HTML.
 
-Costs per round follow the rule of the kept summaries (:func:`saucer.store.summary.delta_of`:
+Costs per round follow the rule of the kept summaries (:func:`saucer.engine.summaries.summary_of`:
 a step's or an evaluation's cost counts, a round's end repeats them and does not), so a
 round's total is what the Context's ``ROUND_COST`` ledger holds and ``saucer state`` shows.
 """
@@ -18,8 +18,8 @@ from saucer.context.queries import change_of
 from saucer.context.replay import replay
 from saucer.context.types import Change
 from saucer.engine.overview import timeline_items
+from saucer.engine.summaries import summary_of
 from saucer.store import Event, EventStore, SessionInfo, StoreError
-from saucer.store.summary import delta_of
 
 __all__ = [
     "SessionTally",
@@ -124,7 +124,7 @@ class SessionTally:
             self._path(event.meta)
         elif kind == "round_end":
             entry["status"] = item.get("round_status")
-        delta = delta_of(item["step"], item)  # the kept summaries' rule: a round's end repeats its steps' cost
+        delta = summary_of(item)  # the kept summaries' rule: a round's end repeats its steps' cost
         entry["cost"] += delta.cost_add
         entry["cost_unknown"] = entry["cost_unknown"] or (delta.unknown and kind in ("step", "evaluation"))
         if item["failed"]:

@@ -1,4 +1,4 @@
-"""The part of the store contract (:mod:`saucer.store.testing`) about listing sessions:
+"""The store contract (:mod:`saucer.store.testing`), part: listing sessions:
 the summary each commit keeps (:mod:`saucer.store.summary`) and
 :meth:`~saucer.store.EventStore.list_sessions`."""
 
@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from saucer.store.base import EventStore
-from saucer.store.listing import SessionListing
 from saucer.store.model import ConflictError, Feature, FencedError, SessionNotFoundError
-from saucer.store.summary import ListQuery, SessionSummary
+from saucer.store.summary import ListQuery, SessionSummary, SummaryDelta
 
-__all__ = ["SessionListingContract"]
+__all__ = ["ListingContract"]
 
 
 def _engine_session(
@@ -33,13 +32,25 @@ def _engine_session(
             "plan": {"steps": ["x" * 50] * 20},
         },
     )
-    v = store.append(sid, 0, [], author="system", meta={"kind": "session_start", "session_status": "running"}).version
+    running = SummaryDelta(status="running")
+    v = store.append(
+        sid, 0, [], author="system", meta={"kind": "session_start", "session_status": "running"}, summary=running
+    ).version
     for i in range(steps):
         meta: dict[str, Any] = {"kind": "step", "session_status": "running"}
+        delta = running
         if i < len(costs):
             meta["cost"] = costs[i]
+            delta = SummaryDelta("running", cost_add=costs[i] or 0.0, unknown=costs[i] is None)
         v = store.append(
-            sid, v, [{"op": "incr", "var": "n", "by": 1}], author="agent", round=i + 1, step=i + 1, meta=meta
+            sid,
+            v,
+            [{"op": "incr", "var": "n", "by": 1}],
+            author="agent",
+            round=i + 1,
+            step=i + 1,
+            meta=meta,
+            summary=delta,
         ).version
         v = store.append(
             sid,
@@ -48,11 +59,17 @@ def _engine_session(
             author="system",
             round=i + 1,
             meta={"kind": "round_end", "cost": 99.0, "reason": f"round {i + 1} ok", "session_status": "running"},
+            summary=SummaryDelta("running", rounds_add=1, reason=f"round {i + 1} ok"),  # its cost is its steps'
         ).version
     if end is not None:
         summary = {"status": end, "rounds": steps, "steps": steps, "cost": 0.5, "reason": "all done"}
         store.append(
-            sid, v, [], author="system", meta={"kind": "session_end", "session_status": end, "summary": summary}
+            sid,
+            v,
+            [],
+            author="system",
+            meta={"kind": "session_end", "session_status": end, "summary": summary},
+            summary=SummaryDelta(end, final_rounds=steps, final_steps=steps, final_cost=0.5, reason="all done"),
         )
 
 
@@ -62,7 +79,7 @@ def _row(store: EventStore, sid: str) -> SessionSummary:
     return rows[0]
 
 
-class SessionListingContract:
+class ListingContract:
     """Tests of ``list_sessions`` (mixed into :class:`~saucer.store.testing.EventStoreContract`)."""
 
     def test_commits_keep_each_sessions_summary(
@@ -90,6 +107,7 @@ class SessionListingContract:
             author="evaluator",
             meta={"kind": "evaluation", "cost": None, "session_status": "running"},
             fence=lease.token,
+            summary=SummaryDelta("running", unknown=True),
         )
         assert _row(store, "run").cost is None  # an unpriced cost makes the total unknown
         store.append(
@@ -102,6 +120,7 @@ class SessionListingContract:
                 "session_status": "failed",
                 "summary": {"status": "failed", "rounds": 2, "steps": 5, "cost": 1.5, "reason": "a step failed"},
             },
+            summary=SummaryDelta("failed", final_rounds=2, final_steps=5, final_cost=1.5, reason="a step failed"),
         )
         row = _row(store, "run")  # the engine's own final figures win
         assert (row.status, row.runner, row.rounds, row.steps, row.cost, row.reason) == (
@@ -139,7 +158,10 @@ class SessionListingContract:
         _engine_session(store, "c-new", "Deploy", steps=2, costs=[None])
         store.acquire_lease("c-new", "w", ttl=30)
         store.create_session("d-bare")
-        ids = lambda rows: [r.session_id for r in rows]  # noqa: E731
+
+        def ids(rows: list[SessionSummary]) -> list[str]:
+            return [r.session_id for r in rows]
+
         assert ids(store.list_sessions()) == ["d-bare", "c-new", "b-mid", "a-old"]  # most recently updated first
         assert ids(store.list_sessions(limit=2)) == ["d-bare", "c-new"] and store.list_sessions(limit=0) == []
         assert ids(store.list_sessions(status="finished")) == ["a-old"]
@@ -174,7 +196,7 @@ class SessionListingContract:
         with pytest.raises(ValueError, match="limit"):
             store.list_sessions(limit=-1)
         with pytest.raises(TypeError, match="since"):
-            store.list_sessions(since="yesterday")  # type: ignore[arg-type]
+            store.list_sessions(since="yesterday")  # type: ignore[arg-type]  # a wrong type, on purpose
 
     def test_a_fork_starts_from_its_parents_summary_at_its_branch_point(self, store: EventStore) -> None:
         _engine_session(store, "p", "Fork me", steps=3, costs=[1.0, 1.0, 1.0])
@@ -191,10 +213,8 @@ class SessionListingContract:
             "not started",
         )
         assert store.list_sessions(status="not started", sort="id") == [early, head]
-        store.append(
-            "at-3", 3, [], author="agent", round=2, step=8, meta={"kind": "session_resume", "session_status": "running"}
-        )
-        store.append("at-3", 4, [], author="agent", round=2, step=8, meta={"kind": "step", "cost": 0.5})
+        store.append("at-3", 3, [], author="agent", round=2, step=8, summary=SummaryDelta("running"))
+        store.append("at-3", 4, [], author="agent", round=2, step=8, summary=SummaryDelta(cost_add=0.5))
         assert (_row(store, "at-3").steps, _row(store, "at-3").cost, _row(store, "p").steps) == (8, 1.5, 3)
         assert _row(store, "at-3").status == "interrupted"  # it ran, and its runner is gone
 
@@ -202,9 +222,7 @@ class SessionListingContract:
         _engine_session(store, "one", "A", steps=2, costs=[0.3, None], end="finished")
         _engine_session(store, "two", "B", steps=3, costs=[0.1, 0.2, 0.3])
         store.create_session("two-fork", parent_id="two", parent_version=4)
-        store.append(
-            "two-fork", 4, [], author="x", step=2, meta={"kind": "step", "cost": 0.05, "session_status": "stopped"}
-        )
+        store.append("two-fork", 4, [], author="x", step=2, summary=SummaryDelta("stopped", cost_add=0.05))
         if Feature.REPLACE_HISTORY in store.features:  # a prune keeps the counts of what it drops
             store.replace_history("one", 3, [], {"names": {}, "vars": {}})
         if Feature.IMPORT in store.features:
@@ -212,30 +230,43 @@ class SessionListingContract:
             store.import_log(
                 type(info)("copy", info.version, info.created_at, info.updated_at, None, None, info.meta),
                 [
-                    type(e)("copy", e.version, e.timestamp, e.author, e.round, e.step, e.ops, e.meta)
+                    type(e)("copy", e.version, e.timestamp, e.author, e.round, e.step, e.ops, e.meta, e.summary)
                     for e in store.read("two")
                 ],
             )
             assert _row(store, "copy").steps == 3 and _row(store, "copy").cost == _row(store, "two").cost
         query = ListQuery.of()
-        kept = store._list(query)
-        folded = SessionListing._list(store, query)
+        kept = store.list_sessions()
+        folded = store.summaries.folded(query)
         if Feature.REPLACE_HISTORY in store.features:  # folded from the pruned log, "one" lost its first step
             kept = [r for r in kept if r.session_id != "one"]
             folded = [r for r in folded if r.session_id != "one"]
             assert _row(store, "one").steps == 2 and _row(store, "one").status == "finished"
         assert kept == folded
 
+    def test_the_summary_comes_from_the_commits_delta_never_from_its_meta(self, store: EventStore) -> None:
+        store.create_session("m", meta={"status": "running"})
+        engine_like = {"kind": "round_end", "session_status": "finished", "cost": 5.0, "reason": "meta says so"}
+        store.append("m", 0, [], author="a", step=2, meta=engine_like)  # no summary: only the step counts
+        row = _row(store, "m")
+        assert (row.status, row.rounds, row.steps, row.cost, row.reason) == ("interrupted", 0, 2, 0.0, None)
+        store.append("m", 1, [], author="a", meta=engine_like, summary=SummaryDelta("stopped", reason="x" * 600))
+        row = _row(store, "m")
+        assert (row.status, row.rounds, row.cost, row.reason) == ("stopped", 0, 0.0, "x" * 500)  # cut as requests
+        assert next(store.read("m", 1)).summary == SummaryDelta("stopped", reason="x" * 600)  # stored as given
+        with pytest.raises(TypeError, match="SummaryDelta"):
+            store.append("m", 2, [], author="a", summary={"status": "finished"})  # type: ignore[arg-type]  # on purpose
+
     def test_refused_and_concurrent_commits_count_exactly_once(self, store: EventStore) -> None:
         store.create_session("c", meta={"status": "running"})
         store.create_session("d")
-        step = {"kind": "step", "cost": 0.5}
-        store.append("c", 0, [], author="a", step=1, meta=step)
+        step = SummaryDelta(cost_add=0.5)
+        store.append("c", 0, [], author="a", step=1, summary=step)
         with pytest.raises(ConflictError):
-            store.append("c", 0, [], author="stale", step=99, meta=step)  # refused: counts nothing
+            store.append("c", 0, [], author="stale", step=99, summary=step)  # refused: counts nothing
         lease = store.acquire_lease("c", "w1", ttl=30)
         with pytest.raises(FencedError):
-            store.append("c", 1, [], author="old", step=98, meta=step, fence=lease.token + 1)
+            store.append("c", 1, [], author="old", step=98, summary=step, fence=lease.token + 1)
         row = _row(store, "c")
         assert (row.steps, row.cost, row.version) == (1, 0.5, 1)
 
@@ -245,7 +276,7 @@ class SessionListingContract:
                     while True:
                         head = store.head(sid)
                         try:
-                            await store.aappend(sid, head, [], author="w", step=head + 1, meta=step)
+                            await store.aappend(sid, head, [], author="w", step=head + 1, summary=step)
                             break
                         except ConflictError:
                             continue
@@ -255,7 +286,7 @@ class SessionListingContract:
         asyncio.run(many())
         c, d = _row(store, "c"), _row(store, "d")
         assert (c.version, c.steps, c.cost) == (21, 21, 10.5) and (d.version, d.steps, d.cost) == (20, 20, 10.0)
-        assert store._list(ListQuery.of()) == SessionListing._list(store, ListQuery.of())
+        assert store.list_sessions() == store.summaries.folded(ListQuery.of())
 
     def test_session_info_without_plan_leaves_out_the_plan_and_says_whether_there_is_one(
         self, store: EventStore

@@ -1,0 +1,157 @@
+"""The hot statements of the SQLite store, run inside the caller's transaction: appends (one, or
+a group commit's batch) with the session's summary counters, and the listing query.
+
+Each append checks the expected head (and the lease token, if fenced), folds
+the event's :class:`~saucer.store.summary.SummaryDelta` into the counters kept
+beside the head (:func:`saucer.store.summary.fold`) and inserts the event into
+``events_recent`` (see :mod:`saucer.store.sqlite`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import orjson
+
+from saucer.store._group import Pending
+from saucer.store.model import ConflictError, FencedError, SessionNotFoundError
+from saucer.store.summary import Counters, ListQuery, fold, listed_sql, order_sql
+
+__all__ = ["kept_counters", "listing", "write_batch", "write_one"]
+
+_COUNTERS = "status, rounds, steps, cost, cost_unknown, reason"
+_LISTED_STATUS, _RUNNER = listed_sql("?")
+#: The columns of :func:`~saucer.store.summary.make_summary`, for :func:`listing`.
+_LIST = f"""
+SELECT s.session_id, s.head, s.created_at, s.updated_at, s.parent_id, s.parent_version,
+       {_LISTED_STATUS} AS listed, s.rounds, s.steps, CASE WHEN s.cost_unknown THEN NULL ELSE s.cost END AS shown_cost,
+       s.reason, m.task AS task, m.mode, m.request, m.forked_from, m.forked_at, {_RUNNER}
+FROM sessions s JOIN session_meta m ON m.session_id = s.session_id
+LEFT JOIN leases l ON l.session_id = s.session_id
+"""
+
+
+#: What a commit changes in its session's row (and nothing else).
+_UPDATE_HEAD = (
+    "UPDATE sessions SET head = ?, updated_at = ?, status = ?, rounds = ?, steps = ?, cost = ?, cost_unknown = ?, "
+    "reason = ? WHERE session_id = ?"
+)
+
+
+def _counter_values(c: Counters) -> tuple[Any, ...]:
+    return (c.status, c.rounds, c.steps, c.cost, int(c.cost_unknown), c.reason)
+
+
+def kept_counters(conn: sqlite3.Connection, session_id: str) -> Counters | None:
+    """The summary counters kept for a session (None: no such session)."""
+    row = conn.execute(f"SELECT {_COUNTERS} FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+    return None if row is None else Counters(row[0], row[1], row[2], row[3], bool(row[4]), row[5])
+
+
+def listing(query: ListQuery) -> tuple[str, list[Any]]:
+    """The statement of ``list_sessions`` and its arguments: the hot rows, the listed fields of the
+    meta (never the meta itself) and the leases; filtered, sorted and cut by SQLite."""
+    where: list[str] = ["1"]
+    args: list[Any] = [query.now, query.now]
+    if query.ids is not None:
+        where.append("s.session_id IN (SELECT value FROM json_each(?))")
+        args.append(orjson.dumps(list(query.ids)).decode())
+    if query.statuses is not None:
+        where.append("listed IN (SELECT value FROM json_each(?))")
+        args.append(orjson.dumps(sorted(query.statuses)).decode())
+    if query.task is not None:
+        where.append("instr(lower(m.task), lower(?)) > 0")
+        args.append(query.task)
+    if query.since is not None:
+        where.append("s.updated_at >= ?")
+        args.append(query.since)
+    sql = f"{_LIST} WHERE {' AND '.join(where)} {order_sql(query, 'listed', 'm.task')} LIMIT ?"
+    args.append(-1 if query.limit is None else query.limit)
+    return sql, args
+
+
+def write_one(conn: sqlite3.Connection, entry: Pending) -> None:
+    """Write one append; raise its error."""
+    event = entry.event
+    if entry.fence is not None:
+        row = conn.execute("SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)).fetchone()
+        if row is None or row[0] != entry.fence:
+            raise FencedError(event.session_id, entry.fence, row[0] if row else None, row[1] if row else None)
+    row = conn.execute(f"SELECT head, {_COUNTERS} FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFoundError(event.session_id)
+    if row[0] != entry.expected:
+        raise ConflictError(event.session_id, entry.expected, row[0])
+    counters = fold(Counters(row[1], row[2], row[3], row[4], bool(row[5]), row[6]), event)
+    conn.execute(_UPDATE_HEAD, (event.version, event.timestamp, *_counter_values(counters), event.session_id))
+    conn.execute(
+        "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            event.session_id,
+            event.version,
+            event.timestamp,
+            event.author,
+            event.round,
+            event.step,
+            entry.payload,
+            entry.crc,
+        ),
+    )
+
+
+def write_batch(conn: sqlite3.Connection, entries: list[Pending]) -> int:
+    """Write many appends; a refused entry fails only itself (its ``error``). How many were written.
+
+    The heads (and lease tokens) of the batch's sessions are read at once, each
+    entry is checked against them in order, and the accepted ones are written
+    with two ``executemany`` calls.
+    """
+    ids = list({e.event.session_id: None for e in entries})
+    fenced = list({e.event.session_id: None for e in entries if e.fence is not None})
+    updates: list[tuple[Any, ...]] = []
+    rows: list[tuple[Any, ...]] = []
+    heads: dict[str, tuple[int, Counters]] = {
+        row[0]: (row[1], Counters(row[2], row[3], row[4], row[5], bool(row[6]), row[7]))
+        for row in conn.execute(
+            f"SELECT session_id, head, {_COUNTERS} FROM sessions WHERE session_id IN ({','.join('?' * len(ids))})",
+            ids,
+        )
+    }
+    leases: dict[str, tuple[int, str]] = {}
+    if fenced:
+        found = conn.execute(
+            f"SELECT session_id, token, owner FROM leases WHERE session_id IN ({','.join('?' * len(fenced))})",
+            fenced,
+        )
+        leases = {sid: (token, owner) for sid, token, owner in found}
+    for entry in entries:
+        event = entry.event
+        sid = event.session_id
+        if entry.fence is not None:
+            token, owner = leases.get(sid, (None, None))
+            if token != entry.fence:
+                entry.error = FencedError(sid, entry.fence, token, owner)
+                continue
+        head = heads.get(sid)
+        if head is None or head[0] != entry.expected:
+            entry.error = SessionNotFoundError(sid) if head is None else ConflictError(sid, entry.expected, head[0])
+            continue
+        counters = fold(head[1], event)
+        heads[sid] = (event.version, counters)
+        updates.append((event.version, event.timestamp, *_counter_values(counters), sid))
+        rows.append(
+            (
+                sid,
+                event.version,
+                event.timestamp,
+                event.author,
+                event.round,
+                event.step,
+                entry.payload,
+                entry.crc,
+            )
+        )
+    conn.executemany(_UPDATE_HEAD, updates)
+    conn.executemany("INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    return len(rows)
