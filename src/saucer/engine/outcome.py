@@ -31,6 +31,7 @@ from saucer.store import EventStore, LeaseHeldError, StoreError
 
 if TYPE_CHECKING:
     from saucer.engine.agent import AgentSet
+    from saucer.engine.cancel import CancelWatch
 
 __all__ = ["SessionOutcome"]
 
@@ -49,6 +50,7 @@ class SessionOutcome:
     context: Context
     logs: SessionLogs
     progress: Progress
+    cancel_watch: CancelWatch
     session_step: int
     interactor: Any
     evaluator: Any
@@ -123,6 +125,8 @@ class SessionOutcome:
         p = self.progress
         if p.error is not None:
             return SessionStatus.ERROR
+        if self.cancel_watch.request is not None:
+            return SessionStatus.CANCELLED
         if p.stopped is not None:
             return SessionStatus.STOPPED
         if p.failed:
@@ -131,7 +135,11 @@ class SessionOutcome:
 
     async def _finish(self) -> None:
         status = self._status()
-        if self.settings.system.eva_session and self._phase != "session_eval" and status != SessionStatus.ERROR:
+        if (
+            self.settings.system.eva_session
+            and self._phase != "session_eval"
+            and status not in (SessionStatus.ERROR, SessionStatus.CANCELLED)
+        ):
             await self._evaluate("session", None)
         experience_path = await self._save_experience(status)
         await self._complete(status, experience_path)

@@ -125,6 +125,10 @@ class RoundHost(Protocol):
     def check_lease(self) -> None:
         """Before each step: raise if this runner lost its lease on the session."""
 
+    def cancelled(self) -> str | None:
+        """Before each step: why the session must stop (a person cancelled it), or None."""
+        ...
+
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> dict[str, Any]:
         """The resume cursor a step's commit carries: the agent and state that act next."""
         ...
@@ -204,6 +208,9 @@ class Round:
         while not state.is_round_end() and self.terminated is None:
             if limits.step_reached(session.session_step):
                 return self._end(RoundStatus.STOPPED, f"max_step ({limits.max_step}) reached")
+            cancelled = session.cancelled()
+            if cancelled is not None:
+                return self._end(RoundStatus.STOPPED, cancelled)
             session.check_lease()
             round_step += 1
             record = StepRecord(

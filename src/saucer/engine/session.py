@@ -55,6 +55,7 @@ from saucer.context import Context, ContextNames
 from saucer.engine.accounting import Limits
 from saucer.engine.agent import Agent, AgentSet, as_agent_set
 from saucer.engine.application import ApplicationWatch
+from saucer.engine.cancel import CancelRequest, CancelWatch
 from saucer.engine.components import new_follower
 from saucer.engine.cursor import Progress
 from saucer.engine.defaults import inapplicable, say_once
@@ -160,6 +161,8 @@ class Session(ResumableSession, SessionOutcome):
         #: Steps of the whole session committed so far.
         self.session_step = 0
         self.owner = lease_owner()
+        #: A person's cancel request (saucer cancel, the viewer), seen in the log while the session runs.
+        self.cancel_watch = CancelWatch()
         self.store: EventStore | None = None
         self.context: Context = None  # type: ignore[assignment]  # set by run()
         self.logs: SessionLogs = SessionLogs.disabled()
@@ -460,6 +463,14 @@ class Session(ResumableSession, SessionOutcome):
         if self._lease is not None:
             self._lease.check()
 
+    def cancelled(self) -> str | None:
+        """Before each step: why the session must stop (``cancelled by ...``), or None."""
+        return self.cancel_watch.reason
+
+    def _cancel_requested(self, request: CancelRequest) -> None:
+        """A cancel request was seen: no other round or step starts, and the end says who cancelled."""
+        self.progress.stopped = request.text()
+
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> dict[str, Any]:
         """The resume cursor of a step's commit: the agent and state that act next."""
         return self._cursor("step", round_id, plan_index, agent, state)
@@ -539,6 +550,7 @@ class Session(ResumableSession, SessionOutcome):
         for hook in self._start_hooks:
             hook(self)
         self._lease.start_renewing()
+        self.cancel_watch.start(store, sid, ctx.version, self._cancel_requested)
 
     def _open_store(self) -> EventStore:
         spec = self._store_spec
@@ -572,6 +584,7 @@ class Session(ResumableSession, SessionOutcome):
     # ================================================================ close
 
     async def _close(self, clean: bool) -> None:
+        await self.cancel_watch.stop()
         if self._lease is not None:
             self._lease.stop()
         await self._dispatcher.close(self.session_id)
