@@ -24,7 +24,7 @@ from saucer.context.queries import diff_of
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, read_evaluation_log, read_request_log
 from saucer.engine.status import ENDED, NOT_STARTED
 from saucer.store import Event, EventStore, SessionInfo, SessionNotFoundError
-from saucer.store.summary import SessionSummary
+from saucer.store.summary import SORT_KEYS, SessionSummary
 from saucer.ui.steps import Tallies, item_of, rounds_view
 
 __all__ = [
@@ -176,6 +176,11 @@ _SORT_VALUE: dict[str, Any] = {
 }
 
 
+#: The columns the store's listing sorts as the table does (its ``steps`` counts a session the engine did not
+#: make as 0 where the table shows none, and it has no mode or duration to sort by).
+_STORE_SORTS = frozenset(SORT_KEYS) & {"updated", "created", "id", "task", "status", "cost", "version"}
+
+
 def _sorted(rows: list[SessionSummary], sort: str, desc: bool) -> list[SessionSummary]:
     """Rows in the order of ``sort``; an unknown number (None) last both ways, as ``saucer sessions`` sorts."""
     rows = sorted(rows, key=lambda s: s.session_id)  # ties by id, ascending either way (as the store's listing)
@@ -196,7 +201,10 @@ def list_sessions(
     one pass each, and the rows shown are :meth:`SessionSummary.row`, what
     ``saucer sessions --json`` shows.
     """
-    listed = store.list_sessions() if allowed is None else store.list_sessions(ids=allowed)
+    # The store sorts by what it lists the same way (None last, ties by id); steps and duration are sorted here.
+    by_store = query.sort in _STORE_SORTS
+    order: dict[str, Any] = {"sort": query.sort, "descending": query.desc} if by_store else {}
+    listed = store.list_sessions(**order) if allowed is None else store.list_sessions(ids=allowed, **order)
     modes: set[str] = set()
     tasks: set[str] = set()
     start, end = query.window()
@@ -224,7 +232,7 @@ def list_sessions(
         counts[s.status] = counts.get(s.status, 0) + 1  # what each status would show, the other filters applied
         if not query.status or s.status == query.status:
             rows.append(s)
-    if query.sort != "updated" or not query.desc:  # the store's order is already most recently updated first
+    if not by_store:
         rows = _sorted(rows, query.sort, query.desc)
     total_cost, unknown = 0.0, 0
     for s in rows:
