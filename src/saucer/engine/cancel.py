@@ -14,7 +14,7 @@ while the session runs (its runner holds a live lease), and appended on the
 version that was checked, so it never lands after the session's end.
 
 The runner follows its own log while it runs (:class:`CancelWatch`, over
-:meth:`~saucer.store.EventStore.watch`: PostgreSQL's ``LISTEN``, else a poll).
+:meth:`~saucer.store.EventStore.watch`: PostgreSQL's ``LISTEN``, else a read every 0.5 s).
 On the first cancel request it stops: the step in flight finishes and commits
 (a committed step is never half done), no other step starts, and the session
 ends ``cancelled`` (:data:`CANCELLED`, the service's word for its cancel too),
@@ -54,7 +54,7 @@ CANCELLED = "cancelled"
 """The status a cancelled session ends with (the service's cancel ends with it too)."""
 _REASON_CHARS = 500
 _MAX_TRIES = 50
-_POLL_INTERVAL = 0.25
+_POLL_INTERVAL = 0.5  # as an approval's wait reads the log
 
 
 class CancelError(Exception):
@@ -156,7 +156,7 @@ class CancelWatch:
         interval: float | None = None,
     ) -> None:
         """Follow the session's log after version ``after`` until a cancel request (or :meth:`stop`);
-        a store without notifications is read every ``interval`` seconds (default 0.25)."""
+        a store without notifications is read every ``interval`` seconds (default 0.5)."""
         if self._task is None:
             every = _POLL_INTERVAL if interval is None else interval
             self._task = asyncio.create_task(
@@ -166,10 +166,12 @@ class CancelWatch:
     async def stop(self) -> None:
         """Stop following the log (the session is closing)."""
         task, self._task = self._task, None
-        if task is not None and not task.done():
+        if task is None:
+            return
+        if not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        with contextlib.suppress(asyncio.CancelledError, Exception):  # (an error of the watch is retrieved too)
+            await task
 
     async def _follow(
         self,
