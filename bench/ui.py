@@ -134,7 +134,7 @@ def _row(label: str, times: list[float], size: int | None = None) -> None:
 
 
 def _bench(label: str, store: EventStore, sessions: int, steps: int, repeat: int) -> None:
-    print(f"\n{label}: {sessions} sessions; one session of {steps} steps")
+    print(f"\n{label}: {sessions} sessions; one session of {steps} steps (load average {_load()})")
     client = TestClient(create_app(store))
     pages: list[tuple[str, str]] = [
         ("sessions page (newest first)", "/sessions"),
@@ -168,6 +168,12 @@ def _bench(label: str, store: EventStore, sessions: int, steps: int, repeat: int
         start = time.perf_counter()
         assert cold.get(url).status_code == 200
         _row(name, [(time.perf_counter() - start) * 1000])
+    print(f"  (load average at the end: {_load()}; {os.cpu_count()} cores)")
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages: the figures mean little on a machine busy with other work."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> int:
