@@ -525,6 +525,8 @@ class Session(ResumableSession, SessionOutcome):
         if ended is not None and continued is None:
             self.result = self._stored_result(point_meta)
             return
+        # From the version it was opened at: a cancel written while it starts is seen too.
+        self.cancel_watch.start(store, sid, ctx.version, self._cancel_requested)
         self._open_logs(ctx)
         ctx.attach_command_dispatcher(await self.open_dispatcher())
         tool_info = await self._dispatcher.tool_info(sid)
@@ -550,7 +552,6 @@ class Session(ResumableSession, SessionOutcome):
         for hook in self._start_hooks:
             hook(self)
         self._lease.start_renewing()
-        self.cancel_watch.start(store, sid, ctx.version, self._cancel_requested)
 
     def _open_store(self) -> EventStore:
         spec = self._store_spec
