@@ -1,4 +1,4 @@
-"""Cancelling a running session from outside its process: a request in the session's log, honoured by its runner.
+"""Cancelling a running session from outside its process: an out-of-turn write in its log, honoured by its runner.
 
 ::
 
@@ -6,55 +6,57 @@
     # the runner (another process, another host) sees it and ends the session between two steps:
     #   status "cancelled", reason "cancelled by user:alice: wrong folder"
 
-A cancel is one event of the session (``meta["kind"] == "cancel_request"``,
-``meta["cancel"]``: the reason), without operations, written by whoever asks:
-attributable like any other write, and refused like any other to a
-non-participant of a session that declares its participants. It is only taken
-while the session runs (its runner holds a live lease), and appended on the
-version that was checked, so it never lands after the session's end.
+A cancel is one event of the session, written by whoever asks, through the
+same shared-state path as any participant's write: it sets the context
+variable :data:`CANCEL_VAR` (who, why, when) and says ``meta["kind"] ==
+"cancel_request"``. It is attributable like any other write, and refused like
+any other to a non-participant of a session that declares its participants.
+It is only taken while the session runs (its runner holds a live lease), and
+appended on the version that was checked, so it never lands after the
+session's end.
 
-The runner follows its own log while it runs (:class:`CancelWatch`, over
-:meth:`~saucer.store.EventStore.watch`: PostgreSQL's ``LISTEN``, else a read every 0.5 s).
-On the first cancel request it stops: the step in flight finishes and commits
-(a committed step is never half done), no other step starts, and the session
-ends ``cancelled`` (:data:`CANCELLED`, the service's word for its cancel too),
-its reason naming who cancelled. A step waiting for a person's approval does not
-wait on: the session's pending approvals are refused, by the canceller, so the
-step goes on without running its command.
+The runner reads nothing more for it: its Context takes in out-of-turn writes
+as it commits (a serialised commit is ordered after them, and the next step
+sees them), so before each step it looks at the variable (:func:`cancel_reason`).
+Once it is set, the step in flight has finished and committed (a committed
+step is never half done), no other step starts, and the session ends
+``cancelled`` (:data:`CANCELLED`, the service's word for its cancel too), its
+reason naming who cancelled. A step waiting for a person's approval does not
+wait on: the waiter, which follows the log, sees the cancel and the approval is
+refused in the canceller's name (:func:`saucer.engine.approvals.wait_for_decision`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
+from typing import Any
 
-from saucer.engine.approvals import ApprovalError, NotAllowedToDecide, check_decider, decide, read_approvals
+from saucer.context import Context
 from saucer.engine.status import stored_status
-from saucer.store import ConflictError, Event, EventStore, SessionNotFoundError, StoreError
+from saucer.store import ConflictError, Event, EventStore, NotParticipantError, SessionNotFoundError
 
 __all__ = [
     "CANCEL_KIND",
+    "CANCEL_VAR",
     "CANCELLED",
     "CancelError",
     "CancelRequest",
-    "CancelWatch",
     "NotAllowedToCancel",
     "cancel_of",
+    "cancel_reason",
+    "cancelled_by",
     "request_cancel",
 ]
 
-_log = logging.getLogger("saucer.engine")
-
 CANCEL_KIND = "cancel_request"
 """``meta["kind"]`` of the event that asks a running session to stop."""
+CANCEL_VAR = "saucer.cancel"
+"""The context variable a cancel sets: ``{"by": author, "reason": text, "at": epoch seconds}``."""
 CANCELLED = "cancelled"
 """The status a cancelled session ends with (the service's cancel ends with it too)."""
 _REASON_CHARS = 500
 _MAX_TRIES = 50
-_POLL_INTERVAL = 0.5  # as an approval's wait reads the log
 
 
 class CancelError(Exception):
@@ -77,7 +79,11 @@ class CancelRequest:
 
     def text(self) -> str:
         """What the session's end says: ``cancelled by AUTHOR`` and the reason when one was given."""
-        return f"cancelled by {self.author}" + (f": {self.reason}" if self.reason else "")
+        return _text(self.author, self.reason)
+
+
+def _text(author: str, reason: str) -> str:
+    return f"cancelled by {author}" + (f": {reason}" if reason else "")
 
 
 def cancel_of(event: Event) -> CancelRequest | None:
@@ -95,12 +101,29 @@ def cancel_of(event: Event) -> CancelRequest | None:
     )
 
 
+def cancelled_by(context: Context, before: Any = None) -> tuple[str, str] | None:
+    """``(who cancelled, what the end says)`` from the cancel variable of ``context``'s session, or None: not
+    set, or still holding ``before`` (what it held when this run opened the session: a fork copies its parent's)."""
+    value = context.get_var(CANCEL_VAR)
+    if not isinstance(value, dict) or value == before:
+        return None
+    author = str(value.get("by") or "someone")
+    reason = value.get("reason")
+    return author, _text(author, reason if isinstance(reason, str) else "")
+
+
+def cancel_reason(context: Context, before: Any = None) -> str | None:
+    """Why the session of ``context`` must stop (``cancelled by ...``), or None (see :func:`cancelled_by`)."""
+    found = cancelled_by(context, before)
+    return found[1] if found is not None else None
+
+
 def request_cancel(store: EventStore, session_id: str, *, author: str, reason: str = "") -> CancelRequest:
     """Record ``author``'s request that the running session stop; return it.
 
     :class:`CancelError` (one sentence) when there is no such session or it is
     not running (ended, interrupted, not started); :class:`NotAllowedToCancel`
-    when ``author`` may not write to it. The event is appended on the version
+    when ``author`` may not write to it. The write is committed on the version
     these were checked at (a write meanwhile: checked again), so it is never
     recorded after the session's end.
     """
@@ -108,115 +131,30 @@ def request_cancel(store: EventStore, session_id: str, *, author: str, reason: s
         raise CancelError("a cancel needs an author (who cancels)")
     reason = reason.strip()[:_REASON_CHARS]
     for _ in range(_MAX_TRIES):
+        _check_running(store, session_id)  # (a refusal opens no Context)
+        ctx = Context.open(store, session_id, author=author, create=False)
         try:
-            head = store.head(session_id)
-            status = stored_status(store, session_id)
-        except SessionNotFoundError:
-            raise CancelError(f"no session {session_id!r} in this store") from None
-        if status.status != "running" or status.holder is None:
-            raise CancelError(f"session {session_id!r} is not running ({status.status}): there is nothing to cancel")
-        try:
-            check_decider(store, session_id, author, head)
-        except NotAllowedToDecide as exc:
-            raise NotAllowedToCancel(str(exc)) from None
-        try:
-            event = store.append(
-                session_id, head, [], author=author, meta={"kind": CANCEL_KIND, "cancel": {"reason": reason}}
-            )
-        except ConflictError:
-            continue  # the runner (or someone) wrote meanwhile: check again
+            _check_running(store, session_id)  # at ctx's version or newer (then the commit conflicts)
+            ctx.update_vars(set={CANCEL_VAR: {"by": author, "reason": reason, "at": time.time()}})
+            try:
+                version = int(ctx.commit(author=author, meta={"kind": CANCEL_KIND, "cancel": {"reason": reason}}))
+            except ConflictError:
+                continue  # the runner (or someone) wrote meanwhile: check again
+            except NotParticipantError as exc:
+                raise NotAllowedToCancel(str(exc)) from None
+        finally:
+            ctx.abort()  # nothing pending after a commit; after a refusal or a conflict, what was not written
+        [event] = list(store.read(session_id, version - 1, version))
         found = cancel_of(event)
         assert found is not None
         return found
     raise CancelError(f"session {session_id!r}: too many concurrent writers to record a cancel")
 
 
-class CancelWatch:
-    """A running session's watch on its own log for a cancel request (see the module docs).
-
-    :attr:`request` is the first cancel request seen (None until one is);
-    ``on_cancel(request)`` is called once when it is seen."""
-
-    def __init__(self) -> None:
-        self.request: CancelRequest | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def reason(self) -> str | None:
-        """Why the session must stop (``cancelled by ...``), or None while nobody asked."""
-        return self.request.text() if self.request is not None else None
-
-    def start(
-        self,
-        store: EventStore,
-        session_id: str,
-        after: int,
-        on_cancel: Callable[[CancelRequest], None] | None = None,
-        *,
-        interval: float | None = None,
-    ) -> None:
-        """Follow the session's log after version ``after`` until a cancel request (or :meth:`stop`);
-        a store without notifications is read every ``interval`` seconds (default 0.5)."""
-        if self._task is None:
-            every = _POLL_INTERVAL if interval is None else interval
-            self._task = asyncio.create_task(
-                self._follow(store, session_id, after, on_cancel, every), name=f"cancel-watch-{session_id}"
-            )
-
-    async def stop(self) -> None:
-        """Stop following the log (the session is closing)."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):  # (an error of the watch is retrieved too)
-            await task
-
-    async def _follow(
-        self,
-        store: EventStore,
-        session_id: str,
-        after: int,
-        on_cancel: Callable[[CancelRequest], None] | None,
-        interval: float,
-    ) -> None:
-        stream = store.watch(session_id, after, interval=interval)
-        try:
-            async for event in stream:
-                found = cancel_of(event)
-                if found is None:
-                    continue
-                self.request = found
-                _log.info("session %s: %s (version %d)", session_id, found.text(), found.version)
-                if on_cancel is not None:
-                    on_cancel(found)
-                await asyncio.to_thread(_refuse_pending, store, found)
-                return
-        except StoreError as exc:  # the store went away: the session cannot be cancelled from outside any more
-            _log.warning("session %s: stopped watching for a cancel: %s", session_id, exc)
-        finally:
-            with contextlib.suppress(Exception):
-                await stream.aclose()  # type: ignore[attr-defined]  # an async generator; the type says iterator
-
-
-def _refuse_pending(store: EventStore, request: CancelRequest) -> None:
-    """Refuse the session's pending approvals in the canceller's name: the step waiting on one goes on."""
+def _check_running(store: EventStore, session_id: str) -> None:
     try:
-        pending = [a for a in read_approvals(store, request.session_id) if a.pending and a.kind == "approval"]
-    except ApprovalError:
-        return
-    for approval in pending:
-        try:
-            decide(
-                store,
-                request.session_id,
-                approval.number,
-                status="refused",
-                author=request.author,
-                note=f"the session was {request.text()}",
-            )
-        except (ApprovalError, StoreError) as exc:  # decided meanwhile: what the log says counts
-            _log.info("session %s: approval %d not refused on cancel: %s", request.session_id, approval.number, exc)
-        except Exception:  # noqa: BLE001 - never let the watch kill the session
-            _log.exception("session %s: refusing approval %d on cancel failed", request.session_id, approval.number)
+        status = stored_status(store, session_id)
+    except SessionNotFoundError:
+        raise CancelError(f"no session {session_id!r} in this store") from None
+    if status.status != "running" or status.holder is None:
+        raise CancelError(f"session {session_id!r} is not running ({status.status}): there is nothing to cancel")

@@ -31,7 +31,6 @@ from saucer.store import EventStore, LeaseHeldError, StoreError
 
 if TYPE_CHECKING:
     from saucer.engine.agent import AgentSet
-    from saucer.engine.cancel import CancelWatch
 
 __all__ = ["SessionOutcome"]
 
@@ -50,7 +49,8 @@ class SessionOutcome:
     context: Context
     logs: SessionLogs
     progress: Progress
-    cancel_watch: CancelWatch
+    cancelled: Callable[[], str | None]
+    _finish_flag: bool
     session_step: int
     interactor: Any
     evaluator: Any
@@ -125,7 +125,7 @@ class SessionOutcome:
         p = self.progress
         if p.error is not None:
             return SessionStatus.ERROR
-        if self.cancel_watch.request is not None:
+        if self.cancelled() is not None and not self._finish_flag:  # a cancel that came after the work: finished
             return SessionStatus.CANCELLED
         if p.stopped is not None:
             return SessionStatus.STOPPED
@@ -135,6 +135,8 @@ class SessionOutcome:
 
     async def _finish(self) -> None:
         status = self._status()
+        if status == SessionStatus.CANCELLED:  # its end says who cancelled (a refused approval failed its round)
+            self.progress.stopped = self.cancelled()
         if (
             self.settings.system.eva_session
             and self._phase != "session_eval"

@@ -55,7 +55,7 @@ from saucer.context import Context, ContextNames
 from saucer.engine.accounting import Limits
 from saucer.engine.agent import Agent, AgentSet, as_agent_set
 from saucer.engine.application import ApplicationWatch
-from saucer.engine.cancel import CancelRequest, CancelWatch
+from saucer.engine.cancel import CANCEL_VAR, cancel_reason
 from saucer.engine.components import new_follower
 from saucer.engine.cursor import Progress
 from saucer.engine.defaults import inapplicable, say_once
@@ -161,8 +161,8 @@ class Session(ResumableSession, SessionOutcome):
         #: Steps of the whole session committed so far.
         self.session_step = 0
         self.owner = lease_owner()
-        #: A person's cancel request (saucer cancel, the viewer), seen in the log while the session runs.
-        self.cancel_watch = CancelWatch()
+        #: The cancel variable when this run opened the session (a fork copies its parent's): not a cancel of this run.
+        self.cancel_before: Any = None
         self.store: EventStore | None = None
         self.context: Context = None  # type: ignore[assignment]  # set by run()
         self.logs: SessionLogs = SessionLogs.disabled()
@@ -283,6 +283,10 @@ class Session(ResumableSession, SessionOutcome):
         p = self.progress
         while True:
             if self._round is None:
+                cancelled = self.cancelled()
+                if cancelled is not None:  # a person cancelled it: no other round starts
+                    p.stopped = cancelled
+                    return
                 if self.is_finished():
                     self._note_limits()
                     return
@@ -464,12 +468,9 @@ class Session(ResumableSession, SessionOutcome):
             self._lease.check()
 
     def cancelled(self) -> str | None:
-        """Before each step: why the session must stop (``cancelled by ...``), or None."""
-        return self.cancel_watch.reason
-
-    def _cancel_requested(self, request: CancelRequest) -> None:
-        """A cancel request was seen: no other round or step starts, and the end says who cancelled."""
-        self.progress.stopped = request.text()
+        """Before each step and round: why the session must stop (``cancelled by ...``: a person's cancel,
+        taken in with the out-of-turn writes its commits are ordered after), or None."""
+        return cancel_reason(self.context, self.cancel_before) if self.context is not None else None
 
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> dict[str, Any]:
         """The resume cursor of a step's commit: the agent and state that act next."""
@@ -525,8 +526,7 @@ class Session(ResumableSession, SessionOutcome):
         if ended is not None and continued is None:
             self.result = self._stored_result(point_meta)
             return
-        # From the version it was opened at: a cancel written while it starts is seen too.
-        self.cancel_watch.start(store, sid, ctx.version, self._cancel_requested)
+        self.cancel_before = ctx.get_var(CANCEL_VAR)
         self._open_logs(ctx)
         ctx.attach_command_dispatcher(await self.open_dispatcher())
         tool_info = await self._dispatcher.tool_info(sid)
@@ -585,7 +585,6 @@ class Session(ResumableSession, SessionOutcome):
     # ================================================================ close
 
     async def _close(self, clean: bool) -> None:
-        await self.cancel_watch.stop()
         if self._lease is not None:
             self._lease.stop()
         await self._dispatcher.close(self.session_id)
