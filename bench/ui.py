@@ -1,4 +1,4 @@
-"""Page-load time of the web viewer (``saucer ui``): server time per page, p50 and p90.
+"""Page-load time of the web viewer (``saucer ui``): server time per page, p50 and p90, wall clock and CPU.
 
 Two stores, built once per run (their build time is not measured):
 
@@ -116,25 +116,31 @@ def _fast_setup(store: EventStore) -> None:
         conn.execute("PRAGMA synchronous=OFF")
 
 
-def _times(client: TestClient, url: str, repeat: int) -> list[float]:
+def _times(client: TestClient, url: str, repeat: int) -> tuple[list[float], list[float]]:
+    """Wall-clock and CPU milliseconds of ``repeat`` requests (CPU: this process's, every thread: what the
+    page costs the server whatever else the machine runs; wall: what a user waits, load included)."""
     client.get(url)  # warm: templates compiled, pages cached by the OS
-    out = []
+    wall, cpu = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, used = time.perf_counter(), time.process_time()
         answer = client.get(url)
-        out.append((time.perf_counter() - start) * 1000)
+        wall.append((time.perf_counter() - start) * 1000)
+        cpu.append((time.process_time() - used) * 1000)
         assert answer.status_code == 200, (url, answer.status_code, answer.text[-300:])
-    return out
+    return wall, cpu
 
 
-def _row(label: str, times: list[float], size: int | None = None) -> None:
+def _row(label: str, times: list[float], size: int | None = None, cpu: list[float] | None = None) -> None:
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
     extra = f"  {size / 1024:7.0f} KiB" if size is not None else ""
+    if cpu is not None:
+        c = statistics.quantiles(cpu, n=10) if len(cpu) >= 2 else [cpu[0]] * 9
+        extra += f"   cpu p50 {statistics.median(cpu):7.1f} ms p90 {c[8]:7.1f} ms"
     print(f"  {label:<46} p50 {statistics.median(times):8.1f} ms   p90 {q[8]:8.1f} ms{extra}")
 
 
 def _bench(label: str, store: EventStore, sessions: int, steps: int, repeat: int) -> None:
-    print(f"\n{label}: {sessions} sessions; one session of {steps} steps")
+    print(f"\n{label}: {sessions} sessions; one session of {steps} steps (load average {_load()})")
     client = TestClient(create_app(store))
     pages: list[tuple[str, str]] = [
         ("sessions page (newest first)", "/sessions"),
@@ -154,8 +160,8 @@ def _bench(label: str, store: EventStore, sessions: int, steps: int, repeat: int
         ("history of vars.n", "/sessions/long/history?key=vars.n"),
     ]
     for name, url in pages:
-        times = _times(client, url, repeat)
-        _row(name, times, len(client.get(url).content))
+        times, cpu = _times(client, url, repeat)
+        _row(name, times, len(client.get(url).content), cpu)
     # What a user meets first: a fresh viewer (nothing kept), the session's page and a click on a
     # step in the middle; then the step after it (↓), which starts from the state the click left.
     middle = store.head("long") // 2
@@ -165,9 +171,15 @@ def _bench(label: str, store: EventStore, sessions: int, steps: int, repeat: int
         ("first click on a middle step (cold)", f"/sessions/long/steps/{middle}"),
         ("the next step (↓) after it", f"/sessions/long/steps/{middle + 1}"),
     ]:
-        start = time.perf_counter()
+        start, used = time.perf_counter(), time.process_time()
         assert cold.get(url).status_code == 200
-        _row(name, [(time.perf_counter() - start) * 1000])
+        _row(name, [(time.perf_counter() - start) * 1000], cpu=[(time.process_time() - used) * 1000])
+    print(f"  (load average at the end: {_load()}; {os.cpu_count()} cores)")
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages: the figures mean little on a machine busy with other work."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> int:

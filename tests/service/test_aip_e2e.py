@@ -353,6 +353,6 @@ async def test_saucer_device_protocol_aip_serves_saucer_serve_and_stops_a_cancel
             await asyncio.sleep(0.05)
         cancelled = (await http.post(f"/api/sessions/{sid}/cancel")).json()
         # The AIP cancel (task_end naming the batch) stopped it on the device, which answered: acknowledged.
-        assert cancelled["status"] == "cancelled" and cancelled["error"] == "cancelled by its owner", cancelled
+        assert cancelled["status"] == "cancelled" and cancelled["error"] == "cancelled by alice", cancelled
     await asyncio.sleep(0.5)
     assert not (workspace / "finished").exists()

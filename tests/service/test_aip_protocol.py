@@ -517,7 +517,7 @@ async def test_cancel_reaches_an_aip_device_as_a_task_end_naming_the_batch() -> 
                 answer = (await http.post(f"/api/sessions/{sid}/cancel")).json()
                 end = await device.next("task_end")
                 assert (end["status"], end["response_id"], end["session_id"]) == ("failed", command["response_id"], sid)
-                assert end["error"] == "cancelled: cancelled by its owner"
+                assert end["error"] == "cancelled: cancelled by alice"
                 # A UFO device cannot stop a running action: the server says so instead of waiting forever.
                 assert (
                     answer["status"] == "cancelled" and "did not acknowledge the cancel within 0.5 s" in answer["error"]

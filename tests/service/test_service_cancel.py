@@ -73,7 +73,7 @@ def test_cancel_kills_the_running_shell_command_on_the_device_within_a_second_an
         cancelled = http.post(f"/api/sessions/{sid}/cancel")
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
         # The answer came after the device acknowledged: no note about a missing acknowledgement.
-        assert cancelled.json()["error"] == "cancelled by its owner"
+        assert cancelled.json()["error"] == "cancelled by alice"
         while _live_in_group(pgid) and time.monotonic() - started < 1.0:
             time.sleep(0.01)
         assert _live_in_group(pgid) == [], "the sleep 30 still runs on the device a second after the cancel"
@@ -195,10 +195,10 @@ async def test_cancel_waits_for_the_device_acknowledgement_or_its_loss(behaviour
             reader.cancel()
     assert answer["status"] == "cancelled"
     expected = {
-        "acknowledges": "cancelled by its owner",
-        "ignores": "cancelled by its owner; device 'raw' did not acknowledge the cancel within 0.5 s; "
+        "acknowledges": "cancelled by alice",
+        "ignores": "cancelled by alice; device 'raw' did not acknowledge the cancel within 0.5 s; "
         "its commands may still be running",
-        "vanishes": "cancelled by its owner; device 'raw' went away or refused the cancel without acknowledging it",
+        "vanishes": "cancelled by alice; device 'raw' went away or refused the cancel without acknowledging it",
     }[behaviour]
     assert answer["error"] == expected
 

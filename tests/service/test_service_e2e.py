@@ -392,6 +392,6 @@ async def test_cancel_ends_a_running_session_and_keeps_what_it_did(cluster: Clus
         cancelled = await alice.post(f"/api/sessions/{sid}/cancel")
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
         results = (await alice.get(f"/api/sessions/{sid}/results")).json()
-        assert results["status"] == "cancelled" and results["error"] == "cancelled by its owner"
+        assert results["status"] == "cancelled" and results["error"] == "cancelled by alice"
         assert [s["index"] for s in results["results"]] == [0]  # the committed step stays readable
         assert device_online(cluster.port, "dev-b")

@@ -3,11 +3,14 @@
 ``saucer ui --allow-writes`` (the real command) over a SQLite store: a set
 and a delete from the page reach the store with ``user:<login>`` as author;
 an approve from the page lets a waiting ``saucer run --no-input`` go on;
-a stopped session resumed from its page runs to its end.
+a stopped session resumed from its page runs to its end; a slow ``saucer run`` in
+another process is cancelled from its page (and by ``saucer cancel``) and ends
+``cancelled`` with the canceller recorded.
 ``saucer ui`` without the flag shows no forms and refuses the POST. A POST
 without the form token or from another origin is refused. Under ``saucer
-serve`` (with a device that asks for approvals), the owner cancels a running
-session from its page, and another principal's POST is refused.
+serve`` (with a device that asks for approvals), an admin cancels the owner's running
+session from its page (the record and the log name the admin), and another
+principal's POST is refused.
 """
 
 from __future__ import annotations
@@ -203,6 +206,108 @@ def test_resume_a_stopped_session_from_its_page(local: dict[str, Any], page: Any
     assert page.locator("#resume-form").count() == 0  # a finished session offers no resume
 
 
+def _slow_run(local: dict[str, Any], sid: str) -> subprocess.Popen[str]:
+    """``saucer run`` of a plan of 60 half-second steps in another process; returns once its second step is committed."""
+    folder = local["folder"]
+    command = {"tool_name": "shell.run", "parameters": {"command": "sleep 0.5"}}
+    plan = {"task": "slow", "steps": [{"subtask": f"nap {i}", "commands": [command]} for i in range(60)]}
+    (folder / f"{sid}.json").write_text(json.dumps(plan))
+    run = subprocess.Popen(
+        [*SAUCER, "run", "--plan", f"{sid}.json", "--session-id", sid, "--workspace", "ws", "--store", local["url"]],
+        cwd=folder,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    with open_store(local["url"]) as store:
+        while not (store.exists(sid) and sum(e.meta.get("kind") == "step" for e in store.read(sid)) >= 2):
+            assert run.poll() is None and time.monotonic() < deadline, "the run did not start: " + str(
+                run.communicate()
+            )
+            time.sleep(0.2)
+    return run
+
+
+def _ended_cancelled(local: dict[str, Any], sid: str, run: subprocess.Popen[str], author: str, reason: str) -> None:
+    """The run's process ended, and the log says: cancelled, by ``author``, no step started after the cancel was seen."""
+    out, errors = run.communicate(timeout=60)
+    assert run.returncode == 1 and "cancelled" in out + errors, out + errors
+    with open_store(local["url"]) as store:
+        events = list(store.read(sid))
+        [row] = [r for r in store.list_sessions() if r.session_id == sid]
+    [cancel] = [e for e in events if e.meta.get("kind") == "cancel_request"]
+    assert cancel.author == author and cancel.meta["cancel"]["reason"] == reason
+    end = events[-1]
+    assert end.meta["kind"] == "session_end" and end.meta["session_status"] == "cancelled"
+    expected = f"cancelled by {author}" + (f": {reason}" if reason else "")
+    assert end.meta["summary"]["reason"] == expected
+    assert row.status == "cancelled"  # the listing (saucer sessions, the viewer's table) says so too
+    # the step in flight when the cancel was written may commit after it; the 60 steps did not all run
+    assert sum(e.meta.get("kind") == "step" for e in events) < 60
+
+
+def test_cancel_a_local_run_from_its_page(local: dict[str, Any], page: Any) -> None:  # noqa: F811
+    """A ``saucer run`` in another process, cancelled from ``saucer ui --allow-writes``: the run ends cancelled,
+    the cancel recorded with the page's user as author, and the page follows it to its end."""
+    run = _slow_run(local, "slow-page")
+    try:
+        page.goto(f"{local['viewer']}/sessions/slow-page")
+        expect(page.locator("#status")).to_have_text("running")
+        page.fill('#cancel-form input[name="reason"]', "wrong <plan>")
+        page.click("#cancel-form button")
+        expect(page.locator("#act-done")).to_contain_text(f"cancelled by {ME}")
+        _ended_cancelled(local, "slow-page", run, ME, "wrong <plan>")
+        expect(page.locator("#status")).to_have_text("cancelled")
+        expect(page.locator("#cancel-form")).to_be_hidden()  # an ended session offers no cancel (live)
+        page.reload()
+        assert page.locator("#cancel-form").count() == 0  # (nor on a new load)
+        # a second cancel (a stale page) is refused with one sentence
+        with httpx.Client(base_url=local["viewer"], timeout=20) as client:
+            token = _token_and_cookies(client, "/sessions/notes")
+            again = client.post("/sessions/slow-page/act/cancel", data={"csrf": token})
+        assert again.status_code == 409 and "is not running (cancelled)" in again.text
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+
+
+def test_cancel_a_local_run_from_the_cli(local: dict[str, Any]) -> None:
+    """``saucer cancel ID`` from another terminal: the same function as the page, the same end."""
+    run = _slow_run(local, "slow-cli")
+    try:
+        cancel = subprocess.run(
+            [*SAUCER, "cancel", "slow-cli", "--reason", "enough", "--wait", "60", "--store", local["url"]],
+            cwd=local["folder"],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        assert f"cancel requested by {ME}" in cancel.stdout
+        assert f"ended cancelled: cancelled by {ME}: enough" in cancel.stdout
+        _ended_cancelled(local, "slow-cli", run, ME, "enough")
+        again = subprocess.run(
+            [*SAUCER, "cancel", "slow-cli", "--store", local["url"]],
+            cwd=local["folder"],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (
+            again.returncode != 0 and "is not running (cancelled)" in again.stderr and "Traceback" not in again.stderr
+        )
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+
+
 def _token_and_cookies(client: httpx.Client, path: str) -> str:
     html = client.get(path).text
     found = re.search(r'name="csrf" value="([^"]+)"', html)
@@ -271,18 +376,23 @@ def test_cancel_under_saucer_serve_and_a_principal_not_allowed(tmp_path: Path, p
         )
         ops = httpx.get(f"{serve}/ui/sessions/{sid}", headers=auth(OPS), timeout=20)  # an admin sees it, with the forms
         assert ops.status_code == 200 and 'id="vars-form"' in ops.text
+        # the admin (not the owner) cancels it from the page: the record and the log name the admin
         page.goto(f"{serve}/ui/login")
-        page.fill('input[name="token"]', ALICE)
+        page.fill('input[name="token"]', OPS)
         page.click("#sign-in")
         page.wait_for_url("**/ui/sessions")
         page.goto(f"{serve}/ui/sessions/{sid}")
         assert page.locator("div.pending").count() == 1  # the pending approval, with its forms
         page.click("#cancel-form button")
-        expect(page.locator("#act-done")).to_contain_text("cancelled by alice")
-        assert (
-            httpx.get(f"{serve}/api/sessions/{sid}", headers=auth(ALICE), timeout=20).json()["session"]["status"]
-            == "cancelled"
-        )
+        expect(page.locator("#act-done")).to_contain_text("cancelled by ops")
+        record = httpx.get(f"{serve}/api/sessions/{sid}", headers=auth(ALICE), timeout=20).json()["session"]
+        assert record["status"] == "cancelled" and record["error"].startswith("cancelled by ops"), record
+        with open_store(url) as store:
+            events = list(store.read(sid))
+        [cancel] = [e for e in events if e.meta.get("kind") == "cancel_request"]
+        assert cancel.author == "ops"
+        assert events[-1].meta["session_status"] == "cancelled"
+        assert events[-1].meta["summary"]["reason"].startswith("cancelled by ops")
         page.goto("about:blank")  # close the page's live stream before the server stops
     finally:
         procs.cleanup()

@@ -145,3 +145,42 @@ def test_every_form_carries_a_token_and_a_post_without_it_is_refused(store: Even
     assert c.get("/sessions", follow_redirects=False).status_code == 200
     out = c.post("/logout", data={"csrf": _token(page.text)}, follow_redirects=False)
     assert out.status_code == 303 and c.get("/sessions", follow_redirects=False).status_code == 303
+
+
+def test_the_cancel_form_of_saucer_ui_refuses_a_non_participant_and_a_session_not_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``saucer ui --allow-writes``'s cancel writes through saucer.engine.cancel.request_cancel: a session that
+    declares participants refuses anyone else (403), one that is not running has nothing to cancel (409); a
+    participant's cancel of a running session is recorded with its author. Nothing else is written."""
+    from saucer.cli.ui_cmd import _local_acting
+
+    monkeypatch.setattr("saucer.cli.common.local_user", lambda: "user:carol")
+    url = f"sqlite:///{tmp_path}/acts.db"
+    st = open_store(url)
+    try:
+        st.create_session("guarded", meta={"status": "running"}, participants=["user:alice"])
+        st.acquire_lease("guarded", "a-runner", 60)
+        write_session(st, "ended", steps=1)  # finished
+        c = TestClient(create_app(st, acting=_local_acting(st, url, None)))
+        token = _token(c.get("/sessions/ended").text)
+        refused = c.post("/sessions/guarded/act/cancel", data={"csrf": token})
+        assert refused.status_code == 403 and "user:carol" in refused.text
+        ended = c.post("/sessions/ended/act/cancel", data={"csrf": token})
+        assert ended.status_code == 409 and "is not running (finished)" in ended.text
+        assert st.head("guarded") == 0
+        monkeypatch.setattr("saucer.cli.common.local_user", lambda: "user:alice")
+        alice = TestClient(create_app(st, acting=_local_acting(st, url, None)))
+        token = _token(alice.get("/sessions/ended").text)
+        done = alice.post(
+            "/sessions/guarded/act/cancel", data={"csrf": token, "reason": "stop"}, follow_redirects=False
+        )
+        assert done.status_code == 303
+        [event] = list(st.read("guarded"))
+        assert (event.author, event.meta["kind"], event.meta["cancel"]) == (
+            "user:alice",
+            "cancel_request",
+            {"reason": "stop"},
+        )
+    finally:
+        st.close()

@@ -278,3 +278,29 @@ def test_unknown_costs_sort_last_both_ways_as_in_the_cli(made: dict[str, Any]) -
             assert viewer == cli, direction
             unknown = [sid for sid in cli if made["listed"][sid]["cost"] is None]
             assert cli[-len(unknown) :] == unknown  # last, whichever the direction
+
+
+def test_the_inspector_shows_each_steps_llm_call_as_its_request_log_has_it(made: dict[str, Any]) -> None:
+    """A click on an LLM step shows the call it made: model, tokens in and out, latency, cost, the prompt
+    and the response, from the session's request log (the numbers as the log keeps them)."""
+    from saucer.engine.logs import REQUEST_LOG, read_request_log
+
+    with open_store(made["url"]) as store:
+        folder = made["states"]["llm-priced"]["names"]["LOG_PATH"]
+        logged = list(read_request_log(Path(folder) / REQUEST_LOG))
+        steps = [e for e in store.read("llm-priced") if e.meta.get("kind") == "step"]
+        client = TestClient(create_app(store))
+        shown = 0
+        for event in steps:
+            panel = client.get(f"/sessions/llm-priced/steps/{event.version}").text
+            calls = [c for c in logged if c.round == event.round and c.step == event.step]
+            assert panel.count('<div class="icall">') == len(calls), event.version
+            for call in calls:
+                assert call.model == "gpt-4o" and f"<strong>{call.model}</strong>" in panel
+                assert f"tokens {call.prompt_tokens} in / {call.completion_tokens} out" in panel, panel
+                assert call.latency_ms is not None and f"{round(call.latency_ms, 1)} ms" in panel
+                assert call.cost is not None and call.cost > 0 and f"cost {call.cost:.4f}" in panel
+                assert '<details class="prompt"><summary>prompt</summary>' in panel
+                assert '<details class="response" open><summary>response</summary>' in panel
+                shown += 1
+        assert shown == len(logged) == 2  # both calls of the session, each beside its step

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
-from service_support import ALICE, BOB, Processes, auth, free_port
+from service_support import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
 
 from saucer.ui import COOKIE
 
@@ -65,3 +65,46 @@ def test_serve_shows_each_principal_its_own_sessions_and_devices(processes: Proc
         assert signed.status_code == 303 and signed.headers["location"] == f"/ui/sessions/{sid}"
         assert "Path=/ui/" in signed.headers["set-cookie"] and http.cookies.get(COOKIE) == ALICE
         assert http.get(f"/ui/sessions/{sid}").status_code == 200  # by the cookie alone
+
+
+def test_the_viewer_and_the_api_list_the_same_sessions_for_every_principal(
+    processes: Processes, tmp_path: Path
+) -> None:
+    """One rule (saucer.service.sessions.sees_session): the owner, a participant its task names and an admin see a
+    session, in ``GET /api/sessions`` and in ``/ui/sessions`` alike; anyone else sees it in neither."""
+    port = free_port()
+    processes.cli_server(port, tmp_path / "state", f"sqlite:///{tmp_path / 'events.db'}")  # admins: ops
+    processes.device(port, "dev-a")  # shared with alice and bob
+
+    def plan(participants: list[str]) -> dict[str, object]:
+        step = {"subtask": "one", "commands": [{"tool_name": "echo", "parameters": {"say": "hi"}}]}
+        return {"task": "echo", "steps": [step], "participants": participants}
+
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as http:
+        ids = {}
+        for name, token, participants in (("alone", ALICE, []), ("shared", ALICE, ["bob"]), ("bobs", BOB, [])):
+            made = http.post(
+                "/api/sessions", json={"device_id": "dev-a", "task": plan(participants)}, headers=auth(token)
+            )
+            assert made.status_code == 201, made.text
+            ids[name] = made.json()["session_id"]
+        for sid in ids.values():  # finished, so both stores hold them
+            deadline = time.monotonic() + 30
+            while http.get(f"/api/sessions/{sid}", headers=auth(OPS)).json()["session"]["status"] != "finished":
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        expected = {
+            "alice": {ids["alone"], ids["shared"]},
+            "bob": {ids["shared"], ids["bobs"]},
+            "fleet": set(),
+            "ops": set(ids.values()),
+        }
+        for who, token in (("alice", ALICE), ("bob", BOB), ("fleet", FLEET), ("ops", OPS)):
+            api = {s["session_id"] for s in http.get("/api/sessions", headers=auth(token)).json()["sessions"]}
+            table = http.get("/ui/sessions", headers=auth(token), params={"limit": 100}).text
+            ui = set(re.findall(r'href="/ui/sessions/([0-9a-f]{32})"', table))
+            assert api == ui == expected[who], who
+            for sid in ids.values():  # the one session's page and its API record agree too
+                page = http.get(f"/ui/sessions/{sid}", headers=auth(token)).status_code
+                record = http.get(f"/api/sessions/{sid}", headers=auth(token)).status_code
+                assert (page, record) == ((200, 200) if sid in expected[who] else (404, 404)), (who, sid)

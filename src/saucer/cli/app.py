@@ -547,7 +547,7 @@ app.command("run")(running.run_cmd)
 app.command("resume")(running.resume_cmd)
 app.command("demo")(running.demo_cmd)
 app.command("ui")(ui_cmd.ui_cmd)
-people.register(app)  # set, vars, approvals, approve, refuse, answer
+people.register(app)  # set, vars, approvals, approve, refuse, answer, cancel
 
 
 # ================================================================== store

@@ -1,11 +1,13 @@
-"""People in the loop: ``saucer set``, ``saucer vars``, ``saucer approvals``, ``saucer approve``, ``saucer refuse``, ``saucer answer``.
+"""People in the loop: ``saucer set``, ``saucer vars``, ``saucer approvals``, ``saucer approve``, ``saucer refuse``,
+``saucer answer``, ``saucer cancel``.
 
 Each works on a running session (from another terminal, while it runs) as
 well as on an ended one. A write is one event of the session with its author
 (``--author``, default ``user:<login name>``): ``saucer history`` shows who
 set what, and a decision on an approval, or the answer to a model's pending
 question, is an event too (:mod:`saucer.engine.approvals`). ``saucer approvals``
-lists both: one place shows everything that waits for a person.
+lists both: one place shows everything that waits for a person. ``saucer cancel``
+asks a running session to stop, wherever it runs (:mod:`saucer.engine.cancel`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def _decided_line(approval: Any) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``set``, ``vars``, ``approvals``, ``approve``, ``refuse`` and ``answer`` to ``app``."""
+    """Add ``set``, ``vars``, ``approvals``, ``approve``, ``refuse``, ``answer`` and ``cancel`` to ``app``."""
 
     @app.command("set")
     @friendly
@@ -272,3 +274,51 @@ def register(app: typer.Typer) -> None:
         """Answer the model's pending question (its ask_user call in a session with no terminal); the answer is an
         event of the session with its author, and the model reads it as the call's result."""
         _decide(session, number, "answered", author, text, store, config)
+
+    @app.command("cancel")
+    @friendly
+    def cancel_cmd(
+        session: str = _SessionArgument,
+        reason: str | None = typer.Option(None, "--reason", help="Why (recorded with the cancel, shown in its end)."),
+        wait: float = typer.Option(
+            0.0, "--wait", min=0, help="Wait up to this many seconds for the session to end, and say how it ended."
+        ),
+        author: str | None = _AuthorOption,
+        store: str | None = StoreOption,
+        config: Path | None = ConfigOption,
+    ) -> None:
+        """Cancel a running session, wherever it runs (saucer run in another terminal, a worker, the server).
+
+        The cancel is an event of the session with its author. The session's
+        runner sees it, lets the step in flight finish and commit, starts no
+        other, and ends the session as cancelled (a step waiting for an
+        approval stops waiting: the approval is refused in your name). Only a
+        running session can be cancelled.
+        """
+        import time
+
+        from saucer.engine.cancel import CancelError, request_cancel
+        from saucer.engine.status import stored_status
+
+        who = _author(author)
+        with open_existing_store(store, config) as st:
+            sid = resolve_session(st, session)
+            try:
+                request = request_cancel(st, sid, author=who, reason=reason or "")
+            except CancelError as exc:
+                raise UserError(str(exc)) from None
+            console.print(
+                f"session {visible(sid)}: cancel requested by {visible(who)} (v{request.version}); "
+                "its runner stops after the step in flight"
+            )
+            if wait <= 0:
+                return
+            deadline = time.monotonic() + wait
+            status = stored_status(st, sid)
+            while not status.ended and time.monotonic() < deadline:
+                time.sleep(0.2)
+                status = stored_status(st, sid)
+        if not status.ended:
+            raise UserError(f"session {sid!r} has not ended within {wait:g} s (it is {status.status})")
+        why = status.summary.get("reason")
+        console.print(f"session {visible(sid)} ended {status.status}" + (f": {visible(str(why))}" if why else ""))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import typer
@@ -19,6 +21,10 @@ from saucer.cli.common import (
     resolve_session,
     resolve_store_url,
 )
+
+if TYPE_CHECKING:
+    from saucer.store import EventStore
+    from saucer.ui.acting import Acting
 
 __all__ = ["ui_cmd", "DEFAULT_PORT", "ui_command"]
 
@@ -55,9 +61,10 @@ def ui_cmd(
     allow_writes: bool = typer.Option(
         False,
         "--allow-writes",
-        help="Show forms on a session's page to set/delete context variables, approve/refuse a pending step and answer a "
-        "pending question, each recorded with you as author (user:<login>; with tokens: the principal), and to resume a "
-        "stopped session (saucer resume ID, started in the background). Default: read-only.",
+        help="Show forms on a session's page to set/delete context variables, approve/refuse a pending step, answer a "
+        "pending question and cancel a running session (as saucer cancel does), each recorded with you as author "
+        "(user:<login>; with tokens: the principal), and to resume a stopped session (saucer resume ID, started in the "
+        "background). Default: read-only.",
     ),
     config: Path | None = ConfigOption,
 ) -> None:
@@ -109,7 +116,7 @@ def ui_cmd(
         on_close=st.close,
         allowed_hosts=hosts,
         max_streams=max_streams,
-        acting=_local_acting(url, config) if allow_writes else None,
+        acting=_local_acting(st, url, config) if allow_writes else None,
     )
     shown = f"[{host}]" if ":" in host else host
     err.print(
@@ -121,25 +128,35 @@ def ui_cmd(
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
     if open_browser:
         _open_when_started(server, f"http://{shown}:{port}{page}")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a viewer is stopped: uvicorn has shut down cleanly
         server.run()
-    except KeyboardInterrupt:  # Ctrl-C is how a viewer is stopped: uvicorn has shut down cleanly, exit 0
-        pass
 
 
-def _local_acting(url: str, config: Path | None) -> object:
+def _local_acting(store: EventStore, url: str, config: Path | None) -> Acting:
     """Who acts through ``saucer ui --allow-writes``: anyone who reaches the viewer (loopback, or a token's
     principal), recorded as that principal or, without tokens, as ``user:<login>`` like the CLI. Resume
-    starts ``saucer resume ID`` on the same store as a detached process (from this command's folder)."""
+    starts ``saucer resume ID`` on the same store as a detached process (from this command's folder);
+    cancel records the cancel in the session's log as ``saucer cancel`` does (its runner, wherever it
+    runs, stops after the step in flight)."""
+    import asyncio
     import subprocess
     import sys
     import threading
 
     from saucer.cli.common import local_user
+    from saucer.engine.cancel import request_cancel
     from saucer.ui.acting import Acting
+
+    def author(principal: str | None) -> str:
+        return principal if principal is not None else local_user()
 
     async def allowed(principal: str | None, session_id: str) -> bool:
         return True  # the store's own participants rule still applies to every write
+
+    async def cancel(session_id: str, principal: str | None, reason: str) -> str | None:
+        # CancelError (not running) and NotAllowedToCancel are the page's 409 and 403
+        await asyncio.to_thread(request_cancel, store, session_id, author=author(principal), reason=reason)
+        return None
 
     async def resume(session_id: str, principal: str | None) -> str | None:
         command = [sys.executable, "-m", "saucer", "resume", session_id, "--store", url]
@@ -158,9 +175,7 @@ def _local_acting(url: str, config: Path | None) -> object:
         threading.Thread(target=proc.wait, name=f"resume-{session_id}", daemon=True).start()  # reaped when it ends
         return None  # a second runner is refused by the session's lease; the page shows what happens
 
-    return Acting(
-        allowed=allowed, author=lambda principal: principal if principal is not None else local_user(), resume=resume
-    )
+    return Acting(allowed=allowed, author=author, cancel=cancel, resume=resume)
 
 
 def _settings_tokens(config: Path | None) -> list[object]:

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, TypeGuard
 
 from saucer.context import Context, ContextNames
+from saucer.engine.cancel import cancel_of
 from saucer.engine.host import SessionRef
 from saucer.engine.interactor import as_channel, interactor_approver, nobody_to_ask
 from saucer.engine.meta import ApprovalDecisionData, ApprovalDecisionMeta, ApprovalRequestData, ApprovalRequestMeta
@@ -421,6 +422,12 @@ async def wait_for_decision(
     try:
         async with asyncio.timeout_at(when):
             async for event in stream:
+                cancel = cancel_of(event) if approval.kind == "approval" else None
+                if cancel is not None:  # the session was cancelled: its waiting step does not run
+                    refused = await asyncio.to_thread(_refuse_on_cancel, store, approval, cancel.author, cancel.text())
+                    if refused is not None:
+                        return refused
+                    continue  # decided meanwhile: that decision follows in the log
                 decision = _decision_of(event)
                 if decision is not None and decision[0] == approval.number:
                     _, status, note = decision
@@ -454,6 +461,25 @@ async def wait_for_decision(
         raise
     except StoreError as exc:
         raise ApprovalError(f"approval {approval.number} of session {approval.session_id!r}: {exc}") from None
+
+
+def _refuse_on_cancel(store: EventStore, approval: Approval, author: str, why: str) -> Approval | None:
+    """Refuse ``approval`` in the name of who cancelled its session (None: it was decided first)."""
+    try:
+        return decide(
+            store, approval.session_id, approval.number, status="refused", author=author, note=f"the session was {why}"
+        )
+    except ApprovalError:
+        return None
+
+
+def _cancelled_now(session: SessionRef) -> tuple[str, str] | None:
+    """Whether the session's runner has been cancelled, its Context brought up to date with what others wrote."""
+    ctx = session.context
+    if ctx is None:  # not running
+        return None
+    ctx.catch_up()
+    return session.cancelled_by()
 
 
 def pending_approver(
@@ -492,6 +518,11 @@ def pending_approver(
             timeout=timeout,
         )
         await channel.approval_pending(approval)
+        cancelled = _cancelled_now(session)  # a cancel written before the request: its wait follows the log after it
+        if cancelled is not None:
+            refused = await asyncio.to_thread(_refuse_on_cancel, store, approval, *cancelled)
+            if refused is not None:
+                return refused.refusal()
         decided = await wait_for_decision(store, approval, interval=interval)
         return True if decided.status == "approved" else decided.refusal()
 

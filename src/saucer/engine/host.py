@@ -38,6 +38,10 @@ class SessionRef(Protocol):
     @property
     def context(self) -> Context: ...
 
+    def cancelled_by(self) -> tuple[str, str] | None:
+        """``(who cancelled this run, what its end says)`` from the session's Context as it is, or None."""
+        ...
+
 
 class AgentHost(SessionRef, Protocol):
     """What an agent may use of its session (``agent.session``, set by the round)."""

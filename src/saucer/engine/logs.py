@@ -21,6 +21,8 @@ import contextlib
 import functools
 import logging
 import re
+import time
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -254,6 +256,12 @@ def read_evaluation_log(path: str | Path) -> Iterator[EvaluationLogEntry]:
 
 
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def new_session_id(task: str) -> str:
+    """``<task>-<YYYYmmdd-HHMMSS>-<10 hex>``: readable, sortable, unique (40 random bits:
+    a million sessions started in the same second collide with odds of about 1 in 2 million)."""
+    return f"{slug(task, 40)}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:10]}"
 
 
 def slug(text: str, limit: int = 60) -> str:

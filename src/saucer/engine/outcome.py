@@ -54,6 +54,13 @@ ExperienceSaver = Callable[[Any, "Plan", Any], Any]
 class OutcomeHost(Protocol):
     """What the outcome recorder reads of its session (:class:`~saucer.engine.session.Session`)."""
 
+    work_done: bool
+    """The agenda has no more work: a cancel that came after it does not make the session cancelled."""
+
+    def cancelled_by(self) -> tuple[str, str] | None:
+        """``(who cancelled this run, what its end says)``, or None."""
+        ...
+
     @property
     def session_id(self) -> str: ...
     @property
@@ -222,10 +229,12 @@ class OutcomeRecorder:
     # ================================================================== end
 
     def status(self) -> str:
-        """The session's status from its progress: error, stopped, failed, else finished."""
+        """The session's status from its progress: error, cancelled (by a person), stopped, failed, else finished."""
         p = self._host.progress
         if p.error is not None:
             return SessionStatus.ERROR
+        if self._host.cancelled_by() is not None and not self._host.work_done:
+            return SessionStatus.CANCELLED
         if p.stopped is not None:
             return SessionStatus.STOPPED
         if p.failed:
@@ -235,7 +244,11 @@ class OutcomeRecorder:
     async def finish(self, evaluated: bool) -> SessionResult:
         """The end of a session whose loop is over: its evaluation (unless ``evaluated``), experience, end."""
         status = self.status()
-        if self._host.settings.system.eva_session and not evaluated and status != SessionStatus.ERROR:
+        cancelled = self._host.cancelled_by()
+        if status == SessionStatus.CANCELLED and cancelled is not None:  # its end says who cancelled it
+            self._host.progress.stopped = cancelled[1]  # (a refused approval failed its round)
+        ended_early = status in (SessionStatus.ERROR, SessionStatus.CANCELLED)
+        if self._host.settings.system.eva_session and not evaluated and not ended_early:
             await self.evaluate("session", None)
         experience_path = await self._save_experience(status)
         return await self.complete(status, experience_path)

@@ -20,6 +20,7 @@ class SessionStatus:
     FAILED = "failed"  # a round failed (an agent gave up, a command failed in follower mode)
     ERROR = "error"  # an exception: a crashed step, a bad graph, a missing LLM agent...
     STOPPED = "stopped"  # a limit (max_step, max_round) cut it short with work left; resume continues it
+    CANCELLED = "cancelled"  # a person cancelled it (saucer cancel, the viewer, the service's API)
     INTERRUPTED = "interrupted"  # never stored: derived when read, for a session whose runner vanished
     SKIPPED = "skipped"  # never stored: a pool did not run it, another runner had claimed it
 

@@ -203,6 +203,9 @@ class Round:
         while not state.is_round_end() and self.terminated is None:
             if limits.step_reached(session.session_step):
                 return self._end(RoundStatus.STOPPED, f"max_step ({limits.max_step}) reached")
+            cancelled = session.cancelled_by()
+            if cancelled is not None:  # a person cancelled the session: no other step starts
+                return self._end(RoundStatus.STOPPED, cancelled[1])
             session.check_lease()
             round_step += 1
             record = StepRecord(

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
@@ -38,13 +36,14 @@ from saucer.engine.agenda import Agenda
 from saucer.engine.agent import Agent, AgentSet
 from saucer.engine.agentsource import AgentSource, AgentsSpec
 from saucer.engine.application import ApplicationWatch
+from saucer.engine.cancel import CancelWatch
 from saucer.engine.cursor import Progress, cursor_meta
 from saucer.engine.defaults import inapplicable, say_once
 from saucer.engine.errors import LeaseLostError
 from saucer.engine.evaluation import Evaluation, Evaluator, Scope, judge
 from saucer.engine.interactor import Interactor, UserChannel
 from saucer.engine.lease import lease_owner
-from saucer.engine.logs import SessionLogs, StepRecord, slug
+from saucer.engine.logs import SessionLogs, StepRecord, new_session_id
 from saucer.engine.meta import CursorMeta, RoundStartMeta
 from saucer.engine.notify import CompositeObserver, ObserverCaller
 from saucer.engine.outcome import ExperienceSaver, OutcomeRecorder
@@ -64,12 +63,6 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionObserver", "SessionResult", "SessionStatus", "new_session_id", "lease_owner"]
 
 _log = logging.getLogger("saucer.engine")
-
-
-def new_session_id(task: str) -> str:
-    """``<task>-<YYYYmmdd-HHMMSS>-<10 hex>``: readable, sortable, unique (40 random bits:
-    a million sessions started in the same second collide with odds of about 1 in 2 million)."""
-    return f"{slug(task, 40)}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:10]}"
 
 
 @runtime_checkable
@@ -164,6 +157,7 @@ class Session:
         self.session_step = 0
         self.owner = lease_owner()
         self.context: Context = None  # type: ignore[assignment]  # set by run()
+        self._cancel = CancelWatch()  # whether a person cancelled this run (saucer cancel, the viewer, the API)
         self.logs: SessionLogs = SessionLogs.disabled()
         self.result: SessionResult | None = None
         self._agents = AgentSource(agents, graph, self.settings)
@@ -179,7 +173,7 @@ class Session:
         self._round: Round | None = None
         self._rounds: dict[int, Round] = {}
         self._pending_round_eval: int | None = None
-        self._finish_flag = False
+        self.work_done = False  #: the agenda has no more work (the loop's end is a finish, not a stop)
         self._phase = "new"
 
     @classmethod
@@ -357,15 +351,19 @@ class Session:
             # After a store or lease failure the pending changes cannot be committed: drop them.
             clean = not isinstance(exc, (StoreError, LeaseLostError))
         finally:
-            await self._close(clean)
+            await self._held.close(self.context, self.logs, clean=clean)
         assert self.result is not None
         return self.result
+
+    def cancelled_by(self) -> tuple[str, str] | None:
+        """``(who cancelled this run, what its end says)``, or None (:class:`~saucer.engine.cancel.CancelWatch`)."""
+        return self._cancel.by(self.context)
 
     def is_finished(self) -> bool:
         """Finish flag, error, ``max_step`` or ``max_round`` reached."""
         p = self.progress
         return (
-            self._finish_flag
+            self.work_done
             or p.error is not None
             or p.stopped is not None
             or self.limits.step_reached(self.session_step)
@@ -375,13 +373,16 @@ class Session:
     async def _loop(self) -> None:
         while True:
             if self._round is None:
+                if (cancelled := self.cancelled_by()) is not None:  # a person cancelled it: no other round starts
+                    self.progress.stopped = cancelled[1]
+                    return
                 if self.is_finished():
-                    if not self._finish_flag:
+                    if not self.work_done:
                         self._agenda.note_limits(self.limits, self.session_step)
                     return
                 request = await self.next_request()
                 if request is None:
-                    self._finish_flag = True
+                    self.work_done = True
                     return
                 self._round = await self._acreate_new_round(request)
                 await self._notify.round_start(self, self._round)
@@ -505,6 +506,7 @@ class Session:
             fence=lease.token,
             serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
         )
+        self._cancel.opened(ctx)
         if start.over:
             self.result = self._outcome.stored_result(start.meta)
             return
@@ -590,11 +592,6 @@ class Session:
     async def discard(self) -> None:
         """Close what a session that will not run has opened (its dispatcher)."""
         await self._held.dispatcher.close(self.session_id)
-
-    # ================================================================ close
-
-    async def _close(self, clean: bool) -> None:
-        await self._held.close(self.context, self.logs, clean=clean)
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r} task={self.task!r} mode={self.mode}>"

@@ -138,11 +138,11 @@ class ServiceApi:
         return _json(_summary(record), 201, {"Location": f"/api/sessions/{record.session_id}"})
 
     async def list_sessions(self, request: Request) -> Response:
-        """The caller's sessions, oldest first."""
+        """The sessions the caller sees (its own, those its tasks' participants name it in; an admin: all), oldest first."""
         principal = self._principal(request)
         if principal is None:
             return _unauthorized()
-        records = await self.state.store.list_sessions(owner=principal)
+        records = await self.state.sessions.visible(principal)
         return _json({"sessions": [_summary(r) for r in records]})
 
     async def _own_session(self, request: Request) -> tuple[str, str, SessionRecord] | Response:
@@ -178,7 +178,7 @@ class ServiceApi:
         )
 
     async def cancel(self, request: Request) -> Response:
-        """Cancel one of the caller's sessions."""
+        """Cancel a session the caller sees; the cancel is recorded with the caller as its author."""
         owned = await self._own_session(request)
         if isinstance(owned, Response):
             return owned

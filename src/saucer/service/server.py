@@ -12,10 +12,10 @@ HTTP API (``Authorization: Bearer <token>`` on everything but ``/health``)::
     GET  /api/devices[/{id}[/info]]       devices this token may use (see :mod:`saucer.service.device_api`)
     PUT|DELETE /api/devices/{id}/grants/{principal}   share a device (its owner, an admin)
     POST /api/sessions                    {"device_id", "task": TaskSpec} -> 201 {"session_id", ...}
-    GET  /api/sessions                    the caller's sessions
+    GET  /api/sessions                    the sessions the caller sees (submitted, named as participant; admins: all)
     GET  /api/sessions/{id}?wait=S        status, committed steps, outcome (long-poll up to S s)
     GET  /api/sessions/{id}/results       status and results only
-    POST /api/sessions/{id}/cancel        cancel a session that has not ended
+    POST /api/sessions/{id}/cancel        cancel a session that has not ended (recorded as the caller)
     GET  /api/sessions/{id}/approvals     its sensitive commands waiting for a decision, the model's questions, and past decisions
     POST /api/sessions/{id}/approvals/{n}/approve|refuse   decide (owner, admins; :mod:`saucer.service.approvals`)
     POST /api/sessions/{id}/approvals/{n}/answer           answer the model's pending question ({"answer": "..."})

@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from saucer.dispatch.toolcheck import command_problem
 from saucer.dispatch.websocket import DeviceUnavailable, WebSocketCommandDispatcher
+from saucer.engine.cancel import CancelError, request_cancel
 from saucer.service.auth import TokenAuthenticator
 from saucer.service.device_api import unknown_device_message
 from saucer.service.hub import Connection, DeviceHub
@@ -25,10 +27,18 @@ from saucer.service.protocol import ErrorCode, ProtocolError, TaskEndFrame, Task
 from saucer.service.records import SessionRecord, SessionRecordStore, SessionStatus
 from saucer.service.runner import StoreSessionRecorder, TaskOutcome, TaskRunner
 from saucer.service.settings import ServiceConfig
+from saucer.store import EventStore
 
-__all__ = ["ServiceSession", "SessionManager", "ServiceState"]
+__all__ = ["ServiceSession", "SessionManager", "ServiceState", "sees_session"]
 
 _log = logging.getLogger("saucer.service.server")
+
+
+def sees_session(record: SessionRecord, principal: str, admins: Iterable[str]) -> bool:
+    """Whether ``principal`` sees the session (lists it, reads it, cancels it through the API, finds it in
+    the viewer): its owner, a service admin, or a participant its task names. The one rule of
+    ``GET /api/sessions``, ``GET /api/sessions/{id}`` and the viewer's listing."""
+    return record.owner == principal or principal in admins or principal in record.task.participants
 
 
 class ServiceSession:
@@ -40,6 +50,8 @@ class ServiceSession:
         self.task: asyncio.Task[None] | None = None
         self.done = asyncio.Event()
         self.cancel_requested = False
+        #: Who cancelled it (a principal), said by its end.
+        self.cancelled_by = ""
         self.dispatcher: WebSocketCommandDispatcher | None = None
 
     @property
@@ -99,12 +111,16 @@ class SessionManager:
         return record
 
     async def lookup(self, session_id: str, principal: str) -> SessionRecord | None:
-        """The session if ``principal`` owns it; None otherwise (whether or not it exists)."""
+        """The session if ``principal`` sees it (:func:`sees_session`); None otherwise (whether or not it exists)."""
         session = self._active.get(session_id)
         record = session.record if session is not None else await self.store.get_session(session_id)
-        if record is None or record.owner != principal:
+        if record is None or not sees_session(record, principal, self.config.admins):
             return None
         return record
+
+    async def visible(self, principal: str) -> list[SessionRecord]:
+        """The sessions ``principal`` sees (:func:`sees_session`), oldest first: ``GET /api/sessions`` and ``/ui``."""
+        return [r for r in await self.store.list_sessions() if sees_session(r, principal, self.config.admins)]
 
     async def wait(self, session_id: str, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for an active session to end."""
@@ -113,24 +129,40 @@ class SessionManager:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(session.done.wait(), timeout)
 
-    async def cancel(self, session_id: str, principal: str) -> SessionRecord | None:
-        """Cancel the caller's session; return its record (unchanged if it had already ended)."""
-        if await self.lookup(session_id, principal) is None:
-            return None
+    async def cancel(self, session_id: str, principal: str, reason: str = "") -> SessionRecord | None:
+        """Cancel a session ``principal`` sees; return its record (unchanged if it had already ended).
+
+        The caller decides who may cancel (the API: whoever sees the session; the viewer: whoever may act on
+        it). The cancel is recorded with ``principal`` as its author: a ``cancel_request`` event in the
+        runner's event log (:func:`saucer.engine.cancel.request_cancel`, as ``saucer cancel`` writes it) and
+        the end's error, ``cancelled by PRINCIPAL``."""
         session = self._active.get(session_id)
         if session is None:
             return await self.store.get_session(session_id)
-        session.cancel_requested = True
+        why = f"cancelled by {principal}" + (f": {reason}" if reason else "")
+        if not session.cancel_requested:
+            session.cancel_requested, session.cancelled_by = True, why
+            await self._record_cancel(session_id, principal, reason)
         if session.dispatcher is not None:
             # The runner unwinds only after the device has stopped the batch in flight (or is gone).
-            session.dispatcher.cancel_reason = "cancelled by its owner"
+            session.dispatcher.cancel_reason = session.cancelled_by
         if session.task is not None and not session.task.done():
             session.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(session.done.wait())
         elif not session.done.is_set():
-            await self._finish(session, TaskOutcome(status="cancelled", error="cancelled by its owner"))
+            await self._finish(session, TaskOutcome(status="cancelled", error=session.cancelled_by))
         return session.record
+
+    async def _record_cancel(self, session_id: str, principal: str, reason: str) -> None:
+        """The cancel in the runner's event log, authored by the principal (a runner without one: nothing)."""
+        events = getattr(self.runner, "store", None)
+        if not isinstance(events, EventStore) or not events.exists(session_id):
+            return
+        try:
+            await asyncio.to_thread(request_cancel, events, session_id, author=principal, reason=reason)
+        except CancelError as exc:  # not running there (waiting for its device): its end says who cancelled
+            _log.info("session %s: the cancel is not in its event log: %s", session_id, exc)
 
     def begin_shutdown(self) -> None:
         """Stop every runner now, before connections close, so no session ends because of the shutdown.
@@ -194,7 +226,7 @@ class SessionManager:
             if not session.cancel_requested:
                 raise  # server shutdown: the record stays "running" and resumes after restart
             note = f"; {dispatcher.cancel_outcome}" if dispatcher.cancel_outcome else ""
-            outcome = TaskOutcome(status="cancelled", error=f"cancelled by its owner{note}")
+            outcome = TaskOutcome(status="cancelled", error=f"{session.cancelled_by}{note}")
         except Exception as exc:
             _log.exception("runner failed for session %s", sid)
             outcome = TaskOutcome(status="failed", error=f"runner error: {type(exc).__name__}: {exc}")

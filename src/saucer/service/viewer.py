@@ -21,6 +21,7 @@ from saucer.service.approvals import may_act, principal_author
 from saucer.service.auth import TokenAuthenticator
 from saucer.service.hub import DeviceHub
 from saucer.service.records import SessionRecordStore
+from saucer.service.sessions import sees_session
 from saucer.store import EventStore
 from saucer.ui import create_app
 from saucer.ui.acting import Acting
@@ -41,13 +42,9 @@ class ServiceScope:
     async def session_ids(self, principal: str | None) -> set[str] | None:
         if principal is None:
             return set()
-        # the sessions it may act on (may_act): its own, every one for an admin, those whose task names it
+        # the one rule of what a principal sees, as GET /api/sessions lists it
         every = await self.records.list_sessions()
-        return {
-            r.session_id
-            for r in every
-            if r.owner == principal or principal in self.admins or principal in r.task.participants
-        }
+        return {r.session_id for r in every if sees_session(r, principal, self.admins)}
 
     async def devices(self, principal: str | None) -> list[dict[str, Any]] | None:
         if principal is None:
@@ -74,13 +71,13 @@ def service_acting(store: EventStore, records: SessionRecordStore, sessions: Any
             return False
         return await may_act(store, session_id, principal, record.owner, record.task.participants, admins)
 
-    async def cancel(session_id: str, principal: str | None) -> str | None:
+    async def cancel(session_id: str, principal: str | None, reason: str) -> str | None:
         record = await records.get_session(session_id)
         if record is None or principal is None:
             return f"no session {session_id!r} on this server"
         if record.status.terminal:
             return f"session {session_id} already ended as {record.status.value}"
-        await sessions.cancel(session_id, record.owner)  # an allowed principal cancels on the owner's behalf
+        await sessions.cancel(session_id, principal_author(principal), reason)  # recorded as the principal
         return None
 
     return Acting(allowed=allowed, author=lambda principal: principal_author(principal or ""), cancel=cancel)

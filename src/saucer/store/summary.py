@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 #: Statuses of a session that has ended (its last event is ``session_end``).
-ENDED = frozenset({"finished", "failed", "error", "stopped"})
+ENDED = frozenset({"finished", "failed", "error", "stopped", "cancelled"})
 #: The listed status of a session that has not ended and whose runner is gone.
 INTERRUPTED = "interrupted"
 #: The status of a fork of an engine session until it is resumed (its first own run writes ``running``).

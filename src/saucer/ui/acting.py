@@ -15,7 +15,7 @@ CLI: :func:`saucer.engine.writes.write_vars` (``saucer set``) and
     POST /sessions/{id}/act/approve     number=N
     POST /sessions/{id}/act/refuse      number=N, reason=TEXT (optional)
     POST /sessions/{id}/act/answer      number=N, answer=TEXT
-    POST /sessions/{id}/act/cancel      (only when the host can cancel: saucer serve's sessions)
+    POST /sessions/{id}/act/cancel      reason=TEXT (optional): a running session stops after the step in flight
     POST /sessions/{id}/act/resume      (only when the host can resume: saucer ui starts ``saucer resume ID``)
 """
 
@@ -35,6 +35,8 @@ from saucer.engine.approvals import (
     decide,
     read_approvals,
 )
+from saucer.engine.cancel import CancelError, NotAllowedToCancel
+from saucer.engine.status import stored_status
 from saucer.engine.writes import write_vars
 from saucer.store import EventStore, NotParticipantError
 
@@ -53,14 +55,16 @@ class Acting:
 
     ``allowed(principal, session_id)``: whether the principal may act on that
     session; ``author(principal)``: the author its writes are recorded with;
-    ``cancel(session_id, principal)``: cancel a running session, returning a
+    ``cancel(session_id, principal, reason)``: cancel a running session, returning a
     problem to show or None (absent: the host cannot cancel, and no cancel form
-    is shown); ``resume(session_id, principal)``: start resuming a stopped
-    session, the same way (absent: no resume form)."""
+    is shown; ``saucer ui`` records the cancel in the session's log with
+    :func:`saucer.engine.cancel.request_cancel`, as ``saucer cancel`` does);
+    ``resume(session_id, principal)``: start resuming a stopped session, the
+    same way (absent: no resume form)."""
 
     allowed: Callable[[str | None, str], Awaitable[bool]]
     author: Callable[[str | None], str]
-    cancel: Callable[[str, str | None], Awaitable[str | None]] | None = None
+    cancel: Callable[[str, str | None, str], Awaitable[str | None]] | None = None
     resume: Callable[[str, str | None], Awaitable[str | None]] | None = None
 
 
@@ -73,8 +77,11 @@ class ActionRefused(Exception):
 
 
 def pending_of(store: EventStore, session_id: str) -> list[Any]:
-    """The session's approvals and questions that wait for a person (none for a session without any)."""
+    """The session's approvals and questions that wait for a person (none for a session without any, or that
+    has ended: nobody can decide them any more)."""
     try:
+        if stored_status(store, session_id).ended:
+            return []
         return [a for a in read_approvals(store, session_id) if a.pending]
     except ApprovalError:
         return []
@@ -132,10 +139,13 @@ async def perform(
             return f"v{version}: {'; '.join(parts)} (author {author})"
         if action == "cancel":
             assert acting.cancel is not None
-            problem = await acting.cancel(session_id, principal)
+            reason = _one(form, "reason").strip()
+            if len(reason) > 500:
+                raise ActionRefused(400, "the reason must be at most 500 characters")
+            problem = await acting.cancel(session_id, principal, reason)
             if problem is not None:
                 raise ActionRefused(409, problem)
-            return f"session {session_id} cancelled by {author}"
+            return f"session {session_id}: cancelled by {author} (a step in flight finishes first)"
         if action == "resume":
             assert acting.resume is not None
             problem = await acting.resume(session_id, principal)
@@ -149,11 +159,11 @@ async def perform(
             raise ActionRefused(400, f"the answer must be non-blank and at most {MAX_ANSWER_CHARS} characters")
         decided = await asyncio.to_thread(decide, store, session_id, number, status=status, author=author, note=note)  # type: ignore[arg-type]
         return f"{decided.what} {decided.number} {decided.status} by {author}"
-    except (NotParticipantError, NotAllowedToDecide) as exc:
+    except (NotParticipantError, NotAllowedToDecide, NotAllowedToCancel) as exc:
         raise ActionRefused(403, str(exc)) from None
     except ApprovalNotFound as exc:
         raise ActionRefused(404, str(exc)) from None
-    except ApprovalError as exc:
+    except (ApprovalError, CancelError) as exc:
         raise ActionRefused(409, str(exc)) from None
     except (TypeError, ValueError) as exc:
         raise ActionRefused(400, str(exc)) from None

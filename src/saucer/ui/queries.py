@@ -25,7 +25,7 @@ from saucer.context.types import Change
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, read_evaluation_log, read_request_log
 from saucer.engine.status import ENDED, NOT_STARTED
 from saucer.store import Event, EventStore, SessionInfo, SessionNotFoundError
-from saucer.store.summary import SessionSummary
+from saucer.store.summary import SORT_KEYS, SessionSummary
 from saucer.ui.steps import Tallies, item_of, rounds_view
 
 __all__ = [
@@ -177,12 +177,18 @@ _SORT_VALUE: dict[str, Any] = {
 }
 
 
+#: The columns the store's listing sorts as the table does (its ``steps`` counts a session the engine did not
+#: make as 0 where the table shows none, and it has no mode or duration to sort by).
+_STORE_SORTS = frozenset(SORT_KEYS) & {"updated", "created", "id", "task", "status", "cost", "version"}
+
+
 def _sorted(rows: list[SessionSummary], sort: str, desc: bool) -> list[SessionSummary]:
     """Rows in the order of ``sort``; an unknown number (None) last both ways, as ``saucer sessions`` sorts."""
     rows = sorted(rows, key=lambda s: s.session_id)  # ties by id, ascending either way (as the store's listing)
     value = _SORT_VALUE[sort]
-    known = sorted((s for s in rows if value(s) is not None), key=value, reverse=desc)
-    return known + [s for s in rows if value(s) is None]
+    keyed = [(value(s), s) for s in rows]  # each value computed once
+    known = sorted((pair for pair in keyed if pair[0] is not None), key=lambda pair: pair[0], reverse=desc)
+    return [s for _, s in known] + [s for v, s in keyed if v is None]
 
 
 def list_sessions(
@@ -192,41 +198,50 @@ def list_sessions(
 
     One :meth:`~saucer.store.EventStore.list_sessions` call whatever the number
     of sessions (the summaries hold status, steps and cost already); the
-    filters, the search and the sorting run over those summaries, and the rows
-    shown are :meth:`SessionSummary.row`, what ``saucer sessions --json`` shows.
+    filters, the search, the counts and the sorting run over those summaries in
+    one pass each, and the rows shown are :meth:`SessionSummary.row`, what
+    ``saucer sessions --json`` shows.
     """
-    wanted = None if allowed is None else set(allowed)
-    rows = [s for s in store.list_sessions() if wanted is None or s.session_id in wanted]
-    modes = sorted({"-" if s.mode is None else s.mode for s in rows})
-    tasks = sorted({"-" if s.task is None else s.task for s in rows})
-    store_total = len(rows)
+    # The store sorts by what it lists the same way (None last, ties by id); steps and duration are sorted here.
+    by_store = query.sort in _STORE_SORTS
+    order: dict[str, Any] = {"sort": query.sort, "descending": query.desc} if by_store else {}
+    listed = store.list_sessions(**order) if allowed is None else store.list_sessions(ids=allowed, **order)
+    modes: set[str] = set()
+    tasks: set[str] = set()
     start, end = query.window()
     needle = query.q.casefold()
-    if query.mode:
-        rows = [s for s in rows if ("-" if s.mode is None else s.mode) == query.mode]
-    if query.task:
-        rows = [s for s in rows if ("-" if s.task is None else s.task) == query.task]
-    if start is not None:
-        rows = [s for s in rows if s.updated_at >= start]
-    if end is not None:
-        rows = [s for s in rows if s.created_at < end]
-    if needle:
-        rows = [
-            s
-            for s in rows
-            if needle in s.session_id.casefold()
-            or needle in ("-" if s.task is None else s.task).casefold()
-            or needle in (s.request or "").casefold()
-        ]
     counts: dict[str, int] = {}
-    for s in rows:  # what each status would show, with the other filters applied
-        counts[s.status] = counts.get(s.status, 0) + 1
-    if query.status:
-        rows = [s for s in rows if s.status == query.status]
-    if query.sort != "updated" or not query.desc:  # the store's order is already most recently updated first
+    rows: list[SessionSummary] = []
+    for s in listed:  # one pass: the choices of the filters, the filters, the counts per status
+        mode = "-" if s.mode is None else s.mode
+        task = "-" if s.task is None else s.task
+        modes.add(mode)
+        tasks.add(task)
+        if (
+            (query.mode and mode != query.mode)
+            or (query.task and task != query.task)
+            or (start is not None and s.updated_at < start)
+            or (end is not None and s.created_at >= end)
+            or (
+                needle
+                and needle not in s.session_id.casefold()
+                and needle not in task.casefold()
+                and needle not in (s.request or "").casefold()
+            )
+        ):
+            continue
+        counts[s.status] = counts.get(s.status, 0) + 1  # what each status would show, the other filters applied
+        if not query.status or s.status == query.status:
+            rows.append(s)
+    if not by_store:
         rows = _sorted(rows, query.sort, query.desc)
-    costs = [_cost(s) for s in rows]
-    unknown = sum(1 for s, c in zip(rows, costs, strict=False) if c is None and s.status != "-")
+    total_cost, unknown = 0.0, 0
+    for s in rows:
+        cost = _cost(s)
+        if cost is not None:
+            total_cost += cost
+        elif s.status != "-":
+            unknown += 1
     pages = max(1, -(-len(rows) // page_size))
     page = min(query.page, pages)
     shown = [s.row() for s in rows[(page - 1) * page_size : page * page_size]]
@@ -236,11 +251,11 @@ def list_sessions(
         page,
         pages,
         list(STATUSES),
-        modes,
-        tasks,
-        store_total,
+        sorted(modes),
+        sorted(tasks),
+        len(listed),
         [(s, counts[s]) for s in STATUSES if s in counts],
-        sum(c for c in costs if c is not None),
+        total_cost,
         unknown,
     )
 

@@ -178,7 +178,7 @@
     var note = document.getElementById("live-note");
     var source = new EventSource(timeline.dataset.stream);
     var status = document.getElementById("status");
-    var ended = status && ["finished", "failed", "error", "stopped", "interrupted", "not started"].indexOf(status.textContent) >= 0;
+    var ended = status && ["finished", "failed", "error", "stopped", "cancelled", "interrupted", "not started"].indexOf(status.textContent) >= 0;
     if (note) note.textContent = ended ? "the session is " + status.textContent + "; following: a resume shows up here" : "following: new steps appear as they commit";
     source.addEventListener("step", function (message) {
       var data = JSON.parse(message.data);
@@ -200,6 +200,9 @@
         var cell = document.getElementById("status-cell");
         if (cell) cell.className = "status-" + data.status.replace(/ /g, "-");
         if (note && data.status === "running") note.textContent = "following: new steps appear as they commit";
+        // a cancel is for a running session only (the server refuses the others)
+        var cancel = document.getElementById("cancel-form");
+        if (cancel) cancel.hidden = data.status !== "running";
       }
     });
     source.addEventListener("end", function (message) {
