@@ -17,7 +17,7 @@ from typing import Any
 import typer
 from rich.rule import Rule
 
-from saucer.cli import inspect as view
+from saucer.cli import timeline
 from saucer.cli.common import (
     ConfigOption,
     StoreOption,
@@ -436,7 +436,7 @@ def demo_cmd(
             _interrupted(factory.store, [sessions[0].session_id], store, True, batch=False)
         events = list(factory.store.read(result.session_id))
         console.print()
-        console.print(view.timeline(events, f"session {result.session_id} · v{result.version}"))
+        console.print(timeline.timeline(events, f"session {result.session_id} · v{result.version}"))
         _print_result(result)
         _print_next_steps(factory.store, result, store)
     console.print(styled(("  # browse it in the web viewer (Ctrl-C stops the viewer)", "dim")))
