@@ -16,7 +16,7 @@ Each step of the :class:`OperatorAgent` is one model call that sees the screen:
    from the summary, ``type_text``, ``press_keys``, ``launch``...), run as
    in normal mode: a sensitive call (``desktop.launch`` by default) asks
    first, a refusal is told to the model, a final answer after a successful
-   action finishes the round (:class:`~saucer.agents.llm.agent.ToolUsingAgent`).
+   action finishes the round (:class:`~saucer.agents.llm.tool_agent.ToolUsingAgent`).
 
 ``operator`` offers the model only the ``desktop`` tools; ``normal_operator``
 offers every tool of the session (shell and files too). The endpoint must be
@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from saucer.agents.llm.agent import ToolUsingAgent
 from saucer.agents.llm.client import ModelClient, ModelSettings, require_model_settings
 from saucer.agents.llm.evaluator import LLMEvaluator
 from saucer.agents.llm.prompts import request_message
+from saucer.agents.llm.tool_agent import ToolUsingAgent
 from saucer.agents.llm.tools import ToolSet
 from saucer.agents.treesummary import summarize_tree
 from saucer.context.names import ContextNames

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from saucer.agents.llm.agent import SUBTASK_FINISH, LinuxAgent, LLMAgent, ToolUsingAgent, interactor_approver
+from saucer.agents.llm.agent import SUBTASK_FINISH, LLMAgent, interactor_approver
 from saucer.agents.llm.client import (
     ENV_API_KEY,
     ENV_BASE_URL,
@@ -36,6 +36,7 @@ from saucer.agents.llm.host import AppAgent, HostAgent
 from saucer.agents.llm.logs import RequestLogger
 from saucer.agents.llm.pricing import PriceFileError, PriceTable, format_cost
 from saucer.agents.llm.prompts import render_template
+from saucer.agents.llm.tool_agent import LinuxAgent, ToolUsingAgent
 from saucer.agents.llm.tools import ToolSet
 from saucer.engine.agent import AgentSet
 

@@ -27,7 +27,6 @@ from saucer.agents.llm.agent import (
     SUBTASK_FINISH,
     LLMAgent,
     TokenBudgetReached,
-    ToolUsingAgent,
     no_action_reason,
     nothing_done_reason,
     previous_subtask_entry,
@@ -35,6 +34,7 @@ from saucer.agents.llm.agent import (
 from saucer.agents.llm.ask import ASK_USER_TOOL, ask_the_user
 from saucer.agents.llm.client import ModelCallError, ModelClient, ModelSettings
 from saucer.agents.llm.prompts import app_agent_system_prompt, host_agent_system_prompt, request_message
+from saucer.agents.llm.tool_agent import ToolUsingAgent
 from saucer.agents.llm.tools import ToolSet, ToolSpec
 from saucer.context.names import ContextNames
 from saucer.engine.agent import AgentStatus, FinishState
