@@ -12,7 +12,7 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.rule import Rule
@@ -37,6 +37,9 @@ from saucer.cli.common import (
 from saucer.cli.output import styled, visible
 from saucer.cli.ui_cmd import ui_command
 from saucer.store import EventStore
+
+if TYPE_CHECKING:
+    from saucer.engine.result import SessionResult
 
 __all__ = ["run_cmd", "resume_cmd", "demo_cmd"]
 
@@ -121,7 +124,7 @@ def _say_confinement(settings: Any, workspace: Path | None) -> None:
     err.print(visible(confinement_summary(settings.shell, workspace or Path.cwd())), markup=False, highlight=False)
 
 
-def _print_result(result: Any) -> None:
+def _print_result(result: SessionResult) -> None:
     line = styled((f"session {visible(result.session_id)}: {result.status}", "green" if result.ok else "red"))
     if result.reason:
         line.append(f" ({visible(result.reason)})")
@@ -129,7 +132,7 @@ def _print_result(result: Any) -> None:
     console.print(result.cost.render())
     if result.log_path:
         console.print(f"logs: {result.log_path}")
-    if getattr(result, "experience_path", None):
+    if result.experience_path:
         console.print(f"experience saved as a replayable plan: {result.experience_path}")
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import typer
@@ -19,6 +21,9 @@ from saucer.cli.common import (
     resolve_session,
     resolve_store_url,
 )
+
+if TYPE_CHECKING:
+    import uvicorn
 
 __all__ = ["ui_cmd", "DEFAULT_PORT", "ui_command"]
 
@@ -121,10 +126,8 @@ def ui_cmd(
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
     if open_browser:
         _open_when_started(server, f"http://{shown}:{port}{page}")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a viewer is stopped: uvicorn shut down cleanly
         server.run()
-    except KeyboardInterrupt:  # Ctrl-C is how a viewer is stopped: uvicorn has shut down cleanly, exit 0
-        pass
 
 
 def _local_acting(url: str, config: Path | None) -> object:
@@ -169,7 +172,7 @@ def _settings_tokens(config: Path | None) -> list[object]:
     return list(settings_for(config).service.tokens)
 
 
-def _open_when_started(server: object, url: str) -> None:
+def _open_when_started(server: uvicorn.Server, url: str) -> None:
     """Open ``url`` in a browser once the server listens (a thread that waits for it); say so when none opens."""
     import threading
     import time
@@ -177,7 +180,7 @@ def _open_when_started(server: object, url: str) -> None:
 
     def wait() -> None:
         for _ in range(200):
-            if getattr(server, "started", False):
+            if server.started:
                 try:
                     opened = webbrowser.open(url)
                 except Exception:  # noqa: BLE001  # a broken browser setting is the same news: no browser
