@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-SAUCER = [sys.executable, "-m", "saucer"]
-
-
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a CLI run: no SAUCER_* settings of the caller's, no colour, 200 columns."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
-    env["COLUMNS"] = "200"
-    env["NO_COLOR"] = "1"
-    env.update(extra or {})
-    return env
+from tests.support.cli import SAUCER, cli_env
 
 
 @pytest.fixture

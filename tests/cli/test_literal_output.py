@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import cli_env
+from tests.support.cli import cli_env
+
 from saucer.context import Context, ContextNames
 
 MARK = "check [todo] items [bold]loud[/bold] :smile:"

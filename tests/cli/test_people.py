@@ -7,7 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import SAUCER, cli_env
+from tests.support.cli import SAUCER, cli_env
+
 from saucer.context import Context
 from saucer.engine.status import stored_status
 from saucer.store import open_store

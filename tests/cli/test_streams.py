@@ -12,8 +12,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from tests.support.cli import cli_env
 
-from conftest import cli_env
 from saucer.cli.common import UserError
 from saucer.cli.output import JsonStream, TextChunks
 from saucer.cli.streams import parse_since

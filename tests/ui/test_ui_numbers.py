@@ -13,35 +13,24 @@ ledger of ``saucer state --json`` (a round's end is not counted again).
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
-from ui_helpers import write_session
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.ui import write_session
 
 from saucer.context import Context
 from saucer.store import open_store
 from saucer.ui import create_app
 
 SAUCER = [sys.executable, "-m", "saucer"]
-
-
-def _fake_openai() -> Any:
-    path = Path(__file__).parents[1] / "agents" / "fake_openai.py"
-    spec = importlib.util.spec_from_file_location("ui_fake_openai", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.FakeOpenAI
 
 
 def _plan(task: str, commands: list[dict[str, Any]]) -> dict[str, Any]:
@@ -94,7 +83,6 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         env={"SAUCER_SYSTEM__MAX_STEP": "1"},
         ok=False,
     )
-    FakeOpenAI = _fake_openai()
     with FakeOpenAI() as fake:
         look = lambda: fake.tool_calls(("files.list", {"path": "."}), usage=(1000, 500))  # noqa: E731
         fake.push(look(), fake.text("done", usage=(2000, 100)), look(), fake.text("done", usage=(10, 5)))

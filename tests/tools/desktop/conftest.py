@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from desktop_helpers import DesktopTools, require_packages, use_environment
+from tests.support.desktop import DesktopTools, require_packages, use_environment
 
 from saucer.tools.desktop.virtual import VirtualDesktop
 

@@ -1,7 +1,4 @@
-"""Helpers for service-mode tests: tokens, free loopback ports, and real processes that can always be killed.
-
-A uniquely named module (not conftest) so test modules import it reliably next to other test directories' conftests.
-"""
+"""Helpers for service-mode tests: tokens, free loopback ports, and real processes that can always be killed."""
 
 from __future__ import annotations
 
@@ -19,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-HERE = Path(__file__).resolve().parent
+#: The repository (device processes import the fake dispatcher as tests.support.fakes from it).
+ROOT = Path(__file__).resolve().parents[2]
 
 ALICE = "alice-token-000000000000"
 BOB = "bob-token-1111111111111111"
@@ -101,7 +99,7 @@ class Processes:
         log = self.logdir / f"{name}-{len(self.started)}.log"
         full_env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             **(env or {}),
         }
         # Model settings of the developer's environment must not leak into the servers under test.
@@ -177,7 +175,7 @@ class Processes:
                 "--device-id",
                 device_id,
                 "--dispatcher",
-                "service_fakes:make_dispatcher",
+                "tests.support.fakes:make_dispatcher",
                 "--backoff-initial",
                 "0.1",
                 "--backoff-max",
