@@ -140,7 +140,7 @@ def test_repeated_tool_failures_end_in_error(fake: FakeOpenAI, settings: ModelSe
     assert [s.status for s in steps] == ["CONTINUE", "CONTINUE", "ERROR"]
     assert "3 consecutive steps failed" in steps[-1].error and "files.read broke" in steps[-1].error
     assert "3 consecutive steps failed" in session.context.get(ContextNames.ROUND_RESULT)
-    assert tool_messages(fake.requests[2])[-1]["content"].startswith("failure: files.read failed")
+    assert tool_messages(fake.requests[2])[-1]["content"].startswith("failure: files.read broke")
 
 
 def test_a_success_resets_the_failure_count(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:

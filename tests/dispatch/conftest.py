@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support import dispatch_fixture_server
+from tests.dispatch import dispatch_fixture_server
 
 FIXTURE_SERVER = Path(dispatch_fixture_server.__file__)
 

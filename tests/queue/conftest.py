@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.queue import CONFIG, SAUCER, queue_env
+from tests.support.queueing import CONFIG, SAUCER, queue_env
 
 POSTGRES_ENV = "SAUCER_TEST_POSTGRES_URL"
 POSTGRES_HINT = f"set {POSTGRES_ENV}=postgresql://postgres@127.0.0.1:5432/test to run the queue tests"

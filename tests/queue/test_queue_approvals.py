@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.queue import status_json, wait_until
+from tests.support.queueing import status_json, wait_until
 
 pytestmark = [pytest.mark.postgres]
 

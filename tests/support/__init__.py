@@ -9,7 +9,6 @@ repository root on the import path: ``pythonpath`` in pyproject.toml; no test ed
 - :mod:`~tests.support.service`, :mod:`~tests.support.aip_peers`: tokens, ports, server and device processes,
   minimal AIP peers;
 - :mod:`~tests.support.ui`: the viewer's stores and a viewer server in a thread;
-- :mod:`~tests.support.queue`, :mod:`~tests.support.context`, :mod:`~tests.support.desktop`: the queue's plans and
+- :mod:`~tests.support.queueing`, :mod:`~tests.support.context`, :mod:`~tests.support.desktop`: the queue's plans and
   environment, damaged stores, the desktop tools and their cases;
-- :mod:`~tests.support.dispatch_fixture_server`: a small MCP server (in-process by import path, or over stdio).
 """
