@@ -3,7 +3,7 @@
 The queue needs PostgreSQL: without ``SAUCER_TEST_POSTGRES_URL`` these tests
 skip, except under ``CI=true`` where that is a failure. Each test gets a store
 schema ``q_<random>`` (its queue is ``q_<random>_queue``); both are dropped afterwards.
-Helpers live in ``queue_support`` (a test module importing ``conftest`` could get another folder's).
+Helpers live in :mod:`tests.support.queueing`.
 """
 
 from __future__ import annotations

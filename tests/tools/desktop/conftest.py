@@ -1,4 +1,4 @@
-"""Fixtures for the desktop server tests (helpers in desktop_helpers.py)."""
+"""Fixtures for the desktop server tests (helpers in tests/support/desktop.py)."""
 
 from __future__ import annotations
 
