@@ -166,9 +166,11 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
+        # A parser's error (MarkedYAMLError) says where and what; any other says what in its first line.
+        marked = isinstance(exc, yaml.MarkedYAMLError)
+        mark = exc.problem_mark if marked else None
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = (exc.problem if marked else None) or str(exc).splitlines()[0]
         raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
     if data is None:
         return {}

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fake_openai import FakeOpenAI  # noqa: E402
-from llm_helpers import SECRET_KEY  # noqa: E402
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.llm import SECRET_KEY
 
 from saucer.agents.llm.client import ModelSettings  # noqa: E402
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fake_openai import FakeOpenAI
+from tests.support.fake_openai import FakeOpenAI
 
 
 def _env() -> dict[str, str]:

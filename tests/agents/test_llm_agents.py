@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import FakeOpenAI, RecordedRequest
-from llm_helpers import FakeDispatcher, make_session
+from tests.support.fake_openai import FakeOpenAI, RecordedRequest
+from tests.support.fakes import FakeDispatcher
+from tests.support.llm import TOOL_INFO, llm_dispatcher, make_session
 
 from saucer.agents.llm import LinuxAgent, ModelClient, ModelNotConfiguredError, ModelSettings, create_agent_provider
 from saucer.agents.llm.logs import read_jsonl
@@ -38,7 +39,7 @@ def test_single_agent_calls_a_tool_and_finishes(fake: FakeOpenAI, settings: Mode
         fake.tool_calls(("shell.run", {"cmd": "ls"}, "call_ls"), usage=(100, 10)),
         fake.text("There are two files.", usage=(150, 20)),
     )
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     session = make_session(tmp_path, settings, request="list the files", dispatcher=dispatcher)
     result = run(session.run())
     assert result.status == "finished", result
@@ -57,14 +58,14 @@ def test_single_agent_calls_a_tool_and_finishes(fake: FakeOpenAI, settings: Mode
     assert shell["function"]["parameters"]["required"] == ["cmd"]
 
     # the tool call became a Command, its result went back with the tool_call_id
-    [command] = dispatcher.commands
+    [command] = dispatcher.ran
     assert command.tool_name == "shell.run" and command.parameters == {"cmd": "ls"} and command.tool_type == "action"
     assert second.messages[:2] == first.messages
     assert second.messages[2]["role"] == "assistant" and second.messages[2]["content"] == ""  # never null
     assert second.messages[2]["tool_calls"][0]["id"] == "call_ls"
     [tool_msg] = tool_messages(second)
     assert tool_msg["tool_call_id"] == "call_ls"
-    assert json.loads(tool_msg["content"]) == {"ok": "shell.run", "args": {"cmd": "ls"}}
+    assert json.loads(tool_msg["content"]) == {"tool": "shell.run", "cmd": "ls"}
 
     ctx = session.context
     assert ctx.get(ContextNames.ROUND_RESULT) == "There are two files."
@@ -131,15 +132,15 @@ def test_unknown_model_cost_is_reported_unknown(fake: FakeOpenAI, settings: Mode
 
 def test_repeated_tool_failures_end_in_error(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
     fake.responder = lambda req: fake.tool_calls(("files.read", {"path": "/nope"})).body
-    dispatcher = FakeDispatcher(outcomes={"files.read": "fail"})
+    dispatcher = llm_dispatcher(fail=("files.read",))
     session = make_session(tmp_path, settings, dispatcher=dispatcher, max_step=20)
     result = run(session.run())
-    assert len(fake.requests) == 3 and len(dispatcher.commands) == 3
+    assert len(fake.requests) == 3 and len(dispatcher.ran) == 3
     steps = list(read_step_log(result.log_path))
     assert [s.status for s in steps] == ["CONTINUE", "CONTINUE", "ERROR"]
-    assert "3 consecutive steps failed" in steps[-1].error and "no such file" in steps[-1].error
+    assert "3 consecutive steps failed" in steps[-1].error and "files.read broke" in steps[-1].error
     assert "3 consecutive steps failed" in session.context.get(ContextNames.ROUND_RESULT)
-    assert tool_messages(fake.requests[2])[-1]["content"].startswith("failure: files.read failed")
+    assert tool_messages(fake.requests[2])[-1]["content"].startswith("failure: files.read broke")
 
 
 def test_a_success_resets_the_failure_count(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
@@ -151,7 +152,7 @@ def test_a_success_resets_the_failure_count(fake: FakeOpenAI, settings: ModelSet
         fake.tool_calls(("files.read", {"path": "/d"})),
         fake.text("gave up politely"),
     )
-    session = make_session(tmp_path, settings, dispatcher=FakeDispatcher(outcomes={"files.read": "fail"}))
+    session = make_session(tmp_path, settings, dispatcher=llm_dispatcher(fail=("files.read",)))
     result = run(session.run())
     assert result.status == "finished" and result.steps == 6
 
@@ -185,15 +186,15 @@ def test_invalid_arguments_and_unknown_tools_are_reported_not_run(
         fake.tool_calls(("shell.run", "{broken", "c1"), ("rm_rf", {}, "c2"), ("files.read", {"path": "/x"}, "c3")),
         fake.text("ok"),
     )
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     result = run(make_session(tmp_path, settings, dispatcher=dispatcher).run())
     assert result.status == "finished"
-    assert [c.tool_name for c in dispatcher.commands] == ["files.read"]
-    assert dispatcher.commands[0].tool_type == "data_collection"
+    assert [c.tool_name for c in dispatcher.ran] == ["files.read"]
+    assert dispatcher.ran[0].tool_type == "data_collection"
     by_id = {m["tool_call_id"]: m["content"] for m in tool_messages(fake.requests[1])}
     assert "invalid arguments for shell__run" in by_id["c1"]
     assert "there is no tool 'rm_rf'" in by_id["c2"] and "shell__run" in by_id["c2"]
-    assert json.loads(by_id["c3"])["ok"] == "files.read"
+    assert json.loads(by_id["c3"])["tool"] == "files.read"
 
 
 # ---------------------------------------------------------- sensitive steps
@@ -213,13 +214,13 @@ def test_a_refused_sensitive_step_is_not_run_and_the_model_is_told(
     fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
 ) -> None:
     fake.push(fake.tool_calls(("files.delete", {"path": "notes.txt"}, "del1")), fake.text("I did not delete it."))
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     interactor = RecordingInteractor(answer=False)
     result = run(make_session(tmp_path, settings, dispatcher=dispatcher, interactor=interactor).run())
     # nothing was done, so the answer that follows is not a success
     assert result.status == "failed" and "nothing was done" in result.reason and "I did not delete it." in result.reason
     assert interactor.asked == [("run files.delete", '{"path": "notes.txt"}')]
-    assert dispatcher.commands == []  # never ran
+    assert dispatcher.ran == []  # never ran
     [msg] = tool_messages(fake.requests[1])
     assert msg["tool_call_id"] == "del1" and msg["content"].startswith("refused by the user")
     step = list(read_step_log(result.log_path))[0]
@@ -230,10 +231,10 @@ def test_a_refused_sensitive_step_is_not_run_and_the_model_is_told(
 
 def test_an_approved_sensitive_step_runs(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
     fake.push(fake.tool_calls(("files.delete", {"path": "notes.txt"})), fake.text("deleted"))
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     interactor = RecordingInteractor(answer=True)  # as with --yes
     run(make_session(tmp_path, settings, dispatcher=dispatcher, interactor=interactor).run())
-    assert [c.tool_name for c in dispatcher.commands] == ["files.delete"]
+    assert [c.tool_name for c in dispatcher.ran] == ["files.delete"]
     assert len(interactor.asked) == 1
 
 
@@ -241,18 +242,18 @@ def test_without_an_interactor_sensitive_steps_are_refused(
     fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
 ) -> None:
     fake.push(fake.tool_calls(("files.delete", {"path": "x"})), fake.text("ok"))
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     run(make_session(tmp_path, settings, dispatcher=dispatcher, interactor=NonInteractiveInteractor()).run())
-    assert dispatcher.commands == []
+    assert dispatcher.ran == []
 
 
 def test_dispatcher_sensitive_tools_are_honoured(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
     fake.push(fake.tool_calls(("shell.run", {"cmd": "reboot"})), fake.text("ok"))
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     dispatcher.sensitive_tools = {"shell.run"}  # type: ignore[attr-defined]
     interactor = RecordingInteractor(answer=False)
     run(make_session(tmp_path, settings, dispatcher=dispatcher, interactor=interactor).run())
-    assert dispatcher.commands == [] and interactor.asked[0][0] == "run shell.run"
+    assert dispatcher.ran == [] and interactor.asked[0][0] == "run shell.run"
 
 
 # ----------------------------------------------------------------- two tier
@@ -273,7 +274,7 @@ def test_host_hands_subtasks_to_the_app_agent(fake: FakeOpenAI, settings: ModelS
         # host: final answer
         fake.text("The notes have 42 words."),
     )
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     session = make_session(
         tmp_path, ms(settings, agent="host"), request="how long are my notes?", dispatcher=dispatcher
     )
@@ -315,7 +316,7 @@ def test_host_hands_subtasks_to_the_app_agent(fake: FakeOpenAI, settings: ModelS
     ]
     assert steps[1].subtask == "find the notes" and steps[1].next_agent == "app"
     assert steps[2].next_agent == "host" and steps[3].subtask_index == 1
-    assert [c.tool_name for c in dispatcher.commands] == ["files.read", "shell.run"]
+    assert [c.tool_name for c in dispatcher.ran] == ["files.read", "shell.run"]
     agents = [line["agent"] for line in read_jsonl(Path(result.log_path) / "request.log")]
     assert agents == ["host", "app", "app", "host", "app", "app", "host"]
 
@@ -330,7 +331,7 @@ def test_app_agent_failures_go_back_to_the_host(fake: FakeOpenAI, settings: Mode
     session = make_session(
         tmp_path,
         ms(settings, agent="host", max_consecutive_failures=2),
-        dispatcher=FakeDispatcher(outcomes={"files.read": "fail"}),
+        dispatcher=llm_dispatcher(fail=("files.read",)),
     )
     result = run(session.run())
     # no subtask was done, so the host's answer is a failure, not a success
@@ -430,7 +431,7 @@ def test_the_conversation_lives_in_the_context(fake: FakeOpenAI, settings: Model
     ctx = Context()
     ctx.set(ContextNames.REQUEST, "list")
     ctx.set(ContextNames.TOOL_INFO, {"shell.run": {"description": "run"}})
-    ctx.attach_command_dispatcher(FakeDispatcher())
+    ctx.attach_command_dispatcher(llm_dispatcher())
     fake.push(fake.tool_calls(("shell.run", {"cmd": "ls"}, "k1")), fake.text("done"))
 
     async def go() -> list[str]:
@@ -450,7 +451,7 @@ def test_the_conversation_lives_in_the_context(fake: FakeOpenAI, settings: Model
 
 
 def test_provider_without_a_model_says_what_to_set(no_llm_env, tmp_path: Path) -> None:
-    from llm_helpers import app_settings
+    from tests.support.llm import app_settings
 
     with pytest.raises(ModelNotConfiguredError, match="SAUCER_LLM_MODEL"):
         create_agent_provider(app_settings(tmp_path))
@@ -476,7 +477,7 @@ def test_provider_from_app_settings(fake: FakeOpenAI, tmp_path: Path, no_llm_env
         settings=settings,
         request="hi",
         agents=create_agent_provider(settings),
-        dispatcher=FakeDispatcher(),
+        dispatcher=llm_dispatcher(),
     )
     assert run(session.run()).status == "finished"
     assert fake.requests[0].headers["authorization"] == "Bearer k"
@@ -549,14 +550,14 @@ class Crash(BaseException):
 def test_a_resumed_session_continues_the_same_conversation(
     fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
 ) -> None:
-    from llm_helpers import app_settings
+    from tests.support.llm import app_settings
 
     from saucer.engine.session import Session
     from saucer.store.memory import MemoryStore
 
     class CrashOnSecondCall(FakeDispatcher):
         async def execute_commands(self, commands, timeout=None):
-            if len(self.commands) == 1:
+            if len(self.ran) == 1:
                 raise Crash()
             return await super().execute_commands(commands, timeout)
 
@@ -581,7 +582,7 @@ def test_a_resumed_session_continues_the_same_conversation(
         store=store,
         request="two steps",
         agents=create_agent_provider(settings, client_factory=client_factory),
-        dispatcher=CrashOnSecondCall(),
+        dispatcher=CrashOnSecondCall(tools=TOOL_INFO),
     )
 
     async def crash() -> None:
@@ -593,7 +594,7 @@ def test_a_resumed_session_continues_the_same_conversation(
 
     with pytest.raises(Crash):
         run(crash())
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     again = Session.resume(
         first.session_id,
         store=store,
@@ -606,12 +607,12 @@ def test_a_resumed_session_continues_the_same_conversation(
     before_crash, after_resume = fake.requests[1].messages, fake.requests[2].messages
     assert after_resume == before_crash  # the committed conversation, without the lost step
     assert [m["role"] for m in after_resume] == ["system", "user", "assistant", "tool"]
-    assert [c.parameters for c in dispatcher.commands] == [{"cmd": "step two"}]
+    assert [c.parameters for c in dispatcher.ran] == [{"cmd": "step two"}]
     assert [m["tool_call_id"] for m in tool_messages(fake.requests[3])] == ["c1", "c3"]
 
 
 def test_session_factory_normal_mode_without_a_model_says_what_to_set(no_llm_env, tmp_path: Path) -> None:
-    from llm_helpers import app_settings
+    from tests.support.llm import app_settings
 
     from saucer.engine.errors import LLMUnavailableError
     from saucer.engine.factory import SessionFactory
@@ -623,18 +624,18 @@ def test_session_factory_normal_mode_without_a_model_says_what_to_set(no_llm_env
 
 
 def test_session_factory_normal_mode_with_a_model(fake: FakeOpenAI, tmp_path: Path, no_llm_env, monkeypatch) -> None:
-    from llm_helpers import app_settings
+    from tests.support.llm import app_settings
 
     from saucer.engine.factory import SessionFactory
 
     monkeypatch.setenv("SAUCER_LLM_BASE_URL", fake.base_url)
     monkeypatch.setenv("SAUCER_LLM_MODEL", "gpt-4o-mini")
     fake.push(fake.tool_calls(("shell.run", {"cmd": "ls"})), fake.text("done"))
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     with SessionFactory(app_settings(tmp_path), dispatcher_factory=lambda s: dispatcher) as factory:
         [session] = factory.create_session("t", "normal", request="list", ask_new_requests=False)
         result = run(session.run())
-    assert result.status == "finished" and [c.tool_name for c in dispatcher.commands] == ["shell.run"]
+    assert result.status == "finished" and [c.tool_name for c in dispatcher.ran] == ["shell.run"]
     assert fake.requests[0].headers["authorization"] == "Bearer not-needed"  # local servers need no key
 
 

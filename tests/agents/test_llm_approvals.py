@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from fake_openai import FakeOpenAI
-from llm_helpers import make_session
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.llm import make_session
 
 from saucer.agents.llm import ModelSettings
 from saucer.dispatch.local import LocalCommandDispatcher

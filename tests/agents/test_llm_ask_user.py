@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import FakeOpenAI
-from llm_helpers import FakeDispatcher, make_session
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.llm import llm_dispatcher, make_session
 
 from saucer.agents.llm.ask import NO_ONE_TO_ASK
 from saucer.agents.llm.client import ModelSettings
@@ -46,7 +46,7 @@ def test_the_model_asks_and_reads_the_users_answer(fake: FakeOpenAI, settings: M
         fake.text("Read notes.txt."),
     )
     interactor = Answering("notes.txt")
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     session = make_session(tmp_path, settings, request="read the file", dispatcher=dispatcher, interactor=interactor)
     result = asyncio.run(session.run())
     assert result.status == "finished", result
@@ -57,7 +57,7 @@ def test_the_model_asks_and_reads_the_users_answer(fake: FakeOpenAI, settings: M
         "tool_call_id": "call_q",
         "content": "the user answered: notes.txt",
     }
-    assert [c.tool_name for c in dispatcher.commands] == ["files.read"]  # the question is not a command
+    assert [c.tool_name for c in dispatcher.ran] == ["files.read"]  # the question is not a command
     first = next(iter(read_step_log(session.log_path)))
     assert first.extra["asked"] == [{"question": "Which file should I read?", "answer": "notes.txt"}]
 

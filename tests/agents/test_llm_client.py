@@ -8,8 +8,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI
-from llm_helpers import SECRET_KEY
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.llm import SECRET_KEY
 
 from saucer.agents.llm.client import (
     ModelCallError,
@@ -372,7 +372,7 @@ def test_a_model_that_refuses_temperature_is_asked_again_without_it(
 
 
 def test_a_response_without_choices_is_a_clear_error(fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path) -> None:
-    from fake_openai import Scripted
+    from tests.support.fake_openai import Scripted
 
     fake.push(Scripted(200, {"id": "x", "object": "chat.completion", "created": 0, "choices": []}))
     log = RequestLogger(tmp_path / "request.log")

@@ -29,16 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_helpers import FakeDispatcher, make_session
-from recording_proxy import RecordingProxy
+from scripts import llama_server as llama  # scripts/llama_server.py: the build and the server's launcher
+from tests.support.llm import llm_dispatcher, make_session
+from tests.support.recording_proxy import RecordingProxy
 
 from saucer.agents.llm import ModelClient, ModelSettings
 from saucer.agents.llm.client import ModelReply, ToolCall, Usage
 from saucer.agents.llm.logs import read_jsonl
 from saucer.agents.llm.tools import ToolSet
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import llama_server as llama  # noqa: E402  (scripts/llama_server.py: the build and the server's launcher)
 
 _CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # A few seconds each on an idle machine; a 1,400-token first prompt on two busy cores can take a minute.
@@ -230,7 +228,7 @@ def _run_cli_and_check(proxy: RecordingProxy, tmp_path: Path) -> bool:
 
 def test_a_reply_cut_off_at_max_tokens_is_never_an_answer(proxy: RecordingProxy, tmp_path: Path) -> None:
     settings = ModelSettings(base_url=proxy.base_url, model=MODEL, max_tokens=4, context_window=4096, timeout=60)
-    session = make_session(tmp_path, settings, request="Write a long poem about the sea.", dispatcher=FakeDispatcher())
+    session = make_session(tmp_path, settings, request="Write a long poem about the sea.", dispatcher=llm_dispatcher())
     result = asyncio.run(session.run())
     calls = proxy.completions()
     assert len(calls) == 2, [c.response_json for c in calls]  # the first cut off, asked once more, cut off again

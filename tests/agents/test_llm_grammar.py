@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import FakeOpenAI
-from llm_helpers import FakeDispatcher, make_session
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.llm import llm_dispatcher, make_session
 
 from saucer.agents.llm import ModelClient, ModelSettings
 from saucer.agents.llm.grammar import response_format, serves_llama_cpp, tool_call_from_content, tool_call_schema
@@ -45,12 +45,12 @@ def test_on_llama_server_a_required_step_is_constrained_and_its_json_is_the_call
         fake.text('{"name": "shell__run", "arguments": {"cmd": "ls"}}'),
         fake.text('```json\n{"name": "finish", "arguments": {"summary": "listed the files"}}\n```'),
     )
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     session = make_session(tmp_path, _required(settings), dispatcher=dispatcher)
     result = asyncio.run(session.run())
     assert result.status == "finished", result
     assert session.context.get(ContextNames.ROUND_RESULT) == "listed the files"
-    assert [(c.tool_name, c.parameters) for c in dispatcher.commands] == [("shell.run", {"cmd": "ls"})]
+    assert [(c.tool_name, c.parameters) for c in dispatcher.ran] == [("shell.run", {"cmd": "ls"})]
     first, second = fake.requests
     assert fake.gets == ["/props"]  # asked once per client
     for request in (first, second):

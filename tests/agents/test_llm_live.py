@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from llm_helpers import FakeDispatcher, make_session
+from tests.support.llm import llm_dispatcher, make_session
 
 from saucer.agents.llm import ModelClient, ModelSettings
 from saucer.agents.llm.logs import read_jsonl
@@ -61,7 +61,7 @@ def test_live_tool_call(live: ModelSettings) -> None:
 
 @pytest.mark.timeout(300)
 def test_live_session(live: ModelSettings, tmp_path: Path) -> None:
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     session = make_session(
         tmp_path,
         live,

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import FakeOpenAI
-from llm_helpers import FakeDispatcher, make_session
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.llm import llm_dispatcher, make_session
 
 from saucer.agents.llm import LinuxAgent, ModelClient, ModelSettings
 from saucer.agents.llm.agent import TOKENS_VAR
@@ -94,9 +94,9 @@ def test_finish_among_other_calls_is_answered_not_run(
         fake.tool_calls(("shell.run", {"cmd": "ls"}, "c1"), ("finish", {"summary": "x"}, "f1")),
         fake.tool_calls(("finish", {"summary": "done"}, "f2")),
     )
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     result = run(make_session(tmp_path, ms(settings, tool_choice="required"), dispatcher=dispatcher).run())
-    assert result.status == "finished" and [c.tool_name for c in dispatcher.commands] == ["shell.run"]
+    assert result.status == "finished" and [c.tool_name for c in dispatcher.ran] == ["shell.run"]
     answers = {m["tool_call_id"]: m["content"] for m in fake.requests[1].messages if m["role"] == "tool"}
     assert answers["f1"].startswith("not finished")
 
@@ -178,9 +178,9 @@ def test_a_reply_cut_off_twice_fails_the_step_clearly(
 ) -> None:
     cut = lambda: fake.tool_calls(("shell.run", '{"cmd": "ec'), finish_reason="length")  # noqa: E731 - half a call
     fake.push(cut(), cut())
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     result = run(make_session(tmp_path, ms(settings, max_tokens=50), dispatcher=dispatcher).run())
-    assert result.status == "error" and dispatcher.commands == []
+    assert result.status == "error" and dispatcher.ran == []
     assert "cut off at the token limit twice" in result.error and "max_tokens 50" in result.error
     assert len(fake.requests) == 2
 
@@ -220,7 +220,7 @@ def test_a_prose_reply_after_failed_calls_only_is_a_failure(
     fake: FakeOpenAI, settings: ModelSettings, tmp_path: Path
 ) -> None:
     fake.push(fake.tool_calls(("files.read", {"path": "x"})), fake.text("Done, the file is fine."))
-    result = run(make_session(tmp_path, settings, dispatcher=FakeDispatcher(outcomes={"files.read": "fail"})).run())
+    result = run(make_session(tmp_path, settings, dispatcher=llm_dispatcher(fail=("files.read",))).run())
     assert result.status == "failed" and "nothing was done" in result.reason and "the file is fine" in result.reason
 
 
@@ -284,7 +284,7 @@ def test_a_long_conversation_is_trimmed_to_the_window_and_kept_whole(
     big = "x" * 3000
     # usage as a real server counts it (about 4 characters a token), so the estimate calibrates itself
     fake.responder = lambda req: act(f"echo {len(req.messages)}", usage=(len(req.raw) // 4, 5)).body
-    dispatcher = FakeDispatcher()
+    dispatcher = llm_dispatcher()
     session = make_session(
         tmp_path,
         ms(settings, context_window=2048, max_tokens=256),

@@ -3,14 +3,11 @@ build that can take 20 minutes (issue 33, item 3: "the docs say so before the us
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import demo_llm  # noqa: E402  (scripts/demo_llm.py: make demo-llm)
-import llama_server  # noqa: E402  (scripts/llama_server.py: make llm)
+from scripts import (
+    demo_llm,  # make demo-llm
+    llama_server,  # make llm
+)
 
 
 class _Built(Exception):
@@ -25,8 +22,10 @@ def _no_build() -> None:
     "start", [lambda: llama_server.main(["--serve"]), lambda: demo_llm.main([])], ids=["make llm", "make demo-llm"]
 )
 def test_the_warning_comes_before_the_build(start, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.setattr(llama_server, "fetch_model", _no_build)
-    monkeypatch.setattr(llama_server, "build_server", _no_build)
+    # demo_llm imports llama_server as its sibling script (a module object of its own): patch both.
+    for module in (llama_server, demo_llm.llama_server):
+        monkeypatch.setattr(module, "fetch_model", _no_build)
+        monkeypatch.setattr(module, "build_server", _no_build)
     with pytest.raises(_Built):
         start()
     out = capsys.readouterr().out

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fake_openai import FakeOpenAI, RecordedRequest
+from tests.support.fake_openai import FakeOpenAI, RecordedRequest
 
 KEY = "sk-test-" + "Zq8" * 12
 SERVICE_TOKEN = "svc-token-4f9a8b7c6d5e4f3a"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import FakeOpenAI
-from llm_helpers import SECRET_KEY
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.llm import SECRET_KEY
 
 from saucer.agents.llm.window import IMAGE_CHARS, fit_to_window, request_chars, without_images
 from saucer.agents.operator import OBSERVATION_HEADER, create_operator_provider, summarize_tree

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fake_openai import FakeOpenAI, RecordedRequest
+from tests.support.fake_openai import FakeOpenAI, RecordedRequest
 
 KEY = "sk-ufo-run-" + "x7" * 10
 

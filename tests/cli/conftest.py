@@ -1,25 +1,14 @@
-"""Helpers to run the CLI as a subprocess in a fresh directory, as a user would."""
+"""Fixtures running the CLI: as a subprocess in a fresh directory, as a user would (``run_cli``), or the same
+commands called in this process (``cli_here``) when the process is not what a test is about."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-SAUCER = [sys.executable, "-m", "saucer"]
-
-
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a CLI run: no SAUCER_* settings of the caller's, no colour, 200 columns."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")}
-    env["COLUMNS"] = "200"
-    env["NO_COLOR"] = "1"
-    env.update(extra or {})
-    return env
+from tests.support.cli import SAUCER, CliResult, cli_env, saucer_here
 
 
 @pytest.fixture
@@ -45,5 +34,21 @@ def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
         if check is True:
             assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc
+
+    return run
+
+
+@pytest.fixture
+def cli_here(tmp_path: Path) -> Callable[..., CliResult]:
+    """:func:`run_cli` with the command called in this process (:func:`tests.support.cli.saucer_here`): for a
+    test about what a command reads, stores and prints, where starting Python again only costs time."""
+
+    def run(
+        *args: str, cwd: Path | None = None, check: bool | None = None, env: dict[str, str] | None = None
+    ) -> CliResult:
+        result = saucer_here(args, cwd=cwd or tmp_path, env=env)
+        if check is True:
+            assert result.returncode == 0, result.stdout + result.stderr
+        return result
 
     return run

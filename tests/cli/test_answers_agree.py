@@ -12,12 +12,12 @@ from saucer.cli.inspect import shown
 BOX = set("─│┃━┏┓┗┛┡┩╇┼┳┻╭╮╰╯")
 
 
-def test_state_and_diff_agree_in_text_and_json(run_cli, tmp_path: Path) -> None:
-    run_cli("demo", check=True, timeout=120)
-    (sid,) = [row["id"] for row in json.loads(run_cli("sessions", "--json", check=True).stdout)]
-    head = json.loads(run_cli("state", sid, "--json", check=True).stdout)["version"]
-    at3 = json.loads(run_cli("state", sid, "--at", "3", "--json", check=True).stdout)
-    text = run_cli("state", sid, "--at", "3", check=True).stdout.splitlines()
+def test_state_and_diff_agree_in_text_and_json(cli_here, tmp_path: Path) -> None:
+    cli_here("demo", check=True)
+    (sid,) = [row["id"] for row in json.loads(cli_here("sessions", "--json", check=True).stdout)]
+    head = json.loads(cli_here("state", sid, "--json", check=True).stdout)["version"]
+    at3 = json.loads(cli_here("state", sid, "--at", "3", "--json", check=True).stdout)
+    text = cli_here("state", sid, "--at", "3", check=True).stdout.splitlines()
     assert not BOX & set("".join(text)) and max(map(len, text)) < 260
     lines = dict(line.split(" = ", 1) for line in text[1:])
     for name, value in at3["names"].items():
@@ -27,15 +27,15 @@ def test_state_and_diff_agree_in_text_and_json(run_cli, tmp_path: Path) -> None:
     for name, value in at3["vars"].items():
         assert lines[f"vars.{name}"] == shown(value, 200)
     # diff --json from v1 to the head: "before" is what state --json says at v1, "after" what it says at the head
-    at1 = json.loads(run_cli("state", sid, "--at", "1", "--json", check=True).stdout)
-    now = json.loads(run_cli("state", sid, "--json", check=True).stdout)
-    changes = json.loads(run_cli("diff", sid, "1", str(head), "--json", check=True).stdout)
+    at1 = json.loads(cli_here("state", sid, "--at", "1", "--json", check=True).stdout)
+    now = json.loads(cli_here("state", sid, "--json", check=True).stdout)
+    changes = json.loads(cli_here("diff", sid, "1", str(head), "--json", check=True).stdout)
     names = [k for k in changes if not k.startswith(("vars.", "retired."))]
     assert names
     for key in names:
         assert changes[key]["before"] == at1["names"][key], key
         assert changes[key]["after"] == now["names"][key], key
-    piped = run_cli("diff", sid, "1", str(head), check=True).stdout.splitlines()
+    piped = cli_here("diff", sid, "1", str(head), check=True).stdout.splitlines()
     assert not BOX & set("".join(piped)) and piped[0] == f"changes from v1 to v{head}"
     for line in piped[1:]:
         key, rest = line.split(": ", 1)

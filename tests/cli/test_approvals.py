@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import SAUCER, cli_env
+from tests.support.cli import SAUCER, cli_env
+
 from saucer.store import open_store
 
 RM_PLAN = {

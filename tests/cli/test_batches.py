@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SAUCER, cli_env
+from tests.support.cli import SAUCER, cli_env
 
 
 def _folder(root: Path, n: int, name: str = "plans") -> Path:

@@ -4,7 +4,8 @@ variables that hold it (issue 33, item 3)."""
 from __future__ import annotations
 
 from saucer.cli.conversation import conversation_lines
-from saucer.cli.inspect import PlainText, timeline_entries
+from saucer.cli.inspect import PlainText
+from saucer.cli.timeline import timeline_entries
 from saucer.store import Event
 
 CALL = {

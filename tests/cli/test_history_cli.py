@@ -30,29 +30,29 @@ def _session(cwd: Path, sid: str, n: int) -> Context:
     return ctx
 
 
-def test_prune_keeps_every_fork_readable(run_cli, tmp_path: Path) -> None:
+def test_prune_keeps_every_fork_readable(cli_here, tmp_path: Path) -> None:
     _session(tmp_path, "A", 10).close()
-    run_cli("fork", "A", "--at", "6", "--as", "B", check=True)
-    run_cli("fork", "B", "--at", "4", "--as", "C", check=True)
+    cli_here("fork", "A", "--at", "6", "--as", "B", check=True)
+    cli_here("fork", "B", "--at", "4", "--as", "C", check=True)
     before = {
-        (sid, v): run_cli("state", sid, "--at", str(v), "--json", check=True).stdout for sid, v in [("B", 2), ("C", 3)]
+        (sid, v): cli_here("state", sid, "--at", str(v), "--json", check=True).stdout for sid, v in [("B", 2), ("C", 3)]
     }
-    history = run_cli("history", "C", "--json", check=True).stdout
-    out = run_cli("store", "prune", "A", "--keep-last", "2", check=True).stdout
+    history = cli_here("history", "C", "--json", check=True).stdout
+    out = cli_here("store", "prune", "A", "--keep-last", "2", check=True).stdout
     assert "versions before 8 dropped (v8..v10 remain)" in out
     assert "fork B now holds its own copy of the history it reads (up to v6)" in out
     for (sid, v), shown in before.items():
-        assert run_cli("state", sid, "--at", str(v), "--json", check=True).stdout == shown
+        assert cli_here("state", sid, "--at", str(v), "--json", check=True).stdout == shown
     assert json.loads(before[("B", 2)])["vars"] == {"i": 2}
-    assert json.loads(run_cli("diff", "B", "2", "6", "--json", check=True).stdout) == {
+    assert json.loads(cli_here("diff", "B", "2", "6", "--json", check=True).stdout) == {
         "vars.i": {"before": 2, "after": 6}
     }
-    assert run_cli("history", "C", "--json", check=True).stdout == history
-    assert "(fork of A@6)" in run_cli("sessions", check=True).stdout
+    assert cli_here("history", "C", "--json", check=True).stdout == history
+    assert "(fork of A@6)" in cli_here("sessions", check=True).stdout
     # A version that is gone is an error naming the first readable one, never an empty state.
-    _one_line_error(run_cli("state", "A", "--at", "2"), "version 2 was pruned", "first readable version is 8")
-    _one_line_error(run_cli("diff", "A", "3", "9"), "first readable version is 8")
-    _one_line_error(run_cli("fork", "A", "--at", "5"), "first readable version is 8")
+    _one_line_error(cli_here("state", "A", "--at", "2"), "version 2 was pruned", "first readable version is 8")
+    _one_line_error(cli_here("diff", "A", "3", "9"), "first readable version is 8")
+    _one_line_error(cli_here("fork", "A", "--at", "5"), "first readable version is 8")
 
 
 def test_export_and_import_a_pruned_session(run_cli, tmp_path: Path) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
 import pexpect
+from tests.support.fake_openai import FakeOpenAI
 
 from saucer.context import Context
 
@@ -93,18 +93,7 @@ def test_delete_asks_and_defaults_to_no(tmp_path: Path) -> None:
     assert "deleted session s1" in (child.before or "")
 
 
-def _fake_openai():
-    path = Path(__file__).parent.parent / "agents" / "fake_openai.py"
-    spec = importlib.util.spec_from_file_location("cli_fake_openai", path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.FakeOpenAI
-
-
 def test_normal_mode_asks_for_requests_and_n_finishes(tmp_path: Path) -> None:
-    FakeOpenAI = _fake_openai()
     with FakeOpenAI() as fake:
         # each round acts once, then answers (an answer with no action would end the round no_action)
         look = lambda: fake.tool_calls(("files.list", {"path": "."}))  # noqa: E731

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import cli_env
+from tests.support.cli import cli_env
+
 from saucer.context import Context, ContextNames
 
 MARK = "check [todo] items [bold]loud[/bold] :smile:"
@@ -42,50 +43,50 @@ def _context_session(tmp_path: Path) -> None:
     ctx.close()
 
 
-def test_markup_like_text_is_printed_byte_for_byte_by_every_command(run_cli, tmp_path: Path) -> None:
+def test_markup_like_text_is_printed_byte_for_byte_by_every_command(cli_here, tmp_path: Path) -> None:
     _plan(tmp_path)
-    ran = run_cli("run", "--plan", "plan.json", "-w", "ws", "--session-id", "mk", check=True)
+    ran = cli_here("run", "--plan", "plan.json", "-w", "ws", "--session-id", "mk", check=True)
     assert f"round 0: {MARK}" in ran.stdout and "round 1: [red]second[/red]" in ran.stdout
     assert (tmp_path / "ws" / "n.md").read_text() == MARK
     _context_session(tmp_path)
 
-    sessions = run_cli("sessions", check=True).stdout
+    sessions = cli_here("sessions", check=True).stdout
     assert f"\nmk   {TASK}" in sessions and "\nctx  " in sessions
-    assert json.loads(run_cli("sessions", "--json", check=True).stdout)[1]["task"] == TASK
-    shown = run_cli("show", "mk", check=True).stdout
+    assert json.loads(cli_here("sessions", "--json", check=True).stdout)[1]["task"] == TASK
+    shown = cli_here("show", "mk", check=True).stdout
     assert f"round 0: {MARK}" in shown and f"subtask: {MARK}" in shown and f"SUBTASK = {MARK}" in shown
     assert '"content":"check [todo] items [bol…' in shown  # parameters are shortened, never interpreted
-    timeline = json.loads(run_cli("show", "mk", "--json", check=True).stdout)
+    timeline = json.loads(cli_here("show", "mk", "--json", check=True).stdout)
     assert timeline["rounds"][0]["request"] == MARK and timeline["session"]["task"] == TASK
     [write] = [e for e in timeline["events"] if e["kind"] == "step"][0]["commands"]
     assert write["parameters"]["content"] == MARK and write["result"]["status"] == "success"
-    history = run_cli("history", "mk", "--key", "REQUEST", check=True).stdout
+    history = cli_here("history", "mk", "--key", "REQUEST", check=True).stdout
     assert f"REQUEST = {MARK}" in history and "REQUEST = [red]second[/red]" in history
-    assert "[b]writer[/b]" in run_cli("history", "ctx", check=True).stdout  # an author, too
-    assert f"vars.note = {MARK}" in run_cli("history", "ctx", "--key", "note", check=True).stdout
-    state = run_cli("state", "ctx", check=True).stdout
+    assert "[b]writer[/b]" in cli_here("history", "ctx", check=True).stdout  # an author, too
+    assert f"vars.note = {MARK}" in cli_here("history", "ctx", "--key", "note", check=True).stdout
+    state = cli_here("state", "ctx", check=True).stdout
     assert (
         "vars.note = [/]" in state.splitlines() and LONG in state
     )  # piped: plain KEY = VALUE lines, long ones on one line
     assert f"vars.note = {MARK}" not in state  # the latest value is "[/]"
-    assert MARK in run_cli("state", "ctx", "--at", "1", check=True).stdout
-    assert json.loads(run_cli("state", "ctx", "--at", "1", "--json", check=True).stdout)["vars"]["note"] == MARK
-    diff = run_cli("diff", "ctx", "1", "2", check=True).stdout
+    assert MARK in cli_here("state", "ctx", "--at", "1", check=True).stdout
+    assert json.loads(cli_here("state", "ctx", "--at", "1", "--json", check=True).stdout)["vars"]["note"] == MARK
+    diff = cli_here("diff", "ctx", "1", "2", check=True).stdout
     assert MARK in diff and "[/]" in diff
-    assert json.loads(run_cli("export", "ctx", check=True).stdout)["state"]["vars"]["note"] == "[/]"
+    assert json.loads(cli_here("export", "ctx", check=True).stdout)["state"]["vars"]["note"] == "[/]"
     # Control characters are shown as escapes: stored data never drives the terminal.
     for args in (("state", "ctx"), ("history", "ctx"), ("show", "ctx")):
-        out = run_cli(*args, check=True).stdout
+        out = cli_here(*args, check=True).stdout
         assert "clear\\x1b[2Jscreen\\x07" in out and "\x1b" not in out and "\x07" not in out, args
-    assert json.loads(run_cli("state", "ctx", "--json", check=True).stdout)["vars"]["esc"] == "clear\x1b[2Jscreen\x07"
+    assert json.loads(cli_here("state", "ctx", "--json", check=True).stdout)["vars"]["esc"] == "clear\x1b[2Jscreen\x07"
 
     # Error messages quote what the user typed, literally.
-    unknown = run_cli("history", "mk", "--key", "[bold]x[/bold]")
+    unknown = cli_here("history", "mk", "--key", "[bold]x[/bold]")
     assert unknown.returncode == 2 and "unknown key '[bold]x[/bold]'" in unknown.stderr
-    missing = run_cli("show", "[b]nope[/b]")
+    missing = cli_here("show", "[b]nope[/b]")
     assert missing.returncode == 2 and "no session '[b]nope[/b]'" in missing.stderr
     # The saucer.toml example printed when no model is set keeps its [llm] header, so it can be copied.
-    no_model = run_cli("run", "--request", "hello")
+    no_model = cli_here("run", "--request", "hello")
     assert no_model.returncode == 2
     assert '\n  [llm]\n  model = "gpt-4o-mini"\n' in no_model.stderr
     assert "Traceback" not in no_model.stderr

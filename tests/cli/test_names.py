@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import cli_env
+from tests.support.cli import cli_env
+
 from saucer.context import Context
 
 PLAN = {
@@ -26,55 +27,55 @@ PLAN = {
 LONG_ID = "a-very-long-session-id-that-does-not-fit-in-forty-columns-0123456789"
 
 
-def test_prefixes_last_and_session_id_work_in_every_command(run_cli, tmp_path: Path) -> None:
+def test_prefixes_last_and_session_id_work_in_every_command(cli_here, tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    run_cli("run", "--plan", "plan.json", "-w", "ws", "--session-id", "alpha-one", check=True)
-    run_cli("run", "--plan", "plan.json", "-w", "ws", "--session-id", "alpha-two", check=True)
-    taken = run_cli("run", "--plan", "plan.json", "-w", "ws", "--session-id", "alpha-one")
+    cli_here("run", "--plan", "plan.json", "-w", "ws", "--session-id", "alpha-one", check=True)
+    cli_here("run", "--plan", "plan.json", "-w", "ws", "--session-id", "alpha-two", check=True)
+    taken = cli_here("run", "--plan", "plan.json", "-w", "ws", "--session-id", "alpha-one")
     assert taken.returncode == 2 and "session 'alpha-one' already exists; continue it with: " in taken.stderr
     (tmp_path / "folder").mkdir()
-    folder = run_cli("run", "--plan", "folder", "--session-id", "x")
+    folder = cli_here("run", "--plan", "folder", "--session-id", "x")
     assert folder.returncode == 2 and "--session-id names one session" in folder.stderr
-    ambiguous = run_cli("show", "alpha")
+    ambiguous = cli_here("show", "alpha")
     assert (
         ambiguous.returncode == 2
         and "'alpha' is the start of several session ids (alpha-two, alpha-one)" in ambiguous.stderr
     )
 
-    assert json.loads(run_cli("state", "last", "--json", check=True).stdout)["session_id"] == "alpha-two"
+    assert json.loads(cli_here("state", "last", "--json", check=True).stdout)["session_id"] == "alpha-two"
     for args in (
         ("history", "alpha-o"),
         ("diff", "alpha-o", "1", "3"),
         ("export", "last"),
         ("store", "prune", "alpha-t", "--keep-last", "50"),
     ):
-        proc = run_cli(*args)
+        proc = cli_here(*args)
         assert proc.returncode == 0, (args, proc.stderr)
-    assert json.loads(run_cli("show", "alpha-o", "--json", check=True).stdout)["session"]["id"] == "alpha-one"
-    assert "session alpha-one: finished" in run_cli("resume", "alpha-o", check=True).stdout
+    assert json.loads(cli_here("show", "alpha-o", "--json", check=True).stdout)["session"]["id"] == "alpha-one"
+    assert "session alpha-one: finished" in cli_here("resume", "alpha-o", check=True).stdout
 
-    request = run_cli("history", "alpha-o", "--key", "request")
+    request = cli_here("history", "alpha-o", "--key", "request")
     assert request.returncode == 2 and "did you mean REQUEST?" in request.stderr
-    assert "REQUEST = first" in run_cli("history", "alpha-o", "--key", "REQUEST", check=True).stdout
+    assert "REQUEST = first" in cli_here("history", "alpha-o", "--key", "REQUEST", check=True).stdout
 
     # A fork, named by prefix, with its own workspace and its own log folder.
     steps = [
-        e for e in json.loads(run_cli("show", "alpha-o", "--json", check=True).stdout)["events"] if e["kind"] == "step"
+        e for e in json.loads(cli_here("show", "alpha-o", "--json", check=True).stdout)["events"] if e["kind"] == "step"
     ]
-    forked = run_cli(
+    forked = cli_here(
         "fork", "alpha-o", "--at", str(steps[0]["version"]), "--as", "branch", "--workspace", "ws2", check=True
     )
     assert "its tools act in:" in forked.stdout
     parent_md = next((tmp_path / "logs" / "names").glob("alpha-one*/output.md"))
     before = parent_md.read_text()
-    resumed = run_cli("resume", "last", check=True)  # the fork is now the most recently updated session
+    resumed = cli_here("resume", "last", check=True)  # the fork is now the most recently updated session
     assert "session branch: finished" in resumed.stdout
     assert (tmp_path / "ws2" / "b.txt").read_text() == "B" and not (tmp_path / "ws2" / "a.txt").exists()
     assert parent_md.read_text() == before  # the parent's logs are untouched
     assert (tmp_path / "logs" / "names" / "branch" / "output.md").exists()
-    run_cli("store", "delete", "bran", "--yes", check=True)
-    run_cli("store", "delete", "alpha-t", "--yes", check=True)
-    assert [r["id"] for r in json.loads(run_cli("sessions", "--json", check=True).stdout)] == ["alpha-one"]
+    cli_here("store", "delete", "bran", "--yes", check=True)
+    cli_here("store", "delete", "alpha-t", "--yes", check=True)
+    assert [r["id"] for r in json.loads(cli_here("sessions", "--json", check=True).stdout)] == ["alpha-one"]
 
 
 def test_sessions_prints_whole_ids_in_a_narrow_terminal(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import SAUCER, cli_env
+from tests.support.cli import SAUCER, cli_env
+
 from saucer.context import Context
 from saucer.engine.status import stored_status
 from saucer.store import open_store
@@ -25,39 +26,39 @@ def _store(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/.saucer/saucer.db"
 
 
-def test_set_and_vars_on_an_ended_session(run_cli, tmp_path: Path) -> None:
+def test_set_and_vars_on_an_ended_session(cli_here, tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(ECHO_PLAN))
-    run_cli("run", "--plan", "plan.json", "--session-id", "s1", check=True)
-    first = run_cli("set", "s1", "gone=1", check=True).stdout
+    cli_here("run", "--plan", "plan.json", "--session-id", "s1", check=True)
+    first = cli_here("set", "s1", "gone=1", check=True).stdout
     at = int(first.split(" v")[1].split(":")[0])
-    done = run_cli(
+    done = cli_here(
         "set", "s1", "count=3", 'note="hi [b]x[/b]"', 'flags={"ok": true}', "--delete", "gone", "--author", "human:me"
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"session s1 v{at + 1}: set count, note, flags; deleted gone (author human:me)"
 
-    shown = run_cli("vars", "s1", check=True)
+    shown = cli_here("vars", "s1", check=True)
     assert shown.stdout.splitlines() == ["count = 3", 'flags = {"ok": true}', 'note = "hi [b]x[/b]"']
-    assert json.loads(run_cli("vars", "s1", "--json", check=True).stdout) == {
+    assert json.loads(cli_here("vars", "s1", "--json", check=True).stdout) == {
         "count": 3,
         "flags": {"ok": True},
         "note": "hi [b]x[/b]",
     }
-    assert json.loads(run_cli("vars", "s1", "--at", str(at), "--json", check=True).stdout) == {"gone": 1}
+    assert json.loads(cli_here("vars", "s1", "--at", str(at), "--json", check=True).stdout) == {"gone": 1}
 
     # One event, with its author; the session still reads as it ended (finished), not interrupted.
-    history = run_cli("history", "s1", "--key", "vars.count", check=True).stdout
+    history = cli_here("history", "s1", "--key", "vars.count", check=True).stdout
     assert "human:me" in history
-    listed = json.loads(run_cli("sessions", "--json", check=True).stdout)
+    listed = json.loads(cli_here("sessions", "--json", check=True).stdout)
     assert [(r["id"], r["status"]) for r in listed] == [("s1", "finished")]
     with open_store(_store(tmp_path)) as store:
         assert stored_status(store, "s1").status == "finished"
-    assert "s1: finished" in run_cli("resume", "s1", check=True).stdout
+    assert "s1: finished" in cli_here("resume", "s1", check=True).stdout
 
 
-def test_set_and_vars_errors_are_one_line(run_cli, tmp_path: Path) -> None:
+def test_set_and_vars_errors_are_one_line(cli_here, tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(ECHO_PLAN))
-    run_cli("run", "--plan", "plan.json", "--session-id", "s1", check=True)
+    cli_here("run", "--plan", "plan.json", "--session-id", "s1", check=True)
     cases = [
         (
             ("set", "s1", "note=hi"),
@@ -70,10 +71,10 @@ def test_set_and_vars_errors_are_one_line(run_cli, tmp_path: Path) -> None:
         (("vars", "nosuch"), "error: no session 'nosuch' in this store."),
     ]
     for args, message in cases:
-        done = run_cli(*args)
+        done = cli_here(*args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith(message), (args, done.stderr)
-    assert json.loads(run_cli("vars", "s1", "--json", check=True).stdout) == {}  # nothing was written
+    assert json.loads(cli_here("vars", "s1", "--json", check=True).stdout) == {}  # nothing was written
 
 
 def test_a_set_on_a_stopped_session_is_seen_by_its_resume(run_cli, tmp_path: Path) -> None:
@@ -155,7 +156,7 @@ def test_a_session_with_participants_refuses_a_set_by_anyone_else(run_cli, tmp_p
     assert json.loads(run_cli("vars", "p1", "--json", check=True).stdout) == {"x": 2, "y": 3}
 
 
-def test_the_people_commands_have_help(run_cli) -> None:
+def test_the_people_commands_have_help(cli_here) -> None:
     for command in ("set", "vars", "approvals", "approve", "refuse", "answer"):
-        proc = run_cli(command, "--help", check=True)
+        proc = cli_here(command, "--help", check=True)
         assert "Usage" in proc.stdout and "--store" in proc.stdout

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import cli_env
+from tests.support.cli import cli_env
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

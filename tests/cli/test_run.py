@@ -168,21 +168,21 @@ def test_a_session_id_that_is_a_path_segment_is_refused(run_cli, tmp_path: Path)
         assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_store_commands(run_cli, tmp_path: Path) -> None:
+def test_store_commands(cli_here, tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    run_cli("run", "--plan", "plan.json", "--workspace", "ws", check=True)
-    (sid,) = _session_ids(run_cli)
-    assert "schema version" in run_cli("store", "migrate", check=True).stdout
-    head = json.loads(run_cli("state", sid, "--json", check=True).stdout)["version"]
-    run_cli("store", "prune", sid, "--keep-last", "2", check=True)
-    assert json.loads(run_cli("state", sid, "--at", str(head - 2), "--json", check=True).stdout)["version"] == head - 2
-    old = run_cli("state", sid, "--at", "1")
+    cli_here("run", "--plan", "plan.json", "--workspace", "ws", check=True)
+    (sid,) = _session_ids(cli_here)
+    assert "schema version" in cli_here("store", "migrate", check=True).stdout
+    head = json.loads(cli_here("state", sid, "--json", check=True).stdout)["version"]
+    cli_here("store", "prune", sid, "--keep-last", "2", check=True)
+    assert json.loads(cli_here("state", sid, "--at", str(head - 2), "--json", check=True).stdout)["version"] == head - 2
+    old = cli_here("state", sid, "--at", "1")
     assert old.returncode == 2 and "versions" in old.stderr
-    refused = run_cli("store", "delete", sid)
+    refused = cli_here("store", "delete", sid)
     assert refused.returncode == 2 and "--yes" in refused.stderr
-    run_cli("fork", sid, "--at", str(head), "--as", "branch", check=True)
-    forked = run_cli("store", "delete", sid, "--yes")
+    cli_here("fork", sid, "--at", str(head), "--as", "branch", check=True)
+    forked = cli_here("store", "delete", sid, "--yes")
     assert forked.returncode == 2 and "forks that read its log (branch)" in forked.stderr
-    run_cli("store", "delete", "branch", "--yes", check=True)
-    run_cli("store", "delete", sid, "--yes", check=True)
-    assert _session_ids(run_cli) == []
+    cli_here("store", "delete", "branch", "--yes", check=True)
+    cli_here("store", "delete", sid, "--yes", check=True)
+    assert _session_ids(cli_here) == []

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.cli import cli_env
 
-from conftest import cli_env
 from saucer.cli import common
 from saucer.config import DEFAULT_CONFIG_FILE, Settings, StoreSettings, load_settings
 

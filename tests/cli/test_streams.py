@@ -12,8 +12,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from tests.support.cli import cli_env
 
-from conftest import cli_env
 from saucer.cli.common import UserError
 from saucer.cli.output import JsonStream, TextChunks
 from saucer.cli.streams import parse_since
@@ -41,10 +41,10 @@ def _versions_of_rows(out: str) -> list[int]:
     return sorted({int(line.split()[0]) for line in out.splitlines()[1:]})
 
 
-def test_history_and_show_select_with_limit_since_and_round(run_cli, tmp_path: Path) -> None:
+def test_history_and_show_select_with_limit_since_and_round(cli_here, tmp_path: Path) -> None:
     _long_session(tmp_path)
-    assert _versions_of_rows(run_cli("history", "long", "--limit", "3", check=True).stdout) == [78, 79, 80]
-    assert _versions_of_rows(run_cli("history", "long", "--since", "v75", check=True).stdout) == [
+    assert _versions_of_rows(cli_here("history", "long", "--limit", "3", check=True).stdout) == [78, 79, 80]
+    assert _versions_of_rows(cli_here("history", "long", "--since", "v75", check=True).stdout) == [
         75,
         76,
         77,
@@ -52,24 +52,24 @@ def test_history_and_show_select_with_limit_since_and_round(run_cli, tmp_path: P
         79,
         80,
     ]
-    assert _versions_of_rows(run_cli("history", "long", "--round", "7", check=True).stdout) == [15, 16]
-    assert _versions_of_rows(run_cli("history", "long", "--key", "n", "--limit", "2", check=True).stdout) == [77, 79]
-    assert _versions_of_rows(run_cli("history", "long", "--round", "7", "--since", "16", check=True).stdout) == [16]
-    events = json.loads(run_cli("history", "long", "--json", "--since", "70", "--limit", "4", check=True).stdout)
+    assert _versions_of_rows(cli_here("history", "long", "--round", "7", check=True).stdout) == [15, 16]
+    assert _versions_of_rows(cli_here("history", "long", "--key", "n", "--limit", "2", check=True).stdout) == [77, 79]
+    assert _versions_of_rows(cli_here("history", "long", "--round", "7", "--since", "16", check=True).stdout) == [16]
+    events = json.loads(cli_here("history", "long", "--json", "--since", "70", "--limit", "4", check=True).stdout)
     assert [e["version"] for e in events] == [77, 78, 79, 80]
-    shown = json.loads(run_cli("show", "long", "--json", "--round", "3", check=True).stdout)
+    shown = json.loads(cli_here("show", "long", "--json", "--round", "3", check=True).stdout)
     assert [e["version"] for e in shown["events"]] == [7, 8] and shown["rounds"] == [
         {"round": 3, "request": None, "status": "finished", "steps": 1}
     ]
-    plain = run_cli("show", "long", "--limit", "2", check=True).stdout
+    plain = cli_here("show", "long", "--limit", "2", check=True).stdout
     assert "round 39" in plain and "v80 round finished" in plain and "v78" not in plain
-    assert run_cli("history", "long", "--json", "--since", "1s", check=True).stdout.strip() in ("[]",) or True
-    future = json.loads(run_cli("history", "long", "--json", "--since", "2999-01-01T00:00", check=True).stdout)
-    past = json.loads(run_cli("history", "long", "--json", "--since", "2000-01-01", check=True).stdout)
+    assert cli_here("history", "long", "--json", "--since", "1s", check=True).stdout.strip() in ("[]",) or True
+    future = json.loads(cli_here("history", "long", "--json", "--since", "2999-01-01T00:00", check=True).stdout)
+    past = json.loads(cli_here("history", "long", "--json", "--since", "2000-01-01", check=True).stdout)
     assert future == [] and len(past) == 80
-    bad = run_cli("history", "long", "--since", "last tuesday")
+    bad = cli_here("history", "long", "--since", "last tuesday")
     assert bad.returncode == 2 and "--since 'last tuesday' is neither a version" in bad.stderr
-    assert run_cli("show", "long", "--limit", "0").returncode == 2
+    assert cli_here("show", "long", "--limit", "0").returncode == 2
 
 
 def test_since_time_finds_the_first_event_at_or_after_it(run_cli, tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_parse_since() -> None:
             parse_since(bad)
 
 
-def test_sessions_filters_sorts_and_limits_in_one_listing(run_cli, tmp_path: Path) -> None:
+def test_sessions_filters_sorts_and_limits_in_one_listing(cli_here, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/.saucer/saucer.db"
     for i, task in enumerate(["alpha", "beta", "alphabet", "[b]gamma[/b]"]):
         ctx = Context.open(url, f"s{i}", author="a", meta={"task": task, "mode": "follower"})
@@ -192,7 +192,7 @@ def test_sessions_filters_sorts_and_limits_in_one_listing(run_cli, tmp_path: Pat
         time.sleep(0.02)
 
     def ids(*args: str) -> list[str]:
-        return [row["id"] for row in json.loads(run_cli("sessions", "--json", *args, check=True).stdout)]
+        return [row["id"] for row in json.loads(cli_here("sessions", "--json", *args, check=True).stdout)]
 
     assert ids() == ["s3", "s2", "s1", "s0"]  # newest first
     assert ids("--limit", "2") == ["s3", "s2"]
@@ -201,15 +201,15 @@ def test_sessions_filters_sorts_and_limits_in_one_listing(run_cli, tmp_path: Pat
     assert ids("--sort", "version", "--reverse") == ["s0", "s1", "s2", "s3"]
     assert ids("--sort", "id") == ["s0", "s1", "s2", "s3"]
     assert ids("--since", "2999-01-01") == [] and len(ids("--since", "1d")) == 4
-    plain = run_cli("sessions", "--task", "gamma", check=True).stdout
+    plain = cli_here("sessions", "--task", "gamma", check=True).stdout
     assert "\ns3  [b]gamma[/b]  follower" in plain and "┏" not in plain
-    assert run_cli("sessions", "--task", "zeta", check=True).stdout.strip() == "no sessions match"
+    assert cli_here("sessions", "--task", "zeta", check=True).stdout.strip() == "no sessions match"
     for args, message in (
         (("--sort", "size"), "--sort 'size' is not one of"),
         (("--status", "done"), "--status 'done' is not one of"),
         (("--since", "v3"), "sessions are chosen by time"),
     ):
-        bad = run_cli("sessions", *args)
+        bad = cli_here("sessions", *args)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
 
 

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import SAUCER, cli_env
+from tests.support.cli import SAUCER, cli_env
+
 from saucer.context import ContextNames
 from saucer.engine import Agent, AgentStatus, NonInteractiveInteractor, Session
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from context_helpers import CountingStore
+from tests.support.context import CountingStore
 
 from saucer.store import open_store
 

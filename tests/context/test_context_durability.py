@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from context_helpers import CountingStore, damage_event, damage_snapshot, rows
+from tests.support.context import CountingStore, damage_event, damage_snapshot, rows
 
 from saucer.context import Context, ContextNames, prune
 from saucer.store import (

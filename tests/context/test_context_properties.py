@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from context_helpers import CountingStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.support.context import CountingStore
 
 from saucer.context import Context, ContextNames, WeavingMode
 from saucer.store import open_store

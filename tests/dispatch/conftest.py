@@ -6,13 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.dispatch import dispatch_fixture_server
 
-HERE = Path(__file__).resolve().parent
-# The in-process tests load the fixture server by import path ("dispatch_fixture_server:app").
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-FIXTURE_SERVER = HERE / "dispatch_fixture_server.py"
+FIXTURE_SERVER = Path(dispatch_fixture_server.__file__)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""An MCP server for the dispatcher tests: run in-process (``dispatch_fixture_server:app``) or over stdio.
+"""An MCP server for the dispatcher tests: run in-process (``tests.dispatch.dispatch_fixture_server:app``) or over stdio.
 
 As a script (``python dispatch_fixture_server.py``) it serves ``app`` on stdio.
 When the file named by ``FIXTURE_REFUSE_START_IF`` exists, the script exits at

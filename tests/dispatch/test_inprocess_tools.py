@@ -254,7 +254,7 @@ def test_a_host_killed_before_it_announces_a_command_never_starts_it(tmp_path: P
         """
         import asyncio, sys, time
         from pathlib import Path
-        import saucer.tools.shell as shell
+        import saucer.tools.shell_run as shell
         from saucer.dispatch import Command, LocalCommandDispatcher, default_servers
 
         def held_announcement(pgid):

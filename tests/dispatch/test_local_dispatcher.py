@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import dispatch_fixture_server
 import pytest
 import uvicorn
-from dispatch_fixture_server import PROBE, app
 from mcp.server.mcpserver import MCPServer
+from tests.dispatch import dispatch_fixture_server
+from tests.dispatch.dispatch_fixture_server import PROBE, app
 
 from saucer.dispatch import Command, LocalCommandDispatcher, Result, ResultStatus
 
@@ -108,7 +108,7 @@ async def test_bare_names_resolve_only_when_unique() -> None:
 
 
 async def test_a_slow_tool_hits_the_server_timeout_and_the_rest_is_skipped() -> None:
-    servers = {"fx": {"import_path": "dispatch_fixture_server:app", "timeout": 0.3}}
+    servers = {"fx": {"import_path": "tests.dispatch.dispatch_fixture_server:app", "timeout": 0.3}}
     async with LocalCommandDispatcher.from_config(servers) as dispatcher:
         slow, after = await dispatcher.execute_commands(
             [
@@ -123,10 +123,12 @@ async def test_a_slow_tool_hits_the_server_timeout_and_the_rest_is_skipped() -> 
 
 
 async def test_a_bad_import_path_is_a_failure_naming_it() -> None:
-    async with LocalCommandDispatcher.from_config({"fx": {"import_path": "dispatch_fixture_server:nothing"}}) as d:
+    async with LocalCommandDispatcher.from_config(
+        {"fx": {"import_path": "tests.dispatch.dispatch_fixture_server:nothing"}}
+    ) as d:
         [result] = await d.execute_commands([Command(tool_name="fx.echo", parameters={"text": "x"})])
         assert result.status == ResultStatus.FAILURE
-        assert "dispatch_fixture_server:nothing" in result.error and "'fx'" in result.error
+        assert "tests.dispatch.dispatch_fixture_server:nothing" in result.error and "'fx'" in result.error
         assert await d.list_tools() == {} and "fx" in d.server_errors
 
 
@@ -150,7 +152,7 @@ async def test_an_approver_refusal_fails_the_command_and_skips_the_rest() -> Non
         asked.append(command)
         return False
 
-    servers = {"fx": {"import_path": "dispatch_fixture_server:app", "sensitive_tools": ["add"]}}
+    servers = {"fx": {"import_path": "tests.dispatch.dispatch_fixture_server:app", "sensitive_tools": ["add"]}}
     async with LocalCommandDispatcher.from_config(servers, approver=refuse) as dispatcher:
         tools = await dispatcher.list_tools()
         assert tools["fx.add"]["sensitive"] and not tools["fx.echo"]["sensitive"]

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 import pytest
-from engine_helpers import FakeDispatcher
+from tests.support.fakes import FakeDispatcher
 
 from saucer.context import Context, ContextNames
 from saucer.engine import Agent, AgentStatus, Session

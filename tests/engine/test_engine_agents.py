@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from engine_helpers import CrashingAgent, FakeDispatcher, RecordingObserver, ScriptedAgent
+from tests.support.engine import CrashingAgent, RecordingObserver, ScriptedAgent
+from tests.support.fakes import FakeDispatcher
 
 from saucer.context import Context, ContextNames
 from saucer.engine import (

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import FakeDispatcher, command_plan
+from tests.support.engine import command_plan
+from tests.support.fakes import FakeDispatcher
 
 from saucer.config import load_settings
 from saucer.engine import Agent, AgentStatus, Session

@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from engine_helpers import FakeDispatcher, command_plan
+from tests.support.engine import command_plan
+from tests.support.fakes import FakeDispatcher
 
 from saucer.agents.follower import FollowerAgent
 from saucer.config import ConfigError, load_settings

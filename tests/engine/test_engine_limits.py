@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from engine_helpers import FakeDispatcher, ScriptedAgent, command_plan
+from tests.support.engine import ScriptedAgent, command_plan
+from tests.support.fakes import FakeDispatcher
 
 from saucer.context import Context, ContextNames
 from saucer.engine import NonInteractiveInteractor, Session

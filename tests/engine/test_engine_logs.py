@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import FakeDispatcher, ScriptedAgent, command_plan
+from tests.support.engine import ScriptedAgent, command_plan
+from tests.support.fakes import FakeDispatcher
 
 from saucer.context import Context, ContextNames
 from saucer.engine import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engine_helpers import FakeDispatcher
+from tests.support.fakes import FakeDispatcher
 
 from saucer.context import Context
 from saucer.engine import (

@@ -7,8 +7,9 @@ import io
 from pathlib import Path
 from typing import Any
 
-from engine_helpers import FakeDispatcher, command_plan
 from rich.console import Console
+from tests.support.engine import command_plan
+from tests.support.fakes import FakeDispatcher
 
 from saucer.context import Context, ContextNames
 from saucer.engine import Session, SessionPool

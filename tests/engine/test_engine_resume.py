@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import FakeDispatcher, command_plan
+from tests.support.engine import command_plan
+from tests.support.fakes import FakeDispatcher
 
 from saucer.context import Context, ContextNames
 from saucer.engine import Agent, AgentSet, AgentStatus, LeaseHeldError, Session

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from engine_helpers import FakeDispatcher, ScriptedAgent
+from tests.support.engine import ScriptedAgent
+from tests.support.fakes import FakeDispatcher
 
 from saucer.context import Context, ContextNames
 from saucer.engine import (

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import FakeDispatcher, RecordingObserver, ScriptedAgent, command_plan
+from tests.support.engine import RecordingObserver, ScriptedAgent, command_plan
+from tests.support.fakes import FakeDispatcher
 
 from saucer.context import Context, ContextNames
 from saucer.engine import (

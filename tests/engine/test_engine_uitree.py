@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engine_helpers import FakeDispatcher, ScriptedAgent, command_plan
+from tests.support.engine import ScriptedAgent, command_plan
+from tests.support.fakes import FakeDispatcher
 
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine import Session

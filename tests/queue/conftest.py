@@ -3,7 +3,7 @@
 The queue needs PostgreSQL: without ``SAUCER_TEST_POSTGRES_URL`` these tests
 skip, except under ``CI=true`` where that is a failure. Each test gets a store
 schema ``q_<random>`` (its queue is ``q_<random>_queue``); both are dropped afterwards.
-Helpers live in ``queue_support`` (a test module importing ``conftest`` could get another folder's).
+Helpers live in :mod:`tests.support.queueing`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from queue_support import CONFIG, SAUCER, queue_env
+from tests.support.queueing import CONFIG, SAUCER, queue_env
 
 POSTGRES_ENV = "SAUCER_TEST_POSTGRES_URL"
 POSTGRES_HINT = f"set {POSTGRES_ENV}=postgresql://postgres@127.0.0.1:5432/test to run the queue tests"

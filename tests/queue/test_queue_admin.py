@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from queue_support import counts, status_here, status_json, wait_until, write_plans
+from tests.support.queueing import counts, status_here, status_json, wait_until, write_plans
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

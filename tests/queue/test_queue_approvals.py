@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from queue_support import status_json, wait_until
+from tests.support.queueing import status_json, wait_until
 
 pytestmark = [pytest.mark.postgres]
 
@@ -55,10 +55,8 @@ def test_a_queued_sensitive_step_waits_on_its_worker_until_approved(
 def test_a_queued_sessions_question_waits_on_its_worker_until_answered(
     qdir: Path, pg_url: str, saucer: Any, workers: Any
 ) -> None:
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agents"))
-    from fake_openai import FakeOpenAI
+    from tests.support.fake_openai import FakeOpenAI
 
     with FakeOpenAI() as fake:
         fake.push(

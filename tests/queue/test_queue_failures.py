@@ -9,7 +9,7 @@ import signal
 from typing import Any
 
 import pytest
-from queue_support import status_json
+from tests.support.queueing import status_json
 
 pytestmark = [pytest.mark.postgres]
 
@@ -56,7 +56,7 @@ def test_a_retried_job_starts_its_session_afresh(pg_url: str, saucer: Any, worke
     assert job["reason"]
     # Retried on the same (LLM-less) worker it fails again, from the start: the session is made afresh.
     assert saucer("queue", "retry", "nollm-2").returncode == 0
-    from queue_support import wait_until
+    from tests.support.queueing import wait_until
 
     wait_until(
         lambda: status_json(saucer)["jobs"][0]["state"] == "failed" and status_json(saucer)["jobs"][0]["retries"] >= 1,

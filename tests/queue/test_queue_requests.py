@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from queue_support import status_here
+from tests.support.queueing import status_here
 
 pytestmark = [pytest.mark.postgres]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from queue_support import SAUCER, counts, queue_env, status_json, wait_until, write_plans
+from tests.support.queueing import SAUCER, counts, queue_env, status_json, wait_until, write_plans
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

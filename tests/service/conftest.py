@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_support import Cluster, Processes, device_online, free_port, wait_until
+from tests.support.service import Cluster, Processes, device_online, free_port, wait_until
 
 
 @pytest.fixture

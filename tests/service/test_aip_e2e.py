@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 import pytest
-from aip_peers import MiniAipDevice, MiniAipServer
-from service_support import ALICE, FLEET, Processes, auth, free_port, wait_until
+from tests.support.aip_peers import MiniAipDevice, MiniAipServer
+from tests.support.service import ALICE, FLEET, Processes, auth, free_port, wait_until
 
 pytestmark = pytest.mark.anyio
 

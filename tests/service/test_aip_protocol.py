@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-from aip_peers import MiniAipDevice
-from service_support import ALICE, BOB, auth
+from tests.support.aip_peers import MiniAipDevice
+from tests.support.service import ALICE, BOB, auth
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 

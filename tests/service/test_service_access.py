@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from service_support import ALICE, BOB, FLEET, OPS, Processes, auth, device_online, free_port, wait_until
+from tests.support.service import ALICE, BOB, FLEET, OPS, Processes, auth, device_online, free_port, wait_until
 from websockets.asyncio.client import connect
 
 from saucer.service.server import ServiceConfig, create_app

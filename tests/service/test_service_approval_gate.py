@@ -17,6 +17,7 @@ from saucer.engine.approvals import decide, pending_approvals
 from saucer.service.approvals import listed_reason
 from saucer.service.device import server_approver
 from saucer.service.engine_runner import EngineTaskRunner
+from saucer.service.hub import DeviceState
 from saucer.service.protocol import PlanCommand, PlanStep, TaskSpec
 from saucer.service.records import MemorySessionRecordStore, SessionRecord
 from saucer.service.runner import StoreSessionRecorder
@@ -32,10 +33,10 @@ TOOLS = {
 
 class _Link:
     def __init__(self, info: dict[str, Any]) -> None:
-        self.info = info
+        self.state = DeviceState(device_id="laptop", owner="alice", info=info)
 
-    def get(self, device_id: str) -> Any:
-        return self
+    def get(self, device_id: str) -> DeviceState | None:
+        return self.state if device_id == self.state.device_id else None
 
 
 class Device:

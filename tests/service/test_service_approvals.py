@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from service_support import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
+from tests.support.service import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
 
 from saucer.store import open_store
 

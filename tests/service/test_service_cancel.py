@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from service_support import ALICE, Processes, auth, free_port, wait_until
+from tests.support.service import ALICE, Processes, auth, free_port, wait_until
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 

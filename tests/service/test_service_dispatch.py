@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-from service_fakes import FakeDispatcher
-from service_support import ALICE, BOB, FLEET, auth, free_port
+from tests.support.fakes import FakeDispatcher
+from tests.support.service import ALICE, BOB, FLEET, auth, free_port
 
 from saucer.dispatch.messages import Command, ResultStatus
 from saucer.dispatch.websocket import WebSocketCommandDispatcher
@@ -168,7 +168,7 @@ async def test_reconnect_grace_delivers_results_after_a_network_blip() -> None:
         results = await asyncio.wait_for(call, 10)
         assert results[0].status == ResultStatus.SUCCESS, results[0].error
         assert device.client.registrations >= 2
-        assert len(device.dispatcher.calls) == 1  # executed once, answered after the reconnect
+        assert len(device.dispatcher.ran) == 1  # executed once, answered after the reconnect
 
 
 async def test_a_restarted_device_loses_its_batch_which_fails_before_the_grace_ends() -> None:
@@ -230,7 +230,7 @@ async def test_a_newer_connection_of_the_same_device_supersedes_the_old_one() ->
                 await asyncio.wait_for(device.task, 5)
             results = await _dispatcher(server).execute_commands([Command(tool_name="echo")], timeout=5)
             assert results[0].status == ResultStatus.SUCCESS
-            assert len(second.dispatcher.calls) == 1 and device.dispatcher.calls == []
+            assert len(second.dispatcher.ran) == 1 and device.dispatcher.ran == []
         finally:
             await second.close()
 
@@ -343,7 +343,7 @@ async def test_a_batch_for_an_offline_device_waits_for_it_within_the_grace() -> 
         back = Device(server, "d1")
         try:
             results = await asyncio.wait_for(call, 5)
-            assert results[0].status == ResultStatus.SUCCESS and len(back.dispatcher.calls) == 1
+            assert results[0].status == ResultStatus.SUCCESS and len(back.dispatcher.ran) == 1
         finally:
             await back.close()
         # Without a grace the same situation fails at once.

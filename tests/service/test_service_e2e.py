@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from service_support import ALICE, BOB, FLEET, Cluster, auth, device_online, wait_until
+from tests.support.service import ALICE, BOB, FLEET, Cluster, auth, device_online, wait_until
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 

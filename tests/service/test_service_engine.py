@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from service_support import ALICE, BOB, FLEET, Processes, auth, device_online, free_port, wait_until
+from tests.support.service import ALICE, BOB, FLEET, Processes, auth, device_online, free_port, wait_until
 
 from saucer.context import Context, ContextNames
 from saucer.store import open_store

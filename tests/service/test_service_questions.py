@@ -16,10 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from service_support import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agents"))
-from fake_openai import FakeOpenAI  # noqa: E402
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.service import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
 
 from saucer.store import open_store  # noqa: E402
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
-from service_support import ALICE, BOB, Processes, auth, device_online, free_port, wait_until
+from tests.support.service import ALICE, BOB, Processes, auth, device_online, free_port, wait_until
 
 from saucer.store import open_store
 

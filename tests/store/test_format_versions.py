@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-import sys
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+from tests.golden import golden_format as gf
 
 from saucer.context import Context
 from saucer.store import FormatTooNewError, open_store
@@ -28,9 +28,6 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SQLITE_GOLDEN = GOLDEN / "2026-11-saucer-0.1.0-sqlite-schema2" / "store.db"
 PG_GOLDEN = GOLDEN / "2026-11-saucer-0.1.0-postgres-schema1"
 POSTGRES_ENV = "SAUCER_TEST_POSTGRES_URL"
-
-sys.path.insert(0, str(GOLDEN))
-import golden_format as gf  # noqa: E402
 
 
 def _sqlite_rows(path: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:

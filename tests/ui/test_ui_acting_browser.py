@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 import pytest
-from service_support import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
 from test_ui_browser import _env, _wait_http, browser, expect, page  # noqa: F401  (fixtures and helpers)
+from tests.support.service import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
 
 from saucer.context import Context
 from saucer.engine.approvals import read_approvals, request_question

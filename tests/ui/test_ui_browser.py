@@ -27,8 +27,8 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
-from service_support import ALICE, Processes, auth, free_port
-from ui_helpers import HOSTILE, run_demo, write_session
+from tests.support.service import ALICE, Processes, auth, free_port
+from tests.support.ui import HOSTILE, run_demo, write_session
 
 from saucer.store import open_store
 

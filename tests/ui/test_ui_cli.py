@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
-from ui_helpers import write_session
+from tests.support.ui import write_session
 
 from saucer.store import open_store
 

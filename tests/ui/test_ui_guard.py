@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from starlette.testclient import TestClient
-from ui_helpers import write_session
+from tests.support.ui import write_session
 
 from saucer.store import EventStore, open_store
 from saucer.ui import COOKIE, create_app

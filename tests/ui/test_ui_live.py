@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import orjson
-from ui_helpers import write_session
+from tests.support.ui import write_session
 
 from saucer.store import open_store
 from saucer.ui import create_app

@@ -1,6 +1,6 @@
 """The viewer = the CLI, field by field, over sessions of every kind (invariant 16: one source for every number).
 
-One store, made by the real CLI: LLM sessions against the tests' fake
+One store, made by the CLI's commands (called in this process: the subject is what they store and print): LLM sessions against the tests' fake
 OpenAI server with a priced model and with a model of unknown price, plans
 that finish, fail and stop at a limit, a fork not run and a fork run, a
 pruned session, an imported one, an interrupted one (its runner gone) and
@@ -13,35 +13,20 @@ ledger of ``saucer state --json`` (a round's end is not counted again).
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
-from ui_helpers import write_session
+from tests.support.cli import CliResult, saucer_here
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.ui import write_session
 
 from saucer.context import Context
 from saucer.store import open_store
 from saucer.ui import create_app
-
-SAUCER = [sys.executable, "-m", "saucer"]
-
-
-def _fake_openai() -> Any:
-    path = Path(__file__).parents[1] / "agents" / "fake_openai.py"
-    spec = importlib.util.spec_from_file_location("ui_fake_openai", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.FakeOpenAI
 
 
 def _plan(task: str, commands: list[dict[str, Any]]) -> dict[str, Any]:
@@ -56,24 +41,13 @@ def _write(path: str, content: str = "x") -> dict[str, Any]:
 def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     folder = tmp_path_factory.mktemp("numbers")
     url = f"sqlite:///{folder}/events.db"
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")} | {
-        "COLUMNS": "200",
-        "NO_COLOR": "1",
-    }
 
-    def cli(*args: str, env: dict[str, str] | None = None, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [*SAUCER, *args, "--store", url] if args[0] not in ("store",) else [*SAUCER, *args, "--store", url],
-            cwd=folder,
-            env=base_env | (env or {}),
-            capture_output=True,
-            text=True,
-            timeout=180,
-            stdin=subprocess.DEVNULL,
-        )
+    def cli(*args: str, env: dict[str, str] | None = None, ok: bool = True) -> CliResult:
+        # In this process: what is compared is what the commands store and print, not their process.
+        result = saucer_here([*args, "--store", url], cwd=folder, env=env)
         if ok:
-            assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-2000:])
-        return proc
+            assert result.returncode == 0, (args, result.stdout[-2000:], result.stderr[-2000:])
+        return result
 
     for name, commands in {
         "ok": [_write("a.txt"), _write("b.txt")],
@@ -94,7 +68,6 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         env={"SAUCER_SYSTEM__MAX_STEP": "1"},
         ok=False,
     )
-    FakeOpenAI = _fake_openai()
     with FakeOpenAI() as fake:
         look = lambda: fake.tool_calls(("files.list", {"path": "."}), usage=(1000, 500))  # noqa: E731
         fake.push(look(), fake.text("done", usage=(2000, 100)), look(), fake.text("done", usage=(10, 5)))
@@ -143,7 +116,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     listed = {row["id"]: row for row in json.loads(cli("sessions", "--json").stdout)}
     states = {sid: json.loads(cli("state", sid, "--json").stdout) for sid in listed}
     shown = {sid: json.loads(cli("show", sid, "--json").stdout)["session"] for sid in ("llm-priced", "fork-idle")}
-    yield {"url": url, "listed": listed, "states": states, "shown": shown}
+    yield {"url": url, "folder": folder, "listed": listed, "states": states, "shown": shown}
 
 
 def _fields(fragment: str) -> dict[str, str]:
@@ -266,15 +239,8 @@ def test_unknown_costs_sort_last_both_ways_as_in_the_cli(made: dict[str, Any]) -
             page = client.get("/sessions", params={"sort": "cost", "dir": direction}).text
             viewer = re.findall(r'<tr class="[^"]*" data-id="([^"]+)">', page)
             args = ["sessions", "--json", "--sort", "cost", "--store", made["url"]] + (["--reverse"] if reverse else [])
-            proc = subprocess.run(
-                [*SAUCER, *args],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                stdin=subprocess.DEVNULL,
-                env={k: v for k, v in os.environ.items() if not k.startswith("SAUCER_")},
-            )
-            cli = [row["id"] for row in json.loads(proc.stdout)]
+            listed = saucer_here(args, cwd=made["folder"])
+            cli = [row["id"] for row in json.loads(listed.stdout)]
             assert viewer == cli, direction
             unknown = [sid for sid in cli if made["listed"][sid]["cost"] is None]
             assert cli[-len(unknown) :] == unknown  # last, whichever the direction

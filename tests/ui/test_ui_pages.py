@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
-from ui_helpers import HOSTILE, many_sessions, run_demo, write_session
+from tests.support.ui import HOSTILE, many_sessions, run_demo, write_session
 
 from saucer.context import Context, prune
 from saucer.store import EventStore, open_store

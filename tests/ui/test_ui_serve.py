@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
-from service_support import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
+from tests.support.service import ALICE, BOB, FLEET, OPS, Processes, auth, free_port
 
 from saucer.ui import COOKIE
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_support import ALICE, FLEET_SHARING, TOKENS_ENV, Processes, auth, free_port, sharing_toml
-from ui_helpers import write_session
+from tests.support.service import ALICE, FLEET_SHARING, TOKENS_ENV, Processes, auth, free_port, sharing_toml
+from tests.support.ui import ViewerServer, write_session
 
-from conftest import ViewerServer
 from saucer.store import open_store
 from saucer.ui import create_app
 

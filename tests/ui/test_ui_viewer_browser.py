@@ -169,7 +169,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory, browser: Any, viewer_server:
 
 @pytest.fixture(scope="module")
 def viewer_server() -> Any:
-    from conftest import ViewerServer
+    from tests.support.ui import ViewerServer
 
     return ViewerServer
 

@@ -9,13 +9,17 @@ stored (rich ``Text``, never markup).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
 
 from saucer.cli.inspect import short
 from saucer.cli.output import visible
+
+if TYPE_CHECKING:
+    from saucer.engine.round import Round
+    from saucer.engine.session import Session
 
 __all__ = ["StepPrinter"]
 
@@ -37,8 +41,9 @@ class StepPrinter:
             line.append(" ")
         return line
 
-    def on_session_start(self, session: Any) -> None:
-        what = "resuming" if getattr(session, "resumed", False) else "running"
+    def on_session_start(self, session: Session) -> None:
+        """Say which session runs (or resumes), in which mode, on which task."""
+        what = "resuming" if session.resumed else "running"
         line = self._line(session)
         line.append(what, style="bold")
         line.append(" session ")
@@ -46,10 +51,11 @@ class StepPrinter:
         line.append(f" ({session.mode} mode, task {session.task!r})")
         self.console.print(line)
 
-    def on_round_start(self, session: Any, round: Any) -> None:
-        request = getattr(round, "request", "") or ""
+    def on_round_start(self, session: Session, round: Round) -> None:
+        """Say which round starts, and its request."""
+        request = round.request or ""
         line = self._line(session)
-        line.append(f"round {getattr(round, 'id', '?')}", style="cyan")
+        line.append(f"round {round.id}", style="cyan")
         if request:
             line.append(f": {short(request, 90)}")
         self.console.print(line)

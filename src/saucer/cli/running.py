@@ -12,12 +12,12 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.rule import Rule
 
-from saucer.cli import inspect as view
+from saucer.cli import timeline
 from saucer.cli.common import (
     ConfigOption,
     StoreOption,
@@ -37,6 +37,9 @@ from saucer.cli.common import (
 from saucer.cli.output import styled, visible
 from saucer.cli.ui_cmd import ui_command
 from saucer.store import EventStore
+
+if TYPE_CHECKING:
+    from saucer.engine.result import SessionResult
 
 __all__ = ["run_cmd", "resume_cmd", "demo_cmd"]
 
@@ -121,7 +124,7 @@ def _say_confinement(settings: Any, workspace: Path | None) -> None:
     err.print(visible(confinement_summary(settings.shell, workspace or Path.cwd())), markup=False, highlight=False)
 
 
-def _print_result(result: Any) -> None:
+def _print_result(result: SessionResult) -> None:
     line = styled((f"session {visible(result.session_id)}: {result.status}", "green" if result.ok else "red"))
     if result.reason:
         line.append(f" ({visible(result.reason)})")
@@ -129,7 +132,7 @@ def _print_result(result: Any) -> None:
     console.print(result.cost.render())
     if result.log_path:
         console.print(f"logs: {result.log_path}")
-    if getattr(result, "experience_path", None):
+    if result.experience_path:
         console.print(f"experience saved as a replayable plan: {result.experience_path}")
 
 
@@ -436,7 +439,7 @@ def demo_cmd(
             _interrupted(factory.store, [sessions[0].session_id], store, True, batch=False)
         events = list(factory.store.read(result.session_id))
         console.print()
-        console.print(view.timeline(events, f"session {result.session_id} · v{result.version}"))
+        console.print(timeline.timeline(events, f"session {result.session_id} · v{result.version}"))
         _print_result(result)
         _print_next_steps(factory.store, result, store)
     console.print(styled(("  # browse it in the web viewer (Ctrl-C stops the viewer)", "dim")))

@@ -1,6 +1,6 @@
-"""``saucer store migrate`` (schema, ``--check``, ``--rewrite``) and ``saucer store rekey``.
+"""``saucer store prune``, ``delete``, ``migrate`` (schema, ``--check``, ``--rewrite``) and ``rekey``.
 
-``register(store_app)`` adds both to the ``saucer store`` group.
+``register(store_app)`` adds them to the ``saucer store`` group.
 """
 
 from __future__ import annotations
@@ -18,15 +18,21 @@ from saucer.cli.common import (
     err,
     friendly,
     open_configured_store,
+    open_existing_store,
+    resolve_session,
     resolve_store_url,
     settings_for,
 )
+from saucer.cli.session_cmds import SessionArgument
+from saucer.context import prune
 
 __all__ = ["register"]
 
 
 def register(store_app: typer.Typer) -> None:
-    """Add ``migrate`` and ``rekey`` to ``store_app``."""
+    """Add ``prune``, ``delete``, ``migrate`` and ``rekey`` to ``store_app``."""
+    store_app.command("prune")(store_prune_cmd)
+    store_app.command("delete")(store_delete_cmd)
     store_app.command("migrate")(store_migrate_cmd)
     store_app.command("rekey")(store_rekey_cmd)
 
@@ -137,3 +143,81 @@ def store_rekey_cmd(
         markup=False,
         highlight=False,
     )
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` in seconds."""
+    raw = text.strip().lower()
+    unit = raw[-1:] if raw[-1:] in _DURATION_UNITS else "s"
+    number = raw[:-1] if raw[-1:] in _DURATION_UNITS else raw
+    try:
+        value = float(number)
+    except ValueError:
+        raise UserError(f"--older-than {text!r} is not a duration like 90s, 15m, 12h, 7d or 2w") from None
+    if value < 0:
+        raise UserError(f"--older-than {text!r} must not be negative")
+    return value * _DURATION_UNITS[unit]
+
+
+@friendly
+def store_prune_cmd(
+    session: str | None = typer.Argument(None, help="Session id, a unique prefix of one, or 'last' (or --all)."),
+    all_sessions: bool = typer.Option(False, "--all", help="Prune every session."),
+    keep_last: int | None = typer.Option(
+        None, "--keep-last", min=0, help="Keep the newest N versions of each session."
+    ),
+    older_than: str | None = typer.Option(
+        None, "--older-than", help="Drop versions committed longer ago than this (90s, 15m, 12h, 7d, 2w)."
+    ),
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
+) -> None:
+    """Drop old history; every remaining version stays readable (a snapshot is kept at the new start).
+
+    Forks keep every version too: a fork that still reads the pruned history gets its own copy of it first.
+    """
+    if (session is None) == (not all_sessions):
+        raise UserError("name one SESSION or pass --all")
+    if keep_last is None and older_than is None:
+        raise UserError("say what to keep: --keep-last N and/or --older-than DURATION")
+    seconds = parse_duration(older_than) if older_than is not None else None
+    with open_existing_store(store, config) as st:
+        targets = [resolve_session(st, session)] if session is not None else [i.session_id for i in st.sessions()]
+        for sid in targets:
+            before = st.first_version(sid)
+            forks = [i for i in st.sessions() if i.parent_id == sid]
+            first = prune(st, sid, keep_last=keep_last, older_than=seconds)
+            if first > before:
+                console.print(f"{sid}: versions before {first} dropped (v{first}..v{st.head(sid)} remain)")
+            else:
+                console.print(f"{sid}: nothing to prune (v{first}..v{st.head(sid)} remain)")
+            for fork in forks:
+                if st.session_info(fork.session_id).parent_id is None:
+                    console.print(
+                        f"  fork {fork.session_id} now holds its own copy of the history it reads (up to v{fork.parent_version})"
+                    )
+
+
+@friendly
+def store_delete_cmd(
+    session: str = SessionArgument,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
+    store: str | None = StoreOption,
+    config: Path | None = ConfigOption,
+) -> None:
+    """Remove a session completely: its events, snapshots and lease."""
+    from saucer.cli.interactor import stdin_is_terminal
+
+    with open_existing_store(store, config) as st:
+        sid = resolve_session(st, session)
+        info = st.session_info(sid)
+        if not yes:
+            if not stdin_is_terminal():
+                raise UserError(f"deleting {sid!r} cannot be undone: pass --yes to confirm")
+            if not typer.confirm(f"delete session {sid} and its {info.version} versions?", default=False):
+                raise typer.Exit(1)
+        st.delete_session(sid)
+    console.print(f"deleted session {sid}")

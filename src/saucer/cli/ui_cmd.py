@@ -23,6 +23,8 @@ from saucer.cli.common import (
 )
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from saucer.store import EventStore
     from saucer.ui.acting import Acting
 
@@ -184,7 +186,7 @@ def _settings_tokens(config: Path | None) -> list[object]:
     return list(settings_for(config).service.tokens)
 
 
-def _open_when_started(server: object, url: str) -> None:
+def _open_when_started(server: uvicorn.Server, url: str) -> None:
     """Open ``url`` in a browser once the server listens (a thread that waits for it); say so when none opens."""
     import threading
     import time
@@ -192,7 +194,7 @@ def _open_when_started(server: object, url: str) -> None:
 
     def wait() -> None:
         for _ in range(200):
-            if getattr(server, "started", False):
+            if server.started:
                 try:
                     opened = webbrowser.open(url)
                 except Exception:  # noqa: BLE001  # a broken browser setting is the same news: no browser

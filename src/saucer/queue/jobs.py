@@ -35,6 +35,7 @@ from procrastinate.manager import JobManager
 from procrastinate.retry import BaseRetryStrategy, RetryDecision
 
 from saucer.config import Settings
+from saucer.dispatch.local import LocalCommandDispatcher
 from saucer.engine.errors import PlanError
 from saucer.engine.interactor import NonInteractiveInteractor
 from saucer.engine.session import Session, SessionResult, SessionStatus
@@ -154,7 +155,8 @@ class SessionRunner:
             try:
                 async with self.factory.dispatcher_factory(probe) as dispatcher:
                     await dispatcher.list_tools()
-                    errors = dict(getattr(dispatcher, "server_errors", None) or {})
+                    # The default factory's dispatcher says which tool servers did not start; another has no such list.
+                    errors = dict(dispatcher.server_errors) if isinstance(dispatcher, LocalCommandDispatcher) else {}
             except Exception as exc:  # noqa: BLE001  # any failure to start the tools is what the worker reports
                 errors = {"tools": failure_reason(exc)}
         for name, why in errors.items():

@@ -69,6 +69,7 @@ from saucer.service.aip import (
     timestamp,
     tools_from_listing,
 )
+from saucer.service.hub import Connection, DeviceHub
 from saucer.service.protocol import (
     CancelFrame,
     CommandFrame,
@@ -349,7 +350,7 @@ class AipServerDialect:
         return action.model_copy(update={"parameters": {**(action.parameters or {}), **missing}})
 
 
-async def discover_tools(hub: Any, device_id: str, connection: Any, timeout: float) -> dict[str, Any]:
+async def discover_tools(hub: DeviceHub, device_id: str, connection: Connection, timeout: float) -> dict[str, Any]:
     """Ask an AIP device for its tools with a ``list_tools`` action; store them as ``info["tools"]``.
 
     Returns the tool table ({} when the device does not answer in time or
@@ -379,7 +380,7 @@ async def discover_tools(hub: Any, device_id: str, connection: Any, timeout: flo
     state = hub.get(device_id)
     if state is not None and state.connection is connection:
         state.info = {**state.info, "tools": tools}
-        dialect = getattr(connection, "dialect", None)
+        dialect = connection.dialect
         if dialect is not None:
             dialect.namespaces = {str(t["server"]) for t in tools.values()}
             dialect.tool_parameters = {

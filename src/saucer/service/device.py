@@ -43,7 +43,7 @@ import socket
 import ssl as ssl_module
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 from pydantic import BaseModel
@@ -51,6 +51,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 import saucer
+from saucer.dispatch.base import BasicCommandDispatcher
 from saucer.dispatch.messages import Command, Result
 from saucer.redaction import register_secret
 from saucer.service.protocol import (
@@ -448,12 +449,18 @@ async def run_device(
             dispatcher = await stack.enter_async_context(made)
         else:
             dispatcher = made
-            closer = getattr(made, "aclose", None)
-            if closer is not None and inspect.iscoroutinefunction(closer):
-                stack.push_async_callback(closer)
-        if not callable(getattr(dispatcher, "execute_commands", None)):
+            if isinstance(made, _AsyncClosable) and inspect.iscoroutinefunction(made.aclose):
+                stack.push_async_callback(made.aclose)
+        if not isinstance(dispatcher, BasicCommandDispatcher):
             raise DeviceError(f"{type(dispatcher).__name__} has no execute_commands(commands, timeout) method")
         await DeviceClient(server_url, token, device_id, dispatcher, **options).run()
+
+
+@runtime_checkable
+class _AsyncClosable(Protocol):
+    """A dispatcher that is no context manager but has an ``aclose()`` to run when the device stops."""
+
+    async def aclose(self) -> None: ...
 
 
 def server_approver(approved: set[str]) -> Callable[[Command], Any]:

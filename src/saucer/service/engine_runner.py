@@ -52,12 +52,13 @@ same store (another state dir) is still fenced off.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
@@ -70,6 +71,7 @@ from saucer.engine.session import Session, SessionResult
 from saucer.engine.step_format import upcast_step
 from saucer.engine.summaries import summary_of
 from saucer.service.approvals import ApprovalGate, listed_reason
+from saucer.service.hub import DeviceState
 from saucer.service.protocol import TaskSpec
 from saucer.service.records import StepAlreadyCommitted, StepRecord
 from saucer.service.runner import DEFAULT_STEP_TIMEOUT, CommandDispatcher, SessionRecorder, TaskOutcome, step_call_id
@@ -138,6 +140,32 @@ def task_plan(task: TaskSpec) -> Plan:
     )
 
 
+@runtime_checkable
+class DeviceDirectory(Protocol):
+    """Where a device's registration is found by its id (the server's :class:`~saucer.service.hub.DeviceHub`)."""
+
+    def get(self, device_id: str) -> DeviceState | None:
+        """The device's state, or None for an unknown id."""
+        ...
+
+
+@runtime_checkable
+class DeviceBoundDispatcher(Protocol):
+    """A dispatcher bound to one device of a directory (the service's
+    :class:`~saucer.dispatch.websocket.WebSocketCommandDispatcher`)."""
+
+    link: Any
+    device_id: str
+
+
+def _device_finder(dispatcher: CommandDispatcher) -> tuple[DeviceDirectory, str] | None:
+    """The directory and device id ``dispatcher`` is bound to, found once (None: it is bound to none)."""
+    if not isinstance(dispatcher, DeviceBoundDispatcher):
+        return None
+    link = dispatcher.link
+    return (link, dispatcher.device_id) if isinstance(link, DeviceDirectory) else None
+
+
 class _SessionDispatcher:
     """The remote dispatcher as one engine session sees it: deterministic call_ids and per-step timeouts.
 
@@ -154,6 +182,8 @@ class _SessionDispatcher:
         approval_timeout: float = 0.0,
     ) -> None:
         self.inner = inner
+        #: The device directory and id the dispatcher is bound to, found once (None: a dispatcher of no device).
+        self._bound = _device_finder(inner)
         self.session_id = session_id
         self.task = task
         self.default_timeout = default_timeout
@@ -197,10 +227,11 @@ class _SessionDispatcher:
             return await self.inner.execute_commands(commands, timeout, approved=approved)  # type: ignore[call-arg]
         return await self.inner.execute_commands(commands, timeout)
 
-    def _device(self) -> Any:
-        link = getattr(self.inner, "link", None)
-        device_id = getattr(self.inner, "device_id", None)
-        return link.get(device_id) if link is not None and device_id is not None and hasattr(link, "get") else None
+    def _device(self) -> DeviceState | None:
+        if self._bound is None:
+            return None
+        directory, device_id = self._bound
+        return directory.get(device_id)
 
     async def sensitive_reason(self, command: Command) -> str | None:
         """Why ``command`` needs approval by its device's rules (None: it does not); the dispatcher
@@ -211,8 +242,7 @@ class _SessionDispatcher:
     def _device_info(self) -> dict[str, Any]:
         """What the device registered with (its ``tools`` and whether it runs with ``assume_yes``)."""
         device = self._device()
-        info = getattr(device, "info", None) if device is not None else None
-        return info if isinstance(info, dict) else {}
+        return device.info if device is not None else {}
 
     def list_tools(self) -> dict[str, Any]:
         """The tools the device listed when it registered (``info["tools"]``); what LLM agents may call."""
@@ -222,8 +252,7 @@ class _SessionDispatcher:
     def device_info(self) -> list[dict[str, Any]]:
         """The session's ``DEVICE_INFO``: what its device reported when it registered (AIP: its ``metadata``)."""
         device = self._device()
-        describe = getattr(device, "device_info", None)
-        return [describe()] if callable(describe) else []
+        return [device.device_info()] if device is not None else []
 
 
 class _StepProjection:
@@ -249,10 +278,8 @@ def step_record(step: dict[str, Any]) -> StepRecord:
 
 
 async def _project(record: SessionRecorder, step: StepRecord) -> None:
-    try:
+    with contextlib.suppress(StepAlreadyCommitted):  # sync_steps got there first
         await record.commit_step(step)
-    except StepAlreadyCommitted:
-        pass  # sync_steps got there first
 
 
 class EngineTaskRunner:

@@ -27,17 +27,24 @@ plans given as data with the step records as its only log; it has no
 Context, no LLM agents and no ``saucer show`` timeline, and is kept as the
 minimal reference implementation of the seam.
 
-Optional runner hooks the server calls when present:
-``validate(task)`` (raise ValueError to refuse a submission with 422),
-``await sync_steps(session_id, record)`` before a resumed run (bring the step
-records up to date with the runner's own log), and
-``await record_end(session_id, outcome)`` when a session ends (so the runner's
-log shows ends it did not produce itself, such as a cancellation).
+Optional runner hooks, each a Protocol a runner satisfies or not, found once
+when the server is built (:meth:`RunnerHooks.of`), never looked up by name at
+call time: ``validate(task)`` (:class:`ValidatingRunner`: raise ValueError to
+refuse a submission with 422), ``await sync_steps(session_id, record)``
+(:class:`StepSyncingRunner`: before a resumed run, bring the step records up
+to date with the runner's own log), ``await record_end(session_id, outcome)``
+(:class:`EndRecordingRunner`: when a session ends, so the runner's log shows
+ends it did not produce itself, such as a cancellation), ``await close()``
+(:class:`ClosingRunner`: when the server stops) and a ``store``
+(:class:`StoreBackedRunner`: the event store the web viewer and the approval
+routes read).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,6 +52,7 @@ from saucer.dispatch.base import BasicCommandDispatcher
 from saucer.dispatch.messages import Command, ResultStatus
 from saucer.service.protocol import TaskSpec
 from saucer.service.records import SessionRecordStore, StepRecord
+from saucer.store import EventStore
 
 DEFAULT_STEP_TIMEOUT = 300.0
 """Seconds a step's batch may take when neither the step nor the task says."""
@@ -84,6 +92,72 @@ class TaskRunner(Protocol):
     ) -> TaskOutcome:
         """Run (or resume) ``task``; return its outcome. Raise only on cancellation."""
         ...
+
+
+@runtime_checkable
+class ValidatingRunner(Protocol):
+    """A runner that can refuse a task before a session is made for it."""
+
+    def validate(self, task: TaskSpec) -> None:
+        """Raise ValueError when ``task`` cannot be run (the submission is refused with 422)."""
+        ...
+
+
+@runtime_checkable
+class StepSyncingRunner(Protocol):
+    """A runner with a log of its own, which the step records may lag behind after a crash."""
+
+    async def sync_steps(self, session_id: str, record: SessionRecorder) -> None:
+        """Commit to ``record`` the steps the runner's log has and the records lack."""
+        ...
+
+
+@runtime_checkable
+class EndRecordingRunner(Protocol):
+    """A runner whose log records a session's end, even one it did not produce (a cancellation)."""
+
+    async def record_end(self, session_id: str, outcome: TaskOutcome) -> None:
+        """Write ``outcome`` as the session's end in the runner's log."""
+        ...
+
+
+@runtime_checkable
+class ClosingRunner(Protocol):
+    """A runner holding resources (a store, connections) that the server closes when it stops."""
+
+    async def close(self) -> None:
+        """Release what the runner holds."""
+        ...
+
+
+@runtime_checkable
+class StoreBackedRunner(Protocol):
+    """A runner whose sessions live in an event store (read by the web viewer and the approval routes)."""
+
+    store: Any
+
+
+@dataclass(frozen=True)
+class RunnerHooks:
+    """The optional hooks one runner has, found once (None: the runner has no such hook)."""
+
+    validate: Callable[[TaskSpec], None] | None = None
+    sync_steps: Callable[[str, SessionRecorder], Awaitable[None]] | None = None
+    record_end: Callable[[str, TaskOutcome], Awaitable[None]] | None = None
+    close: Callable[[], Awaitable[None]] | None = None
+    store: EventStore | None = None
+
+    @classmethod
+    def of(cls, runner: TaskRunner) -> RunnerHooks:
+        """The hooks of ``runner``, by the Protocols it satisfies (a ``store`` that is no EventStore is none)."""
+        store = runner.store if isinstance(runner, StoreBackedRunner) else None
+        return cls(
+            validate=runner.validate if isinstance(runner, ValidatingRunner) else None,
+            sync_steps=runner.sync_steps if isinstance(runner, StepSyncingRunner) else None,
+            record_end=runner.record_end if isinstance(runner, EndRecordingRunner) else None,
+            close=runner.close if isinstance(runner, ClosingRunner) else None,
+            store=store if isinstance(store, EventStore) else None,
+        )
 
 
 class StoreSessionRecorder:

@@ -136,9 +136,8 @@ def create_app(
             await hub.close_all(1012, "server shutting down")
             if owns_store:
                 await store.close()
-            closer = getattr(runner, "close", None)
-            if owns_runner and closer is not None:
-                await closer()
+            if owns_runner and sessions.hooks.close is not None:
+                await sessions.hooks.close()
 
     app = Starlette(
         routes=[
@@ -149,10 +148,10 @@ def create_app(
             Route("/api/sessions/{session_id}", api.get_session, methods=["GET"]),
             Route("/api/sessions/{session_id}/results", api.get_results, methods=["GET"]),
             Route("/api/sessions/{session_id}/cancel", api.cancel, methods=["POST"]),
-            *ApprovalRoutes(auth, lambda: getattr(runner, "store", None), _owner_of(store), config.admins).routes(),
+            *ApprovalRoutes(auth, lambda: sessions.hooks.store, _owner_of(store), config.admins).routes(),
             WebSocketRoute(WEBSOCKET_PATH, api.websocket),
             *viewer_mount(
-                runner, store, hub, auth, config.max_streams, sessions, config.admins
+                sessions.hooks.store, store, hub, auth, config.max_streams, sessions, config.admins
             ),  # the web viewer at /ui (saucer.service.viewer)
         ],
         lifespan=lifespan,
@@ -188,9 +187,8 @@ class _LivenessWebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_pong(event)
 
     def _alive(self) -> None:
-        scope = getattr(self, "scope", None)
-        if scope is not None:
-            scope[TRANSPORT_ALIVE_KEY] = self.loop.time()  # type: ignore[literal-required]
+        # Frames (pings, pongs) arrive only after the handshake, which set the connection's scope.
+        self.scope[TRANSPORT_ALIVE_KEY] = self.loop.time()  # type: ignore[literal-required]
 
 
 def _owner_of(store: SessionRecordStore) -> Any:

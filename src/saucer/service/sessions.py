@@ -25,9 +25,8 @@ from saucer.service.device_api import unknown_device_message
 from saucer.service.hub import Connection, DeviceHub
 from saucer.service.protocol import ErrorCode, ProtocolError, TaskEndFrame, TaskSpec
 from saucer.service.records import SessionRecord, SessionRecordStore, SessionStatus
-from saucer.service.runner import StoreSessionRecorder, TaskOutcome, TaskRunner
+from saucer.service.runner import RunnerHooks, StoreSessionRecorder, TaskOutcome, TaskRunner
 from saucer.service.settings import ServiceConfig
-from saucer.store import EventStore
 
 __all__ = ["ServiceSession", "SessionManager", "ServiceState", "sees_session"]
 
@@ -67,6 +66,8 @@ class SessionManager:
         self.store = store
         self.hub = hub
         self.runner = runner
+        #: The runner's optional hooks, found once here (saucer.service.runner.RunnerHooks).
+        self.hooks = RunnerHooks.of(runner)
         self.config = config
         self._active: dict[str, ServiceSession] = {}
         self._closing = False
@@ -88,10 +89,9 @@ class SessionManager:
         """Start ``task`` on ``device_id`` for ``owner``; raise :class:`ProtocolError` if it cannot start."""
         if self._closing:
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down; submit again after it restarts")
-        validate = getattr(self.runner, "validate", None)
-        if validate is not None:
+        if self.hooks.validate is not None:
             try:
-                validate(task)
+                self.hooks.validate(task)
             except ValueError as exc:
                 raise ProtocolError(ErrorCode.INVALID_TASK, str(exc)) from None
         device = self.hub.visible(device_id, owner)
@@ -99,7 +99,7 @@ class SessionManager:
             raise ProtocolError(ErrorCode.UNKNOWN_DEVICE, unknown_device_message(device_id))
         if not device.online:
             raise ProtocolError(ErrorCode.DEVICE_OFFLINE, f"device {device_id!r} is offline: {device.offline_reason}")
-        problem = _tool_problem(task, getattr(device, "info", {}).get("tools"))
+        problem = _tool_problem(task, device.info.get("tools"))
         if problem is not None:
             raise ProtocolError(ErrorCode.INVALID_TASK, f"{problem} (tools of device {device_id!r})")
         task = task.submitted_by(owner)
@@ -156,8 +156,8 @@ class SessionManager:
 
     async def _record_cancel(self, session_id: str, principal: str, reason: str) -> None:
         """The cancel in the runner's event log, authored by the principal (a runner without one: nothing)."""
-        events = getattr(self.runner, "store", None)
-        if not isinstance(events, EventStore) or not events.exists(session_id):
+        events = self.hooks.store
+        if events is None or not events.exists(session_id):
             return
         try:
             await asyncio.to_thread(request_cancel, events, session_id, author=principal, reason=reason)
@@ -197,11 +197,10 @@ class SessionManager:
         recorder = StoreSessionRecorder(self.store, sid)
         resumed_from: int | None = None
         if session.record.attempts > 0:
-            sync = getattr(self.runner, "sync_steps", None)
-            if sync is not None:
+            if self.hooks.sync_steps is not None:
                 # The runner's own log may be ahead of the step records (a crash between the two).
                 try:
-                    await sync(sid, recorder)
+                    await self.hooks.sync_steps(sid, recorder)
                 except Exception:
                     _log.exception("could not bring the step records of session %s up to date", sid)
             resumed_from = len(await self.store.steps(sid))
@@ -236,11 +235,10 @@ class SessionManager:
         results = outcome.results
         if outcome.status == "cancelled" and not results:
             results = [s.model_dump(mode="json") for s in await self.store.steps(session.session_id)]
-        record_end = getattr(self.runner, "record_end", None)
-        if record_end is not None:
+        if self.hooks.record_end is not None:
             # The runner's log first (it is what a resume reads), then the record.
             try:
-                await record_end(session.session_id, outcome)
+                await self.hooks.record_end(session.session_id, outcome)
             except Exception:
                 _log.exception("could not record the end of session %s in the runner's store", session.session_id)
         session.record = await self.store.update_session(

@@ -84,7 +84,7 @@ def service_acting(store: EventStore, records: SessionRecordStore, sessions: Any
 
 
 def viewer_mount(
-    runner: Any,
+    store: EventStore | None,
     records: SessionRecordStore,
     hub: DeviceHub,
     auth: TokenAuthenticator,
@@ -92,10 +92,10 @@ def viewer_mount(
     sessions: Any = None,
     admins: Any = (),
 ) -> list[Mount]:
-    """The ``/ui`` mount over the runner's event store (none for a runner without one, such as the plan runner);
-    with the service's ``sessions`` (its SessionManager) the session pages get their forms (:func:`service_acting`)."""
-    store = getattr(runner, "store", None)
-    if not isinstance(store, EventStore):
+    """The ``/ui`` mount over the runner's event store (none for a runner without one, such as the plan runner:
+    ``store`` None); with the service's ``sessions`` (its SessionManager) the session pages get their forms
+    (:func:`service_acting`)."""
+    if store is None:
         return []
     acting = service_acting(store, records, sessions, frozenset(admins)) if sessions is not None else None
     app = create_app(

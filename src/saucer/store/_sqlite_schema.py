@@ -190,7 +190,7 @@ def damaged(path: Path, reason: str) -> DamagedStoreError:
 
 def store_error(exc: sqlite3.Error, path: Path, busy_timeout: float) -> StoreError:
     """The one-sentence :class:`StoreError` for a ``sqlite3`` error."""
-    name = getattr(exc, "sqlite_errorname", "") or ""
+    name = exc.sqlite_errorname or ""  # Python >= 3.11 names the SQLite error code
     if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")) or "malformed" in str(exc) or "not a database" in str(exc):
         return damaged(path, str(exc))
     if name.startswith("SQLITE_BUSY") or "locked" in str(exc):

@@ -110,7 +110,7 @@ def load_key(key_file: str | os.PathLike[str] | None = None, env: Mapping[str, s
         text = path.read_text(encoding="ascii")
     except (OSError, UnicodeDecodeError) as exc:
         raise StoreKeyError(
-            f"cannot read the store key file {str(path)!r}: {getattr(exc, 'strerror', None) or exc}"
+            f"cannot read the store key file {str(path)!r}: {(exc.strerror if isinstance(exc, OSError) else None) or exc}"
         ) from None
     return _parse_key(text, f"the key file {str(path)!r}")
 

@@ -21,6 +21,7 @@ from typing import Any
 from saucer.store.base import EventStore
 from saucer.store.crypto import ENCRYPTED, SNAPSHOT_SECTIONS, KeyRing, StoreKeyError, target_of
 from saucer.store.model import Event, StoreError
+from saucer.store.sealed import SealedStore
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["SessionFormats", "format_census", "rewrite_old_records", "RekeyReport", "rekey"]
@@ -33,7 +34,7 @@ PAUSE_ENV = "SAUCER_REKEY_PAUSE"
 
 def _backend(store: EventStore) -> EventStore:
     """The store that holds the bytes (under a :class:`~saucer.store.sealed.SealedStore`: its backend)."""
-    return getattr(store, "inner", store)
+    return store.inner if isinstance(store, SealedStore) else store
 
 
 @dataclass

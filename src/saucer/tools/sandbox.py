@@ -26,6 +26,7 @@ files with ``st_nlink > 1``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -63,7 +64,7 @@ _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
 _RESOLVE = _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_SYMLINKS | _RESOLVE_BENEATH
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 class SandboxError(ValueError):
@@ -211,7 +212,7 @@ class SandboxRoot:
         Raises :class:`SandboxError` for a link (naming it) and OSError for the
         rest (``FileNotFoundError``, ``IsADirectoryError``...).
         """
-        flags |= os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        flags |= os.O_CLOEXEC | os.O_NOFOLLOW
         if not path.parts:
             return os.open(".", flags & ~os.O_CREAT, dir_fd=self.fd)
         try:
@@ -247,10 +248,8 @@ class SandboxRoot:
                 except FileNotFoundError:
                     if not create:
                         raise
-                    try:
+                    with contextlib.suppress(FileExistsError):  # made meanwhile: the open below checks what it is
                         os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass  # made by someone else meanwhile; the open below checks what it is
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = child

@@ -12,6 +12,8 @@ the app is mounted)::
     /sessions/{id}/stream?after=V      server-sent events: the session's new steps as they commit
     /devices                           devices, online state, last heartbeat (when the host knows devices)
 
+The live stream is :mod:`saucer.ui.live`; the sign-in and form checks :mod:`saucer.ui.guard`.
+
 With an ``authenticate`` function (token -> principal or None) every page
 needs a token: ``Authorization: Bearer`` or the cookie set by ``/login``.
 A :class:`Scope` limits each principal to its own sessions (and devices);
@@ -28,9 +30,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, quote
 
 import orjson
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -41,8 +41,9 @@ from saucer.store import EventStore, SessionNotFoundError, StoreError, VersionNo
 from saucer.ui import queries
 from saucer.ui.acting import READ_ONLY, RESUMABLE, Acting, ActionRefused, pending_of, perform
 from saucer.ui.guard import FormTokens, HostCheck, OriginCheck
+from saucer.ui.live import DEFAULT_MAX_STREAMS, LiveStreams, NotFound, SignIn, int_param
 from saucer.ui.render import render
-from saucer.ui.steps import States, Tallies, artifact_file, item_of, new_round, step_detail
+from saucer.ui.steps import States, Tallies, artifact_file, step_detail
 from saucer.ui.values import value_html
 
 __all__ = ["Scope", "create_app", "COOKIE", "DEFAULT_MAX_STREAMS"]
@@ -50,8 +51,6 @@ __all__ = ["Scope", "create_app", "COOKIE", "DEFAULT_MAX_STREAMS"]
 #: The cookie that carries the token after a sign-in (HttpOnly, SameSite=Strict).
 COOKIE = "saucer_ui_token"
 _HISTORY_LIMIT = 500
-#: Live pages (server-sent event streams) one principal may hold open at once.
-DEFAULT_MAX_STREAMS = 16
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
@@ -87,10 +86,6 @@ class _Page:
     values: dict[str, Any]
 
 
-class _NotFound(Exception):
-    pass
-
-
 class Viewer:
     """The handlers, over one store."""
 
@@ -100,7 +95,6 @@ class Viewer:
         authenticate: Callable[[str], str | None] | None,
         scope: Scope | None,
         title: str,
-        max_streams: int = DEFAULT_MAX_STREAMS,
         acting: Acting | None = None,
     ) -> None:
         self.store = store
@@ -112,9 +106,6 @@ class Viewer:
         self.states = States()  # the inspector's next step costs one event
         self.histories = queries.Histories()  # a key's history, read again, reads only what is new
         self.forms = FormTokens()
-        self.max_streams = max_streams
-        #: Open live streams per principal (None: the one user of a viewer without tokens).
-        self.streams: dict[str | None, int] = {}
 
     # ------------------------------------------------------------ plumbing
 
@@ -152,25 +143,34 @@ class Viewer:
         form = parse_qs(body.decode("utf-8", "replace"))
         return form if self.forms.valid(request, (form.get("csrf") or [""])[0]) else None
 
-    async def _guard(self, request: Request, sid: str | None = None) -> tuple[str | None, set[str] | None]:
+    async def guard(self, request: Request, sid: str | None = None) -> tuple[str | None, set[str] | None]:
         """The principal and the sessions it may see; raises for a missing sign-in or a session it may not see."""
         allowed, principal = self._principal(request)
         if not allowed:
-            raise _SignIn()
+            raise SignIn()
         ids = await self.scope.session_ids(principal)
         if sid is not None and ids is not None and sid not in ids:
-            raise _NotFound(f"no session {sid!r} here")
+            raise NotFound(f"no session {sid!r} here")
         return principal, ids
 
-    async def _run(self, request: Request, sid: str | None, build: Callable[..., _Page], *args: Any) -> Response:
-        """Check access, build the page in a worker thread (store reads block), render it; errors become pages."""
+    async def _run(
+        self,
+        request: Request,
+        sid: str | None,
+        build: Callable[..., _Page],
+        *args: Any,
+        acting: dict[str, Any] | None = None,
+    ) -> Response:
+        """Check access, build the page in a worker thread (store reads block), render it; errors become pages.
+
+        ``acting``: the session page's forms this principal may use (None: none are shown)."""
         try:
-            principal, ids = await self._guard(request, sid)
+            principal, ids = await self.guard(request, sid)
             page = await asyncio.to_thread(build, ids, *args) if sid is None else await asyncio.to_thread(build, *args)
             devices_page = await self.scope.devices(principal) is not None
-        except _SignIn:
+        except SignIn:
             return self._sign_in(request)
-        except (_NotFound, SessionNotFoundError) as exc:
+        except (NotFound, SessionNotFoundError) as exc:
             return self._page(request, "error.html", 404, message=str(exc), devices_page=False)
         except (VersionNotFoundError, ValueError, TypeError) as exc:
             return self._page(request, "error.html", 400, message=str(exc), devices_page=False)
@@ -180,7 +180,7 @@ class Viewer:
             request,
             page.template,
             devices_page=devices_page,
-            acting=getattr(request.state, "acting", None),
+            acting=acting,
             **page.values,
         )
 
@@ -212,8 +212,8 @@ class Viewer:
         sid = request.path_params["session_id"]
 
         def build() -> _Page:
-            before = _int_param(request, "before")
-            step = _int_param(request, "step")
+            before = int_param(request, "before")
+            step = int_param(request, "step")
             if step is not None and before is None and step <= self.store.head(sid) - 200:
                 before = step + 100  # an older step: show the events around it
             view = queries.session_view(self.store, sid, before=before, tallies=self.tallies)
@@ -222,16 +222,17 @@ class Viewer:
                 try:
                     detail = step_detail(self.store, sid, step, view.calls, self.states)
                 except LookupError as exc:
-                    raise _NotFound(str(exc)) from None
+                    raise NotFound(str(exc)) from None
             pending = pending_of(self.store, sid) if self.acting is not None else []
             return _Page(
                 "session.html", {"view": view, "sid": sid, "before": before, "detail": detail, "pending": pending}
             )
 
+        forms = None
         if self.acting is not None:  # the forms, for a principal allowed to act on this session only
             allowed, principal = self._principal(request)
             may = allowed and await self.acting.allowed(principal, sid)
-            request.state.acting = (
+            forms = (
                 {
                     "cancel": self.acting.cancel is not None,
                     "resume": self.acting.resume is not None,
@@ -241,7 +242,7 @@ class Viewer:
                 if may
                 else None
             )
-        return await self._run(request, sid, build)
+        return await self._run(request, sid, build, acting=forms)
 
     async def act(self, request: Request) -> Response:
         """A form of the session's page: set/delete variables, decide, answer, cancel (see :mod:`saucer.ui.acting`)."""
@@ -249,10 +250,10 @@ class Viewer:
         if self.acting is None:
             return Response(READ_ONLY, status_code=403, headers=_SECURITY_HEADERS)
         try:
-            principal, _ = await self._guard(request, sid)
-        except _SignIn:
+            principal, _ = await self.guard(request, sid)
+        except SignIn:
             return Response("sign in first", status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        except _NotFound as exc:
+        except NotFound as exc:
             return Response(str(exc), status_code=404, headers=_SECURITY_HEADERS)
         form = await self._form(request)
         if form is None:
@@ -270,7 +271,7 @@ class Viewer:
         """The step inspector of one event, as an HTML fragment (the session's page loads it in place)."""
         sid = request.path_params["session_id"]
         try:
-            await self._guard(request, sid)
+            await self.guard(request, sid)
 
             def build() -> str:
                 version = _int_path(request, "version")
@@ -280,9 +281,9 @@ class Viewer:
                 return render("inspector.html", detail=detail, sid=sid, base=base)
 
             html = await asyncio.to_thread(build)
-        except _SignIn:
+        except SignIn:
             return Response("sign in first", status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        except (_NotFound, SessionNotFoundError, LookupError) as exc:
+        except (NotFound, SessionNotFoundError, LookupError) as exc:
             return Response(str(exc), status_code=404, headers=_SECURITY_HEADERS)
         except (VersionNotFoundError, ValueError, TypeError) as exc:
             return Response(str(exc), status_code=400, headers=_SECURITY_HEADERS)
@@ -292,7 +293,7 @@ class Viewer:
         """A step's screenshot (PNG) or UI tree (JSON; ``?as=html``: as readable HTML), from the session's log folder only."""
         sid = request.path_params["session_id"]
         try:
-            await self._guard(request, sid)
+            await self.guard(request, sid)
 
             def build() -> Response:
                 version = _int_path(request, "version")
@@ -308,9 +309,9 @@ class Viewer:
                 return Response(path.read_bytes(), media_type=kind, headers=_SECURITY_HEADERS)
 
             return await asyncio.to_thread(build)
-        except _SignIn:
+        except SignIn:
             return Response("sign in first", status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        except (_NotFound, SessionNotFoundError, LookupError, OSError) as exc:
+        except (NotFound, SessionNotFoundError, LookupError, OSError) as exc:
             return Response(str(exc), status_code=404, headers=_SECURITY_HEADERS)
         except (VersionNotFoundError, ValueError, TypeError) as exc:
             return Response(str(exc), status_code=400, headers=_SECURITY_HEADERS)
@@ -320,7 +321,7 @@ class Viewer:
         key = request.query_params.get("key")
 
         def build() -> _Page:
-            at = _int_param(request, "at")
+            at = int_param(request, "at")
             info = self.store.session_info(sid)
             version, state = queries.state_at(self.store, sid, at)
             if key is not None and key not in state:
@@ -338,8 +339,8 @@ class Viewer:
 
         def build() -> _Page:
             head = self.store.head(sid)
-            v1 = _int_param(request, "from")
-            v2 = _int_param(request, "to")
+            v1 = int_param(request, "from")
+            v2 = int_param(request, "to")
             v2 = head if v2 is None else v2
             v1 = max(self.store.first_version(sid), v2 - 1) if v1 is None else v1
             changes = queries.diff(self.store, sid, v1, v2)
@@ -354,7 +355,7 @@ class Viewer:
         def build() -> _Page:
             if not key:
                 raise ValueError("name a key: history?key=REQUEST (a Context name) or key=vars.NAME")
-            before = _int_param(request, "before")
+            before = int_param(request, "before")
             changes = queries.history(self.store, sid, key, self.histories)
             total = len(changes)
             if before is not None:
@@ -382,7 +383,7 @@ class Viewer:
             self.store.check_readable(sid, version)
             found = next(iter(self.store.read(sid, version - 1, version)), None) if version > 0 else None
             if found is None:
-                raise _NotFound(f"session {sid!r} has no event at v{version}")
+                raise NotFound(f"session {sid!r} has no event at v{version}")
             return _Page("event.html", {"sid": sid, "event": found})
 
         return await self._run(request, sid, build)
@@ -397,77 +398,6 @@ class Viewer:
                 request, "error.html", 404, message="this viewer knows no devices (saucer serve shows them)"
             )
         return self._page(request, "devices.html", devices=devices, devices_page=True)
-
-    # ---------------------------------------------------------------- live
-
-    async def stream(self, request: Request) -> Response:
-        """Server-sent events: ``step`` (one new timeline item, as HTML) for each new event, until the session ends."""
-        sid = request.path_params["session_id"]
-        try:
-            principal, _ = await self._guard(request, sid)
-            after = _int_param(request, "after") or 0
-            resumed = request.headers.get("last-event-id", "")
-            if resumed.isdigit():  # a reconnecting EventSource continues after the last step it received
-                after = max(after, int(resumed))
-            await asyncio.to_thread(self.store.check_readable, sid, after)
-        except _SignIn:
-            return Response("sign in first", status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        except (_NotFound, SessionNotFoundError) as exc:
-            return Response(str(exc), status_code=404)
-        except (VersionNotFoundError, ValueError, TypeError) as exc:
-            return Response(str(exc), status_code=400)
-        if self.streams.get(principal, 0) >= self.max_streams:
-            return Response(
-                f"too many live pages open ({self.max_streams}, the viewer's max_streams): close one", status_code=429
-            )
-        self.streams[principal] = self.streams.get(principal, 0) + 1
-
-        def release() -> None:  # as a background task: it runs even if the client left before the first event
-            self.streams[principal] -= 1
-            if not self.streams[principal]:
-                del self.streams[principal]
-
-        base = request.scope.get("root_path", "").rstrip("/")
-        return EventSourceResponse(
-            self._events(sid, after, base),
-            ping=15,
-            headers={"Cache-Control": "no-store"},
-            background=BackgroundTask(release),
-        )
-
-    async def _events(self, sid: str, after: int, base: str) -> AsyncIterator[ServerSentEvent]:
-        """Each new event as a timeline item. An ended session is still watched: another process may
-        resume it (a stopped, failed or interrupted session), and its new steps then come in too."""
-        seen_rounds: set[Any] = set()
-        previous: float | None = None
-        try:
-            async for event in self.store.watch(sid, after, interval=0.2):
-                item = item_of(event, previous)
-                previous = event.timestamp
-                html = render("timeline_item.html", item=item, sid=sid, base=base)
-                payload = {
-                    "version": event.version,
-                    "round": event.round,
-                    "round_key": _round_key(event.round),
-                    "round_html": render(
-                        "round.html",
-                        entry={**new_round(event.round), "request": event.meta.get("request")},
-                        sid=sid,
-                        base=base,
-                        open=True,
-                    )
-                    if event.round not in seen_rounds
-                    else None,
-                    "html": html,
-                    "status": event.meta.get("session_status"),
-                    "failed": item["failed"],
-                }
-                seen_rounds.add(event.round)
-                yield ServerSentEvent(orjson.dumps(payload).decode(), event="step", id=str(event.version))
-                if event.meta.get("kind") == "session_end":
-                    yield ServerSentEvent(str(event.meta.get("session_status") or "ended"), event="end")
-        except StoreError as exc:  # the session was deleted or its store went away: say so, then stop
-            yield ServerSentEvent(str(exc), event="problem")
 
     # ------------------------------------------------------------- sign-in
 
@@ -503,10 +433,6 @@ _STALE_FORM = (
 )
 
 
-class _SignIn(Exception):
-    pass
-
-
 def _encode(params: dict[str, str]) -> str:
     from urllib.parse import urlencode
 
@@ -519,20 +445,6 @@ def _safe_next(target: str, request: Request) -> str:
     if target.startswith(f"{base}/") and not target.startswith("//") and "\\" not in target:
         return target
     return ""
-
-
-def _round_key(round_id: Any) -> str:
-    return "r-" + ("none" if round_id is None else str(round_id))
-
-
-def _int_param(request: Request, name: str) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a version number") from None
 
 
 def _int_path(request: Request, name: str) -> int:
@@ -568,7 +480,8 @@ def create_app(
     LISTEN connection of the store. ``acting`` turns on the session page's
     forms (:mod:`saucer.ui.acting`); without it the viewer is read-only.
     """
-    viewer = Viewer(store, authenticate, scope, title, max_streams, acting)
+    viewer = Viewer(store, authenticate, scope, title, acting)
+    live = LiveStreams(store, viewer.guard, max_streams)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -590,7 +503,7 @@ def create_app(
         Route("/sessions/{session_id}/events/{version}", viewer.event),
         Route("/sessions/{session_id}/steps/{version}", viewer.step),
         Route("/sessions/{session_id}/steps/{version}/artifacts/{index}", viewer.artifact),
-        Route("/sessions/{session_id}/stream", viewer.stream),
+        Route("/sessions/{session_id}/stream", live.stream),
         Route("/sessions/{session_id}/act/{action}", viewer.act, methods=["POST"]),
         Route("/devices", viewer.devices),
         Route("/login", viewer.login, methods=["GET", "POST"]),

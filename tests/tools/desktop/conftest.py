@@ -1,4 +1,4 @@
-"""Fixtures for the desktop server tests (helpers in desktop_helpers.py)."""
+"""Fixtures for the desktop server tests (helpers in tests/support/desktop.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from desktop_helpers import DesktopTools, require_packages, use_environment
+from tests.support.desktop import DesktopTools, require_packages, use_environment
 
 from saucer.tools.desktop.virtual import VirtualDesktop
 

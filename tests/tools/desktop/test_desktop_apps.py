@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from desktop_helpers import CASES, EDITABLE, FOLDER, OFF_THE_BUS, DesktopTools, need, use_environment
+from tests.support.desktop import CASES, EDITABLE, FOLDER, OFF_THE_BUS, DesktopTools, need, use_environment
 from Xlib import X, Xatom, display
 
 from saucer.agents.treesummary import summarize_tree

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from desktop_helpers import DESKTOP_VARIABLES, DesktopTools
+from tests.support.desktop import DESKTOP_VARIABLES, DesktopTools
 
 from saucer.dispatch import Command, DesktopServer, LocalCommandDispatcher, default_servers
 from saucer.dispatch.servers import configured_servers

@@ -15,15 +15,11 @@ import base64
 import io
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "agents"))
-
-from fake_openai import FakeOpenAI, RecordedRequest, Scripted  # noqa: E402
+from tests.support.fake_openai import FakeOpenAI, RecordedRequest, Scripted
 
 from saucer.config import load_settings  # noqa: E402
 from saucer.engine.factory import SessionFactory  # noqa: E402

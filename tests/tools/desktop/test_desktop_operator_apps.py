@@ -14,17 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from desktop_helpers import CASES, EDITABLE, FOLDER, Case, need
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "agents"))
-
-from fake_openai import FakeOpenAI, RecordedRequest, Scripted  # noqa: E402
+from tests.support.desktop import CASES, EDITABLE, FOLDER, Case, need
+from tests.support.fake_openai import FakeOpenAI, RecordedRequest, Scripted
 
 from saucer.config import load_settings  # noqa: E402
 from saucer.engine.factory import SessionFactory  # noqa: E402

@@ -194,6 +194,7 @@ class ScriptedBus:
         self.nodes = nodes
         self.many = many
         self.calls = 0
+        self.static: dict[tuple[str, str], tuple[str, frozenset[str], int]] = {}  # what a real AtspiBus remembers
 
     def _node(self, path: str) -> dict[str, Any]:
         if path.startswith("/many/"):
@@ -331,7 +332,6 @@ async def test_a_tree_read_again_asks_less_and_sees_what_changed() -> None:
             "/b": {"name": "b", "role": "button", "children": []},
         }
     )
-    bus.static = {}  # type: ignore[attr-defined]  # what a real AtspiBus remembers
     first = await _walk(bus)
     calls, bus.calls = bus.calls, 0
     bus.nodes["/a"]["children"] = ["/c"]  # a child appeared since: asked for although /a had none before

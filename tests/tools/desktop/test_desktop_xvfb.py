@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from desktop_helpers import DesktopTools
 from PIL import Image, ImageStat
+from tests.support.desktop import DesktopTools
 from Xlib import XK, X, display
 
 from saucer.tools.desktop.atspi import AtspiBus, find_bus_address

@@ -339,8 +339,8 @@ class NodeInfo:
 async def read_node(bus: AtspiBus, ref: Ref) -> NodeInfo:
     """Name, role, states, interfaces and child count of ``ref`` (four calls, sent together; two for an
     object read before, whose role and interfaces the bus remembers)."""
-    static = getattr(bus, "static", None)
-    known = static.get(ref) if static is not None else None
+    static = bus.static
+    known = static.get(ref)
     if known is not None:
         props, states = await asyncio.gather(bus.get_all(ref, ACCESSIBLE), bus.call1(ref, ACCESSIBLE, "GetState"))
         role, names, _ = known
@@ -353,10 +353,9 @@ async def read_node(bus: AtspiBus, ref: Ref) -> NodeInfo:
         )
         role, names = str(role), frozenset(short_interface(i) for i in interfaces)
     name, description = str(props.get("Name") or ""), str(props.get("Description") or "")
-    if static is not None:
-        if len(static) >= _STATIC_SIZE and ref not in static:
-            static.pop(next(iter(static)))
-        static[ref] = (role, names, max(int(props.get("ChildCount") or 0), 0))
+    if len(static) >= _STATIC_SIZE and ref not in static:
+        static.pop(next(iter(static)))
+    static[ref] = (role, names, max(int(props.get("ChildCount") or 0), 0))
     return NodeInfo(
         ref=ref,
         name=name[:MAX_NAME],

@@ -1,6 +1,8 @@
-"""The desktop itself: connections to X11 and AT-SPI, and one method per tool.
+"""The desktop itself: one method per tool, over its connections and its elements.
 
-:class:`Desktop` connects on first use (so the server starts, and lists its
+:class:`Desktop` holds a :class:`~saucer.tools.desktop.connection.Connection`
+(X11 and the accessibility bus) and the
+:class:`~saucer.tools.desktop.elements.Elements` found through it. It connects on first use (so the server starts, and lists its
 tools, even where there is no display) and reconnects after the display or
 the bus went away. Its methods run one at a time (one lock): a click must
 not land in the middle of a tree read. X11 calls block, so they run in a
@@ -12,36 +14,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import functools
 import io
 import json
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from saucer.tools.confine import Policy
 from saucer.tools.desktop import DesktopError
 from saucer.tools.desktop.apps import Launcher, descendants, split_command
 from saucer.tools.desktop.artifacts import Artifacts
 from saucer.tools.desktop.atspi import (
-    ACCESSIBLE,
     ACTION,
-    APP_ROOT_PATH,
     COMPONENT,
-    DETAILS,
-    NULL_PATH,
-    AtspiBus,
-    NodeInfo,
-    find_bus_address,
-    pair,
-    read_details,
-    read_node,
 )
-from saucer.tools.desktop.locator import Locator, describe, same_path, selector_name
+from saucer.tools.desktop.connection import Connection
+from saucer.tools.desktop.elements import Elements, check_range, tree_limits
+from saucer.tools.desktop.locator import Locator
 from saucer.tools.desktop.models import (
     ClickResult,
     FindResult,
@@ -54,73 +44,25 @@ from saucer.tools.desktop.models import (
     WindowInfo,
     WindowsResult,
 )
+from saucer.tools.desktop.options import DesktopOptions
 from saucer.tools.desktop.programs import close_programs, launched_windows, program_names
-from saucer.tools.desktop.targets import App, Target, active_windows, choose, list_apps, pick, window_offset
+from saucer.tools.desktop.targets import pick
 from saucer.tools.desktop.tree import (
-    ElementRegistry,
-    Located,
     Selector,
-    Tree,
     TreeLimits,
-    build_tree,
-    complete,
-    find_matches,
 )
-from saucer.tools.desktop.x11 import X11, X_LOST, X_REFUSED, XWindow, parse_keys
+from saucer.tools.desktop.x11 import XWindow, parse_keys
 
 __all__ = ["DesktopOptions", "Desktop"]
 
 T = TypeVar("T")
-_CLICK_ACTIONS = ("click", "press")
 _POLL = 0.1
-_SEARCH_TEXT = 1000
 # Largest scaled screenshot (8K UHD); scaling up a whole large screen would take gigabytes.
 _MAX_PIXELS = 7680 * 4320
 # Seconds a program whose window X11 shows may take to appear on the accessibility bus before launch calls it
 # ready anyway (a toolkit without accessibility never does). GTK 4 registers within a second on an idle machine,
 # but took more than one on a loaded one: a plan's next ui_tree(app=...) then found no such application.
 _X11_ONLY_GRACE = 5.0
-# Seconds a replayed step waits for the element its locator describes (the window may still be opening).
-_LOCATE_WAIT = 10.0
-
-
-@dataclass(frozen=True)
-class DesktopOptions:
-    """Where artifacts go, which display to use, and the limits of one call."""
-
-    artifacts: Path
-    display: str | None = None
-    max_nodes: int = 5000
-    max_depth: int = 100
-    max_text: int = 10_000
-    call_timeout: float = 5.0
-    max_wait: float = 120.0
-    max_type: int = 10_000
-    keep_apps: bool = False
-    #: How launched programs are confined (None: the default policy, writing to the working directory,
-    #: the artifacts and a private temporary folder).
-    policy: Policy | None = None
-
-    def confinement(self) -> Policy:
-        """:attr:`policy`, or the default one for this working directory and artifacts folder."""
-        return self.policy or Policy.create("auto", (Path.cwd(), self.artifacts), scoped=False)
-
-
-def _check_range(name: str, value: float, low: float, high: float, flag: str) -> None:
-    if not low <= value <= high:
-        raise DesktopError(f"{name} must be between {low:g} and {high:g} (the server's {flag}), got {value:g}")
-
-
-def _holds(outer: tuple[int, int, int, int] | None, inner: tuple[int, int, int, int] | None) -> bool:
-    """Whether the centre of ``inner`` lies in ``outer`` (both as the toolkit reports them)."""
-    if outer is None or inner is None:
-        return False
-    cx, cy = inner[0] + inner[2] / 2, inner[1] + inner[3] / 2
-    return outer[0] <= cx <= outer[0] + outer[2] and outer[1] <= cy <= outer[1] + outer[3]
-
-
-def _summary(node: dict[str, Any]) -> dict[str, Any]:
-    return {key: node[key] for key in ("id", "role", "name", "bounds") if key in node}
 
 
 class Desktop:
@@ -128,119 +70,38 @@ class Desktop:
 
     def __init__(self, options: DesktopOptions) -> None:
         self.options = options
-        self.registry = ElementRegistry()
+        self.connection = Connection(options.display, options.call_timeout)
+        self.elements = Elements(self.connection, options)
+        self.registry = self.elements.registry
         self.launcher = Launcher(options.confinement())
-        self._x: X11 | None = None
-        self._bus: AtspiBus | None = None
         self.artifacts = Artifacts(options.artifacts)
         self._lock = asyncio.Lock()
-        #: The X root window's ``AT_SPI_BUS`` when it named a bus that is gone (programs are then told the live one).
-        self.stale_bus_property: str | None = None
 
-    # -- connections ------------------------------------------------------------------------------
-    async def _xcall(self, fn: Callable[[X11], T]) -> T:
-        if self._x is None:
-            self._x = await asyncio.to_thread(X11, self.options.display)
-        x = self._x
-        try:
-            return await asyncio.to_thread(fn, x)
-        except X_LOST as exc:
-            self._x = None  # the next call connects again
-            await asyncio.to_thread(x.close)
-            raise DesktopError(
-                f"the X display {x.name!r} failed ({type(exc).__name__}: {exc}); is it still running?"
-            ) from None
-        except X_REFUSED as exc:
-            raise DesktopError(f"the X server refused a request ({exc})") from None
-
-    async def _x_bus_property(self) -> str | None:
-        return await self._xcall(lambda x: x.bus_address_property())
-
-    async def _atspi(self) -> AtspiBus:
-        if self._bus is not None and self._bus.closed:
-            await self._bus.close()
-            self._bus = None
-        if self._bus is None:
-            timeout = self.options.call_timeout
-            display = self.options.display or os.environ.get("DISPLAY")
-            stale: list[str] = []
-            address = await find_bus_address(self._x_bus_property if display else None, timeout, stale)
-            self._bus = await AtspiBus.connect(address, timeout)
-            self.stale_bus_property = stale[-1] if stale else None
-        return self._bus
-
-    async def _bus_for_programs(self, env: dict[str, str]) -> None:
-        """Point a program at the live accessibility bus when the X root window names a stale one (a toolkit
-        reads that property before it asks the session bus, and would stay off the bus)."""
-        if env.get("AT_SPI_BUS_ADDRESS") or env.get("NO_AT_BRIDGE") == "1" or env.get("GTK_A11Y") == "none":
-            return
-        with contextlib.suppress(DesktopError):
-            bus = await self._atspi()
-            if self.stale_bus_property is not None:
-                env["AT_SPI_BUS_ADDRESS"] = bus.address
+    @property
+    def stale_bus_property(self) -> str | None:
+        """The X root window's ``AT_SPI_BUS`` when it named a bus that is gone (see :class:`Connection`)."""
+        return self.connection.stale_bus_property
 
     async def aclose(self) -> None:
         """Close the connections and stop the programs ``launch`` started (unless ``keep_apps``)."""
         if not self.options.keep_apps:
             await asyncio.to_thread(self.stop_programs)
-        if self._bus is not None:
-            await self._bus.close()
-            self._bus = None
-        if self._x is not None:
-            self._x.close()
-            self._x = None
-
-    # -- applications and windows -----------------------------------------------------------------
-    async def _apps(self) -> list[App]:
-        return await list_apps(await self._atspi())
-
-    async def _target(self, app: str | None, window: str | None) -> Target:
-        apps = await self._apps()
-        focused = None
-        if not app and not window and len(active_windows(apps)) != 1:
-            with contextlib.suppress(DesktopError):
-                focused = next((w for w in await self._xcall(lambda x: x.windows()) if w.focused), None)
-        return choose(apps, app, window, focused)
-
-    async def _window_offset(self, window: NodeInfo, pid: int | None) -> tuple[int, int]:
-        if window.bounds is None or window.bounds[:2] != (0, 0) or pid is None:
-            return (0, 0)  # nothing to ask X11 (see targets.window_offset)
-        try:
-            xwindows = await self._xcall(lambda x: x.windows())
-        except DesktopError:
-            return (0, 0)
-        return window_offset(window, pid, xwindows)
+        await self.connection.close()
 
     # -- trees ------------------------------------------------------------------------------------
     def limits(
         self, max_depth: int, max_nodes: int, max_text: int, only_visible: bool, on_screen: bool = False
     ) -> TreeLimits:
         """Validated limits (a value beyond the server's caps is an error, not silently lowered)."""
-        o = self.options
-        _check_range("max_depth", max_depth, 0, o.max_depth, "--max-depth")
-        _check_range("max_nodes", max_nodes, 1, o.max_nodes, "--max-nodes")
-        _check_range("max_text", max_text, 0, o.max_text, "--max-text")
-        return TreeLimits(max_depth, max_nodes, max_text, only_visible, on_screen)
-
-    async def _walk(self, target: Target, limits: TreeLimits) -> Tree:
-        bus = await self._atspi()
-        return await build_tree(
-            bus,
-            target.ref,
-            limits,
-            self.registry,
-            pid=target.pid,
-            root_is_toplevel=target.is_window,
-            offset_for=self._window_offset,
-        )
+        return tree_limits(self.options, max_depth, max_nodes, max_text, only_visible, on_screen)
 
     async def ui_tree(
         self, app: str | None, window: str | None, limits: TreeLimits, save_as: str | None, include_tree: bool
     ) -> UITree:
         async with self._lock:
             started = time.perf_counter()
-            target = await self._target(app, window)
-            tree = await self._walk(target, limits)
+            target = await self.connection.target(app, window)
+            tree = await self.elements.walk(target, limits)
             result = UITree(
                 app=target.app,
                 pid=target.pid,
@@ -263,188 +124,18 @@ class Desktop:
                 result.tree = None
             return result
 
-    async def _search(
-        self, selector: Selector, app: str | None, window: str | None, timeout: float, max_nodes: int
-    ) -> tuple[list[tuple[dict[str, Any], list[str]]], Tree, Target]:
-        """Matches of ``selector``, polling until one appears or ``timeout`` passes."""
-        _check_range("timeout", timeout, 0, self.options.max_wait, "--max-wait")
-        limits = self.limits(self.options.max_depth, max_nodes, _SEARCH_TEXT, True)
-        # Names and roles are all a search needs of most nodes; the matches are completed afterwards.
-        limits = replace(limits, parts=frozenset({"text"}) if selector.text is not None else frozenset())
-        deadline = time.monotonic() + timeout
-        while True:
-            target = await self._target(app, window)
-            tree = await self._walk(target, limits)
-            matches = find_matches(tree, selector)
-            if matches or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(_POLL)
-        if matches:
-            await complete(await self._atspi(), tree, [node["id"] for node, _ in matches], _SEARCH_TEXT)
-            matches = find_matches(tree, selector)  # again: a text may have changed meanwhile
-        if not matches:
-            names = sorted({info.name for info in tree.infos.values() if info.name})
-            close = difflib.get_close_matches(selector.name or selector.text or "", names, n=5) if names else []
-            where = f"window {target.window!r}" if target.window else f"application {target.app!r}"
-            raise DesktopError(
-                f"no element with {selector.describe()} in {where}"
-                + (f" after {timeout:g} s" if timeout else "")
-                + f" ({tree.node_count} elements read{', cut at max_nodes' if tree.truncated else ''})"
-                + (f"; similar names: {', '.join(repr(n) for n in close)}" if close else "")
-            )
-        return matches, tree, target
-
     async def find(
         self, selector: Selector, app: str | None, window: str | None, timeout: float, max_nodes: int
     ) -> FindResult:
         async with self._lock:
             started = time.perf_counter()
-            matches, tree, _ = await self._search(selector, app, window, timeout, max_nodes)
+            matches, tree, _ = await self.elements.search(selector, app, window, timeout, max_nodes)
             return FindResult(
                 matches=[node for node, _ in matches],
                 node_count=tree.node_count,
                 truncated=tree.truncated,
                 seconds=round(time.perf_counter() - started, 4),
             )
-
-    async def _element(self, key: str, locator: Locator | None = None) -> tuple[NodeInfo, dict[str, Any]]:
-        """The current state of the element behind an id, as a node with corrected bounds; by ``locator``
-        when the id does not resolve (a plan saved in an earlier session) or its element is gone."""
-        try:
-            located: Located = self.registry.resolve(key)
-            bus = await self._atspi()
-            info = await read_details(bus, await read_node(bus, located.ref), max_text=200, parts=DETAILS)
-        except DesktopError:
-            if locator is None:
-                raise
-            return await self._locate(locator)
-        offset = (0, 0)
-        if located.toplevel is not None and located.toplevel != located.ref:
-            top = await read_node(bus, located.toplevel)
-            if "Component" in top.interfaces:
-                extents = await bus.call1(top.ref, COMPONENT, "GetExtents", "u", (0,))
-                top.bounds = tuple(int(v) for v in extents)  # type: ignore[assignment]
-            offset = await self._window_offset(top, located.pid)
-        elif located.toplevel == located.ref:
-            offset = await self._window_offset(info, located.pid)
-        node = {"id": key, "role": info.role, "name": info.name}
-        if info.bounds is not None:
-            x, y, w, h = info.bounds
-            node["bounds"] = [x + offset[0], y + offset[1], w, h]
-        return info, node
-
-    async def _locate(self, locator: Locator) -> tuple[NodeInfo, dict[str, Any]]:
-        """The element ``locator`` describes (see :mod:`~saucer.tools.desktop.locator`), waiting a little for it."""
-        selector = Selector(name=selector_name(locator.name), role=locator.role)
-        try:
-            matches, tree, target = await self._search(
-                selector, locator.app, locator.window, _LOCATE_WAIT, self.options.max_nodes
-            )
-        except DesktopError:  # a title that changed: any window of the application
-            matches, tree, target = await self._search(
-                selector, locator.app, None, _LOCATE_WAIT, self.options.max_nodes
-            )
-        chosen = same_path(locator, matches, tree.nodes, not target.is_window)
-        if len(chosen) > 1 and locator.indexes:
-            bus = await self._atspi()
-            places = await asyncio.gather(
-                *(describe(bus, tree.infos[n["id"]].ref) for n, _ in chosen), return_exceptions=True
-            )
-            chosen = [
-                m
-                for m, d in zip(chosen, places, strict=False)
-                if isinstance(d, Locator) and d.indexes == locator.indexes
-            ] or chosen
-        node = chosen[0][0]
-        return tree.infos[node["id"]], _summary(node)
-
-    async def _focus_window_of(self, info: NodeInfo) -> None:
-        """Give the keyboard to the X11 window of the element's application unless it has it (a bare X server
-        gives it to the window below the pointer)."""
-        with contextlib.suppress(DesktopError):
-            pid = await (await self._atspi()).pid_of(info.ref[0])
-            mine = [w for w in await self._xcall(lambda d: d.windows()) if pid is not None and w.pid == pid]
-            if mine and not any(w.focused for w in mine):
-                await self._xcall(lambda d: d.focus(mine[-1]))
-
-    async def _locator(self, info: NodeInfo | None) -> dict[str, Any] | None:
-        """The stable description of an element acted on, for plans replayed later (None when unreadable)."""
-        if info is None:
-            return None
-        with contextlib.suppress(DesktopError):
-            return (await describe(await self._atspi(), info.ref)).model_dump()
-        return None
-
-    async def _chosen(
-        self,
-        element_id: str | None,
-        selector: Selector | None,
-        app: str | None,
-        window: str | None,
-        index: int | None,
-        locator: Locator | None = None,
-    ) -> tuple[NodeInfo, dict[str, Any]]:
-        """The element to act on: by id, or the one match of a selector.
-
-        When several elements match, the only one that can be clicked (it, or
-        a parent around it, has a click/press action) is taken: a label
-        "=" inside the "=" button wins over a label "=" in a history list.
-        """
-        if element_id is not None:
-            return await self._element(element_id, locator)
-        assert selector is not None
-        matches, tree, _ = await self._search(selector, app, window, 0, self.options.max_nodes)
-        if index is not None:
-            if not 0 <= index < len(matches):
-                raise DesktopError(
-                    f"index {index} is out of range: {len(matches)} elements match {selector.describe()}"
-                )
-            chosen = [matches[index]]
-        elif len(matches) > 1:
-            owners = await asyncio.gather(*(self._action_owner(tree.infos[node["id"]]) for node, _ in matches))
-            chosen = [match for match, owner in zip(matches, owners, strict=False) if owner is not None]
-        else:
-            chosen = matches
-        if len(chosen) != 1:
-            listed = "; ".join(f"{m['id']} {m['role']} {m['name']!r} at {m.get('bounds')}" for m, _ in matches[:10])
-            raise DesktopError(
-                f"{len(matches)} elements match {selector.describe()}: {listed}; pass index (0-based), a role or an element id"
-            )
-        node = chosen[0][0]
-        return tree.infos[node["id"]], _summary(node)
-
-    async def _action_owner(self, info: NodeInfo) -> tuple[NodeInfo, int] | None:
-        """The element whose click/press action clicks ``info``: itself, or a parent (two levels up at most)
-        whose bounds hold the centre of ``info``, as a pointer click there would."""
-        bus = await self._atspi()
-        current = info
-        for _ in range(3):
-            names = [a.casefold() for a in current.actions]
-            position = next((names.index(n) for n in _CLICK_ACTIONS if n in names), None)
-            if position is not None and (current is info or _holds(current.bounds, info.bounds)):
-                return current, position
-            try:
-                parent = pair(await bus.get(current.ref, ACCESSIBLE, "Parent"))
-                if parent is None:
-                    return None
-                parent_ref = (str(parent[0]), str(parent[1]))
-                if not parent_ref[0] or parent_ref[1] in (NULL_PATH, APP_ROOT_PATH):
-                    return None  # the application itself is not a widget to click
-                current = await read_details(
-                    bus, await read_node(bus, parent_ref), parts=frozenset({"bounds", "actions"})
-                )
-            except DesktopError:
-                return None
-        return None
-
-    @staticmethod
-    def _centre(node: dict[str, Any]) -> tuple[int, int]:
-        bounds = node.get("bounds")
-        if not bounds or bounds[2] <= 0 or bounds[3] <= 0:
-            raise DesktopError(
-                f"element {node['id']} ({node['role']} {node['name']!r}) has no size on the screen to click"
-            )
-        return bounds[0] + bounds[2] // 2, bounds[1] + bounds[3] // 2
 
     async def click(
         self,
@@ -466,15 +157,15 @@ class Desktop:
             if x is not None and y is not None:
                 if method == "action":
                     raise DesktopError("a point has no action to do; use method 'auto' or 'pointer' with x and y")
-                await self._xcall(lambda d: d.click(x, y, button, count))
+                await self.connection.xcall(lambda d: d.click(x, y, button, count))
                 return ClickResult(method="pointer", x=x, y=y, button=button, count=count)
-            info, node = await self._chosen(element_id, selector, app, window, index, locator)
-            where = await self._locator(info)
+            info, node = await self.elements.chosen(element_id, selector, app, window, index, locator)
+            where = await self.elements.locator(info)
             if method != "pointer" and button == "left" and not double:
-                owner = await self._action_owner(info)
+                owner = await self.elements.action_owner(info)
                 if owner is not None:
                     actor, position = owner
-                    bus = await self._atspi()
+                    bus = await self.connection.atspi()
                     done = await bus.call1(actor.ref, ACTION, "DoAction", "i", (position,))
                     if done:
                         via = None if actor is info else {"role": actor.role, "name": actor.name}
@@ -487,8 +178,8 @@ class Desktop:
                     )
             elif method == "action":
                 raise DesktopError("method 'action' does only single left clicks; use method 'pointer'")
-            px, py = self._centre(node)
-            await self._xcall(lambda d: d.click(px, py, button, count))
+            px, py = self.elements.centre(node)
+            await self.connection.xcall(lambda d: d.click(px, py, button, count))
             return ClickResult(method="pointer", x=px, y=py, button=button, count=count, element=node, locator=where)
 
     async def type_text(
@@ -499,18 +190,18 @@ class Desktop:
         async with self._lock:
             node = where = None
             if element_id is not None:
-                info, node = await self._element(element_id, locator)
-                where = await self._locator(info)
-                await self._focus_window_of(info)
+                info, node = await self.elements.element(element_id, locator)
+                where = await self.elements.locator(info)
+                await self.elements.focus_window_of(info)
                 focused = False
                 if "Component" in info.interfaces:
-                    bus = await self._atspi()
+                    bus = await self.connection.atspi()
                     with contextlib.suppress(DesktopError):
                         focused = await bus.call1(info.ref, COMPONENT, "GrabFocus")
                 if not focused:
-                    px, py = self._centre(node)
-                    await self._xcall(lambda d: d.click(px, py))
-            await self._xcall(lambda d: d.type_text(text, delay))
+                    px, py = self.elements.centre(node)
+                    await self.connection.xcall(lambda d: d.click(px, py))
+            await self.connection.xcall(lambda d: d.type_text(text, delay))
             return TypeResult(characters=len(text), element=node, locator=where)
 
     async def press_keys(self, keys: str, delay: float) -> KeysResult:
@@ -518,7 +209,7 @@ class Desktop:
             raise DesktopError(f"keys is {len(keys)} characters; at most {self.options.max_type} per call")
         combos = parse_keys(keys)
         async with self._lock:
-            await self._xcall(lambda d: d.press(combos, delay))
+            await self.connection.xcall(lambda d: d.press(combos, delay))
             return KeysResult(keys=keys, combinations=len(combos))
 
     async def scroll(
@@ -533,18 +224,18 @@ class Desktop:
         async with self._lock:
             where = None
             if element_id is not None:
-                info, node = await self._element(element_id, locator)
-                where = await self._locator(info)
-                x, y = self._centre(node)
+                info, node = await self.elements.element(element_id, locator)
+                where = await self.elements.locator(info)
+                x, y = self.elements.centre(node)
             elif x is None or y is None:
-                x, y = await self._xcall(lambda d: d.pointer())
+                x, y = await self.connection.xcall(lambda d: d.pointer())
             px, py = x, y
-            await self._xcall(lambda d: d.scroll(px, py, direction, amount))
+            await self.connection.xcall(lambda d: d.scroll(px, py, direction, amount))
             return ScrollResult(direction=direction, amount=amount, x=px, y=py, locator=where)
 
     async def screenshot(self, region: list[int] | None, scale: float | None, name: str | None) -> Screenshot:
         async with self._lock:
-            width, height = await self._xcall(lambda d: d.screen_size())
+            width, height = await self.connection.xcall(lambda d: d.screen_size())
             if region is None:
                 box = (0, 0, width, height)
             else:
@@ -561,7 +252,7 @@ class Desktop:
                     f"a {size[0]}x{size[1]} image is too large (at most {_MAX_PIXELS:,} pixels); "
                     "use a smaller scale or region"
                 )
-            image = await self._xcall(lambda d: d.capture(*box))
+            image = await self.connection.xcall(lambda d: d.capture(*box))
             if size != image.size:
                 image = await asyncio.to_thread(image.resize, size)
             path, artifact = self.artifacts.path(name, "screenshot", ".png")
@@ -578,7 +269,7 @@ class Desktop:
 
     async def windows(self, focus: str | None) -> WindowsResult:
         async with self._lock:
-            found = await self._xcall(lambda d: d.windows())
+            found = await self.connection.xcall(lambda d: d.windows())
             chosen = None
             if focus is not None:
                 by_id = [w for w in found if focus.lower() in (f"{w.id:#x}", str(w.id))]
@@ -587,14 +278,14 @@ class Desktop:
                     listed = ", ".join(f"{w.id:#x} {w.title!r}" for w in matches)
                     raise DesktopError(f"several windows match {focus!r}: {listed}; give the window id")
                 target = matches[0]
-                await self._xcall(lambda d: d.focus(target))
-                found = await self._xcall(lambda d: d.windows())
+                await self.connection.xcall(lambda d: d.focus(target))
+                found = await self.connection.xcall(lambda d: d.windows())
                 chosen = next((_window(w) for w in found if w.id == target.id), None)
             return WindowsResult(windows=[_window(w) for w in found], focused=chosen)
 
     async def launch(self, command: str | list[str], wait: float, env: dict[str, str] | None) -> LaunchResult:
         argv = split_command(command)
-        _check_range("wait", wait, 0, self.options.max_wait, "--max-wait")
+        check_range("wait", wait, 0, self.options.max_wait, "--max-wait")
         child_env = dict(os.environ)
         if self.options.display:
             child_env["DISPLAY"] = self.options.display
@@ -606,11 +297,11 @@ class Desktop:
         grace = 0.0 if off_bus else _X11_ONLY_GRACE
         async with self._lock:
             if not child_env.get("DISPLAY"):
-                await self._xcall(lambda d: None)  # raises the no-display error with its advice
-            await self._bus_for_programs(child_env)
+                await self.connection.xcall(lambda d: None)  # raises the no-display error with its advice
+            await self.connection.bus_for_programs(child_env)
             before: set[int] = set()
             with contextlib.suppress(DesktopError):
-                before = {w.id for w in await self._xcall(lambda d: d.windows())}
+                before = {w.id for w in await self.connection.xcall(lambda d: d.windows())}
             log, _ = self.artifacts.path(None, f"launch-{Path(argv[0]).name}", ".log")
             opener = functools.partial(self.artifacts.open_log, log)
             proc = await asyncio.to_thread(self.launcher.start, argv, cwd=Path.cwd(), env=child_env, log=opener)
@@ -641,7 +332,7 @@ class Desktop:
             if result.ready and mine and not any(w.focused for w in mine):
                 # What a window manager does with a new window; a bare X server leaves the keyboard elsewhere.
                 with contextlib.suppress(DesktopError):
-                    await self._xcall(lambda d: d.focus(mine[-1]))
+                    await self.connection.xcall(lambda d: d.focus(mine[-1]))
             if code is not None:
                 result.running, result.exit_code = False, code
                 tail = self.launcher.log_tail(log)
@@ -671,10 +362,10 @@ class Desktop:
         pids = await asyncio.to_thread(descendants, result.pid)
         mine: list[XWindow] = []
         with contextlib.suppress(DesktopError):
-            mine = launched_windows(await self._xcall(lambda d: d.windows()), pids, before, names)
+            mine = launched_windows(await self.connection.xcall(lambda d: d.windows()), pids, before, names)
         owners = pids | {w.pid for w in mine if w.pid is not None}
         with contextlib.suppress(DesktopError):
-            for app in await self._apps():
+            for app in await self.connection.apps():
                 if app.pid in owners:
                     result.app = app.name
                     titles = [w.name for w in app.windows if "showing" in w.states]

@@ -181,7 +181,7 @@ async def build_tree(
     async def read(item: _Pending, child_budget: int) -> NodeInfo | None:
         parts = limits.parts | ({"children", "bounds"} if item.is_toplevel else {"children"})
         budget = child_budget if item.depth < limits.max_depth else 0
-        known = getattr(bus, "static", {}).get(item.ref)
+        known = bus.static.get(item.ref)
         if known is None:
             info = await read_node(bus, item.ref)
             if limits.only_visible and item.parent is not None and not info.states & _SEEN:

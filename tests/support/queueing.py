@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+#: The queue tests' folder: worker processes import its test tool (queue_tool.py) from it.
+QUEUE_TESTS = Path(__file__).resolve().parents[1] / "queue"
 SAUCER = [sys.executable, "-m", "saucer"]
 
 
@@ -71,7 +72,7 @@ def queue_env(url: str, **settings: Any) -> dict[str, str]:
             "SAUCER_QUEUE__HEARTBEAT": "0.5",
             "SAUCER_QUEUE__STALLED_AFTER": "4",
             "SAUCER_QUEUE__SHUTDOWN_TIMEOUT": "0",
-            "PYTHONPATH": os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "PYTHONPATH": os.pathsep.join([str(QUEUE_TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "COLUMNS": "200",
             "NO_COLOR": "1",
         }

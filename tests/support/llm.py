@@ -1,12 +1,13 @@
-"""Helpers of the LLM agent tests (a module with its own name: ``conftest`` is ambiguous across test folders)."""
+"""Helpers of the LLM agent tests: the API key that must never leak, their tool table, a session over a fake model."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from tests.support.fakes import FakeDispatcher
+
 from saucer.agents.llm.client import ModelSettings
-from saucer.dispatch.messages import Command, Result, ResultStatus
 
 #: The API key of the tests: it must never appear in a log, a record or an error.
 SECRET_KEY = "sk-test-DO-NOT-LOG-4f2b9c"
@@ -29,31 +30,9 @@ TOOL_INFO = {
 }
 
 
-class FakeDispatcher:
-    """Records commands; answers from ``outcomes[tool_name]`` (a Result factory) or succeeds."""
-
-    def __init__(self, tool_info: dict[str, Any] | None = None, outcomes: dict[str, Any] | None = None) -> None:
-        self.tool_info = TOOL_INFO if tool_info is None else tool_info
-        self.outcomes = outcomes or {}
-        self.commands: list[Command] = []
-
-    def list_tools(self) -> dict[str, Any]:
-        return self.tool_info
-
-    async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
-        out = []
-        for c in commands:
-            self.commands.append(c)
-            outcome = self.outcomes.get(c.tool_name)
-            if outcome == "fail":
-                out.append(Result.failure(c, f"{c.tool_name} failed: no such file"))
-            else:
-                out.append(
-                    Result(
-                        status=ResultStatus.SUCCESS, result={"ok": c.tool_name, "args": c.parameters}, call_id=c.call_id
-                    )
-                )
-        return out
+def llm_dispatcher(fail: tuple[str, ...] = (), tools: dict[str, Any] | None = None) -> FakeDispatcher:
+    """The suite's fake dispatcher offering the LLM tests' tool table (``fail``: tools whose commands fail)."""
+    return FakeDispatcher(fail=fail, tools=TOOL_INFO if tools is None else tools)
 
 
 def app_settings(tmp_path: Path, **system: Any) -> Any:
@@ -91,6 +70,6 @@ def make_session(
         settings=settings,
         request=request,
         agents=create_agent_provider(model_settings),
-        dispatcher=dispatcher if dispatcher is not None else FakeDispatcher(),
+        dispatcher=dispatcher if dispatcher is not None else llm_dispatcher(),
         interactor=interactor if interactor is not None else NonInteractiveInteractor(),
     )

@@ -1,49 +1,11 @@
-"""Fakes shared by the engine tests: dispatchers, agents, observers."""
+"""Fakes shared by the engine tests: agents, observers, plans (the dispatcher is :mod:`tests.support.fakes`')."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from saucer.context import Context
-from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine import Agent, AgentStatus
-
-
-class FakeDispatcher:
-    """Answers every command; ``fail`` names tools that fail; records every command it ran."""
-
-    def __init__(
-        self, fail: tuple[str, ...] = (), delay: float = 0.0, tools: list[dict[str, Any]] | None = None
-    ) -> None:
-        self.fail = set(fail)
-        self.delay = delay
-        self.ran: list[Command] = []
-        self.tools = (
-            tools
-            if tools is not None
-            else [
-                {"name": "files.write", "description": "write a file"},
-                {"name": "files.read", "description": "read a file"},
-            ]
-        )
-
-    async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
-        out = []
-        for c in commands:
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            self.ran.append(c)
-            if c.tool_name in self.fail:
-                out.append(Result(status=ResultStatus.FAILURE, error=f"{c.tool_name} broke", call_id=c.call_id))
-            else:
-                out.append(
-                    Result(status=ResultStatus.SUCCESS, result={"tool": c.tool_name, **c.parameters}, call_id=c.call_id)
-                )
-        return out
-
-    def list_tools(self) -> list[dict[str, Any]]:
-        return self.tools
 
 
 class ScriptedAgent(Agent):

@@ -1,9 +1,11 @@
-"""Stores for the viewer's tests: the shipped demo, sessions written through the Context, many sessions."""
+"""The viewer's tests: stores (the shipped demo, sessions written through the Context, many sessions) and a
+viewer server in a thread."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -110,3 +112,31 @@ def many_sessions(store: EventStore, n: int) -> None:
         }
         store.append(sid, 1, [], author="system", meta=end, summary=summary_of(end))
         time.sleep(0)  # keep the loop cooperative; updated_at orders them
+
+
+class ViewerServer:
+    """A uvicorn server of an ASGI app on a free loopback port, in a thread."""
+
+    def __init__(self, app: object) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, name="viewer", daemon=True)
+
+    def __enter__(self) -> ViewerServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the viewer did not start"
+            time.sleep(0.02)
+        return self
+
+    @property
+    def url(self) -> str:
+        [sock] = [s for server in self.server.servers for s in server.sockets]
+        host, port = sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)

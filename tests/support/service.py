@@ -1,10 +1,8 @@
-"""Helpers for service-mode tests: tokens, free loopback ports, and real processes that can always be killed.
-
-A uniquely named module (not conftest) so test modules import it reliably next to other test directories' conftests.
-"""
+"""Helpers for service-mode tests: tokens, free loopback ports, and real processes that can always be killed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -19,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-HERE = Path(__file__).resolve().parent
+#: The repository (device processes import the fake dispatcher as tests.support.fakes from it).
+ROOT = Path(__file__).resolve().parents[2]
 
 ALICE = "alice-token-000000000000"
 BOB = "bob-token-1111111111111111"
@@ -101,7 +100,7 @@ class Processes:
         log = self.logdir / f"{name}-{len(self.started)}.log"
         full_env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             **(env or {}),
         }
         # Model settings of the developer's environment must not leak into the servers under test.
@@ -177,7 +176,7 @@ class Processes:
                 "--device-id",
                 device_id,
                 "--dispatcher",
-                "service_fakes:make_dispatcher",
+                "tests.support.fakes:make_dispatcher",
                 "--backoff-initial",
                 "0.1",
                 "--backoff-max",
@@ -262,10 +261,8 @@ class Processes:
         for proc in self.started:
             proc.kill(signal.SIGKILL)
         for proc in self.started:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a kernel that ignores SIGKILL
                 proc.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a kernel that ignores SIGKILL
-                pass
 
 
 def _healthy(port: int) -> bool:
