@@ -30,12 +30,12 @@ def _typer_app() -> Any:
 
 def cli_markdown() -> str:
     """Every command of ``saucer`` with its usage, arguments and options, from the Typer app itself."""
-    import click
+    import typer
     import typer.cli
     import typer.main
 
     command = typer.main.get_command(_typer_app())
-    ctx = click.Context(command, info_name="saucer")
+    ctx = typer.Context(command, info_name="saucer")
     text = typer.cli.get_docs_for_click(obj=command, ctx=ctx, name="saucer", title="saucer")
     # One level below the page's own title; commands' help is plain text, so no markup leaks in.
     return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.M).strip() + "\n"
@@ -76,12 +76,21 @@ def settings_markdown() -> str:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             continue
         doc = (model.__doc__ or "").strip().splitlines()[0] if model.__doc__ else ""
-        out += [f"### `[{section}]`", "", doc, "", "| key | type | default | environment | meaning |", "|---|---|---|---|---|"]
+        out += [
+            f"### `[{section}]`",
+            "",
+            doc,
+            "",
+            "| key | type | default | environment | meaning |",
+            "|---|---|---|---|---|",
+        ]
         for name, sub in model.model_fields.items():
             env = f"`{ENV_PREFIX}{section.upper()}__{name.upper()}`"
             meaning = (sub.description or "").replace("|", "\\|").replace("\n", " ")
             kind = _type_name(sub.annotation).replace("|", "\\|")
-            out.append(f"| `{section}.{name}` | `{kind}` | {_default(sub).replace('|', chr(92) + '|')} | {env} | {meaning} |")
+            out.append(
+                f"| `{section}.{name}` | `{kind}` | {_default(sub).replace('|', chr(92) + '|')} | {env} | {meaning} |"
+            )
         out.append("")
     return "\n".join(out)
 

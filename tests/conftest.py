@@ -296,5 +296,5 @@ class NewcomerSummary:
                     tr.write_line(f"       {count} x {reason[:150]}")
         if self.skips:
             tr.write_line(
-                "  more: make test ARGS='-rs' lists every skip; ARGS='tests/cli -x' runs one folder (README, Tests)"
+                "  more: make test ARGS='-rs' lists every skip; ARGS='tests/cli -x' runs one folder (docs/contributing.md)"
             )

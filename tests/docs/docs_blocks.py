@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHELL = frozenset({"bash", "sh", "shell"})
 PYTHON = frozenset({"python", "py"})
 #: What a ``needs=`` may name: each is checked by tests/docs/test_docs_snippets.py.
-NEEDS = frozenset({"postgres", "llm", "desktop", "chromium", "root"})
+NEEDS = frozenset({"postgres", "llm", "desktop", "chromium", "root", "openai"})
 OPTIONS = frozenset({"needs", "background", "test"})
 FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>[^`\n]*)$")
 
@@ -91,7 +91,9 @@ def parse(page: Path) -> list[Block]:
         options = _options(rest, where)
         body: list[str] = []
         j = i + 1
-        while j < len(lines) and not (lines[j].strip().startswith(fence[0] * len(fence)) and not lines[j].strip().strip(fence[0])):
+        while j < len(lines) and not (
+            lines[j].strip().startswith(fence[0] * len(fence)) and not lines[j].strip().strip(fence[0])
+        ):
             body.append(lines[j])
             j += 1
         if j == len(lines):
@@ -133,7 +135,9 @@ def _report() -> None:
     print(f"  {sum(1 for b in runnable if b.test)} run by a test of their own")
     for b in marked:
         what = ", ".join(
-            [f"needs={','.join(b.needs)}"] * bool(b.needs) + ["background"] * b.background + [f"test={b.test}"] * bool(b.test)
+            [f"needs={','.join(b.needs)}"] * bool(b.needs)
+            + ["background"] * b.background
+            + [f"test={b.test}"] * bool(b.test)
         )
         print(f"  {b.ident}: {what}")
 
