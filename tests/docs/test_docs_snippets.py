@@ -31,8 +31,8 @@ BLOCKS = [block for page in pages() for block in parse(page) if block.runnable]
 RUN = [block for block in BLOCKS if block.test is None]
 LAST_OF_PAGE = {block.page: block.line for block in RUN}
 #: What a page's working folder links from the repository, so that commands written for a clone work.
-CLONE_LINKS = (".venv", "Makefile", "pyproject.toml", "uv.lock", "examples", "scripts", "src")
-BLOCK_TIMEOUT = 300
+CLONE_LINKS = (".venv", "Makefile", "pyproject.toml", "uv.lock", "examples", "scripts", "src", "tests", "bench", "docs")
+BLOCK_TIMEOUT = 600  # a local model's session on a loaded 2-core machine takes minutes
 POSTGRES_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 DESKTOP_PROGRAMS = ("Xvfb", "xvfb-run", "dbus-run-session", "gnome-calculator")
 
