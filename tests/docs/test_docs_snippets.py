@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from docs_blocks import PYTHON, ROOT, Block, pages, parse
+from docs_blocks import NOT_IN_CI, PYTHON, ROOT, Block, pages, parse
 
 BLOCKS = [block for page in pages() for block in parse(page) if block.runnable]
 RUN = [block for block in BLOCKS if block.test is None]
@@ -45,8 +45,6 @@ ENABLE = {
     "root": "needs root (it installs Debian packages): run the tests as root",
     "openai": "needs an OpenAI-compatible vision model and its key: export OPENAI_API_KEY=...",
 }
-#: Needs that CI does not have, so their blocks are skipped there too (everything else must run in CI).
-NOT_IN_CI = frozenset({"openai"})
 
 
 def _has(need: str) -> bool:
