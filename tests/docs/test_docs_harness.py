@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,29 @@ def test_exports_carry_to_the_next_block_of_the_page(tmp_path: Path) -> None:
     run = PageRun(tmp_path)
     _run(first, run, "first run")
     _run(second, run, "first run")
+
+
+def test_nothing_a_block_started_outlives_it(tmp_path: Path) -> None:
+    [block] = parse(_page(tmp_path, "```bash\nsleep 300 &\necho $! > sleeper.pid\n```\n"))
+    _run(block, PageRun(tmp_path), "first run")
+    pid = int((tmp_path / "sleeper.pid").read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the block's background sleep {pid} still runs")
+
+
+def test_a_background_block_is_stopped_with_its_children(tmp_path: Path) -> None:
+    [block] = parse(_page(tmp_path, "```bash {background}\nsleep 300 &\necho $! > sleeper.pid\nwait\n```\n"))
+    run = PageRun(tmp_path)
+    _run(block, run, "first run")
+    for _ in range(50):
+        if (tmp_path / "sleeper.pid").exists() and (tmp_path / "sleeper.pid").read_text().strip():
+            break
+        time.sleep(0.1)
+    pid = int((tmp_path / "sleeper.pid").read_text())
+    assert Path(f"/proc/{pid}").exists()  # it runs while the page's later blocks would
+    run.stop_background()
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

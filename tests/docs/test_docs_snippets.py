@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,18 +76,40 @@ class PageRun:
     background: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def stop_background(self) -> None:
+        """SIGTERM to each background block's whole process group, SIGKILL to what is left after 15 s."""
         for proc in self.background:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            _stop_group(proc)
+            proc.wait()
         self.background.clear()
 
 
 RUNS: dict[str, PageRun] = {}
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop_group(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+    """Stop every process of ``proc``'s group (a server may outlive the shell that started it, shutting down
+    slowly); ``proc`` itself is reaped, so that a zombie leader does not keep the group alive."""
+    pgid = proc.pid
+    proc.poll()
+    if not _group_alive(pgid):
+        return
+    os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        proc.poll()
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.1)
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _environment(folder: Path) -> dict[str, str]:
@@ -127,25 +150,27 @@ def _run(block: Block, run: PageRun, attempt: str) -> None:
             )
         )
         return
-    proc = subprocess.Popen(
-        _script(block),
-        cwd=run.folder,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    # Output goes to a file, not a pipe: a process the block left running (`cmd &`) would hold a pipe open.
+    output = run.folder / ".docs-block.log"
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            _script(block),
+            cwd=run.folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT)
+        proc.wait(timeout=BLOCK_TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        message = f"{block.ident} ({attempt}) did not end within {BLOCK_TIMEOUT} s:\n{out.decode()[-4000:]}"
-        raise AssertionError(message) from None
+        _stop_group(proc, grace=0)
+        message = f"{block.ident} ({attempt}) did not end within {BLOCK_TIMEOUT} s:\n"
+        raise AssertionError(message + output.read_text(errors="replace")[-4000:]) from None
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _stop_group(proc, grace=0)  # what a block left running in the background (`cmd &`) goes with it
+    out = output.read_bytes()
     with_background = "".join(
         f"\n--- background block's log ({p.name}):\n{p.read_text(errors='replace')[-2000:]}"
         for p in sorted(run.folder.glob(".docs-background-*.log"))
