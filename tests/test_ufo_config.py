@@ -246,7 +246,7 @@ def test_the_readme_conversion_is_what_saucer_config_convert_prints(tmp_path: Pa
         == load_any_settings(tmp_path / "config/ufo").model_dump()
     )
     assert (
-        "### The wire protocol" in section and "(#aip-devices)" in section
+        "## The wire protocol" in section and "(how-to/aip-devices.md)" in section
     )  # the wire protocol: where AIP devices are described
 
 
