@@ -113,7 +113,18 @@ def _stop_group(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
 
 
 def _environment(folder: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAUCER_", "VIRTUAL_ENV", "PYTEST_"))}
+    # A reader's shell: none of saucer's settings, nor the variables of the make (`make test`) or pytest running us.
+    inherited = (
+        "SAUCER_",
+        "VIRTUAL_ENV",
+        "PYTEST_",
+        "MAKEFLAGS",
+        "MFLAGS",
+        "MAKELEVEL",
+        "MAKE_TERMOUT",
+        "MAKE_TERMERR",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
     env["PATH"] = f"{folder / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["DOCS_ENV_FILE"] = str(folder / ".docs-env")
     env.setdefault("NO_COLOR", "1")
