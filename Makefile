@@ -5,7 +5,7 @@ VENV   := .venv
 UV_VERSION := 0.13.9
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench install clean lock llama-server llm demo-llm
+.PHONY: demo test test-fast docs bench install clean lock llama-server llm demo-llm
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "saucer needs Python >= 3.11, found " + sys.version'
@@ -36,6 +36,12 @@ test: $(STAMP)
 # The unit tier only: no subprocess, server process, browser, display or PostgreSQL.
 test-fast: $(STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -m unit $(PYTEST_PARALLEL) $(PYTEST_ARGS) $(ARGS)
+
+# The documentation site (MkDocs + Material) from docs/, into tmp/site; warnings are errors (strict).
+# The CLI and settings references are generated from the code while it builds (scripts/mkdocs_hooks.py);
+# tests/docs/ builds it the same way and runs every shell and Python block of README.md and docs/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The peers (LangGraph, Burr, DBOS; procrastinate is a dependency) come with the bench extra; PostgreSQL columns
 # need SAUCER_TEST_POSTGRES_URL (or --postgres-url).

@@ -85,6 +85,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "e2e: starts a process, browser, display or PostgreSQL (set by tests/conftest.py)"
     )
+    if not config.pluginmanager.hasplugin("xdist"):  # tests/docs groups each page's blocks; -p no:xdist too
+        config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker (no-op without xdist)")
     if not config.pluginmanager.has_plugin("saucer-newcomer-summary"):
         config.pluginmanager.register(NewcomerSummary(), "saucer-newcomer-summary")
 
@@ -294,5 +296,5 @@ class NewcomerSummary:
                     tr.write_line(f"       {count} x {reason[:150]}")
         if self.skips:
             tr.write_line(
-                "  more: make test ARGS='-rs' lists every skip; ARGS='tests/cli -x' runs one folder (README, Tests)"
+                "  more: make test ARGS='-rs' lists every skip; ARGS='tests/cli -x' runs one folder (docs/contributing.md)"
             )

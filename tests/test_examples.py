@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +21,4 @@ def test_there_are_examples() -> None:
     assert EXAMPLES, "examples/ has no Python examples"
 
 
-README_BLOCKS = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), re.S)
-
-
-@pytest.mark.parametrize("code", README_BLOCKS, ids=[f"readme-{i}" for i in range(len(README_BLOCKS))])
-def test_readme_python_runs(code: str, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+# The Python blocks of README.md and docs/ are run by tests/docs/test_docs_snippets.py.

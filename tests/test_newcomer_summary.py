@@ -33,4 +33,4 @@ def test_skips_are_grouped_with_the_command_that_enables_them() -> None:
 
 def test_make_test_takes_args() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert "$(ARGS)" in makefile and "ARGS=" in (ROOT / "README.md").read_text()
+    assert "$(ARGS)" in makefile and "make test ARGS=" in (ROOT / "docs" / "contributing.md").read_text()

@@ -216,14 +216,13 @@ def test_precedence_env_over_ufo_file(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_the_readme_conversion_is_what_saucer_config_convert_prints(tmp_path: Path) -> None:
-    """README "Coming from UFO": its two YAML files, converted by the real command, give its TOML block."""
+    """docs/coming-from-ufo.md: its two YAML files, converted by the real command, give its TOML block."""
     import os
     import re
     import subprocess
     import sys
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Coming from UFO", 1)[1].split("\n## ", 1)[0]
+    section = (Path(__file__).resolve().parents[1] / "docs" / "coming-from-ufo.md").read_text()
     files = re.findall(r"```yaml\n# (config/ufo/\w+\.yaml)\n(.*?)```", section, re.S)
     assert [name for name, _ in files] == ["config/ufo/system.yaml", "config/ufo/agents.yaml"]
     for name, body in files:
@@ -247,7 +246,7 @@ def test_the_readme_conversion_is_what_saucer_config_convert_prints(tmp_path: Pa
         == load_any_settings(tmp_path / "config/ufo").model_dump()
     )
     assert (
-        "### The wire protocol" in section and "(#aip-devices)" in section
+        "## The wire protocol" in section and "(how-to/aip-devices.md)" in section
     )  # the wire protocol: where AIP devices are described
 
 

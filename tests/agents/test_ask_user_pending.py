@@ -145,18 +145,18 @@ def test_an_unanswered_question_times_out_and_the_model_reads_it(fake: FakeOpenA
 
 
 def test_the_readme_questions_example_runs(fake: FakeOpenAI, tmp_path: Path) -> None:
-    """The README's "People in the loop" questions block, run as written with the fake model in saucer.toml."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### People in the loop") :]
-    section = section[: section.index("\n## ")]
-    [script] = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "saucer answer" in b]
+    """docs/how-to/people-in-the-loop.md's questions block, run as written with the fake model in saucer.toml."""
+    section = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "people-in-the-loop.md").read_text(
+        encoding="utf-8"
+    )
+    [script] = [b for b in re.findall(r"```bash(?: [^\n]*)?\n(.*?)```", section, re.S) if "saucer answer" in b]
     fake.push(
         fake.tool_calls(("ask_user", {"question": "Which file holds your notes?"}, "call_q")),
         fake.tool_calls(("files.read", {"path": "notes.txt"}, "call_read")),
         fake.text("Your notes say: buy milk."),
     )
     _config(tmp_path, fake, timeout=60)
-    (tmp_path / "notes.txt").write_text("buy milk\n")  # the README's run has no --workspace: the current folder
+    (tmp_path / "notes.txt").write_text("buy milk\n")  # the page's run has no --workspace: the current folder
     env = {**_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
         ["bash", "-c", script],

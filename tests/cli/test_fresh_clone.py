@@ -1,4 +1,6 @@
-"""`make demo` from a fresh clone, as the README's Quickstart promises."""
+"""`make demo` from a fresh clone, as the Quickstart of README.md (and of the site's home, docs/index.md)
+promises: its block is exactly the two commands, and the first one works (the second, `make test`, is the
+suite that runs this test)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = "make demo   # sets everything up and runs saucer's demo session\nmake test   # sets everything up and runs the test suite\n"
+
+
+def test_the_quickstart_is_the_two_commands() -> None:
+    for page in ("README.md", "docs/index.md"):
+        text = (REPO / page).read_text(encoding="utf-8")
+        quickstart = text[text.index("## Quickstart") :]
+        block = quickstart[quickstart.index("```bash {test=tests/cli/test_fresh_clone.py}\n") :].split("\n", 1)[1]
+        assert block[: block.index("```")] == QUICKSTART, page
 
 
 def test_make_demo_from_a_fresh_clone(tmp_path: Path) -> None:
@@ -24,6 +35,6 @@ def test_make_demo_from_a_fresh_clone(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "session demo-" in proc.stdout and "finished" in proc.stdout
     # The demo's suggested commands work as printed from the clone.
-    line = next(l.strip() for l in proc.stdout.splitlines() if l.strip().startswith(".venv/bin/saucer show "))
+    line = next(ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith(".venv/bin/saucer show "))
     shown = subprocess.run(line, shell=True, cwd=clone, env=env, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "files.search" in shown.stdout, shown.stderr

@@ -1,5 +1,5 @@
-"""The README's "People in the loop" examples run as written (the API's curl block runs in
-tests/service/test_service_approvals.py, against a real server)."""
+"""The "People in the loop" examples (docs/how-to/people-in-the-loop.md) run as written (the API's curl
+block runs in tests/service/test_service_approvals.py, against a real server)."""
 
 from __future__ import annotations
 
@@ -12,20 +12,17 @@ from pathlib import Path
 
 from tests.support.cli import cli_env
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "people-in-the-loop.md"
 
 
 def people_section() -> str:
-    """The text of the README's "People in the loop" subsection."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index("### People in the loop")
-    end = text.index("\n## ", start)
-    return text[start:end]
+    """The text of the "People in the loop" page."""
+    return PAGE.read_text(encoding="utf-8")
 
 
 def blocks(language: str) -> list[str]:
-    """The section's fenced blocks of ``language``, in order."""
-    return re.findall(rf"```{language}\n(.*?)```", people_section(), re.S)
+    """The page's fenced blocks of ``language`` (whatever options follow it in the fence), in order."""
+    return re.findall(rf"```{language}(?: [^\n]*)?\n(.*?)```", people_section(), re.S)
 
 
 def _bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -39,7 +36,7 @@ def test_the_readme_people_in_the_loop_examples_run(tmp_path: Path) -> None:
     [plan] = blocks("json")
     (tmp_path / "cleanup.json").write_text(plan)
     assert json.loads(plan)["task"] == "cleanup"
-    variables, approvals, _questions, _api = blocks("sh")  # questions: tests/agents/test_ask_user_pending.py
+    variables, approvals, _questions, _api = blocks("bash")  # questions: tests/agents/test_ask_user_pending.py
 
     (tmp_path / "junk.txt").write_text("junk")
     done = _bash(variables, tmp_path)

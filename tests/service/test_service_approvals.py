@@ -96,10 +96,10 @@ def _saucer(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _readme_api(port: int, token: str, sid: str, number: int) -> list[dict[str, Any]]:
-    """Run the README's approvals API block (curl) with ``$TOKEN``, ``$SID`` and ``$N``; one JSON answer per command."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### People in the loop") :]
-    script = re.findall(r"```sh\n(.*?)```", section[: section.index("\n## ")], re.S)[-1]
+    """Run docs/how-to/people-in-the-loop.md's approvals API block (curl) with ``$TOKEN``, ``$SID`` and ``$N``;
+    one JSON answer per command."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "people-in-the-loop.md"
+    script = re.findall(r"```bash(?: [^\n]*)?\n(.*?)```", page.read_text(encoding="utf-8"), re.S)[-1]
     assert script.count("curl ") == 3 and ":8765/" in script
     script = script.replace(":8765/", f":{port}/").replace("curl ", "curl -s -w '\\n' ")
     env = {**os.environ, "TOKEN": token, "SID": sid, "N": str(number)}
@@ -139,7 +139,7 @@ def test_a_sensitive_command_waits_is_approved_by_its_owner_and_runs(processes: 
         assert (workspace / "junk.txt").exists()
         assert alice.post(f"/api/sessions/{sid}/approvals/999/approve").status_code == 404
 
-        # alice approves with the README's curl lines, run as written: list, approve, then a refusal that comes too late.
+        # alice approves with the docs' curl lines, run as written: list, approve, then a refusal that comes too late.
         listed, decided, again = _readme_api(port, ALICE, sid, number)
         assert [a["status"] for a in listed["approvals"]] == ["pending"]
         assert decided["status"] == "approved" and decided["decided_by"] == "alice"

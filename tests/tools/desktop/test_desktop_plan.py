@@ -1,6 +1,6 @@
 """A follower plan drives GNOME Calculator through the real ``saucer run --plan`` process.
 
-The plan is examples/plans/desktop-calculator.json, run as the README says:
+The plan is examples/plans/desktop-calculator.json, run as docs/tutorials/desktop.md says:
 it launches the calculator, reads its tree, clicks 2 + 3 = by element names,
 and the results the session logged show "5" in the calculator's entry.
 """
@@ -108,8 +108,8 @@ def test_launch_needs_approval(virtual_desktop: VirtualDesktop, tmp_path: Path) 
 
 
 def test_the_readme_shows_the_example_plan() -> None:
-    readme = (ROOT / "README.md").read_text()
-    [block] = re.findall(r"drives GNOME Calculator offline\n.*?```json\n(.*?)```", readme, re.S)
+    page = (ROOT / "docs" / "tutorials" / "desktop.md").read_text()
+    [block] = re.findall(r"drives GNOME Calculator offline\n.*?```json\n(.*?)```", page, re.S)
     assert json.loads(block) == json.loads(PLAN.read_text())
 
 
