@@ -233,7 +233,7 @@ def main() -> int:
     print(
         f"{'session':<8} {'snapshots':<9} {'events':>8} {'tail':>7} {'open ms':>15} {'+ read logs ms':>17} {'resume ms':>19}"
     )
-    for label, form, opens, resumes, built_s in rows:
+    for label, form, opens, resumes, _built_s in rows:
 
         def fig(values: list[float]) -> str:
             return f"{statistics.median(values):8.1f} ({min(values):.1f})"

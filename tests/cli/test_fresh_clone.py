@@ -24,6 +24,6 @@ def test_make_demo_from_a_fresh_clone(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "session demo-" in proc.stdout and "finished" in proc.stdout
     # The demo's suggested commands work as printed from the clone.
-    line = next(l.strip() for l in proc.stdout.splitlines() if l.strip().startswith(".venv/bin/saucer show "))
+    line = next(text.strip() for text in proc.stdout.splitlines() if text.strip().startswith(".venv/bin/saucer show "))
     shown = subprocess.run(line, shell=True, cwd=clone, env=env, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "files.search" in shown.stdout, shown.stderr

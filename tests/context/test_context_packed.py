@@ -92,7 +92,7 @@ def test_operations_on_a_packed_value_give_what_an_eager_load_gives(seed: int) -
     ctx.commit()
     ctx.snapshot()
     ctx.close()
-    for round_ in range(4):
+    for _ in range(4):
         ctx = Context.open(store, "s")
         for _ in range(rng.randint(1, 12)):
             kind = rng.choice(["append", "incr-ledger", "set-ledger-entry", "replace", "delete", "other"])

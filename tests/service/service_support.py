@@ -5,6 +5,7 @@ A uniquely named module (not conftest) so test modules import it reliably next t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -262,10 +263,8 @@ class Processes:
         for proc in self.started:
             proc.kill(signal.SIGKILL)
         for proc in self.started:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a kernel that ignores SIGKILL
                 proc.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a kernel that ignores SIGKILL
-                pass
 
 
 def _healthy(port: int) -> bool:

@@ -187,9 +187,11 @@ def test_a_wrong_or_malformed_key_is_refused_and_a_value_moved_to_another_sessio
         _write_session(store, "a")
         _write_session(store, "b")
     monkeypatch.setenv("SAUCER_STORE_KEY", new_key())
-    with open_store(url, encrypt=PATTERNS) as store:
-        with pytest.raises(StoreKeyError, match="sealed with another store key than the one given"):
-            Context.open(store, "a")
+    with (
+        open_store(url, encrypt=PATTERNS) as store,
+        pytest.raises(StoreKeyError, match="sealed with another store key than the one given"),
+    ):
+        Context.open(store, "a")
     monkeypatch.setenv("SAUCER_STORE_KEY", "not-a-key")
     with pytest.raises(StoreKeyError, match="SAUCER_STORE_KEY is not 32 bytes in base64"):
         open_store(url)

@@ -224,9 +224,11 @@ def test_sqlite_refuses_newer_records_and_stores_naming_both_versions(tmp_path: 
         assert Context.open(store, "other").version == 1  # one session's newer record stops nobody else
     snap = orjson.dumps({"v": FORMAT_VERSION + 1, "names": {}, "vars": {}})
     _sqlite_poke(path, "UPDATE snapshots SET state = ?, crc = ? WHERE session_id = 's'", snap, zlib.crc32(snap))
-    with open_store(f"sqlite:///{path}") as store:
-        with pytest.raises(FormatTooNewError, match="the snapshot at version 3"):
-            Context.open(store, "s")
+    with (
+        open_store(f"sqlite:///{path}") as store,
+        pytest.raises(FormatTooNewError, match="the snapshot at version 3"),
+    ):
+        Context.open(store, "s")
     _sqlite_poke(path, "UPDATE saucer_format SET newest = ?", FORMAT_VERSION + 1)
     with pytest.raises(FormatTooNewError) as info:
         open_store(f"sqlite:///{path}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import shlex
 from pathlib import Path
@@ -121,10 +122,9 @@ def ui_cmd(
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
     if open_browser:
         _open_when_started(server, f"http://{shown}:{port}{page}")
-    try:
+    # Ctrl-C is how a viewer is stopped: uvicorn has shut down cleanly, exit 0
+    with contextlib.suppress(KeyboardInterrupt):
         server.run()
-    except KeyboardInterrupt:  # Ctrl-C is how a viewer is stopped: uvicorn has shut down cleanly, exit 0
-        pass
 
 
 def _local_acting(url: str, config: Path | None) -> object:

@@ -254,47 +254,46 @@ class QueueClient:
         assert self.app is not None
         out: list[Enqueued] = []
         claimed: list[tuple[JobSpec, str]] = []
-        async with self.pool.connection() as conn:
-            async with conn.transaction():
-                cur = await conn.execute(
-                    "INSERT INTO saucer_jobs (key, session_id, kind, source, queue_name, claimed_by) "
-                    "SELECT k, s, kd, src, %s, %s FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS t(k, s, kd, src) "
-                    "ON CONFLICT (key) DO NOTHING RETURNING key",
-                    (
-                        queue,
-                        self.me,
-                        [b.key for b in batch],
-                        [b.session_id for b in batch],
-                        [b.kind for b in batch],
-                        [b.source for b in batch],
-                    ),
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO saucer_jobs (key, session_id, kind, source, queue_name, claimed_by) "
+                "SELECT k, s, kd, src, %s, %s FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS t(k, s, kd, src) "
+                "ON CONFLICT (key) DO NOTHING RETURNING key",
+                (
+                    queue,
+                    self.me,
+                    [b.key for b in batch],
+                    [b.session_id for b in batch],
+                    [b.kind for b in batch],
+                    [b.source for b in batch],
+                ),
+            )
+            new = {row[0] for row in await cur.fetchall()}
+            for spec in batch:
+                why = "" if spec.key in new else await self._reclaim(conn, spec, queue)
+                if why:
+                    out.append(Enqueued(spec, "skipped", why))
+                else:
+                    claimed.append((spec, "queued" if spec.key in new else "requeued"))
+            if not claimed:
+                return out
+            jobs = [
+                procrastinate.jobs.Job(
+                    queue=queue,
+                    priority=priority,
+                    lock=lock_for(self.settings, queue, spec),
+                    queueing_lock=spec.key,
+                    task_name=TASK_NAME,
+                    task_kwargs=spec.args,
                 )
-                new = {row[0] for row in await cur.fetchall()}
-                for spec in batch:
-                    why = "" if spec.key in new else await self._reclaim(conn, spec, queue)
-                    if why:
-                        out.append(Enqueued(spec, "skipped", why))
-                    else:
-                        claimed.append((spec, "queued" if spec.key in new else "requeued"))
-                if not claimed:
-                    return out
-                jobs = [
-                    procrastinate.jobs.Job(
-                        queue=queue,
-                        priority=priority,
-                        lock=lock_for(self.settings, queue, spec),
-                        queueing_lock=spec.key,
-                        task_name=TASK_NAME,
-                        task_kwargs=spec.args,
-                    )
-                    for spec, _ in claimed
-                ]
-                deferred = await self.app.job_manager.batch_defer_jobs_async(jobs, connection=conn)
-                ids = [int(job.id) for job in deferred]  # type: ignore[arg-type]
-                await conn.execute(
-                    "UPDATE saucer_jobs AS s SET job_id = t.id FROM unnest(%s::text[], %s::bigint[]) AS t(k, id) WHERE s.key = t.k",
-                    ([spec.key for spec, _ in claimed], ids),
-                )
+                for spec, _ in claimed
+            ]
+            deferred = await self.app.job_manager.batch_defer_jobs_async(jobs, connection=conn)
+            ids = [int(job.id) for job in deferred]  # type: ignore[arg-type]
+            await conn.execute(
+                "UPDATE saucer_jobs AS s SET job_id = t.id FROM unnest(%s::text[], %s::bigint[]) AS t(k, id) WHERE s.key = t.k",
+                ([spec.key for spec, _ in claimed], ids),
+            )
         return out + [
             Enqueued(spec, outcome, job_id=job_id) for (spec, outcome), job_id in zip(claimed, ids, strict=False)
         ]

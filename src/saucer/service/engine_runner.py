@@ -52,6 +52,7 @@ same store (another state dir) is still fenced off.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -248,10 +249,8 @@ def step_record(step: dict[str, Any]) -> StepRecord:
 
 
 async def _project(record: SessionRecorder, step: StepRecord) -> None:
-    try:
+    with contextlib.suppress(StepAlreadyCommitted):  # sync_steps got there first
         await record.commit_step(step)
-    except StepAlreadyCommitted:
-        pass  # sync_steps got there first
 
 
 class EngineTaskRunner:

@@ -147,7 +147,7 @@ class _Compiled:
         self.arg_model: type[BaseModel] = create_model(f"{spec.fn.__name__}Arguments", __base__=ArgModelBase, **params)
         self.output: TypeAdapter[Any] = TypeAdapter(spec.output)
         self.fields = dict(self.arg_model.model_fields)
-        for name, info in list(self.fields.items()):
+        for info in list(self.fields.values()):
             if info.alias:
                 self.fields[info.alias] = info
 

@@ -26,6 +26,7 @@ files with ``st_nlink > 1``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -247,10 +248,9 @@ class SandboxRoot:
                 except FileNotFoundError:
                     if not create:
                         raise
-                    try:
+                    # made by someone else meanwhile; the open below checks what it is
+                    with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass  # made by someone else meanwhile; the open below checks what it is
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = child
