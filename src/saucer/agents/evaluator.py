@@ -9,7 +9,7 @@ protocol (``saucer.agents.llm``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from saucer.context import ContextNames
 from saucer.engine.evaluation import Evaluation, Scope
@@ -56,7 +56,7 @@ class RuleEvaluator(BaseEvaluator):
         for e in entries:
             last_by_round[e.get("Round")] = e
         unfinished = [r for r, e in last_by_round.items() if e.get("Status") != "FINISH"]
-        complete = "yes" if not failed and not unfinished else "no"
+        complete: Literal["yes", "no"] = "yes" if not failed and not unfinished else "no"
         reason = f"{commands - failed}/{commands} command(s) succeeded"
         if unfinished:
             reason += f"; round(s) {', '.join(map(str, unfinished))} did not finish"

@@ -29,7 +29,7 @@ import errno
 import os
 import stat as stat_module
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -92,6 +92,7 @@ DEFAULT_MAX_RESULTS = 100
 DEFAULT_MAX_SEARCH_FILE = 2 * 1024 * 1024
 _LINE_PREVIEW = 300
 _BINARY_SNIFF = 8192
+_LineMatches = list[tuple[int, str]]  # named here: inside FileTools, ``list`` is its list tool
 
 
 @dataclass(frozen=True)
@@ -367,7 +368,7 @@ class FileTools:
             is_symlink=stat_module.S_ISLNK(info.st_mode),
         )
 
-    def _search_file(self, rel: SandboxPath, compiled: LinearPattern) -> list[tuple[int, str]] | None:
+    def _search_file(self, rel: SandboxPath, compiled: LinearPattern) -> _LineMatches | None:
         """Matching (line number, text) pairs of one file, or None when it is skipped (binary, big, gone)."""
         try:
             fd = self.sandbox.open(rel, _READ_FLAGS)
@@ -411,13 +412,14 @@ class FileTools:
             is_dir = stat_module.S_ISDIR(os.fstat(fd).st_mode)
         finally:
             os.close(fd)
+        candidates: Iterator[SandboxPath]
         if is_dir:
-            candidates = ((entry, info) for entry, info in self.sandbox.walk(rel) if stat_module.S_ISREG(info.st_mode))
+            candidates = (entry for entry, info in self.sandbox.walk(rel) if stat_module.S_ISREG(info.st_mode))
         else:
-            candidates = iter([(rel, None)])
+            candidates = iter([rel])
         matches: list[SearchMatch] = []
         searched = skipped = 0
-        for candidate, _ in candidates:
+        for candidate in candidates:
             shown = PurePosixPath(*candidate.parts[len(rel.parts) :]) if is_dir else PurePosixPath(candidate.name)
             if glob and not shown.match(glob):
                 continue

@@ -141,7 +141,8 @@ class _Compiled:
             name, extra = param.name, {}
             if hasattr(BaseModel, name) and callable(getattr(BaseModel, name)):
                 extra["alias"], name = name, f"field_{name}"
-            typed = Annotated[(annotation, Field(**extra))]
+            # A type made at run time for create_model, which no static checker can follow.
+            typed = Annotated[(annotation, Field(**extra))]  # type: ignore[valid-type]
             params[name] = (typed, param.default) if param.default is not inspect.Parameter.empty else typed
             self.keywords[name] = param.name
         self.arg_model: type[BaseModel] = create_model(f"{spec.fn.__name__}Arguments", __base__=ArgModelBase, **params)

@@ -251,7 +251,7 @@ class LLMAgent(Agent):
 
     def _logger(self, context: Context) -> RequestLogger | None:
         if self._request_logger_for is not context:
-            self._request_logger = RequestLogger.for_context(context)  # type: ignore[assignment]
+            self._request_logger = RequestLogger.for_context(context)
             self._request_logger_for = context
         return self._request_logger
 
@@ -507,7 +507,7 @@ class ToolUsingAgent(LLMAgent):
                 contents[i] = f"error: invalid arguments for {spec.function_name}: {call.error}; nothing was run"
                 failures += 1
                 continue
-            command = Command(tool_name=spec.name, parameters=call.arguments, tool_type=spec.tool_type)  # type: ignore[arg-type]
+            command = Command(tool_name=spec.name, parameters=call.arguments, tool_type=spec.tool_type)
             if spec.sensitive and not dispatcher_gates and not await self._confirm(spec, call):
                 contents[i] = f"{REFUSED}: {spec.name} was not run"
                 refused_here.append((command, Result.skipped(command, REFUSED)))

@@ -50,7 +50,7 @@ async def ask_the_user(agent: Agent, interactor: Any, call: ToolCall) -> str:
     if call.error or not isinstance(question, str) or not question.strip():
         return "error: ask_user needs a non-empty 'question' string; nothing was asked"
     question = question.strip()[:_MAX_QUESTION]
-    asked: list[dict[str, str]] = agent.step.extra.setdefault("asked", []) if agent.step is not None else []
+    asked: list[dict[str, Any]] = agent.step.extra.setdefault("asked", []) if agent.step is not None else []
     if interactor is None or not getattr(interactor, "interactive", False):
         rnd = agent.round
         session = getattr(rnd, "session", None) if rnd is not None else None
@@ -62,7 +62,7 @@ async def ask_the_user(agent: Agent, interactor: Any, call: ToolCall) -> str:
             else None
         )
         if decided is None:
-            asked.append({"question": question, "answer": None, "why": "no one to ask"})  # type: ignore[dict-item]
+            asked.append({"question": question, "answer": None, "why": "no one to ask"})
             return NO_ONE_TO_ASK
         entry: dict[str, Any] = {"question": question, "answer": decided.answer, "number": decided.number}
         if decided.answer is not None:
@@ -70,7 +70,7 @@ async def ask_the_user(agent: Agent, interactor: Any, call: ToolCall) -> str:
             agent.answers.append(decided.answer)
         else:
             entry["why"] = QUESTION_TIMED_OUT
-        asked.append(entry)  # type: ignore[arg-type]
+        asked.append(entry)
         return decided.reply()
     answer = await ask(interactor, "question_asker", question, len(agent.answers))
     answer = answer.strip() if isinstance(answer, str) else ""

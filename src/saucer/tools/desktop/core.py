@@ -323,11 +323,12 @@ class Desktop:
             top = await read_node(bus, located.toplevel)
             if "Component" in top.interfaces:
                 extents = await bus.call1(top.ref, COMPONENT, "GetExtents", "u", (0,))
-                top.bounds = tuple(int(v) for v in extents)  # type: ignore[assignment]
+                left, top_y, width, height = (int(v) for v in extents)
+                top.bounds = (left, top_y, width, height)
             offset = await self._window_offset(top, located.pid)
         elif located.toplevel == located.ref:
             offset = await self._window_offset(info, located.pid)
-        node = {"id": key, "role": info.role, "name": info.name}
+        node: dict[str, Any] = {"id": key, "role": info.role, "name": info.name}
         if info.bounds is not None:
             x, y, w, h = info.bounds
             node["bounds"] = [x + offset[0], y + offset[1], w, h]
@@ -535,10 +536,11 @@ class Desktop:
             if element_id is not None:
                 info, node = await self._element(element_id, locator)
                 where = await self._locator(info)
-                x, y = self._centre(node)
+                px, py = self._centre(node)
             elif x is None or y is None:
-                x, y = await self._xcall(lambda d: d.pointer())
-            px, py = x, y
+                px, py = await self._xcall(lambda d: d.pointer())
+            else:
+                px, py = x, y
             await self._xcall(lambda d: d.scroll(px, py, direction, amount))
             return ScrollResult(direction=direction, amount=amount, x=px, y=py, locator=where)
 
