@@ -232,8 +232,8 @@ def show_cmd(
             if hint:
                 console.print(styled((hint, "dim")))
         else:
-            with TextChunks(sys.stdout) as out:
-                view.write_timeline(out, window.events(st), title, show_all=show_all)
+            with TextChunks(sys.stdout) as text:
+                view.write_timeline(text, window.events(st), title, show_all=show_all)
         if summary["status"] == "interrupted":
             console.print(
                 f"its runner is gone; continue it with: {program_name()} resume {shlex.quote(sid)}{store_flag(store)}"
@@ -332,8 +332,8 @@ def history_cmd(
             if hint:
                 console.print(styled((hint, "dim")))
         else:
-            with TextChunks(sys.stdout) as out:
-                view.write_history(out, window.events(st), key)
+            with TextChunks(sys.stdout) as text:
+                view.write_history(text, window.events(st), key)
 
 
 def _state_data(ctx: Context, *, stored_json: bool = False) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import contextlib
 import ipaddress
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import typer
@@ -20,6 +21,11 @@ from saucer.cli.common import (
     resolve_session,
     resolve_store_url,
 )
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
+
+    from saucer.ui.acting import Acting
 
 __all__ = ["ui_cmd", "DEFAULT_PORT", "ui_command"]
 
@@ -127,7 +133,7 @@ def ui_cmd(
         server.run()
 
 
-def _local_acting(url: str, config: Path | None) -> object:
+def _local_acting(url: str, config: Path | None) -> Acting:
     """Who acts through ``saucer ui --allow-writes``: anyone who reaches the viewer (loopback, or a token's
     principal), recorded as that principal or, without tokens, as ``user:<login>`` like the CLI. Resume
     starts ``saucer resume ID`` on the same store as a detached process (from this command's folder)."""
@@ -163,7 +169,7 @@ def _local_acting(url: str, config: Path | None) -> object:
     )
 
 
-def _settings_tokens(config: Path | None) -> list[object]:
+def _settings_tokens(config: Path | None) -> list[SecretStr]:
     from saucer.cli.common import settings_for
 
     return list(settings_for(config).service.tokens)
