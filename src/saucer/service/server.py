@@ -190,7 +190,7 @@ class _LivenessWebSocketProtocol(WebSocketsSansIOProtocol):
     def _alive(self) -> None:
         scope = getattr(self, "scope", None)
         if scope is not None:
-            scope[TRANSPORT_ALIVE_KEY] = self.loop.time()  # type: ignore[literal-required]
+            scope[TRANSPORT_ALIVE_KEY] = self.loop.time()
 
 
 def _owner_of(store: SessionRecordStore) -> Any:
