@@ -113,10 +113,11 @@ def _quick_check(schema: Any, depth: int = 0) -> _Check | None:
     if "anyOf" in schema:
         if not isinstance(schema["anyOf"], list) or not schema["anyOf"]:
             return None
-        arms = [_quick_check(sub, depth + 1) for sub in schema["anyOf"]]
-        if any(arm is None for arm in arms):
+        found = [_quick_check(sub, depth + 1) for sub in schema["anyOf"]]
+        arms = [arm for arm in found if arm is not None]
+        if len(arms) != len(found):
             return None
-        checks.append(lambda v: any(arm(v) for arm in arms))  # type: ignore[misc]
+        checks.append(lambda v: any(arm(v) for arm in arms))
     return lambda v: all(check(v) for check in checks)
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import procrastinate
+import psycopg_pool
 
 from saucer.config import Settings
 from saucer.engine.plan import load_plan_folder_with_identity, plan_identity
@@ -204,10 +205,12 @@ class QueueClient:
             self.app = None
 
     @property
-    def pool(self) -> Any:
-        """The connection pool (psycopg ``AsyncConnectionPool``) of the queue's schema."""
+    def pool(self) -> psycopg_pool.AsyncConnectionPool:
+        """The connection pool of the queue's schema."""
         assert self.app is not None, "use QueueClient in 'async with'"
-        return self.app.connector.pool  # type: ignore[attr-defined]
+        connector = self.app.connector
+        assert isinstance(connector, procrastinate.PsycopgConnector), "make_app makes a PsycopgConnector"
+        return connector.pool
 
     async def enqueue(
         self, specs: list[JobSpec], *, queue: str | None = None, priority: int | None = None
@@ -289,7 +292,7 @@ class QueueClient:
                 for spec, _ in claimed
             ]
             deferred = await self.app.job_manager.batch_defer_jobs_async(jobs, connection=conn)
-            ids = [int(job.id) for job in deferred]  # type: ignore[arg-type]
+            ids = [_job_id(job) for job in deferred]
             await conn.execute(
                 "UPDATE saucer_jobs AS s SET job_id = t.id FROM unnest(%s::text[], %s::bigint[]) AS t(k, id) WHERE s.key = t.k",
                 ([spec.key for spec, _ in claimed], ids),
@@ -370,3 +373,10 @@ async def enqueue_task(
         async with QueueClient(settings, store) as client:
             [done] = await client.enqueue([spec])
     return done
+
+
+def _job_id(job: procrastinate.jobs.Job) -> int:
+    """The id the database gave a job that was just deferred."""
+    if job.id is None:
+        raise RuntimeError(f"procrastinate deferred job {job.queueing_lock!r} without an id")
+    return job.id

@@ -148,6 +148,7 @@ def _mcp_tool(spec: ToolSpec) -> Callable[..., Any]:
     if returns is ToolOutcome or returns == "ToolOutcome":
         # Validated against the output model when it succeeds, as a structured result of that model.
         returns = Annotated[CallToolResult, spec.output]
+    # inspect.signature reads __signature__ from any callable; typeshed does not declare it on functions.
     tool.__signature__ = signature.replace(return_annotation=returns)  # type: ignore[attr-defined]
     tool.__name__ = tool.__qualname__ = fn.__name__
     tool.__doc__ = fn.__doc__

@@ -23,6 +23,7 @@ compares the two listings and results, so a new SDK that changes them is seen.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 import logging
@@ -192,6 +193,9 @@ class NativeServer:
         self._compiled: dict[str, _Compiled] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
 
+    def _compiled_schemas(self, name: str) -> dict[str, Any]:
+        return self._compile(name).schemas()
+
     def _compile(self, name: str) -> _Compiled:
         compiled = self._compiled.get(name)
         if compiled is None:
@@ -205,7 +209,8 @@ class NativeServer:
             cache = SchemaCache(self.name, self.schema_sources)
             for name, spec in self.tools.items():
                 key = tool_key(name, spec.fn, spec.output)
-                self._schemas[name] = cache.get(key, lambda name=name: self._compile(name).schemas())  # type: ignore[misc]
+                # compiled only on a cache miss: compiling the argument and result models is the cost saved
+                self._schemas[name] = cache.get(key, functools.partial(self._compiled_schemas, name))
             cache.save()
         return self._schemas
 

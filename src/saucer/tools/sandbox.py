@@ -34,7 +34,7 @@ import stat as stat_module
 import struct
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +97,7 @@ class SandboxPath:
         return SandboxPath((*self.parts, name))
 
 
-def _load_openat2() -> object | None:
+def _load_openat2() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -118,7 +118,7 @@ def _openat2(dir_fd: int, path: bytes, flags: int, mode: int) -> int:
     assert _syscall is not None
     how = ctypes.create_string_buffer(struct.pack("=QQQ", flags, mode if flags & os.O_CREAT else 0, _RESOLVE))
     for _ in range(_EAGAIN_RETRIES):
-        fd = _syscall(_SYS_OPENAT2, dir_fd, path, how, len(how.raw))  # type: ignore[operator]
+        fd = _syscall(_SYS_OPENAT2, dir_fd, path, how, len(how.raw))
         if fd >= 0:
             return int(fd)
         code = ctypes.get_errno()
