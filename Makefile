@@ -5,7 +5,7 @@ VENV   := .venv
 UV_VERSION := 0.13.9
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast docs bench install clean lock llama-server llm demo-llm
+.PHONY: demo test test-fast lint format docs bench install clean lock llama-server llm demo-llm
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "saucer needs Python >= 3.11, found " + sys.version'
@@ -21,6 +21,24 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/saucer demo
 
+# make lint: ruff format --check, ruff check and mypy (strict, pydantic plugin; configured in
+# pyproject.toml). `make test` runs it first, so a formatting, lint or type error fails CI before
+# any test runs; `make test-fast` skips it (run `make lint` yourself). All three run even when
+# one fails, each under its own heading, and the target fails if any did. `make format` rewrites
+# the files the way `ruff format --check` and `ruff check --fix` want them.
+LINT_PATHS := src tests bench examples scripts
+
+lint: $(STAMP)
+	@status=0; \
+	echo "== ruff format --check"; $(VENV)/bin/ruff format --check --quiet $(LINT_PATHS) || { status=1; echo "   fix: make format"; }; \
+	echo "== ruff check"; $(VENV)/bin/ruff check --output-format concise $(LINT_PATHS) || status=1; \
+	echo "== mypy src/saucer"; $(VENV)/bin/mypy --no-pretty || status=1; \
+	exit $$status
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format $(LINT_PATHS)
+	$(VENV)/bin/ruff check --fix --quiet $(LINT_PATHS)
+
 # make test ARGS='tests/cli -x' (or PYTEST_ARGS=...) passes its arguments to pytest.
 # pytest-xdist: most tests wait on subprocesses, sockets and sleeps, so 4 workers beat 2 on 2 cores.
 # tests/conftest.py marks each test unit or e2e and keeps the desktop, browser and llama-server
@@ -30,7 +48,7 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 
-test: $(STAMP)
+test: lint
 	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS) $(ARGS)
 
 # The unit tier only: no subprocess, server process, browser, display or PostgreSQL.

@@ -380,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
             for n in sizes:
                 results.append(
                     _measure(
-                        f"saucer SQLite, {mode}", lambda k, s: bench_sqlite(k, s, mode), n, args.seconds, args.repeat
+                        f"saucer SQLite, {mode}",
+                        lambda k, s, mode=mode: bench_sqlite(k, s, mode),
+                        n,
+                        args.seconds,
+                        args.repeat,
                     )
                 )
                 say(f"  {results[-1]}")
@@ -392,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(
                     _measure(
                         f"saucer PostgreSQL, {mode}",
-                        lambda k, s: bench_postgres(args.postgres_url, k, s, mode),
+                        lambda k, s, mode=mode: bench_postgres(args.postgres_url, k, s, mode),
                         n,
                         args.seconds,
                         args.repeat,

@@ -92,7 +92,9 @@ async def _measure(label: str, target: Any, table: Any, iterations: int, batch: 
         async with LocalCommandDispatcher.from_servers({"b": table}, parallel_data_collection=parallel) as dispatcher:
             commands = [Command(tool_name="b.echo", parameters={"text": "hi"}, tool_type=kind) for _ in range(batch)]
 
-            async def whole() -> None:
+            async def whole(
+                dispatcher: LocalCommandDispatcher = dispatcher, commands: list[Command] = commands
+            ) -> None:
                 results = await dispatcher.execute_commands(commands)
                 assert all(r.status == ResultStatus.SUCCESS for r in results)
 

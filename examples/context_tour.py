@@ -39,5 +39,5 @@ with tempfile.TemporaryDirectory() as tmp:
     ctx.close()
 
     reopened = Context.open(url, "session-1")
-    print("reopened at v%d: cost of round 1 = %.2f" % (reopened.version, reopened.current_round_cost))
+    print(f"reopened at v{reopened.version}: cost of round 1 = {reopened.current_round_cost:.2f}")
     reopened.close()

@@ -187,7 +187,8 @@ def redact_known(value: _T) -> _T:
     """
     if not _secrets.values or (value.__class__ in _CONTAINERS and _clean_json(value, False)):
         return value
-    return _walk(value, redact_known_text, False)  # type: ignore[no-any-return]
+    redacted: _T = _walk(value, redact_known_text, False)  # _walk keeps each value's type
+    return redacted
 
 
 def redact_text(text: str) -> str:
@@ -210,7 +211,8 @@ def redact(value: _T) -> _T:
     """
     if value.__class__ in _CONTAINERS and _clean_json(value, True):
         return value
-    return _walk(value, redact_text, True)  # type: ignore[no-any-return]
+    redacted: _T = _walk(value, redact_text, True)  # _walk keeps each value's type
+    return redacted
 
 
 _CONTAINERS = (dict, list)

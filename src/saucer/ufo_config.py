@@ -167,10 +167,10 @@ def _load_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         # A parser's error (MarkedYAMLError) says where and what; any other says what in its first line.
-        marked = isinstance(exc, yaml.MarkedYAMLError)
-        mark = exc.problem_mark if marked else None
+        marked = exc if isinstance(exc, yaml.MarkedYAMLError) else None
+        mark = marked.problem_mark if marked is not None else None
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = (exc.problem if marked else None) or str(exc).splitlines()[0]
+        problem = (marked.problem if marked is not None else None) or str(exc).splitlines()[0]
         raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
     if data is None:
         return {}
@@ -261,9 +261,9 @@ def _map_agents(agents: dict[str, tuple[str, Mapping[Any, Any]]], file: Path, ou
             main, main_name = endpoint, written
             for setting, value in endpoint.items():
                 out.put("llm", setting, value, f"{file}: {written}.{_UFO_NAME[setting]}")
-        elif endpoint is not None and name in _MODEL_TABLES:
+        elif endpoint is not None and name in _MODEL_TABLES and main is not None:
             for setting, value in endpoint.items():
-                if main.get(setting) != value:  # type: ignore[union-attr]  # main is set in this branch
+                if main.get(setting) != value:
                     out.ignore(
                         f"{written}.{_UFO_NAME[setting]}",
                         f"saucer's agents share one model and endpoint ([llm], from {main_name})",
@@ -285,10 +285,18 @@ def _map_agents(agents: dict[str, tuple[str, Mapping[Any, Any]]], file: Path, ou
 _UFO_NAME = {"base_url": "API_BASE", "api_key": "API_KEY", "model": "API_MODEL"}
 
 
+#: Each section of saucer's settings ([llm], [shell], ...) and its model.
+_SECTIONS: dict[str, type[BaseModel]] = {
+    name: field.annotation
+    for name, field in Settings.model_fields.items()
+    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+}
+
+
 def _check(ufo: UfoSettings) -> None:
     """A :class:`ConfigError` naming the UFO key, its file and saucer's setting for a value of the wrong type."""
     for section, values in ufo.data.items():
-        model: type[BaseModel] = Settings.model_fields[section].annotation  # type: ignore[assignment]
+        model = _SECTIONS[section]
         for key, value in values.items():
             try:
                 model.model_validate({key: value})
@@ -321,7 +329,7 @@ def _toml_with_ufo_keys(path: Path) -> dict[str, Any] | None:
         data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None  # load_settings reports it, in its words
-    sections = {name: model.annotation for name, model in Settings.model_fields.items()}
+    sections = _SECTIONS
     ufo = UfoSettings(files=[path])
     out: dict[str, Any] = {}
     ufo_keys: dict[str, Any] = {}
@@ -329,7 +337,7 @@ def _toml_with_ufo_keys(path: Path) -> dict[str, Any] | None:
     for key, value in data.items():
         lower = key.lower()
         if lower in sections and isinstance(value, dict):
-            fields = sections[lower].model_fields  # type: ignore[union-attr]
+            fields = sections[lower].model_fields
             renamed = {(k.lower() if k.lower() in fields else k): v for k, v in value.items()}
             changed |= lower != key or renamed.keys() != value.keys()
             out.setdefault(lower, {}).update(renamed)

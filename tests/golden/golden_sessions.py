@@ -243,7 +243,7 @@ def snapshots(store: EventStore, rec: Recorder) -> None:
             ctx.snapshot()
     ctx.close()
     few = Context.open(store, "snapshots-keep-2", snapshot_every=2)
-    for i in range(1, 10):
+    for _ in range(1, 10):
         few.incr("i")
         rec.commit(few)
     few.close()

@@ -35,7 +35,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         server = procs.server(port, workdir / "state")
         devices = {name: procs.device(port, name, wait=False) for name in ("dev-a", "dev-b")}
         for name, proc in devices.items():
-            wait_until(lambda: device_online(port, name), 20, f"device {name} to register", proc)
+            wait_until(lambda name=name: device_online(port, name), 20, f"device {name} to register", proc)
         yield Cluster(port=port, procs=procs, server=server, devices=devices, workdir=workdir)
     finally:
         procs.cleanup()

@@ -160,39 +160,40 @@ def _config(**overrides: Any) -> ServiceConfig:
 
 @pytest.mark.parametrize("behaviour", ["acknowledges", "ignores", "vanishes"])
 async def test_cancel_waits_for_the_device_acknowledgement_or_its_loss(behaviour: str) -> None:
-    async with running_server(_config(cancel_timeout=0.5)) as server:
-        async with connect(server.ws_url, additional_headers=auth(ALICE), ping_interval=None) as ws:
-            await ws.send(orjson.dumps({"type": "register", "role": "device", "client_id": "raw"}).decode())
-            assert orjson.loads(await ws.recv())["type"] == "registered"
-            device = RawDevice(ws)
-            reader = asyncio.create_task(device.run())
-            async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE)) as http:
-                plan = {"task": "t", "steps": [{"commands": [{"tool_name": "sleep", "parameters": {"seconds": 30}}]}]}
-                sid = (await http.post("/api/sessions", json={"device_id": "raw", "task": plan})).json()["session_id"]
-                command = await device.next("command")
-                cancel_call = asyncio.create_task(http.post(f"/api/sessions/{sid}/cancel"))
-                cancel = await device.next("cancel")
-                assert (cancel["response_id"], cancel["session_id"]) == (command["response_id"], sid)
-                assert not cancel_call.done()  # the session is not cancelled before the device answers
-                if behaviour == "acknowledges":
-                    results = [
-                        {"status": "failure", "error": "cancelled", "call_id": c["call_id"]}
-                        for c in command["commands"]
-                    ]
-                    await ws.send(
-                        orjson.dumps(
-                            {
-                                "type": "command_results",
-                                "prev_response_id": command["response_id"],
-                                "session_id": sid,
-                                "results": results,
-                            }
-                        ).decode()
-                    )
-                elif behaviour == "vanishes":
-                    await ws.close()
-                answer = (await cancel_call).json()
-            reader.cancel()
+    async with (
+        running_server(_config(cancel_timeout=0.5)) as server,
+        connect(server.ws_url, additional_headers=auth(ALICE), ping_interval=None) as ws,
+    ):
+        await ws.send(orjson.dumps({"type": "register", "role": "device", "client_id": "raw"}).decode())
+        assert orjson.loads(await ws.recv())["type"] == "registered"
+        device = RawDevice(ws)
+        reader = asyncio.create_task(device.run())
+        async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE)) as http:
+            plan = {"task": "t", "steps": [{"commands": [{"tool_name": "sleep", "parameters": {"seconds": 30}}]}]}
+            sid = (await http.post("/api/sessions", json={"device_id": "raw", "task": plan})).json()["session_id"]
+            command = await device.next("command")
+            cancel_call = asyncio.create_task(http.post(f"/api/sessions/{sid}/cancel"))
+            cancel = await device.next("cancel")
+            assert (cancel["response_id"], cancel["session_id"]) == (command["response_id"], sid)
+            assert not cancel_call.done()  # the session is not cancelled before the device answers
+            if behaviour == "acknowledges":
+                results = [
+                    {"status": "failure", "error": "cancelled", "call_id": c["call_id"]} for c in command["commands"]
+                ]
+                await ws.send(
+                    orjson.dumps(
+                        {
+                            "type": "command_results",
+                            "prev_response_id": command["response_id"],
+                            "session_id": sid,
+                            "results": results,
+                        }
+                    ).decode()
+                )
+            elif behaviour == "vanishes":
+                await ws.close()
+            answer = (await cancel_call).json()
+        reader.cancel()
     assert answer["status"] == "cancelled"
     expected = {
         "acknowledges": "cancelled by alice",

@@ -201,13 +201,15 @@ async def test_results_too_large_for_a_frame_become_a_failure() -> None:
 
 
 async def test_device_info_round_trip_and_device_listing() -> None:
-    async with server_with_device() as (server, device):
-        async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE)) as http:
-            info = (await http.get("/api/devices/d1/info")).json()
-            assert info["info"]["saucer"] and info["info"]["pid"] > 0
-            listed = (await http.get("/api/devices")).json()["devices"]
-            assert [(d["device_id"], d["online"]) for d in listed] == [("d1", True)]
-            assert (await http.get("/api/devices/nope")).status_code == 404
+    async with (
+        server_with_device() as (server, device),
+        httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE)) as http,
+    ):
+        info = (await http.get("/api/devices/d1/info")).json()
+        assert info["info"]["saucer"] and info["info"]["pid"] > 0
+        listed = (await http.get("/api/devices")).json()["devices"]
+        assert [(d["device_id"], d["online"]) for d in listed] == [("d1", True)]
+        assert (await http.get("/api/devices/nope")).status_code == 404
 
 
 async def test_wrong_token_and_foreign_device_id_stop_the_device() -> None:

@@ -143,11 +143,11 @@ def test_a_database_with_damaged_pages(tmp_path: Path, where: str) -> None:
     page = sqlite3.connect(path).execute("PRAGMA page_size").fetchone()[0]
     size = path.stat().st_size // page
     _damage(path, range(1, size) if where == "all but the header" else range(size - 4, size))
-    with pytest.raises(DamagedStoreError) as caught:  # on opening, or on reading the damaged pages
-        with open_store(f"sqlite:///{path}") as s:
-            for i in range(30):
-                list(s.read(f"s{i}"))
-                Context.open(s, f"s{i}").close()
+    # on opening, or on reading the damaged pages
+    with pytest.raises(DamagedStoreError) as caught, open_store(f"sqlite:///{path}") as s:
+        for i in range(30):
+            list(s.read(f"s{i}"))
+            Context.open(s, f"s{i}").close()
     message = str(caught.value)
     assert str(path) in message and "malformed" in message and _check_hint(path) in message
     assert "\n" not in message

@@ -58,7 +58,7 @@ def test_steps_committed_by_another_process_arrive_in_order_then_the_end(tmp_pat
     assert [int(ident) for _, ident, _ in steps] == list(range(after + 1, after + 6))
     assert seen[-1][:1] == ("end",)
     first = steps[0][2]
-    assert first["round_key"] == "r-1" and 'id="v%d"' % (after + 1) in first["html"] and "echo" in first["html"]
+    assert first["round_key"] == "r-1" and f'id="v{after + 1}"' in first["html"] and "echo" in first["html"]
     assert steps[-1][2]["status"] == "finished"
     store.close()
 
@@ -89,11 +89,14 @@ def test_a_session_deleted_while_followed_ends_the_stream_with_a_reason(tmp_path
     url = f"sqlite:///{tmp_path}/live.db"
     store = open_store(url)
     write_session(store, "gone", steps=1, status="running")
-    with viewer_server(create_app(store)) as server, httpx.Client(base_url=server.url, timeout=30) as http:
-        with http.stream("GET", "/sessions/gone/stream", params={"after": store.head("gone")}) as response:
-            events = sse(response.iter_lines())
-            time.sleep(0.5)
-            store.delete_session("gone")
-            event, _, data = next(events)
+    with (
+        viewer_server(create_app(store)) as server,
+        httpx.Client(base_url=server.url, timeout=30) as http,
+        http.stream("GET", "/sessions/gone/stream", params={"after": store.head("gone")}) as response,
+    ):
+        events = sse(response.iter_lines())
+        time.sleep(0.5)
+        store.delete_session("gone")
+        event, _, data = next(events)
     assert event == "problem" and "gone" in data
     store.close()

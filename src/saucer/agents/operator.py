@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from saucer.agents.llm.agent import ToolUsingAgent
 from saucer.agents.llm.client import ModelClient, ModelSettings, require_model_settings
 from saucer.agents.llm.evaluator import LLMEvaluator
 from saucer.agents.llm.prompts import request_message
-from saucer.agents.llm.agent import ToolUsingAgent
 from saucer.agents.llm.tools import ToolSet
 from saucer.agents.treesummary import summarize_tree
 from saucer.context.names import ContextNames

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 
@@ -55,7 +55,8 @@ __all__ = [
 console = make_console()
 err = make_console(stderr=True)
 
-F = TypeVar("F", bound=Callable[..., Any])
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 DEFAULT_STORE = "sqlite:///.saucer/saucer.db"
 #: The session name that means "the most recently updated session".
@@ -78,13 +79,13 @@ class UserError(Exception):
     """A mistake of the user's, reported as one sentence and exit code 2."""
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: MESSAGE`` on stderr, exactly as given, and exit with ``code``."""
     err.print(styled(("error:", "bold red"), " ", visible(message, lines=True)), soft_wrap=True)
     raise typer.Exit(code)
 
 
-def one_shot(fn: F) -> F:
+def one_shot(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """For a command that reads, prints and exits: Python's cycle collector stays off while it
     runs. Its passes over the containers of a long session's decoded state cost more than
     reading them (JSON data holds no cycles), and the process ends before garbage could pile up.
@@ -92,7 +93,7 @@ def one_shot(fn: F) -> F:
     import gc
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         enabled = gc.isenabled()
         gc.disable()
         try:
@@ -101,14 +102,14 @@ def one_shot(fn: F) -> F:
             if enabled:
                 gc.enable()
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
-def friendly(fn: F) -> F:
+def friendly(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """Turn expected errors into one clear sentence and a non-zero exit code."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return fn(*args, **kwargs)
         except typer.Exit:
@@ -135,7 +136,7 @@ def friendly(fn: F) -> F:
         except KeyboardInterrupt:
             fail("interrupted", 130)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def local_user() -> str:

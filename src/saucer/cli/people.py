@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
 
@@ -219,7 +219,7 @@ def register(app: typer.Typer) -> None:
     def _decide(
         session: str,
         number: int,
-        status: str,
+        status: Literal["approved", "refused", "answered"],
         author: str | None,
         note: str | None,
         store: str | None,
@@ -231,7 +231,7 @@ def register(app: typer.Typer) -> None:
         with open_existing_store(store, config) as st:
             sid = resolve_session(st, session)
             try:
-                decided = decide(st, sid, number, status=status, author=who, note=note)  # type: ignore[arg-type]
+                decided = decide(st, sid, number, status=status, author=who, note=note)
             except ApprovalError as exc:
                 raise UserError(str(exc)) from None
         console.print(_decided_line(decided))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
@@ -28,6 +28,11 @@ from saucer.cli.common import (
     store_flag,
 )
 from saucer.cli.output import print_json, styled, visible
+
+if TYPE_CHECKING:
+    from saucer.queue import Enqueued, QueueClient
+
+_T = TypeVar("_T")
 
 __all__ = ["register", "queued_run", "migrate_queue_line", "WORKER_HELP"]
 
@@ -50,7 +55,7 @@ def _settings(store: str | None, config: Path | None, **flags: Any) -> Any:
     return settings_for(config, overrides)
 
 
-def _client(settings: Any) -> Any:
+def _client(settings: Any) -> QueueClient:
     from saucer.queue import QueueClient
     from saucer.store import open_store
 
@@ -60,14 +65,15 @@ def _client(settings: Any) -> Any:
     return client
 
 
-async def _with_client(settings: Any, action: Any) -> Any:
+async def _with_client(settings: Any, action: Callable[[QueueClient], Awaitable[_T]]) -> _T:
     client = _client(settings)
     try:
         with _queue_errors():
             async with client:
                 return await action(client)
     finally:
-        client.store.close()
+        if client.store is not None:
+            client.store.close()
 
 
 # ================================================================ run --queue
@@ -112,7 +118,7 @@ def queued_run(
             )
         ]
 
-    async def enqueue(client: Any) -> list[Any]:
+    async def enqueue(client: QueueClient) -> list[Enqueued]:
         return await client.enqueue(specs, queue=queue_name, priority=priority)
 
     import asyncio

@@ -331,11 +331,11 @@ def run_cmd(
                 f"{program_name()} resume {shlex.quote(session_id)}{store_flag(store)}"
             )
         extra: dict[str, Any] = {"session_id": session_id} if session_id is not None else {}
-        if name is None:
+        if name is None and plan is not None:  # no --task: a plan names its session
             from saucer.engine.plan import load_plan
 
-            name = load_plan(plan).task if plan.is_file() else plan.name  # type: ignore[union-attr]
-            if plan.is_dir():  # type: ignore[union-attr]
+            name = load_plan(plan).task if plan.is_file() else plan.name
+            if plan.is_dir():
                 extra["plan_tasks"] = True  # each plan of the folder keeps its own task
         sessions = factory.create_session(name, mode, plan=plan, request=request or "", **extra, **seed)
         batch = mode == "batch_normal"

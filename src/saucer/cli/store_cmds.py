@@ -89,13 +89,11 @@ def store_migrate_cmd(
                 failed.append(sid)
                 err.print(f"{sid}: left as it is ({exc})", markup=False, highlight=False)
 
-            total = rewrite_old_records(
-                st,
-                progress=lambda sid, n: (
-                    n and console.print(f"{sid}: {n} records rewritten", markup=False, highlight=False)
-                ),
-                on_error=skipped,
-            )
+            def progress(sid: str, n: int) -> None:
+                if n:
+                    console.print(f"{sid}: {n} records rewritten", markup=False, highlight=False)
+
+            total = rewrite_old_records(st, progress=progress, on_error=skipped)
             console.print(f"{total} records rewritten in record format {FORMAT_VERSION}")
             if failed:
                 raise UserError(

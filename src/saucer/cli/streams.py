@@ -87,15 +87,14 @@ class Window:
         """The selected events, oldest first, read as a stream (at most ``limit`` kept in memory)."""
         stream = store.iter_events(self.session_id, self.after, self.upto)
         if self.keep is not None:
-            stream = self._kept(stream)
+            stream = self._kept(stream, self.keep)
         if self.limit is None or self.keep is None:
             return stream  # an unfiltered limit is already in the versions read
         return iter(collections.deque(stream, maxlen=self.limit))
 
-    def _kept(self, stream: Iterator[Event]) -> Iterator[Event]:
-        keep = self.keep
+    def _kept(self, stream: Iterator[Event], keep: Callable[[Event], bool]) -> Iterator[Event]:
         for event in stream:
-            if keep(event):  # type: ignore[misc]
+            if keep(event):
                 self.matched += 1
                 yield event
 

@@ -24,6 +24,7 @@ from saucer.cli.common import (
 
 if TYPE_CHECKING:
     import uvicorn
+    from pydantic import SecretStr
 
     from saucer.store import EventStore
     from saucer.ui.acting import Acting
@@ -180,7 +181,7 @@ def _local_acting(store: EventStore, url: str, config: Path | None) -> Acting:
     return Acting(allowed=allowed, author=author, cancel=cancel, resume=resume)
 
 
-def _settings_tokens(config: Path | None) -> list[object]:
+def _settings_tokens(config: Path | None) -> list[SecretStr]:
     from saucer.cli.common import settings_for
 
     return list(settings_for(config).service.tokens)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
+import re2  # google-re2 ships no type information: an override in pyproject.toml
 from pydantic import (
     BaseModel,
     ConfigDict,

@@ -163,7 +163,7 @@ class TypedAccess:
 
     def update_vars(self, set: Mapping[str, Any] | None = None, delete: list[str] | tuple[str, ...] = ()) -> None:
         """Delete then set context variables, as one change."""
-        if isinstance(delete, str):
+        if isinstance(delete, str):  # type: ignore[unreachable]  # a caller without types may pass one str
             raise TypeError("update_vars(delete=...) takes a list of variable names, not a str")
         if set is not None and not isinstance(set, Mapping):
             raise TypeError(f"update_vars(set=...) takes a dict of variables, not {type(set).__name__}")

@@ -56,9 +56,11 @@ def _client_info() -> Implementation:
 @asynccontextmanager
 async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[TransportStreams]:
     """Streamable HTTP with our headers; the HTTP client lives exactly as long as the transport."""
-    async with httpx2.AsyncClient(headers=headers, timeout=_HTTP_TIMEOUT) as http:
-        async with streamable_http_client(url, http_client=http) as streams:
-            yield streams
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=_HTTP_TIMEOUT) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
 
 
 def _stderr_sink(config: MCPServerConfig, stack: AsyncExitStack) -> TextIO:

@@ -128,7 +128,8 @@ def is_connection_lost(exc: BaseException) -> bool:
     exc = _leaf(exc)
     protocol = mcp_error(exc)
     if protocol is not None:
-        return protocol[0] == _loaded("mcp_types", "CONNECTION_CLOSED")
+        closed: int | None = _loaded("mcp_types", "CONNECTION_CLOSED")
+        return protocol[0] == closed
     if isinstance(exc, (ConnectionError, BrokenPipeError)):
         return True
     # The transports' own errors: only possible once their modules are imported.

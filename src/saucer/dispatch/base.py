@@ -81,7 +81,7 @@ def _groups(commands: Sequence[Command], parallel_data_collection: bool) -> list
     return groups
 
 
-def _bind(result: Any, command: Command) -> Result:
+def _bind(result: object, command: Command) -> Result:
     """``result`` as a Result for ``command`` (right call_id), or a failure saying what came back instead."""
     if not isinstance(result, Result):
         return Result.failure(command, f"tool {command.tool_name!r} returned {type(result).__name__}, not a Result")

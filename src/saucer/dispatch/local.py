@@ -119,7 +119,9 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
             _check_server_name(name)
             if isinstance(spec, NativeServer) or is_mcp_server(spec):
                 instances[name] = spec
-                configs[name] = MCPServerConfig(import_path=f"{type(spec).__module__}:{type(spec).__name__}")
+                configs[name] = MCPServerConfig(
+                    transport="inprocess", import_path=f"{type(spec).__module__}:{type(spec).__name__}"
+                )
             elif isinstance(spec, MCPServerConfig):
                 configs[name] = spec
             else:
@@ -260,7 +262,8 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
                     "sensitive_commands": [rule.pattern for rule in rules.command_patterns],
                 }
         # One JSON round trip: the engine stores this as a durable Context value.
-        return json.loads(json.dumps(info, default=str))
+        plain: dict[str, dict[str, Any]] = json.loads(json.dumps(info, default=str))
+        return plain
 
     async def _resolve(self, command: Command) -> tuple[ServerConnection, str] | Result:
         """The server and tool a command names, or a failure result saying why there is none."""
@@ -274,10 +277,10 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
             except ServerStartError as exc:
                 return Result.failure(command, f"tool {name!r} is unavailable: {exc}", namespace=server)
             if tool not in conn.tools:
-                known = ", ".join(sorted(conn.tools)[:_SHOWN_CANDIDATES]) or "none"
+                listed = ", ".join(sorted(conn.tools)[:_SHOWN_CANDIDATES]) or "none"
                 return Result.failure(
                     command,
-                    f"unknown tool {name!r}: server {server!r} has no tool {tool!r} (its tools: {known})",
+                    f"unknown tool {name!r}: server {server!r} has no tool {tool!r} (its tools: {listed})",
                     namespace=server,
                 )
             return conn, tool

@@ -34,6 +34,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 # The model of one server table is a setting: it lives in saucer.config (which imports nothing of
 # saucer) and is named here too, where the dispatcher's users have always found it.
@@ -79,6 +80,7 @@ class DesktopServer:
         A relative ``artifacts`` is taken from the current directory (like ``logs.root``).
         """
         return MCPServerConfig(
+            transport="stdio",
             command=sys.executable,
             args=[
                 "-P",
@@ -112,7 +114,16 @@ def confinement_args(shell: ShellSettings) -> list[str]:
     return args
 
 
-def shell_confinement(shell: ShellSettings | None, artifacts: Path | None) -> dict[str, object]:
+class ShellConfinement(TypedDict):
+    """The confinement keyword arguments of :func:`saucer.tools.shell.create_server`."""
+
+    sandbox: str
+    write: list[str]
+    read: list[str]
+    network: bool | list[int]
+
+
+def shell_confinement(shell: ShellSettings | None, artifacts: Path | None) -> ShellConfinement:
     """The confinement options of the in-process shell's ``create_server`` for ``[shell]`` and the artifacts folder."""
     shell = shell or ShellSettings()
     write = ([str(artifacts.expanduser().resolve())] if artifacts is not None else []) + [str(p) for p in shell.write]
@@ -212,11 +223,11 @@ def default_servers(
     confinement = shell_confinement(shell, artifacts)
     shell_args += confinement_args(shell or ShellSettings())
     if artifacts is not None:
-        shell_args += ["--write", str(confinement["write"][0])]  # type: ignore[index]
+        shell_args += ["--write", str(confinement["write"][0])]
     patterns = list(DEFAULT_SENSITIVE_COMMANDS) if sensitive_commands is None else list(sensitive_commands)
     # A command may ask for up to max_timeout; the dispatcher must wait at least that long.
-    shell_limits = {"timeout": max(shell_timeout, 600.0) + 10.0, "sensitive_commands": patterns}
-    shell_options = {
+    shell_wait = max(shell_timeout, 600.0) + 10.0
+    shell_options: dict[str, object] = {
         "root": str(root),
         "timeout": shell_timeout,
         "max_timeout": max(shell_timeout, 600.0),
@@ -227,19 +238,35 @@ def default_servers(
     }
     servers = {
         "shell": (
-            MCPServerConfig(command=sys.executable, args=shell_args, cwd=root, **shell_limits)
+            MCPServerConfig(
+                transport="stdio",
+                command=sys.executable,
+                args=shell_args,
+                cwd=root,
+                timeout=shell_wait,
+                sensitive_commands=patterns,
+            )
             if "shell" in isolated
-            else MCPServerConfig(import_path="saucer.tools.shell:create_server", options=shell_options, **shell_limits)
+            else MCPServerConfig(
+                transport="inprocess",
+                import_path="saucer.tools.shell:create_server",
+                options=shell_options,
+                timeout=shell_wait,
+                sensitive_commands=patterns,
+            )
         ),
         "files": (
             MCPServerConfig(
+                transport="stdio",
                 command=sys.executable,
                 args=["-P", "-m", "saucer.tools.files", "--root", str(root), "--max-read", str(max_read)],
                 cwd=root,
             )
             if "files" in isolated
             else MCPServerConfig(
-                import_path="saucer.tools.files:create_server", options={"root": str(root), "max_read": max_read}
+                transport="inprocess",
+                import_path="saucer.tools.files:create_server",
+                options={"root": str(root), "max_read": max_read},
             )
         ),
     }

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
 
 __all__ = [
     "command_problem",
@@ -110,10 +113,11 @@ def _quick_check(schema: Any, depth: int = 0) -> _Check | None:
     if "anyOf" in schema:
         if not isinstance(schema["anyOf"], list) or not schema["anyOf"]:
             return None
-        arms = [_quick_check(sub, depth + 1) for sub in schema["anyOf"]]
-        if any(arm is None for arm in arms):
+        found = [_quick_check(sub, depth + 1) for sub in schema["anyOf"]]
+        arms = [arm for arm in found if arm is not None]
+        if len(arms) != len(found):
             return None
-        checks.append(lambda v: any(arm(v) for arm in arms))  # type: ignore[misc]
+        checks.append(lambda v: any(arm(v) for arm in arms))
     return lambda v: all(check(v) for check in checks)
 
 
@@ -123,11 +127,11 @@ class ParameterCheck:
     def __init__(self, schema: Any) -> None:
         self.schema = schema
         self._quick = _quick_check(schema) if isinstance(schema, Mapping) else None
-        self._validator: Any = None
+        self._validator: Validator | None = None
         self._loaded = False
 
     @property
-    def validator(self) -> Any:
+    def validator(self) -> Validator | None:
         """The jsonschema validator (None when the schema itself is invalid), made on first use."""
         if not self._loaded:
             self._validator, self._loaded = schema_validator(self.schema), True
@@ -176,10 +180,11 @@ def resolve_tool(name: str, tools: Mapping[str, Any]) -> str:
     raise LookupError(f"unknown tool {name!r} ({hint})")
 
 
-def schema_validator(schema: Any) -> Any:
+def schema_validator(schema: Any) -> Validator | None:
     """A JSON Schema validator for ``schema``; None when the schema itself is invalid (nothing to check)."""
     if not isinstance(schema, Mapping):
         return None
+    schema = dict(schema)  # jsonschema's validators take a dict
     import jsonschema  # here: it takes a third of a second to import, and listing sessions needs none of it
 
     try:
@@ -190,7 +195,7 @@ def schema_validator(schema: Any) -> Any:
     return cls(schema)
 
 
-def parameter_problem(validator: Any, parameters: Mapping[str, Any]) -> str | None:
+def parameter_problem(validator: Validator | None, parameters: Mapping[str, Any]) -> str | None:
     """What is wrong with ``parameters`` according to ``validator`` (None: nothing, or no validator)."""
     if validator is None:
         return None

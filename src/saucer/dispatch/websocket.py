@@ -27,6 +27,7 @@ wait on them). The server side of a device connection is a :class:`DeviceLink`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
@@ -296,10 +297,9 @@ class WebSocketCommandDispatcher:
         """Tell the device to stop ``batch``; wait for its answer, its loss, or ``cancel_timeout``."""
         frame = CancelFrame(response_id=batch.response_id, session_id=self.session_id, reason=reason)
         if batch.connection_id is not None:
-            try:
+            # gone: its batches are failed (now or after the grace), which the wait below sees
+            with contextlib.suppress(DeviceUnavailable):
                 await self.link.send_frame(self.device_id, batch.connection_id, frame)
-            except DeviceUnavailable:
-                pass  # gone: its batches are failed (now or after the grace), which the wait below sees
         try:
             await asyncio.wait_for(asyncio.shield(batch.future), self.cancel_timeout)
         except TimeoutError:

@@ -477,7 +477,7 @@ def _cancelled_now(session: SessionRef) -> tuple[str, str] | None:
     """Whether the session's runner has been cancelled, its Context brought up to date with what others wrote."""
     ctx = session.context
     if ctx is None:  # not running
-        return None
+        return None  # type: ignore[unreachable]  # Session.context is None until run()
     ctx.catch_up()
     return session.cancelled_by()
 

@@ -90,7 +90,7 @@ def current_platform() -> str:
     """``linux``, ``windows``, ``darwin`` or ``sys.platform``."""
     if sys.platform.startswith("linux"):
         return "linux"
-    if sys.platform.startswith(("win32", "cygwin")):
+    if sys.platform.startswith(("win32", "cygwin")):  # type: ignore[unreachable]  # mypy knows only this platform
         return "windows"
     return sys.platform
 

@@ -134,7 +134,7 @@ def _fields_of(item: Condition | Target) -> dict[str, Any]:
     """``{"type": ..., <its dataclass fields>}``: the stored form of a condition or a target."""
     data: dict[str, Any] = {"type": item.type_name}
     if is_dataclass(item):
-        data.update({f.name: getattr(item, f.name) for f in fields(item)})
+        data.update({f.name: getattr(item, f.name) for f in fields(item)})  # type: ignore[unreachable]  # mypy takes a Protocol for no dataclass
     return data
 
 

@@ -353,7 +353,7 @@ class Session:
         finally:
             await self._held.close(self.context, self.logs, clean=clean)
         assert self.result is not None
-        return self.result
+        return self.result  # type: ignore[unreachable]  # mypy keeps the None of run()'s first check across _ended()
 
     def cancelled_by(self) -> tuple[str, str] | None:
         """``(who cancelled this run, what its end says)``, or None (:class:`~saucer.engine.cancel.CancelWatch`)."""

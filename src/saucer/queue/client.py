@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import procrastinate
+import psycopg_pool
 
 from saucer.config import Settings
 from saucer.engine.plan import load_plan_folder_with_identity, plan_identity
@@ -204,10 +205,12 @@ class QueueClient:
             self.app = None
 
     @property
-    def pool(self) -> Any:
-        """The connection pool (psycopg ``AsyncConnectionPool``) of the queue's schema."""
+    def pool(self) -> psycopg_pool.AsyncConnectionPool:
+        """The connection pool of the queue's schema."""
         assert self.app is not None, "use QueueClient in 'async with'"
-        return self.app.connector.pool  # type: ignore[attr-defined]
+        connector = self.app.connector
+        assert isinstance(connector, procrastinate.PsycopgConnector), "make_app makes a PsycopgConnector"
+        return connector.pool
 
     async def enqueue(
         self, specs: list[JobSpec], *, queue: str | None = None, priority: int | None = None
@@ -254,47 +257,46 @@ class QueueClient:
         assert self.app is not None
         out: list[Enqueued] = []
         claimed: list[tuple[JobSpec, str]] = []
-        async with self.pool.connection() as conn:
-            async with conn.transaction():
-                cur = await conn.execute(
-                    "INSERT INTO saucer_jobs (key, session_id, kind, source, queue_name, claimed_by) "
-                    "SELECT k, s, kd, src, %s, %s FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS t(k, s, kd, src) "
-                    "ON CONFLICT (key) DO NOTHING RETURNING key",
-                    (
-                        queue,
-                        self.me,
-                        [b.key for b in batch],
-                        [b.session_id for b in batch],
-                        [b.kind for b in batch],
-                        [b.source for b in batch],
-                    ),
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO saucer_jobs (key, session_id, kind, source, queue_name, claimed_by) "
+                "SELECT k, s, kd, src, %s, %s FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS t(k, s, kd, src) "
+                "ON CONFLICT (key) DO NOTHING RETURNING key",
+                (
+                    queue,
+                    self.me,
+                    [b.key for b in batch],
+                    [b.session_id for b in batch],
+                    [b.kind for b in batch],
+                    [b.source for b in batch],
+                ),
+            )
+            new = {row[0] for row in await cur.fetchall()}
+            for spec in batch:
+                why = "" if spec.key in new else await self._reclaim(conn, spec, queue)
+                if why:
+                    out.append(Enqueued(spec, "skipped", why))
+                else:
+                    claimed.append((spec, "queued" if spec.key in new else "requeued"))
+            if not claimed:
+                return out
+            jobs = [
+                procrastinate.jobs.Job(
+                    queue=queue,
+                    priority=priority,
+                    lock=lock_for(self.settings, queue, spec),
+                    queueing_lock=spec.key,
+                    task_name=TASK_NAME,
+                    task_kwargs=spec.args,
                 )
-                new = {row[0] for row in await cur.fetchall()}
-                for spec in batch:
-                    why = "" if spec.key in new else await self._reclaim(conn, spec, queue)
-                    if why:
-                        out.append(Enqueued(spec, "skipped", why))
-                    else:
-                        claimed.append((spec, "queued" if spec.key in new else "requeued"))
-                if not claimed:
-                    return out
-                jobs = [
-                    procrastinate.jobs.Job(
-                        queue=queue,
-                        priority=priority,
-                        lock=lock_for(self.settings, queue, spec),
-                        queueing_lock=spec.key,
-                        task_name=TASK_NAME,
-                        task_kwargs=spec.args,
-                    )
-                    for spec, _ in claimed
-                ]
-                deferred = await self.app.job_manager.batch_defer_jobs_async(jobs, connection=conn)
-                ids = [int(job.id) for job in deferred]  # type: ignore[arg-type]
-                await conn.execute(
-                    "UPDATE saucer_jobs AS s SET job_id = t.id FROM unnest(%s::text[], %s::bigint[]) AS t(k, id) WHERE s.key = t.k",
-                    ([spec.key for spec, _ in claimed], ids),
-                )
+                for spec, _ in claimed
+            ]
+            deferred = await self.app.job_manager.batch_defer_jobs_async(jobs, connection=conn)
+            ids = [_job_id(job) for job in deferred]
+            await conn.execute(
+                "UPDATE saucer_jobs AS s SET job_id = t.id FROM unnest(%s::text[], %s::bigint[]) AS t(k, id) WHERE s.key = t.k",
+                ([spec.key for spec, _ in claimed], ids),
+            )
         return out + [
             Enqueued(spec, outcome, job_id=job_id) for (spec, outcome), job_id in zip(claimed, ids, strict=False)
         ]
@@ -371,3 +373,10 @@ async def enqueue_task(
         async with QueueClient(settings, store) as client:
             [done] = await client.enqueue([spec])
     return done
+
+
+def _job_id(job: procrastinate.jobs.Job) -> int:
+    """The id the database gave a job that was just deferred."""
+    if job.id is None:
+        raise RuntimeError(f"procrastinate deferred job {job.queueing_lock!r} without an id")
+    return job.id

@@ -26,7 +26,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import procrastinate
 import psycopg
@@ -153,7 +153,9 @@ class SessionRunner:
                 workspace=where, mode="follower", task="worker-check", session_id="worker-check", interactor=None
             )
             try:
-                async with self.factory.dispatcher_factory(probe) as dispatcher:
+                # engine types dispatcher_factory as Callable[[Session], ...]; the factories read only the
+                # probe's fields (workspace, mode, task, session_id, interactor) before a session exists.
+                async with self.factory.dispatcher_factory(cast("Session", probe)) as dispatcher:
                     await dispatcher.list_tools()
                     # The default factory's dispatcher says which tool servers did not start; another has no such list.
                     errors = dict(dispatcher.server_errors) if isinstance(dispatcher, LocalCommandDispatcher) else {}
@@ -265,10 +267,8 @@ class SessionRunner:
         return out
 
     async def _set_reason(self, context: job_context.JobContext, reason: str | None) -> None:
-        if context.app is None or context.job is None:
-            return
         await context.app.connector.execute_query_async(
-            "UPDATE saucer_jobs SET reason = %(reason)s WHERE job_id = %(job_id)s",  # type: ignore[arg-type]  # a literal
+            "UPDATE saucer_jobs SET reason = %(reason)s WHERE job_id = %(job_id)s",
             reason=reason,
             job_id=context.job.id,
         )
@@ -315,7 +315,7 @@ class SessionRunner:
         return {"session_id": sid, "status": result.status, "steps": result.steps}
 
 
-async def _session_job(context: job_context.JobContext, **args: Any) -> dict[str, Any]:
+async def _session_job(context: job_context.JobContext, /, **args: Any) -> dict[str, Any]:
     runner: SessionRunner | None = (context.additional_context or {}).get("runner")
     if runner is None:
         raise RuntimeError("a session job runs in saucer worker (no session runner in this worker's context)")

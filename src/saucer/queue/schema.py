@@ -134,7 +134,7 @@ def migrate_queue(location: QueueLocation, connect_timeout: float = 10.0) -> tup
                 (location.schema,),
             ).fetchone()
             if not present:
-                conn.execute(SchemaManager.get_schema())  # type: ignore[arg-type]
+                conn.execute(SchemaManager.get_schema())
             conn.execute(_SAUCER_TABLES)
             row = conn.execute(
                 "SELECT version, procrastinate FROM saucer_queue_schema ORDER BY applied_at DESC LIMIT 1"

@@ -33,7 +33,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
         target = getattr(target, part)
     if not callable(target):
         raise ValueError(f"{spec} is not callable")
-    return target
+    factory: Callable[[], Any] = target
+    return factory
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import datetime
 import uuid
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -63,7 +63,7 @@ __all__ = [
     "new_id",
 ]
 
-AIP_CLIENT_TYPES = (
+AipClientType = Literal[
     "register",
     "heartbeat",
     "task",
@@ -72,10 +72,14 @@ AIP_CLIENT_TYPES = (
     "device_info_request",
     "device_info_response",
     "error",
-)
+]
+AIP_CLIENT_TYPES: tuple[str, ...] = get_args(AipClientType)
 """Every ``type`` a device or orchestrator sends."""
 
-AIP_SERVER_TYPES = ("heartbeat", "task", "command", "task_end", "device_info_request", "device_info_response", "error")
+AipServerType = Literal[
+    "heartbeat", "task", "command", "task_end", "device_info_request", "device_info_response", "error"
+]
+AIP_SERVER_TYPES: tuple[str, ...] = get_args(AipServerType)
 """Every ``type`` a server sends."""
 
 SAUCER_METADATA_KEY = "saucer"
@@ -122,7 +126,7 @@ class AipResult(_Message):
 class AipClientMessage(_Message):
     """A message from a device (``client_type`` ``device``) or an orchestrator (``constellation``)."""
 
-    type: Literal[AIP_CLIENT_TYPES]  # type: ignore[valid-type]
+    type: AipClientType
     status: AipStatus
     client_type: Literal["device", "constellation"] = "device"
     session_id: str | None = None
@@ -141,7 +145,7 @@ class AipClientMessage(_Message):
 class AipServerMessage(_Message):
     """A message from a server."""
 
-    type: Literal[AIP_SERVER_TYPES]  # type: ignore[valid-type]
+    type: AipServerType
     status: AipStatus
     user_request: str | None = None
     agent_name: str | None = None

@@ -170,8 +170,9 @@ def speaks_aip(data: bytes | str, max_bytes: int | None) -> bool:
 def agent_name_for(metadata: dict[str, Any]) -> str:
     """The ``agent_name`` for a device's commands: its own ``metadata.saucer.agent_name``, else by platform."""
     extension = metadata.get(SAUCER_METADATA_KEY)
-    if isinstance(extension, dict) and isinstance(extension.get("agent_name"), str) and extension["agent_name"]:
-        return extension["agent_name"]
+    own = extension.get("agent_name") if isinstance(extension, dict) else None
+    if isinstance(own, str) and own:
+        return own
     system = metadata.get("system_info")
     platform = metadata.get("platform") or (system.get("platform") if isinstance(system, dict) else None) or "linux"
     return AGENT_NAMES.get(str(platform).lower(), "LinuxAgent")
@@ -210,7 +211,8 @@ class AipServerDialect:
         message: AipClientMessage = parse_aip(data, "client", max_bytes=max_bytes)
         kind = message.type
         metadata = message.metadata or {}
-        extension = metadata.get(SAUCER_METADATA_KEY) if isinstance(metadata.get(SAUCER_METADATA_KEY), dict) else {}
+        found = metadata.get(SAUCER_METADATA_KEY)
+        extension: dict[str, Any] = found if isinstance(found, dict) else {}
         try:
             if kind == "register":
                 self.agent_name = agent_name_for(metadata)
@@ -218,7 +220,8 @@ class AipServerDialect:
                     **self._all_parameters.get("*", {}),
                     **self._all_parameters.get(message.client_id or "", {}),
                 }
-                inflight = extension.get("inflight") if isinstance(extension.get("inflight"), list) else []
+                listed = extension.get("inflight")
+                inflight = listed if isinstance(listed, list) else []
                 return RegisterFrame(
                     role="device" if message.client_type == "device" else "client",
                     client_id=message.client_id or "",
@@ -241,8 +244,8 @@ class AipServerDialect:
             if kind == "device_info_request":
                 return DeviceInfoRequestFrame(request_id=message.request_id or new_id(), device_id=message.target_id)
             if kind == "device_info_response":
-                rid = message.request_id or message.prev_response_id
-                return InfoPush(metadata) if rid is None else DeviceInfoResponseFrame(request_id=rid, info=metadata)
+                asked = message.request_id or message.prev_response_id
+                return InfoPush(metadata) if asked is None else DeviceInfoResponseFrame(request_id=asked, info=metadata)
             if kind == "task_end":
                 return TaskEndNotice(message.session_id, message.status.value)
             # error

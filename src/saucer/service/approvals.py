@@ -41,7 +41,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -247,7 +247,7 @@ class ApprovalRoutes:
         """Answer the pending question; the JSON body ``{"answer": "..."}`` is what the model reads."""
         return await self._decide(request, "answered")
 
-    async def _decide(self, request: Request, status: str) -> Response:
+    async def _decide(self, request: Request, status: Literal["approved", "refused", "answered"]) -> Response:
         allowed = await self._allowed(request)
         if isinstance(allowed, Response):
             return allowed
@@ -278,7 +278,7 @@ class ApprovalRoutes:
                 request.path_params["number"],
                 status=status,
                 author=principal_author(principal),
-                note=note,  # type: ignore[arg-type]
+                note=note,
             )
         except ApprovalNotFound as exc:
             return error_response(404, "unknown_approval", str(exc))

@@ -496,5 +496,6 @@ async def run_until_first(*awaitables: Any) -> None:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     for task in done:
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            raise error

@@ -224,7 +224,7 @@ class _SessionDispatcher:
 
     async def _send(self, commands: list[Command], timeout: float, approved: list[str]) -> list[Result]:
         if approved:
-            return await self.inner.execute_commands(commands, timeout, approved=approved)  # type: ignore[call-arg]
+            return await self.inner.execute_commands(commands, timeout, approved=approved)
         return await self.inner.execute_commands(commands, timeout)
 
     def _device(self) -> DeviceState | None:

@@ -28,7 +28,7 @@ answers that batch at once, each of its commands a failure saying so.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, get_args
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -225,24 +225,25 @@ class ErrorFrame(BaseFrame):
     ref: str | None = None
 
 
-_FRAME_MODELS = (
-    RegisterFrame,
-    RegisteredFrame,
-    HeartbeatFrame,
-    HeartbeatAckFrame,
-    TaskFrame,
-    TaskAcceptedFrame,
-    CommandFrame,
-    CancelFrame,
-    CommandResultsFrame,
-    TaskEndFrame,
-    DeviceInfoRequestFrame,
-    DeviceInfoResponseFrame,
-    ErrorFrame,
-)
-
-Frame = Annotated[Union[_FRAME_MODELS], Field(discriminator="type")]  # noqa: UP007 (a tuple of models unpacks only through Union[...])
+Frame = Annotated[
+    RegisterFrame
+    | RegisteredFrame
+    | HeartbeatFrame
+    | HeartbeatAckFrame
+    | TaskFrame
+    | TaskAcceptedFrame
+    | CommandFrame
+    | CancelFrame
+    | CommandResultsFrame
+    | TaskEndFrame
+    | DeviceInfoRequestFrame
+    | DeviceInfoResponseFrame
+    | ErrorFrame,
+    Field(discriminator="type"),
+]
 """Any frame of the protocol, discriminated by ``type``."""
+
+_FRAME_MODELS: tuple[type[BaseFrame], ...] = get_args(get_args(Frame)[0])
 
 _FRAME_ADAPTER: TypeAdapter[Any] = TypeAdapter(Frame)
 FRAME_TYPES: frozenset[str] = frozenset(model.model_fields["type"].default for model in _FRAME_MODELS)

@@ -374,7 +374,8 @@ class SqliteSessionRecordStore:
 
         def claim(conn: sqlite3.Connection) -> str:
             conn.execute("INSERT OR IGNORE INTO devices (device_id, owner) VALUES (?, ?)", (device_id, owner))
-            return conn.execute("SELECT owner FROM devices WHERE device_id = ?", (device_id,)).fetchone()[0]
+            owner_now: str = conn.execute("SELECT owner FROM devices WHERE device_id = ?", (device_id,)).fetchone()[0]
+            return owner_now
 
         return await self._call(claim)
 

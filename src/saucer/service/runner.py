@@ -5,7 +5,7 @@ The server does not know how a task is carried out. For each session it calls::
     outcome = await runner.run(session_id, task, dispatcher, record)
 
 - ``task`` is the submitted :class:`~saucer.service.protocol.TaskSpec`;
-- ``dispatcher`` is a :class:`~saucer.dispatch.base.BasicCommandDispatcher` (in service mode a
+- ``dispatcher`` is a :class:`CommandDispatcher` (in service mode a
   :class:`~saucer.dispatch.websocket.WebSocketCommandDispatcher` bound to the
   session's device);
 - ``record`` is a :class:`SessionRecorder`: the runner reads what was already
@@ -42,14 +42,13 @@ routes read).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from saucer.dispatch.base import BasicCommandDispatcher
-from saucer.dispatch.messages import Command, ResultStatus
+from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.service.protocol import TaskSpec
 from saucer.service.records import SessionRecordStore, StepRecord
 from saucer.store import EventStore
@@ -58,8 +57,17 @@ DEFAULT_STEP_TIMEOUT = 300.0
 """Seconds a step's batch may take when neither the step nor the task says."""
 
 
-CommandDispatcher = BasicCommandDispatcher
-"""What a runner sends commands through (``execute_commands(commands, timeout)``)."""
+class CommandDispatcher(Protocol):
+    """What a runner sends commands through: a :class:`~saucer.dispatch.base.BasicCommandDispatcher` that can
+    also be told which call_ids of the batch the server approved (the device runs a sensitive command only
+    then; :class:`~saucer.dispatch.websocket.WebSocketCommandDispatcher`). A runner that never gates
+    commands calls it without ``approved``."""
+
+    async def execute_commands(
+        self, commands: Sequence[Command], timeout: float | None = None, *, approved: Collection[str] = ()
+    ) -> list[Result]:
+        """Run ``commands``, the call_ids in ``approved`` marked approved; one Result per Command, in order."""
+        ...
 
 
 class SessionRecorder(Protocol):

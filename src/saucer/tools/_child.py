@@ -173,11 +173,12 @@ async def start_child(start: Future[subprocess.Popen[bytes]]) -> AsyncChild:
     started for a caller that is gone, or that cannot be attached, has its pipes
     closed here (it should be waiting at a gate the caller now closes).
     """
-    outcome: list[object] = []
+    outcome: list[subprocess.Popen[bytes] | BaseException] = []
 
     async def settle() -> None:
         try:
-            outcome.append(await asyncio.wrap_future(start))
+            started = await asyncio.wrap_future(start)
+            outcome.append(started)
         except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's task
             outcome.append(exc)
 
@@ -187,9 +188,9 @@ async def start_child(start: Future[subprocess.Popen[bytes]]) -> AsyncChild:
         if outcome and isinstance(outcome[0], subprocess.Popen):
             _close_pipes(outcome[0])
         raise
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    popen: subprocess.Popen[bytes] = outcome[0]  # type: ignore[assignment]
+    popen = outcome[0]
+    if isinstance(popen, BaseException):
+        raise popen
     try:
         return await AsyncChild.attach(popen)
     except BaseException:

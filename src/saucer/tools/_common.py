@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, overload
 
 from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 from saucer.tools.sandbox import MAX_PATH_BYTES, SandboxError
@@ -73,6 +73,10 @@ def relative_to_root(root: Path, path: Path) -> str:
     return rel or "."
 
 
+@overload
+def env_default(name: str, default: str) -> str: ...
+@overload
+def env_default(name: str, default: None = None) -> str | None: ...
 def env_default(name: str, default: str | None = None) -> str | None:
     """The value of environment variable ``name`` or ``default`` (options: argv beats env beats default)."""
     value = os.environ.get(name)
@@ -144,6 +148,7 @@ def _mcp_tool(spec: ToolSpec) -> Callable[..., Any]:
     if returns is ToolOutcome or returns == "ToolOutcome":
         # Validated against the output model when it succeeds, as a structured result of that model.
         returns = Annotated[CallToolResult, spec.output]
+    # inspect.signature reads __signature__ from any callable; typeshed does not declare it on functions.
     tool.__signature__ = signature.replace(return_annotation=returns)  # type: ignore[attr-defined]
     tool.__name__ = tool.__qualname__ = fn.__name__
     tool.__doc__ = fn.__doc__
@@ -183,17 +188,18 @@ def built_once(kind: str, options: dict[str, Any], build: Callable[[], _T]) -> _
     """
     key = kind + json.dumps(options, sort_keys=True, default=str)
     with _BUILT_LOCK:
-        server = _BUILT.get(key)
-        if server is not None:
+        # The cache holds every kind's servers; ``kind`` leads the key, so an entry is a _T here.
+        found: _T | None = _BUILT.get(key)
+        if found is not None:
             _BUILT.move_to_end(key)
-            return server
-    server = build()
+            return found
+    built = build()
     with _BUILT_LOCK:
-        server = _BUILT.setdefault(key, server)
+        kept: _T = _BUILT.setdefault(key, built)
         _BUILT.move_to_end(key)
         while len(_BUILT) > _BUILT_KEEP:
             _BUILT.popitem(last=False)
-    return server
+    return kept
 
 
 class _DaemonWorkers:

@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 SandboxMode = Literal["auto", "landlock", "bubblewrap", "off"]
-SANDBOX_MODES: tuple[str, ...] = ("auto", "landlock", "bubblewrap", "off")
+SANDBOX_MODES: tuple[SandboxMode, ...] = ("auto", "landlock", "bubblewrap", "off")
 #: Device files any command may write to (``> /dev/null``); nothing else of /dev.
 _WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full")
 _notices: set[str] = set()
@@ -99,15 +99,16 @@ class Policy:
         scoped: bool = True,
     ) -> Policy:
         """A policy with its paths made absolute (the writable ones real); a ValueError names a bad value."""
-        if sandbox not in SANDBOX_MODES:
+        mode = next((m for m in SANDBOX_MODES if m == sandbox), None)
+        if mode is None:
             raise ValueError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {sandbox!r}")
         ports: bool | tuple[int, ...] = network if isinstance(network, bool) else tuple(int(p) for p in network)
         if not isinstance(ports, bool) and any(not 0 < p < 65536 for p in ports):
             raise ValueError(f"network ports must be between 1 and 65535, got {list(ports)}")
-        real = lambda paths: tuple(dict.fromkeys(os.path.realpath(os.fspath(p)) for p in paths))  # noqa: E731
+        real = tuple(dict.fromkeys(os.path.realpath(os.fspath(p)) for p in write))
         # Read folders keep their names (/bin may be a link to /usr/bin: bubblewrap must show both).
         named = tuple(dict.fromkeys(os.path.abspath(os.fspath(p)) for p in read)) or ("/",)
-        return cls(sandbox, real(write), named, ports, scoped)  # type: ignore[arg-type]
+        return cls(mode, real, named, ports, scoped)
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,11 @@ def _confine_this_thread(policy: Policy, writable: tuple[str, ...], errors: list
         raise
 
 
+def _popen(argv: list[str], options: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(argv, **options)``: the options never ask for text mode, so its pipes carry bytes."""
+    return subprocess.Popen(argv, **options)
+
+
 class _ConfinedThreads:
     """Up to four threads confined once by a policy for the writable folders of the moment; they start programs.
 
@@ -287,7 +293,8 @@ class _ConfinedThreads:
         outer: Future[subprocess.Popen[bytes]] = Future()
 
         def forward(inner: Future[subprocess.Popen[bytes]]) -> None:
-            started = None if inner.cancelled() or inner.exception() else inner.result()
+            error = None if inner.cancelled() else inner.exception()
+            started = None if inner.cancelled() or error else inner.result()
             if not outer.set_running_or_notify_cancel():
                 if started is not None:  # the caller gave up: nothing will read or wait on it
                     for pipe in (started.stdout, started.stderr):
@@ -296,13 +303,13 @@ class _ConfinedThreads:
                 return
             if started is not None:
                 outer.set_result(started)
-            elif inner.cancelled():
-                outer.set_exception(ConfinementError("the confined start was cancelled"))
+            elif error is not None:
+                outer.set_exception(self._explain(error))
             else:
-                outer.set_exception(self._explain(inner.exception()))  # type: ignore[arg-type]
+                outer.set_exception(ConfinementError("the confined start was cancelled"))
 
         try:
-            self.executor.submit(subprocess.Popen, argv, **popen).add_done_callback(forward)
+            self.executor.submit(_popen, argv, popen).add_done_callback(forward)
         except (BrokenThreadPool, RuntimeError) as exc:
             outer.set_exception(self._explain(exc))
         return outer

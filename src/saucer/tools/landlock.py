@@ -92,7 +92,7 @@ class LandlockError(OSError):
     """A Landlock call failed; the message says which and why."""
 
 
-def _load() -> object | None:
+def _load() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -111,7 +111,7 @@ _libc = _load()
 
 def _call(what: str, *args: object) -> int:
     assert _libc is not None
-    result = _libc.syscall(*args)  # type: ignore[attr-defined]
+    result = _libc.syscall(*args)
     if result < 0:
         code = ctypes.get_errno()
         raise LandlockError(code, f"{what}: {os.strerror(code)}")
@@ -148,7 +148,7 @@ def drop_capabilities(capabilities: Iterable[int] = ESCAPING_CAPABILITIES) -> in
     assert _libc is not None
     dropped = 0
     for capability in capabilities:
-        if _libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) == 0:  # type: ignore[attr-defined]
+        if _libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) == 0:
             dropped += 1
     return dropped
 
@@ -230,7 +230,7 @@ class Ruleset:
     def restrict_self(self) -> None:
         """Confine the calling thread (and what it starts from now on) for good; sets ``no_new_privs`` first."""
         assert _libc is not None
-        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:  # type: ignore[attr-defined]
+        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             code = ctypes.get_errno()
             raise LandlockError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")
         _call("landlock_restrict_self", ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(self.fd), ctypes.c_uint32(0))

@@ -23,6 +23,7 @@ compares the two listings and results, so a new SDK that changes them is seen.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 import logging
@@ -141,13 +142,14 @@ class _Compiled:
             name, extra = param.name, {}
             if hasattr(BaseModel, name) and callable(getattr(BaseModel, name)):
                 extra["alias"], name = name, f"field_{name}"
-            typed = Annotated[(annotation, Field(**extra))]
+            # A type made at run time for create_model, which no static checker can follow.
+            typed = Annotated[(annotation, Field(**extra))]  # type: ignore[valid-type]
             params[name] = (typed, param.default) if param.default is not inspect.Parameter.empty else typed
             self.keywords[name] = param.name
         self.arg_model: type[BaseModel] = create_model(f"{spec.fn.__name__}Arguments", __base__=ArgModelBase, **params)
         self.output: TypeAdapter[Any] = TypeAdapter(spec.output)
         self.fields = dict(self.arg_model.model_fields)
-        for name, info in list(self.fields.items()):
+        for info in list(self.fields.values()):
             if info.alias:
                 self.fields[info.alias] = info
 
@@ -191,6 +193,9 @@ class NativeServer:
         self._compiled: dict[str, _Compiled] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
 
+    def _compiled_schemas(self, name: str) -> dict[str, Any]:
+        return self._compile(name).schemas()
+
     def _compile(self, name: str) -> _Compiled:
         compiled = self._compiled.get(name)
         if compiled is None:
@@ -204,7 +209,8 @@ class NativeServer:
             cache = SchemaCache(self.name, self.schema_sources)
             for name, spec in self.tools.items():
                 key = tool_key(name, spec.fn, spec.output)
-                self._schemas[name] = cache.get(key, lambda name=name: self._compile(name).schemas())  # type: ignore[misc]
+                # compiled only on a cache miss: compiling the argument and result models is the cost saved
+                self._schemas[name] = cache.get(key, functools.partial(self._compiled_schemas, name))
             cache.save()
         return self._schemas
 

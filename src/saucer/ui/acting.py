@@ -25,7 +25,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from saucer.engine.approvals import (
     MAX_ANSWER_CHARS,
@@ -41,6 +41,13 @@ from saucer.engine.writes import write_vars
 from saucer.store import EventStore, NotParticipantError
 
 __all__ = ["Acting", "ActionRefused", "READ_ONLY", "RESUMABLE", "pending_of", "perform"]
+
+#: What each form action records on the approval.
+_DECIDED_AS: dict[str, Literal["approved", "refused", "answered"]] = {
+    "approve": "approved",
+    "refuse": "refused",
+    "answer": "answered",
+}
 
 #: What a POST to a read-only viewer (``saucer ui`` without ``--allow-writes``) is told.
 READ_ONLY = "this viewer is read-only: start it with saucer ui --allow-writes to act on sessions from their pages"
@@ -153,11 +160,11 @@ async def perform(
                 raise ActionRefused(409, problem)
             return f"session {session_id}: resume started by {author} (this page follows it)"
         number = _number(form)
-        status = {"approve": "approved", "refuse": "refused", "answer": "answered"}[action]
+        status = _DECIDED_AS[action]
         note = (_one(form, "answer" if action == "answer" else "reason")).strip() or None
         if action == "answer" and (note is None or len(note) > MAX_ANSWER_CHARS):
             raise ActionRefused(400, f"the answer must be non-blank and at most {MAX_ANSWER_CHARS} characters")
-        decided = await asyncio.to_thread(decide, store, session_id, number, status=status, author=author, note=note)  # type: ignore[arg-type]
+        decided = await asyncio.to_thread(decide, store, session_id, number, status=status, author=author, note=note)
         return f"{decided.what} {decided.number} {decided.status} by {author}"
     except (NotParticipantError, NotAllowedToDecide, NotAllowedToCancel) as exc:
         raise ActionRefused(403, str(exc)) from None

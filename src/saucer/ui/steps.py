@@ -225,9 +225,9 @@ def rounds_view(
             if number in steps:
                 entry["steps"] = steps[number]
     for call in calls:
-        entry = rounds.get(call.get("round"))
-        if entry is not None:
-            entry["tokens"] += int(call.get("prompt_tokens") or 0) + int(call.get("completion_tokens") or 0)
+        called = rounds.get(call.get("round"))
+        if called is not None:
+            called["tokens"] += int(call.get("prompt_tokens") or 0) + int(call.get("completion_tokens") or 0)
     for entry in rounds.values():
         if entry["start"] is not None and entry["end"] is not None:
             entry["duration"] = max(0.0, entry["end"] - entry["start"])

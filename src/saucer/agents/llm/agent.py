@@ -263,7 +263,7 @@ class LLMAgent(Agent):
 
     def _logger(self, context: Context) -> RequestLogger | None:
         if self._request_logger_for is not context:
-            self._request_logger = RequestLogger.for_context(context)  # type: ignore[assignment]
+            self._request_logger = RequestLogger.for_context(context)
             self._request_logger_for = context
         return self._request_logger
 

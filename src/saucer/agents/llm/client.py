@@ -260,7 +260,7 @@ class ModelClient:
     def backoff_delay(self, retry: int, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (1-based)."""
         s = self.settings
-        delay = min(s.backoff_max, s.backoff_base * (2 ** (retry - 1)))
+        delay = min(s.backoff_max, s.backoff_base * (2.0 ** (retry - 1)))
         if s.backoff_jitter:
             delay *= 1 - s.backoff_jitter * random.random()
         if retry_after is not None and retry_after > 0:

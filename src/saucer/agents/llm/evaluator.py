@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from saucer.agents.llm.client import ModelCallError, ModelClient, ModelSettings
 from saucer.agents.llm.logs import RequestLogger
@@ -34,7 +34,10 @@ _NO = {"no", "false", "incomplete", "failed", "fail", "0"}
 _MAX_STEPS = 200
 
 
-def _norm(value: Any) -> str:
+Verdict = Literal["yes", "no", "unsure"]
+
+
+def _norm(value: Any) -> Verdict:
     if isinstance(value, bool):
         return "yes" if value else "no"
     text = str(value).strip().lower()
@@ -45,7 +48,7 @@ def _norm(value: Any) -> str:
     return "unsure"
 
 
-def parse_verdict(content: str | None) -> tuple[str, str, dict[str, Any]]:
+def parse_verdict(content: str | None) -> tuple[Verdict, str, dict[str, Any]]:
     """``(complete, reason, sub_scores)`` from the judge's answer (``unsure`` when it is not the JSON asked for)."""
     text = (content or "").strip()
     match = _JSON_OBJECT.search(text)
@@ -88,7 +91,7 @@ class LLMEvaluator:
                 messages,
                 model=self.settings.judge_model or None,
                 temperature=0.0,
-                request_logger=RequestLogger.for_context(context),  # type: ignore[arg-type]
+                request_logger=RequestLogger.for_context(context),
                 log_fields=fields,
             )
         except ModelCallError as exc:
@@ -104,7 +107,7 @@ class LLMEvaluator:
         return Evaluation(
             scope=scope,
             round=round_id,
-            complete=complete,  # type: ignore[arg-type]
+            complete=complete,
             reason=reason,
             sub_scores=sub_scores,
             cost=reply.cost,

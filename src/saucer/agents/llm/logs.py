@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel
 
@@ -47,7 +47,7 @@ class JsonlLogger:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_context(cls, context: Any) -> JsonlLogger | None:
+    def for_context(cls, context: Any) -> Self | None:
         """The engine's logger when it set one, else ``LOG_PATH/<filename>``, else None (no log)."""
         if cls.context_logger_name:
             try:

@@ -54,21 +54,26 @@ class ModelPrice:
 def _parse_price(where: str, model: str, entry: Any) -> ModelPrice:
     if not isinstance(entry, Mapping):
         raise PriceFileError(f"{where}: models.{model} must be a table with input and output prices, got {entry!r}")
-    values: dict[str, float | None] = {}
-    for field in ("input", "output", "cached_input"):
+
+    def price(field: str) -> float | None:
         raw = entry.get(field)
         if raw is None:
-            if field == "cached_input":
-                values[field] = None
-                continue
-            raise PriceFileError(f"{where}: models.{model}.{field} is missing (USD per 1M tokens)")
+            return None
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw < 0:
             raise PriceFileError(f"{where}: models.{model}.{field} must be a non-negative number, got {raw!r}")
-        values[field] = float(raw)
+        return float(raw)
+
+    def required(field: str) -> float:
+        value = price(field)
+        if value is None:
+            raise PriceFileError(f"{where}: models.{model}.{field} is missing (USD per 1M tokens)")
+        return value
+
+    input_price, output_price, cached_price = required("input"), required("output"), price("cached_input")
     unknown = set(entry) - {"input", "output", "cached_input"}
     if unknown:
         raise PriceFileError(f"{where}: models.{model} has unknown field(s) {', '.join(sorted(unknown))}")
-    return ModelPrice(values["input"], values["output"], values["cached_input"])  # type: ignore[arg-type]
+    return ModelPrice(input_price, output_price, cached_price)
 
 
 def _parse_table(where: str, data: Any) -> dict[str, ModelPrice]:

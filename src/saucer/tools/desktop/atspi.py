@@ -206,20 +206,23 @@ async def find_bus_address(
         bus = await _open(session, timeout)
     except DesktopError as exc:
         raise _no_bus(str(exc)) from None
-    launcher = {"destination": "org.a11y.Bus", "path": "/org/a11y/bus"}
+    launcher, launcher_path = "org.a11y.Bus", "/org/a11y/bus"
     try:
         async with asyncio.timeout(timeout):
             # Toolkits that check it (Qt, Chromium) expose their UI only when this is on.
             await bus.call(
                 Message(
-                    **launcher,
+                    destination=launcher,
+                    path=launcher_path,
                     interface=_PROPERTIES,
                     member="Set",
                     signature="ssv",
                     body=["org.a11y.Status", "IsEnabled", Variant("b", True)],
                 )
             )
-            reply = await bus.call(Message(**launcher, interface="org.a11y.Bus", member="GetAddress"))
+            reply = await bus.call(
+                Message(destination=launcher, path=launcher_path, interface="org.a11y.Bus", member="GetAddress")
+            )
     except TimeoutError:
         raise _no_bus(f"the accessibility bus launcher did not answer within {timeout:g} s") from None
     except Exception as exc:
@@ -260,16 +263,20 @@ class AtspiBus:
         """Close the connection."""
         with contextlib.suppress(Exception):
             self._bus.disconnect()
-            await self._bus.wait_for_disconnect()
+            await self._bus.wait_for_disconnect()  # type: ignore[no-untyped-call]  # dbus_fast leaves it unannotated
 
-    async def call(self, ref: Ref, interface: str, method: str, signature: str = "", body: tuple = ()) -> list[Any]:
+    async def call(
+        self, ref: Ref, interface: str, method: str, signature: str = "", body: tuple[Any, ...] = ()
+    ) -> list[Any]:
         """Call ``interface.method`` on ``ref``; errors are :class:`DesktopError` (:class:`ElementGone` when it vanished)."""
         message = Message(
             destination=ref[0], path=ref[1], interface=interface, member=method, signature=signature, body=list(body)
         )
         return await self._send(message, f"{short_interface(interface)}.{method}", ref)
 
-    async def call1(self, ref: Ref, interface: str, method: str, signature: str = "", body: tuple = ()) -> Any:
+    async def call1(
+        self, ref: Ref, interface: str, method: str, signature: str = "", body: tuple[Any, ...] = ()
+    ) -> Any:
         """The first value :meth:`call` returns (an application answering nothing is an error, not a crash)."""
         reply = await self.call(ref, interface, method, signature, body)
         if not reply:

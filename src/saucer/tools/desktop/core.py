@@ -226,10 +226,11 @@ class Desktop:
             if element_id is not None:
                 info, node = await self.elements.element(element_id, locator)
                 where = await self.elements.locator(info)
-                x, y = self.elements.centre(node)
+                px, py = self.elements.centre(node)
             elif x is None or y is None:
-                x, y = await self.connection.xcall(lambda d: d.pointer())
-            px, py = x, y
+                px, py = await self.connection.xcall(lambda d: d.pointer())
+            else:
+                px, py = x, y
             await self.connection.xcall(lambda d: d.scroll(px, py, direction, amount))
             return ScrollResult(direction=direction, amount=amount, x=px, y=py, locator=where)
 

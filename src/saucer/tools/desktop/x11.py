@@ -30,6 +30,8 @@ for _group in ("xkb", "xf86", "latin2", "latin3", "latin4", "greek", "cyrillic",
 #: What python-xlib raises when the connection to the X server is gone, and when one request failed.
 X_LOST: tuple[type[BaseException], ...] = (error.ConnectionClosedError, error.DisplayError, OSError)
 X_REFUSED = error.XError
+# The connection is gone or the server refused a request: what a best-effort clean-up may meet.
+_X_CLEANUP_FAILURES: tuple[type[BaseException], ...] = (*X_LOST, X_REFUSED)
 
 _MODIFIERS = {
     "ctrl": "Control_L",
@@ -140,6 +142,14 @@ class XWindow:
     instance: str = ""
 
 
+def _frame_extents(value: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """``_GTK_FRAME_EXTENTS`` (left, right, top, bottom) as ints, or None when the property is short."""
+    if len(value) < 4:
+        return None
+    left, right, top, bottom = (int(v) for v in value[:4])
+    return left, right, top, bottom
+
+
 class X11:
     """One connection to an X display (``DISPLAY`` unless a name is given)."""
 
@@ -175,7 +185,7 @@ class X11:
                 self.d.change_keyboard_mapping(code, [(0,) * per_key])
             self._borrowed.clear()
             self.d.close()
-        except (*X_LOST, X_REFUSED):
+        except _X_CLEANUP_FAILURES:
             pass
 
     def atom(self, name: str) -> int:
@@ -313,9 +323,7 @@ class X11:
                         width=int(geometry.width),
                         height=int(geometry.height),
                         focused=focused,
-                        frame=tuple(int(v) for v in frame.value[:4])
-                        if frame is not None and len(frame.value) >= 4
-                        else None,
+                        frame=_frame_extents(frame.value) if frame is not None else None,
                         instance=wm_class[0] if wm_class else "",
                     )
                 )
