@@ -331,17 +331,20 @@ def test_env_fills_what_settings_leave_unset(no_llm_env, monkeypatch) -> None:
     monkeypatch.setenv("SAUCER_LLM_MODEL", "env-model")
     monkeypatch.setenv("SAUCER_LLM_API_KEY", "env-key")
 
-    class Section:  # the lead's Settings.llm, duck-typed
+    from saucer.config import load_settings
+
+    app = load_settings(overrides={"llm.model": "file-model", "llm.temperature": 0.5})
+    s = require_model_settings(app)  # the app's settings: their [llm] section
+    assert s.model == "file-model"  # configuration wins
+    assert s.base_url == "http://127.0.0.1:1/v1" and s.secret() == "env-key" and s.temperature == 0.5
+
+    class Section:  # an [llm] section as any object with its fields
         model = "file-model"
         base_url = None
         temperature = 0.5
 
-    class AppSettings:
-        llm = Section()
-
-    s = require_model_settings(AppSettings())
-    assert s.model == "file-model"  # configuration wins
-    assert s.base_url == "http://127.0.0.1:1/v1" and s.secret() == "env-key" and s.temperature == 0.5
+    s = require_model_settings(Section())
+    assert s.model == "file-model" and s.base_url == "http://127.0.0.1:1/v1" and s.temperature == 0.5
     assert require_model_settings({"llm": {"model": "m2"}}).model == "m2"
 
 

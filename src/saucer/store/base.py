@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
 
-from saucer.redaction import redact
+from saucer.redaction import redact, redact_text
 from saucer.store.lineage import DEFAULT_BATCH, Lineage
 from saucer.store.listing import SummaryKeeper
 from saucer.store.model import (
@@ -486,7 +487,8 @@ def _new_event(
         step=step,
         ops=ops,
         meta=redact(dict(meta or {})),  # step records carry tool results and errors: no secrets in the log
-        summary=summary,
+        # a summary's reason is an error's or a refusal's text too (listed by saucer sessions, exported)
+        summary=replace(summary, reason=redact_text(summary.reason)) if summary and summary.reason else summary,
     )
 
 
