@@ -72,6 +72,7 @@ bench: $(VENV)/bin/python
 	$(VENV)/bin/python bench/encryption.py
 	$(VENV)/bin/python bench/engine.py
 	$(VENV)/bin/python bench/engine_open.py
+	$(VENV)/bin/python bench/startup.py
 	$(VENV)/bin/python bench/dispatch.py
 	$(VENV)/bin/python bench/confinement.py
 	$(VENV)/bin/python bench/service.py
