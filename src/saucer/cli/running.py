@@ -81,12 +81,19 @@ def _factory(
     from saucer.cli.progress import StepPrinter
     from saucer.engine.factory import SessionFactory
 
-    return SessionFactory(
+    factory = SessionFactory(
         settings,
         interactor=RichInteractor(err, assume_yes=yes, interactive=False if no_input else None),
         observer=StepPrinter(console, show_session=show_session),
         workspace=workspace,
     )
+    # What is alive now (the modules a session needs, the settings, the factory) lives as long as the
+    # process: out of the cycle collector's way, so its later full passes and the two at exit skip it
+    # (~40 ms of a one-step run's CPU). What the sessions make stays collectable.
+    import gc
+
+    gc.freeze()
+    return factory
 
 
 async def _run_sessions(factory: Any, sessions: list[Any], concurrency: int, pooled: bool) -> list[Any]:
