@@ -229,6 +229,11 @@ ENABLERS: tuple[tuple[re.Pattern[str], str, str], ...] = (
         "export SAUCER_TEST_POSTGRES_URL=postgresql://postgres@127.0.0.1:5432/test",
     ),
     (
+        re.compile(r"SAUCER_TEST_LLAMA_CPP_PYTHON"),
+        "llama-cpp-python's own server (opt-in: a python with llama-cpp-python[server], a ~10 min build)",
+        "export SAUCER_TEST_LLAMA_CPP_PYTHON=/path/to/that/python",
+    ),
+    (
         re.compile(r"make llama-server|llama-server"),
         "llama-server and its model (cached, ~20 min once on 2 cores)",
         "make llama-server",
