@@ -187,17 +187,19 @@ DBOS.destroy()
 """
 
 
-def dbos_steps(url: str, steps: int) -> float:
-    """Seconds per step of a DBOS workflow of ``steps`` steps (its own process: DBOS is one per process)."""
+def _dbos(script: str, url: str, n: int, field: str, timeout: float) -> float:
+    """Run a DBOS script in a process of its own (DBOS is one per process); the figure it prints as ``field``."""
     proc = subprocess.run(
-        [sys.executable, "-c", "import json\n" + _DBOS_STEPS, url, str(steps)],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, "-c", "import json\n" + script, url, str(n)], capture_output=True, text=True, timeout=timeout
     )
     if proc.returncode != 0:
         raise RuntimeError(f"DBOS run failed: {proc.stderr.strip()[-500:]}")
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["seconds_per_step"])
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])[field])
+
+
+def dbos_steps(url: str, steps: int) -> float:
+    """Seconds per step of a DBOS workflow of ``steps`` steps."""
+    return _dbos(_DBOS_STEPS, url, steps, "seconds_per_step", timeout=600)
 
 
 # ------------------------------------------------------------------ queues
@@ -256,15 +258,7 @@ DBOS.destroy()
 
 def dbos_queue_noop(url: str, jobs: int) -> float:
     """Seconds per no-op workflow through a DBOS queue of worker concurrency 4 (enqueue included)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "import json\n" + _DBOS_QUEUE, url, str(jobs)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"DBOS queue run failed: {proc.stderr.strip()[-500:]}")
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["seconds_per_job"])
+    return _dbos(_DBOS_QUEUE, url, jobs, "seconds_per_job", timeout=900)
 
 
 # ---------------------------------------------------------------- plumbing
