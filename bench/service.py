@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import secrets
 import statistics
 import subprocess
@@ -76,6 +77,14 @@ async def _wait_online(server: RunningServer, ids: list[str], timeout: float = 6
         if time.monotonic() > deadline:
             raise RuntimeError("devices did not come online")
         await asyncio.sleep(0.05)
+
+
+def _cpu_seconds(device_pid: int) -> tuple[float, float]:
+    """(CPU seconds of this process, all its threads; CPU seconds of the device process so far)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    fields = Path(f"/proc/{device_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return own.ru_utime + own.ru_stime, (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -146,13 +155,21 @@ async def bench(seconds: float, round_trips: int, sessions: int, runner_name: st
                     f"p50 {_pct(rt, 0.5) * 1e3:.3f} ms  p99 {_pct(rt, 0.99) * 1e3:.3f} ms  "
                     f"max {max(rt) * 1e3:.3f} ms  mean {statistics.fmean(rt) * 1e3:.3f} ms"
                 )
+                cpu_before = _cpu_seconds(hosts[0].pid)
                 st = await _sessions(server, token, "solo-0", sessions)
+                cpu_after = _cpu_seconds(hosts[0].pid)
                 print(
                     f"session, {runner_name} runner, {len(st)} sequential, each: HTTP submit, a one-step plan run on the echo "
                     f"device, ~12 fdatasyncs (the session's commits and the service's records), long-poll until final: "
                     f"p50 {_pct(st, 0.5) * 1e3:.2f} ms  p90 {_pct(st, 0.9) * 1e3:.2f} ms  p99 {_pct(st, 0.99) * 1e3:.2f} ms  "
                     f"mean {statistics.fmean(st) * 1e3:.2f} ms (load average {os.getloadavg()[0]:.2f}; a disk's fsync "
                     "latency and other load move this figure most)"
+                )
+                own, device = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))
+                print(
+                    f"CPU per session (resource.getrusage; /proc for the device process): this process (the server "
+                    f"and its HTTP client) {own / len(st) * 1e3:.2f} ms, the device {device / len(st) * 1e3:.2f} ms, "
+                    f"together {(own + device) / len(st) * 1e3:.2f} ms   target: <= 3 ms"
                 )
                 for count in (1, 10, 50):
                     prefix = f"fleet{count}-"
