@@ -518,7 +518,8 @@ def pending_approver(
             timeout=timeout,
         )
         await channel.approval_pending(approval)
-        cancelled = _cancelled_now(session)  # a cancel written before the request: its wait follows the log after it
+        # A cancel written before the request (its wait follows the log after it); catching up reads the store.
+        cancelled = await asyncio.to_thread(_cancelled_now, session)
         if cancelled is not None:
             refused = await asyncio.to_thread(_refuse_on_cancel, store, approval, *cancelled)
             if refused is not None:

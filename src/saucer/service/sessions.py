@@ -157,7 +157,7 @@ class SessionManager:
     async def _record_cancel(self, session_id: str, principal: str, reason: str) -> None:
         """The cancel in the runner's event log, authored by the principal (a runner without one: nothing)."""
         events = self.hooks.store
-        if events is None or not events.exists(session_id):
+        if events is None or not await asyncio.to_thread(events.exists, session_id):
             return
         try:
             await asyncio.to_thread(request_cancel, events, session_id, author=principal, reason=reason)
