@@ -144,3 +144,25 @@ def test_the_service_says_finished_like_the_cli_and_reads_older_records() -> Non
         '{"session_id": "a", "owner": "o", "device_id": "d", "task": {"task": "t", "steps": []}, "status": "completed"}'
     )
     assert old.status is SessionStatus.COMPLETED and old.status.terminal
+
+
+async def test_a_derived_step_is_recorded_once_and_later_writes_wait_for_the_disk_again(tmp_path: Path) -> None:
+    # A derived step (a projection of a durable log) is written without an fsync of its own; the
+    # connection must be back at synchronous=FULL afterwards, also when the step is refused.
+    path = tmp_path / "sessions.sqlite3"
+    store = SqliteSessionRecordStore(path)
+    try:
+        await store.create_session(_record("s1"))
+        await store.commit_step("s1", StepRecord(index=0, subtask="a", status="completed"), derived=True)
+        with pytest.raises(StepAlreadyCommitted):
+            await store.commit_step("s1", StepRecord(index=0, status="completed"), derived=True)
+        synchronous = await store._call(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+        assert synchronous == 2  # FULL
+        await store.update_session("s1", status=SessionStatus.COMPLETED)
+    finally:
+        await store.close()
+    reopened = SqliteSessionRecordStore(path)
+    try:
+        assert [(s.index, s.subtask) for s in await reopened.steps("s1")] == [(0, "a")]
+    finally:
+        await reopened.close()

@@ -28,7 +28,9 @@ Where things live.
   right after the step's event commits) so the HTTP API can list steps
   without reading the event log. If the server dies between an event and its
   projection, :meth:`EngineTaskRunner.sync_steps` rebuilds the missing
-  records from the events before the session resumes.
+  records from the events before the session resumes; so a projection does
+  not wait for the disk (``derived``): the next record written (the session's
+  end at the latest) makes it durable.
 
 Resume. After a crash or a graceful stop, the server calls :meth:`run` again
 with the same session id: when the event store has the session it is
@@ -256,13 +258,19 @@ class _SessionDispatcher:
 
 
 class _StepProjection:
-    """Engine observer: after each committed step, record it in the session records (the HTTP API's step list)."""
+    """Engine observer: after each committed step, record it in the session records (the HTTP API's step list).
 
-    def __init__(self, record: SessionRecorder) -> None:
+    ``derived``: the event store outlives the process (not ``memory://``), so a
+    record lost in a power cut is rebuilt from it (:meth:`EngineTaskRunner.sync_steps`)
+    and need not wait for the disk.
+    """
+
+    def __init__(self, record: SessionRecorder, derived: bool) -> None:
         self.record = record
+        self.derived = derived
 
     async def on_step(self, session: Session, step: EngineStepRecord) -> None:
-        await _project(self.record, step_record(step.to_dict()))
+        await _project(self.record, step_record(step.to_dict()), derived=self.derived)
 
 
 def step_record(step: dict[str, Any]) -> StepRecord:
@@ -277,9 +285,9 @@ def step_record(step: dict[str, Any]) -> StepRecord:
     )
 
 
-async def _project(record: SessionRecorder, step: StepRecord) -> None:
+async def _project(record: SessionRecorder, step: StepRecord, *, derived: bool) -> None:
     with contextlib.suppress(StepAlreadyCommitted):  # sync_steps got there first
-        await record.commit_step(step)
+        await record.commit_step(step, derived=derived)
 
 
 class EngineTaskRunner:
@@ -363,7 +371,7 @@ class EngineTaskRunner:
         options: dict[str, Any] = dict(
             settings=self.settings,
             dispatcher=remote,
-            observer=_StepProjection(record),
+            observer=_StepProjection(record, derived=not self.store.url.startswith("memory:")),
             lease_wait=self.lease_wait,
             stop_on_failure=True,
             ask_new_requests=False,
@@ -425,7 +433,7 @@ class EngineTaskRunner:
             if meta["session_step"] - 1 in have:
                 continue
             step = upcast_step(meta, f"session {session_id!r}: the step at version {event.version}")
-            await _project(record, step_record(dict(step)))
+            await _project(record, step_record(dict(step)), derived=False)
             have.add(meta["session_step"] - 1)
             added += 1
         if added:

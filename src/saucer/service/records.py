@@ -121,8 +121,16 @@ class SessionRecordStore(Protocol):
         """Sessions, oldest first; only ``owner`` 's when given; only non-terminal ones when asked."""
         ...
 
-    async def commit_step(self, session_id: str, step: StepRecord) -> None:
-        """Durably record a completed step; raise :class:`StepAlreadyCommitted` for a repeated index."""
+    async def commit_step(self, session_id: str, step: StepRecord, *, derived: bool = False) -> None:
+        """Durably record a completed step; raise :class:`StepAlreadyCommitted` for a repeated index.
+
+        ``derived``: the step is a projection of a log that is durable already
+        and that rebuilds the record if it is lost (the engine runner's event
+        store, :meth:`~saucer.service.engine_runner.EngineTaskRunner.sync_steps`):
+        it is written at once but need not wait for the disk; it becomes durable
+        with the next write that does (in SQLite's WAL, writes reach the disk in
+        order), and only a power cut before that can lose it.
+        """
         ...
 
     async def steps(self, session_id: str) -> list[StepRecord]:
@@ -188,7 +196,7 @@ class MemorySessionRecordStore:
             if (owner is None or r.owner == owner) and not (active_only and r.status.terminal)
         ]
 
-    async def commit_step(self, session_id: str, step: StepRecord) -> None:
+    async def commit_step(self, session_id: str, step: StepRecord, *, derived: bool = False) -> None:
         """Record a completed step once."""
         if session_id not in self._sessions:
             raise UnknownSession(session_id)
@@ -261,7 +269,8 @@ class SqliteSessionRecordStore:
     All access goes through one worker thread that owns the connection, so the
     event loop never blocks on disk and no lock is needed (or can deadlock).
     Every write is its own transaction with ``synchronous=FULL``: once
-    ``commit_step`` returns, the step survives a SIGKILL of the server.
+    ``commit_step`` returns, the step survives a SIGKILL of the server (and a
+    power cut, unless it was ``derived``: see :meth:`SessionRecordStore.commit_step`).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -344,19 +353,24 @@ class SqliteSessionRecordStore:
         rows = await self._call(lambda conn: conn.execute(sql, args).fetchall())
         return [SessionRecord.model_validate_json(row[0]) for row in rows]
 
-    async def commit_step(self, session_id: str, step: StepRecord) -> None:
+    async def commit_step(self, session_id: str, step: StepRecord, *, derived: bool = False) -> None:
         """Record a completed step once; the primary key refuses a second commit."""
         blob = step.model_dump_json().encode()
 
         def insert(conn: sqlite3.Connection) -> None:
             if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is None:
                 raise UnknownSession(session_id)
+            if derived:  # no fsync of its own: see SessionRecordStore.commit_step
+                conn.execute("PRAGMA synchronous=NORMAL")
             try:
                 conn.execute(
                     "INSERT INTO steps (session_id, idx, record) VALUES (?, ?, ?)", (session_id, step.index, blob)
                 )
             except sqlite3.IntegrityError:
                 raise StepAlreadyCommitted(f"session {session_id!r} step {step.index} is already committed") from None
+            finally:
+                if derived:
+                    conn.execute("PRAGMA synchronous=FULL")
 
         await self._call(insert)
 
