@@ -147,15 +147,24 @@ async def _sessions(http_url: str, token: str, device_id: str, count: int) -> li
     return times
 
 
-def _client(http_url: str, device_id: str, count: int, warm_up: int) -> None:
+async def _concurrent_sessions(http_url: str, token: str, device_id: str, count: int, concurrency: int) -> list[float]:
+    """``count`` sessions from ``concurrency`` closed loops at once (each its own connection)."""
+    shares = [count // concurrency + (1 if i < count % concurrency else 0) for i in range(concurrency)]
+    runs = await asyncio.gather(*(_sessions(http_url, token, device_id, n) for n in shares if n))
+    return [t for run in runs for t in run]
+
+
+def _client(http_url: str, device_id: str, count: int, warm_up: int, concurrency: int) -> None:
     """The HTTP client's process: warm up, say ``ready``, wait for ``go``, run, print the times and its CPU."""
     token = os.environ["BENCH_TOKEN"]
-    asyncio.run(_sessions(http_url, token, device_id, warm_up))
+    asyncio.run(_concurrent_sessions(http_url, token, device_id, warm_up, concurrency))
     print("ready", flush=True)
     sys.stdin.readline()
     cpu = _own_cpu()
-    times = asyncio.run(_sessions(http_url, token, device_id, count))
-    print(json.dumps({"times": times, "cpu": _own_cpu() - cpu}), flush=True)
+    started = time.perf_counter()
+    times = asyncio.run(_concurrent_sessions(http_url, token, device_id, count, concurrency))
+    elapsed = time.perf_counter() - started
+    print(json.dumps({"times": times, "cpu": _own_cpu() - cpu, "elapsed": elapsed}), flush=True)
 
 
 class _Strace:
@@ -192,6 +201,7 @@ class _SessionRun:
     """What the client process measured and the CPU each process spent meanwhile (seconds, in total)."""
 
     times: list[float]
+    elapsed: float  # seconds from the first submission to the last session's end
     server_cpu: float
     device_cpu: float
     client_cpu: float
@@ -199,12 +209,19 @@ class _SessionRun:
 
 
 async def _client_sessions(
-    server: RunningServer, token: str, device: subprocess.Popen[bytes], count: int, warm_up: int, strace: bool
+    server: RunningServer,
+    token: str,
+    device: subprocess.Popen[bytes],
+    count: int,
+    warm_up: int,
+    strace: bool,
+    concurrency: int = 1,
 ) -> _SessionRun:
-    """``count`` sessions submitted by a client process on device ``solo-0`` after ``warm_up`` uncounted ones."""
+    """``count`` sessions submitted by a client process on device ``solo-0`` after ``warm_up`` uncounted ones,
+    from ``concurrency`` closed loops."""
     client = subprocess.Popen(
         [sys.executable, __file__, "--client", server.http_url, "--device", "solo-0"]
-        + ["--sessions", str(count), "--warm-up", str(warm_up)],
+        + ["--sessions", str(count), "--warm-up", str(warm_up), "--concurrency", str(concurrency)],
         env={**os.environ, "BENCH_TOKEN": token},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -227,10 +244,12 @@ async def _client_sessions(
     finally:
         client.kill()
         client.wait()
-    return _SessionRun(report["times"], cpu, device_cpu, report["cpu"], tracer.calls)
+    return _SessionRun(report["times"], report["elapsed"], cpu, device_cpu, report["cpu"], tracer.calls)
 
 
-async def bench(seconds: float, round_trips: int, sessions: int, runner_name: str, warm_up: int, strace: bool) -> None:
+async def bench(
+    seconds: float, round_trips: int, sessions: int, runner_name: str, warm_up: int, strace: bool, concurrency: int
+) -> None:
     token = secrets.token_hex(16)
     with tempfile.TemporaryDirectory() as state:
         config = ServiceConfig(
@@ -250,10 +269,11 @@ async def bench(seconds: float, round_trips: int, sessions: int, runner_name: st
                         f"p50 {_pct(rt, 0.5) * 1e3:.3f} ms  p99 {_pct(rt, 0.99) * 1e3:.3f} ms  "
                         f"max {max(rt) * 1e3:.3f} ms  mean {statistics.fmean(rt) * 1e3:.3f} ms"
                     )
-                run = await _client_sessions(server, token, hosts[0], sessions, warm_up, strace)
+                run = await _client_sessions(server, token, hosts[0], sessions, warm_up, strace, concurrency)
                 st = run.times
+                how = "sequential" if concurrency == 1 else f"{concurrency} at a time ({len(st) / run.elapsed:.0f}/s)"
                 print(
-                    f"session, {runner_name} runner, {len(st)} sequential (after {warm_up} not counted), each: HTTP "
+                    f"session, {runner_name} runner, {len(st)} {how} (after {warm_up} not counted), each: HTTP "
                     "submit, a one-step plan run on the echo device, the session's commits and the service's "
                     f"records, long-poll until final: p50 {_pct(st, 0.5) * 1e3:.2f} ms  p90 {_pct(st, 0.9) * 1e3:.2f} ms  "
                     f"p99 {_pct(st, 0.99) * 1e3:.2f} ms  mean {statistics.fmean(st) * 1e3:.2f} ms   "
@@ -298,6 +318,9 @@ def main() -> None:
     parser.add_argument(
         "--strace", action="store_true", help="count the server's fdatasync/fsync calls per session (strace -f -c)"
     )
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="sessions submitted at once (closed loops); the targets are for 1"
+    )
     parser.add_argument("--device-host", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="solo-0", help=argparse.SUPPRESS)
@@ -307,9 +330,13 @@ def main() -> None:
     if args.device_host:
         asyncio.run(_host_devices(args.device_host, os.environ["BENCH_TOKEN"], args.prefix, args.count))
     elif args.client:
-        _client(args.client, args.device, args.sessions, args.warm_up)
+        _client(args.client, args.device, args.sessions, args.warm_up, args.concurrency)
     else:
-        asyncio.run(bench(args.seconds, args.round_trips, args.sessions, args.runner, args.warm_up, args.strace))
+        asyncio.run(
+            bench(
+                args.seconds, args.round_trips, args.sessions, args.runner, args.warm_up, args.strace, args.concurrency
+            )
+        )
 
 
 if __name__ == "__main__":
