@@ -447,11 +447,11 @@ class EngineTaskRunner:
         that end around it, so ``saucer show`` and a later resume see them ended.
         """
         store = self.store
-        if not store.exists(session_id):
+        found = store.session_heads([session_id])  # its row and newest event, in one read
+        if not found:
             return
-        head = store.head(session_id)
-        last = list(store.read(session_id, max(0, head - 1), head)) if head else []
-        if last and last[-1].meta.get("kind") == "session_end":
+        last = found[0].last
+        if last is not None and last.meta.get("kind") == "session_end":
             return
         try:
             lease = store.acquire_lease(session_id, self.owner, self.settings.store.lease_ttl)
