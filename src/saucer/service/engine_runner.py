@@ -54,7 +54,6 @@ same store (another state dir) is still fenced off.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import uuid
@@ -268,9 +267,13 @@ class _StepProjection:
     def __init__(self, record: SessionRecorder, derived: bool) -> None:
         self.record = record
         self.derived = derived
+        #: The steps this projection committed, in order (a new session's whole step list).
+        self.committed: list[StepRecord] = []
 
     async def on_step(self, session: Session, step: EngineStepRecord) -> None:
-        await _project(self.record, step_record(step.to_dict()), derived=self.derived)
+        projected = step_record(step.to_dict())
+        if await _project(self.record, projected, derived=self.derived):
+            self.committed.append(projected)
 
 
 def step_record(step: dict[str, Any]) -> StepRecord:
@@ -285,9 +288,13 @@ def step_record(step: dict[str, Any]) -> StepRecord:
     )
 
 
-async def _project(record: SessionRecorder, step: StepRecord, *, derived: bool) -> None:
-    with contextlib.suppress(StepAlreadyCommitted):  # sync_steps got there first
+async def _project(record: SessionRecorder, step: StepRecord, *, derived: bool) -> bool:
+    """Commit ``step`` to the records; False if they had it already."""
+    try:
         await record.commit_step(step, derived=derived)
+    except StepAlreadyCommitted:  # sync_steps got there first
+        return False
+    return True
 
 
 class EngineTaskRunner:
@@ -371,17 +378,19 @@ class EngineTaskRunner:
         options: dict[str, Any] = dict(
             settings=self.settings,
             dispatcher=remote,
-            observer=_StepProjection(record, derived=not self.store.url.startswith("memory:")),
+            observer=(projection := _StepProjection(record, derived=not self.store.url.startswith("memory:"))),
             lease_wait=self.lease_wait,
             stop_on_failure=True,
             ask_new_requests=False,
         )
         if not task.steps:
             options["agents"] = self._agent_provider
+        new = False  # a new session: its records hold exactly the steps projected by this run
         try:
             if self.store.exists(session_id):
                 session = Session.resume(session_id, store=self.store, **options)
             else:
+                new = True
                 done = await record.completed_steps()
                 if done:
                     # Starting over would run committed steps again (with call_ids the device has answered).
@@ -410,7 +419,7 @@ class EngineTaskRunner:
             raise
         except (EngineError, LeaseHeldError, StoreError, ValueError) as exc:
             return TaskOutcome(status="failed", error=str(exc), results=await _dumped(record))
-        steps = await record.completed_steps()
+        steps = list(projection.committed) if new else await record.completed_steps()
         return outcome_of(result, steps)
 
     def _agent_provider(self, session: Session) -> Any:
