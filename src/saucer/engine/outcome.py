@@ -27,7 +27,6 @@ from saucer.engine.errors import EngineError, LeaseLostError
 from saucer.engine.evaluation import Evaluation, Scope, evaluator_name, judge
 from saucer.engine.experience import RunRounds
 from saucer.engine.logs import EvaluationLogEntry, StepRecord
-from saucer.engine.meta import CursorMeta, EvaluationMeta, RoundEndMeta, SessionEndMeta, SessionSummary
 from saucer.engine.result import SessionResult, SessionStatus, stored_cost
 from saucer.engine.round import RoundResult, RoundStatus
 from saucer.engine.summaries import summary_of
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from saucer.engine.cursor import Progress
     from saucer.engine.interactor import UserChannel
     from saucer.engine.logs import SessionLogs
+    from saucer.engine.meta import CursorMeta, EvaluationMeta, RoundEndMeta, SessionEndMeta, SessionSummary
     from saucer.engine.plan import Plan
     from saucer.store import EventStore
 

@@ -32,14 +32,6 @@ from saucer.engine.agent import Agent, AgentSet, AgentState, AgentStatus
 from saucer.engine.errors import GraphError
 from saucer.engine.host import AgentHost
 from saucer.engine.logs import SessionLogs, StepRecord
-from saucer.engine.routing import (
-    AgentTarget,
-    RevertToInitiator,
-    RouteInput,
-    StayTarget,
-    Terminate,
-    TransitionGraph,
-)
 from saucer.engine.summaries import summary_of
 from saucer.engine.uitree import artifact_name, look
 
@@ -47,6 +39,7 @@ if TYPE_CHECKING:
     from saucer.engine.application import ApplicationWatch
     from saucer.engine.meta import CursorMeta, StepMeta
     from saucer.engine.plan import PlanStep
+    from saucer.engine.routing import TransitionGraph
 
 __all__ = ["Round", "RoundResult", "RoundStatus", "RoundHost"]
 
@@ -158,8 +151,11 @@ class Round:
         self.plan_index = plan_index
         self.plan_step = plan_step
         graph = agents.graph
-        if graph is not None and not isinstance(graph, TransitionGraph):
-            graph = TransitionGraph.from_dict(graph)  # UnknownConditionError fails this session only
+        if graph is not None:  # routing is loaded only by the rounds that have a graph
+            from saucer.engine.routing import TransitionGraph
+
+            if not isinstance(graph, TransitionGraph):
+                graph = TransitionGraph.from_dict(graph)  # UnknownConditionError fails this session only
         self.graph: TransitionGraph | None = graph
         self.turns = 0
         self.steps = 0
@@ -322,6 +318,8 @@ class Round:
             return nxt, (next_state if nxt.states is agent.states else nxt.state_for(name))
         if next_state.is_round_end() and next_state.name() == AgentStatus.ERROR.value:
             return agent, next_state  # an error ends the round whatever the graph says
+        from saucer.engine.routing import AgentTarget, RevertToInitiator, RouteInput, StayTarget, Terminate
+
         tools = tuple(c["tool_name"] for c in record.commands)
         # What other writers committed while the step ran (an observer's flag) counts for this decision.
         self.session.context.catch_up()

@@ -44,7 +44,6 @@ from saucer.engine.evaluation import Evaluation, Evaluator, Scope, judge
 from saucer.engine.interactor import Interactor, UserChannel
 from saucer.engine.lease import lease_owner
 from saucer.engine.logs import SessionLogs, StepRecord, new_session_id
-from saucer.engine.meta import CursorMeta, RoundStartMeta
 from saucer.engine.notify import CompositeObserver, ObserverCaller
 from saucer.engine.outcome import ExperienceSaver, OutcomeRecorder
 from saucer.engine.plan import Plan, PlanStep, declared_participants, initial_vars, parse_plan
@@ -58,6 +57,7 @@ from saucer.store.base import Lease
 
 if TYPE_CHECKING:
     from saucer.dispatch.base import BasicCommandDispatcher
+    from saucer.engine.meta import CursorMeta, RoundStartMeta
     from saucer.engine.routing import TransitionGraph
 
 __all__ = ["Session", "SessionObserver", "SessionResult", "SessionStatus", "new_session_id", "lease_owner"]
