@@ -92,7 +92,7 @@ async def run_worker(
     await asyncio.to_thread(ensure_queue, location)
     await asyncio.to_thread(_warm_up)
     slots = concurrency or settings.queue.concurrency
-    store = open_store(settings.store.url)
+    store = await asyncio.to_thread(open_store, settings.store.url)  # it connects (and may migrate): off the loop
     runner = SessionRunner(settings, store, dispatcher_factory=dispatcher_factory, agents=agents, observer=observer)
     if report is not None:
         for line in await runner.cannot_run():
