@@ -419,9 +419,16 @@ async def _closed_by_server(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute("")
 
 
+async def _autocommit(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.set_autocommit(True)
+
+
 def _pool_checked_quietly(**kwargs: Any) -> psycopg_pool.AsyncConnectionPool:
-    """procrastinate's pool, its check (:func:`_closed_by_server`) without a round trip per query."""
+    """procrastinate's pool, its check (:func:`_closed_by_server`) without a round trip per query, and its
+    connections in autocommit: each of procrastinate's queries is one statement (a function call), which
+    otherwise waits for a second round trip, the COMMIT the pool sends when the connection goes back."""
     kwargs["check"] = _closed_by_server
+    kwargs["configure"] = _autocommit
     return psycopg_pool.AsyncConnectionPool(**kwargs)
 
 
