@@ -121,5 +121,5 @@ async def run_worker(
                 await asyncio.gather(recovery, return_exceptions=True)
     finally:
         runner.factory.close()
-        store.close()
+        await asyncio.to_thread(store.close)  # it joins its pools' threads: off the loop
     return runner
