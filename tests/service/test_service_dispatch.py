@@ -396,3 +396,46 @@ async def test_run_device_enters_the_dispatcher_and_refuses_bad_factories() -> N
             await run_device(server.ws_url, FLEET, "broken", broken)
         with pytest.raises(DeviceError, match="no execute_commands"):
             await run_device(server.ws_url, FLEET, "broken", object)
+
+
+async def test_a_session_writes_its_record_twice_created_running_and_ended() -> None:
+    from saucer.service.records import MemorySessionRecordStore, SessionRecord, SessionStatus
+
+    class CountingStore(MemorySessionRecordStore):
+        """Notes each write of a session's record: (what, status, attempts)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[tuple[str, str, int]] = []
+
+        async def create_session(self, record: SessionRecord) -> None:
+            self.writes.append(("create", record.status.value, record.attempts))
+            await super().create_session(record)
+
+        async def update_session(self, session_id: str, **changes: Any) -> SessionRecord:
+            record = await super().update_session(session_id, **changes)
+            self.writes.append(("update", record.status.value, record.attempts))
+            return record
+
+    store = CountingStore()
+    config = _config(store_url=f"memory://two-writes-{time.monotonic_ns()}")
+    plan = {"task": "one step", "steps": [{"commands": [{"tool_name": "echo", "parameters": {"x": 1}}]}]}
+    async with running_server(config, store=store) as server:
+        device = Device(server, "d1")
+        try:
+            await device.registered()
+            async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE)) as http:
+                created = await http.post("/api/sessions", json={"device_id": "d1", "task": plan})
+                assert created.status_code == 201 and created.json()["status"] == "running"
+                session_id = created.json()["session_id"]
+                body = (await http.get(f"/api/sessions/{session_id}", params={"wait": 10})).json()
+        finally:
+            await device.close()
+    # Created running (its first attempt counted), then ended: no write in between.
+    assert store.writes == [("create", "running", 1), ("update", "finished", 1)]
+    assert body["session"]["status"] == "finished" and body["session"]["attempts"] == 1
+    assert body["session"]["resumed_from_step"] is None
+    assert [s["status"] for s in body["steps"]] == ["completed"]
+    stored = await store.get_session(session_id)
+    assert stored is not None and stored.status == SessionStatus.COMPLETED
+    assert body["session"] == stored.model_dump(mode="json")  # the long-poll answers the record the end wrote

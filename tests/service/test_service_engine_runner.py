@@ -312,3 +312,35 @@ async def test_sessions_resume_over_postgresql_too() -> None:
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+class _FlagRecorder(StoreSessionRecorder):
+    """Notes how each step was committed (``derived`` or not)."""
+
+    def __init__(self, records: MemorySessionRecordStore, session_id: str) -> None:
+        super().__init__(records, session_id)
+        self.flags: list[bool] = []
+
+    async def commit_step(self, step: Any, *, derived: bool = False) -> None:
+        self.flags.append(derived)
+        await super().commit_step(step, derived=derived)
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_the_step_projection_waits_for_the_disk_only_when_the_event_store_cannot_rebuild_it(
+    tmp_path: Path, durable: bool
+) -> None:
+    # A projected step need not be fsync'd when the event store outlives the process (sync_steps
+    # rebuilds it); over a memory:// event store the records are the only durable copy.
+    url = f"sqlite:///{tmp_path / 'events.db'}" if durable else "memory://"
+    runner = EngineTaskRunner(_settings(**{"store.url": url}))
+    sid = uuid.uuid4().hex
+    records, _ = await _records(sid)
+    recorder = _FlagRecorder(records, sid)
+    try:
+        outcome = await runner.run(sid, TASK, Device(), recorder)
+    finally:
+        await runner.close()
+    assert outcome.status == "completed", outcome.error
+    assert recorder.flags == [durable] * 3
+    assert [s.index for s in await records.steps(sid)] == [0, 1, 2]

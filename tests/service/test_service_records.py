@@ -144,3 +144,77 @@ def test_the_service_says_finished_like_the_cli_and_reads_older_records() -> Non
         '{"session_id": "a", "owner": "o", "device_id": "d", "task": {"task": "t", "steps": []}, "status": "completed"}'
     )
     assert old.status is SessionStatus.COMPLETED and old.status.terminal
+
+
+async def test_a_derived_step_is_recorded_once_and_later_writes_wait_for_the_disk_again(tmp_path: Path) -> None:
+    # A derived step (a projection of a durable log) is written without an fsync of its own; the
+    # connection must be back at synchronous=FULL afterwards, also when the step is refused.
+    path = tmp_path / "sessions.sqlite3"
+    store = SqliteSessionRecordStore(path)
+    try:
+        await store.create_session(_record("s1"))
+        await store.commit_step("s1", StepRecord(index=0, subtask="a", status="completed"), derived=True)
+        with pytest.raises(StepAlreadyCommitted):
+            await store.commit_step("s1", StepRecord(index=0, status="completed"), derived=True)
+        synchronous = await store._call(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+        assert synchronous == 2  # FULL
+        await store.update_session("s1", status=SessionStatus.COMPLETED)
+    finally:
+        await store.close()
+    reopened = SqliteSessionRecordStore(path)
+    try:
+        assert [(s.index, s.subtask) for s in await reopened.steps("s1")] == [(0, "a")]
+    finally:
+        await reopened.close()
+
+
+async def test_writes_queued_together_share_one_transaction_and_a_refused_one_fails_alone(tmp_path: Path) -> None:
+    import asyncio
+    import threading
+
+    path = tmp_path / "sessions.sqlite3"
+    store = SqliteSessionRecordStore(path)
+    try:
+        await store.create_session(_record("s1"))
+        before = store.transactions
+        # Hold the worker thread, so that the writes below queue up behind it.
+        gate = threading.Event()
+        held = asyncio.ensure_future(store._call(lambda conn: gate.wait(30)))
+        await asyncio.sleep(0.05)
+        writes = [
+            asyncio.ensure_future(store.create_session(_record("s2"))),
+            asyncio.ensure_future(store.create_session(_record("s1"))),  # refused: it exists
+            asyncio.ensure_future(store.commit_step("s1", StepRecord(index=0, status="completed"))),
+            asyncio.ensure_future(store.commit_step("s1", StepRecord(index=0, status="completed"), derived=True)),
+            asyncio.ensure_future(store.update_session("s1", status=SessionStatus.RUNNING, attempts=1)),
+            asyncio.ensure_future(store.update_session("nope", status=SessionStatus.RUNNING)),  # refused
+            asyncio.ensure_future(store.claim_device("dev", "fleet")),
+        ]
+        gate.set()
+        await held
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        assert store.transactions == before + 1  # one transaction, one fsync, for all of them
+        assert outcomes[0] is None
+        assert isinstance(outcomes[1], ValueError) and "already exists" in str(outcomes[1])
+        assert outcomes[2] is None and isinstance(outcomes[3], StepAlreadyCommitted)
+        assert isinstance(outcomes[4], SessionRecord) and outcomes[4].attempts == 1
+        assert isinstance(outcomes[5], UnknownSession)
+        assert outcomes[6] == "fleet"
+    finally:
+        await store.close()
+    reopened = SqliteSessionRecordStore(path)
+    try:
+        s1 = await reopened.get_session("s1")
+        assert s1 is not None and s1.status == SessionStatus.RUNNING and s1.attempts == 1
+        assert await reopened.get_session("s2") is not None
+        assert [s.index for s in await reopened.steps("s1")] == [0]
+        assert await reopened.claim_device("dev", "intruder") == "fleet"
+    finally:
+        await reopened.close()
+
+
+async def test_a_write_after_close_fails_with_a_clear_error(tmp_path: Path) -> None:
+    store = SqliteSessionRecordStore(tmp_path / "sessions.sqlite3")
+    await store.close()
+    with pytest.raises(RuntimeError, match="session record store .* is closed"):
+        await store.create_session(_record("s1"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -243,3 +244,82 @@ def test_a_connection_lost_mid_commit_is_reported_not_retried(store_url: str) ->
         assert len(outcome) == 1 and isinstance(outcome[0], StoreError)
         assert "may or may not be written" in str(outcome[0])
         assert store.head("s") == 0  # the store is usable again; this time nothing was written
+
+
+@pg
+def test_a_batch_keeps_every_field_exactly(store_url: str) -> None:
+    """The append statement gets its batch as JSON rows: texts, timestamps, costs (non-finite ones
+    too) and summaries arrive as they were sent, and are counted as the memory store counts them."""
+    from saucer.store.summary import SummaryDelta
+
+    odd = ['quo"te \\ back', "ünï € 𝄞", "new\nline\ttab", "'; DROP TABLE x; --", '{"s": 1}']
+    summaries: list[SummaryDelta | None] = [
+        SummaryDelta("running", rounds_add=1, cost_add=0.1, reason=odd[0]),
+        None,
+        SummaryDelta(cost_add=float("inf"), unknown=True, reason=odd[1]),
+        SummaryDelta("finished", final_rounds=2, final_steps=7, final_cost=float("nan")),
+        SummaryDelta(cost_add=-1e-300, reason="x" * 600),  # cut to the kept length, as apply() does
+    ]
+    oracle = open_store(f"memory://batch-{uuid.uuid4().hex}")
+    store = open_store(store_url)
+    assert isinstance(store, PostgresStore)
+    try:
+        for s in (store, oracle):
+            for i in range(len(odd)):
+                s.create_session(f"s{i}")
+
+        async def batch(s: Any, expected: int) -> list[Any]:
+            return await asyncio.gather(
+                *(
+                    s.aappend(
+                        f"s{i}",
+                        expected,
+                        [{"op": "set", "var": "x", "value": odd[i]}],
+                        author=odd[i],
+                        round=i,
+                        step=2**62 + expected if i == 2 else expected + i,  # past a double's exact integers
+                        summary=summaries[(i + expected) % len(summaries)],
+                    )
+                    for i in range(len(odd))
+                )
+            )
+
+        written = []
+        for expected in range(3):
+            written += asyncio.run(batch(store, expected))
+            asyncio.run(batch(oracle, expected))
+        assert store._group_committer().largest_batch == len(odd)  # one statement each time
+        for event in written:
+            stored = list(store.read(event.session_id, event.version - 1, event.version))
+            # (the summary is checked below, by what it counted: a record keeps no non-finite cost)
+            assert [(e.timestamp, e.author, e.round, e.step, e.ops) for e in stored] == [
+                (event.timestamp, event.author, event.round, event.step, event.ops)
+            ]
+        for i in range(len(odd)):
+            got, want = store.kept_counters(f"s{i}"), oracle.kept_counters(f"s{i}")
+            assert got is not None and want is not None
+            assert dataclasses.replace(got, cost=0.0) == dataclasses.replace(want, cost=0.0)
+            assert str(got.cost) == str(want.cost)  # inf and nan alike
+    finally:
+        store.close()
+        oracle.close()
+
+
+@pg
+def test_an_entry_that_cannot_be_encoded_fails_alone_with_a_store_error(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        for i in range(3):
+            store.create_session(f"s{i}")
+
+        async def batch() -> list[Any]:
+            return await asyncio.gather(
+                *(store.aappend(f"s{i}", 0, [], author="\ud800" if i == 1 else "ok") for i in range(3)),
+                return_exceptions=True,
+            )
+
+        outcomes = asyncio.run(batch())
+        assert isinstance(outcomes[1], StoreError), outcomes[1]
+        assert [store.head(f"s{i}") for i in range(3)] == [1, 0, 1]
+    finally:
+        store.close()

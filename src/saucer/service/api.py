@@ -162,8 +162,9 @@ class ServiceApi:
         principal, session_id, record = owned
         wait = _float_param(request, "wait", 0.0, _MAX_LONG_POLL)
         if wait > 0 and not record.status.terminal:
-            await self.state.sessions.wait(session_id, wait)
-            record = await self.state.sessions.lookup(session_id, principal) or record
+            # The record of a session that ended meanwhile is the one its end wrote (no read of the store).
+            ended = await self.state.sessions.wait(session_id, wait)
+            record = ended or await self.state.sessions.lookup(session_id, principal) or record
         steps = await self.state.store.steps(session_id)
         return _json({"session": record.model_dump(mode="json"), "steps": [s.model_dump(mode="json") for s in steps]})
 

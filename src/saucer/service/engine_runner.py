@@ -28,7 +28,9 @@ Where things live.
   right after the step's event commits) so the HTTP API can list steps
   without reading the event log. If the server dies between an event and its
   projection, :meth:`EngineTaskRunner.sync_steps` rebuilds the missing
-  records from the events before the session resumes.
+  records from the events before the session resumes; so a projection does
+  not wait for the disk (``derived``): the next record written (the session's
+  end at the latest) makes it durable.
 
 Resume. After a crash or a graceful stop, the server calls :meth:`run` again
 with the same session id: when the event store has the session it is
@@ -52,7 +54,6 @@ same store (another state dir) is still fenced off.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import uuid
@@ -256,13 +257,23 @@ class _SessionDispatcher:
 
 
 class _StepProjection:
-    """Engine observer: after each committed step, record it in the session records (the HTTP API's step list)."""
+    """Engine observer: after each committed step, record it in the session records (the HTTP API's step list).
 
-    def __init__(self, record: SessionRecorder) -> None:
+    ``derived``: the event store outlives the process (not ``memory://``), so a
+    record lost in a power cut is rebuilt from it (:meth:`EngineTaskRunner.sync_steps`)
+    and need not wait for the disk.
+    """
+
+    def __init__(self, record: SessionRecorder, derived: bool) -> None:
         self.record = record
+        self.derived = derived
+        #: The steps this projection committed, in order (a new session's whole step list).
+        self.committed: list[StepRecord] = []
 
     async def on_step(self, session: Session, step: EngineStepRecord) -> None:
-        await _project(self.record, step_record(step.to_dict()))
+        projected = step_record(step.to_dict())
+        if await _project(self.record, projected, derived=self.derived):
+            self.committed.append(projected)
 
 
 def step_record(step: dict[str, Any]) -> StepRecord:
@@ -277,9 +288,13 @@ def step_record(step: dict[str, Any]) -> StepRecord:
     )
 
 
-async def _project(record: SessionRecorder, step: StepRecord) -> None:
-    with contextlib.suppress(StepAlreadyCommitted):  # sync_steps got there first
-        await record.commit_step(step)
+async def _project(record: SessionRecorder, step: StepRecord, *, derived: bool) -> bool:
+    """Commit ``step`` to the records; False if they had it already."""
+    try:
+        await record.commit_step(step, derived=derived)
+    except StepAlreadyCommitted:  # sync_steps got there first
+        return False
+    return True
 
 
 class EngineTaskRunner:
@@ -363,17 +378,19 @@ class EngineTaskRunner:
         options: dict[str, Any] = dict(
             settings=self.settings,
             dispatcher=remote,
-            observer=_StepProjection(record),
+            observer=(projection := _StepProjection(record, derived=not self.store.url.startswith("memory:"))),
             lease_wait=self.lease_wait,
             stop_on_failure=True,
             ask_new_requests=False,
         )
         if not task.steps:
             options["agents"] = self._agent_provider
+        new = False  # a new session: its records hold exactly the steps projected by this run
         try:
             if self.store.exists(session_id):
                 session = Session.resume(session_id, store=self.store, **options)
             else:
+                new = True
                 done = await record.completed_steps()
                 if done:
                     # Starting over would run committed steps again (with call_ids the device has answered).
@@ -402,7 +419,7 @@ class EngineTaskRunner:
             raise
         except (EngineError, LeaseHeldError, StoreError, ValueError) as exc:
             return TaskOutcome(status="failed", error=str(exc), results=await _dumped(record))
-        steps = await record.completed_steps()
+        steps = list(projection.committed) if new else await record.completed_steps()
         return outcome_of(result, steps)
 
     def _agent_provider(self, session: Session) -> Any:
@@ -425,7 +442,7 @@ class EngineTaskRunner:
             if meta["session_step"] - 1 in have:
                 continue
             step = upcast_step(meta, f"session {session_id!r}: the step at version {event.version}")
-            await _project(record, step_record(dict(step)))
+            await _project(record, step_record(dict(step)), derived=False)
             have.add(meta["session_step"] - 1)
             added += 1
         if added:
@@ -439,11 +456,11 @@ class EngineTaskRunner:
         that end around it, so ``saucer show`` and a later resume see them ended.
         """
         store = self.store
-        if not store.exists(session_id):
+        found = store.session_heads([session_id])  # its row and newest event, in one read
+        if not found:
             return
-        head = store.head(session_id)
-        last = list(store.read(session_id, max(0, head - 1), head)) if head else []
-        if last and last[-1].meta.get("kind") == "session_end":
+        last = found[0].last
+        if last is not None and last.meta.get("kind") == "session_end":
             return
         try:
             lease = store.acquire_lease(session_id, self.owner, self.settings.store.lease_ttl)

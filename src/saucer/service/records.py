@@ -16,7 +16,10 @@ an owner shares a device with other principals (:mod:`saucer.service.access`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
@@ -121,8 +124,16 @@ class SessionRecordStore(Protocol):
         """Sessions, oldest first; only ``owner`` 's when given; only non-terminal ones when asked."""
         ...
 
-    async def commit_step(self, session_id: str, step: StepRecord) -> None:
-        """Durably record a completed step; raise :class:`StepAlreadyCommitted` for a repeated index."""
+    async def commit_step(self, session_id: str, step: StepRecord, *, derived: bool = False) -> None:
+        """Durably record a completed step; raise :class:`StepAlreadyCommitted` for a repeated index.
+
+        ``derived``: the step is a projection of a log that is durable already
+        and that rebuilds the record if it is lost (the engine runner's event
+        store, :meth:`~saucer.service.engine_runner.EngineTaskRunner.sync_steps`):
+        it is written at once but need not wait for the disk; it becomes durable
+        with the next write that does (in SQLite's WAL, writes reach the disk in
+        order), and only a power cut before that can lose it.
+        """
         ...
 
     async def steps(self, session_id: str) -> list[StepRecord]:
@@ -188,7 +199,7 @@ class MemorySessionRecordStore:
             if (owner is None or r.owner == owner) and not (active_only and r.status.terminal)
         ]
 
-    async def commit_step(self, session_id: str, step: StepRecord) -> None:
+    async def commit_step(self, session_id: str, step: StepRecord, *, derived: bool = False) -> None:
         """Record a completed step once."""
         if session_id not in self._sessions:
             raise UnknownSession(session_id)
@@ -260,8 +271,13 @@ class SqliteSessionRecordStore:
 
     All access goes through one worker thread that owns the connection, so the
     event loop never blocks on disk and no lock is needed (or can deadlock).
-    Every write is its own transaction with ``synchronous=FULL``: once
-    ``commit_step`` returns, the step survives a SIGKILL of the server.
+    Writes are group-committed: the writes queued while the worker was busy
+    (an fsync of the previous ones, a read) share one transaction with
+    ``synchronous=FULL`` and one fsync, each in a savepoint of its own, so a
+    refused write fails alone. A write returns once its transaction is
+    committed: once ``commit_step`` returns, the step survives a SIGKILL of the
+    server (and a power cut, unless it was ``derived``: see
+    :meth:`SessionRecordStore.commit_step`).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -269,6 +285,11 @@ class SqliteSessionRecordStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="saucer-records")
         self._conn: sqlite3.Connection | None = None
+        self._writes: deque[_Write] = deque()
+        self._writes_lock = threading.Lock()
+        self._draining = False
+        #: How many write transactions were committed (for tests and benchmarks).
+        self.transactions = 0
         # Open eagerly (in the worker thread) so a bad path fails at construction.
         self._executor.submit(self._open).result()
 
@@ -286,6 +307,80 @@ class SqliteSessionRecordStore:
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, run)
 
+    async def _write(self, fn: Callable[[sqlite3.Connection], _T], *, derived: bool = False) -> _T:
+        """Run ``fn`` in a write transaction, shared with the writes queued meanwhile; return once committed."""
+        loop = asyncio.get_running_loop()
+        write = _Write(fn, derived, loop, loop.create_future())
+        with self._writes_lock:
+            self._writes.append(write)
+            start, self._draining = not self._draining, True
+        if start:
+            try:
+                self._executor.submit(self._drain)
+            except RuntimeError:  # the worker has stopped: the store is closed
+                with self._writes_lock:
+                    stranded, self._draining = list(self._writes), False
+                    self._writes.clear()
+                for queued in stranded:
+                    queued.error = RuntimeError(f"the session record store {self.path} is closed")
+                    with contextlib.suppress(RuntimeError):
+                        queued.loop.call_soon_threadsafe(_settle, queued)
+        result: _T = await write.future
+        return result
+
+    def _drain(self) -> None:
+        """In the worker thread: write the queued writes, a batch (one transaction) at a time, until none is left."""
+        while True:
+            with self._writes_lock:
+                batch = [w for w in self._writes if not w.future.cancelled()]  # a cancelled caller's write is not run
+                self._writes.clear()
+                if not batch:
+                    self._draining = False
+                    return
+            try:
+                self._write_batch(batch)
+            except BaseException as exc:  # the transaction failed as a whole: none of the batch is written
+                for write in batch:
+                    write.result, write.error = None, exc
+            for write in batch:
+                with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits for it any more
+                    write.loop.call_soon_threadsafe(_settle, write)
+
+    def _write_batch(self, batch: list[_Write]) -> None:
+        conn = self._conn
+        if conn is None:
+            raise RuntimeError(f"the session record store {self.path} is closed")
+        durable = not all(w.derived for w in batch)
+        if not durable:  # only derived writes: no fsync of their own (SessionRecordStore.commit_step)
+            conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for write in batch:
+                    if len(batch) > 1:
+                        conn.execute("SAVEPOINT write")
+                    try:
+                        write.result = write.fn(conn)
+                    except Exception as exc:
+                        if not conn.in_transaction:  # the error ended the whole transaction
+                            raise
+                        write.error = exc
+                        if len(batch) == 1:
+                            conn.execute("ROLLBACK")
+                            return
+                        conn.execute("ROLLBACK TO write")
+                    if len(batch) > 1:
+                        conn.execute("RELEASE write")
+                conn.execute("COMMIT")
+                self.transactions += 1
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            if not durable:
+                conn.execute("PRAGMA synchronous=FULL")
+
     async def create_session(self, record: SessionRecord) -> None:
         """Record a new session."""
         blob = record.model_dump_json().encode()
@@ -299,29 +394,23 @@ class SqliteSessionRecordStore:
             except sqlite3.IntegrityError:
                 raise ValueError(f"session {record.session_id!r} already exists") from None
 
-        await self._call(insert)
+        await self._write(insert)
 
     async def update_session(self, session_id: str, **changes: Any) -> SessionRecord:
         """Apply changes to a session in one transaction."""
 
         def update(conn: sqlite3.Connection) -> SessionRecord:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = conn.execute("SELECT record FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-                if row is None:
-                    raise UnknownSession(session_id)
-                updated = _apply(SessionRecord.model_validate_json(row[0]), changes)
-                conn.execute(
-                    "UPDATE sessions SET status = ?, record = ? WHERE session_id = ?",
-                    (updated.status.value, updated.model_dump_json().encode(), session_id),
-                )
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+            row = conn.execute("SELECT record FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise UnknownSession(session_id)
+            updated = _apply(SessionRecord.model_validate_json(row[0]), changes)
+            conn.execute(
+                "UPDATE sessions SET status = ?, record = ? WHERE session_id = ?",
+                (updated.status.value, updated.model_dump_json().encode(), session_id),
+            )
             return updated
 
-        return await self._call(update)
+        return await self._write(update)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """The session or None."""
@@ -344,7 +433,7 @@ class SqliteSessionRecordStore:
         rows = await self._call(lambda conn: conn.execute(sql, args).fetchall())
         return [SessionRecord.model_validate_json(row[0]) for row in rows]
 
-    async def commit_step(self, session_id: str, step: StepRecord) -> None:
+    async def commit_step(self, session_id: str, step: StepRecord, *, derived: bool = False) -> None:
         """Record a completed step once; the primary key refuses a second commit."""
         blob = step.model_dump_json().encode()
 
@@ -358,7 +447,7 @@ class SqliteSessionRecordStore:
             except sqlite3.IntegrityError:
                 raise StepAlreadyCommitted(f"session {session_id!r} step {step.index} is already committed") from None
 
-        await self._call(insert)
+        await self._write(insert, derived=derived)
 
     async def steps(self, session_id: str) -> list[StepRecord]:
         """Committed steps in order."""
@@ -377,11 +466,11 @@ class SqliteSessionRecordStore:
             owner_now: str = conn.execute("SELECT owner FROM devices WHERE device_id = ?", (device_id,)).fetchone()[0]
             return owner_now
 
-        return await self._call(claim)
+        return await self._write(claim)
 
     async def grant_device(self, device_id: str, principal: str) -> None:
         """Add a grant, durably."""
-        await self._call(
+        await self._write(
             lambda conn: conn.execute(
                 "INSERT OR IGNORE INTO device_grants (device_id, principal) VALUES (?, ?)", (device_id, principal)
             )
@@ -389,12 +478,14 @@ class SqliteSessionRecordStore:
 
     async def revoke_device(self, device_id: str, principal: str) -> bool:
         """Remove a grant, durably."""
-        cursor = await self._call(
-            lambda conn: conn.execute(
-                "DELETE FROM device_grants WHERE device_id = ? AND principal = ?", (device_id, principal)
+        removed: int = await self._write(
+            lambda conn: (
+                conn.execute(
+                    "DELETE FROM device_grants WHERE device_id = ? AND principal = ?", (device_id, principal)
+                ).rowcount
             )
         )
-        return cursor.rowcount > 0
+        return removed > 0
 
     async def device_grants(self, device_id: str) -> list[str]:
         """Grants of a device, sorted."""
@@ -415,6 +506,32 @@ class SqliteSessionRecordStore:
         if self._conn is not None:
             await self._call(close)
         self._executor.shutdown(wait=True)
+
+
+class _Write:
+    """One queued write of :class:`SqliteSessionRecordStore`: what it runs, and its outcome for its caller."""
+
+    __slots__ = ("fn", "derived", "loop", "future", "result", "error")
+
+    def __init__(
+        self, fn: Callable[[sqlite3.Connection], Any], derived: bool, loop: asyncio.AbstractEventLoop, future: Any
+    ) -> None:
+        self.fn = fn
+        self.derived = derived
+        self.loop = loop
+        self.future: asyncio.Future[Any] = future
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def _settle(write: _Write) -> None:
+    """In the write's loop: hand its outcome to its caller (unless the caller has gone)."""
+    if write.future.done():
+        return
+    if write.error is not None:
+        write.future.set_exception(write.error)
+    else:
+        write.future.set_result(write.result)
 
 
 def _apply(record: SessionRecord, changes: dict[str, Any]) -> SessionRecord:

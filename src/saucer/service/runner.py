@@ -77,8 +77,9 @@ class SessionRecorder(Protocol):
         """Steps already committed, in index order."""
         ...
 
-    async def commit_step(self, step: StepRecord) -> None:
-        """Durably commit one step; a repeated index is an error."""
+    async def commit_step(self, step: StepRecord, *, derived: bool = False) -> None:
+        """Durably commit one step; a repeated index is an error. ``derived``: the step is a projection
+        of the runner's own durable log (:meth:`~saucer.service.records.SessionRecordStore.commit_step`)."""
         ...
 
 
@@ -179,9 +180,9 @@ class StoreSessionRecorder:
         """Committed steps in order."""
         return await self._store.steps(self.session_id)
 
-    async def commit_step(self, step: StepRecord) -> None:
+    async def commit_step(self, step: StepRecord, *, derived: bool = False) -> None:
         """Commit one step durably."""
-        await self._store.commit_step(self.session_id, step)
+        await self._store.commit_step(self.session_id, step, derived=derived)
 
 
 class PlanTaskRunner:

@@ -52,6 +52,9 @@ class ServiceSession:
         #: Who cancelled it (a principal), said by its end.
         self.cancelled_by = ""
         self.dispatcher: WebSocketCommandDispatcher | None = None
+        #: Its record says ``running``, attempt 1, from its creation on (:meth:`SessionManager.submit`
+        #: starts it at once): its first run has no record to write before it starts.
+        self.recorded_running = False
 
     @property
     def session_id(self) -> str:
@@ -103,9 +106,18 @@ class SessionManager:
         if problem is not None:
             raise ProtocolError(ErrorCode.INVALID_TASK, f"{problem} (tools of device {device_id!r})")
         task = task.submitted_by(owner)
-        record = SessionRecord(session_id=uuid.uuid4().hex, owner=owner, device_id=device_id, task=task)
+        # Created running, its first attempt counted: it starts now (one durable write, not two).
+        record = SessionRecord(
+            session_id=uuid.uuid4().hex,
+            owner=owner,
+            device_id=device_id,
+            task=task,
+            status=SessionStatus.RUNNING,
+            attempts=1,
+        )
         await self.store.create_session(record)
         session = ServiceSession(record, submitter)
+        session.recorded_running = True
         self._active[record.session_id] = session
         self._start(session)
         return record
@@ -122,12 +134,15 @@ class SessionManager:
         """The sessions ``principal`` sees (:func:`sees_session`), oldest first: ``GET /api/sessions`` and ``/ui``."""
         return [r for r in await self.store.list_sessions() if sees_session(r, principal, self.config.admins)]
 
-    async def wait(self, session_id: str, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for an active session to end."""
+    async def wait(self, session_id: str, timeout: float) -> SessionRecord | None:
+        """Wait up to ``timeout`` seconds for an active session to end; its final record if it ended meanwhile
+        (None: it is still running, or was not active here)."""
         session = self._active.get(session_id)
-        if session is not None and timeout > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.done.wait(), timeout)
+        if session is None or timeout <= 0:
+            return None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(session.done.wait(), timeout)
+        return session.record if session.done.is_set() else None
 
     async def cancel(self, session_id: str, principal: str, reason: str = "") -> SessionRecord | None:
         """Cancel a session ``principal`` sees; return its record (unchanged if it had already ended).
@@ -195,21 +210,10 @@ class SessionManager:
     async def _run(self, session: ServiceSession) -> None:
         sid = session.session_id
         recorder = StoreSessionRecorder(self.store, sid)
-        resumed_from: int | None = None
-        if session.record.attempts > 0:
-            if self.hooks.sync_steps is not None:
-                # The runner's own log may be ahead of the step records (a crash between the two).
-                try:
-                    await self.hooks.sync_steps(sid, recorder)
-                except Exception:
-                    _log.exception("could not bring the step records of session %s up to date", sid)
-            resumed_from = len(await self.store.steps(sid))
-        session.record = await self.store.update_session(
-            sid,
-            status=SessionStatus.RUNNING,
-            attempts=session.record.attempts + 1,
-            resumed_from_step=resumed_from if resumed_from is not None else session.record.resumed_from_step,
-        )
+        if session.recorded_running:
+            session.recorded_running = False  # a later run (after a reconnect) is counted as usual
+        else:
+            await self._record_attempt(session, recorder)
         dispatcher = WebSocketCommandDispatcher(
             self.hub,
             session.record.device_id,
@@ -230,6 +234,25 @@ class SessionManager:
             _log.exception("runner failed for session %s", sid)
             outcome = TaskOutcome(status="failed", error=f"runner error: {type(exc).__name__}: {exc}")
         await self._finish(session, outcome)
+
+    async def _record_attempt(self, session: ServiceSession, recorder: StoreSessionRecorder) -> None:
+        """Before a run: its record says ``running``, one attempt more, and where a resumed one resumes."""
+        sid = session.session_id
+        resumed_from: int | None = None
+        if session.record.attempts > 0:
+            if self.hooks.sync_steps is not None:
+                # The runner's own log may be ahead of the step records (a crash between the two).
+                try:
+                    await self.hooks.sync_steps(sid, recorder)
+                except Exception:
+                    _log.exception("could not bring the step records of session %s up to date", sid)
+            resumed_from = len(await self.store.steps(sid))
+        session.record = await self.store.update_session(
+            sid,
+            status=SessionStatus.RUNNING,
+            attempts=session.record.attempts + 1,
+            resumed_from_step=resumed_from if resumed_from is not None else session.record.resumed_from_step,
+        )
 
     async def _finish(self, session: ServiceSession, outcome: TaskOutcome) -> None:
         results = outcome.results

@@ -49,8 +49,8 @@ def encode_payload(event: Event, owner: str | None = None) -> tuple[bytes, int]:
     if owner is not None and event.session_id != owner:
         data["session"] = event.session_id
     payload = orjson.dumps(data)
-    check_record_size(len(payload), f"session {event.session_id!r}: the event at version {event.version}")
-    if len(payload) > COMPRESS_OVER:
+    if len(payload) > COMPRESS_OVER:  # the size is checked only then: the limit is far above it
+        check_record_size(len(payload), f"session {event.session_id!r}: the event at version {event.version}")
         payload = zlib.compress(payload, COMPRESS_LEVEL)
     return payload, zlib.crc32(payload)
 

@@ -499,7 +499,8 @@ def _new_event(
         round=round,
         step=step,
         ops=ops,
-        meta=redact(dict(meta or {})),  # step records carry tool results and errors: no secrets in the log
+        # step records carry tool results and errors: no secrets in the log (most commits carry no meta)
+        meta=redact(dict(meta)) if meta else {},
         # a summary's reason is an error's or a refusal's text too (listed by saucer sessions, exported)
         summary=replace(summary, reason=redact_text(summary.reason)) if summary and summary.reason else summary,
     )

@@ -130,7 +130,9 @@ class SQLiteStore(EventStore):
         self._lock = threading.RLock()
         # A closed store has a Closed in place of its connection (a late call says why it fails).
         self._conn: sqlite3.Connection = cast(sqlite3.Connection, Closed(self.path))
-        self._committer = GroupCommitter(self._write_batch, self._write_one)
+        # Coroutines' appends are written by the committer's writer thread: the event loop runs its
+        # other work (other sessions, HTTP, WebSockets) while a batch waits for its fsync.
+        self._committer = GroupCommitter(self._write_batch, self._write_one, off_loop=True)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -163,6 +165,7 @@ class SQLiteStore(EventStore):
             conn.execute("COMMIT")
 
     def close(self) -> None:
+        self._committer.close()
         with self._lock:
             if isinstance(self._conn, sqlite3.Connection):
                 self._conn.close()
@@ -456,11 +459,14 @@ class SQLiteStore(EventStore):
 
     @contextmanager
     def _unsynced(self) -> Iterator[sqlite3.Connection]:
-        """Run a write without its own fsync, for snapshots only.
+        """Run a write without its own fsync: snapshots and lease releases only.
 
-        A snapshot is derived data: in WAL mode a write at ``synchronous=NORMAL``
-        is made durable by the next ``FULL`` commit, and losing the newest
-        snapshot in a power cut only means a longer replay, never a wrong state.
+        In WAL mode a write at ``synchronous=NORMAL`` is made durable by the
+        next ``FULL`` commit (the WAL reaches the disk in order), and a SIGKILL
+        loses nothing: only a power cut before that commit can. A snapshot is
+        derived data: losing the newest one only means a longer replay, never a
+        wrong state. A lost release leaves the lease to expire (its owner takes
+        it back at once, see :meth:`acquire_lease`).
         """
         with self._lock:
             conn = self._conn
@@ -509,7 +515,8 @@ class SQLiteStore(EventStore):
 
     @_translated
     def release_lease(self, lease: Lease) -> None:
-        with self._lock:
+        # No fsync of its own (_unsynced): losing a release costs a wait for the expiry, never a wrong state.
+        with self._unsynced():
             self._conn.execute(
                 "UPDATE leases SET expires_at = 0 WHERE session_id = ? AND owner = ? AND token = ?",
                 (lease.session_id, lease.owner, lease.token),
