@@ -68,6 +68,11 @@ class LeaseKeeper:
                     raise
                 await asyncio.sleep(min(left, max(0.02, exc.expires_at - time.time() + 0.02)))
 
+    def adopt(self, lease: Lease) -> None:
+        """Hold ``lease``, taken by the caller (with the session's creation, :meth:`~saucer.store.EventStore.create_session_leased`)."""
+        self.lease = lease
+        self._renewed = time.monotonic()
+
     def start_renewing(self) -> None:
         """Renew every third of the lease's time to live, from a background task."""
         self._stopped = False

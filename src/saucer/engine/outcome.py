@@ -13,6 +13,7 @@ session does, with what it gets back.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -388,7 +389,7 @@ class OutcomeRecorder:
         finished = status == SessionStatus.FINISHED
         if mode == "always_not" or not finished:
             return None
-        plan = self.experience_plan()
+        plan = await asyncio.to_thread(self.experience_plan)  # it reads the session's log: off the event loop
         if not plan.steps:  # said before anyone is asked: there is nothing to save
             host.skipped["save_experience"] = experience.NOTHING_TO_SAVE
             if mode in ("ask", "always"):

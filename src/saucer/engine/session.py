@@ -480,32 +480,28 @@ class Session:
         store = self._held.open_store()
         sid = self.session_id
         resumer = self._resumer
+        # Every read and write of the store here runs in a thread: the loop's other sessions run meanwhile.
         if resumer.resuming:
-            if not store.exists(sid):  # (never parses the stored meta, which may hold a whole plan)
+            if not await asyncio.to_thread(
+                store.exists, sid
+            ):  # (never parses the stored meta, which may hold a whole plan)
                 raise SessionNotFoundError(sid)
+            lease = await self._held.take_lease(self.owner, self._new_fence, self.lease_wait)
+            # Where to continue, read under the lease and before anything is written
+            # (a session with no failed step to retry is an error that changes nothing).
+            start = await asyncio.to_thread(resumer.locate, store)
         else:
             meta = creation_meta(
                 self.task, self.mode, self.request, self.platform, self.workspace, self.plan, self.plan_file
             )
-            store.create_session(sid, meta=dict(meta), participants=self.participants)
-        lease = await self._held.take_lease(self.owner, self._new_fence, self.lease_wait)
-        # Where to continue, read under the lease and before anything is written
-        # (a session with no failed step to retry is an error that changes nothing).
-        start = resumer.locate(store)
+            # The row and this runner's lease at once (one transaction on PostgreSQL).
+            lease = await self._held.create_leased(self.owner, self._new_fence, dict(meta), self.participants)
+            start = resumer.locate(store)  # a new session: nothing to read
         if start.never_started:  # this run is its start: the plan's variables, then context_vars
             self.context_vars = initial_vars(self.plan, self.context_vars)
         elif resumer.resuming and not start.over:
             _ = self.plan  # a stored plan that no longer parses is a PlanError here, before anything is written
-        self.context = ctx = Context.open(
-            store,
-            sid,
-            author="system",
-            durability=self.settings.store.durability,
-            snapshot_every=self.settings.store.snapshot_every,
-            create=False,
-            fence=lease.token,
-            serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
-        )
+        self.context = ctx = await self._held.open_context(lease.token)
         self._cancel.opened(ctx)
         if start.over:
             self.result = self._outcome.stored_result(start.meta)

@@ -163,13 +163,9 @@ class EventStore(Recorder):
         declares who may write (:attr:`SessionInfo.participants`, kept with the
         row from the first moment; None: every writer may).
         """
-        check_session_id(session_id)
+        meta = _creation_meta(session_id, meta, participants)
         now = time.time()
         version = 0
-        meta = dict(meta or {})
-        meta.pop(PARTICIPANTS_KEY, None)  # only the typed argument declares them
-        if participants is not None:
-            meta[PARTICIPANTS_KEY] = check_participants(participants)
         if parent_id is not None:
             parent = self.session_info(parent_id)
             if parent_version is None:
@@ -181,6 +177,23 @@ class EventStore(Recorder):
         info = SessionInfo(session_id, version, now, now, parent_id, parent_version, meta)
         self.create_row(info, self.summaries.new_counters(info))
         return info
+
+    def create_session_leased(
+        self,
+        session_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        meta: dict[str, Any] | None = None,
+        participants: Sequence[str] | None = None,
+    ) -> tuple[SessionInfo, Lease]:
+        """:meth:`create_session` (not a fork) and :meth:`acquire_lease` for ``owner`` at once: what a
+        runner starting a new session does. The PostgreSQL store makes both in ONE statement (one
+        round trip, one transaction); :class:`SessionExistsError` if the id is taken (nothing is leased)."""
+        meta = _creation_meta(session_id, meta, participants)
+        now = time.time()
+        info = SessionInfo(session_id, 0, now, now, None, None, meta)
+        return info, self.create_row_leased(info, self.summaries.new_counters(info), owner, ttl)
 
     def session_info(self, session_id: str) -> SessionInfo:
         """The session's row; :class:`SessionNotFoundError` if unknown."""
@@ -491,6 +504,16 @@ def _new_event(
         # a summary's reason is an error's or a refusal's text too (listed by saucer sessions, exported)
         summary=replace(summary, reason=redact_text(summary.reason)) if summary and summary.reason else summary,
     )
+
+
+def _creation_meta(session_id: str, meta: dict[str, Any] | None, participants: Sequence[str] | None) -> dict[str, Any]:
+    """A new session's meta, its id checked: ``participants`` (checked) are the only ones it declares."""
+    check_session_id(session_id)
+    meta = dict(meta or {})
+    meta.pop(PARTICIPANTS_KEY, None)  # only the typed argument declares them
+    if participants is not None:
+        meta[PARTICIPANTS_KEY] = check_participants(participants)
+    return meta
 
 
 def _listed(read: Callable[[str, int], Iterator[Event]], session_id: str, after: int) -> list[Event]:

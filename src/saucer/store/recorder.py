@@ -173,6 +173,18 @@ class Recorder(ABC):
         by default, none (snapshots are a cache of the fold: keeping them loses nothing)."""
         return None
 
+    def save_snapshot_pruned(self, snapshot: Snapshot, keep: int) -> None:
+        """:meth:`prune_snapshots` to the newest ``keep`` (never the snapshot's own version), then
+        :meth:`save_snapshot`: a backend that waits on a server does both in one round trip."""
+        self.prune_snapshots(snapshot.session_id, keep)
+        self.save_snapshot(snapshot)
+
+    def create_row_leased(self, info: SessionInfo, counters: Counters, owner: str, ttl: float) -> Lease:
+        """:meth:`create_row`, then :meth:`acquire_lease` for ``owner``: a backend that waits on a server
+        does both in one transaction (the session is never seen without its runner's lease)."""
+        self.create_row(info, counters)
+        return self.acquire_lease(info.session_id, owner, ttl)
+
     def quarantine_record(self, session_id: str, version: int) -> bool:
         """Turn this session's own damaged record at ``version`` into an empty event (:attr:`Feature.QUARANTINE`)."""
         return False
