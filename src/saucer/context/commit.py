@@ -29,9 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-import orjson
-
-from saucer.context.events import Event, ValueNotStorableError, apply_ops, copy_json, to_wire
+from saucer.context.events import Event, apply_ops, copy_json, to_wire
 from saucer.context.participants import ParticipantGate
 from saucer.context.rebase import MAX_REBASES, Rebaser, serialised_meta
 from saucer.context.snapshots import Snapshotter
@@ -92,18 +90,19 @@ class SessionCreation:
     dropped: bool = False
 
 
-def _check_commit_args(author: str, round: object, step: object, meta: EventMeta | None) -> None:
-    """Refuse, before anything is sent, what a store could not write for a commit."""
-    check_text(author, "author")
+def _check_commit_args(round: object, step: object) -> None:
+    """Refuse, before anything is sent, a round or step a store could not write (64-bit ints).
+
+    The author is checked when it changes (:meth:`Committer._begin`); the meta is checked by the
+    store, which encodes it once where it becomes durable (:class:`ValueNotStorableError`)."""
     for what, value in (("round", round), ("step", step)):
-        if value is not None:
+        if value is not None and not (value.__class__ is int and _I64_MIN <= value <= _I64_MAX):
             check_version(value, what)
             to_wire(value, what)  # a 64-bit integer
-    if meta:
-        try:
-            orjson.dumps(meta)  # how the stores encode it
-        except orjson.JSONEncodeError as exc:
-            raise ValueNotStorableError("meta", "", str(exc)) from None
+
+
+_I64_MIN = -(2**63)
+_I64_MAX = 2**63 - 1
 
 
 def _keep_pending(exc: StoreError, count: int) -> None:
@@ -137,6 +136,8 @@ class Committer:
         # The event of a commit whose outcome is unknown (the connection broke):
         # the next commit adopts it if the store has it, instead of writing it twice.
         self._unknown: Event | None = None
+        # The author the last commit checked (a str every store can hold).
+        self._author_checked: str | None = None
 
     def forget_unknown(self) -> None:
         """The pending changes were dropped: a commit of unknown outcome is no longer theirs to settle."""
@@ -283,8 +284,11 @@ class Committer:
             return None
         store, sid = work.require_store()
         author = author or self.author
+        if author is not self._author_checked:  # an engine commits as the same few authors, step after step
+            check_text(author, "author")
+            self._author_checked = author
         round = work.round_id() if round is None else round
-        _check_commit_args(author, round, step, meta)
+        _check_commit_args(round, step)
         if not self._settle_unknown(meta):
             return None
         creation = self.creation

@@ -12,19 +12,9 @@ from enum import Enum
 from typing import Any
 
 from saucer.redaction import redact_known, redact_known_text
+from saucer.store.model import ValueNotStorableError
 
 __all__ = ["MAX_DEPTH", "STATE_MAX_DEPTH", "ValueNotStorableError", "to_wire"]
-
-
-class ValueNotStorableError(TypeError):
-    """A value cannot be stored durably; the message names the key and the path inside it."""
-
-    def __init__(self, key: str, path: str, reason: str) -> None:
-        self.key = key
-        self.path = path
-        self.reason = reason
-        where = f"{key}{path}" if path else key
-        super().__init__(f"value for {where!s} cannot be stored: {reason}")
 
 
 #: JSON numbers every backend and reader hold exactly: signed 64-bit integers.

@@ -31,6 +31,8 @@ from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
 
+import orjson
+
 from saucer.redaction import redact, redact_text
 from saucer.store.lineage import DEFAULT_BATCH, Lineage
 from saucer.store.listing import SummaryKeeper
@@ -58,6 +60,7 @@ from saucer.store.model import (
     Snapshot,
     StoreError,
     StoreKeyError,
+    ValueNotStorableError,
     VersionNotFoundError,
     VersionPrunedError,
     check_participants,
@@ -76,6 +79,7 @@ __all__ = [
     "FencedError",
     "FormatTooNewError",
     "StoreKeyError",
+    "ValueNotStorableError",
     "SessionNotFoundError",
     "SessionExistsError",
     "CorruptRecordError",
@@ -476,20 +480,27 @@ def _new_event(
     meta: dict[str, Any] | None,
     summary: SummaryDelta | None,
 ) -> Event:
-    if summary is not None and not isinstance(summary, SummaryDelta):
+    if summary is not None and summary.__class__ is not SummaryDelta and not isinstance(summary, SummaryDelta):
         raise TypeError(f"summary must be a SummaryDelta or None, not {type(summary).__name__}")
-    return Event(
-        session_id=session_id,
-        version=expected_version + 1,
-        timestamp=time.time(),
-        author=author,
-        round=round,
-        step=step,
-        ops=ops,
-        meta=redact(dict(meta or {})),  # step records carry tool results and errors: no secrets in the log
+    if meta:
+        meta = dict(meta)
+        # Encoded once, here, where it becomes durable: what a backend could not write is refused
+        # before anything is sent (a batch of commits shares one transaction), and the same text
+        # is scanned for secrets (step records carry tool results and errors: none in the log).
+        try:
+            encoded = _dumps(meta)
+        except TypeError as exc:  # orjson.JSONEncodeError: not JSON data, or nested too deeply
+            raise ValueNotStorableError("meta", "", str(exc)) from None
+        meta = redact(meta, encoded=encoded)
+    else:
+        meta = {}
+    if summary is not None and summary.reason:
         # a summary's reason is an error's or a refusal's text too (listed by saucer sessions, exported)
-        summary=replace(summary, reason=redact_text(summary.reason)) if summary and summary.reason else summary,
-    )
+        summary = replace(summary, reason=redact_text(summary.reason))
+    return Event(session_id, expected_version + 1, time.time(), author, round, step, ops, meta, summary)
+
+
+_dumps = orjson.dumps
 
 
 def _listed(read: Callable[[str, int], Iterator[Event]], session_id: str, after: int) -> list[Event]:

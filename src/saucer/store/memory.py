@@ -3,6 +3,11 @@
 Nothing survives the process. Stores opened with the same ``NAME`` share
 their data, which lets several Contexts in one process act as concurrent
 writers of one session.
+
+An event is kept as a durable backend keeps it: its operations and its meta
+as JSON text (:class:`_Kept`), which is the store's own copy (nothing a
+caller holds aliases it), costs one encoding per commit instead of a deep
+copy, and leaves the garbage collector nothing to walk; a read decodes it.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
+
+import orjson
 
 from saucer.store.base import (
     ConflictError,
@@ -28,10 +35,61 @@ from saucer.store.base import (
 )
 from saucer.store.model import Event, copy_json
 from saucer.store.recorder import check_fork_point
-from saucer.store.summary import Counters, fold
+from saucer.store.summary import Counters, SummaryDelta, fold
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["MemoryStore"]
+
+
+class _Kept(NamedTuple):
+    """An event as the store keeps it: its operations and meta as JSON text (see the module docs)."""
+
+    session_id: str
+    version: int
+    timestamp: float
+    author: str
+    round: int | None
+    step: int | None
+    ops: bytes
+    meta: bytes  # b"" for an empty meta
+    summary: SummaryDelta | None
+
+    def event(self) -> Event:
+        """The event, decoded: a copy of the caller's own."""
+        return Event(
+            self.session_id,
+            self.version,
+            self.timestamp,
+            self.author,
+            self.round,
+            self.step,
+            orjson.loads(self.ops),
+            orjson.loads(self.meta) if self.meta else {},
+            self.summary,
+        )
+
+
+_dumps = orjson.dumps
+_new_kept = tuple.__new__  # a NamedTuple's own __new__ is a Python function: one call more per commit
+
+
+def _keep(event: Event) -> _Kept:
+    """``event`` as the store keeps it; TypeError (as a durable backend's) for what JSON cannot hold."""
+    meta = event.meta
+    return _new_kept(
+        _Kept,
+        (
+            event.session_id,
+            event.version,
+            event.timestamp,
+            event.author,
+            event.round,
+            event.step,
+            _dumps(event.ops),
+            _dumps(meta) if meta else b"",
+            event.summary,
+        ),
+    )
 
 
 class _Data:
@@ -40,7 +98,7 @@ class _Data:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.infos: dict[str, SessionInfo] = {}
-        self.events: dict[str, list[Event]] = {}
+        self.events: dict[str, list[_Kept]] = {}
         self.snapshots: dict[str, dict[int, Snapshot]] = {}
         self.leases: dict[str, Lease] = {}
         self.tokens: dict[str, int] = {}
@@ -103,36 +161,23 @@ class MemoryStore(EventStore):
         return self._d.infos.get(session_id)  # one dict lookup: atomic without the lock
 
     def write_event(self, event: Event, expected_version: int, fence: int | None) -> None:
-        with self._transaction() as d:
-            info = d.infos.get(event.session_id)
+        kept = _keep(event)  # encoded before the lock: what JSON cannot hold changes nothing
+        sid = event.session_id
+        d = self._d
+        with d.lock:
+            info = d.infos.get(sid)
             if info is None:
-                raise SessionNotFoundError(event.session_id)
+                raise SessionNotFoundError(sid)
             if fence is not None:
-                current = d.tokens.get(event.session_id)
+                current = d.tokens.get(sid)
                 if current != fence:
-                    lease = d.leases.get(event.session_id)
-                    raise FencedError(event.session_id, fence, current, lease.owner if lease else None)
+                    lease = d.leases.get(sid)
+                    raise FencedError(sid, fence, current, lease.owner if lease else None)
             if info.version != expected_version:
-                raise ConflictError(event.session_id, expected_version, info.version)
-            # Keep the operations as they are (a caller never changes them after an append: see
-            # EventStore.append; a Context's hold values normalised, copied, when they were set),
-            # in a list of the log's own; the meta, which aliases the caller's objects (a step's
-            # record), as a private copy, as a durable backend would. Reads copy both.
-            d.events[event.session_id].append(
-                Event(
-                    event.session_id,
-                    event.version,
-                    event.timestamp,
-                    event.author,
-                    event.round,
-                    event.step,
-                    list(event.ops),
-                    copy_json(event.meta),
-                    event.summary,
-                )
-            )
-            d.infos[event.session_id] = SessionInfo(
-                info.session_id,
+                raise ConflictError(sid, expected_version, info.version)
+            d.events[sid].append(kept)
+            d.infos[sid] = SessionInfo(
+                sid,
                 event.version,
                 info.created_at,
                 event.timestamp,
@@ -140,7 +185,7 @@ class MemoryStore(EventStore):
                 info.parent_version,
                 info.meta,
             )
-            d.counters[event.session_id] = fold(d.counters.get(event.session_id) or Counters(), event)
+            d.counters[sid] = fold(d.counters.get(sid) or Counters(), event)
 
     def read_own(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         with self._transaction() as d:
@@ -150,8 +195,8 @@ class MemoryStore(EventStore):
             start = max(0, after + 1 - first)
             stop = len(events) if upto is None else max(start, min(len(events), upto + 1 - first))
             chosen = events[start:stop]
-        for event in chosen:
-            yield replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta))
+        for kept in chosen:
+            yield kept.event()
 
     def own_formats(self, session_id: str) -> tuple[dict[int, int], dict[int, int]]:
         # Nothing outlives the process: every record is in this code's format.
@@ -177,7 +222,7 @@ class MemoryStore(EventStore):
                 if not 0 <= index < len(log) or log[index].version != event.version:
                     raise StoreError(f"session {session_id!r} has no own event at version {event.version} to rewrite")
             for event in events:
-                log[event.version - first] = replace(event, ops=copy_json(event.ops), meta=copy_json(event.meta))
+                log[event.version - first] = _keep(event)
 
     def own_snapshot(self, session_id: str, upto: int | None) -> Snapshot | None:
         with self._transaction() as d:
@@ -246,7 +291,7 @@ class MemoryStore(EventStore):
             if any(i.parent_id == session_id for i in d.infos.values()):
                 return False
             kept = [e for e in d.events.get(session_id, []) if e.version > cut]
-            d.events[session_id] = [replace(base, ops=copy_json(base.ops), meta=copy_json(base.meta))] + kept
+            d.events[session_id] = [_keep(base), *kept]
             snaps = d.snapshots.setdefault(session_id, {})
             for version in [v for v in snaps if v < cut]:
                 del snaps[version]
@@ -264,7 +309,7 @@ class MemoryStore(EventStore):
             now = d.infos.get(sid)
             if now is None or (now.parent_id, now.parent_version) != (info.parent_id, info.parent_version):
                 return False
-            copies = [replace(e, ops=copy_json(e.ops), meta=copy_json(e.meta)) for e in events]
+            copies = [_keep(e) for e in events]
             d.events[sid] = copies + d.events.get(sid, [])
             if snapshot is not None:
                 d.snapshots.setdefault(sid, {}).setdefault(
@@ -281,6 +326,6 @@ class MemoryStore(EventStore):
             if sid in d.infos:
                 raise SessionExistsError(f"session {sid!r} already exists")
             d.infos[sid] = replace(info, meta=copy_json(info.meta))
-            d.events[sid] = [replace(e, ops=copy_json(e.ops), meta=copy_json(e.meta)) for e in events]
+            d.events[sid] = [_keep(e) for e in events]
             d.snapshots[sid] = {s.version: replace(s, state=copy_json(s.state)) for s in snapshots}
             d.counters[sid] = counters
