@@ -40,6 +40,15 @@ _MISSING: Any = object()
 _I64 = -(2**63)
 
 
+#: Each durable typed name (a member hashes as its name): the name an atomic operation on it
+#: targets (a derived name's ledger), whether it is derived, and its label.
+_OP_TARGETS: dict[str, tuple[str, bool, str]] = {
+    m.value: (DERIVED_LEDGERS.get(m.value, m.value), m.value in DERIVED_LEDGERS, m.value)
+    for m in ContextNames
+    if m.durable
+}
+
+
 def type_name(tp: object) -> str:
     """How an error message names a declared type (``int``, ``dict[int, float]``)."""
     name: str = getattr(tp, "__name__", "")  # a generic alias (dict[int, float]) answers its origin's name
@@ -52,6 +61,8 @@ def _wrong_type(member: ContextNames, value: object) -> TypeError:
 
 def check_var_key(key: object) -> None:
     """Refuse what cannot name a context variable (TypeError): not a non-empty str, or a typed name's string."""
+    if key.__class__ is str and key in _GOOD_KEYS:  # a session reads the same few variables step after step
+        return
     if not isinstance(key, str) or not key:
         raise TypeError(f"context variable names are non-empty strings, not {key!r}")
     if typed_name(key) is not None:
@@ -60,6 +71,12 @@ def check_var_key(key: object) -> None:
             "read and write it with get/set (incr/append/compare_and_set take it too)"
         )
     to_wire(key, "vars")  # a name that JSON cannot hold is refused too
+    if key.__class__ is str and len(_GOOD_KEYS) < 1024:
+        _GOOD_KEYS.add(key)
+
+
+#: Variable names :func:`check_var_key` accepted (the check is the same every time; a few kept).
+_GOOD_KEYS: set[str] = set()
 
 
 def set_op(member: ContextNames, value: object, round_id: int) -> SetOp:
@@ -215,14 +232,15 @@ class TypedAccess:
         derived ``CURRENT_ROUND_*`` name its ledger entry for the current
         round); any other string targets a context variable.
         """
+        spec = _OP_TARGETS.get(key) if isinstance(key, str) else None
+        if spec is not None:
+            name, derived, label = spec
+            if derived:
+                return {"name": name, "path": [self._work.round_id()]}, label
+            return {"name": name}, label
         member = typed_name(key)
         if member is not None:
-            if not member.durable:
-                raise TypeError(f"{member.value} is runtime-only; atomic operations need a durable name")
-            ledger = DERIVED_LEDGERS.get(member.value)
-            if ledger is not None:
-                return {"name": ledger, "path": [self._work.round_id()]}, member.value
-            return {"name": member.value}, member.value
+            raise TypeError(f"{member.value} is runtime-only; atomic operations need a durable name")
         check_var_key(key)
         return {"var": key}, f"vars.{key}"
 
@@ -256,7 +274,8 @@ class TypedAccess:
         if not (result.__class__ is int and by.__class__ is int and _I64 <= result < -_I64 and _I64 <= by < -_I64):
             to_wire(result, label)  # refuses a result JSON cannot hold (inf, > 64 bits)
             to_wire(by, label)
-        return {"op": "incr", **target, "by": by}, target
+        op: IncrOp = {"op": "incr", **target, "by": by}
+        return op, target
 
     def append(self, key: ContextNames | str, value: Any) -> None:
         """Atomically append ``value`` to a list (a var, or a list-valued typed name)."""

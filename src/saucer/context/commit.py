@@ -105,6 +105,14 @@ _I64_MIN = -(2**63)
 _I64_MAX = 2**63 - 1
 
 
+def _thrown(attempts: Generator[_Append | _Wait, None, None], exc: StoreError) -> _Append | _Wait | None:
+    """What the retry core does after ``exc`` (None: it is done); raises what cannot be retried."""
+    try:
+        return attempts.throw(exc)
+    except StopIteration:
+        return None
+
+
 def _keep_pending(exc: StoreError, count: int) -> None:
     """Say, in the store's error, what happened to the pending changes (they are kept)."""
     if isinstance(exc, OutcomeUnknownError):
@@ -182,32 +190,30 @@ class Committer:
                 return work.version
             attempts = self._attempts(job)
             append, written = job.store.append, self._written
-            try:
-                action = next(attempts)
-                while True:
-                    if isinstance(action, _Wait):
-                        time.sleep(action.seconds)
-                        action = next(attempts)
-                        continue
-                    try:
-                        event = append(
-                            job.session_id,
-                            action.version,
-                            action.ops,
-                            author=job.author,
-                            round=job.round,
-                            step=job.step,
-                            meta=action.meta,
-                            fence=self.fence,
-                            summary=job.summary,
-                        )
-                    except StoreError as exc:
-                        action = attempts.throw(exc)
-                    else:
-                        written(event)
-                        action = next(attempts)
-            except StopIteration:
-                pass
+            action = next(attempts, None)  # None: the core is done
+            while action is not None:
+                if action.__class__ is _Wait:
+                    time.sleep(action.seconds)
+                    action = next(attempts, None)
+                    continue
+                action = cast("_Append", action)
+                try:
+                    event = append(
+                        job.session_id,
+                        action.version,
+                        action.ops,
+                        author=job.author,
+                        round=job.round,
+                        step=job.step,
+                        meta=action.meta,
+                        fence=self.fence,
+                        summary=job.summary,
+                    )
+                except StoreError as exc:
+                    action = _thrown(attempts, exc)
+                else:
+                    written(event)
+                    action = next(attempts, None)
             self._snapshots.maybe()
             return work.version
 
@@ -229,36 +235,34 @@ class Committer:
             work.committing = True
         try:
             attempts = self._attempts(job)
-            try:
-                action = next(attempts)
-                while True:
-                    if isinstance(action, _Wait):
-                        import asyncio  # only a coroutine waits; a reading command never loads asyncio
+            action = next(attempts, None)  # None: the core is done
+            while action is not None:
+                if action.__class__ is _Wait:
+                    import asyncio  # only a coroutine waits; a reading command never loads asyncio
 
-                        await asyncio.sleep(action.seconds)
-                        action = next(attempts)
-                        continue
-                    try:
-                        # The store calls _written as soon as the event is durable,
-                        # even if this task is cancelled while it waits.
-                        await job.store.aappend(
-                            job.session_id,
-                            action.version,
-                            action.ops,
-                            author=job.author,
-                            round=job.round,
-                            step=job.step,
-                            meta=action.meta,
-                            fence=self.fence,
-                            on_written=self._written,
-                            summary=job.summary,
-                        )
-                    except StoreError as exc:
-                        action = attempts.throw(exc)
-                    else:
-                        action = next(attempts)
-            except StopIteration:
-                pass
+                    await asyncio.sleep(action.seconds)
+                    action = next(attempts, None)
+                    continue
+                action = cast("_Append", action)
+                try:
+                    # The store calls _written as soon as the event is durable,
+                    # even if this task is cancelled while it waits.
+                    await job.store.aappend(
+                        job.session_id,
+                        action.version,
+                        action.ops,
+                        author=job.author,
+                        round=job.round,
+                        step=job.step,
+                        meta=action.meta,
+                        fence=self.fence,
+                        on_written=self._written,
+                        summary=job.summary,
+                    )
+                except StoreError as exc:
+                    action = _thrown(attempts, exc)
+                else:
+                    action = next(attempts, None)
         finally:
             work.committing = False
         if self._snapshots.due():
@@ -309,46 +313,43 @@ class Committer:
         first. The core returns when the changes are written and raises what
         cannot be retried.
         """
+        work, rebaser = self._work, self._rebaser
         try:
-            yield from self._attempts_of(job)
+            # The version the pending changes were made on (older than this Context's version
+            # after a catch_up, which re-based them already), and what the re-bases left out.
+            base = work.version if work.pending_base is None else work.pending_base
+            dropped = list(work.caught_dropped)
+            meta = job.meta
+            if self.serialise and base < work.version:
+                meta = serialised_meta(job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped)
+            for attempt in range(MAX_REBASES):
+                ops = work.pending
+                self._gate.check(job.store, job.session_id, job.author, self.fence)
+                try:
+                    # The store takes the operations as JSON objects: what each Op is.
+                    yield _Append(cast("list[dict[str, Any]]", ops), work.version, meta)
+                    return
+                except FencedError:
+                    raise  # another runner holds the session: retrying cannot help
+                except ConflictError as exc:
+                    delay = rebaser.before_retry(exc, ops, attempt, self.serialise)
+                except StoreError as exc:
+                    self._commit_failed(exc)
+                    raise
+                if delay:
+                    yield _Wait(delay)
+                with work.lock:
+                    if self.serialise:
+                        dropped += rebaser.rebase_all(ops)
+                        meta = serialised_meta(
+                            job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped
+                        )
+                    else:
+                        rebaser.rebase(ops)
+            raise ConflictError(job.session_id, work.version, None, ["(too many concurrent writers)"])
         except (NotParticipantError, FencedError):  # refused, nothing written (an unknown outcome is not)
             self._drop_if_empty()
             raise
-
-    def _attempts_of(self, job: _Commit) -> Generator[_Append | _Wait, None, None]:
-        work, rebaser = self._work, self._rebaser
-        # The version the pending changes were made on (older than this Context's version
-        # after a catch_up, which re-based them already), and what the re-bases left out.
-        base = work.version if work.pending_base is None else work.pending_base
-        dropped = list(work.caught_dropped)
-        meta = job.meta
-        if self.serialise and base < work.version:
-            meta = serialised_meta(job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped)
-        for attempt in range(MAX_REBASES):
-            ops = work.pending
-            self._gate.check(job.store, job.session_id, job.author, self.fence)
-            try:
-                # The store takes the operations as JSON objects: what each Op is.
-                yield _Append(cast("list[dict[str, Any]]", ops), work.version, meta)
-                return
-            except FencedError:
-                raise  # another runner holds the session: retrying cannot help
-            except ConflictError as exc:
-                delay = rebaser.before_retry(exc, ops, attempt, self.serialise)
-            except StoreError as exc:
-                self._commit_failed(exc)
-                raise
-            if delay:
-                yield _Wait(delay)
-            with work.lock:
-                if self.serialise:
-                    dropped += rebaser.rebase_all(ops)
-                    meta = serialised_meta(
-                        job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped
-                    )
-                else:
-                    rebaser.rebase(ops)
-        raise ConflictError(job.session_id, work.version, None, ["(too many concurrent writers)"])
 
     def _drop_if_empty(self) -> None:
         """After a refused commit (not a participant, fenced off): remove the session this Context
@@ -371,13 +372,14 @@ class Committer:
         work = self._work
         with work.lock:
             pending = work.pending
-            count = len(pending) if count is None else count
-            self._gate.track(pending[:count])
+            whole = count is None or count >= len(pending)  # (as a commit is: no slices to make)
+            count = len(pending) if whole or count is None else count
+            self._gate.track(pending if whole else pending[:count])
             self._snapshots.tail_ops += count
             work.version = event.version
             if self.creation is not None:
                 self.creation = None  # the session holds a write: it is not removed any more
-            work.pending = pending[count:]
+            work.pending = [] if whole else pending[count:]
             work.step_mark = max(0, work.step_mark - count)
             if not work.pending:
                 work.pending_base, work.caught_dropped = None, []

@@ -107,7 +107,12 @@ def _plain(value: Any, room: int, depth: int) -> Any:
                     k = str(k)
                 elif k.__class__ is not str or not (k.isascii() or _valid_text(k)):
                     raise _NotPlain
-                out[k] = _plain(v, room - 1, depth - 1)
+                # ASCII strings, 64-bit ints and None (most items) are taken without a call each.
+                c = v.__class__
+                if (c is str and v.isascii()) or v is None or (c is int and _INT_MIN <= v <= _INT_MAX):
+                    out[k] = v
+                else:
+                    out[k] = _plain(v, room - 1, depth - 1)
             return out
         if cls is list:
             return [_plain(v, room - 1, depth) for v in value]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from saucer.context.names import ContextNames
 from saucer.engine.accounting import Limits
@@ -376,13 +376,11 @@ class Round:
 
     def _step_meta(self, record: StepRecord, next_agent: str, next_state: str) -> dict[str, Any]:
         """A step's commit meta: its record, and the cursor of the agent and state that act next."""
-        meta: StepMeta = {
-            **record.to_meta(),
-            "kind": "step",
-            "session_status": "running",
-            "cursor": self.session.step_cursor(self.id, self.plan_index, next_agent, next_state),
-        }
-        return dict(meta)
+        meta = cast("StepMeta", record.to_meta())  # a new dict: completed in place
+        meta["kind"] = "step"
+        meta["session_status"] = "running"
+        meta["cursor"] = self.session.step_cursor(self.id, self.plan_index, next_agent, next_state)
+        return cast("dict[str, Any]", meta)
 
     def _end(self, status: str, reason: str, error: str | None = None) -> RoundResult:
         return RoundResult(self.id, status, self.steps, self.cost, reason, error)

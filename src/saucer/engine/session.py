@@ -456,7 +456,7 @@ class Session:
 
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> CursorMeta:
         """The resume cursor of a step's commit: the agent and state that act next."""
-        return self.cursor("step", round_id, plan_index, agent=agent, state=state)
+        return cursor_meta("step", round_id, plan_index, agent, state, self.progress, self.limits)
 
     def note_unknown_cost(self) -> None:
         """Some cost could not be priced: the session's total is unknown, never a number."""
@@ -472,7 +472,8 @@ class Session:
                 self.subtask_end_hook(self, rnd, agent)
             self._outcome.step_done(record)
         self.logs.write_step(record)
-        await self._notify.step(self, record)
+        if self._notify.has("on_step"):  # (no coroutine to make per step for an observer without the hook)
+            await self._notify.step(self, record)
 
     # ================================================================ start
 

@@ -36,6 +36,10 @@ def summary_of(meta: Mapping[str, Any]) -> SummaryDelta:
     kind = meta.get("kind")
     status = meta.get("session_status")
     status = status if isinstance(status, str) else None
+    if kind == "step" and "cost" not in meta and "reason" not in meta and "cost_summary" not in meta:
+        shared = _STATUS_ONLY.get(status)  # a step that cost nothing: its status alone (see below)
+        if shared is not None:
+            return shared
     cost_add, unknown = 0.0, False
     if kind in ("step", "evaluation") and "cost" in meta:
         if _number(meta["cost"]):

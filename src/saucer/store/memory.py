@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import orjson
 
@@ -35,7 +35,7 @@ from saucer.store.base import (
 )
 from saucer.store.model import Event, copy_json
 from saucer.store.recorder import check_fork_point
-from saucer.store.summary import Counters, SummaryDelta, fold
+from saucer.store.summary import Counters, SummaryDelta, fold_events
 from saucer.store.upcast import FORMAT_VERSION
 
 __all__ = ["MemoryStore"]
@@ -92,17 +92,63 @@ def _keep(event: Event) -> _Kept:
     )
 
 
+class _Done:
+    """An awaitable that is done at once (what :meth:`MemoryStore.awrite_event` returns)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return cast("Generator[None, None, None]", iter(()))  # an iterator that ends at once is all await needs
+
+
+_DONE = _Done()
+
+
 class _Data:
     """The tables of one store (shared by the stores opened with the same name)."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.infos: dict[str, SessionInfo] = {}
+        self.rows: dict[str, SessionInfo] = {}  # read through ``infos``
         self.events: dict[str, list[_Kept]] = {}
         self.snapshots: dict[str, dict[int, Snapshot]] = {}
         self.leases: dict[str, Lease] = {}
         self.tokens: dict[str, int] = {}
         self.counters: dict[str, Counters] = {}  # the summary of each session (saucer.store.summary)
+        # What a commit changes besides the log -- the session's head (version, time) and its
+        # summary -- is kept aside and applied when read: the row made anew (``infos``), the
+        # newest events folded into the counters (``counters_of``), not once per commit.
+        self.heads: dict[str, tuple[int, float]] = {}
+        self.unfolded: dict[str, int] = {}  # how many of the newest events the counters miss
+
+    @property
+    def infos(self) -> dict[str, SessionInfo]:
+        """The session rows, each at its head."""
+        heads = self.heads
+        if heads:
+            with self.lock:
+                rows = self.rows
+                for sid, (version, at) in heads.items():
+                    info = rows[sid]
+                    rows[sid] = SessionInfo(
+                        sid, version, info.created_at, at, info.parent_id, info.parent_version, info.meta
+                    )
+                heads.clear()
+        return self.rows
+
+    def counters_of(self, session_id: str) -> Counters | None:
+        """The session's summary counters, its newest events folded in (with the lock held)."""
+        counters = self.counters.get(session_id)
+        unfolded = self.unfolded.pop(session_id, 0)
+        if unfolded:
+            counters = fold_events(counters or Counters(), self.events[session_id][-unfolded:])
+            self.counters[session_id] = counters
+        return counters
+
+    def forget(self, session_id: str) -> None:
+        """Drop what is kept aside for the session (with the lock held; its row is read first if kept)."""
+        self.heads.pop(session_id, None)
+        self.unfolded.pop(session_id, None)
 
     # Held with ``with``: the lock, without a generator-based context manager
     # on every call (the memory store is what the benchmarks of the engine use).
@@ -155,17 +201,18 @@ class MemoryStore(EventStore):
             d.counters[info.session_id] = counters
 
     def kept_counters(self, session_id: str) -> Counters | None:
-        return self._d.counters.get(session_id)
+        with self._transaction() as d:
+            return d.counters_of(session_id)
 
     def row(self, session_id: str) -> SessionInfo | None:
-        return self._d.infos.get(session_id)  # one dict lookup: atomic without the lock
+        return self._d.infos.get(session_id)
 
     def write_event(self, event: Event, expected_version: int, fence: int | None) -> None:
         kept = _keep(event)  # encoded before the lock: what JSON cannot hold changes nothing
         sid = event.session_id
         d = self._d
         with d.lock:
-            info = d.infos.get(sid)
+            info = d.rows.get(sid)
             if info is None:
                 raise SessionNotFoundError(sid)
             if fence is not None:
@@ -173,19 +220,23 @@ class MemoryStore(EventStore):
                 if current != fence:
                     lease = d.leases.get(sid)
                     raise FencedError(sid, fence, current, lease.owner if lease else None)
-            if info.version != expected_version:
-                raise ConflictError(sid, expected_version, info.version)
+            head = d.heads.get(sid)
+            version = info.version if head is None else head[0]
+            if version != expected_version:
+                raise ConflictError(sid, expected_version, version)
             d.events[sid].append(kept)
-            d.infos[sid] = SessionInfo(
-                sid,
-                event.version,
-                info.created_at,
-                event.timestamp,
-                info.parent_id,
-                info.parent_version,
-                info.meta,
-            )
-            d.counters[sid] = fold(d.counters.get(sid) or Counters(), event)
+            d.heads[sid] = (event.version, event.timestamp)  # the row and the counters follow when read
+            d.unfolded[sid] = d.unfolded.get(sid, 0) + 1
+
+    def awrite_event(
+        self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], object] | None
+    ) -> Awaitable[None]:
+        # Nothing to wait for: written (and reported) now, and an awaitable already done is
+        # returned (no coroutine to make and run per commit).
+        self.write_event(event, expected_version, fence)
+        if on_written is not None:
+            on_written()
+        return _DONE
 
     def read_own(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         with self._transaction() as d:
@@ -209,6 +260,7 @@ class MemoryStore(EventStore):
         self, session_id: str, events: list[Event], snapshots: Sequence[Snapshot], meta: dict[str, Any] | None
     ) -> None:
         with self._transaction() as d:
+            d.counters_of(session_id)  # folded before its events are replaced
             if meta is not None:
                 d.infos[session_id] = replace(d.infos[session_id], meta=copy_json(meta))
             for snapshot in snapshots:
@@ -256,6 +308,7 @@ class MemoryStore(EventStore):
 
     def delete_rows(self, session_id: str) -> None:
         with self._transaction() as d:
+            d.forget(session_id)
             for table in (d.infos, d.events, d.snapshots, d.leases, d.tokens, d.counters):
                 table.pop(session_id, None)
 
@@ -290,6 +343,7 @@ class MemoryStore(EventStore):
                 return True
             if any(i.parent_id == session_id for i in d.infos.values()):
                 return False
+            d.counters_of(session_id)  # the versions cut were counted: folded before they go
             kept = [e for e in d.events.get(session_id, []) if e.version > cut]
             d.events[session_id] = [_keep(base), *kept]
             snaps = d.snapshots.setdefault(session_id, {})
@@ -309,6 +363,7 @@ class MemoryStore(EventStore):
             now = d.infos.get(sid)
             if now is None or (now.parent_id, now.parent_version) != (info.parent_id, info.parent_version):
                 return False
+            d.counters_of(sid)  # (what is unfolded is the newest events: folded before the log changes)
             copies = [_keep(e) for e in events]
             d.events[sid] = copies + d.events.get(sid, [])
             if snapshot is not None:
