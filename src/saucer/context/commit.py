@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Awaitable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 from saucer.context.events import Event, apply_ops, copy_json, to_wire
 from saucer.context.participants import ParticipantGate
@@ -54,7 +54,7 @@ __all__ = ["Committer", "SessionCreation"]
 class _Append:
     """Retry core -> driver: append ``ops`` as one event based on ``version``, with ``meta``."""
 
-    ops: list[dict[str, Any]]
+    ops: list[Any]  # the pending Ops: the store takes them as the JSON objects each Op is
     version: int
     meta: EventMeta | None
 
@@ -111,6 +111,10 @@ def _thrown(attempts: Generator[_Append | _Wait, None, None], exc: StoreError) -
         return attempts.throw(exc)
     except StopIteration:
         return None
+
+
+async def _version_now(version: int) -> int:
+    return version
 
 
 def _keep_pending(exc: StoreError, count: int) -> None:
@@ -192,11 +196,10 @@ class Committer:
             append, written = job.store.append, self._written
             action = next(attempts, None)  # None: the core is done
             while action is not None:
-                if action.__class__ is _Wait:
+                if isinstance(action, _Wait):
                     time.sleep(action.seconds)
                     action = next(attempts, None)
                     continue
-                action = cast("_Append", action)
                 try:
                     event = append(
                         job.session_id,
@@ -237,13 +240,12 @@ class Committer:
             attempts = self._attempts(job)
             action = next(attempts, None)  # None: the core is done
             while action is not None:
-                if action.__class__ is _Wait:
+                if isinstance(action, _Wait):
                     import asyncio  # only a coroutine waits; a reading command never loads asyncio
 
                     await asyncio.sleep(action.seconds)
                     action = next(attempts, None)
                     continue
-                action = cast("_Append", action)
                 try:
                     # The store calls _written as soon as the event is durable,
                     # even if this task is cancelled while it waits.
@@ -281,19 +283,27 @@ class Committer:
     ) -> _Commit | None:
         """Under the lock: what a commit writes, or None when there is nothing to write."""
         work = self._work
-        if work.store is None:
+        store = work.store
+        if store is None:
             return None
-        work.check_writable()
+        if work.read_only or work.closed or work.committing:
+            work.check_writable()  # raises, saying why
         if not (work.pending or meta or summary is not None):
             return None
-        store, sid = work.require_store()
+        sid = work.session_id
+        if sid is None:
+            store, sid = work.require_store()  # raises
         author = author or self.author
         if author is not self._author_checked:  # an engine commits as the same few authors, step after step
             check_text(author, "author")
             self._author_checked = author
         round = work.round_id() if round is None else round
-        _check_commit_args(round, step)
-        if not self._settle_unknown(meta):
+        if not (
+            (round.__class__ is int and _I64_MIN <= round <= _I64_MAX)
+            and (step is None or (step.__class__ is int and _I64_MIN <= step <= _I64_MAX))
+        ):
+            _check_commit_args(round, step)  # what is not a 64-bit int: refused, saying why
+        if self._unknown is not None and not self._settle_unknown(meta):
             return None
         creation = self.creation
         if creation is not None and creation.dropped:
@@ -324,10 +334,10 @@ class Committer:
                 meta = serialised_meta(job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped)
             for attempt in range(MAX_REBASES):
                 ops = work.pending
-                self._gate.check(job.store, job.session_id, job.author, self.fence)
+                if self.fence is None:  # (a commit with the lease token is the runner's: always allowed)
+                    self._gate.check(job.store, job.session_id, job.author, self.fence)
                 try:
-                    # The store takes the operations as JSON objects: what each Op is.
-                    yield _Append(cast("list[dict[str, Any]]", ops), work.version, meta)
+                    yield _Append(ops, work.version, meta)
                     return
                 except FencedError:
                     raise  # another runner holds the session: retrying cannot help
@@ -447,7 +457,7 @@ class Committer:
             return self._work.version
         return self.commit(author=author, round=round, step=step, meta=meta, summary=summary)
 
-    async def acommit_step(
+    def acommit_step(
         self,
         *,
         author: str | None = None,
@@ -455,11 +465,13 @@ class Committer:
         step: int | None = None,
         meta: EventMeta | None = None,
         summary: SummaryDelta | None = None,
-    ) -> int:
-        """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
+    ) -> Awaitable[int]:
+        """:meth:`commit_step` for coroutines (see :meth:`acommit`): to await.
+
+        Not a coroutine of its own: it gives :meth:`acommit`'s (one frame less per step)."""
         if self._step_waits_for_close():
-            return self._work.version
-        return await self.acommit(author=author, round=round, step=step, meta=meta, summary=summary)
+            return _version_now(self._work.version)
+        return self.acommit(author=author, round=round, step=step, meta=meta, summary=summary)
 
     def _step_waits_for_close(self) -> bool:
         """With durability ``exit``, a finished step stays pending until close: mark where it ends."""

@@ -83,6 +83,10 @@ class RunResources:
         if self.keeper is not None:
             self.keeper.check()
 
+    def lease_checker(self) -> Callable[[], None]:
+        """:meth:`check_lease` as the keeper's own method, looked up once (a round calls it before every step)."""
+        return self.keeper.check if self.keeper is not None else _no_lease
+
     def add_closer(self, closer: Callable[[], Awaitable[Any]]) -> None:
         """Await ``closer()`` when the run closes."""
         self._closers.append(closer)
@@ -114,3 +118,7 @@ class RunResources:
         if self._owns_store and self.store is not None:
             self.store.close()
             self.store = None  # the plan property opens the store's URL again if it still has to read
+
+
+def _no_lease() -> None:
+    """:meth:`RunResources.check_lease` before a lease is taken: nothing to check."""

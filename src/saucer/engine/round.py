@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -45,7 +46,7 @@ from saucer.engine.uitree import artifact_name, look
 
 if TYPE_CHECKING:
     from saucer.engine.application import ApplicationWatch
-    from saucer.engine.meta import CursorMeta, StepMeta
+    from saucer.engine.meta import CursorMeta
     from saucer.engine.plan import PlanStep
 
 __all__ = ["Round", "RoundResult", "RoundStatus", "RoundHost"]
@@ -120,8 +121,9 @@ class RoundHost(AgentHost, Protocol):
     #: Fills UFO's APPLICATION_* names after each step, in a session with a desktop (else None).
     application: ApplicationWatch | None
 
-    def check_lease(self) -> None:
-        """Before each step: raise if this runner lost its lease on the session."""
+    def lease_checker(self) -> Callable[[], None]:
+        """What to call before each step: it raises if this runner lost its lease on the session."""
+        ...
 
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> CursorMeta:
         """The resume cursor a step's commit carries: the agent and state that act next."""
@@ -194,6 +196,7 @@ class Round:
         """Step until the round ends; return how it ended."""
         session = self.session
         limits = session.limits
+        check_lease = session.lease_checker()
         sleep_time = session.settings.system.sleep_time
         save_ui_tree = session.settings.system.save_ui_tree and "save_ui_tree" not in session.skipped
         agent = self.agent
@@ -206,7 +209,7 @@ class Round:
             cancelled = session.cancelled_by()
             if cancelled is not None:  # a person cancelled the session: no other step starts
                 return self._end(RoundStatus.STOPPED, cancelled[1])
-            session.check_lease()
+            check_lease()
             round_step += 1
             record = StepRecord(
                 session.session_id,
@@ -376,11 +379,12 @@ class Round:
 
     def _step_meta(self, record: StepRecord, next_agent: str, next_state: str) -> dict[str, Any]:
         """A step's commit meta: its record, and the cursor of the agent and state that act next."""
-        meta = cast("StepMeta", record.to_meta())  # a new dict: completed in place
+        # A StepMeta (engine.meta): the record's compact form, a new dict, completed in place.
+        meta = cast("dict[str, Any]", record.to_meta())
         meta["kind"] = "step"
         meta["session_status"] = "running"
         meta["cursor"] = self.session.step_cursor(self.id, self.plan_index, next_agent, next_state)
-        return cast("dict[str, Any]", meta)
+        return meta
 
     def _end(self, status: str, reason: str, error: str | None = None) -> RoundResult:
         return RoundResult(self.id, status, self.steps, self.cost, reason, error)

@@ -454,6 +454,10 @@ class Session:
         """Before each step: :class:`LeaseLostError` if this runner lost its lease; renew it when due."""
         self._held.check_lease()
 
+    def lease_checker(self) -> Callable[[], None]:
+        """:meth:`check_lease`, bound once to this run's lease keeper (a round calls it before every step)."""
+        return self._held.lease_checker()
+
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> CursorMeta:
         """The resume cursor of a step's commit: the agent and state that act next."""
         return cursor_meta("step", round_id, plan_index, agent, state, self.progress, self.limits)
@@ -471,7 +475,8 @@ class Session:
             if subtask_end and self.subtask_end_hook is not None:
                 self.subtask_end_hook(self, rnd, agent)
             self._outcome.step_done(record)
-        self.logs.write_step(record)
+        if self.logs.path is not None:
+            self.logs.write_step(record)
         if self._notify.has("on_step"):  # (no coroutine to make per step for an observer without the hook)
             await self._notify.step(self, record)
 

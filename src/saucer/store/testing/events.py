@@ -106,7 +106,8 @@ class EventContract:
         event.meta["results"].append("mine")  # what a read gives is the reader's own
         assert next(iter(store.read("s"))).meta == {"results": [{"out": "first"}], "cursor": {"round": 1}}
         # What JSON cannot hold is refused before anything is written, synchronously or not.
-        for bad in ({"x": {1, 2}}, {"x": object()}, {1: "an int key"}):
+        bad_metas: list[dict[Any, Any]] = [{"x": {1, 2}}, {"x": object()}, {1: "an int key"}]
+        for bad in bad_metas:
             with pytest.raises(ValueNotStorableError, match="meta"):
                 store.append("s", 1, [], author="a", meta=bad)
             with pytest.raises(ValueNotStorableError, match="meta"):
