@@ -49,6 +49,16 @@ _OP_TARGETS: dict[str, tuple[str, bool, str]] = {
 }
 
 
+#: Each typed name an atomic increment may target (a number, or a derived name's per-round ledger):
+#: the name it targets, whether that is the current round's ledger entry, its label, and
+#: whether ``by`` must be an int or becomes a float.
+_INCR_SPECS: dict[str, tuple[str, bool, str, bool, bool]] = {
+    label: (name, derived, label, name in INT_NAMES, name in FLOAT_NAMES)
+    for label, (name, derived, _) in _OP_TARGETS.items()
+    if name in NUMBER_NAMES or derived
+}
+
+
 def type_name(tp: object) -> str:
     """How an error message names a declared type (``int``, ``dict[int, float]``)."""
     name: str = getattr(tp, "__name__", "")  # a generic alias (dict[int, float]) answers its origin's name
@@ -256,17 +266,21 @@ class TypedAccess:
     def incr_op(self, key: ContextNames | str, by: int | float) -> tuple[IncrOp, Target]:
         """The operation adding ``by`` to ``key`` and its target, checked against the current value
         (under the lock): TypeError for what is not a number, ValueNotStorableError for a result JSON cannot hold."""
-        if isinstance(by, bool) or not isinstance(by, (int, float)):
+        cls = by.__class__
+        if cls is not int and cls is not float and (isinstance(by, bool) or not isinstance(by, (int, float))):
             raise TypeError(f"incr: 'by' must be a number, got {type(by).__name__}")
-        target, label = self._target(key)
-        name = target.get("name")
-        if name is not None:
-            if name not in NUMBER_NAMES and "path" not in target:
-                raise TypeError(f"incr needs a numeric name; {name} is {type_name(lookup(name).type)}")
-            if name in INT_NAMES and not isinstance(by, int):
+        spec = _INCR_SPECS.get(key) if isinstance(key, str) else None
+        if spec is None:  # a context variable (or a name atomic operations refuse: _target says why)
+            target, label = self._target(key)
+            if "name" in target:  # not numeric
+                raise TypeError(f"incr needs a numeric name; {label} is {type_name(lookup(label).type)}")
+        else:
+            name, derived, label, is_int, is_float = spec
+            if is_int and not isinstance(by, int):
                 raise TypeError(f"incr: {label} is an int; 'by' must be an int, not {by!r}")
-            if name in FLOAT_NAMES:
+            if is_float:
                 by = float(by)  # keeps a float ledger float, live and on replay
+            target = {"name": name, "path": [self._work.round_id()]} if derived else {"name": name}
         current = self._work.current(target)
         if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
             raise TypeError(f"incr: {label} holds {type(current).__name__}, not a number")

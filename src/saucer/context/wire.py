@@ -103,9 +103,13 @@ def _plain(value: Any, room: int, depth: int) -> Any:
         if cls is dict:
             out: dict[str, Any] = {}
             for k, v in value.items():
-                if k.__class__ is int and depth > 0:
+                c = k.__class__
+                if c is str:
+                    if not k.isascii() and not _valid_text(k):
+                        raise _NotPlain
+                elif c is int and depth > 0:
                     k = str(k)
-                elif k.__class__ is not str or not (k.isascii() or _valid_text(k)):
+                else:
                     raise _NotPlain
                 # ASCII strings, 64-bit ints and None (most items) are taken without a call each.
                 c = v.__class__

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -73,9 +73,11 @@ _dumps = orjson.dumps
 _new_kept = tuple.__new__  # a NamedTuple's own __new__ is a Python function: one call more per commit
 
 
-def _keep(event: Event) -> _Kept:
-    """``event`` as the store keeps it; TypeError (as a durable backend's) for what JSON cannot hold."""
-    meta = event.meta
+def _keep(event: Event, meta_json: bytes | None = None) -> _Kept:
+    """``event`` as the store keeps it (``meta_json``: its meta's, when made already); TypeError
+    (as a durable backend's) for what JSON cannot hold."""
+    if meta_json is None:
+        meta_json = _dumps(event.meta) if event.meta else b""
     return _new_kept(
         _Kept,
         (
@@ -86,7 +88,7 @@ def _keep(event: Event) -> _Kept:
             event.round,
             event.step,
             _dumps(event.ops),
-            _dumps(meta) if meta else b"",
+            meta_json,
             event.summary,
         ),
     )
@@ -98,7 +100,7 @@ class _Done:
     __slots__ = ()
 
     def __await__(self) -> Generator[None, None, None]:
-        return cast("Generator[None, None, None]", iter(()))  # an iterator that ends at once is all await needs
+        return iter(())  # type: ignore[return-value]  # an iterator that ends at once is all await needs
 
 
 _DONE = _Done()
@@ -177,6 +179,7 @@ class MemoryStore(EventStore):
                 self._d = _SHARED.setdefault(name, _Data())
         else:
             self._d = _Data()
+        self._meta_json: tuple[Event, bytes] | None = None  # see note_meta_json
 
     def _transaction(self) -> _Data:
         """The tables, to hold alone with ``with``: what a block changes is seen whole or not at all.
@@ -207,8 +210,15 @@ class MemoryStore(EventStore):
     def row(self, session_id: str) -> SessionInfo | None:
         return self._d.infos.get(session_id)
 
+    def note_meta_json(self, event: Event, meta_json: bytes) -> None:
+        self._meta_json = (event, meta_json)  # for write_event, next
+
     def write_event(self, event: Event, expected_version: int, fence: int | None) -> None:
-        kept = _keep(event)  # encoded before the lock: what JSON cannot hold changes nothing
+        # The meta's JSON the append made (noted just before), if it is this event's: checked by
+        # identity, so that a race between threads costs an encoding, never a wrong meta.
+        noted = self._meta_json
+        self._meta_json = None
+        kept = _keep(event, noted[1] if noted is not None and noted[0] is event else None)
         sid = event.session_id
         d = self._d
         with d.lock:
