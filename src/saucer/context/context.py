@@ -65,8 +65,7 @@ class Context:
         self._access = TypedAccess(work, self._committer.record)
         self._compat = UfoCompat(work, self._access, self._committer.record)
         self._queries = HistoryQueries(work)
-        # The hot calls are bound once to the collaborator that makes them: no delegation hop
-        # per call (the methods of the class, which delegate, document them and serve unbound calls).
+        # Hot calls bound once to their collaborator (the class's methods document them, serve unbound calls).
         self.get = work.get  # type: ignore[method-assign]  # the same signature, bound once
         self.set = self._access.set  # type: ignore[method-assign]  # the same signature, bound once
         self.get_var = self._access.get_var  # type: ignore[method-assign]  # the same signature, bound once

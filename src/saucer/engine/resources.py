@@ -78,13 +78,9 @@ class RunResources:
         self.keeper = LeaseKeeper(self.store, self.session_id, owner, self._settings.store.lease_ttl, on_new_fence)
         return await self.keeper.acquire(wait)
 
-    def check_lease(self) -> None:
-        """:class:`~saucer.engine.errors.LeaseLostError` if this runner lost its lease; renew it when due."""
-        if self.keeper is not None:
-            self.keeper.check()
-
     def lease_checker(self) -> Callable[[], None]:
-        """:meth:`check_lease` as the keeper's own method, looked up once (a round calls it before every step)."""
+        """The keeper's check (:class:`~saucer.engine.errors.LeaseLostError` if this runner lost its lease;
+        renewed when due), looked up once: a round calls it before every step."""
         return self.keeper.check if self.keeper is not None else _no_lease
 
     def add_closer(self, closer: Callable[[], Awaitable[Any]]) -> None:
@@ -121,4 +117,4 @@ class RunResources:
 
 
 def _no_lease() -> None:
-    """:meth:`RunResources.check_lease` before a lease is taken: nothing to check."""
+    """The lease check before a lease is taken: nothing to check."""

@@ -450,12 +450,9 @@ class Session:
 
     # ====================================================== for the rounds (RoundHost)
 
-    def check_lease(self) -> None:
-        """Before each step: :class:`LeaseLostError` if this runner lost its lease; renew it when due."""
-        self._held.check_lease()
-
     def lease_checker(self) -> Callable[[], None]:
-        """:meth:`check_lease`, bound once to this run's lease keeper (a round calls it before every step)."""
+        """What a round calls before each step, bound once to this run's lease keeper: it raises
+        :class:`LeaseLostError` if this runner lost its lease, and renews it when due."""
         return self._held.lease_checker()
 
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> CursorMeta:
