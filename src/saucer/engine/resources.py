@@ -119,10 +119,10 @@ class RunResources:
             )
         )
 
-    def check_lease(self) -> None:
-        """:class:`~saucer.engine.errors.LeaseLostError` if this runner lost its lease; renew it when due."""
-        if self.keeper is not None:
-            self.keeper.check()
+    def lease_checker(self) -> Callable[[], None]:
+        """The keeper's check (:class:`~saucer.engine.errors.LeaseLostError` if this runner lost its lease;
+        renewed when due), looked up once: a round calls it before every step."""
+        return self.keeper.check if self.keeper is not None else _no_lease
 
     def add_closer(self, closer: Callable[[], Awaitable[Any]]) -> None:
         """Await ``closer()`` when the run closes."""
@@ -174,3 +174,7 @@ async def _to_thread_to_its_end(fn: Callable[..., Any], *args: Any) -> Any:
     if cancelled:
         raise asyncio.CancelledError
     return task.result()
+
+
+def _no_lease() -> None:
+    """The lease check before a lease is taken: nothing to check."""

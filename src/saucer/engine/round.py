@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from saucer.context.names import ContextNames
 from saucer.engine.accounting import Limits
@@ -37,7 +38,7 @@ from saucer.engine.uitree import artifact_name, look
 
 if TYPE_CHECKING:
     from saucer.engine.application import ApplicationWatch
-    from saucer.engine.meta import CursorMeta, StepMeta
+    from saucer.engine.meta import CursorMeta
     from saucer.engine.plan import PlanStep
     from saucer.engine.routing import TransitionGraph
 
@@ -113,8 +114,9 @@ class RoundHost(AgentHost, Protocol):
     #: Fills UFO's APPLICATION_* names after each step, in a session with a desktop (else None).
     application: ApplicationWatch | None
 
-    def check_lease(self) -> None:
-        """Before each step: raise if this runner lost its lease on the session."""
+    def lease_checker(self) -> Callable[[], None]:
+        """What to call before each step: it raises if this runner lost its lease on the session."""
+        ...
 
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> CursorMeta:
         """The resume cursor a step's commit carries: the agent and state that act next."""
@@ -190,6 +192,7 @@ class Round:
         """Step until the round ends; return how it ended."""
         session = self.session
         limits = session.limits
+        check_lease = session.lease_checker()
         sleep_time = session.settings.system.sleep_time
         save_ui_tree = session.settings.system.save_ui_tree and "save_ui_tree" not in session.skipped
         agent = self.agent
@@ -202,7 +205,7 @@ class Round:
             cancelled = session.cancelled_by()
             if cancelled is not None:  # a person cancelled the session: no other step starts
                 return self._end(RoundStatus.STOPPED, cancelled[1])
-            session.check_lease()
+            check_lease()
             round_step += 1
             record = StepRecord(
                 session.session_id,
@@ -374,13 +377,12 @@ class Round:
 
     def _step_meta(self, record: StepRecord, next_agent: str, next_state: str) -> dict[str, Any]:
         """A step's commit meta: its record, and the cursor of the agent and state that act next."""
-        meta: StepMeta = {
-            **record.to_meta(),
-            "kind": "step",
-            "session_status": "running",
-            "cursor": self.session.step_cursor(self.id, self.plan_index, next_agent, next_state),
-        }
-        return dict(meta)
+        # A StepMeta (engine.meta): the record's compact form, a new dict, completed in place.
+        meta = cast("dict[str, Any]", record.to_meta())
+        meta["kind"] = "step"
+        meta["session_status"] = "running"
+        meta["cursor"] = self.session.step_cursor(self.id, self.plan_index, next_agent, next_state)
+        return meta
 
     def _end(self, status: str, reason: str, error: str | None = None) -> RoundResult:
         return RoundResult(self.id, status, self.steps, self.cost, reason, error)

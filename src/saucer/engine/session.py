@@ -450,13 +450,14 @@ class Session:
 
     # ====================================================== for the rounds (RoundHost)
 
-    def check_lease(self) -> None:
-        """Before each step: :class:`LeaseLostError` if this runner lost its lease; renew it when due."""
-        self._held.check_lease()
+    def lease_checker(self) -> Callable[[], None]:
+        """What a round calls before each step, bound once to this run's lease keeper: it raises
+        :class:`LeaseLostError` if this runner lost its lease, and renews it when due."""
+        return self._held.lease_checker()
 
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> CursorMeta:
         """The resume cursor of a step's commit: the agent and state that act next."""
-        return self.cursor("step", round_id, plan_index, agent=agent, state=state)
+        return cursor_meta("step", round_id, plan_index, agent, state, self.progress, self.limits)
 
     def note_unknown_cost(self) -> None:
         """Some cost could not be priced: the session's total is unknown, never a number."""
@@ -471,8 +472,10 @@ class Session:
             if subtask_end and self.subtask_end_hook is not None:
                 self.subtask_end_hook(self, rnd, agent)
             self._outcome.step_done(record)
-        self.logs.write_step(record)
-        await self._notify.step(self, record)
+        if self.logs.path is not None:
+            self.logs.write_step(record)
+        if self._notify.has("on_step"):  # (no coroutine to make per step for an observer without the hook)
+            await self._notify.step(self, record)
 
     # ================================================================ start
 

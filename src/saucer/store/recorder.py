@@ -143,6 +143,12 @@ class Recorder(ABC):
         is durable, even if the awaiting task was cancelled meanwhile; by default, synchronously."""
         return _write_now(self, event, expected_version, fence, on_written)
 
+    def note_meta_json(self, event: Event, meta_json: bytes) -> None:
+        """The JSON of ``event``'s meta (``b""`` for none) as the append that made it encoded it, just
+        before :meth:`write_event` (or :meth:`awrite_event`) is called with it: a backend that keeps
+        JSON text (the memory store) may keep this rather than encode the meta again. By default, ignored."""
+        return None
+
     def kept_counters(self, session_id: str) -> Counters | None:
         """The summary counters kept for the session (None: none kept, or no such session)."""
         return None
