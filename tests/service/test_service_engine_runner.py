@@ -344,3 +344,26 @@ async def test_the_step_projection_waits_for_the_disk_only_when_the_event_store_
     assert outcome.status == "completed", outcome.error
     assert recorder.flags == [durable] * 3
     assert [s.index for s in await records.steps(sid)] == [0, 1, 2]
+
+
+async def test_record_end_reads_nothing_after_a_run_that_committed_its_end() -> None:
+    runner = EngineTaskRunner(_settings())
+    heads: list[list[str]] = []
+    original = runner.store.session_heads
+
+    def counted(ids: Any, *args: Any, **kwargs: Any) -> Any:
+        heads.append(list(ids))
+        return original(ids, *args, **kwargs)
+
+    runner.store.session_heads = counted  # type: ignore[method-assign]
+    sid = uuid.uuid4().hex
+    _, recorder = await _records(sid)
+    outcome = await runner.run(sid, TASK, Device(), recorder)
+    assert outcome.status == "completed", outcome.error
+    await runner.record_end(sid, outcome)
+    assert heads == []  # the engine committed the end: nothing to read, nothing to add
+    assert _kinds(runner, sid).count("session_end") == 1
+    # Asked again (the id was forgotten), it reads the log, finds the end and adds none.
+    await runner.record_end(sid, outcome)
+    assert heads == [[sid]] and _kinds(runner, sid).count("session_end") == 1
+    # (a run that did not end it, e.g. cancelled: test_a_cancelled_session_ends_in_the_event_store_too)

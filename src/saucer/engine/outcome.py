@@ -125,6 +125,10 @@ class OutcomeRecorder:
         #: (request, successful commands) per round of this run: the experience's source when nothing
         #: is committed per step (durability ``exit``).
         self._run_rounds: RunRounds = []
+        #: The session's end is in its store: committed by this run, or found there when it started.
+        self.end_committed = False
+        #: A step of this run ran a command successfully: the experience plan has a step.
+        self._succeeded = False
 
     def resolve_evaluator(self) -> Any:
         """The session's evaluator, made from ``agents.evaluator`` when none was given (once)."""
@@ -180,6 +184,8 @@ class OutcomeRecorder:
 
     def step_done(self, record: StepRecord) -> None:
         """A step that did not fail is committed: its successful commands are the experience's."""
+        if not self._succeeded and record.commands:
+            self._succeeded = any(r.get("status") == "success" for r in record.results[: len(record.commands)])
         if self._run_rounds and record.commands:
             done = self._run_rounds[-1][1]
             for i, command in enumerate(record.commands):
@@ -281,6 +287,7 @@ class OutcomeRecorder:
         if host.skipped:
             meta["skipped"] = dict(host.skipped)
         version = await host.context.acommit(author="system", meta=dict(meta), summary=summary_of(meta))
+        self.end_committed = True
         result = self.result(
             status,
             reason,
@@ -350,6 +357,7 @@ class OutcomeRecorder:
     def stored_result(self, meta: dict[str, Any]) -> SessionResult:
         """The result a session that already ended stored with its end."""
         ctx = self._host.context
+        self.end_committed = True
         summary = meta.get("summary") or {}
         return self.result(
             meta.get("session_status", summary.get("status", SessionStatus.FINISHED)),
@@ -388,8 +396,10 @@ class OutcomeRecorder:
         finished = status == SessionStatus.FINISHED
         if mode == "always_not" or not finished:
             return None
-        plan = self.experience_plan()
-        if not plan.steps:  # said before anyone is asked: there is nothing to save
+        # The plan is read from the store only when it is needed: to know whether it is empty (unless a
+        # command of this run succeeded: then it is not), and to save it.
+        plan = None if self._succeeded else self.experience_plan()
+        if plan is not None and not plan.steps:  # said before anyone is asked: there is nothing to save
             host.skipped["save_experience"] = experience.NOTHING_TO_SAVE
             if mode in ("ask", "always"):
                 _log.warning("session %s: experience not saved: %s", host.session_id, experience.NOTHING_TO_SAVE)
@@ -403,6 +413,8 @@ class OutcomeRecorder:
         path = experience.experience_path(host.task, host.session_id, host.settings.system.experience_dir, host.logs)
         if path is None:
             return None
+        if plan is None:
+            plan = self.experience_plan()
         saver = self.experience_saver
         save: Callable[[Plan, Any], Any] | None = None
         if saver is not None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from saucer.engine.dispatching import DispatcherHolder
 from saucer.engine.lease import LeaseKeeper
-from saucer.store import EventStore, open_store
+from saucer.store import EventStore, SessionNotFoundError, open_store
 
 if TYPE_CHECKING:
     from saucer.config import Settings
@@ -72,11 +72,30 @@ class RunResources:
         self.store = spec
         return spec
 
-    async def take_lease(self, owner: str, on_new_fence: Callable[[int], None], wait: float) -> Lease:
-        """Take the session's lease for ``owner`` (waiting up to ``wait`` seconds for another holder's to expire)."""
-        assert self.store is not None
-        self.keeper = LeaseKeeper(self.store, self.session_id, owner, self._settings.store.lease_ttl, on_new_fence)
-        return await self.keeper.acquire(wait)
+    async def take_lease(
+        self,
+        owner: str,
+        on_new_fence: Callable[[int], None],
+        wait: float,
+        *,
+        create: tuple[dict[str, Any], list[str] | None] | None = None,
+    ) -> Lease:
+        """Take the session's lease for ``owner`` (waiting up to ``wait`` seconds for another holder's to expire).
+
+        First, in the same call in a thread (one hop, not two: :meth:`LeaseKeeper.acquire`), the session
+        is created (``create``: its meta and participants), else found (:class:`SessionNotFoundError`).
+        """
+        store, sid = self.store, self.session_id
+        assert store is not None
+
+        def before() -> None:
+            if create is not None:
+                store.create_session(sid, meta=create[0], participants=create[1])
+            elif not store.exists(sid):  # (never parses the stored meta, which may hold a whole plan)
+                raise SessionNotFoundError(sid)
+
+        self.keeper = LeaseKeeper(store, sid, owner, self._settings.store.lease_ttl, on_new_fence)
+        return await self.keeper.acquire(wait, before)
 
     def check_lease(self) -> None:
         """:class:`~saucer.engine.errors.LeaseLostError` if this runner lost its lease; renew it when due."""

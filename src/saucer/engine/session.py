@@ -53,7 +53,7 @@ from saucer.engine.result import SessionResult, SessionStatus
 from saucer.engine.resume import Resumer, StartPoint, StoredPlan, creation_meta, open_session_logs, resume_arguments
 from saucer.engine.round import Round, RoundResult
 from saucer.engine.summaries import summary_of
-from saucer.store import EventStore, SessionNotFoundError, StoreError
+from saucer.store import EventStore, StoreError
 from saucer.store.base import Lease
 
 if TYPE_CHECKING:
@@ -233,6 +233,11 @@ class Session:
     def experience_saver(self) -> ExperienceSaver | None:
         """Saves the session's experience plan its own way, when given (``saver(session, plan, path)``)."""
         return self._outcome.experience_saver
+
+    @property
+    def end_recorded(self) -> bool:
+        """True once the session's end is in its store (committed by this run, or found there when it started)."""
+        return self._outcome.end_committed
 
     @property
     def resumed(self) -> bool:
@@ -480,15 +485,12 @@ class Session:
         store = self._held.open_store()
         sid = self.session_id
         resumer = self._resumer
-        if resumer.resuming:
-            if not store.exists(sid):  # (never parses the stored meta, which may hold a whole plan)
-                raise SessionNotFoundError(sid)
-        else:
-            meta = creation_meta(
-                self.task, self.mode, self.request, self.platform, self.workspace, self.plan, self.plan_file
-            )
-            store.create_session(sid, meta=dict(meta), participants=self.participants)
-        lease = await self._held.take_lease(self.owner, self._new_fence, self.lease_wait)
+        creation = None
+        if not resumer.resuming:
+            described = (self.task, self.mode, self.request, self.platform, self.workspace, self.plan, self.plan_file)
+            creation = (dict(creation_meta(*described)), self.participants)
+        # Its creation (or the check that it exists) and the lease, in one call in a thread.
+        lease = await self._held.take_lease(self.owner, self._new_fence, self.lease_wait, create=creation)
         # Where to continue, read under the lease and before anything is written
         # (a session with no failed step to retry is an error that changes nothing).
         start = resumer.locate(store)
