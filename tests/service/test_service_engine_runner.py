@@ -367,3 +367,46 @@ async def test_record_end_reads_nothing_after_a_run_that_committed_its_end() -> 
     await runner.record_end(sid, outcome)
     assert heads == [[sid]] and _kinds(runner, sid).count("session_end") == 1
     # (a run that did not end it, e.g. cancelled: test_a_cancelled_session_ends_in_the_event_store_too)
+
+
+async def test_a_fresh_session_is_run_without_looking_for_an_earlier_run() -> None:
+    runner = EngineTaskRunner(_settings())
+    looked: list[str] = []
+    exists = runner.store.exists
+
+    def counted(session_id: str) -> bool:
+        looked.append(session_id)
+        return exists(session_id)
+
+    runner.store.exists = counted  # type: ignore[method-assign]
+
+    async def first_run(fresh: bool) -> tuple[int, list[str], MemorySessionRecordStore, StoreSessionRecorder]:
+        sid = uuid.uuid4().hex
+        records, _ = await _records(sid)
+        reads: list[str] = []
+        steps = records.steps
+
+        async def counted_steps(session_id: str) -> Any:
+            reads.append(session_id)
+            return await steps(session_id)
+
+        records.steps = counted_steps  # type: ignore[method-assign]
+        recorder = StoreSessionRecorder(records, sid, fresh=fresh)
+        before = len(looked)
+        outcome = await runner.run(sid, TASK, Device(), recorder)
+        assert outcome.status == "completed", outcome.error
+        records.steps = steps  # type: ignore[method-assign]
+        return len(looked) - before, reads, records, recorder
+
+    looks, reads, records, fresh = await first_run(True)
+    other_looks, other_reads, _, _ = await first_run(False)
+    # Neither the event store (the runner's check) nor the step records were asked.
+    assert (looks, reads) == (other_looks - 1, []) and len(other_reads) == 1
+    sid = fresh.session_id
+    stored = await records.steps(sid)
+    assert [s.model_dump() for s in await fresh.completed_steps()] == [s.model_dump() for s in stored]
+    assert [s.index for s in stored] == [0, 1, 2]
+    # Run again (after a restart: not fresh), it finds the session ended and runs nothing.
+    device = Device()
+    again = await runner.run(sid, TASK, device, StoreSessionRecorder(records, sid))
+    assert again.status == "completed" and device.batches == []

@@ -389,8 +389,8 @@ class EngineTaskRunner:
             options["agents"] = self._agent_provider
         new = False  # a new session: its records hold exactly the steps projected by this run
         try:
-            # The store calls of this coroutine run in a thread: the loop's other sessions must not wait on them.
-            if await asyncio.to_thread(self.store.exists, session_id):
+            # (in a thread: the loop's other sessions must not wait on the store; a fresh session is not there)
+            if not record.fresh and await asyncio.to_thread(self.store.exists, session_id):
                 session = Session.resume(session_id, store=self.store, **options)
             else:
                 new = True
