@@ -106,3 +106,18 @@ def test_namespaces_and_the_engine_channels_resolve_as_before() -> None:
     assert ObserverCaller(Observer()).has("on_step")
     assert not ObserverCaller(Observer()).has("on_round_end")
     assert ObserverCaller(SimpleNamespace(on_round_end=lambda *a: None)).has("on_round_end")
+
+
+def test_a_plain_class_value_decides_and_an_instance_value_still_counts() -> None:
+    class Flagged:
+        flag = True
+
+    class Unflagged:
+        pass
+
+    assert conforms(Flagged(), _Flagged) and conforms(Flagged(), _Flagged)
+    assert not conforms(Unflagged(), _Flagged)
+    own = Unflagged()
+    own.flag = False  # type: ignore[attr-defined]  # its own value: it has the member
+    assert conforms(own, _Flagged)
+    assert not conforms(Unflagged(), _Flagged)

@@ -9,7 +9,8 @@ of the protocol on every call (and walks the protocol's bases to list them):
 about 15 µs each, and a session checks its interactor and observer against
 some fifteen of them when it is made. :func:`conforms` gives the same answer
 and keeps it per (type, protocol) when the object's type alone decides it:
-each member is, on the type, absent or a plain function, the type has no
+each member is, on the type, absent, a plain function or a plain value (not a
+descriptor), the type has no
 ``__getattr__`` nor its own ``__getattribute__``, and the object's own ``__dict__`` holds none of them. An
 object whose own attributes or slots, properties or other descriptors could
 make the answer differ from its type's is checked with ``isinstance`` every
@@ -52,7 +53,9 @@ def _type_decides(cls: type, names: frozenset[str]) -> bool:
         return False
     for name in names:
         found = inspect.getattr_static(cls, name, _MISSING)
-        if found is not _MISSING and not isinstance(found, types.FunctionType):
+        if found is _MISSING or isinstance(found, types.FunctionType):
+            continue
+        if any("__get__" in vars(k) for k in type(found).__mro__):  # a descriptor: the instance may decide
             return False
     return True
 
