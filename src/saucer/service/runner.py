@@ -9,7 +9,9 @@ The server does not know how a task is carried out. For each session it calls::
   :class:`~saucer.dispatch.websocket.WebSocketCommandDispatcher` bound to the
   session's device);
 - ``record`` is a :class:`SessionRecorder`: the runner reads what was already
-  committed and commits each step durably *before* moving on;
+  committed and commits each step durably *before* moving on (a ``fresh``
+  recorder's session was just submitted: nothing is committed, no earlier run
+  is to be looked for);
 - the returned :class:`TaskOutcome` becomes the session's final status.
 
 After a server crash the same ``run`` is called again for every session that
