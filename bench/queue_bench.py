@@ -13,7 +13,11 @@ PostgreSQL store, a fresh schema per scenario (dropped afterwards):
                   each take them. Workers are started and registered first; the
                   wall time runs from the first enqueue to the last job done.
 
-Printed: sessions per second, and the queue's overhead per job: the
+Printed: sessions per second, the longest event-loop stall a 1 ms ticker saw in
+a worker, the database's commits per session (``pg_stat_database.xact_commit``
+over each run: load-independent, exact when the bench has its database to
+itself, e.g. ``--postgres-url postgresql://postgres@127.0.0.1:5432/bench``), and
+the queue's overhead per job: the
 1-worker run's wall time minus the one-process run's, over the sessions
 (the same concurrency, so what is left is what the queue adds: the enqueue,
 the fetch, the job's status writes and the worker's own session lookups).
@@ -30,6 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +86,20 @@ def _settings(url: str, logs: Path) -> Any:
 def _schema_url(base: str) -> tuple[str, str]:
     schema = "bq_" + uuid.uuid4().hex[:10]
     return f"{base}{'&' if '?' in base else '?'}schema={schema}", schema
+
+
+def _commits(base: str) -> int:
+    """The database's committed transactions so far (``pg_stat_database.xact_commit``).
+
+    Each backend reports its counts when its connection closes (or about once a second while it
+    runs): read after a scenario's processes and pools are closed. Other clients of the same
+    database count too: give the bench a database of its own for exact figures."""
+    import psycopg
+
+    time.sleep(0.5)
+    with psycopg.connect(base, autocommit=True) as conn:
+        row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    return int(row[0]) if row else 0
 
 
 def _drop(base: str, schema: str) -> None:
@@ -143,13 +162,19 @@ def _longest_stall(logs: Path) -> float | None:
     return max(stalls) if stalls else None
 
 
+#: Transactions the bench itself makes while it waits (its polls), left out of the per-job count.
+_POLLS = [0]
+
+
 async def _registered(client: Any) -> int:
+    _POLLS[0] += 1
     async with client.pool.connection() as conn:
         cur = await conn.execute("SELECT count(*) FROM procrastinate_workers")
         return int((await cur.fetchone())[0])
 
 
 async def _done(client: Any) -> tuple[int, int]:
+    _POLLS[0] += 1
     async with client.pool.connection() as conn:
         cur = await conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status = 'failed') FROM procrastinate_jobs"
@@ -228,41 +253,43 @@ def main() -> int:
     )
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start\n")
     print(
-        f"{'run':40} {'wall s':>8} {'sessions/s':>11} {'enqueue ms/job':>15} {'longest loop stall ms':>22}", flush=True
+        f"{'run':40} {'wall s':>8} {'sessions/s':>11} {'enqueue ms/job':>15} {'longest loop stall ms':>22}"
+        f" {'commits/job':>12}",
+        flush=True,
     )
     rows = []
 
     stalls: list[float] = []
+    commits: dict[str, float] = {}
 
-    def row(name: str, wall: float, enqueue: float | None, stall: float | None = None) -> None:
+    def row(name: str, wall: float, enqueue: float | None, stall: float | None, txs: float) -> None:
         rows.append((name, wall, enqueue))
         if stall is not None:
             stalls.append(stall)
+        commits[name] = txs
         print(
-            f"{name:40} {wall:8.2f} {n / wall:11.1f} {'' if enqueue is None else f'{enqueue / n * 1000:15.2f}'}"
-            f" {'' if stall is None else f'{stall * 1000:22.1f}'}",
+            f"{name:40} {wall:8.2f} {n / wall:11.1f} {'' if enqueue is None else f'{enqueue / n * 1000:15.2f}':>15}"
+            f" {'' if stall is None else f'{stall * 1000:22.1f}':>22} {txs:12.2f}",
             flush=True,
         )
 
-    with tempfile.TemporaryDirectory() as tmp:
+    def counted(run: Callable[[str], Any]) -> tuple[Any, float]:
+        """``run(url)`` on a schema of its own (dropped afterwards), and the database's commits per session it made."""
         url, schema = _schema_url(args.postgres_url)
+        before, polls = _commits(args.postgres_url), _POLLS[0]
         try:
-            base = one_process(url, Path(tmp) / "logs0", n, plan)
+            out = run(url)
+            return out, (_commits(args.postgres_url) - before - (_POLLS[0] - polls)) / n
         finally:
             _drop(args.postgres_url, schema)
-        row("one process (SessionPool, no queue)", base, None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base, txs = counted(lambda url: one_process(url, Path(tmp) / "logs0", n, plan))
+        row("one process (SessionPool, no queue)", base, None, None, txs)
         for w in args.workers:
-            url, schema = _schema_url(args.postgres_url)
-            try:
-                wall, enqueue = through_queue(url, Path(tmp) / f"logs{w}", n, w, plan)
-            finally:
-                _drop(args.postgres_url, schema)
-            row(
-                f"queue, {w} worker process{'es' if w > 1 else ''}",
-                wall,
-                enqueue,
-                _longest_stall(Path(tmp) / f"logs{w}"),
-            )
+            (wall, enqueue), txs = counted(lambda url, w=w: through_queue(url, Path(tmp) / f"logs{w}", n, w, plan))  # type: ignore[misc]
+            name = f"queue, {w} worker process{'es' if w > 1 else ''}"
+            row(name, wall, enqueue, _longest_stall(Path(tmp) / f"logs{w}"), txs)
     walls = {name.split(",")[1].split()[0]: wall for name, wall, _ in rows if name.startswith("queue, ")}
     one_worker = walls.get("1")
     if one_worker is not None:
@@ -274,6 +301,13 @@ def main() -> int:
             print(f"2 workers / 1 worker, sessions per second: {one_worker / walls['2']:.2f}x   target >= 1.7x")
     if stalls:
         print(f"longest event-loop stall in a worker: {max(stalls) * 1000:.1f} ms   target <= 5 ms")
+    queued = [txs for name, txs in commits.items() if name.startswith("queue, ")]
+    if queued:
+        print(
+            f"database commits per job (pg_stat_database, the whole run: enqueue, queue, sessions): "
+            f"{min(queued):.2f} through the queue, {commits['one process (SessionPool, no queue)']:.2f} without it "
+            "(exact only when nothing else uses the bench's database)"
+        )
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine moves these figures)")
     return 0
 

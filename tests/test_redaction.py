@@ -197,3 +197,28 @@ def test_a_secret_that_json_escapes_is_still_found_inside_a_structure() -> None:
     from saucer.redaction import redact_known
 
     assert redact_known(value) == {"results": [{"stdout": f"got {REDACTED} back"}]}
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite"])
+def test_no_secret_set_in_a_step_or_carried_by_its_record_reaches_the_log(tmp_path, url: str) -> None:
+    """A step's nested values and its record's meta become durable redacted on every backend: the
+    meta is scanned once, on the JSON text the store encodes it to, and nothing kept aliases the caller's."""
+    register_secret(TOKEN)
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}" if url == "sqlite" else url)
+    ctx = Context.open(store, "s1")
+    value = {"deep": [{"cmd": f"login --token {TOKEN}"}]}
+    ctx.update_vars(set={"v": value})
+    value["deep"].append(TOKEN)  # the caller's value, changed after the set: never the log's
+    meta = {"results": [{"stdout": f"token={TOKEN}", "Authorization": "plain"}], "cursor": {"round": 0}}
+    ctx.commit(meta=meta, step=1)
+    meta["results"].append({"stdout": TOKEN})
+    assert ctx.get_var("v") == {"deep": [{"cmd": f"login --token {REDACTED}"}]}
+    [event] = list(store.read("s1"))
+    assert event.ops == [{"op": "set", "var": "v", "value": {"deep": [{"cmd": f"login --token {REDACTED}"}]}}]
+    assert event.meta == {
+        "results": [{"stdout": f"token={REDACTED}", "Authorization": REDACTED}],
+        "cursor": {"round": 0},
+    }
+    assert TOKEN not in repr(list(store.read("s1")))
+    ctx.close()
+    store.close()

@@ -201,15 +201,16 @@ def redact_text(text: str) -> str:
     return text
 
 
-def redact(value: _T) -> _T:
+def redact(value: _T, *, encoded: bytes | None = None) -> _T:
     """``value`` with secrets replaced in every string, dict key's value and list item (see the module docs).
 
     Containers are rebuilt only where something changed; the argument is never modified.
     A dict or list is first scanned once as JSON text: when that text holds no
     known secret and no hint of a credential, none of its strings can, and it is
     returned as it is without a walk (a step's record, on every commit).
+    ``encoded`` is that text (``orjson.dumps(value)``) when the caller has made it already.
     """
-    if value.__class__ in _CONTAINERS and _clean_json(value, True):
+    if value.__class__ in _CONTAINERS and _clean_json(value, True, encoded):
         return value
     redacted: _T = _walk(value, redact_text, True)  # _walk keeps each value's type
     return redacted
@@ -218,9 +219,10 @@ def redact(value: _T) -> _T:
 _CONTAINERS = (dict, list)
 
 
-def _clean_json(value: Any, shapes: bool) -> bool:
+def _clean_json(value: Any, shapes: bool, encoded: bytes | None = None) -> bool:
     """Whether no string of ``value`` can hold a known secret (nor, with ``shapes``, a credential
-    by shape or under a credential's key name), judged on its JSON text in one scan.
+    by shape or under a credential's key name), judged on its JSON text in one scan
+    (``encoded``, or ``orjson.dumps(value)``).
 
     Every hint (:func:`_may_hold_credential`, and ``passw``) and every JSON-safe
     secret reads the same in a string and in the JSON text of a value holding
@@ -229,10 +231,12 @@ def _clean_json(value: Any, shapes: bool) -> bool:
     """
     if not _secrets.json_safe:
         return False
-    try:
-        text = orjson.dumps(value).decode()
-    except TypeError:  # orjson.JSONEncodeError included: not plain JSON data
-        return False
+    if encoded is None:
+        try:
+            encoded = orjson.dumps(value)
+        except TypeError:  # orjson.JSONEncodeError included: not plain JSON data
+            return False
+    text = encoded.decode()
     for secret in _secrets.values:
         if secret in text:
             return False

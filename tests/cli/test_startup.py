@@ -207,3 +207,100 @@ def test_a_reading_command_holds_the_collector_off_only_while_it_runs(
     with pytest.raises(ValueError):
         reading()
     assert seen == [False] and gc.isenabled()
+
+
+# -- a one-step run (issue 29): what it starts with, and what it does not load
+
+
+_RUN_PROBE = """
+import gc
+import sys
+from saucer.cli.app import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+finally:
+    sys.stdout.flush()
+    unused = (
+        "saucer.ufo_config",  # no settings file to read
+        "saucer.engine.routing",  # no transition graph
+        "saucer.engine.expression",
+        "saucer.engine.pool",  # one session, not a batch
+        "saucer.engine.approvals",  # no command that needs approval
+        "saucer.engine.meta",  # types only
+        "saucer.tools.shellparse",  # no shell command line to check
+        "tree_sitter",
+    )
+    print("LOADED", sorted(m for m in unused if m in sys.modules), file=sys.stderr)
+    print("COLLECTOR", gc.isenabled(), gc.get_freeze_count() > 0, file=sys.stderr)
+"""
+_PLAN = (
+    '{"task": "one", "steps": [{"subtask": "s", "commands": '
+    '[{"tool_name": "files.write", "parameters": {"path": "a", "content": "x"}}]}]}'
+)
+
+
+def test_a_one_step_run_loads_only_what_it_uses(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text(_PLAN)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_PROBE, "run", "--plan", "plan.json", "--store", "sqlite:///s.db"],
+        cwd=tmp_path,
+        env=cli_env({"SAUCER_SYSTEM__SAVE_EXPERIENCE": "always_not"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "a").read_text() == "x"
+    assert "LOADED []" in proc.stderr, proc.stderr
+    # What the run started with is frozen out of the collector's way, and the collector is on again.
+    assert "COLLECTOR True True" in proc.stderr, proc.stderr
+
+
+def test_what_a_run_needs_later_is_still_loaded_when_needed(cli_here, tmp_path: Path) -> None:
+    """The same run, with a sensitive shell command refused by nobody at the terminal: the parser of
+    command lines and the approvals are loaded when the command comes."""
+    (tmp_path / "plan.json").write_text(
+        '{"task": "one", "steps": [{"subtask": "s", "commands": '
+        '[{"tool_name": "shell.run", "parameters": {"command": "rm -f nothing"}}]}]}'
+    )
+    proc = cli_here("run", "--plan", "plan.json", "--store", "sqlite:///s.db", "--no-input", "--approval-timeout", "0")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "sensitive pattern 'rm *'" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_settings_without_a_file_skip_the_ufo_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _clean_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    overrides = {"store.url": "memory://", "system.max_step": 7}
+    assert common.settings_for(None, overrides) == load_settings(None, overrides)
+    # A saucer.toml is read by the reader that also knows UFO's key names.
+    (tmp_path / "saucer.toml").write_text("MAX_STEP = 12\n")
+    assert common.settings_for(None).system.max_step == 12
+    (tmp_path / "saucer.toml").unlink()
+    (tmp_path / "saucer.toml").symlink_to(tmp_path / "nowhere.toml")  # a dangling link: no file, as before
+    assert common.settings_for(None) == load_settings()
+
+
+def test_a_run_that_fails_to_start_leaves_the_collector_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from saucer.cli import running
+    from saucer.config import ConfigError
+
+    _clean_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SAUCER_SYSTEM__MAX_STEP", "none")
+    made_before: list[object] = []  # a container the collector tracks, until something freezes it
+    with pytest.raises(ConfigError):
+        running._run_settings(None, "memory://")
+    assert gc.isenabled()
+    assert any(o is made_before for o in gc.get_objects()), "a start that failed froze the heap"
+    gc.disable()
+    try:  # a caller's choice to keep it off is kept too
+        with pytest.raises(ConfigError):
+            running._run_settings(None, "memory://")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -276,3 +276,13 @@ def test_missing_sources_mean_no_cache(tmp_path: Path, write_bytecode: None) -> 
     table = _table(tmp_path / "gone.py")
     assert table.list_tools()[0]["name"] == "look"
     assert not (tmp_path / "__pycache__").exists()
+
+
+def test_each_listing_is_a_copy_a_caller_may_change(tmp_path: Path) -> None:
+    table = files.tool_table(files.FilesOptions.create(tmp_path))
+    first = table.list_tools()
+    first[0]["inputSchema"]["properties"].clear()
+    first[0]["outputSchema"]["title"] = "changed"
+    again = table.list_tools()
+    assert again[0]["inputSchema"]["properties"] and again[0]["outputSchema"]["title"] != "changed"
+    assert again == files.tool_table(files.FilesOptions.create(tmp_path)).list_tools()

@@ -213,38 +213,3 @@ def test_an_agent_sees_its_session_through_the_agent_host(tmp_path: Path) -> Non
     assert asyncio.run(session.run()).status == "finished"
     assert seen == {"session_id": session.session_id, "answer": "blue", "request": "paint"}
     assert asyncio.run(Asker().user_channel.question_asker("?", 0)) == ""  # outside a session: nobody
-
-
-def test_the_lease_keeper_runs_first_once_in_its_thread_call_even_when_it_waits_for_the_lease() -> None:
-    from saucer.engine.lease import LeaseKeeper
-    from saucer.store import LeaseHeldError, SessionNotFoundError
-    from saucer.store.memory import MemoryStore
-
-    store = MemoryStore()
-    threads: list[int] = []
-
-    def create() -> None:
-        threads.append(threading.get_ident())
-        store.create_session("s")
-
-    async def take(keeper: LeaseKeeper, wait: float, first: Any) -> Any:
-        return await keeper.acquire(wait, first)
-
-    lease = asyncio.run(take(LeaseKeeper(store, "s", "me", 5.0, lambda t: None), 0.0, create))
-    assert lease.owner == "me" and len(threads) == 1 and threads[0] != threading.get_ident()
-    # Held by another (expiring soon): ``first`` ran once; only the lease is asked for again.
-    store.release_lease(lease)
-    held = store.acquire_lease("s", "other", 0.2)
-    calls: list[int] = []
-    keeper = LeaseKeeper(store, "s", "me", 5.0, lambda t: None)
-    lease = asyncio.run(take(keeper, 3.0, lambda: calls.append(1)))
-    assert calls == [1] and lease.owner == "me" and lease.token > held.token
-
-    # What ``first`` raises is raised, and no lease is taken.
-    def missing() -> None:
-        raise SessionNotFoundError("t")
-
-    with pytest.raises(SessionNotFoundError):
-        asyncio.run(take(LeaseKeeper(store, "t", "me", 5.0, lambda t: None), 0.0, missing))
-    with pytest.raises(LeaseHeldError):
-        asyncio.run(take(LeaseKeeper(store, "s", "third", 5.0, lambda t: None), 0.0, None))

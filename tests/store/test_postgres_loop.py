@@ -207,3 +207,60 @@ def test_a_renewal_in_flight_when_the_runner_stops_does_not_take_the_lease_back(
     asyncio.run(main())
     assert original("s", "other", 10.0).owner == "other"  # free: not taken back by the late renewal
     store.close()
+
+
+class _InstantTool:
+    """An in-process tool answering at once (what bench/queue_bench.py's sessions use)."""
+
+    async def execute_commands(self, commands: list[Any], timeout: float | None = None) -> list[Any]:
+        from saucer.dispatch.messages import Result, ResultStatus
+
+        return [Result(status=ResultStatus.SUCCESS, result="ok", call_id=c.call_id) for c in commands]
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        return [{"name": "files.write"}]
+
+
+def _job(sid: str) -> dict[str, Any]:
+    step = {"subtask": "one", "commands": [{"tool_name": "files.write", "parameters": {"path": "f", "content": "x"}}]}
+    return {
+        "session_id": sid,
+        "task": "loop",
+        "mode": "follower",
+        "plan": {"task": "loop", "steps": [step]},
+        "participants": ["human:bob"],
+    }
+
+
+@postgres
+def test_a_worker_s_sessions_never_call_psycopg_synchronously_on_the_loop(
+    store_url: str, loop_calls: list[str], tmp_path: Any
+) -> None:
+    """What a queue worker does for a job, on its loop: create the session with its lease, open its Context,
+    commit its steps, snapshot and release it at the end; a job run again finds it (its row read, its
+    participants and status) and reports it; a job whose session is only a failure's record deletes it."""
+    from saucer.config import load_settings
+    from saucer.queue.jobs import SessionRunner
+
+    store = open_store(store_url)
+    try:
+        settings = load_settings(overrides={"logs.enabled": False, "store.url": store_url})
+        runner = SessionRunner(
+            settings, store, dispatcher_factory=lambda session: _InstantTool(), workspace=str(tmp_path)
+        )
+        store.create_session("failed-early", meta={"task": "loop", "mode": "follower", "queue_error": True})
+        loop_calls.clear()
+
+        async def main() -> list[str]:
+            ends = await asyncio.gather(*(runner.run_session(_job(f"job{i}")) for i in range(4)))
+            again = await runner.run_session(_job("job0"))  # the job run twice: the session exists, and ended
+            fresh = await runner.run_session(_job("failed-early"))
+            return [r.status for r in (*ends, again, fresh)]
+
+        assert asyncio.run(main()) == ["finished"] * 6
+        assert loop_calls == [], "\n".join(sorted(set(loop_calls)))
+        for sid in ("job0", "job3", "failed-early"):
+            assert store.latest_snapshot(sid) is not None and store.lease_of(sid).expires_at == 0  # type: ignore[union-attr]
+            assert store.session_info(sid).participants == {"human:bob"}
+    finally:
+        store.close()

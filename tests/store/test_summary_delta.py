@@ -29,6 +29,11 @@ METAS: list[dict[str, Any]] = [
     },
     {"kind": "session_end", "session_status": "stopped", "summary": {"cost": None, "steps": "x"}},
     {"kind": "approval_request", "approval": {"kind": "question"}},
+    # Status-only deltas (most steps): shared between commits, equal to a fresh one.
+    {"kind": "step", "session_status": "running", "cost": 0.0},
+    {"kind": "step", "session_status": "running", "cost": 0.0, "reason": ""},
+    {"kind": "session_end", "session_status": "finished", "summary": "not a mapping"},
+    {"session_status": 7},
 ]
 
 

@@ -178,6 +178,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def settings_for(config: Path | None, overrides: dict[str, Any] | None = None) -> Any:
     """The settings: defaults < ``saucer.toml`` (or ``config``: saucer's TOML or UFO's YAML) < ``SAUCER_*`` < ``overrides``."""
+    if config is None and not os.path.lexists(CONFIG_FILE):
+        # No file to read, so none in UFO's format either: the reader of UFO's files (its module is a
+        # tenth of the settings' start-up) would only hand this on to load_settings.
+        from saucer.config import load_settings
+
+        return load_settings(None, overrides or {})
     from saucer.ufo_config import load_any_settings
 
     return load_any_settings(config, overrides or {})

@@ -40,6 +40,25 @@ _MISSING: Any = object()
 _I64 = -(2**63)
 
 
+#: Each durable typed name (a member hashes as its name): the name an atomic operation on it
+#: targets (a derived name's ledger), whether it is derived, and its label.
+_OP_TARGETS: dict[str, tuple[str, bool, str]] = {
+    m.value: (DERIVED_LEDGERS.get(m.value, m.value), m.value in DERIVED_LEDGERS, m.value)
+    for m in ContextNames
+    if m.durable
+}
+
+
+#: Each typed name an atomic increment may target (a number, or a derived name's per-round ledger):
+#: the name it targets, whether that is the current round's ledger entry, its label, and
+#: whether ``by`` must be an int or becomes a float.
+_INCR_SPECS: dict[str, tuple[str, bool, str, bool, bool]] = {
+    label: (name, derived, label, name in INT_NAMES, name in FLOAT_NAMES)
+    for label, (name, derived, _) in _OP_TARGETS.items()
+    if name in NUMBER_NAMES or derived
+}
+
+
 def type_name(tp: object) -> str:
     """How an error message names a declared type (``int``, ``dict[int, float]``)."""
     name: str = getattr(tp, "__name__", "")  # a generic alias (dict[int, float]) answers its origin's name
@@ -52,6 +71,8 @@ def _wrong_type(member: ContextNames, value: object) -> TypeError:
 
 def check_var_key(key: object) -> None:
     """Refuse what cannot name a context variable (TypeError): not a non-empty str, or a typed name's string."""
+    if key.__class__ is str and key in _GOOD_KEYS:  # a session reads the same few variables step after step
+        return
     if not isinstance(key, str) or not key:
         raise TypeError(f"context variable names are non-empty strings, not {key!r}")
     if typed_name(key) is not None:
@@ -60,6 +81,12 @@ def check_var_key(key: object) -> None:
             "read and write it with get/set (incr/append/compare_and_set take it too)"
         )
     to_wire(key, "vars")  # a name that JSON cannot hold is refused too
+    if key.__class__ is str and len(_GOOD_KEYS) < 1024:
+        _GOOD_KEYS.add(key)
+
+
+#: Variable names :func:`check_var_key` accepted (the check is the same every time; a few kept).
+_GOOD_KEYS: set[str] = set()
 
 
 def set_op(member: ContextNames, value: object, round_id: int) -> SetOp:
@@ -215,14 +242,15 @@ class TypedAccess:
         derived ``CURRENT_ROUND_*`` name its ledger entry for the current
         round); any other string targets a context variable.
         """
+        spec = _OP_TARGETS.get(key) if isinstance(key, str) else None
+        if spec is not None:
+            name, derived, label = spec
+            if derived:
+                return {"name": name, "path": [self._work.round_id()]}, label
+            return {"name": name}, label
         member = typed_name(key)
         if member is not None:
-            if not member.durable:
-                raise TypeError(f"{member.value} is runtime-only; atomic operations need a durable name")
-            ledger = DERIVED_LEDGERS.get(member.value)
-            if ledger is not None:
-                return {"name": ledger, "path": [self._work.round_id()]}, member.value
-            return {"name": member.value}, member.value
+            raise TypeError(f"{member.value} is runtime-only; atomic operations need a durable name")
         check_var_key(key)
         return {"var": key}, f"vars.{key}"
 
@@ -238,17 +266,21 @@ class TypedAccess:
     def incr_op(self, key: ContextNames | str, by: int | float) -> tuple[IncrOp, Target]:
         """The operation adding ``by`` to ``key`` and its target, checked against the current value
         (under the lock): TypeError for what is not a number, ValueNotStorableError for a result JSON cannot hold."""
-        if isinstance(by, bool) or not isinstance(by, (int, float)):
+        cls = by.__class__
+        if cls is not int and cls is not float and (isinstance(by, bool) or not isinstance(by, (int, float))):
             raise TypeError(f"incr: 'by' must be a number, got {type(by).__name__}")
-        target, label = self._target(key)
-        name = target.get("name")
-        if name is not None:
-            if name not in NUMBER_NAMES and "path" not in target:
-                raise TypeError(f"incr needs a numeric name; {name} is {type_name(lookup(name).type)}")
-            if name in INT_NAMES and not isinstance(by, int):
+        spec = _INCR_SPECS.get(key) if isinstance(key, str) else None
+        if spec is None:  # a context variable (or a name atomic operations refuse: _target says why)
+            target, label = self._target(key)
+            if "name" in target:  # not numeric
+                raise TypeError(f"incr needs a numeric name; {label} is {type_name(lookup(label).type)}")
+        else:
+            name, derived, label, is_int, is_float = spec
+            if is_int and not isinstance(by, int):
                 raise TypeError(f"incr: {label} is an int; 'by' must be an int, not {by!r}")
-            if name in FLOAT_NAMES:
+            if is_float:
                 by = float(by)  # keeps a float ledger float, live and on replay
+            target = {"name": name, "path": [self._work.round_id()]} if derived else {"name": name}
         current = self._work.current(target)
         if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
             raise TypeError(f"incr: {label} holds {type(current).__name__}, not a number")
@@ -256,7 +288,8 @@ class TypedAccess:
         if not (result.__class__ is int and by.__class__ is int and _I64 <= result < -_I64 and _I64 <= by < -_I64):
             to_wire(result, label)  # refuses a result JSON cannot hold (inf, > 64 bits)
             to_wire(by, label)
-        return {"op": "incr", **target, "by": by}, target
+        op: IncrOp = {"op": "incr", **target, "by": by}
+        return op, target
 
     def append(self, key: ContextNames | str, value: Any) -> None:
         """Atomically append ``value`` to a list (a var, or a list-valued typed name)."""

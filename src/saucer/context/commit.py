@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Awaitable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
-import orjson
-
-from saucer.context.events import Event, ValueNotStorableError, apply_ops, copy_json, to_wire
+from saucer.context.events import Event, apply_ops, copy_json, to_wire
 from saucer.context.participants import ParticipantGate
 from saucer.context.rebase import MAX_REBASES, Rebaser, serialised_meta
 from saucer.context.snapshots import Snapshotter
@@ -56,7 +54,7 @@ __all__ = ["Committer", "SessionCreation"]
 class _Append:
     """Retry core -> driver: append ``ops`` as one event based on ``version``, with ``meta``."""
 
-    ops: list[dict[str, Any]]
+    ops: list[Any]  # the pending Ops: the store takes them as the JSON objects each Op is
     version: int
     meta: EventMeta | None
 
@@ -92,18 +90,31 @@ class SessionCreation:
     dropped: bool = False
 
 
-def _check_commit_args(author: str, round: object, step: object, meta: EventMeta | None) -> None:
-    """Refuse, before anything is sent, what a store could not write for a commit."""
-    check_text(author, "author")
+def _check_commit_args(round: object, step: object) -> None:
+    """Refuse, before anything is sent, a round or step a store could not write (64-bit ints).
+
+    The author is checked when it changes (:meth:`Committer._begin`); the meta is checked by the
+    store, which encodes it once where it becomes durable (:class:`ValueNotStorableError`)."""
     for what, value in (("round", round), ("step", step)):
-        if value is not None:
+        if value is not None and not (value.__class__ is int and _I64_MIN <= value <= _I64_MAX):
             check_version(value, what)
             to_wire(value, what)  # a 64-bit integer
-    if meta:
-        try:
-            orjson.dumps(meta)  # how the stores encode it
-        except orjson.JSONEncodeError as exc:
-            raise ValueNotStorableError("meta", "", str(exc)) from None
+
+
+_I64_MIN = -(2**63)
+_I64_MAX = 2**63 - 1
+
+
+def _thrown(attempts: Generator[_Append | _Wait, None, None], exc: StoreError) -> _Append | _Wait | None:
+    """What the retry core does after ``exc`` (None: it is done); raises what cannot be retried."""
+    try:
+        return attempts.throw(exc)
+    except StopIteration:
+        return None
+
+
+async def _version_now(version: int) -> int:
+    return version
 
 
 def _keep_pending(exc: StoreError, count: int) -> None:
@@ -137,6 +148,8 @@ class Committer:
         # The event of a commit whose outcome is unknown (the connection broke):
         # the next commit adopts it if the store has it, instead of writing it twice.
         self._unknown: Event | None = None
+        # The author the last commit checked (a str every store can hold).
+        self._author_checked: str | None = None
 
     def forget_unknown(self) -> None:
         """The pending changes were dropped: a commit of unknown outcome is no longer theirs to settle."""
@@ -181,32 +194,29 @@ class Committer:
                 return work.version
             attempts = self._attempts(job)
             append, written = job.store.append, self._written
-            try:
-                action = next(attempts)
-                while True:
-                    if isinstance(action, _Wait):
-                        time.sleep(action.seconds)
-                        action = next(attempts)
-                        continue
-                    try:
-                        event = append(
-                            job.session_id,
-                            action.version,
-                            action.ops,
-                            author=job.author,
-                            round=job.round,
-                            step=job.step,
-                            meta=action.meta,
-                            fence=self.fence,
-                            summary=job.summary,
-                        )
-                    except StoreError as exc:
-                        action = attempts.throw(exc)
-                    else:
-                        written(event)
-                        action = next(attempts)
-            except StopIteration:
-                pass
+            action = next(attempts, None)  # None: the core is done
+            while action is not None:
+                if isinstance(action, _Wait):
+                    time.sleep(action.seconds)
+                    action = next(attempts, None)
+                    continue
+                try:
+                    event = append(
+                        job.session_id,
+                        action.version,
+                        action.ops,
+                        author=job.author,
+                        round=job.round,
+                        step=job.step,
+                        meta=action.meta,
+                        fence=self.fence,
+                        summary=job.summary,
+                    )
+                except StoreError as exc:
+                    action = _thrown(attempts, exc)
+                else:
+                    written(event)
+                    action = next(attempts, None)
             self._snapshots.maybe()
             return work.version
 
@@ -228,36 +238,33 @@ class Committer:
             work.committing = True
         try:
             attempts = self._attempts(job)
-            try:
-                action = next(attempts)
-                while True:
-                    if isinstance(action, _Wait):
-                        import asyncio  # only a coroutine waits; a reading command never loads asyncio
+            action = next(attempts, None)  # None: the core is done
+            while action is not None:
+                if isinstance(action, _Wait):
+                    import asyncio  # only a coroutine waits; a reading command never loads asyncio
 
-                        await asyncio.sleep(action.seconds)
-                        action = next(attempts)
-                        continue
-                    try:
-                        # The store calls _written as soon as the event is durable,
-                        # even if this task is cancelled while it waits.
-                        await job.store.aappend(
-                            job.session_id,
-                            action.version,
-                            action.ops,
-                            author=job.author,
-                            round=job.round,
-                            step=job.step,
-                            meta=action.meta,
-                            fence=self.fence,
-                            on_written=self._written,
-                            summary=job.summary,
-                        )
-                    except StoreError as exc:
-                        action = attempts.throw(exc)
-                    else:
-                        action = next(attempts)
-            except StopIteration:
-                pass
+                    await asyncio.sleep(action.seconds)
+                    action = next(attempts, None)
+                    continue
+                try:
+                    # The store calls _written as soon as the event is durable,
+                    # even if this task is cancelled while it waits.
+                    await job.store.aappend(
+                        job.session_id,
+                        action.version,
+                        action.ops,
+                        author=job.author,
+                        round=job.round,
+                        step=job.step,
+                        meta=action.meta,
+                        fence=self.fence,
+                        on_written=self._written,
+                        summary=job.summary,
+                    )
+                except StoreError as exc:
+                    action = _thrown(attempts, exc)
+                else:
+                    action = next(attempts, None)
         finally:
             work.committing = False
         if self._snapshots.due():
@@ -276,16 +283,27 @@ class Committer:
     ) -> _Commit | None:
         """Under the lock: what a commit writes, or None when there is nothing to write."""
         work = self._work
-        if work.store is None:
+        store = work.store
+        if store is None:
             return None
-        work.check_writable()
+        if work.read_only or work.closed or work.committing:
+            work.check_writable()  # raises, saying why
         if not (work.pending or meta or summary is not None):
             return None
-        store, sid = work.require_store()
+        sid = work.session_id
+        if sid is None:
+            store, sid = work.require_store()  # raises
         author = author or self.author
+        if author is not self._author_checked:  # an engine commits as the same few authors, step after step
+            check_text(author, "author")
+            self._author_checked = author
         round = work.round_id() if round is None else round
-        _check_commit_args(author, round, step, meta)
-        if not self._settle_unknown(meta):
+        if not (
+            (round.__class__ is int and _I64_MIN <= round <= _I64_MAX)
+            and (step is None or (step.__class__ is int and _I64_MIN <= step <= _I64_MAX))
+        ):
+            _check_commit_args(round, step)  # what is not a 64-bit int: refused, saying why
+        if self._unknown is not None and not self._settle_unknown(meta):
             return None
         creation = self.creation
         if creation is not None and creation.dropped:
@@ -305,46 +323,43 @@ class Committer:
         first. The core returns when the changes are written and raises what
         cannot be retried.
         """
+        work, rebaser = self._work, self._rebaser
         try:
-            yield from self._attempts_of(job)
+            # The version the pending changes were made on (older than this Context's version
+            # after a catch_up, which re-based them already), and what the re-bases left out.
+            base = work.version if work.pending_base is None else work.pending_base
+            dropped = list(work.caught_dropped)
+            meta = job.meta
+            if self.serialise and base < work.version:
+                meta = serialised_meta(job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped)
+            for attempt in range(MAX_REBASES):
+                ops = work.pending
+                if self.fence is None:  # (a commit with the lease token is the runner's: always allowed)
+                    self._gate.check(job.store, job.session_id, job.author, self.fence)
+                try:
+                    yield _Append(ops, work.version, meta)
+                    return
+                except FencedError:
+                    raise  # another runner holds the session: retrying cannot help
+                except ConflictError as exc:
+                    delay = rebaser.before_retry(exc, ops, attempt, self.serialise)
+                except StoreError as exc:
+                    self._commit_failed(exc)
+                    raise
+                if delay:
+                    yield _Wait(delay)
+                with work.lock:
+                    if self.serialise:
+                        dropped += rebaser.rebase_all(ops)
+                        meta = serialised_meta(
+                            job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped
+                        )
+                    else:
+                        rebaser.rebase(ops)
+            raise ConflictError(job.session_id, work.version, None, ["(too many concurrent writers)"])
         except (NotParticipantError, FencedError):  # refused, nothing written (an unknown outcome is not)
             self._drop_if_empty()
             raise
-
-    def _attempts_of(self, job: _Commit) -> Generator[_Append | _Wait, None, None]:
-        work, rebaser = self._work, self._rebaser
-        # The version the pending changes were made on (older than this Context's version
-        # after a catch_up, which re-based them already), and what the re-bases left out.
-        base = work.version if work.pending_base is None else work.pending_base
-        dropped = list(work.caught_dropped)
-        meta = job.meta
-        if self.serialise and base < work.version:
-            meta = serialised_meta(job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped)
-        for attempt in range(MAX_REBASES):
-            ops = work.pending
-            self._gate.check(job.store, job.session_id, job.author, self.fence)
-            try:
-                # The store takes the operations as JSON objects: what each Op is.
-                yield _Append(cast("list[dict[str, Any]]", ops), work.version, meta)
-                return
-            except FencedError:
-                raise  # another runner holds the session: retrying cannot help
-            except ConflictError as exc:
-                delay = rebaser.before_retry(exc, ops, attempt, self.serialise)
-            except StoreError as exc:
-                self._commit_failed(exc)
-                raise
-            if delay:
-                yield _Wait(delay)
-            with work.lock:
-                if self.serialise:
-                    dropped += rebaser.rebase_all(ops)
-                    meta = serialised_meta(
-                        job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped
-                    )
-                else:
-                    rebaser.rebase(ops)
-        raise ConflictError(job.session_id, work.version, None, ["(too many concurrent writers)"])
 
     def _drop_if_empty(self) -> None:
         """After a refused commit (not a participant, fenced off): remove the session this Context
@@ -367,13 +382,14 @@ class Committer:
         work = self._work
         with work.lock:
             pending = work.pending
-            count = len(pending) if count is None else count
-            self._gate.track(pending[:count])
+            whole = count is None or count >= len(pending)  # (as a commit is: no slices to make)
+            count = len(pending) if whole or count is None else count
+            self._gate.track(pending if whole else pending[:count])
             self._snapshots.tail_ops += count
             work.version = event.version
             if self.creation is not None:
                 self.creation = None  # the session holds a write: it is not removed any more
-            work.pending = pending[count:]
+            work.pending = [] if whole else pending[count:]
             work.step_mark = max(0, work.step_mark - count)
             if not work.pending:
                 work.pending_base, work.caught_dropped = None, []
@@ -441,7 +457,7 @@ class Committer:
             return self._work.version
         return self.commit(author=author, round=round, step=step, meta=meta, summary=summary)
 
-    async def acommit_step(
+    def acommit_step(
         self,
         *,
         author: str | None = None,
@@ -449,11 +465,13 @@ class Committer:
         step: int | None = None,
         meta: EventMeta | None = None,
         summary: SummaryDelta | None = None,
-    ) -> int:
-        """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
+    ) -> Awaitable[int]:
+        """:meth:`commit_step` for coroutines (see :meth:`acommit`): to await.
+
+        Not a coroutine of its own: it gives :meth:`acommit`'s (one frame less per step)."""
         if self._step_waits_for_close():
-            return self._work.version
-        return await self.acommit(author=author, round=round, step=step, meta=meta, summary=summary)
+            return _version_now(self._work.version)
+        return self.acommit(author=author, round=round, step=step, meta=meta, summary=summary)
 
     def _step_waits_for_close(self) -> bool:
         """With durability ``exit``, a finished step stays pending until close: mark where it ends."""

@@ -82,7 +82,8 @@ def structural_op(data: Mapping[str, Any]) -> AppendOp | None:
         raise TypeError(
             f"structural log keys Round/SubtaskIndex must be ints, got {round_key!r}/{subtask_key!r}"
         ) from None
-    return {"op": "append", "name": "STRUCTURAL_LOGS", "path": path, "value": to_wire(dict(data), "STRUCTURAL_LOGS")}
+    entry = to_wire(data if data.__class__ is dict else dict(data), "STRUCTURAL_LOGS")  # a copy either way
+    return {"op": "append", "name": "STRUCTURAL_LOGS", "path": path, "value": entry}
 
 
 class UfoCompat:

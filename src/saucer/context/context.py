@@ -23,7 +23,7 @@ of its past (``state_at``, ``fork``), and closes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Self
@@ -65,10 +65,10 @@ class Context:
         self._access = TypedAccess(work, self._committer.record)
         self._compat = UfoCompat(work, self._access, self._committer.record)
         self._queries = HistoryQueries(work)
-        # The hot calls are bound once to the collaborator that makes them: no delegation hop
-        # per call (the methods of the class, which delegate, document them and serve unbound calls).
+        # Hot calls bound once to their collaborator (the class's methods document them, serve unbound calls).
         self.get = work.get  # type: ignore[method-assign]  # the same signature, bound once
         self.set = self._access.set  # type: ignore[method-assign]  # the same signature, bound once
+        self.get_var = self._access.get_var  # type: ignore[method-assign]  # the same signature, bound once
         self.charge = self._compat.charge  # type: ignore[method-assign]  # the same signature, bound once
         self.commit = self._committer.commit  # type: ignore[method-assign]  # the same signature, bound once
         self.acommit = self._committer.acommit  # type: ignore[method-assign]  # the same signature, bound once
@@ -416,7 +416,7 @@ class Context:
         """Commit at a step boundary unless durability is ``exit`` (then changes wait for close)."""
         return self._committer.commit_step(author=author, round=round, step=step, meta=meta, summary=summary)
 
-    async def acommit_step(
+    def acommit_step(
         self,
         *,
         author: str | None = None,
@@ -424,9 +424,9 @@ class Context:
         step: int | None = None,
         meta: EventMeta | None = None,
         summary: SummaryDelta | None = None,
-    ) -> int:
-        """:meth:`commit_step` for coroutines (see :meth:`acommit`)."""
-        return await self._committer.acommit_step(author=author, round=round, step=step, meta=meta, summary=summary)
+    ) -> Awaitable[int]:
+        """:meth:`commit_step` for coroutines (see :meth:`acommit`): ``await ctx.acommit_step(...)``."""
+        return self._committer.acommit_step(author=author, round=round, step=step, meta=meta, summary=summary)
 
     def catch_up(self) -> int:
         """Bring in what other writers committed since this Context's version; return how many versions.

@@ -381,9 +381,14 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]], *, owned: bool = F
     """
     if owned and (state.packed or state.bases):
         raise ValueError("apply_ops(owned=True) needs a state that keeps no operations (no packed values or bases)")
+    names = state.names
     for op in ops:
         kind = op["op"]
-        root, key, typed = _container(state, op)
+        key = op.get("name")
+        if key is not None and key in _NAMES:  # a current typed name (most operations): no call
+            root, typed = names, True
+        else:
+            root, key, typed = _container(state, op)
         path = op.get("path")
         if typed and state.packed and key in state.packed:
             if kind == "sealed":

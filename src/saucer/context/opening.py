@@ -54,6 +54,8 @@ def attach(
     """Find ``session_id`` in ``store``, creating it unless ``create`` is False or ``at`` is given;
     return how it was made when this call made it (None: it existed)."""
     creation: SessionCreation | None = None
+    if not create and at is None and participants is None:
+        return None  # the load reads the session's head: SessionNotFoundError there if it is unknown
     if not store.exists(session_id):
         if at is not None or not create:
             store.session_info(session_id)  # raises SessionNotFoundError

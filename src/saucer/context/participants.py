@@ -57,6 +57,11 @@ class ParticipantGate:
 
     def track(self, ops: list[Op]) -> None:
         """Keep the committed list of added participants up to date with ``ops`` (just committed)."""
+        for op in ops:  # (most commits change none: found without a list made)
+            if op.get("var") == PARTICIPANTS_VAR:
+                break
+        else:
+            return
         mine = [op for op in ops if op.get("var") == PARTICIPANTS_VAR]
         if mine:
             state = State(vars={} if self._added is None else {PARTICIPANTS_VAR: copy_json(self._added)})

@@ -39,6 +39,8 @@ def replay(store: EventStore, session_id: str, upto: int) -> Replayed:
     :class:`~saucer.store.CorruptRecordError`. A snapshot that cannot be decoded
     is skipped with a warning: it is a cache, the log is the truth.
     """
+    if upto == 0:  # before the first event: nothing to read (a new session opened by its maker)
+        return Replayed(State(), 0, 0)
     snap = store.latest_snapshot(session_id, upto)
     state: State | None = None
     if snap is not None:

@@ -89,8 +89,9 @@ class Snapshotter:
             # longer replay on the next open, never a wrong state.
             # (a snapshot at this version already, which this one replaces, counts as the new one)
             replacing = self.version == work.version > 0
-            store.prune_snapshots(sid, self.keep - (0 if replacing else 1))
-            store.save_snapshot(Snapshot(sid, work.version, time.time(), wire))
+            store.save_snapshot_pruned(
+                Snapshot(sid, work.version, time.time(), wire), self.keep - (0 if replacing else 1)
+            )
             self.version = work.version
             return work.version
 

@@ -12,19 +12,9 @@ from enum import Enum
 from typing import Any
 
 from saucer.redaction import redact_known, redact_known_text
+from saucer.store.model import ValueNotStorableError
 
 __all__ = ["MAX_DEPTH", "STATE_MAX_DEPTH", "ValueNotStorableError", "to_wire"]
-
-
-class ValueNotStorableError(TypeError):
-    """A value cannot be stored durably; the message names the key and the path inside it."""
-
-    def __init__(self, key: str, path: str, reason: str) -> None:
-        self.key = key
-        self.path = path
-        self.reason = reason
-        where = f"{key}{path}" if path else key
-        super().__init__(f"value for {where!s} cannot be stored: {reason}")
 
 
 #: JSON numbers every backend and reader hold exactly: signed 64-bit integers.
@@ -113,11 +103,20 @@ def _plain(value: Any, room: int, depth: int) -> Any:
         if cls is dict:
             out: dict[str, Any] = {}
             for k, v in value.items():
-                if k.__class__ is int and depth > 0:
+                c = k.__class__
+                if c is str:
+                    if not k.isascii() and not _valid_text(k):
+                        raise _NotPlain
+                elif c is int and depth > 0:
                     k = str(k)
-                elif k.__class__ is not str or not (k.isascii() or _valid_text(k)):
+                else:
                     raise _NotPlain
-                out[k] = _plain(v, room - 1, depth - 1)
+                # ASCII strings, 64-bit ints and None (most items) are taken without a call each.
+                c = v.__class__
+                if (c is str and v.isascii()) or v is None or (c is int and _INT_MIN <= v <= _INT_MAX):
+                    out[k] = v
+                else:
+                    out[k] = _plain(v, room - 1, depth - 1)
             return out
         if cls is list:
             return [_plain(v, room - 1, depth) for v in value]

@@ -16,6 +16,11 @@ Either way the dispatcher sees the same :class:`ToolInfo` listing and
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import importlib
+import sys
+import threading
 from typing import Any, Protocol
 
 from saucer.dispatch._tooling import (
@@ -94,13 +99,17 @@ class ServerConnection:
         """Whether the server is started and its session (if it has one) still open."""
         return self._backend is not None and self._backend.alive
 
-    def _make_backend(self) -> Backend:
+    async def _make_backend(self) -> Backend:
+        # Modules imported for the first time are imported in a thread: seconds of imports on the event loop
+        # (an in-process server's module, the MCP SDK) would hold every other session of a worker, and its heartbeats.
         config, target = self.config, self.instance
         if target is None and config.transport == "inprocess":
             assert config.import_path is not None
+            await _imported(config.import_path.partition(":")[0])
             target = load_server_object(config.import_path, config.options)
         if isinstance(target, NativeServer):
             return _NativeBackend(target)
+        await _imported("saucer.dispatch._mcp")
         from saucer.dispatch._mcp import MCPBackend  # the MCP SDK: only for servers that speak MCP
 
         return MCPBackend(self.name, config, target)
@@ -128,7 +137,7 @@ class ServerConnection:
         backend: Backend | None = None
         try:
             async with asyncio.timeout(limit):
-                backend = self._make_backend()
+                backend = await self._make_backend()
                 tools = await backend.start()
         except BaseException as exc:
             if backend is not None:
@@ -172,3 +181,34 @@ class ServerConnection:
         """Close the session and stop the server (a stdio server's process group is ended by the SDK)."""
         async with self._lock:
             await self._stop_backend()
+
+
+#: Modules being imported off the loop, and their outcome (shared by every session and loop of the process).
+_importing: dict[str, concurrent.futures.Future[None]] = {}
+_importing_lock = threading.Lock()
+
+
+async def _imported(module: str) -> None:
+    """Import ``module`` in a thread unless it is imported already; the sessions that need it meanwhile
+    wait for that one import (a failure is left to the import that follows, which reports it)."""
+    with _importing_lock:
+        future = _importing.get(module)
+        if future is None:
+            if module in sys.modules:
+                return
+            future = _importing[module] = concurrent.futures.Future()
+            threading.Thread(target=_import, args=(module, future), name=f"saucer-import-{module}", daemon=True).start()
+    with contextlib.suppress(Exception):
+        await asyncio.wrap_future(future)
+
+
+def _import(module: str, future: concurrent.futures.Future[None]) -> None:
+    try:
+        importlib.import_module(module)
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiters
+        future.set_exception(exc)
+    else:
+        future.set_result(None)
+    finally:
+        with _importing_lock:
+            _importing.pop(module, None)

@@ -33,6 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from saucer.dispatch.messages import Command, Result
@@ -360,8 +361,8 @@ class ContinueState(AgentState):
     status = AgentStatus.CONTINUE.value
 
     async def handle(self, agent: Agent, context: Context) -> None:
-        result: object = agent.act(context)  # a subclass may define a plain ``act``
-        if inspect.isawaitable(result):
+        result: Any = agent.act(context)  # a subclass may define a plain ``act``
+        if result.__class__ is CoroutineType or inspect.isawaitable(result):  # (an async act, most often)
             result = await result
         if result is not None:
             agent.status = _status_text(result)

@@ -46,15 +46,17 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal, TypeGuard
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from saucer.context import Context, ContextNames
 from saucer.engine.cancel import cancel_of
 from saucer.engine.host import SessionRef
 from saucer.engine.interactor import as_channel, interactor_approver, nobody_to_ask
-from saucer.engine.meta import ApprovalDecisionData, ApprovalDecisionMeta, ApprovalRequestData, ApprovalRequestMeta
 from saucer.store import ConflictError, Event, EventStore, NotParticipantError, SessionNotFoundError, StoreError
 from saucer.store.summary import ENDED
+
+if TYPE_CHECKING:
+    from saucer.engine.meta import ApprovalDecisionData, ApprovalDecisionMeta, ApprovalRequestData, ApprovalRequestMeta
 
 __all__ = [
     "REQUEST_KIND",

@@ -125,7 +125,9 @@ class CancelWatch:
 
     def by(self, context: Context | None) -> tuple[str, str] | None:
         """``(who cancelled, what the end says)``, or None (also before the run opens its Context)."""
-        return cancelled_by(context, self.before) if context is not None else None
+        if context is None or context.get_var(CANCEL_VAR) is None:  # not cancelled (asked before every step)
+            return None
+        return cancelled_by(context, self.before)
 
 
 def cancel_reason(context: Context, before: Any = None) -> str | None:

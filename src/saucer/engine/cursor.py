@@ -25,13 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saucer.engine.accounting import Limits
 from saucer.engine.errors import EngineError
-from saucer.engine.meta import CursorMeta
 from saucer.engine.step_format import upcast_step
 from saucer.store import Event, EventStore, SessionInfo
+
+if TYPE_CHECKING:
+    from saucer.engine.meta import CursorMeta
 
 __all__ = [
     "CURSOR_VERSION",

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,6 @@ from saucer.config import Settings, load_settings
 from saucer.dispatch.messages import Command, Result
 from saucer.dispatch.servers import DesktopServer, configured_servers
 from saucer.engine.agent import AgentSet
-from saucer.engine.approvals import pending_approver
 from saucer.engine.components import create_agent_provider, create_operator_provider
 from saucer.engine.errors import (
     LLMUnavailableError,
@@ -157,12 +156,27 @@ def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = 
             servers, approver=interactor_approver(channel), assume_yes=channel.assume_yes
         )
         # Nobody at a terminal: a sensitive command waits as a pending approval in the session's log.
-        dispatcher.approver = pending_approver(
-            session, channel, timeout=settings.approvals.timeout, reason_of=dispatcher.sensitive_reason
-        )
+        dispatcher.approver = _pending_approver(session, channel, settings.approvals.timeout, dispatcher)
         return dispatcher
 
     return make
+
+
+def _pending_approver(
+    session: Session, channel: Any, timeout: float, dispatcher: Any
+) -> Callable[[Any], Awaitable[bool | str]]:
+    """:func:`~saucer.engine.approvals.pending_approver` for the session's dispatcher, made when a command
+    first needs approval: the approvals module is not loaded by the sessions that never ask."""
+    made: list[Callable[[Any], Awaitable[bool | str]]] = []
+
+    async def approve(command: Any) -> bool | str:
+        if not made:
+            from saucer.engine.approvals import pending_approver
+
+            made.append(pending_approver(session, channel, timeout=timeout, reason_of=dispatcher.sensitive_reason))
+        return await made[0](command)
+
+    return approve
 
 
 @dataclass

@@ -54,29 +54,24 @@ class LeaseKeeper:
         self._stopped = False
         self._held: Lease | None = None  # the newest lease a renewal got (release() gives that one back)
 
-    async def acquire(self, wait: float = 0.0, first: Callable[[], object] | None = None) -> Lease:
-        """Take the lease, waiting up to ``wait`` seconds for another holder's lease to expire.
-
-        ``first()`` (e.g. the session's creation) runs once, in the same thread call as the first
-        attempt: one hop to a thread instead of two; what it raises is raised before any attempt.
-        """
+    async def acquire(self, wait: float = 0.0) -> Lease:
+        """Take the lease, waiting up to ``wait`` seconds for another holder's lease to expire."""
         deadline = time.monotonic() + wait
         while True:
             try:  # in a thread: the store may wait on a server, the loop's other sessions must not
-                self.lease = await asyncio.to_thread(self._acquire_after, first)
+                self.lease = await asyncio.to_thread(self.store.acquire_lease, self.session_id, self.owner, self.ttl)
                 self._renewed = time.monotonic()
                 return self.lease
             except LeaseHeldError as exc:
-                first = None  # it ran: only the lease is asked for again
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise
                 await asyncio.sleep(min(left, max(0.02, exc.expires_at - time.time() + 0.02)))
 
-    def _acquire_after(self, first: Callable[[], object] | None) -> Lease:
-        if first is not None:
-            first()
-        return self.store.acquire_lease(self.session_id, self.owner, self.ttl)
+    def adopt(self, lease: Lease) -> None:
+        """Hold ``lease``, taken by the caller (with the session's creation, :meth:`~saucer.store.EventStore.create_session_leased`)."""
+        self.lease = lease
+        self._renewed = time.monotonic()
 
     def start_renewing(self) -> None:
         """Renew every third of the lease's time to live, from a background task."""

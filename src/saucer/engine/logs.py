@@ -26,14 +26,16 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from saucer.engine.meta import StepRecordMeta
 from saucer.engine.step_format import STEP_FORMAT, STEP_FORMAT_KEY, StepFormatError, upcast_step
 from saucer.redaction import redact, redact_text
+
+if TYPE_CHECKING:
+    from saucer.engine.meta import StepRecordMeta
 
 __all__ = [
     "StepRecord",
@@ -177,7 +179,7 @@ def _step_adapter() -> TypeAdapter[StepRecord]:
 class RequestLogEntry(BaseModel):
     """One model call, as LLM agents log it to ``request.log`` (never an API key)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     round: int | None = None
     step: int | None = None

@@ -13,6 +13,7 @@ session does, with what it gets back.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +28,6 @@ from saucer.engine.errors import EngineError, LeaseLostError
 from saucer.engine.evaluation import Evaluation, Scope, evaluator_name, judge
 from saucer.engine.experience import RunRounds
 from saucer.engine.logs import EvaluationLogEntry, StepRecord
-from saucer.engine.meta import CursorMeta, EvaluationMeta, RoundEndMeta, SessionEndMeta, SessionSummary
 from saucer.engine.result import SessionResult, SessionStatus, stored_cost
 from saucer.engine.round import RoundResult, RoundStatus
 from saucer.engine.summaries import summary_of
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from saucer.engine.cursor import Progress
     from saucer.engine.interactor import UserChannel
     from saucer.engine.logs import SessionLogs
+    from saucer.engine.meta import CursorMeta, EvaluationMeta, RoundEndMeta, SessionEndMeta, SessionSummary
     from saucer.engine.plan import Plan
     from saucer.store import EventStore
 
@@ -125,8 +126,6 @@ class OutcomeRecorder:
         #: (request, successful commands) per round of this run: the experience's source when nothing
         #: is committed per step (durability ``exit``).
         self._run_rounds: RunRounds = []
-        #: The session's end is in its store: committed by this run, or found there when it started.
-        self.end_committed = False
         #: A step of this run ran a command successfully: the experience plan has a step.
         self._succeeded = False
 
@@ -287,7 +286,6 @@ class OutcomeRecorder:
         if host.skipped:
             meta["skipped"] = dict(host.skipped)
         version = await host.context.acommit(author="system", meta=dict(meta), summary=summary_of(meta))
-        self.end_committed = True
         result = self.result(
             status,
             reason,
@@ -296,6 +294,7 @@ class OutcomeRecorder:
             cost,
             experience_path=experience_path,
             evaluations=self.evaluations,
+            end_recorded=True,
         )
         if host.settings.system.log_to_markdown and host.logs.path is not None:
             title = f"{host.task} — session {host.session_id} ({host.mode})"
@@ -332,6 +331,7 @@ class OutcomeRecorder:
         experience_path: str | None = None,
         evaluations: list[Evaluation] | None = None,
         skipped: dict[str, str] | None = None,
+        end_recorded: bool = False,
     ) -> SessionResult:
         """The one place a :class:`SessionResult` is made: this run's counters unless told otherwise."""
         host = self._host
@@ -352,12 +352,12 @@ class OutcomeRecorder:
             evaluations=list(evaluations or ()),
             version=version,
             skipped=dict(host.skipped if skipped is None else skipped),
+            end_recorded=end_recorded,
         )
 
     def stored_result(self, meta: dict[str, Any]) -> SessionResult:
         """The result a session that already ended stored with its end."""
         ctx = self._host.context
-        self.end_committed = True
         summary = meta.get("summary") or {}
         return self.result(
             meta.get("session_status", summary.get("status", SessionStatus.FINISHED)),
@@ -371,6 +371,7 @@ class OutcomeRecorder:
             experience_path=meta.get("experience_path"),
             evaluations=[Evaluation.model_validate(e) for e in meta.get("evaluations") or []],
             skipped=dict(meta.get("skipped") or {}),
+            end_recorded=True,
         )
 
     def cost_summary(self) -> CostSummary:
@@ -398,7 +399,7 @@ class OutcomeRecorder:
             return None
         # The plan is read from the store only when it is needed: to know whether it is empty (unless a
         # command of this run succeeded: then it is not), and to save it.
-        plan = None if self._succeeded else self.experience_plan()
+        plan = None if self._succeeded else await asyncio.to_thread(self.experience_plan)  # off the event loop
         if plan is not None and not plan.steps:  # said before anyone is asked: there is nothing to save
             host.skipped["save_experience"] = experience.NOTHING_TO_SAVE
             if mode in ("ask", "always"):
@@ -414,7 +415,7 @@ class OutcomeRecorder:
         if path is None:
             return None
         if plan is None:
-            plan = self.experience_plan()
+            plan = await asyncio.to_thread(self.experience_plan)  # it reads the session's log: off the event loop
         saver = self.experience_saver
         save: Callable[[Plan, Any], Any] | None = None
         if saver is not None:

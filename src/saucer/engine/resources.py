@@ -16,13 +16,15 @@ and a runner whose lease was taken over cannot commit any more.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from saucer.engine.dispatching import DispatcherHolder
 from saucer.engine.lease import LeaseKeeper
-from saucer.store import EventStore, SessionNotFoundError, open_store
+from saucer.store import EventStore, open_store
 
 if TYPE_CHECKING:
     from saucer.config import Settings
@@ -72,39 +74,71 @@ class RunResources:
         self.store = spec
         return spec
 
-    async def take_lease(
+    async def take_lease(self, owner: str, on_new_fence: Callable[[int], None], wait: float) -> Lease:
+        """Take the session's lease for ``owner`` (waiting up to ``wait`` seconds for another holder's to expire)."""
+        assert self.store is not None
+        self.keeper = LeaseKeeper(self.store, self.session_id, owner, self._settings.store.lease_ttl, on_new_fence)
+        return await self.keeper.acquire(wait)
+
+    async def create_leased(
         self,
         owner: str,
         on_new_fence: Callable[[int], None],
-        wait: float,
-        *,
-        create: tuple[dict[str, Any], list[str] | None] | None = None,
+        meta: dict[str, Any],
+        participants: Sequence[str] | None,
     ) -> Lease:
-        """Take the session's lease for ``owner`` (waiting up to ``wait`` seconds for another holder's to expire).
-
-        First, in the same call in a thread (one hop, not two: :meth:`LeaseKeeper.acquire`), the session
-        is created (``create``: its meta and participants), else found (:class:`SessionNotFoundError`).
-        """
-        store, sid = self.store, self.session_id
+        """Create the session with ``owner``'s lease on it, at once and off the event loop
+        (:meth:`~saucer.store.EventStore.create_session_leased`); :class:`~saucer.store.SessionExistsError` if it exists."""
+        store = self.store
         assert store is not None
+        ttl = self._settings.store.lease_ttl
+        self.keeper = keeper = LeaseKeeper(store, self.session_id, owner, ttl, on_new_fence)
+        _, lease = await asyncio.to_thread(
+            store.create_session_leased, self.session_id, owner=owner, ttl=ttl, meta=meta, participants=participants
+        )
+        keeper.adopt(lease)
+        return lease
 
-        def before() -> None:
-            if create is not None:
-                store.create_session(sid, meta=create[0], participants=create[1])
-            elif not store.exists(sid):  # (never parses the stored meta, which may hold a whole plan)
-                raise SessionNotFoundError(sid)
+    async def open_context(self, token: int) -> Context:
+        """The session's Context for its runner (commits fenced by ``token``), opened in a thread (it reads the store)."""
+        from saucer.context import Context
 
-        self.keeper = LeaseKeeper(store, sid, owner, self._settings.store.lease_ttl, on_new_fence)
-        return await self.keeper.acquire(wait, before)
+        store, store_settings = self.store, self._settings.store
+        assert store is not None
+        return await asyncio.to_thread(
+            functools.partial(
+                Context.open,
+                store,
+                self.session_id,
+                author="system",
+                durability=store_settings.durability,
+                snapshot_every=store_settings.snapshot_every,
+                create=False,
+                fence=token,
+                serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
+            )
+        )
 
-    def check_lease(self) -> None:
-        """:class:`~saucer.engine.errors.LeaseLostError` if this runner lost its lease; renew it when due."""
-        if self.keeper is not None:
-            self.keeper.check()
+    def lease_checker(self) -> Callable[[], None]:
+        """The keeper's check (:class:`~saucer.engine.errors.LeaseLostError` if this runner lost its lease;
+        renewed when due), looked up once: a round calls it before every step."""
+        return self.keeper.check if self.keeper is not None else _no_lease
 
     def add_closer(self, closer: Callable[[], Awaitable[Any]]) -> None:
         """Await ``closer()`` when the run closes."""
         self._closers.append(closer)
+
+    def _close_store_side(self, context: Context | None, clean: bool) -> None:
+        if context is not None:
+            try:
+                if clean:
+                    context.close()
+                else:
+                    context.abort()  # discard the unfinished step
+            except Exception as exc:  # noqa: BLE001
+                _log.warning("session %s: closing the context failed: %s", self.session_id, exc)
+        if self.keeper is not None:
+            self.keeper.release()
 
     async def close(self, context: Context | None, logs: SessionLogs, *, clean: bool) -> None:
         """Close everything, in order: renewals, the dispatcher, the close callbacks, the Context
@@ -119,17 +153,28 @@ class RunResources:
             except Exception as exc:  # noqa: BLE001
                 _log.warning("session %s: a close callback failed: %s", sid, exc)
         self._closers.clear()
-        if context is not None:
-            try:
-                if clean:
-                    context.close()
-                else:
-                    context.abort()  # discard the unfinished step
-            except Exception as exc:  # noqa: BLE001
-                _log.warning("session %s: closing the context failed: %s", sid, exc)
-        if self.keeper is not None:
-            self.keeper.release()
+        # The last snapshot and the lease's release wait on the store: in a thread, off the event loop.
+        await _to_thread_to_its_end(self._close_store_side, context, clean)
         logs.close()
         if self._owns_store and self.store is not None:
             self.store.close()
             self.store = None  # the plan property opens the store's URL again if it still has to read
+
+
+async def _to_thread_to_its_end(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a thread; a cancellation meanwhile reaches the caller once it has ended
+    (a thread cannot be stopped: what closes after it must not run before it)."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()
+
+
+def _no_lease() -> None:
+    """The lease check before a lease is taken: nothing to check."""

@@ -42,7 +42,6 @@ from saucer.engine.cursor import (
     stored_session_brief,
 )
 from saucer.engine.logs import EVALUATION_LOG, REQUEST_LOG, TEXT_LOG, SessionLogs, slug
-from saucer.engine.meta import CreationMeta, CursorMeta, SessionResumeMeta, SessionStartMeta
 from saucer.engine.plan import Plan, parse_plan
 from saucer.engine.result import SessionStatus
 from saucer.redaction import redact_known
@@ -51,6 +50,7 @@ from saucer.store import EventStore, open_store
 if TYPE_CHECKING:
     from saucer.config import LogsSettings, Settings
     from saucer.context import Context
+    from saucer.engine.meta import CreationMeta, CursorMeta, SessionResumeMeta, SessionStartMeta
 
 __all__ = [
     "Resumer",

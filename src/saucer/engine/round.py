@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from saucer.context.names import ContextNames
 from saucer.engine.accounting import Limits
@@ -32,21 +33,14 @@ from saucer.engine.agent import Agent, AgentSet, AgentState, AgentStatus
 from saucer.engine.errors import GraphError
 from saucer.engine.host import AgentHost
 from saucer.engine.logs import SessionLogs, StepRecord
-from saucer.engine.routing import (
-    AgentTarget,
-    RevertToInitiator,
-    RouteInput,
-    StayTarget,
-    Terminate,
-    TransitionGraph,
-)
 from saucer.engine.summaries import summary_of
 from saucer.engine.uitree import artifact_name, look
 
 if TYPE_CHECKING:
     from saucer.engine.application import ApplicationWatch
-    from saucer.engine.meta import CursorMeta, StepMeta
+    from saucer.engine.meta import CursorMeta
     from saucer.engine.plan import PlanStep
+    from saucer.engine.routing import TransitionGraph
 
 __all__ = ["Round", "RoundResult", "RoundStatus", "RoundHost"]
 
@@ -120,8 +114,9 @@ class RoundHost(AgentHost, Protocol):
     #: Fills UFO's APPLICATION_* names after each step, in a session with a desktop (else None).
     application: ApplicationWatch | None
 
-    def check_lease(self) -> None:
-        """Before each step: raise if this runner lost its lease on the session."""
+    def lease_checker(self) -> Callable[[], None]:
+        """What to call before each step: it raises if this runner lost its lease on the session."""
+        ...
 
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> CursorMeta:
         """The resume cursor a step's commit carries: the agent and state that act next."""
@@ -158,8 +153,11 @@ class Round:
         self.plan_index = plan_index
         self.plan_step = plan_step
         graph = agents.graph
-        if graph is not None and not isinstance(graph, TransitionGraph):
-            graph = TransitionGraph.from_dict(graph)  # UnknownConditionError fails this session only
+        if graph is not None:  # routing is loaded only by the rounds that have a graph
+            from saucer.engine.routing import TransitionGraph
+
+            if not isinstance(graph, TransitionGraph):
+                graph = TransitionGraph.from_dict(graph)  # UnknownConditionError fails this session only
         self.graph: TransitionGraph | None = graph
         self.turns = 0
         self.steps = 0
@@ -194,6 +192,7 @@ class Round:
         """Step until the round ends; return how it ended."""
         session = self.session
         limits = session.limits
+        check_lease = session.lease_checker()
         sleep_time = session.settings.system.sleep_time
         save_ui_tree = session.settings.system.save_ui_tree and "save_ui_tree" not in session.skipped
         agent = self.agent
@@ -206,7 +205,7 @@ class Round:
             cancelled = session.cancelled_by()
             if cancelled is not None:  # a person cancelled the session: no other step starts
                 return self._end(RoundStatus.STOPPED, cancelled[1])
-            session.check_lease()
+            check_lease()
             round_step += 1
             record = StepRecord(
                 session.session_id,
@@ -322,6 +321,8 @@ class Round:
             return nxt, (next_state if nxt.states is agent.states else nxt.state_for(name))
         if next_state.is_round_end() and next_state.name() == AgentStatus.ERROR.value:
             return agent, next_state  # an error ends the round whatever the graph says
+        from saucer.engine.routing import AgentTarget, RevertToInitiator, RouteInput, StayTarget, Terminate
+
         tools = tuple(c["tool_name"] for c in record.commands)
         # What other writers committed while the step ran (an observer's flag) counts for this decision.
         self.session.context.catch_up()
@@ -376,13 +377,12 @@ class Round:
 
     def _step_meta(self, record: StepRecord, next_agent: str, next_state: str) -> dict[str, Any]:
         """A step's commit meta: its record, and the cursor of the agent and state that act next."""
-        meta: StepMeta = {
-            **record.to_meta(),
-            "kind": "step",
-            "session_status": "running",
-            "cursor": self.session.step_cursor(self.id, self.plan_index, next_agent, next_state),
-        }
-        return dict(meta)
+        # A StepMeta (engine.meta): the record's compact form, a new dict, completed in place.
+        meta = cast("dict[str, Any]", record.to_meta())
+        meta["kind"] = "step"
+        meta["session_status"] = "running"
+        meta["cursor"] = self.session.step_cursor(self.id, self.plan_index, next_agent, next_state)
+        return meta
 
     def _end(self, status: str, reason: str, error: str | None = None) -> RoundResult:
         return RoundResult(self.id, status, self.steps, self.cost, reason, error)

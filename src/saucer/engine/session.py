@@ -44,7 +44,6 @@ from saucer.engine.evaluation import Evaluation, Evaluator, Scope, judge
 from saucer.engine.interactor import Interactor, UserChannel
 from saucer.engine.lease import lease_owner
 from saucer.engine.logs import SessionLogs, StepRecord, new_session_id
-from saucer.engine.meta import CursorMeta, RoundStartMeta
 from saucer.engine.notify import CompositeObserver, ObserverCaller
 from saucer.engine.outcome import ExperienceSaver, OutcomeRecorder
 from saucer.engine.plan import Plan, PlanStep, declared_participants, initial_vars, parse_plan
@@ -53,11 +52,12 @@ from saucer.engine.result import SessionResult, SessionStatus
 from saucer.engine.resume import Resumer, StartPoint, StoredPlan, creation_meta, open_session_logs, resume_arguments
 from saucer.engine.round import Round, RoundResult
 from saucer.engine.summaries import summary_of
-from saucer.store import EventStore, StoreError
+from saucer.store import EventStore, SessionNotFoundError, StoreError
 from saucer.store.base import Lease
 
 if TYPE_CHECKING:
     from saucer.dispatch.base import BasicCommandDispatcher
+    from saucer.engine.meta import CursorMeta, RoundStartMeta
     from saucer.engine.routing import TransitionGraph
 
 __all__ = ["Session", "SessionObserver", "SessionResult", "SessionStatus", "new_session_id", "lease_owner"]
@@ -233,11 +233,6 @@ class Session:
     def experience_saver(self) -> ExperienceSaver | None:
         """Saves the session's experience plan its own way, when given (``saver(session, plan, path)``)."""
         return self._outcome.experience_saver
-
-    @property
-    def end_recorded(self) -> bool:
-        """True once the session's end is in its store (committed by this run, or found there when it started)."""
-        return self._outcome.end_committed
 
     @property
     def resumed(self) -> bool:
@@ -455,13 +450,14 @@ class Session:
 
     # ====================================================== for the rounds (RoundHost)
 
-    def check_lease(self) -> None:
-        """Before each step: :class:`LeaseLostError` if this runner lost its lease; renew it when due."""
-        self._held.check_lease()
+    def lease_checker(self) -> Callable[[], None]:
+        """What a round calls before each step, bound once to this run's lease keeper: it raises
+        :class:`LeaseLostError` if this runner lost its lease, and renews it when due."""
+        return self._held.lease_checker()
 
     def step_cursor(self, round_id: int, plan_index: int | None, agent: str, state: str) -> CursorMeta:
         """The resume cursor of a step's commit: the agent and state that act next."""
-        return self.cursor("step", round_id, plan_index, agent=agent, state=state)
+        return cursor_meta("step", round_id, plan_index, agent, state, self.progress, self.limits)
 
     def note_unknown_cost(self) -> None:
         """Some cost could not be priced: the session's total is unknown, never a number."""
@@ -476,8 +472,10 @@ class Session:
             if subtask_end and self.subtask_end_hook is not None:
                 self.subtask_end_hook(self, rnd, agent)
             self._outcome.step_done(record)
-        self.logs.write_step(record)
-        await self._notify.step(self, record)
+        if self.logs.path is not None:
+            self.logs.write_step(record)
+        if self._notify.has("on_step"):  # (no coroutine to make per step for an observer without the hook)
+            await self._notify.step(self, record)
 
     # ================================================================ start
 
@@ -485,29 +483,28 @@ class Session:
         store = self._held.open_store()
         sid = self.session_id
         resumer = self._resumer
-        creation = None
-        if not resumer.resuming:
-            described = (self.task, self.mode, self.request, self.platform, self.workspace, self.plan, self.plan_file)
-            creation = (dict(creation_meta(*described)), self.participants)
-        # Its creation (or the check that it exists) and the lease, in one call in a thread.
-        lease = await self._held.take_lease(self.owner, self._new_fence, self.lease_wait, create=creation)
-        # Where to continue, read under the lease and before anything is written
-        # (a session with no failed step to retry is an error that changes nothing).
-        start = resumer.locate(store)
+        # Every read and write of the store here runs in a thread: the loop's other sessions run meanwhile.
+        if resumer.resuming:
+            if not await asyncio.to_thread(
+                store.exists, sid
+            ):  # (never parses the stored meta, which may hold a whole plan)
+                raise SessionNotFoundError(sid)
+            lease = await self._held.take_lease(self.owner, self._new_fence, self.lease_wait)
+            # Where to continue, read under the lease and before anything is written
+            # (a session with no failed step to retry is an error that changes nothing).
+            start = await asyncio.to_thread(resumer.locate, store)
+        else:
+            meta = creation_meta(
+                self.task, self.mode, self.request, self.platform, self.workspace, self.plan, self.plan_file
+            )
+            # The row and this runner's lease at once (one transaction on PostgreSQL).
+            lease = await self._held.create_leased(self.owner, self._new_fence, dict(meta), self.participants)
+            start = resumer.locate(store)  # a new session: nothing to read
         if start.never_started:  # this run is its start: the plan's variables, then context_vars
             self.context_vars = initial_vars(self.plan, self.context_vars)
         elif resumer.resuming and not start.over:
             _ = self.plan  # a stored plan that no longer parses is a PlanError here, before anything is written
-        self.context = ctx = Context.open(
-            store,
-            sid,
-            author="system",
-            durability=self.settings.store.durability,
-            snapshot_every=self.settings.store.snapshot_every,
-            create=False,
-            fence=lease.token,
-            serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
-        )
+        self.context = ctx = await self._held.open_context(lease.token)
         self._cancel.opened(ctx)
         if start.over:
             self.result = self._outcome.stored_result(start.meta)

@@ -38,7 +38,7 @@ import psycopg_pool
 from saucer.config import Settings
 from saucer.engine.plan import load_plan_folder_with_identity, plan_identity
 from saucer.engine.session import SessionStatus, new_session_id
-from saucer.engine.status import stored_status
+from saucer.engine.status import status_of
 from saucer.queue.jobs import TASK_NAME, make_app
 from saucer.queue.schema import QueueLocation, ensure_queue, queue_location
 from saucer.store import EventStore, open_store
@@ -223,7 +223,7 @@ class QueueClient:
         """
         name = queue or self.settings.queue.name
         prio = self.settings.queue.priority if priority is None else priority
-        settled = await asyncio.to_thread(lambda: [self._settled(spec) for spec in specs])
+        settled = await asyncio.to_thread(self._settled, specs)
         done: dict[str, Enqueued] = {
             spec.key: Enqueued(spec, "skipped", why) for spec, why in zip(specs, settled, strict=False) if why
         }
@@ -242,16 +242,25 @@ class QueueClient:
             done.update((r.spec.key, r) for r in results)
         return [done[spec.key] for spec in specs]
 
-    def _settled(self, spec: JobSpec) -> str | None:
-        """Why the session needs no job (finished, or a live runner outside the queue holds it), else None."""
-        if self.store is None or not self.store.exists(spec.session_id):
-            return None
-        state = stored_status(self.store, spec.session_id)
-        if state.status == SessionStatus.FINISHED:
-            return "already finished"
-        if state.holder is not None:
-            return f"being run by {state.holder}"
-        return None
+    def _settled(self, specs: list[JobSpec]) -> list[str | None]:
+        """For each spec, why its session needs no job (finished, or a live runner outside the queue holds
+        it), else None: the sessions that exist, their newest events and leases read in ONE query."""
+        if self.store is None or not specs:
+            return [None] * len(specs)
+        heads = {head.info.session_id: head for head in self.store.session_heads([s.session_id for s in specs])}
+        out: list[str | None] = []
+        for spec in specs:
+            head = heads.get(spec.session_id)
+            state = None if head is None else status_of(head)
+            if state is None:
+                out.append(None)
+            elif state.status == SessionStatus.FINISHED:
+                out.append("already finished")
+            elif state.holder is not None:
+                out.append(f"being run by {state.holder}")
+            else:
+                out.append(None)
+        return out
 
     async def _enqueue_batch(self, batch: list[JobSpec], queue: str, priority: int) -> list[Enqueued]:
         assert self.app is not None

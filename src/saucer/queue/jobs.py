@@ -24,13 +24,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import select
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import procrastinate
 import psycopg
-from procrastinate import job_context
+import psycopg_pool
+from procrastinate import job_context, jobs
 from procrastinate.manager import JobManager
 from procrastinate.retry import BaseRetryStrategy, RetryDecision
 
@@ -57,9 +59,6 @@ _log = logging.getLogger("saucer.queue")
 
 #: The procrastinate task name of a session job.
 TASK_NAME = "saucer.session"
-#: Seconds a job waits before its session starts, so the worker can fetch the jobs of its other slots.
-_LET_THE_WORKER_FETCH = 0.02
-
 
 #: The creation meta flag of a session that a job failed to start (see :meth:`SessionRunner.run_job`).
 _QUEUE_ERROR = "queue_error"
@@ -193,19 +192,14 @@ class SessionRunner:
             "lease_wait": self.settings.store.lease_ttl + 1.0,
         }
 
-    def _session(self, args: dict[str, Any]) -> Session:
-        sid = args["session_id"]
-        if self.store.exists(sid):
-            info = self.store.session_info(sid)
-            if not (info.version == 0 and info.meta.get(_QUEUE_ERROR)):
-                return self._resume(sid, args)
-            self.store.delete_session(sid)  # only the record of a failure before it started: start it afresh
+    def _fresh(self, args: dict[str, Any]) -> Session:
+        """The job's session as a new one (its run creates it, or finds it exists: :meth:`_existing`)."""
         return Session(
             args["task"],
             mode=args["mode"],
             settings=self._settings(args),
             store=self.store,
-            session_id=sid,
+            session_id=args["session_id"],
             plan=args.get("plan"),
             plan_file=args.get("plan_file"),
             request=args.get("request") or "",
@@ -216,6 +210,18 @@ class SessionRunner:
             user=args.get("user"),
             **self._common(args),
         )
+
+    def _existing(self, args: dict[str, Any]) -> Session | None:
+        """The job's session exists: it continues (:meth:`_resume`), unless it is only the record of a
+        failure before it started, which is deleted (None: start it afresh). Reads the store: run in a thread."""
+        sid = args["session_id"]
+        info = self.store.row(sid)
+        if info is None:
+            return None  # deleted meanwhile
+        if info.version == 0 and info.meta.get(_QUEUE_ERROR):
+            self.store.delete_session(sid)  # only the record of a failure before it started: start it afresh
+            return None
+        return self._resume(sid, args)
 
     def _resume(self, sid: str, args: dict[str, Any]) -> Session:
         state = stored_status(self.store, sid)
@@ -228,19 +234,29 @@ class SessionRunner:
         return session
 
     async def run_session(self, args: dict[str, Any]) -> SessionResult:
-        """Run or continue the job's session to its end (see the module docs)."""
+        """Run or continue the job's session to its end (see the module docs).
+
+        A job is most often new: its session is created at once (with its lease, one transaction on
+        PostgreSQL), and only when that finds it exists is it read (in a thread) and continued."""
         if args.get("workspace"):
             Path(args["workspace"]).mkdir(parents=True, exist_ok=True)
-        session = self._session(args)
         try:
-            if not session.resumed:
+            session: Session | None = self._fresh(args)
+            for _ in range(3):  # a record of a failure deleted, then made again by another worker: read again
                 try:
-                    await self.factory.check_plans([session])
-                except PlanError as exc:
-                    raise SessionJobFailed(f"session {args['session_id']!r}: {exc}") from None
-            result = await session.run()
-        except SessionExistsError:  # created by another runner between the check and the create
-            result = await self._resume(args["session_id"], args).run()
+                    if session is None:
+                        session = self._fresh(args)
+                    if not session.resumed:
+                        try:
+                            await self.factory.check_plans([session])
+                        except PlanError as exc:
+                            raise SessionJobFailed(f"session {args['session_id']!r}: {exc}") from None
+                    result = await session.run()
+                    break
+                except SessionExistsError:  # made by an earlier run of this job, or by another runner
+                    session = await asyncio.to_thread(self._existing, args)
+            else:
+                raise SessionJobFailed(f"session {args['session_id']!r}: made and deleted again and again meanwhile")
         except LeaseHeldError as exc:
             raise SessionBusy(
                 f"session {args['session_id']!r} is being run by {exc.holder}", self.settings.store.lease_ttl
@@ -263,8 +279,7 @@ class SessionRunner:
             await asyncio.to_thread(self._record_session_error, args, reason)
             await self._set_reason(context, reason)
             raise
-        await self._set_reason(context, None)
-        return out
+        return out  # a reason left by an earlier attempt is cleared as the job ends (_SharedJobManager.finish_job)
 
     async def _set_reason(self, context: job_context.JobContext, reason: str | None) -> None:
         await context.app.connector.execute_query_async(
@@ -294,10 +309,6 @@ class SessionRunner:
     async def _run_job(self, context: job_context.JobContext, args: dict[str, Any]) -> dict[str, Any]:
         timeout = self.settings.queue.job_timeout
         sid = args["session_id"]
-        # The store's calls block the event loop while they wait for the database, and a session that
-        # finds its tools at once hardly yields: let the worker fetch its next jobs first, or its slots
-        # run one session at a time (and the store cannot group their commits).
-        await asyncio.sleep(_LET_THE_WORKER_FETCH)
         try:
             try:
                 async with asyncio.timeout(timeout):
@@ -328,6 +339,20 @@ def _taken_over(exc: BaseException) -> bool:
     return isinstance(cause, psycopg.errors.RaiseException) and str(cause).startswith("Job was not found or")
 
 
+#: procrastinate's ``finish_job`` for a job that succeeded, clearing the reason of an earlier failed attempt.
+_SUCCEED_JOB = (
+    "WITH cleared AS (UPDATE saucer_jobs SET reason = NULL WHERE job_id = %(job_id)s AND reason IS NOT NULL) "
+    "SELECT procrastinate_finish_job_v1(%(job_id)s, %(status)s, %(delete_job)s)"
+)
+
+
+#: procrastinate's heartbeat, which also registers again a worker pruned meanwhile (see ``update_heartbeat``).
+_HEARTBEAT = (
+    "INSERT INTO procrastinate_workers (id, last_heartbeat) OVERRIDING SYSTEM VALUE VALUES (%(worker_id)s, now()) "
+    "ON CONFLICT (id) DO UPDATE SET last_heartbeat = now()"
+)
+
+
 class _SharedJobManager(JobManager):
     """Ends a job only if it is still this worker's to end.
 
@@ -338,9 +363,30 @@ class _SharedJobManager(JobManager):
     session's lease kept the two runs from committing the same step).
     """
 
+    async def update_heartbeat(self, worker_id: int) -> None:
+        # A worker taken for dead (its heartbeats late, on a loaded machine) that is alive after all is
+        # registered again under its id, or its next fetch would fail and stop it.
+        await self.connector.execute_query_async(query=_HEARTBEAT, worker_id=worker_id)
+
+    async def fetch_job(self, queues: Any, worker_id: int) -> Any:
+        try:
+            return await super().fetch_job(queues=queues, worker_id=worker_id)
+        except procrastinate.exceptions.ConnectorException as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
+                raise
+        _log.warning("worker %s was taken for dead (late heartbeats): registered again", worker_id)
+        await self.update_heartbeat(worker_id)
+        return await super().fetch_job(queues=queues, worker_id=worker_id)
+
     async def finish_job(self, job: Any, status: Any, delete_job: bool) -> None:
         try:
-            await super().finish_job(job=job, status=status, delete_job=delete_job)
+            if status == jobs.Status.SUCCEEDED:
+                # One statement: the job ends, and the reason an earlier attempt left goes with it.
+                await self.connector.execute_query_async(
+                    query=_SUCCEED_JOB, job_id=job.id, status=status.value, delete_job=delete_job
+                )
+            else:
+                await super().finish_job(job=job, status=status, delete_job=delete_job)
         except procrastinate.exceptions.ConnectorException as exc:
             if not _taken_over(exc):
                 raise
@@ -364,6 +410,28 @@ class _SharedJobManager(JobManager):
             )
 
 
+async def _closed_by_server(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The pool's check of a connection it hands out: raises if the server closed it meanwhile.
+
+    procrastinate's own check pings every connection it takes (a round trip per query); an idle
+    connection has nothing to read unless the server said goodbye, so only then is it pinged."""
+    if select.select([conn.fileno()], [], [], 0)[0]:
+        await conn.execute("")
+
+
+async def _autocommit(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.set_autocommit(True)
+
+
+def _pool_checked_quietly(**kwargs: Any) -> psycopg_pool.AsyncConnectionPool:
+    """procrastinate's pool, its check (:func:`_closed_by_server`) without a round trip per query, and its
+    connections in autocommit: each of procrastinate's queries is one statement (a function call), which
+    otherwise waits for a second round trip, the COMMIT the pool sends when the connection goes back."""
+    kwargs["check"] = _closed_by_server
+    kwargs["configure"] = _autocommit
+    return psycopg_pool.AsyncConnectionPool(**kwargs)
+
+
 def make_app(location: QueueLocation, *, pool_size: int = 4) -> procrastinate.App:
     """A procrastinate app on the queue's schema, with the session task registered."""
     connector = procrastinate.PsycopgConnector(
@@ -371,6 +439,7 @@ def make_app(location: QueueLocation, *, pool_size: int = 4) -> procrastinate.Ap
         kwargs=location.connect_kwargs(),
         min_size=1,
         max_size=max(2, pool_size),
+        pool_factory=_pool_checked_quietly,
     )
     app = procrastinate.App(connector=connector)
     app.job_manager = _SharedJobManager(connector=connector)

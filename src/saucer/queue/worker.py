@@ -12,7 +12,9 @@ store's PostgreSQL database). Each one:
   takes such a job waits for the dead runner's session lease to expire
   (``store.lease_ttl``), then continues at the first uncommitted step: a
   committed step never runs again; the step that was in flight, whose
-  commands may have run, runs again (so it can show twice);
+  commands may have run, runs again (so it can show twice). A worker taken
+  for dead that is alive after all (its heartbeats late on a loaded machine)
+  registers again at its next heartbeat or fetch, and runs on;
 - on SIGTERM (or SIGINT) takes no new job, lets its sessions run on for
   ``queue.shutdown_timeout`` seconds, then stops the rest where they are (uncommitted work is dropped)
   and hands their jobs back to the queue, and exits 0.
@@ -92,7 +94,7 @@ async def run_worker(
     await asyncio.to_thread(ensure_queue, location)
     await asyncio.to_thread(_warm_up)
     slots = concurrency or settings.queue.concurrency
-    store = open_store(settings.store.url)
+    store = await asyncio.to_thread(open_store, settings.store.url)  # it connects (and may migrate): off the loop
     runner = SessionRunner(settings, store, dispatcher_factory=dispatcher_factory, agents=agents, observer=observer)
     if report is not None:
         for line in await runner.cannot_run():
@@ -121,5 +123,5 @@ async def run_worker(
                 await asyncio.gather(recovery, return_exceptions=True)
     finally:
         runner.factory.close()
-        store.close()
+        await asyncio.to_thread(store.close)  # it joins its pools' threads: off the loop
     return runner

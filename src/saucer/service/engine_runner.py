@@ -422,7 +422,7 @@ class EngineTaskRunner:
             raise
         except (EngineError, LeaseHeldError, StoreError, ValueError) as exc:
             return TaskOutcome(status="failed", error=str(exc), results=await _dumped(record))
-        if session.end_recorded:
+        if result.end_recorded:
             self._ended.add(session_id)  # record_end has nothing to add (it forgets the id)
         steps = list(projection.committed) if new else await record.completed_steps()
         return outcome_of(result, steps)

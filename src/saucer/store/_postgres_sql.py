@@ -60,6 +60,31 @@ def _jsonb(value: Any) -> Jsonb:
     return Jsonb(value, dumps=lambda obj: orjson.dumps(obj).decode())
 
 
+_SESSION_VALUES = (
+    f"({INFO_COLUMNS}, status, rounds, steps, cost, cost_unknown, reason, task, mode, request, forked_from, forked_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+
+
+def _session_params(info: SessionInfo, counters: Counters) -> tuple[Any, ...]:
+    return (
+        info.session_id,
+        info.version,
+        info.created_at,
+        info.updated_at,
+        info.parent_id,
+        info.parent_version,
+        _jsonb(info.meta),
+        counters.status,
+        counters.rounds,
+        counters.steps,
+        counters.cost,
+        counters.cost_unknown,
+        counters.reason,
+        *brief_of(info.meta)[:5],
+    )
+
+
 def _float(value: float | None) -> float | str | None:
     """A float as JSON: the non-finite ones as the text PostgreSQL reads (JSON has no NaN)."""
     if value is None or math.isfinite(value):
@@ -232,27 +257,21 @@ class Statements:
 
     def insert_session(self, conn: psycopg.Connection[Any], info: SessionInfo, counters: Counters) -> None:
         """Insert a session's row, with its summary ``counters`` and the fields of its meta a listing shows."""
-        conn.execute(
-            f"INSERT INTO {self._s}.sessions ({INFO_COLUMNS}, status, rounds, steps, cost, cost_unknown, reason, "
-            "task, mode, request, forked_from, forked_at) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (
-                info.session_id,
-                info.version,
-                info.created_at,
-                info.updated_at,
-                info.parent_id,
-                info.parent_version,
-                _jsonb(info.meta),
-                counters.status,
-                counters.rounds,
-                counters.steps,
-                counters.cost,
-                counters.cost_unknown,
-                counters.reason,
-                *brief_of(info.meta)[:5],
-            ),
-        )
+        conn.execute(f"INSERT INTO {self._s}.sessions {_SESSION_VALUES}", _session_params(info, counters))
+
+    def insert_session_leased(
+        self, conn: psycopg.Connection[Any], info: SessionInfo, counters: Counters, owner: str, ttl: float, now: str
+    ) -> tuple[int, float]:
+        """:meth:`insert_session` and the session's first lease for ``owner`` in ONE statement:
+        ``(token, expires_at)`` (on the server's clock, ``now``)."""
+        row = conn.execute(
+            f"WITH made AS (INSERT INTO {self._s}.sessions {_SESSION_VALUES} RETURNING session_id) "
+            f"INSERT INTO {self._s}.leases (session_id, owner, token, expires_at) "
+            f"SELECT session_id, %s, 1, {now} + %s FROM made RETURNING token, expires_at",
+            (*_session_params(info, counters), owner, float(ttl)),
+        ).fetchone()
+        assert row is not None  # the session was made (else UniqueViolation): so was its lease
+        return int(row[0]), float(row[1])
 
     def insert_events(self, conn: psycopg.Connection[Any], owner: str, events: list[Event]) -> None:
         """Insert events into ``owner``'s log (see :func:`encode_payload` for events of another session)."""
@@ -279,6 +298,49 @@ class Statements:
                 f"UPDATE {self._s}.sessions SET meta = %s, task = %s, mode = %s, request = %s WHERE session_id = %s",
                 (_jsonb(meta), task, mode, request, session_id),
             )
+
+    def take_lease(
+        self, conn: psycopg.Connection[Any], session_id: str, owner: str, ttl: float, now: str
+    ) -> tuple[Any, ...] | None:
+        """Take or renew the session's lease for ``owner``: ``(token, expires_at)``, or None while another holds it
+        (``ForeignKeyViolation`` for an unknown session). A change of holder increments the token."""
+        s = self._s
+        return conn.execute(
+            f"""
+            INSERT INTO {s}.leases AS l (session_id, owner, token, expires_at)
+            VALUES (%(sid)s, %(owner)s, 1, {now} + %(ttl)s)
+            ON CONFLICT (session_id) DO UPDATE
+                SET token = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > {now}
+                                 THEN l.token ELSE l.token + 1 END,
+                    owner = EXCLUDED.owner,
+                    expires_at = EXCLUDED.expires_at
+                WHERE l.owner = EXCLUDED.owner OR l.expires_at <= {now}
+            RETURNING token, expires_at
+            """,
+            {"sid": session_id, "owner": owner, "ttl": float(ttl)},
+        ).fetchone()
+
+    def insert_snapshot_pruned(self, conn: psycopg.Connection[Any], snapshot: Snapshot, keep: int) -> None:
+        """Drop the session's snapshots but the newest ``keep`` (and the one at this version) and store
+        ``snapshot``, in ONE statement."""
+        blob, crc = encode_state(snapshot.state)
+        s = self._s
+        conn.execute(
+            f"WITH dropped AS (DELETE FROM {s}.snapshots WHERE session_id = %(sid)s AND version <> %(version)s "
+            f"AND version NOT IN (SELECT version FROM {s}.snapshots WHERE session_id = %(sid)s "
+            "ORDER BY version DESC LIMIT %(keep)s)) "
+            f"INSERT INTO {s}.snapshots (session_id, version, ts, state, crc) "
+            "VALUES (%(sid)s, %(version)s, %(ts)s, %(state)s, %(crc)s) "
+            "ON CONFLICT (session_id, version) DO UPDATE SET ts = EXCLUDED.ts, state = EXCLUDED.state, crc = EXCLUDED.crc",
+            {
+                "sid": snapshot.session_id,
+                "version": snapshot.version,
+                "keep": max(0, keep),
+                "ts": snapshot.timestamp,
+                "state": blob,
+                "crc": crc,
+            },
+        )
 
     def insert_snapshot(self, conn: psycopg.Connection[Any], snapshot: Snapshot, *, replace: bool = True) -> None:
         blob, crc = encode_state(snapshot.state)

@@ -31,6 +31,8 @@ from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
 
+import orjson
+
 from saucer.redaction import redact, redact_text
 from saucer.store.lineage import DEFAULT_BATCH, Lineage
 from saucer.store.listing import SummaryKeeper
@@ -58,6 +60,7 @@ from saucer.store.model import (
     Snapshot,
     StoreError,
     StoreKeyError,
+    ValueNotStorableError,
     VersionNotFoundError,
     VersionPrunedError,
     check_participants,
@@ -76,6 +79,7 @@ __all__ = [
     "FencedError",
     "FormatTooNewError",
     "StoreKeyError",
+    "ValueNotStorableError",
     "SessionNotFoundError",
     "SessionExistsError",
     "CorruptRecordError",
@@ -163,13 +167,9 @@ class EventStore(Recorder):
         declares who may write (:attr:`SessionInfo.participants`, kept with the
         row from the first moment; None: every writer may).
         """
-        check_session_id(session_id)
+        meta = _creation_meta(session_id, meta, participants)
         now = time.time()
         version = 0
-        meta = dict(meta or {})
-        meta.pop(PARTICIPANTS_KEY, None)  # only the typed argument declares them
-        if participants is not None:
-            meta[PARTICIPANTS_KEY] = check_participants(participants)
         if parent_id is not None:
             parent = self.session_info(parent_id)
             if parent_version is None:
@@ -181,6 +181,23 @@ class EventStore(Recorder):
         info = SessionInfo(session_id, version, now, now, parent_id, parent_version, meta)
         self.create_row(info, self.summaries.new_counters(info))
         return info
+
+    def create_session_leased(
+        self,
+        session_id: str,
+        *,
+        owner: str,
+        ttl: float,
+        meta: dict[str, Any] | None = None,
+        participants: Sequence[str] | None = None,
+    ) -> tuple[SessionInfo, Lease]:
+        """:meth:`create_session` (not a fork) and :meth:`acquire_lease` for ``owner`` at once: what a
+        runner starting a new session does. The PostgreSQL store makes both in ONE statement (one
+        round trip, one transaction); :class:`SessionExistsError` if the id is taken (nothing is leased)."""
+        meta = _creation_meta(session_id, meta, participants)
+        now = time.time()
+        info = SessionInfo(session_id, 0, now, now, None, None, meta)
+        return info, self.create_row_leased(info, self.summaries.new_counters(info), owner, ttl)
 
     def session_info(self, session_id: str) -> SessionInfo:
         """The session's row; :class:`SessionNotFoundError` if unknown."""
@@ -264,10 +281,11 @@ class EventStore(Recorder):
         :meth:`list_sessions` shows; None: only the step counter moves, to ``step``).
         The operations are the store's once appended: a caller never changes them
         (nor their values) afterwards, so a store may keep them without a copy
-        (the memory store does; a Context's operations hold values normalised and
-        copied when they were set). ``meta`` stays the caller's.
+        (a Context's operations hold values normalised and copied when they were
+        set). ``meta`` stays the caller's.
         """
-        event = _new_event(session_id, expected_version, ops, author, round, step, meta, summary)
+        event, meta_json = new_event(session_id, expected_version, ops, author, round, step, meta, summary)
+        self.note_meta_json(event, meta_json)
         self.write_event(event, expected_version, fence)
         return event
 
@@ -295,7 +313,8 @@ class EventStore(Recorder):
         cancelled append is either not written at all, or written and reported
         there).
         """
-        event = _new_event(session_id, expected_version, ops, author, round, step, meta, summary)
+        event, meta_json = new_event(session_id, expected_version, ops, author, round, step, meta, summary)
+        self.note_meta_json(event, meta_json)
         await self.awrite_event(
             event, expected_version, fence, None if on_written is None else partial(on_written, event)
         )
@@ -466,7 +485,7 @@ class EventStore(Recorder):
         self.rewriter.rewrite_events(session_id, events, snapshots, meta)
 
 
-def _new_event(
+def new_event(
     session_id: str,
     expected_version: int,
     ops: list[dict[str, Any]],
@@ -475,22 +494,45 @@ def _new_event(
     step: int | None,
     meta: dict[str, Any] | None,
     summary: SummaryDelta | None,
-) -> Event:
-    if summary is not None and not isinstance(summary, SummaryDelta):
+) -> tuple[Event, bytes]:
+    """The event :meth:`EventStore.append` writes, and its meta's JSON as it is stored (``b""`` for none).
+
+    The meta is encoded once, here, where it becomes durable: what a backend could not write is
+    :class:`ValueNotStorableError` before anything is sent (a batch of commits shares one
+    transaction), and the same text is scanned for secrets (step records carry tool results and
+    errors: none in the log). A backend that keeps the JSON (the memory store) is given it
+    (:meth:`~saucer.store.recorder.Recorder.note_meta_json`) rather than encode it again.
+    """
+    if summary is not None and summary.__class__ is not SummaryDelta and not isinstance(summary, SummaryDelta):
         raise TypeError(f"summary must be a SummaryDelta or None, not {type(summary).__name__}")
-    return Event(
-        session_id=session_id,
-        version=expected_version + 1,
-        timestamp=time.time(),
-        author=author,
-        round=round,
-        step=step,
-        ops=ops,
-        # step records carry tool results and errors: no secrets in the log (most commits carry no meta)
-        meta=redact(dict(meta)) if meta else {},
+    if meta:
+        meta = dict(meta)
+        try:
+            encoded = _dumps(meta)
+        except TypeError as exc:  # orjson.JSONEncodeError: not JSON data, or nested too deeply
+            raise ValueNotStorableError("meta", "", str(exc)) from None
+        clean = redact(meta, encoded=encoded)
+        if clean is not meta:  # a secret was taken out: the text stored is the clean one's
+            meta, encoded = clean, _dumps(clean)
+    else:
+        meta, encoded = {}, b""
+    if summary is not None and summary.reason:
         # a summary's reason is an error's or a refusal's text too (listed by saucer sessions, exported)
-        summary=replace(summary, reason=redact_text(summary.reason)) if summary and summary.reason else summary,
-    )
+        summary = replace(summary, reason=redact_text(summary.reason))
+    return Event(session_id, expected_version + 1, time.time(), author, round, step, ops, meta, summary), encoded
+
+
+_dumps = orjson.dumps
+
+
+def _creation_meta(session_id: str, meta: dict[str, Any] | None, participants: Sequence[str] | None) -> dict[str, Any]:
+    """A new session's meta, its id checked: ``participants`` (checked) are the only ones it declares."""
+    check_session_id(session_id)
+    meta = dict(meta or {})
+    meta.pop(PARTICIPANTS_KEY, None)  # only the typed argument declares them
+    if participants is not None:
+        meta[PARTICIPANTS_KEY] = check_participants(participants)
+    return meta
 
 
 def _listed(read: Callable[[str, int], Iterator[Event]], session_id: str, after: int) -> list[Event]:

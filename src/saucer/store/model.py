@@ -33,6 +33,7 @@ __all__ = [
     "paused_gc",
     "op_key",
     "StoreError",
+    "ValueNotStorableError",
     "ConflictError",
     "FencedError",
     "NotParticipantError",
@@ -61,6 +62,22 @@ __all__ = [
     "Lease",
     "SessionHead",
 ]
+
+
+class ValueNotStorableError(TypeError):
+    """A value cannot be stored durably; the message names the key and the path inside it.
+
+    Raised before anything is written: by a Context when a value is set (see
+    :func:`saucer.context.wire.to_wire`), and by a store when an event's
+    ``meta`` is not JSON data (``append`` encodes it once, where it becomes durable).
+    """
+
+    def __init__(self, key: str, path: str, reason: str) -> None:
+        self.key = key
+        self.path = path
+        self.reason = reason
+        where = f"{key}{path}" if path else key
+        super().__init__(f"value for {where!s} cannot be stored: {reason}")
 
 
 class Feature(StrEnum):

@@ -255,6 +255,16 @@ class PostgresStore(EventStore):
         except pg_errors.UniqueViolation:
             raise SessionExistsError(f"session {info.session_id!r} already exists") from None
 
+    @_translated(retry=False)
+    def create_row_leased(self, info: SessionInfo, counters: Counters, owner: str, ttl: float) -> Lease:
+        # One statement: the row and its runner's first lease (token 1) commit together.
+        try:
+            with self._db.conn() as conn:
+                token, expires = self._sql.insert_session_leased(conn, info, counters, owner, ttl, _NOW)
+        except pg_errors.UniqueViolation:
+            raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+        return Lease(info.session_id, owner, token, expires)
+
     def row(self, session_id: str) -> SessionInfo | None:
         return self._session_row(session_id, INFO_COLUMNS)
 
@@ -511,6 +521,11 @@ class PostgresStore(EventStore):
                 {"sid": session_id, "keep": max(0, keep)},
             )
 
+    @_translated(retry=True)
+    def save_snapshot_pruned(self, snapshot: Snapshot, keep: int) -> None:
+        with self._db.cache_conn() as conn:  # one round trip (see save_snapshot for the commit)
+            self._sql.insert_snapshot_pruned(conn, snapshot, keep)
+
     # ------------------------------------------------------------ retention
 
     @_translated(retry=True)  # a repeat finds the prune done (or does it)
@@ -545,20 +560,7 @@ class PostgresStore(EventStore):
         s = self._s
         with self._db.conn() as conn:
             try:
-                row = conn.execute(
-                    f"""
-                    INSERT INTO {s}.leases AS l (session_id, owner, token, expires_at)
-                    VALUES (%(sid)s, %(owner)s, 1, {_NOW} + %(ttl)s)
-                    ON CONFLICT (session_id) DO UPDATE
-                        SET token = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > {_NOW}
-                                         THEN l.token ELSE l.token + 1 END,
-                            owner = EXCLUDED.owner,
-                            expires_at = EXCLUDED.expires_at
-                        WHERE l.owner = EXCLUDED.owner OR l.expires_at <= {_NOW}
-                    RETURNING token, expires_at
-                    """,
-                    {"sid": session_id, "owner": owner, "ttl": float(ttl)},
-                ).fetchone()
+                row = self._sql.take_lease(conn, session_id, owner, ttl, _NOW)
             except pg_errors.ForeignKeyViolation:
                 raise SessionNotFoundError(session_id) from None
             if row is not None:

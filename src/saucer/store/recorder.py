@@ -143,6 +143,12 @@ class Recorder(ABC):
         is durable, even if the awaiting task was cancelled meanwhile; by default, synchronously."""
         return _write_now(self, event, expected_version, fence, on_written)
 
+    def note_meta_json(self, event: Event, meta_json: bytes) -> None:
+        """The JSON of ``event``'s meta (``b""`` for none) as the append that made it encoded it, just
+        before :meth:`write_event` (or :meth:`awrite_event`) is called with it: a backend that keeps
+        JSON text (the memory store) may keep this rather than encode the meta again. By default, ignored."""
+        return None
+
     def kept_counters(self, session_id: str) -> Counters | None:
         """The summary counters kept for the session (None: none kept, or no such session)."""
         return None
@@ -172,6 +178,18 @@ class Recorder(ABC):
         """Drop this session's own snapshots except the newest ``keep`` (with :attr:`Feature.SNAPSHOT_PRUNING`);
         by default, none (snapshots are a cache of the fold: keeping them loses nothing)."""
         return None
+
+    def save_snapshot_pruned(self, snapshot: Snapshot, keep: int) -> None:
+        """:meth:`prune_snapshots` to the newest ``keep`` (never the snapshot's own version), then
+        :meth:`save_snapshot`: a backend that waits on a server does both in one round trip."""
+        self.prune_snapshots(snapshot.session_id, keep)
+        self.save_snapshot(snapshot)
+
+    def create_row_leased(self, info: SessionInfo, counters: Counters, owner: str, ttl: float) -> Lease:
+        """:meth:`create_row`, then :meth:`acquire_lease` for ``owner``: a backend that waits on a server
+        does both in one transaction (the session is never seen without its runner's lease)."""
+        self.create_row(info, counters)
+        return self.acquire_lease(info.session_id, owner, ttl)
 
     def quarantine_record(self, session_id: str, version: int) -> bool:
         """Turn this session's own damaged record at ``version`` into an empty event (:attr:`Feature.QUARANTINE`)."""

@@ -156,6 +156,12 @@ class SealedStore(EventStore):
     def prune_snapshots(self, session_id: str, keep: int) -> None:
         self.inner.prune_snapshots(session_id, keep)
 
+    def save_snapshot_pruned(self, snapshot: Snapshot, keep: int) -> None:
+        self.inner.save_snapshot_pruned(self._seal_snapshot(snapshot), keep)
+
+    def create_row_leased(self, info: SessionInfo, counters: Counters, owner: str, ttl: float) -> Lease:
+        return self.inner.create_row_leased(self._seal_info(info), counters, owner, ttl)
+
     def quarantine_record(self, session_id: str, version: int) -> bool:
         return self.inner.quarantine_record(session_id, version)
 

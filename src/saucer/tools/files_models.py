@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["FileType", "FileContent", "WriteResult", "DirEntry", "Listing", "FileStat", "SearchMatch", "SearchResult"]
 
@@ -13,6 +13,8 @@ FileType = Literal["file", "directory", "symlink", "other"]
 
 class FileContent(BaseModel):
     """A (possibly partial) read of a text file."""
+
+    model_config = ConfigDict(defer_build=True)
 
     path: str
     content: str
@@ -35,6 +37,8 @@ class WriteResult(BaseModel):
 class DirEntry(BaseModel):
     """One entry of a directory listing."""
 
+    model_config = ConfigDict(defer_build=True)
+
     path: str
     type: FileType
     size: int | None = None
@@ -43,6 +47,8 @@ class DirEntry(BaseModel):
 class Listing(BaseModel):
     """A directory listing; each directory's entries come sorted by name, parents before children."""
 
+    model_config = ConfigDict(defer_build=True)
+
     path: str
     entries: list[DirEntry]
     truncated: bool = Field(description="True when there were more than max_entries entries.")
@@ -50,6 +56,8 @@ class Listing(BaseModel):
 
 class FileStat(BaseModel):
     """Metadata of one path."""
+
+    model_config = ConfigDict(defer_build=True)
 
     path: str
     type: FileType
@@ -62,6 +70,8 @@ class FileStat(BaseModel):
 class SearchMatch(BaseModel):
     """One matching line."""
 
+    model_config = ConfigDict(defer_build=True)
+
     path: str
     line: int = Field(description="1-based line number.")
     text: str = Field(description="The line, cut to 300 characters.")
@@ -69,6 +79,8 @@ class SearchMatch(BaseModel):
 
 class SearchResult(BaseModel):
     """Lines matching a search, in path order."""
+
+    model_config = ConfigDict(defer_build=True)
 
     matches: list[SearchMatch]
     files_searched: int

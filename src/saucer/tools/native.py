@@ -22,7 +22,6 @@ compares the two listings and results, so a new SDK that changes them is seen.
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 import json
@@ -31,6 +30,8 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
+
+import orjson
 
 if TYPE_CHECKING:
     from pydantic import BaseModel, TypeAdapter
@@ -228,7 +229,7 @@ class NativeServer:
                     "name": name,
                     "title": spec.title,
                     "description": spec.description,
-                    **copy.deepcopy(schemas[name]),
+                    **orjson.loads(orjson.dumps(schemas[name])),  # a deep copy of JSON data, at C speed
                     "annotations": annotations or None,
                 }
             )

@@ -28,10 +28,12 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saucer.tools.linear import LinearPattern, compile_linear
-from saucer.tools.shellparse import CommandLine, Invocation, analyse
+
+if TYPE_CHECKING:
+    from saucer.tools.shellparse import CommandLine, Invocation
 
 __all__ = [
     "CommandRule",
@@ -110,9 +112,17 @@ def compile_rules(patterns: Iterable[str | CommandRule]) -> tuple[CommandRule, .
     return tuple(p if isinstance(p, CommandRule) else CommandRule.compile(p) for p in patterns)
 
 
+def _analyse(command_line: str) -> CommandLine:
+    # The parser (tree-sitter's bash grammar) is loaded by the first command line checked, not by
+    # every process that builds rules: a session whose tools take no command line never needs it.
+    from saucer.tools.shellparse import analyse
+
+    return analyse(command_line)
+
+
 def split_command_line(command_line: str) -> list[str]:
     """The programs ``command_line`` runs, as the text rules are matched against (see the module docs)."""
-    return [invocation.text for invocation in analyse(command_line).invocations]
+    return [invocation.text for invocation in _analyse(command_line).invocations]
 
 
 def _matching(rules: Iterable[CommandRule], invocations: Iterable[Invocation]) -> tuple[CommandRule, Invocation] | None:
@@ -131,7 +141,7 @@ def _deniable(parsed: CommandLine) -> list[Invocation]:
 
 def first_matching_rule(command_line: str, rules: Iterable[CommandRule]) -> CommandRule | None:
     """The first rule matching any program ``command_line`` runs (or may run, behind a wrapper), or None."""
-    found = _matching(rules, _deniable(analyse(command_line)))
+    found = _matching(rules, _deniable(_analyse(command_line)))
     return found[0] if found is not None else None
 
 
@@ -149,7 +159,7 @@ def refusal_reason(
     allow_rules = tuple(allow)
     if not deny_rules and not allow_rules:
         return None
-    parsed = analyse(command_line)
+    parsed = _analyse(command_line)
     if parsed.unknown:
         kind = "allow and deny" if deny_rules and allow_rules else "allow" if allow_rules else "deny"
         return f"command refused: it cannot be checked against the {kind} rules ({parsed.unknown[0]})"
@@ -205,7 +215,7 @@ def sensitive_reason(tool_name: str, parameters: Mapping[str, Any], rules: Sensi
     if rules.command_patterns and (not rules.command_tools or tool_name in rules.command_tools):
         command_line = parameters.get(rules.command_parameter)
         if isinstance(command_line, str):
-            parsed = analyse(command_line)
+            parsed = _analyse(command_line)
             if parsed.unknown:
                 return f"command {command_line!r} cannot be checked against the sensitive patterns: {parsed.unknown[0]}"
             found = _matching(rules.command_patterns, _deniable(parsed))

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from saucer.tools._child import AsyncChild, start_child
 from saucer.tools._child import CappedBuffer as _CappedBuffer
@@ -109,6 +109,8 @@ class ShellOptions:
 
 class ShellResult(BaseModel):
     """What a finished command produced."""
+
+    model_config = ConfigDict(defer_build=True)
 
     exit_code: int = Field(description="The exit status; negative when a signal ended the process.")
     stdout: str = Field(description="Standard output (UTF-8, undecodable bytes replaced), at most max_output bytes.")

@@ -14,6 +14,7 @@ from saucer.store.model import (
     Feature,
     SessionNotFoundError,
     StoreError,
+    ValueNotStorableError,
 )
 from saucer.store.testing.helpers import base_state, fill, set_op
 
@@ -94,6 +95,24 @@ class EventContract:
         assert first.round is None and first.step is None and first.meta == {}
         assert type(first.ops[1]["path"][0]) is int
         assert second.ops == [] and second.meta == {"only": "meta"}
+
+    def test_meta_is_encoded_where_it_becomes_durable(self, store: EventStore) -> None:
+        store.create_session("s")
+        meta: dict[str, Any] = {"results": [{"out": "first"}], "cursor": {"round": 1}}
+        store.append("s", 0, [], author="a", meta=meta)
+        meta["results"][0]["out"], meta["cursor"]["round"] = "changed", 2  # still the caller's
+        [event] = list(store.read("s"))
+        assert event.meta == {"results": [{"out": "first"}], "cursor": {"round": 1}}
+        event.meta["results"].append("mine")  # what a read gives is the reader's own
+        assert next(iter(store.read("s"))).meta == {"results": [{"out": "first"}], "cursor": {"round": 1}}
+        # What JSON cannot hold is refused before anything is written, synchronously or not.
+        bad_metas: list[dict[Any, Any]] = [{"x": {1, 2}}, {"x": object()}, {1: "an int key"}]
+        for bad in bad_metas:
+            with pytest.raises(ValueNotStorableError, match="meta"):
+                store.append("s", 1, [], author="a", meta=bad)
+            with pytest.raises(ValueNotStorableError, match="meta"):
+                asyncio.run(store.aappend("s", 1, [], author="a", meta=bad))
+        assert store.head("s") == 1 and len(list(store.read("s"))) == 1
 
     def test_read_ranges(self, store: EventStore) -> None:
         store.create_session("s")

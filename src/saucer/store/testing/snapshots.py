@@ -15,6 +15,7 @@ from saucer.store.model import (
     Feature,
     FencedError,
     LeaseHeldError,
+    SessionExistsError,
     SessionNotFoundError,
     Snapshot,
 )
@@ -78,6 +79,24 @@ class SnapshotLeaseContract:
         assert store.latest_snapshot("s") is None
         assert latest(store, "t").version == 2  # other sessions untouched
 
+    def test_a_snapshot_saved_pruned_keeps_itself_and_the_newest_others(self, store: EventStore) -> None:
+        store.create_session("s")
+        store.create_session("t")
+        fill(store, "s", 8)
+        fill(store, "t", 2)
+        for v in (2, 4, 6):
+            store.save_snapshot(snapshot_at("s", v))
+        store.save_snapshot(snapshot_at("t", 2))
+        store.save_snapshot_pruned(snapshot_at("s", 8), 1)  # the newest other (6) and this one
+        store.save_snapshot_pruned(snapshot_at("s", 8), 2)  # again at its own version: replaced, never dropped
+        assert latest(store, "s").version == 8 and latest(store, "t").version == 2
+        if Feature.SNAPSHOT_PRUNING not in store.features:
+            return
+        assert latest(store, "s", 7).version == 6
+        assert store.latest_snapshot("s", 5) is None
+        store.save_snapshot_pruned(snapshot_at("s", 8), 0)
+        assert latest(store, "s").version == 8 and store.latest_snapshot("s", 7) is None
+
     def test_quarantine_leaves_readable_records_alone(self, store: EventStore) -> None:
         store.create_session("s")
         fill(store, "s", 2)
@@ -99,6 +118,24 @@ class SnapshotLeaseContract:
         assert held.value.holder == "worker-1" and held.value.session_id == "s"
         with pytest.raises(SessionNotFoundError):
             store.acquire_lease("ghost", "worker-1", ttl=30)
+
+    def test_a_session_created_leased_is_its_runner_s_at_once(self, store: EventStore) -> None:
+        info, lease = store.create_session_leased(
+            "s", owner="worker-1", ttl=30, meta={"task": "t"}, participants=["human:bob"]
+        )
+        assert info.session_id == "s" and info.version == 0 and info.participants == frozenset({"human:bob"})
+        assert store.session_info("s").meta["task"] == "t" and store.session_info("s").participants == frozenset(
+            {"human:bob"}
+        )
+        assert lease.owner == "worker-1" and lease.token >= 1 and lease.expires_at > time.time() + 20
+        with pytest.raises(LeaseHeldError, match="worker-1"):
+            store.acquire_lease("s", "worker-2", ttl=30)
+        store.append("s", 0, set_op("x", 1), author="w1", fence=lease.token)  # its token fences commits
+        with pytest.raises(SessionExistsError):  # taken: nothing is created, nor leased
+            store.create_session_leased("s", owner="worker-2", ttl=30)
+        assert store.lease_of("s").owner == "worker-1" and store.head("s") == 1  # type: ignore[union-attr]
+        store.release_lease(lease)
+        assert store.acquire_lease("s", "worker-2", ttl=30).token > lease.token
 
     def test_an_expired_lease_is_taken_over_and_fences_the_old_holder(self, store: EventStore) -> None:
         store.create_session("s")
