@@ -160,3 +160,38 @@ def test_log_schema_errors_name_the_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="response.log:1: not a step record"):
         list(read_step_log(tmp_path))
     assert EvaluationLogEntry(scope="session").complete == "unsure"
+
+
+def test_output_md_renders_the_lines_as_written_without_reading_them_back(tmp_path: Path) -> None:
+    from saucer.engine.logs import RESPONSE_LOG, SessionLogs, read_step_log
+
+    secret = "sk-" + "a1b2c3d4e5" * 4
+    record = StepRecord(
+        session_id="s",
+        round=0,
+        step=1,
+        session_step=1,
+        agent="follower",
+        state="CONTINUE",
+        commands=[{"tool_name": "shell.run", "parameters": {"cmd": f"echo {secret}"}}],
+        results=[{"status": "success", "result": {"api_key": secret}}],
+    )
+    fresh = SessionLogs.create(tmp_path, "task", "s")
+    fresh.write_step(record)
+    fresh.write_step({**record.to_dict(), "session_step": 2, "step": 2})
+    assert fresh.path is not None
+    written = list(read_step_log(fresh.path))
+    (fresh.path / RESPONSE_LOG).unlink()  # what output.md renders is kept as written, not read back
+    assert fresh.step_records() == written
+    assert secret not in repr(written) and [r.session_step for r in written] == [1, 2]
+    fresh.close()
+    # A reopened folder (a resumed run) holds lines of an earlier run: they are read from the file.
+    again = SessionLogs.create(tmp_path, "task", "t")
+    again.write_step(record)
+    again.close()
+    assert again.path is not None
+    reopened = SessionLogs.reopen(again.path)
+    reopened.write_step({**record.to_dict(), "session_step": 2, "step": 2})
+    assert [r.session_step for r in reopened.step_records()] == [1, 2]
+    reopened.close()
+    assert SessionLogs.disabled().step_records() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -381,3 +382,40 @@ def test_log_to_markdown_without_logs_is_recorded_as_skipped(make_settings: Any)
     )
     result = asyncio.run(session.run())
     assert result.skipped["log_to_markdown"] == defaults.LOGS_OFF
+
+
+def test_the_experience_plan_is_read_from_the_store_only_to_be_saved(make_settings: Any) -> None:
+    from saucer.engine import defaults
+
+    class CountingStore(MemoryStore):
+        reads = 0
+
+        def read(self, *args: Any, **kwargs: Any) -> Any:
+            CountingStore.reads += 1
+            return super().read(*args, **kwargs)
+
+    store = CountingStore()
+
+    def reads(mode: str) -> tuple[int, Any]:
+        before = CountingStore.reads
+        session = Session(
+            "exp",
+            mode="follower",
+            settings=make_settings(**{"system.save_experience": mode}),
+            plan=command_plan(2),
+            dispatcher=FakeDispatcher(),
+            store=store,
+        )
+        result = asyncio.run(session.run())
+        return CountingStore.reads - before, result
+
+    baseline, _ = reads("always_not")
+    # No one to ask and a command succeeded: nothing more is read to build a plan that is not saved.
+    asked, result = reads("ask")
+    assert result.status == "finished" and result.skipped["save_experience"] == defaults.NO_TERMINAL
+    assert asked == baseline
+    # Saved: the plan read from the store holds every successful command.
+    saved, result = reads("always")
+    assert result.experience_path is not None and saved == baseline + 1
+    plan = json.loads(Path(result.experience_path).read_text())
+    assert [s["commands"][0]["parameters"] for s in plan["steps"]] == [{"i": 0}, {"i": 1}]

@@ -344,3 +344,69 @@ async def test_the_step_projection_waits_for_the_disk_only_when_the_event_store_
     assert outcome.status == "completed", outcome.error
     assert recorder.flags == [durable] * 3
     assert [s.index for s in await records.steps(sid)] == [0, 1, 2]
+
+
+async def test_record_end_reads_nothing_after_a_run_that_committed_its_end() -> None:
+    runner = EngineTaskRunner(_settings())
+    heads: list[list[str]] = []
+    original = runner.store.session_heads
+
+    def counted(ids: Any, *args: Any, **kwargs: Any) -> Any:
+        heads.append(list(ids))
+        return original(ids, *args, **kwargs)
+
+    runner.store.session_heads = counted  # type: ignore[method-assign]
+    sid = uuid.uuid4().hex
+    _, recorder = await _records(sid)
+    outcome = await runner.run(sid, TASK, Device(), recorder)
+    assert outcome.status == "completed", outcome.error
+    await runner.record_end(sid, outcome)
+    assert heads == []  # the engine committed the end: nothing to read, nothing to add
+    assert _kinds(runner, sid).count("session_end") == 1
+    # Asked again (the id was forgotten), it reads the log, finds the end and adds none.
+    await runner.record_end(sid, outcome)
+    assert heads == [[sid]] and _kinds(runner, sid).count("session_end") == 1
+    # (a run that did not end it, e.g. cancelled: test_a_cancelled_session_ends_in_the_event_store_too)
+
+
+async def test_a_fresh_session_is_run_without_looking_for_an_earlier_run() -> None:
+    runner = EngineTaskRunner(_settings())
+    looked: list[str] = []
+    exists = runner.store.exists
+
+    def counted(session_id: str) -> bool:
+        looked.append(session_id)
+        return exists(session_id)
+
+    runner.store.exists = counted  # type: ignore[method-assign]
+
+    async def first_run(fresh: bool) -> tuple[int, list[str], MemorySessionRecordStore, StoreSessionRecorder]:
+        sid = uuid.uuid4().hex
+        records, _ = await _records(sid)
+        reads: list[str] = []
+        steps = records.steps
+
+        async def counted_steps(session_id: str) -> Any:
+            reads.append(session_id)
+            return await steps(session_id)
+
+        records.steps = counted_steps  # type: ignore[method-assign]
+        recorder = StoreSessionRecorder(records, sid, fresh=fresh)
+        before = len(looked)
+        outcome = await runner.run(sid, TASK, Device(), recorder)
+        assert outcome.status == "completed", outcome.error
+        records.steps = steps  # type: ignore[method-assign]
+        return len(looked) - before, reads, records, recorder
+
+    looks, reads, records, fresh = await first_run(True)
+    other_looks, other_reads, _, _ = await first_run(False)
+    # Neither the event store (the runner's check) nor the step records were asked.
+    assert (looks, reads) == (other_looks - 1, []) and len(other_reads) == 1
+    sid = fresh.session_id
+    stored = await records.steps(sid)
+    assert [s.model_dump() for s in await fresh.completed_steps()] == [s.model_dump() for s in stored]
+    assert [s.index for s in stored] == [0, 1, 2]
+    # Run again (after a restart: not fresh), it finds the session ended and runs nothing.
+    device = Device()
+    again = await runner.run(sid, TASK, device, StoreSessionRecorder(records, sid))
+    assert again.status == "completed" and device.batches == []

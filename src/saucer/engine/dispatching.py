@@ -18,6 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 from pydantic import BaseModel
 
+from saucer.engine.conformance import conforms
+
 __all__ = ["DispatcherHolder"]
 
 _log = logging.getLogger("saucer.engine")
@@ -69,7 +71,7 @@ class DispatcherHolder:
     async def tool_info(self, session_id: str) -> dict[str, Any]:
         """The tools the dispatcher offers, keyed ``server.tool``, as JSON data ({} when it cannot list them)."""
         dispatcher = self.dispatcher
-        if not isinstance(dispatcher, _ListsTools):
+        if not conforms(dispatcher, _ListsTools):
             return {}
         fn = dispatcher.list_tools
         try:
@@ -92,7 +94,7 @@ class DispatcherHolder:
     async def device_info(self, session_id: str) -> list[dict[str, Any]]:
         """What the dispatcher's device(s) reported about themselves (``device_info()``), as JSON data; [] if nothing."""
         dispatcher = self.dispatcher
-        if not isinstance(dispatcher, _ReportsDevice):
+        if not conforms(dispatcher, _ReportsDevice):
             return []
         fn = dispatcher.device_info
         try:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from saucer.engine.conformance import conforms
+
 if TYPE_CHECKING:
     from saucer.context import Context
 
@@ -55,7 +57,7 @@ class _Named(Protocol):
 
 def evaluator_name(evaluator: object) -> str:
     """The evaluator's ``name`` when it has one, else its class name (what its verdicts and commits say)."""
-    name = evaluator.name if isinstance(evaluator, _Named) else None
+    name = evaluator.name if conforms(evaluator, _Named) else None
     return name if isinstance(name, str) and name else type(evaluator).__name__
 
 

@@ -19,7 +19,7 @@ from saucer.engine.accounting import CostSummary
 from saucer.engine.defaults import NO_TERMINAL, can_answer
 from saucer.engine.evaluation import Evaluation
 from saucer.engine.interactor import UserChannel
-from saucer.engine.logs import EXPERIENCE_FILE, SessionLogs, read_step_log, render_markdown, slug
+from saucer.engine.logs import EXPERIENCE_FILE, SessionLogs, render_markdown, slug
 from saucer.engine.plan import Plan, plan_from_rounds
 from saucer.engine.step_format import upcast_step
 from saucer.engine.uitree import replayable
@@ -106,7 +106,7 @@ def write_output_markdown(
     if logs.path is None:
         return
     try:
-        records = list(read_step_log(logs.path)) if (logs.path / "response.log").exists() else []
+        records = logs.step_records()
     except (OSError, ValueError) as exc:
         _log.warning("session %s: output.md skipped: %s", session_id, exc)
         return

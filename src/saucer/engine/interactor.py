@@ -46,6 +46,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from saucer.engine.conformance import conforms
+
 _log = logging.getLogger("saucer.engine.approvals")
 
 __all__ = [
@@ -246,33 +248,31 @@ class UserChannel:
         #: The interactor as given (None: nobody; the non-interactive defaults answer).
         self.interactor = interactor
         target: object = interactor if interactor is not None else _DEFAULT
-        self._blocking = isinstance(target, _Blocking) and bool(target.blocking)
+        self._blocking = conforms(target, _Blocking) and bool(target.blocking)
         self._first: Callable[[], object] = (
-            target.first_request if isinstance(target, _FirstRequest) else _DEFAULT.first_request
+            target.first_request if conforms(target, _FirstRequest) else _DEFAULT.first_request
         )
-        self._new: Callable[[], object] = (
-            target.new_request if isinstance(target, _NewRequest) else _DEFAULT.new_request
-        )
+        self._new: Callable[[], object] = target.new_request if conforms(target, _NewRequest) else _DEFAULT.new_request
         self._experience: Callable[[], object] = (
-            target.experience_asker if isinstance(target, _ExperienceAsker) else _DEFAULT.experience_asker
+            target.experience_asker if conforms(target, _ExperienceAsker) else _DEFAULT.experience_asker
         )
         self._batch_experience: Callable[[int], object] | None = (
-            target.batch_experience_asker if isinstance(target, _BatchExperienceAsker) else None
+            target.batch_experience_asker if conforms(target, _BatchExperienceAsker) else None
         )
         self._question: Callable[[str, int], object] = (
-            target.question_asker if isinstance(target, _QuestionAsker) else _DEFAULT.question_asker
+            target.question_asker if conforms(target, _QuestionAsker) else _DEFAULT.question_asker
         )
         self._sensitive: Callable[[str, str], object] = (
-            target.sensitive_step_asker if isinstance(target, _SensitiveStepAsker) else _DEFAULT.sensitive_step_asker
+            target.sensitive_step_asker if conforms(target, _SensitiveStepAsker) else _DEFAULT.sensitive_step_asker
         )
         self._approval_pending: Callable[[Any], object] = (
-            target.approval_pending if isinstance(target, _ApprovalPending) else _DEFAULT.approval_pending
+            target.approval_pending if conforms(target, _ApprovalPending) else _DEFAULT.approval_pending
         )
         self._question_pending: Callable[[Any], object] = (
-            target.question_pending if isinstance(target, _QuestionPending) else _DEFAULT.question_pending
+            target.question_pending if conforms(target, _QuestionPending) else _DEFAULT.question_pending
         )
         self._refusal: Callable[[], str | None] | None = (
-            interactor.refusal_reason if isinstance(interactor, _RefusalReason) else None
+            interactor.refusal_reason if conforms(interactor, _RefusalReason) else None
         )
 
     # ------------------------------------------------------------- what it is

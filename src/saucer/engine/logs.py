@@ -23,7 +23,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -221,19 +221,24 @@ def read_step_log(path: str | Path) -> Iterator[StepRecord]:
     if path.is_dir():
         path = path / RESPONSE_LOG
     with path.open("rb") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                data = orjson.loads(line)
-                if not isinstance(data, dict):
-                    raise ValueError("not a JSON object")
-                record = _step_adapter().validate_python(upcast_step(data, "this record"))
-            except StepFormatError as exc:
-                raise StepFormatError(f"{path}:{number}: {exc}") from None
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: not a step record ({exc})") from None
-            yield record
+        yield from _step_records(fh, path)
+
+
+def _step_records(lines: Iterable[bytes], path: Path) -> Iterator[StepRecord]:
+    """The records of ``response.log`` lines (errors name ``path`` and the line)."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = orjson.loads(line)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            record = _step_adapter().validate_python(upcast_step(data, "this record"))
+        except StepFormatError as exc:
+            raise StepFormatError(f"{path}:{number}: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: not a step record ({exc})") from None
+        yield record
 
 
 def _read_models(path: Path, name: str, model: type[BaseModel]) -> Iterator[Any]:
@@ -298,10 +303,13 @@ class _LineHandler(logging.Handler):
 class SessionLogs:
     """The files of one session; handles open on first write and stay open until :meth:`close`."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, *, fresh: bool = False) -> None:
         self.path = path
         self._files: dict[str, IO[bytes]] = {}
         self._loggers: dict[str, logging.Logger] = {}
+        #: The lines written to ``response.log``, when this object made the folder and so wrote the
+        #: whole file (None: the file is read back, e.g. a resumed run's).
+        self._steps: list[bytes] | None = [] if fresh and path is not None else None
 
     @classmethod
     def create(cls, root: str | Path, task: str, session_id: str) -> SessionLogs:
@@ -313,7 +321,7 @@ class SessionLogs:
             n += 1
             path = base.with_name(f"{base.name}-{n}")
         path.mkdir(parents=True)
-        return cls(path.resolve())
+        return cls(path.resolve(), fresh=True)
 
     @classmethod
     def reopen(cls, path: str | Path) -> SessionLogs:
@@ -339,21 +347,35 @@ class SessionLogs:
             fh = self._files[name] = open(self.path / name, "ab", buffering=0)  # noqa: SIM115 - kept open
         return fh
 
-    def write_line(self, name: str, text: str | bytes) -> None:
-        """Append one line to ``name`` (secrets redacted)."""
+    def write_line(self, name: str, text: str | bytes) -> bytes | None:
+        """Append one line to ``name`` (secrets redacted); return it as written (None: logs are off)."""
         fh = self._files.get(name) or self._file(name)
         if fh is None:
-            return
+            return None
         text = redact_text(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
         data = text.encode("utf-8")
         fh.write(data + b"\n")
+        return data
 
     def write_step(self, record: StepRecord | dict[str, Any]) -> None:
         """One line of ``response.log``."""
         if self.path is None:
             return
         data = record.to_dict() if isinstance(record, StepRecord) else record
-        self.write_line(RESPONSE_LOG, dumps(redact(data)))
+        line = self.write_line(RESPONSE_LOG, dumps(redact(data)))
+        if self._steps is not None and line is not None:
+            self._steps.append(line)
+
+    def step_records(self) -> list[StepRecord]:
+        """The records of ``response.log``, in order: its lines as this run wrote them when it made the
+        folder (not read back), else read from the file (:func:`read_step_log`; [] when there is none)."""
+        if self.path is None:
+            return []
+        if self._steps is not None:
+            return list(_step_records(self._steps, self.path / RESPONSE_LOG))
+        if not (self.path / RESPONSE_LOG).exists():
+            return []
+        return list(read_step_log(self.path))
 
     def write_request(self, entry: RequestLogEntry | dict[str, Any]) -> None:
         """One line of ``request.log``."""

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from saucer.engine.conformance import conforms
+
 __all__ = ["ObserverCaller", "CompositeObserver", "HOOKS"]
 
 _log = logging.getLogger("saucer.engine")
@@ -52,15 +54,15 @@ class _OnSessionEnd(Protocol):
 def _hooks(observer: object) -> dict[str, Callable[..., object]]:
     """The hooks ``observer`` has, by name, bound (checked once, by protocol)."""
     found: dict[str, Callable[..., object]] = {}
-    if isinstance(observer, _OnSessionStart):
+    if conforms(observer, _OnSessionStart):
         found["on_session_start"] = observer.on_session_start
-    if isinstance(observer, _OnRoundStart):
+    if conforms(observer, _OnRoundStart):
         found["on_round_start"] = observer.on_round_start
-    if isinstance(observer, _OnStep):
+    if conforms(observer, _OnStep):
         found["on_step"] = observer.on_step
-    if isinstance(observer, _OnRoundEnd):
+    if conforms(observer, _OnRoundEnd):
         found["on_round_end"] = observer.on_round_end
-    if isinstance(observer, _OnSessionEnd):
+    if conforms(observer, _OnSessionEnd):
         found["on_session_end"] = observer.on_session_end
     return found
 

@@ -126,6 +126,8 @@ class OutcomeRecorder:
         #: (request, successful commands) per round of this run: the experience's source when nothing
         #: is committed per step (durability ``exit``).
         self._run_rounds: RunRounds = []
+        #: A step of this run ran a command successfully: the experience plan has a step.
+        self._succeeded = False
 
     def resolve_evaluator(self) -> Any:
         """The session's evaluator, made from ``agents.evaluator`` when none was given (once)."""
@@ -181,6 +183,8 @@ class OutcomeRecorder:
 
     def step_done(self, record: StepRecord) -> None:
         """A step that did not fail is committed: its successful commands are the experience's."""
+        if not self._succeeded and record.commands:
+            self._succeeded = any(r.get("status") == "success" for r in record.results[: len(record.commands)])
         if self._run_rounds and record.commands:
             done = self._run_rounds[-1][1]
             for i, command in enumerate(record.commands):
@@ -290,6 +294,7 @@ class OutcomeRecorder:
             cost,
             experience_path=experience_path,
             evaluations=self.evaluations,
+            end_recorded=True,
         )
         if host.settings.system.log_to_markdown and host.logs.path is not None:
             title = f"{host.task} — session {host.session_id} ({host.mode})"
@@ -326,6 +331,7 @@ class OutcomeRecorder:
         experience_path: str | None = None,
         evaluations: list[Evaluation] | None = None,
         skipped: dict[str, str] | None = None,
+        end_recorded: bool = False,
     ) -> SessionResult:
         """The one place a :class:`SessionResult` is made: this run's counters unless told otherwise."""
         host = self._host
@@ -346,6 +352,7 @@ class OutcomeRecorder:
             evaluations=list(evaluations or ()),
             version=version,
             skipped=dict(host.skipped if skipped is None else skipped),
+            end_recorded=end_recorded,
         )
 
     def stored_result(self, meta: dict[str, Any]) -> SessionResult:
@@ -364,6 +371,7 @@ class OutcomeRecorder:
             experience_path=meta.get("experience_path"),
             evaluations=[Evaluation.model_validate(e) for e in meta.get("evaluations") or []],
             skipped=dict(meta.get("skipped") or {}),
+            end_recorded=True,
         )
 
     def cost_summary(self) -> CostSummary:
@@ -389,8 +397,10 @@ class OutcomeRecorder:
         finished = status == SessionStatus.FINISHED
         if mode == "always_not" or not finished:
             return None
-        plan = await asyncio.to_thread(self.experience_plan)  # it reads the session's log: off the event loop
-        if not plan.steps:  # said before anyone is asked: there is nothing to save
+        # The plan is read from the store only when it is needed: to know whether it is empty (unless a
+        # command of this run succeeded: then it is not), and to save it.
+        plan = None if self._succeeded else await asyncio.to_thread(self.experience_plan)  # off the event loop
+        if plan is not None and not plan.steps:  # said before anyone is asked: there is nothing to save
             host.skipped["save_experience"] = experience.NOTHING_TO_SAVE
             if mode in ("ask", "always"):
                 _log.warning("session %s: experience not saved: %s", host.session_id, experience.NOTHING_TO_SAVE)
@@ -404,6 +414,8 @@ class OutcomeRecorder:
         path = experience.experience_path(host.task, host.session_id, host.settings.system.experience_dir, host.logs)
         if path is None:
             return None
+        if plan is None:
+            plan = await asyncio.to_thread(self.experience_plan)  # it reads the session's log: off the event loop
         saver = self.experience_saver
         save: Callable[[Plan, Any], Any] | None = None
         if saver is not None:

@@ -44,6 +44,8 @@ class SessionResult:
     version: int = 0
     #: Settings that were on but could not apply (or experience not saved) -> why, as its end event says.
     skipped: dict[str, str] = field(default_factory=dict)
+    #: The session's end is in its store (committed by this run, or found there when it started).
+    end_recorded: bool = False
 
     @property
     def ok(self) -> bool:

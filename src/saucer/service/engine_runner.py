@@ -337,6 +337,8 @@ class EngineTaskRunner:
         #: How long a resume waits for a lease held by another owner (a dead server's) to expire.
         self.lease_wait = settings.store.lease_ttl + 1.0 if lease_wait is None else lease_wait
         self._factory = SessionFactory(settings, store=self.store, agents=agents)
+        #: Sessions whose last run committed their end to the event store (:meth:`record_end` skips them once).
+        self._ended: set[str] = set()
 
     @classmethod
     def for_service(cls, state_dir: str | Path | None, store_url: str, **options: Any) -> EngineTaskRunner:
@@ -387,7 +389,8 @@ class EngineTaskRunner:
             options["agents"] = self._agent_provider
         new = False  # a new session: its records hold exactly the steps projected by this run
         try:
-            if self.store.exists(session_id):
+            # (in a thread: the loop's other sessions must not wait on the store; a fresh session is not there)
+            if not record.fresh and await asyncio.to_thread(self.store.exists, session_id):
                 session = Session.resume(session_id, store=self.store, **options)
             else:
                 new = True
@@ -419,6 +422,8 @@ class EngineTaskRunner:
             raise
         except (EngineError, LeaseHeldError, StoreError, ValueError) as exc:
             return TaskOutcome(status="failed", error=str(exc), results=await _dumped(record))
+        if result.end_recorded:
+            self._ended.add(session_id)  # record_end has nothing to add (it forgets the id)
         steps = list(projection.committed) if new else await record.completed_steps()
         return outcome_of(result, steps)
 
@@ -431,11 +436,11 @@ class EngineTaskRunner:
 
     async def sync_steps(self, session_id: str, record: SessionRecorder) -> int:
         """Add to the records every step the event store committed that they miss; return how many."""
-        if not self.store.exists(session_id):
+        if not await asyncio.to_thread(self.store.exists, session_id):
             return 0
         have = {s.index for s in await record.completed_steps()}
         added = 0
-        for event in self.store.read(session_id):
+        for event in await asyncio.to_thread(_events_of, self.store, session_id):
             meta = event.meta
             if meta.get("kind") != "step" or not isinstance(meta.get("session_step"), int):
                 continue
@@ -452,9 +457,16 @@ class EngineTaskRunner:
     async def record_end(self, session_id: str, outcome: TaskOutcome) -> None:
         """Make sure the event log ends with the session's end (cancellation, a runner error).
 
-        The engine writes the end of sessions it finishes; this covers the ones
-        that end around it, so ``saucer show`` and a later resume see them ended.
+        The engine writes the end of sessions it finishes (then nothing is read
+        here); this covers the ones that end around it, so ``saucer show`` and a
+        later resume see them ended. The store work runs in a thread.
         """
+        if session_id in self._ended:
+            self._ended.discard(session_id)
+            return
+        await asyncio.to_thread(self._record_end, session_id, outcome)
+
+    def _record_end(self, session_id: str, outcome: TaskOutcome) -> None:
         store = self.store
         found = store.session_heads([session_id])  # its row and newest event, in one read
         if not found:
@@ -494,6 +506,10 @@ class EngineTaskRunner:
         if self._owns_store:
             self.store.close()
             self._owns_store = False
+
+
+def _events_of(store: EventStore, session_id: str) -> list[Any]:
+    return list(store.read(session_id))
 
 
 async def _dumped(record: SessionRecorder) -> list[Any]:

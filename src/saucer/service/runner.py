@@ -9,7 +9,9 @@ The server does not know how a task is carried out. For each session it calls::
   :class:`~saucer.dispatch.websocket.WebSocketCommandDispatcher` bound to the
   session's device);
 - ``record`` is a :class:`SessionRecorder`: the runner reads what was already
-  committed and commits each step durably *before* moving on;
+  committed and commits each step durably *before* moving on (a ``fresh``
+  recorder's session was just submitted: nothing is committed, no earlier run
+  is to be looked for);
 - the returned :class:`TaskOutcome` becomes the session's final status.
 
 After a server crash the same ``run`` is called again for every session that
@@ -72,6 +74,12 @@ class CommandDispatcher(Protocol):
 
 class SessionRecorder(Protocol):
     """A session's durable step log, as seen by a runner."""
+
+    @property
+    def fresh(self) -> bool:
+        """The session was submitted for this run: no step is committed and no runner ran it before (a
+        runner need not look for an earlier run in its own log)."""
+        ...
 
     async def completed_steps(self) -> list[StepRecord]:
         """Steps already committed, in index order."""
@@ -172,17 +180,29 @@ class RunnerHooks:
 class StoreSessionRecorder:
     """A :class:`SessionRecorder` over a :class:`~saucer.service.records.SessionRecordStore`."""
 
-    def __init__(self, store: SessionRecordStore, session_id: str) -> None:
+    def __init__(self, store: SessionRecordStore, session_id: str, *, fresh: bool = False) -> None:
         self._store = store
         self.session_id = session_id
+        self._fresh = fresh
+        #: A fresh session's steps are the ones committed through this recorder: kept, not read back.
+        self._committed: list[StepRecord] | None = [] if fresh else None
+
+    @property
+    def fresh(self) -> bool:
+        """Made for a session's first run, right after its submission (see :class:`SessionRecorder`)."""
+        return self._fresh
 
     async def completed_steps(self) -> list[StepRecord]:
         """Committed steps in order."""
+        if self._committed is not None:
+            return list(self._committed)
         return await self._store.steps(self.session_id)
 
     async def commit_step(self, step: StepRecord, *, derived: bool = False) -> None:
         """Commit one step durably."""
         await self._store.commit_step(self.session_id, step, derived=derived)
+        if self._committed is not None:
+            self._committed.append(step)
 
 
 class PlanTaskRunner:

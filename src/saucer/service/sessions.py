@@ -209,7 +209,8 @@ class SessionManager:
 
     async def _run(self, session: ServiceSession) -> None:
         sid = session.session_id
-        recorder = StoreSessionRecorder(self.store, sid)
+        # Just submitted (its record made running by submit): no step, no earlier run to look for.
+        recorder = StoreSessionRecorder(self.store, sid, fresh=session.recorded_running)
         if session.recorded_running:
             session.recorded_running = False  # a later run (after a reconnect) is counted as usual
         else:
