@@ -66,7 +66,7 @@ LAYERS: dict[str, int] = {
     "__main__": 8,  # python -m saucer: runs the CLI
 }
 # Beside the layers: importable from anywhere, importing nothing of saucer's other packages.
-STANDALONE = {"tools", "config", "redaction"}
+STANDALONE = {"tools", "config", "redaction", "_lazy"}
 # Readers of other projects' settings files (UFO's YAML): they fill config's model and import nothing else of saucer.
 SETTINGS_READERS = {"ufo_config"}
 # The package's own __init__ (a version string) is neither.

@@ -6,9 +6,9 @@ loaded on first access, so importing the messages does not import the MCP SDK.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from saucer._lazy import lazy_exports
 from saucer.dispatch.base import BasicCommandDispatcher, BatchCommandDispatcher, run_batch
 from saucer.dispatch.messages import Command, Result, ResultStatus
 
@@ -41,8 +41,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'saucer.dispatch' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, globals(), _LAZY)

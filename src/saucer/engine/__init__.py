@@ -19,8 +19,9 @@ rest (the transition graph's dataclasses, the pool...).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from saucer._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from saucer.engine.accounting import (
@@ -215,10 +216,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'saucer.engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # found once: later lookups do not come here
-    return value
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -16,8 +16,7 @@ Names are imported lazily so that importing the protocol alone stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from saucer._lazy import lazy_exports
 
 _EXPORTS = {
     "ServiceConfig": "saucer.service.server",
@@ -47,8 +46,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'saucer.service' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)
