@@ -20,10 +20,10 @@ Two kinds of callers share one queue:
   writes the batch and resolves the others' futures. A hundred sessions of one
   loop then share one transaction. By default the batch is written in the
   loop's thread, with no thread switch at all (the loop is blocked while it
-  is written, as by a synchronous commit: right for a local file). A backend
-  whose writes wait on a server passes ``off_loop=True`` (PostgreSQL): the
-  leader hands the batch to the committer's one writer thread and awaits it,
-  and the loop runs its other sessions meanwhile; they queue the next batch.
+  is written, as by a synchronous commit). Both of saucer's durable backends
+  pass ``off_loop=True`` (PostgreSQL waits on a server, SQLite on an fsync):
+  the leader hands the batch to the committer's one writer thread and awaits
+  it, and the loop runs its other sessions meanwhile; they queue the next batch.
 
 Every append is still durable when it returns: a caller is released only after
 the COMMIT of the transaction that holds its event. A failing append (a
