@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
 import pytest
 from docs_blocks import ROOT, BlockSyntaxError, parse
-from test_docs_snippets import PageRun, _run
+from test_docs_snippets import PageRun, _run, free_ports
 
 
 def _page(tmp_path: Path, text: str) -> Path:
@@ -107,3 +108,19 @@ def test_a_background_block_is_stopped_with_its_children(tmp_path: Path) -> None
     assert Path(f"/proc/{pid}").exists()  # it runs while the page's later blocks would
     run.stop_background()
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_a_port_the_page_fixes_is_replaced_by_a_free_one(tmp_path: Path) -> None:
+    """A server already listening on the documented port (a reader's own) cannot answer in the page's place."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        blocks = parse(
+            _page(tmp_path, f"```bash\necho serve --port {port} > said\n```\n\n```bash\necho :{port}/ws >> said\n```\n")
+        )
+        run = PageRun(tmp_path, ports=free_ports(blocks))
+        for block in blocks:
+            _run(block, run, "first run")
+    free = run.ports[port]
+    assert free != port and (tmp_path / "said").read_text() == f"serve --port {free}\n:{free}/ws\n"

@@ -6,6 +6,8 @@ default ``sqlite:///.saucer/saucer.db`` is new) and ``.venv/bin`` on ``PATH``. T
 order and share that folder and the variables their shell blocks export. Shell blocks run under
 ``bash -euo pipefail``, so an undefined variable fails; each block runs a second time right after the first
 to show that re-running it works (a ``background`` block runs once and is stopped after the page's last block).
+A port a page fixes (``saucer serve --port 8765``) is replaced in all its blocks by one free on this machine, so
+a server someone already runs on the documented port cannot answer in the page's place.
 
 A block marked ``{needs=...}`` (see ``docs_blocks.py``) runs only where that is available and is skipped
 elsewhere with the command that enables it; under ``CI=true`` a missing need fails instead, so CI runs them.
@@ -19,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,6 +77,15 @@ class PageRun:
     failed: str | None = None
     skipped: str | None = None
     background: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: the page's fixed ports (``--port 8765``) -> a port free on this machine, so that a server already
+    #: listening there (a reader's own, another run's) cannot answer in the page's place
+    ports: dict[str, str] = field(default_factory=dict)
+
+    def code(self, block: Block) -> str:
+        """The block's code with the page's fixed ports replaced by the ones this run uses."""
+        if not self.ports:
+            return block.code
+        return re.sub(r"\b(" + "|".join(self.ports) + r")\b", lambda m: self.ports[m.group(1)], block.code)
 
     def stop_background(self) -> None:
         """SIGTERM to each background block's whole process group, SIGKILL to what is left after 15 s."""
@@ -139,19 +151,30 @@ set -euo pipefail
 """
 
 
-def _script(block: Block) -> list[str]:
+def _script(block: Block, code: str) -> list[str]:
     if block.language in PYTHON:
         return ["bash", "-c", WRAPPER + 'exec python -c "$DOCS_BLOCK_CODE"']
-    return ["bash", "-c", WRAPPER + block.code]
+    return ["bash", "-c", WRAPPER + code]
+
+
+def free_ports(page_blocks: list[Block]) -> dict[str, str]:
+    """Each port a page's blocks fix with ``--port N`` -> a port that nothing on this machine listens on now."""
+    ports = {}
+    for port in sorted({p for b in page_blocks for p in re.findall(r"--port[ =](\d{4,5})\b", b.code)}):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports[port] = str(sock.getsockname()[1])
+    return ports
 
 
 def _run(block: Block, run: PageRun, attempt: str) -> None:
-    env = _environment(run.folder) | {"DOCS_BLOCK_CODE": block.code}
+    code = run.code(block)
+    env = _environment(run.folder) | {"DOCS_BLOCK_CODE": code}
     if block.background:
         log = open(run.folder / f".docs-background-{block.line}.log", "wb")  # noqa: SIM115 (the process keeps it)
         run.background.append(
             subprocess.Popen(
-                _script(block),
+                _script(block, code),
                 cwd=run.folder,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -165,7 +188,7 @@ def _run(block: Block, run: PageRun, attempt: str) -> None:
     output = run.folder / ".docs-block.log"
     with output.open("wb") as sink:
         proc = subprocess.Popen(
-            _script(block),
+            _script(block, code),
             cwd=run.folder,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -187,7 +210,7 @@ def _run(block: Block, run: PageRun, attempt: str) -> None:
         for p in sorted(run.folder.glob(".docs-background-*.log"))
     )
     assert proc.returncode == 0, (
-        f"{block.ident} ({attempt}) exited {proc.returncode}:\n--- block:\n{block.code}--- output:\n"
+        f"{block.ident} ({attempt}) exited {proc.returncode}:\n--- block:\n{code}--- output:\n"
         f"{out.decode(errors='replace')[-6000:]}{with_background}"
     )
 
@@ -211,7 +234,7 @@ def _page_run(page: str, factory: pytest.TempPathFactory) -> PageRun:
         folder = factory.mktemp(re.sub(r"\W+", "-", page))
         for name in CLONE_LINKS:
             (folder / name).symlink_to(ROOT / name)
-        RUNS[page] = PageRun(folder)
+        RUNS[page] = PageRun(folder, ports=free_ports([b for b in RUN if b.page == page]))
         if any("postgres" in b.needs for b in RUN if b.page == page):
             _reset_postgres([b for b in RUN if b.page == page])
     return RUNS[page]
