@@ -410,3 +410,26 @@ async def test_a_fresh_session_is_run_without_looking_for_an_earlier_run() -> No
     device = Device()
     again = await runner.run(sid, TASK, device, StoreSessionRecorder(records, sid))
     assert again.status == "completed" and device.batches == []
+
+
+@pytest.mark.parametrize(
+    ("session_logs", "plan_folder", "request_folder"),
+    [("auto", False, True), (True, True, True), (False, False, False)],
+)
+async def test_session_logs_says_which_sessions_write_a_log_folder(
+    tmp_path: Path, session_logs: Any, plan_folder: bool, request_folder: bool
+) -> None:
+    settings = _settings(**{"logs.enabled": True, "logs.root": str(tmp_path / "logs")})
+    runner = EngineTaskRunner(settings, agents=AgentSet([EchoAgent("echo-agent")]), session_logs=session_logs)
+    for task, wanted in ((TASK, plan_folder), (TaskSpec(task="say hello"), request_folder)):
+        sid = uuid.uuid4().hex
+        _, recorder = await _records(sid, task)
+        outcome = await runner.run(sid, task, Device(), recorder)
+        assert outcome.status == "completed", outcome.error
+        folders = list((tmp_path / "logs").glob(f"*/{sid}"))
+        assert bool(folders) is wanted, (task.task, folders)
+        if wanted:
+            assert (folders[0] / "response.log").is_file() and (folders[0] / "output.md").is_file()
+        # A session without a folder does not say that output.md was skipped: it was not asked for.
+        end = list(runner.store.read(sid))[-1].meta
+        assert "log_to_markdown" not in (end.get("skipped") or {})

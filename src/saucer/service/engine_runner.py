@@ -59,7 +59,7 @@ import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
@@ -306,6 +306,13 @@ class EngineTaskRunner:
     ``[llm]`` configures, see :meth:`SessionFactory.agent_provider`).
     ``owner`` is the lease owner (default: a new identity per runner; the
     server passes :func:`server_identity` of its state dir).
+    ``session_logs`` says which sessions write a log folder (``settings.logs``,
+    when enabled): ``True`` every one, ``False`` none, ``"auto"`` those run by
+    LLM agents only. A plan session's folder would hold nothing the event store
+    lacks (its steps, its verdict in the end event, ``output.md`` rendered from
+    them) and costs four file creations, the largest share of the kernel's
+    time per session; an LLM session's ``request.log`` (its model calls) is
+    kept nowhere else.
     """
 
     def __init__(
@@ -317,6 +324,7 @@ class EngineTaskRunner:
         owner: str | None = None,
         default_step_timeout: float = DEFAULT_STEP_TIMEOUT,
         lease_wait: float | None = None,
+        session_logs: Literal["auto"] | bool = True,
     ) -> None:
         settings = settings if settings is not None else load_settings()
         if settings.store.durability == "exit":
@@ -324,7 +332,11 @@ class EngineTaskRunner:
             _log.warning("store.durability 'exit' is not used for service sessions; they commit each step ('step')")
             settings = settings.model_copy(deep=True)
             settings.store.durability = "step"
+        if session_logs is False and settings.logs.enabled:
+            settings = _without_logs(settings)
         self.settings = settings
+        #: The settings of plan sessions (command steps only): no log folder under ``session_logs="auto"``.
+        self._plan_settings = _without_logs(settings) if session_logs == "auto" and settings.logs.enabled else settings
         spec = store if store is not None else settings.store.url
         self._owns_store = not isinstance(spec, EventStore)
         self.store: EventStore = (
@@ -343,7 +355,9 @@ class EngineTaskRunner:
     @classmethod
     def for_service(cls, state_dir: str | Path | None, store_url: str, **options: Any) -> EngineTaskRunner:
         """The runner a server builds when given none: settings from ``saucer.toml`` and ``SAUCER_*``,
-        the event store at ``store_url``, session logs under ``<state_dir>/logs`` (none without a state dir)."""
+        the event store at ``store_url``, session logs under ``<state_dir>/logs`` (none without a state dir;
+        which sessions write them: ``session_logs`` in ``options``, default ``"auto"``)."""
+        options.setdefault("session_logs", "auto")
         overrides: dict[str, Any] = {"store.url": store_url}
         if state_dir is None:
             overrides["logs.enabled"] = False
@@ -378,7 +392,7 @@ class EngineTaskRunner:
             dispatcher, session_id, task, self.default_step_timeout, approval_timeout=self.settings.approvals.timeout
         )
         options: dict[str, Any] = dict(
-            settings=self.settings,
+            settings=self._plan_settings if task.steps else self.settings,
             dispatcher=remote,
             observer=(projection := _StepProjection(record, derived=not self.store.url.startswith("memory:"))),
             lease_wait=self.lease_wait,
@@ -506,6 +520,16 @@ class EngineTaskRunner:
         if self._owns_store:
             self.store.close()
             self._owns_store = False
+
+
+def _without_logs(settings: Settings) -> Settings:
+    """``settings`` for sessions that write no log folder (so no ``output.md`` either: not a skipped setting)."""
+    return settings.model_copy(
+        update={
+            "logs": settings.logs.model_copy(update={"enabled": False}),
+            "system": settings.system.model_copy(update={"log_to_markdown": False}),
+        }
+    )
 
 
 def _events_of(store: EventStore, session_id: str) -> list[Any]:

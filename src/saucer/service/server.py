@@ -118,7 +118,10 @@ def create_app(
         from saucer.service.engine_runner import EngineTaskRunner
 
         runner = EngineTaskRunner.for_service(
-            config.state_dir, config.event_store_url, default_step_timeout=config.step_timeout
+            config.state_dir,
+            config.event_store_url,
+            session_logs=config.session_logs,
+            default_step_timeout=config.step_timeout,
         )
     sessions = SessionManager(store, hub, runner, config)
     state = ServiceState(config=config, store=store, hub=hub, sessions=sessions, auth=auth)
