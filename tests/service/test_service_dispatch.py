@@ -398,8 +398,8 @@ async def test_run_device_enters_the_dispatcher_and_refuses_bad_factories() -> N
             await run_device(server.ws_url, FLEET, "broken", object)
 
 
-async def test_a_session_writes_its_record_twice_created_running_and_ended() -> None:
-    from saucer.service.records import MemorySessionRecordStore, SessionRecord, SessionStatus
+async def test_a_session_writes_its_record_twice_and_its_long_poll_reads_nothing_back() -> None:
+    from saucer.service.records import MemorySessionRecordStore, SessionRecord, SessionStatus, StepRecord
 
     class CountingStore(MemorySessionRecordStore):
         """Notes each write of a session's record: (what, status, attempts)."""
@@ -417,6 +417,10 @@ async def test_a_session_writes_its_record_twice_created_running_and_ended() -> 
             self.writes.append(("update", record.status.value, record.attempts))
             return record
 
+        async def steps(self, session_id: str) -> list[StepRecord]:
+            self.writes.append(("read steps", "", 0))
+            return await super().steps(session_id)
+
     store = CountingStore()
     config = _config(store_url=f"memory://two-writes-{time.monotonic_ns()}")
     plan = {"task": "one step", "steps": [{"commands": [{"tool_name": "echo", "parameters": {"x": 1}}]}]}
@@ -429,10 +433,13 @@ async def test_a_session_writes_its_record_twice_created_running_and_ended() -> 
                 assert created.status_code == 201 and created.json()["status"] == "running"
                 session_id = created.json()["session_id"]
                 body = (await http.get(f"/api/sessions/{session_id}", params={"wait": 10})).json()
+                again = (await http.get(f"/api/sessions/{session_id}")).json()
         finally:
             await device.close()
-    # Created running (its first attempt counted), then ended: no write in between.
-    assert store.writes == [("create", "running", 1), ("update", "finished", 1)]
+    # Created running (its first attempt counted), then ended: no write in between; the long-poll answers
+    # the steps its run committed without reading them back (the later plain read does, and gets the same).
+    assert store.writes == [("create", "running", 1), ("update", "finished", 1), ("read steps", "", 0)]
+    assert again == body
     assert body["session"]["status"] == "finished" and body["session"]["attempts"] == 1
     assert body["session"]["resumed_from_step"] is None
     assert [s["status"] for s in body["steps"]] == ["completed"]

@@ -204,6 +204,11 @@ class StoreSessionRecorder:
         if self._committed is not None:
             self._committed.append(step)
 
+    def known_steps(self) -> list[StepRecord] | None:
+        """A fresh session's committed steps, all of them committed through this recorder (None: not known
+        here, read them from the store)."""
+        return list(self._committed) if self._committed is not None else None
+
 
 class PlanTaskRunner:
     """Run a task given as a plan, step by step, resuming at the first uncommitted step.
