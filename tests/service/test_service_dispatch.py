@@ -446,3 +446,46 @@ async def test_a_session_writes_its_record_twice_and_its_long_poll_reads_nothing
     stored = await store.get_session(session_id)
     assert stored is not None and stored.status == SessionStatus.COMPLETED
     assert body["session"] == stored.model_dump(mode="json")  # the long-poll answers the record the end wrote
+
+
+async def test_an_end_record_skips_the_disk_and_a_lost_one_is_rebuilt_without_the_device(tmp_path: Path) -> None:
+    from saucer.service.records import SessionRecord, SessionStatus, SqliteSessionRecordStore
+
+    class NotingStore(SqliteSessionRecordStore):
+        """Notes whether each update waited for the disk."""
+
+        def __init__(self, path: Path) -> None:
+            super().__init__(path)
+            self.updates: list[tuple[str, bool]] = []
+
+        async def update_session(self, session_id: str, *, derived: bool = False, **changes: Any) -> SessionRecord:
+            record = await super().update_session(session_id, derived=derived, **changes)
+            self.updates.append((record.status.value, derived))
+            return record
+
+    plan = {"task": "one step", "steps": [{"commands": [{"tool_name": "echo", "parameters": {"x": 1}}]}]}
+    config = _config(state_dir=tmp_path / "state")
+    store = NotingStore(tmp_path / "state" / "sessions.sqlite3")
+    async with running_server(config, store=store) as server:
+        device = Device(server, "d1")
+        try:
+            await device.registered()
+            async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE)) as http:
+                created = await http.post("/api/sessions", json={"device_id": "d1", "task": plan})
+                session_id = created.json()["session_id"]
+                ended = (await http.get(f"/api/sessions/{session_id}", params={"wait": 10})).json()["session"]
+        finally:
+            await device.close()
+    # The end record did not wait for the disk: the event store holds the end durably.
+    assert ended["status"] == "finished" and store.updates == [("finished", True)]
+    # As if it had been lost with the disk's cache: the record says running again.
+    await store.update_session(session_id, status=SessionStatus.RUNNING, results=[])
+    async with (
+        running_server(config, store=store) as server,  # no device this time
+        httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE)) as http,
+    ):
+        again = (await http.get(f"/api/sessions/{session_id}", params={"wait": 10})).json()
+    await store.close()
+    assert again["session"]["status"] == "finished" and again["session"]["attempts"] == 2
+    assert [s["results"][0]["result"] for s in again["steps"]] == [{"x": 1}]
+    assert again["session"]["results"] == ended["results"]

@@ -433,3 +433,31 @@ async def test_session_logs_says_which_sessions_write_a_log_folder(
         # A session without a folder does not say that output.md was skipped: it was not asked for.
         end = list(runner.store.read(sid))[-1].meta
         assert "log_to_markdown" not in (end.get("skipped") or {})
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_record_end_says_whether_a_durable_log_holds_the_end(tmp_path: Path, durable: bool) -> None:
+    url = f"sqlite:///{tmp_path / 'events.db'}" if durable else "memory://"
+    runner = EngineTaskRunner(_settings(**{"store.url": url}))
+    try:
+        sid = uuid.uuid4().hex
+        assert not await runner.has_ended(sid)  # no such session
+        _, recorder = await _records(sid)
+        outcome = await runner.run(sid, TASK, Device(), recorder)
+        assert await runner.has_ended(sid)
+        # The run committed its end; only a log that outlives the process lets the end record skip the disk.
+        assert await runner.record_end(sid, outcome) is durable
+        assert await runner.record_end(sid, outcome) is durable  # asked again: read, found
+        hung = uuid.uuid4().hex
+        _, recorder = await _records(hung)
+        task = asyncio.create_task(runner.run(hung, TASK, Device(hang={0}), recorder))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not await runner.has_ended(hung)
+        assert await runner.record_end(hung, TaskOutcome(status="cancelled", error="stop")) is durable
+        assert await runner.has_ended(hung)
+        assert not await runner.record_end(uuid.uuid4().hex, TaskOutcome(status="failed"))  # never ran: nothing
+    finally:
+        await runner.close()

@@ -29,8 +29,11 @@ Where things live.
   without reading the event log. If the server dies between an event and its
   projection, :meth:`EngineTaskRunner.sync_steps` rebuilds the missing
   records from the events before the session resumes; so a projection does
-  not wait for the disk (``derived``): the next record written (the session's
-  end at the latest) makes it durable.
+  not wait for the disk (``derived``): the next durable record written makes
+  it durable. Nor does a session's end record once the event store holds the
+  end (:meth:`EngineTaskRunner.record_end` says so): a server that lost it
+  runs the session again at once when it starts (``has_ended``), and that
+  run only reports the end the event store has.
 
 Resume. After a crash or a graceful stop, the server calls :meth:`run` again
 with the same session id: when the event store has the session it is
@@ -468,31 +471,42 @@ class EngineTaskRunner:
             _log.info("session %s: %d committed step(s) recovered from the event store", session_id, added)
         return added
 
-    async def record_end(self, session_id: str, outcome: TaskOutcome) -> None:
-        """Make sure the event log ends with the session's end (cancellation, a runner error).
+    async def record_end(self, session_id: str, outcome: TaskOutcome) -> bool:
+        """Make sure the event log ends with the session's end (cancellation, a runner error); True when
+        it does and outlives the process (not ``memory://``).
 
         The engine writes the end of sessions it finishes (then nothing is read
         here); this covers the ones that end around it, so ``saucer show`` and a
         later resume see them ended. The store work runs in a thread.
         """
+        durable = not self.store.url.startswith("memory:")
         if session_id in self._ended:
             self._ended.discard(session_id)
-            return
-        await asyncio.to_thread(self._record_end, session_id, outcome)
+            return durable
+        return await asyncio.to_thread(self._record_end, session_id, outcome) and durable
 
-    def _record_end(self, session_id: str, outcome: TaskOutcome) -> None:
+    async def has_ended(self, session_id: str) -> bool:
+        """Whether the event store holds the session's end (one read of its newest event, in a thread)."""
+        return await asyncio.to_thread(self._has_ended, session_id)
+
+    def _has_ended(self, session_id: str) -> bool:
+        found = self.store.session_heads([session_id])
+        last = found[0].last if found else None
+        return last is not None and last.meta.get("kind") == "session_end"
+
+    def _record_end(self, session_id: str, outcome: TaskOutcome) -> bool:
         store = self.store
         found = store.session_heads([session_id])  # its row and newest event, in one read
         if not found:
-            return
+            return False
         last = found[0].last
         if last is not None and last.meta.get("kind") == "session_end":
-            return
+            return True
         try:
             lease = store.acquire_lease(session_id, self.owner, self.settings.store.lease_ttl)
         except LeaseHeldError as exc:
             _log.warning("session %s: its end is not recorded in the event store: %s", session_id, exc)
-            return
+            return False
         try:
             ctx = Context.open(store, session_id, author="system", create=False, fence=lease.token, serialise=True)
             try:
@@ -514,6 +528,7 @@ class EngineTaskRunner:
                 ctx.close()
         finally:
             store.release_lease(lease)
+        return True
 
     async def close(self) -> None:
         """Close the event store if this runner opened it."""

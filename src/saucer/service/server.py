@@ -28,7 +28,8 @@ others get 404 for it too. Sessions are
 durable records (:mod:`saucer.service.records`): they never vanish, their
 results stay readable after they end, and after a crash or restart every
 session that had not ended waits for its device and resumes from its last
-committed step (see :mod:`saucer.service.runner` for the runner seam).
+committed step (one whose end the event store already has ends at once; see
+:mod:`saucer.service.runner` for the runner seam).
 
 By default each session runs as a saucer engine session whose Context lives
 in the event store ``config.event_store_url`` under the same session id

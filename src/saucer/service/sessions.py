@@ -80,11 +80,16 @@ class SessionManager:
         hub.on_device_online(self._device_online)
 
     async def rehydrate(self) -> int:
-        """Load every session that had not ended; each resumes when its device registers."""
+        """Load every session that had not ended; each resumes when its device registers, or at once when
+        the runner's log holds its end (:meth:`~saucer.service.runner.EndRecordingRunner.has_ended`)."""
         records = await self.store.list_sessions(active_only=True)
         for record in records:
             record = await self.store.update_session(record.session_id, status=SessionStatus.WAITING_DEVICE)
-            self._active[record.session_id] = ServiceSession(record)
+            session = self._active[record.session_id] = ServiceSession(record)
+            if self.hooks.has_ended is not None and await self.hooks.has_ended(record.session_id):
+                # Its end is in the runner's log but its end record was lost (a crash, a power cut: the
+                # record did not wait for the disk); its run only reports that end: no device is needed.
+                self._start(session)
         if records:
             _log.info("rehydrated %d unfinished sessions; they resume when their devices reconnect", len(records))
         return len(records)
@@ -270,14 +275,19 @@ class SessionManager:
         results = outcome.results
         if outcome.status == "cancelled" and not results:
             results = [s.model_dump(mode="json") for s in await self.store.steps(session.session_id)]
+        in_log = False  # the end is durable in the runner's log: the record need not wait for the disk
         if self.hooks.record_end is not None:
             # The runner's log first (it is what a resume reads), then the record.
             try:
-                await self.hooks.record_end(session.session_id, outcome)
+                in_log = await self.hooks.record_end(session.session_id, outcome)
             except Exception:
                 _log.exception("could not record the end of session %s in the runner's store", session.session_id)
         session.record = await self.store.update_session(
-            session.session_id, status=SessionStatus(outcome.status), error=outcome.error, results=results
+            session.session_id,
+            derived=in_log,
+            status=SessionStatus(outcome.status),
+            error=outcome.error,
+            results=results,
         )
         self._active.pop(session.session_id, None)
         session.final_steps = steps
