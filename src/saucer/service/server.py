@@ -145,13 +145,15 @@ def create_app(
 
     app = Starlette(
         routes=[
-            Route("/health", api.health, methods=["GET"]),
-            *DeviceRoutes(hub, auth, config.tokens).routes(),
+            # The routes every session takes first (submit, long-poll): the router tries them in order, and
+            # no other route's path matches theirs (a wrong method still gets the same 405).
             Route("/api/sessions", api.list_sessions, methods=["GET"]),
             Route("/api/sessions", api.submit, methods=["POST"]),
             Route("/api/sessions/{session_id}", api.get_session, methods=["GET"]),
             Route("/api/sessions/{session_id}/results", api.get_results, methods=["GET"]),
             Route("/api/sessions/{session_id}/cancel", api.cancel, methods=["POST"]),
+            Route("/health", api.health, methods=["GET"]),
+            *DeviceRoutes(hub, auth, config.tokens).routes(),
             *ApprovalRoutes(auth, lambda: sessions.hooks.store, _owner_of(store), config.admins).routes(),
             WebSocketRoute(WEBSOCKET_PATH, api.websocket),
             *viewer_mount(
