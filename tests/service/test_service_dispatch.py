@@ -398,8 +398,8 @@ async def test_run_device_enters_the_dispatcher_and_refuses_bad_factories() -> N
             await run_device(server.ws_url, FLEET, "broken", object)
 
 
-async def test_a_session_writes_its_record_twice_created_running_and_ended() -> None:
-    from saucer.service.records import MemorySessionRecordStore, SessionRecord, SessionStatus
+async def test_a_session_writes_its_record_twice_and_its_long_poll_reads_nothing_back() -> None:
+    from saucer.service.records import MemorySessionRecordStore, SessionRecord, SessionStatus, StepRecord
 
     class CountingStore(MemorySessionRecordStore):
         """Notes each write of a session's record: (what, status, attempts)."""
@@ -417,6 +417,10 @@ async def test_a_session_writes_its_record_twice_created_running_and_ended() -> 
             self.writes.append(("update", record.status.value, record.attempts))
             return record
 
+        async def steps(self, session_id: str) -> list[StepRecord]:
+            self.writes.append(("read steps", "", 0))
+            return await super().steps(session_id)
+
     store = CountingStore()
     config = _config(store_url=f"memory://two-writes-{time.monotonic_ns()}")
     plan = {"task": "one step", "steps": [{"commands": [{"tool_name": "echo", "parameters": {"x": 1}}]}]}
@@ -429,13 +433,59 @@ async def test_a_session_writes_its_record_twice_created_running_and_ended() -> 
                 assert created.status_code == 201 and created.json()["status"] == "running"
                 session_id = created.json()["session_id"]
                 body = (await http.get(f"/api/sessions/{session_id}", params={"wait": 10})).json()
+                again = (await http.get(f"/api/sessions/{session_id}")).json()
         finally:
             await device.close()
-    # Created running (its first attempt counted), then ended: no write in between.
-    assert store.writes == [("create", "running", 1), ("update", "finished", 1)]
+    # Created running (its first attempt counted), then ended: no write in between; the long-poll answers
+    # the steps its run committed without reading them back (the later plain read does, and gets the same).
+    assert store.writes == [("create", "running", 1), ("update", "finished", 1), ("read steps", "", 0)]
+    assert again == body
     assert body["session"]["status"] == "finished" and body["session"]["attempts"] == 1
     assert body["session"]["resumed_from_step"] is None
     assert [s["status"] for s in body["steps"]] == ["completed"]
     stored = await store.get_session(session_id)
     assert stored is not None and stored.status == SessionStatus.COMPLETED
     assert body["session"] == stored.model_dump(mode="json")  # the long-poll answers the record the end wrote
+
+
+async def test_an_end_record_skips_the_disk_and_a_lost_one_is_rebuilt_without_the_device(tmp_path: Path) -> None:
+    from saucer.service.records import SessionRecord, SessionStatus, SqliteSessionRecordStore
+
+    class NotingStore(SqliteSessionRecordStore):
+        """Notes whether each update waited for the disk."""
+
+        def __init__(self, path: Path) -> None:
+            super().__init__(path)
+            self.updates: list[tuple[str, bool]] = []
+
+        async def update_session(self, session_id: str, *, derived: bool = False, **changes: Any) -> SessionRecord:
+            record = await super().update_session(session_id, derived=derived, **changes)
+            self.updates.append((record.status.value, derived))
+            return record
+
+    plan = {"task": "one step", "steps": [{"commands": [{"tool_name": "echo", "parameters": {"x": 1}}]}]}
+    config = _config(state_dir=tmp_path / "state")
+    store = NotingStore(tmp_path / "state" / "sessions.sqlite3")
+    async with running_server(config, store=store) as server:
+        device = Device(server, "d1")
+        try:
+            await device.registered()
+            async with httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE)) as http:
+                created = await http.post("/api/sessions", json={"device_id": "d1", "task": plan})
+                session_id = created.json()["session_id"]
+                ended = (await http.get(f"/api/sessions/{session_id}", params={"wait": 10})).json()["session"]
+        finally:
+            await device.close()
+    # The end record did not wait for the disk: the event store holds the end durably.
+    assert ended["status"] == "finished" and store.updates == [("finished", True)]
+    # As if it had been lost with the disk's cache: the record says running again.
+    await store.update_session(session_id, status=SessionStatus.RUNNING, results=[])
+    async with (
+        running_server(config, store=store) as server,  # no device this time
+        httpx.AsyncClient(base_url=server.http_url, headers=auth(ALICE)) as http,
+    ):
+        again = (await http.get(f"/api/sessions/{session_id}", params={"wait": 10})).json()
+    await store.close()
+    assert again["session"]["status"] == "finished" and again["session"]["attempts"] == 2
+    assert [s["results"][0]["result"] for s in again["steps"]] == [{"x": 1}]
+    assert again["session"]["results"] == ended["results"]

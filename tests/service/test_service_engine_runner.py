@@ -410,3 +410,54 @@ async def test_a_fresh_session_is_run_without_looking_for_an_earlier_run() -> No
     device = Device()
     again = await runner.run(sid, TASK, device, StoreSessionRecorder(records, sid))
     assert again.status == "completed" and device.batches == []
+
+
+@pytest.mark.parametrize(
+    ("session_logs", "plan_folder", "request_folder"),
+    [("auto", False, True), (True, True, True), (False, False, False)],
+)
+async def test_session_logs_says_which_sessions_write_a_log_folder(
+    tmp_path: Path, session_logs: Any, plan_folder: bool, request_folder: bool
+) -> None:
+    settings = _settings(**{"logs.enabled": True, "logs.root": str(tmp_path / "logs")})
+    runner = EngineTaskRunner(settings, agents=AgentSet([EchoAgent("echo-agent")]), session_logs=session_logs)
+    for task, wanted in ((TASK, plan_folder), (TaskSpec(task="say hello"), request_folder)):
+        sid = uuid.uuid4().hex
+        _, recorder = await _records(sid, task)
+        outcome = await runner.run(sid, task, Device(), recorder)
+        assert outcome.status == "completed", outcome.error
+        folders = list((tmp_path / "logs").glob(f"*/{sid}"))
+        assert bool(folders) is wanted, (task.task, folders)
+        if wanted:
+            assert (folders[0] / "response.log").is_file() and (folders[0] / "output.md").is_file()
+        # A session without a folder does not say that output.md was skipped: it was not asked for.
+        end = list(runner.store.read(sid))[-1].meta
+        assert "log_to_markdown" not in (end.get("skipped") or {})
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_record_end_says_whether_a_durable_log_holds_the_end(tmp_path: Path, durable: bool) -> None:
+    url = f"sqlite:///{tmp_path / 'events.db'}" if durable else "memory://"
+    runner = EngineTaskRunner(_settings(**{"store.url": url}))
+    try:
+        sid = uuid.uuid4().hex
+        assert not await runner.has_ended(sid)  # no such session
+        _, recorder = await _records(sid)
+        outcome = await runner.run(sid, TASK, Device(), recorder)
+        assert await runner.has_ended(sid)
+        # The run committed its end; only a log that outlives the process lets the end record skip the disk.
+        assert await runner.record_end(sid, outcome) is durable
+        assert await runner.record_end(sid, outcome) is durable  # asked again: read, found
+        hung = uuid.uuid4().hex
+        _, recorder = await _records(hung)
+        task = asyncio.create_task(runner.run(hung, TASK, Device(hang={0}), recorder))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not await runner.has_ended(hung)
+        assert await runner.record_end(hung, TaskOutcome(status="cancelled", error="stop")) is durable
+        assert await runner.has_ended(hung)
+        assert not await runner.record_end(uuid.uuid4().hex, TaskOutcome(status="failed"))  # never ran: nothing
+    finally:
+        await runner.close()

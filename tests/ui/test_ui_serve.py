@@ -41,6 +41,9 @@ def test_serve_shows_each_principal_its_own_sessions_and_devices(processes: Proc
         )
         page = http.get(f"/ui/sessions/{sid}", headers=auth(ALICE))
         assert page.status_code == 200 and "echo" in page.text and "<hi>" not in page.text
+        # A plan session writes no log folder (service.session_logs = "auto"); its verdict comes from its end event.
+        assert not (tmp_path / "state" / "logs").exists()
+        assert "<td>rules</td>" in page.text and "1/1 command(s) succeeded" in page.text
         step = re.search(
             r'<li class="item kind-step[^"]*"[^>]*>\s*<a class="inspect" href="[^"]*" data-fragment="([^"]+)"',
             page.text,

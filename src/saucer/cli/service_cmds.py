@@ -220,6 +220,7 @@ def register(app: typer.Typer) -> None:
             devices={name: access.model_dump() for name, access in svc.devices.items()},
             admins=svc.admins,
             state_dir=svc.state_dir,
+            session_logs=svc.session_logs,
             store_url=settings.store.url,
             heartbeat_interval=svc.heartbeat_interval,
             missed_heartbeats=svc.missed_heartbeats,
@@ -238,7 +239,12 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise cli.UserError(str(exc)) from None
         _setup_logging(level)
-        runner = EngineTaskRunner(settings, owner=server_identity(svc.state_dir), default_step_timeout=svc.step_timeout)
+        runner = EngineTaskRunner(
+            settings,
+            owner=server_identity(svc.state_dir),
+            default_step_timeout=svc.step_timeout,
+            session_logs=svc.session_logs,
+        )
         scheme = "https" if service_config.tls else "http"
         cli.err.print(
             f"saucer serve on {scheme}://{svc.host}:{svc.port} · devices connect to "

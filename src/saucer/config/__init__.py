@@ -388,6 +388,12 @@ class ServiceSettings(_Section):
     )
     admins: list[str] = Field(default_factory=list, description="Principals that see and use every device.")
     state_dir: Path = Field(Path(".saucer/service"), description="Session records and the server's identity.")
+    session_logs: Literal["auto"] | bool = Field(
+        "auto",
+        description="Which sessions write a log folder under logs.root (default <state_dir>/logs): auto, those "
+        "with LLM agents (a plan session's steps and verdict are all in the event store: saucer show SESSION); "
+        "true, every one; false, none.",
+    )
     heartbeat_interval: float = Field(10.0, gt=0, description="Seconds between device heartbeats.")
     missed_heartbeats: int = Field(3, ge=1, description="Heartbeats a device may miss before it is offline.")
     reconnect_grace: float = Field(

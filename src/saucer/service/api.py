@@ -42,7 +42,7 @@ from saucer.service.protocol import (
     frame_size,
     parse_frame,
 )
-from saucer.service.records import SessionRecord
+from saucer.service.records import SessionRecord, StepRecord
 from saucer.service.sessions import ServiceState
 
 __all__ = ["ServiceApi", "quiet_refused_handshakes"]
@@ -161,11 +161,17 @@ class ServiceApi:
             return owned
         principal, session_id, record = owned
         wait = _float_param(request, "wait", 0.0, _MAX_LONG_POLL)
+        steps: list[StepRecord] | None = None
         if wait > 0 and not record.status.terminal:
-            # The record of a session that ended meanwhile is the one its end wrote (no read of the store).
-            ended = await self.state.sessions.wait(session_id, wait)
-            record = ended or await self.state.sessions.lookup(session_id, principal) or record
-        steps = await self.state.store.steps(session_id)
+            # The record of a session that ended meanwhile is the one its end wrote, and its steps the ones
+            # its run committed, when that run was its only one (no read of the store).
+            ended = await self.state.sessions.wait_ended(session_id, wait)
+            if ended is not None:
+                record, steps = ended.record, ended.final_steps
+            else:
+                record = await self.state.sessions.lookup(session_id, principal) or record
+        if steps is None:
+            steps = await self.state.store.steps(session_id)
         return _json({"session": record.model_dump(mode="json"), "steps": [s.model_dump(mode="json") for s in steps]})
 
     async def get_results(self, request: Request) -> Response:

@@ -29,8 +29,11 @@ Where things live.
   without reading the event log. If the server dies between an event and its
   projection, :meth:`EngineTaskRunner.sync_steps` rebuilds the missing
   records from the events before the session resumes; so a projection does
-  not wait for the disk (``derived``): the next record written (the session's
-  end at the latest) makes it durable.
+  not wait for the disk (``derived``): the next durable record written makes
+  it durable. Nor does a session's end record once the event store holds the
+  end (:meth:`EngineTaskRunner.record_end` says so): a server that lost it
+  runs the session again at once when it starts (``has_ended``), and that
+  run only reports the end the event store has.
 
 Resume. After a crash or a graceful stop, the server calls :meth:`run` again
 with the same session id: when the event store has the session it is
@@ -59,7 +62,7 @@ import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from saucer.config import Settings, load_settings
 from saucer.context import Context, ContextNames
@@ -306,6 +309,13 @@ class EngineTaskRunner:
     ``[llm]`` configures, see :meth:`SessionFactory.agent_provider`).
     ``owner`` is the lease owner (default: a new identity per runner; the
     server passes :func:`server_identity` of its state dir).
+    ``session_logs`` says which sessions write a log folder (``settings.logs``,
+    when enabled): ``True`` every one, ``False`` none, ``"auto"`` those run by
+    LLM agents only. A plan session's folder would hold nothing the event store
+    lacks (its steps, its verdict in the end event, ``output.md`` rendered from
+    them) and costs four file creations, the largest share of the kernel's
+    time per session; an LLM session's ``request.log`` (its model calls) is
+    kept nowhere else.
     """
 
     def __init__(
@@ -317,6 +327,7 @@ class EngineTaskRunner:
         owner: str | None = None,
         default_step_timeout: float = DEFAULT_STEP_TIMEOUT,
         lease_wait: float | None = None,
+        session_logs: Literal["auto"] | bool = True,
     ) -> None:
         settings = settings if settings is not None else load_settings()
         if settings.store.durability == "exit":
@@ -324,7 +335,11 @@ class EngineTaskRunner:
             _log.warning("store.durability 'exit' is not used for service sessions; they commit each step ('step')")
             settings = settings.model_copy(deep=True)
             settings.store.durability = "step"
+        if session_logs is False and settings.logs.enabled:
+            settings = _without_logs(settings)
         self.settings = settings
+        #: The settings of plan sessions (command steps only): no log folder under ``session_logs="auto"``.
+        self._plan_settings = _without_logs(settings) if session_logs == "auto" and settings.logs.enabled else settings
         spec = store if store is not None else settings.store.url
         self._owns_store = not isinstance(spec, EventStore)
         self.store: EventStore = (
@@ -343,7 +358,9 @@ class EngineTaskRunner:
     @classmethod
     def for_service(cls, state_dir: str | Path | None, store_url: str, **options: Any) -> EngineTaskRunner:
         """The runner a server builds when given none: settings from ``saucer.toml`` and ``SAUCER_*``,
-        the event store at ``store_url``, session logs under ``<state_dir>/logs`` (none without a state dir)."""
+        the event store at ``store_url``, session logs under ``<state_dir>/logs`` (none without a state dir;
+        which sessions write them: ``session_logs`` in ``options``, default ``"auto"``)."""
+        options.setdefault("session_logs", "auto")
         overrides: dict[str, Any] = {"store.url": store_url}
         if state_dir is None:
             overrides["logs.enabled"] = False
@@ -378,7 +395,7 @@ class EngineTaskRunner:
             dispatcher, session_id, task, self.default_step_timeout, approval_timeout=self.settings.approvals.timeout
         )
         options: dict[str, Any] = dict(
-            settings=self.settings,
+            settings=self._plan_settings if task.steps else self.settings,
             dispatcher=remote,
             observer=(projection := _StepProjection(record, derived=not self.store.url.startswith("memory:"))),
             lease_wait=self.lease_wait,
@@ -454,31 +471,42 @@ class EngineTaskRunner:
             _log.info("session %s: %d committed step(s) recovered from the event store", session_id, added)
         return added
 
-    async def record_end(self, session_id: str, outcome: TaskOutcome) -> None:
-        """Make sure the event log ends with the session's end (cancellation, a runner error).
+    async def record_end(self, session_id: str, outcome: TaskOutcome) -> bool:
+        """Make sure the event log ends with the session's end (cancellation, a runner error); True when
+        it does and outlives the process (not ``memory://``).
 
         The engine writes the end of sessions it finishes (then nothing is read
         here); this covers the ones that end around it, so ``saucer show`` and a
         later resume see them ended. The store work runs in a thread.
         """
+        durable = not self.store.url.startswith("memory:")
         if session_id in self._ended:
             self._ended.discard(session_id)
-            return
-        await asyncio.to_thread(self._record_end, session_id, outcome)
+            return durable
+        return await asyncio.to_thread(self._record_end, session_id, outcome) and durable
 
-    def _record_end(self, session_id: str, outcome: TaskOutcome) -> None:
+    async def has_ended(self, session_id: str) -> bool:
+        """Whether the event store holds the session's end (one read of its newest event, in a thread)."""
+        return await asyncio.to_thread(self._has_ended, session_id)
+
+    def _has_ended(self, session_id: str) -> bool:
+        found = self.store.session_heads([session_id])
+        last = found[0].last if found else None
+        return last is not None and last.meta.get("kind") == "session_end"
+
+    def _record_end(self, session_id: str, outcome: TaskOutcome) -> bool:
         store = self.store
         found = store.session_heads([session_id])  # its row and newest event, in one read
         if not found:
-            return
+            return False
         last = found[0].last
         if last is not None and last.meta.get("kind") == "session_end":
-            return
+            return True
         try:
             lease = store.acquire_lease(session_id, self.owner, self.settings.store.lease_ttl)
         except LeaseHeldError as exc:
             _log.warning("session %s: its end is not recorded in the event store: %s", session_id, exc)
-            return
+            return False
         try:
             ctx = Context.open(store, session_id, author="system", create=False, fence=lease.token, serialise=True)
             try:
@@ -500,12 +528,23 @@ class EngineTaskRunner:
                 ctx.close()
         finally:
             store.release_lease(lease)
+        return True
 
     async def close(self) -> None:
         """Close the event store if this runner opened it."""
         if self._owns_store:
             self.store.close()
             self._owns_store = False
+
+
+def _without_logs(settings: Settings) -> Settings:
+    """``settings`` for sessions that write no log folder (so no ``output.md`` either: not a skipped setting)."""
+    return settings.model_copy(
+        update={
+            "logs": settings.logs.model_copy(update={"enabled": False}),
+            "system": settings.system.model_copy(update={"log_to_markdown": False}),
+        }
+    )
 
 
 def _events_of(store: EventStore, session_id: str) -> list[Any]:

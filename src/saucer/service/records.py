@@ -112,8 +112,14 @@ class SessionRecordStore(Protocol):
         """Record a new session; its id must be new."""
         ...
 
-    async def update_session(self, session_id: str, **changes: Any) -> SessionRecord:
-        """Apply ``changes`` (fields of :class:`SessionRecord`) and return the new record."""
+    async def update_session(self, session_id: str, *, derived: bool = False, **changes: Any) -> SessionRecord:
+        """Apply ``changes`` (fields of :class:`SessionRecord`) and return the new record.
+
+        ``derived``: the change is a projection of a durable log that rebuilds
+        it if it is lost (a session's end, which the engine runner's event store
+        holds: :meth:`SessionManager.rehydrate` finishes such a session again),
+        so it need not wait for the disk; as :meth:`commit_step`.
+        """
         ...
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
@@ -176,7 +182,7 @@ class MemorySessionRecordStore:
             raise ValueError(f"session {record.session_id!r} already exists")
         self._sessions[record.session_id] = record.model_copy(deep=True)
 
-    async def update_session(self, session_id: str, **changes: Any) -> SessionRecord:
+    async def update_session(self, session_id: str, *, derived: bool = False, **changes: Any) -> SessionRecord:
         """Apply changes to a session."""
         current = self._sessions.get(session_id)
         if current is None:
@@ -277,7 +283,7 @@ class SqliteSessionRecordStore:
     refused write fails alone. A write returns once its transaction is
     committed: once ``commit_step`` returns, the step survives a SIGKILL of the
     server (and a power cut, unless it was ``derived``: see
-    :meth:`SessionRecordStore.commit_step`).
+    :meth:`SessionRecordStore.commit_step` and :meth:`SessionRecordStore.update_session`).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -396,8 +402,8 @@ class SqliteSessionRecordStore:
 
         await self._write(insert)
 
-    async def update_session(self, session_id: str, **changes: Any) -> SessionRecord:
-        """Apply changes to a session in one transaction."""
+    async def update_session(self, session_id: str, *, derived: bool = False, **changes: Any) -> SessionRecord:
+        """Apply changes to a session in one transaction (``derived``: without waiting for the disk)."""
 
         def update(conn: sqlite3.Connection) -> SessionRecord:
             row = conn.execute("SELECT record FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
@@ -410,7 +416,7 @@ class SqliteSessionRecordStore:
             )
             return updated
 
-        return await self._write(update)
+        return await self._write(update, derived=derived)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """The session or None."""

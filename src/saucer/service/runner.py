@@ -133,8 +133,14 @@ class StepSyncingRunner(Protocol):
 class EndRecordingRunner(Protocol):
     """A runner whose log records a session's end, even one it did not produce (a cancellation)."""
 
-    async def record_end(self, session_id: str, outcome: TaskOutcome) -> None:
-        """Write ``outcome`` as the session's end in the runner's log."""
+    async def record_end(self, session_id: str, outcome: TaskOutcome) -> bool:
+        """Write ``outcome`` as the session's end in the runner's log (unless it is there already); True when
+        that log is durable and holds the end, so the session's end record need not wait for the disk."""
+        ...
+
+    async def has_ended(self, session_id: str) -> bool:
+        """Whether the runner's log holds the session's end (a server that lost the end record with the disk's
+        cache runs such a session again at once: its run only reports that end)."""
         ...
 
 
@@ -160,7 +166,8 @@ class RunnerHooks:
 
     validate: Callable[[TaskSpec], None] | None = None
     sync_steps: Callable[[str, SessionRecorder], Awaitable[None]] | None = None
-    record_end: Callable[[str, TaskOutcome], Awaitable[None]] | None = None
+    record_end: Callable[[str, TaskOutcome], Awaitable[bool]] | None = None
+    has_ended: Callable[[str], Awaitable[bool]] | None = None
     close: Callable[[], Awaitable[None]] | None = None
     store: EventStore | None = None
 
@@ -172,6 +179,7 @@ class RunnerHooks:
             validate=runner.validate if isinstance(runner, ValidatingRunner) else None,
             sync_steps=runner.sync_steps if isinstance(runner, StepSyncingRunner) else None,
             record_end=runner.record_end if isinstance(runner, EndRecordingRunner) else None,
+            has_ended=runner.has_ended if isinstance(runner, EndRecordingRunner) else None,
             close=runner.close if isinstance(runner, ClosingRunner) else None,
             store=store if isinstance(store, EventStore) else None,
         )
@@ -203,6 +211,11 @@ class StoreSessionRecorder:
         await self._store.commit_step(self.session_id, step, derived=derived)
         if self._committed is not None:
             self._committed.append(step)
+
+    def known_steps(self) -> list[StepRecord] | None:
+        """A fresh session's committed steps, all of them committed through this recorder (None: not known
+        here, read them from the store)."""
+        return list(self._committed) if self._committed is not None else None
 
 
 class PlanTaskRunner:

@@ -28,7 +28,8 @@ others get 404 for it too. Sessions are
 durable records (:mod:`saucer.service.records`): they never vanish, their
 results stay readable after they end, and after a crash or restart every
 session that had not ended waits for its device and resumes from its last
-committed step (see :mod:`saucer.service.runner` for the runner seam).
+committed step (one whose end the event store already has ends at once; see
+:mod:`saucer.service.runner` for the runner seam).
 
 By default each session runs as a saucer engine session whose Context lives
 in the event store ``config.event_store_url`` under the same session id
@@ -118,7 +119,10 @@ def create_app(
         from saucer.service.engine_runner import EngineTaskRunner
 
         runner = EngineTaskRunner.for_service(
-            config.state_dir, config.event_store_url, default_step_timeout=config.step_timeout
+            config.state_dir,
+            config.event_store_url,
+            session_logs=config.session_logs,
+            default_step_timeout=config.step_timeout,
         )
     sessions = SessionManager(store, hub, runner, config)
     state = ServiceState(config=config, store=store, hub=hub, sessions=sessions, auth=auth)
@@ -141,13 +145,15 @@ def create_app(
 
     app = Starlette(
         routes=[
-            Route("/health", api.health, methods=["GET"]),
-            *DeviceRoutes(hub, auth, config.tokens).routes(),
+            # The routes every session takes first (submit, long-poll): the router tries them in order, and
+            # no other route's path matches theirs (a wrong method still gets the same 405).
             Route("/api/sessions", api.list_sessions, methods=["GET"]),
             Route("/api/sessions", api.submit, methods=["POST"]),
             Route("/api/sessions/{session_id}", api.get_session, methods=["GET"]),
             Route("/api/sessions/{session_id}/results", api.get_results, methods=["GET"]),
             Route("/api/sessions/{session_id}/cancel", api.cancel, methods=["POST"]),
+            Route("/health", api.health, methods=["GET"]),
+            *DeviceRoutes(hub, auth, config.tokens).routes(),
             *ApprovalRoutes(auth, lambda: sessions.hooks.store, _owner_of(store), config.admins).routes(),
             WebSocketRoute(WEBSOCKET_PATH, api.websocket),
             *viewer_mount(

@@ -24,7 +24,7 @@ from saucer.service.auth import TokenAuthenticator
 from saucer.service.device_api import unknown_device_message
 from saucer.service.hub import Connection, DeviceHub
 from saucer.service.protocol import ErrorCode, ProtocolError, TaskEndFrame, TaskSpec
-from saucer.service.records import SessionRecord, SessionRecordStore, SessionStatus
+from saucer.service.records import SessionRecord, SessionRecordStore, SessionStatus, StepRecord
 from saucer.service.runner import RunnerHooks, StoreSessionRecorder, TaskOutcome, TaskRunner
 from saucer.service.settings import ServiceConfig
 
@@ -55,6 +55,9 @@ class ServiceSession:
         #: Its record says ``running``, attempt 1, from its creation on (:meth:`SessionManager.submit`
         #: starts it at once): its first run has no record to write before it starts.
         self.recorded_running = False
+        #: Once it has ended: its committed steps, when its only run was here and so committed every one
+        #: (None: read them from the store). What a long-poll answers without a read.
+        self.final_steps: list[StepRecord] | None = None
 
     @property
     def session_id(self) -> str:
@@ -77,11 +80,16 @@ class SessionManager:
         hub.on_device_online(self._device_online)
 
     async def rehydrate(self) -> int:
-        """Load every session that had not ended; each resumes when its device registers."""
+        """Load every session that had not ended; each resumes when its device registers, or at once when
+        the runner's log holds its end (:meth:`~saucer.service.runner.EndRecordingRunner.has_ended`)."""
         records = await self.store.list_sessions(active_only=True)
         for record in records:
             record = await self.store.update_session(record.session_id, status=SessionStatus.WAITING_DEVICE)
-            self._active[record.session_id] = ServiceSession(record)
+            session = self._active[record.session_id] = ServiceSession(record)
+            if self.hooks.has_ended is not None and await self.hooks.has_ended(record.session_id):
+                # Its end is in the runner's log but its end record was lost (a crash, a power cut: the
+                # record did not wait for the disk); its run only reports that end: no device is needed.
+                self._start(session)
         if records:
             _log.info("rehydrated %d unfinished sessions; they resume when their devices reconnect", len(records))
         return len(records)
@@ -137,12 +145,18 @@ class SessionManager:
     async def wait(self, session_id: str, timeout: float) -> SessionRecord | None:
         """Wait up to ``timeout`` seconds for an active session to end; its final record if it ended meanwhile
         (None: it is still running, or was not active here)."""
+        ended = await self.wait_ended(session_id, timeout)
+        return ended.record if ended is not None else None
+
+    async def wait_ended(self, session_id: str, timeout: float) -> ServiceSession | None:
+        """As :meth:`wait`, the ended session itself: its final record and, when known here, its
+        :attr:`~ServiceSession.final_steps`."""
         session = self._active.get(session_id)
         if session is None or timeout <= 0:
             return None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(session.done.wait(), timeout)
-        return session.record if session.done.is_set() else None
+        return session if session.done.is_set() else None
 
     async def cancel(self, session_id: str, principal: str, reason: str = "") -> SessionRecord | None:
         """Cancel a session ``principal`` sees; return its record (unchanged if it had already ended).
@@ -234,7 +248,7 @@ class SessionManager:
         except Exception as exc:
             _log.exception("runner failed for session %s", sid)
             outcome = TaskOutcome(status="failed", error=f"runner error: {type(exc).__name__}: {exc}")
-        await self._finish(session, outcome)
+        await self._finish(session, outcome, recorder.known_steps())
 
     async def _record_attempt(self, session: ServiceSession, recorder: StoreSessionRecorder) -> None:
         """Before a run: its record says ``running``, one attempt more, and where a resumed one resumes."""
@@ -255,20 +269,28 @@ class SessionManager:
             resumed_from_step=resumed_from if resumed_from is not None else session.record.resumed_from_step,
         )
 
-    async def _finish(self, session: ServiceSession, outcome: TaskOutcome) -> None:
+    async def _finish(
+        self, session: ServiceSession, outcome: TaskOutcome, steps: list[StepRecord] | None = None
+    ) -> None:
         results = outcome.results
         if outcome.status == "cancelled" and not results:
             results = [s.model_dump(mode="json") for s in await self.store.steps(session.session_id)]
+        in_log = False  # the end is durable in the runner's log: the record need not wait for the disk
         if self.hooks.record_end is not None:
             # The runner's log first (it is what a resume reads), then the record.
             try:
-                await self.hooks.record_end(session.session_id, outcome)
+                in_log = await self.hooks.record_end(session.session_id, outcome)
             except Exception:
                 _log.exception("could not record the end of session %s in the runner's store", session.session_id)
         session.record = await self.store.update_session(
-            session.session_id, status=SessionStatus(outcome.status), error=outcome.error, results=results
+            session.session_id,
+            derived=in_log,
+            status=SessionStatus(outcome.status),
+            error=outcome.error,
+            results=results,
         )
         self._active.pop(session.session_id, None)
+        session.final_steps = steps
         session.done.set()
         submitter = session.submitter
         if submitter is not None and not submitter.closed:

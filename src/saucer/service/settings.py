@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -28,6 +28,11 @@ class ServiceConfig(BaseModel):
     )
     admins: list[str] = Field(default_factory=list, description="principals that see and use every device")
     state_dir: Path | None = Field(default=Path(".saucer/service"), description="None keeps sessions in memory only")
+    session_logs: Literal["auto"] | bool = Field(
+        default="auto",
+        description="which sessions of the default runner write a log folder under <state_dir>/logs: auto, those "
+        "with LLM agents (a plan session's steps and verdict are all in the event store); true, all; false, none",
+    )
     store_url: str | None = Field(
         default=None,
         description="event store of the sessions' Contexts (default: sqlite:///<state_dir>/saucer.db, memory:// without a state dir)",

@@ -292,6 +292,19 @@ def _logs(folder: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     return calls, verdicts, None
 
 
+def _ended_verdicts(store: EventStore, sid: str) -> list[dict[str, Any]]:
+    """The verdicts of a session that wrote no log folder (a service plan session, ``service.session_logs``),
+    as its end event keeps them, stamped with the end's time ([]: it has not ended)."""
+    heads = store.session_heads([sid])
+    last = heads[0].last if heads else None
+    if last is None or last.meta.get("kind") != "session_end":
+        return []
+    found = last.meta.get("evaluations")
+    if not isinstance(found, list):
+        return []
+    return [{**e, "timestamp": last.timestamp} for e in found if isinstance(e, dict)]
+
+
 def session_logs(store: EventStore, sid: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
     """The session's LLM calls and evaluations from its logs (and a problem reading them, if any)."""
     return _logs(session_log_folder(store, sid))
@@ -340,6 +353,8 @@ def session_view(
     first = store.first_version(sid)
     costs, steps, folder = ledgers(store, sid)
     calls, verdicts, problem = _logs(folder)
+    if folder is None:
+        verdicts = _ended_verdicts(store, sid)
     upto = info.version if before is None else max(min(before - 1, info.version), first - 1)
     low = max(upto - limit, first - 1)  # shown: versions low+1..upto; the one at low gives the first its start
     events = list(store.read(sid, max(low - 1, first - 1, 0), upto)) if upto > low else []
