@@ -328,7 +328,7 @@ def main() -> int:
         print(
             f"CPU per job (the one process's; the workers' together, from the queueing on, start-up left out): "
             f"{cpus['queue, 1 worker process'] - cpus['one process (SessionPool, no queue)']:.2f} ms more through "
-            "1 worker than without the queue (PostgreSQL's own CPU not counted; steadier than wall time on a busy machine)"
+            "1 worker than without the queue (PostgreSQL's own CPU not counted)"
         )
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine moves these figures)")
     return 0
