@@ -13,7 +13,8 @@ PostgreSQL store, a fresh schema per scenario (dropped afterwards):
                   each take them. Workers are started and registered first; the
                   wall time runs from the first enqueue to the last job done.
 
-Printed: sessions per second, the longest event-loop stall a 1 ms ticker saw in
+Printed: sessions per second, the CPU per job (the one process's, or the workers' together from
+the queueing on), the longest event-loop stall a 1 ms ticker saw in
 a worker, the database's commits per session (``pg_stat_database.xact_commit``
 over each run: load-independent, exact when the bench has its database to
 itself, e.g. ``--postgres-url postgresql://postgres@127.0.0.1:5432/bench``), and
@@ -121,9 +122,10 @@ def one_process(url: str, logs: Path, sessions: int, plan: dict[str, Any]) -> fl
         Session("bench", mode="follower", settings=settings, store=store, plan=plan, dispatcher=tool)
         for _ in range(sessions)
     ]
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     results = asyncio.run(SessionPool(items, max_concurrency=4).run_all())
     wall = time.perf_counter() - t
+    _CPU[0] = time.process_time() - cpu
     store.close()
     assert all(r.ok for r in results)
     return wall
@@ -148,12 +150,21 @@ def _worker_main(url: str, logs: str) -> None:
 
     async def main() -> None:
         ticker = asyncio.create_task(_stall_ticker(Path(logs) / f"stall-{os.getpid()}"))
+        # The CPU this process spends from the bench's SIGUSR1 (all workers registered, the jobs about to be
+        # queued) to its end: its start-up left out.
+        mark = [time.process_time()]
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, lambda: mark.__setitem__(0, time.process_time()))
         try:
             await run_worker(_settings(url, Path(logs)), concurrency=4, dispatcher_factory=lambda session: _Tool())
         finally:
             ticker.cancel()
+            (Path(logs) / f"cpu-{os.getpid()}").write_text(f"{time.process_time() - mark[0]:.6f}")
 
     asyncio.run(main())
+
+
+#: The CPU seconds of the last run: the one process's, or the workers' together (from their jobs' queueing).
+_CPU = [0.0]
 
 
 def _longest_stall(logs: Path) -> float | None:
@@ -210,6 +221,8 @@ def through_queue(url: str, logs: Path, sessions: int, workers: int, plan: dict[
         async with QueueClient(settings) as client:
             while await _registered(client) < workers:
                 await asyncio.sleep(0.1)
+            for proc in procs:
+                proc.send_signal(signal.SIGUSR1)
             t = time.perf_counter()
             await client.enqueue(specs)
             enqueued = time.perf_counter() - t
@@ -227,6 +240,7 @@ def through_queue(url: str, logs: Path, sessions: int, workers: int, plan: dict[
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait(timeout=60)
+        _CPU[0] = sum(float(p.read_text() or 0) for p in logs.glob("cpu-*"))
 
 
 def main() -> int:
@@ -254,22 +268,24 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start\n")
     print(
         f"{'run':40} {'wall s':>8} {'sessions/s':>11} {'enqueue ms/job':>15} {'longest loop stall ms':>22}"
-        f" {'commits/job':>12}",
+        f" {'commits/job':>12} {'CPU ms/job':>11}",
         flush=True,
     )
     rows = []
 
     stalls: list[float] = []
     commits: dict[str, float] = {}
+    cpus: dict[str, float] = {}
 
     def row(name: str, wall: float, enqueue: float | None, stall: float | None, txs: float) -> None:
         rows.append((name, wall, enqueue))
         if stall is not None:
             stalls.append(stall)
         commits[name] = txs
+        cpus[name] = _CPU[0] / n * 1000
         print(
             f"{name:40} {wall:8.2f} {n / wall:11.1f} {'' if enqueue is None else f'{enqueue / n * 1000:15.2f}':>15}"
-            f" {'' if stall is None else f'{stall * 1000:22.1f}':>22} {txs:12.2f}",
+            f" {'' if stall is None else f'{stall * 1000:22.1f}':>22} {txs:12.2f} {cpus[name]:11.2f}",
             flush=True,
         )
 
@@ -307,6 +323,12 @@ def main() -> int:
             f"database commits per job (pg_stat_database, the whole run: enqueue, queue, sessions): "
             f"{min(queued):.2f} through the queue, {commits['one process (SessionPool, no queue)']:.2f} without it "
             "(exact only when nothing else uses the bench's database)"
+        )
+    if "queue, 1 worker process" in cpus:
+        print(
+            f"CPU per job (the one process's; the workers' together, from the queueing on, start-up left out): "
+            f"{cpus['queue, 1 worker process'] - cpus['one process (SessionPool, no queue)']:.2f} ms more through "
+            "1 worker than without the queue (PostgreSQL's own CPU not counted)"
         )
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine moves these figures)")
     return 0

@@ -130,3 +130,36 @@ def test_catch_up_without_pending_changes_just_reloads() -> None:
     engine.update_vars(set={"y": 2})
     assert engine.commit() == 3
     assert "serialised" not in list(store.read("s", 2))[0].meta
+
+
+class _CountingStore(MemoryStore):
+    """A memory store that counts the reads of a session's head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head_reads = 0
+
+    def head(self, session_id: str) -> int:
+        self.head_reads += 1
+        return super().head(session_id)
+
+
+def test_a_fresh_open_reads_nothing_and_meets_a_writer_that_came_first_as_a_concurrent_one() -> None:
+    """``Context.open(fresh=True)``: the runner that just made the session opens it empty, without a
+    read; an out-of-turn write made in between is met by the first commit (re-based, or refused)."""
+    store = _CountingStore()
+    store.create_session("s")
+    other = Context.open(store, "s", author="human:me", create=False)
+    other.update_vars(set={"note": "first"})
+    assert other.commit() == 1
+    store.head_reads = 0
+    engine = Context.open(store, "s", author="follower", create=False, fresh=True, serialise=True)
+    assert store.head_reads == 0 and engine.version == 0 and engine.get_var("note") is None
+    engine.set(ContextNames.SUBTASK, "step 1")
+    assert engine.commit(meta={"kind": "step"}) == 2  # ordered after the write it had not read
+    assert engine.get_var("note") == "first" and engine.get(ContextNames.SUBTASK) == "step 1"
+    plain = Context.open(store, "s", author="follower", create=False, fresh=True)
+    plain.set(ContextNames.SUBTASK, "step 2")
+    with pytest.raises(ConflictError):  # not serialised: the stale base is refused, nothing is lost
+        plain.commit()
+    assert store.head("s") == 2

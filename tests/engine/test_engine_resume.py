@@ -368,3 +368,42 @@ def test_a_runner_whose_lease_was_taken_over_cannot_commit(make_settings: Any) -
     assert "intruder:1:x" in result.error
     ctx = Context.open(store, "fenced-1", create=False)
     assert ctx.get_var("n") == 1  # step 2's commit was refused
+
+
+class _ClosingStore(MemoryStore):
+    """Records how a run gives its lease back; ``fail_snapshot``: its last snapshot cannot be written."""
+
+    def __init__(self, *, fail_snapshot: bool = False) -> None:
+        super().__init__()
+        self.fail_snapshot = fail_snapshot
+        self.calls: list[str] = []
+
+    def save_snapshot_released(self, snapshot: Any, keep: int, lease: Any) -> None:
+        self.calls.append("snapshot+release")
+        if self.fail_snapshot:
+            raise OSError("disk full")
+        self.save_snapshot_pruned(snapshot, keep)
+        super().release_lease(lease)  # as one statement would: not recorded as a release of its own
+
+    def release_lease(self, lease: Any) -> None:
+        self.calls.append("release")
+        super().release_lease(lease)
+
+
+@pytest.mark.parametrize("fail_snapshot", [False, True])
+def test_a_run_gives_its_lease_back_with_its_last_snapshot_or_alone(settings: Any, fail_snapshot: bool) -> None:
+    store = _ClosingStore(fail_snapshot=fail_snapshot)
+    session = Session(
+        "close", mode="follower", settings=settings, store=store, plan=command_plan(1), dispatcher=FakeDispatcher()
+    )
+    if fail_snapshot:
+        with pytest.warns(RuntimeWarning, match="snapshot at version"):
+            result = asyncio.run(session.run())
+    else:
+        result = asyncio.run(session.run())
+    assert result.status == "finished"
+    # One call gives both back (one statement on PostgreSQL); when the snapshot fails, the lease goes alone.
+    assert store.calls == (["snapshot+release", "release"] if fail_snapshot else ["snapshot+release"])
+    lease = store.lease_of(result.session_id)
+    assert lease is not None and lease.expires_at <= time.time()  # free at once
+    assert store.acquire_lease(result.session_id, "next:1:x", 30).owner == "next:1:x"

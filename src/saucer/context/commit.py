@@ -39,6 +39,7 @@ from saucer.store.base import EventStore, SummaryDelta
 from saucer.store.model import (
     ConflictError,
     FencedError,
+    Lease,
     NotParticipantError,
     OutcomeUnknownError,
     SessionExistsError,
@@ -511,13 +512,15 @@ class Committer:
             raise
         self.commit_step(author=author, round=round, step=step, meta=meta, summary=summary)
 
-    def finish(self) -> None:
-        """Closing: commit what is pending, then snapshot if there is new history (every packed value whole)."""
+    def finish(self, release: Lease | None = None) -> bool:
+        """Closing: commit what is pending, then snapshot if there is new history (every packed value whole),
+        giving ``release`` back with it; whether it was."""
         self.commit()
         # A closed session is read more often than it is extended: its last
         # snapshot holds each packed value whole, so reading it folds no tails.
         if self._snapshots.needed_on_close():
-            self._snapshots.auto(whole=True)
+            return self._snapshots.auto(whole=True, release=release) and release is not None
+        return False
 
     def abandon_step(self) -> None:
         """Discard the unfinished step (what is pending after the last step boundary)."""

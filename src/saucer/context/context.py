@@ -32,17 +32,17 @@ from saucer.context.access import TypedAccess
 from saucer.context.commit import Committer
 from saucer.context.compat import ClassOrInstance, RoundValue, UfoCompat
 from saucer.context.events import Event, copy_json
+from saucer.context.forking import fork
 from saucer.context.handle import StoreHandle
 from saucer.context.loading import Loader
 from saucer.context.names import ContextNames
-from saucer.context.opening import attach, check_open_args, create_fork
+from saucer.context.opening import attach, check_open_args
 from saucer.context.participants import ParticipantGate
 from saucer.context.queries import HistoryQueries, changes, history_key
 from saucer.context.snapshots import KEEP_SNAPSHOTS, Snapshotter
 from saucer.context.types import Change, EventMeta, Json, Key, Op
 from saucer.context.working import Durability, WorkingCopy, check_text
-from saucer.store.base import EventStore, SummaryDelta
-from saucer.store.model import check_version
+from saucer.store.base import EventStore, Lease, SummaryDelta
 
 __all__ = ["Context", "Durability"]
 
@@ -97,6 +97,7 @@ class Context:
         keep_snapshots: int = KEEP_SNAPSHOTS,
         serialise: bool = False,
         participants: Iterable[str] | None = None,
+        fresh: bool = False,
     ) -> Self:
         """Open (or create) a session's Context in ``store`` (an :class:`EventStore` or a URL).
 
@@ -120,6 +121,8 @@ class Context:
         :meth:`add_participants`);
         if this Context's first commit to the session it created is refused, the
         empty session is removed again (and made anew by its next commit).
+        ``fresh=True``: the caller has just made the session (pass ``create=False``), so it is opened
+        empty at version 0 without a read (a writer that came first is met as any concurrent one).
         """
         at = check_open_args(session_id, author, durability, at, snapshot_every, keep_snapshots)
         ctx = cls()
@@ -133,7 +136,7 @@ class Context:
             work.session_id, work.read_only, work.durability = session_id, at is not None, durability
             committer.author, committer.fence, committer.serialise = author, fence, bool(serialise)
             snapshots.every, snapshots.keep = snapshot_every, keep_snapshots
-            committer.hydrate(at)
+            committer.hydrate(0 if fresh else at)
         except BaseException:
             if ctx._handle is not None:
                 ctx._handle.release()
@@ -529,26 +532,7 @@ class Context:
         first). A version that was pruned cannot be forked
         (:class:`~saucer.store.VersionPrunedError`).
         """
-        store, sid = self._work.require_store()
-        at = self._work.version if at is None else check_version(at, "at")
-        create_fork(store, sid, new_session_id, at)
-        child = self.open(
-            store,
-            new_session_id,
-            author=author or self._committer.author,
-            durability=self._work.durability,
-            snapshot_every=self._snapshots.every,
-            keep_snapshots=self._snapshots.keep,
-        )
-        if self._handle is not None:
-            # The store was opened from a URL for this Context: the child shares
-            # it, and it is closed when the last of them closes.
-            child._handle = self._handle.retain()
-        if at > 0 and child._snapshots.version < at:
-            # The child's own snapshot of the fork point (state, not log): its
-            # opens stay bounded even after the parent's snapshots are pruned.
-            child._snapshots.auto()
-        return child
+        return fork(self, self.open, new_session_id, at, author)
 
     async def watch(self, *, interval: float = 0.2) -> AsyncIterator[Event]:
         """Yield events committed to this session after this Context's version (by anyone)."""
@@ -561,14 +545,16 @@ class Context:
 
     # ================================================================ closing
 
-    def close(self) -> None:
-        """Commit what is pending, snapshot if there is new history (every packed value whole), release the store if owned."""
+    def close(self, *, release: Lease | None = None) -> bool:
+        """Commit what is pending, snapshot if there is new history (every packed value whole), release the store if
+        owned. ``release``: a lease on the session given back with that snapshot, in one round trip; True if it was."""
         work = self._work
         if work.closed:
-            return
+            return False
         try:
             if work.store is not None and not work.read_only:
-                self._committer.finish()
+                return self._committer.finish(release)
+            return False
         finally:
             work.closed = True
             handle, self._handle = self._handle, None

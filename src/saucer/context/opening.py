@@ -11,12 +11,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from saucer.context.commit import SessionCreation
-from saucer.context.types import ForkOrigin
 from saucer.context.working import DURABILITIES, check_text
 from saucer.store.base import EventStore
 from saucer.store.model import SessionExistsError, check_session_id, check_version
 
-__all__ = ["attach", "check_open_args", "create_fork"]
+__all__ = ["attach", "check_open_args"]
 
 
 def check_open_args(
@@ -75,9 +74,3 @@ def attach(
     if at is not None:
         store.check_readable(session_id, at)
     return creation
-
-
-def create_fork(store: EventStore, parent_id: str, session_id: str, at: int) -> None:
-    """Make ``session_id``, a fork of ``parent_id`` at version ``at`` (its meta says so: :class:`ForkOrigin`)."""
-    origin: ForkOrigin = {"forked_from": parent_id, "at": at}
-    store.create_session(session_id, parent_id=parent_id, parent_version=at, meta=dict(origin))

@@ -16,7 +16,7 @@ import orjson
 from saucer.context.events import state_to_wire
 from saucer.context.replay import Replayed
 from saucer.context.working import WorkingCopy
-from saucer.store.model import Snapshot, StoreKeyError
+from saucer.store.model import Lease, Snapshot, StoreKeyError
 
 __all__ = ["Snapshotter", "KEEP_SNAPSHOTS"]
 
@@ -55,7 +55,7 @@ class Snapshotter:
         self.bytes = sum(len(p.data) + sum(map(len, p.tails)) for p in loaded.state.packed.values())
         self.tail_ops = head - loaded.snapshot_version
 
-    def snapshot(self, *, whole: bool = False) -> int:
+    def snapshot(self, *, whole: bool = False, release: Lease | None = None) -> int:
         """Store a snapshot of the committed state now; return its version.
 
         ``whole`` writes each packed value whole, without the operations since
@@ -66,7 +66,8 @@ class Snapshotter:
         Older snapshots of the session beyond the newest ``keep_snapshots`` are
         dropped: hydrate only ever needs the newest (the one before it is kept
         in case the newest is damaged). Opening ``at=`` an old version replays
-        from the newest snapshot before it, or from the start.
+        from the newest snapshot before it, or from the start. ``release``: a lease
+        given back with it (:meth:`~saucer.store.EventStore.save_snapshot_released`).
         """
         work = self._work
         with work.lock:
@@ -89,9 +90,11 @@ class Snapshotter:
             # longer replay on the next open, never a wrong state.
             # (a snapshot at this version already, which this one replaces, counts as the new one)
             replacing = self.version == work.version > 0
-            store.save_snapshot_pruned(
-                Snapshot(sid, work.version, time.time(), wire), self.keep - (0 if replacing else 1)
-            )
+            snap, keep = Snapshot(sid, work.version, time.time(), wire), self.keep - (0 if replacing else 1)
+            if release is None:
+                store.save_snapshot_pruned(snap, keep)
+            else:
+                store.save_snapshot_released(snap, keep, release)
             self.version = work.version
             return work.version
 
@@ -129,18 +132,21 @@ class Snapshotter:
         """Whether closing should write a last snapshot: new history since the last, or one with tails."""
         return self._work.version > self.version or self.tails
 
-    def auto(self, *, whole: bool = False) -> None:
-        """Take a snapshot after a commit: a failure is a warning (the event is committed already)."""
+    def auto(self, *, whole: bool = False, release: Lease | None = None) -> bool:
+        """Take a snapshot after a commit: a failure is a warning (the event is committed already).
+        True when it was written (and ``release`` given back with it)."""
         work = self._work
         if work.state.opaque:
-            return  # read without the store key: its placeholders are not data to store
+            return False  # read without the store key: its placeholders are not data to store
         # The event is committed already: a snapshot that cannot be written
         # costs a longer replay later, it must not make the commit look failed.
         try:
-            self.snapshot(whole=whole)
+            self.snapshot(whole=whole, release=release)
         except Exception as exc:
             warnings.warn(
                 f"session {work.session_id!r}: snapshot at version {work.version} failed ({exc!r})",
                 RuntimeWarning,
                 stacklevel=3,
             )
+            return False
+        return True

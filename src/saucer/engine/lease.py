@@ -94,14 +94,26 @@ class LeaseKeeper:
 
     def release(self) -> None:
         """Give the lease back (a warning, never an error, when the store refuses)."""
-        if self.lease is None:
-            return
         try:
-            with self._store_lock:  # after a renewal still in flight (it would take the lease again)
-                held = self._held
-                self.store.release_lease(held if held is not None and held.token >= self.lease.token else self.lease)
+            lease = self.to_give_back()
+            if lease is not None:
+                self.store.release_lease(lease)
         except Exception as exc:  # noqa: BLE001
             _log.warning("session %s: releasing the lease failed: %s", self.session_id, exc)
+
+    def to_give_back(self) -> Lease | None:
+        """The lease to give back once renewals have stopped (:meth:`stop`): the newest one held, after a
+        renewal still in flight (None: none is held). The session's last snapshot may carry it back
+        (``Context.close(release=...)``); then :meth:`given_back`, else :meth:`release`."""
+        if self.lease is None:
+            return None
+        with self._store_lock:  # after a renewal still in flight (it would take the lease again)
+            held = self._held
+            return held if held is not None and held.token >= self.lease.token else self.lease
+
+    def given_back(self) -> None:
+        """The lease was given back with the session's last snapshot: :meth:`release` has nothing left to do."""
+        self.lease = self._held = None
 
     def _renew(self) -> None:
         try:

@@ -99,25 +99,26 @@ class RunResources:
         keeper.adopt(lease)
         return lease
 
-    async def open_context(self, token: int) -> Context:
-        """The session's Context for its runner (commits fenced by ``token``), opened in a thread (it reads the store)."""
+    async def open_context(self, token: int, *, fresh: bool = False) -> Context:
+        """The session's Context for its runner (commits fenced by ``token``), opened in a thread (it reads the
+        store); ``fresh``: this runner has just made the session, so it opens empty, on the loop (nothing is read)."""
         from saucer.context import Context
 
         store, store_settings = self.store, self._settings.store
         assert store is not None
-        return await asyncio.to_thread(
-            functools.partial(
-                Context.open,
-                store,
-                self.session_id,
-                author="system",
-                durability=store_settings.durability,
-                snapshot_every=store_settings.snapshot_every,
-                create=False,
-                fence=token,
-                serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
-            )
+        opening = functools.partial(
+            Context.open,
+            store,
+            self.session_id,
+            author="system",
+            durability=store_settings.durability,
+            snapshot_every=store_settings.snapshot_every,
+            create=False,
+            fence=token,
+            serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
+            fresh=fresh,
         )
+        return opening() if fresh else await asyncio.to_thread(opening)
 
     def lease_checker(self) -> Callable[[], None]:
         """The keeper's check (:class:`~saucer.engine.errors.LeaseLostError` if this runner lost its lease;
@@ -129,16 +130,19 @@ class RunResources:
         self._closers.append(closer)
 
     def _close_store_side(self, context: Context | None, clean: bool) -> None:
+        keeper = self.keeper
         if context is not None:
             try:
-                if clean:
-                    context.close()
+                if clean:  # the lease goes back with the last snapshot, when there is one: one round trip
+                    if context.close(release=None if keeper is None else keeper.to_give_back()):
+                        assert keeper is not None
+                        keeper.given_back()
                 else:
                     context.abort()  # discard the unfinished step
             except Exception as exc:  # noqa: BLE001
                 _log.warning("session %s: closing the context failed: %s", self.session_id, exc)
-        if self.keeper is not None:
-            self.keeper.release()
+        if keeper is not None:
+            keeper.release()
 
     async def close(self, context: Context | None, logs: SessionLogs, *, clean: bool) -> None:
         """Close everything, in order: renewals, the dispatcher, the close callbacks, the Context

@@ -504,7 +504,7 @@ class Session:
             self.context_vars = initial_vars(self.plan, self.context_vars)
         elif resumer.resuming and not start.over:
             _ = self.plan  # a stored plan that no longer parses is a PlanError here, before anything is written
-        self.context = ctx = await self._held.open_context(lease.token)
+        self.context = ctx = await self._held.open_context(lease.token, fresh=not resumer.resuming)
         self._cancel.opened(ctx)
         if start.over:
             self.result = self._outcome.stored_result(start.meta)

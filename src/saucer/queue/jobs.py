@@ -346,6 +346,28 @@ _SUCCEED_JOB = (
 )
 
 
+#: :data:`_SUCCEED_JOB` and procrastinate's ``fetch_job`` for the slot it frees, in ONE statement (one round
+#: trip, one commit): the fetch's argument names the finish's row, so the finish runs first.
+_SUCCEED_AND_FETCH = (
+    "WITH cleared AS (UPDATE saucer_jobs SET reason = NULL WHERE job_id = %(job_id)s AND reason IS NOT NULL), "
+    "finished AS (SELECT count(*)::bigint AS n FROM (SELECT procrastinate_finish_job_v1(%(job_id)s, %(status)s, "
+    "%(delete_job)s)) AS f) "
+    "SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name, attempts, worker_id "
+    "FROM finished, LATERAL procrastinate_fetch_job_v2(%(queues)s::varchar[], %(worker_id)s + 0 * finished.n)"
+)
+
+
+#: Jobs taken as others ended and never started, back on the queue as they were (their attempts not counted),
+#: announced as new jobs are (procrastinate's channels), so that a waiting worker takes them at once.
+_HAND_BACK = (
+    "WITH back AS (UPDATE procrastinate_jobs SET status = 'todo', worker_id = NULL "
+    "WHERE id = ANY(%(ids)s::bigint[]) AND status = 'doing' RETURNING id, queue_name), "
+    "said AS (SELECT id, queue_name, json_build_object('type', 'job_inserted', 'job_id', id)::text AS payload FROM back) "
+    "SELECT pg_notify('procrastinate_queue_v1#' || queue_name, payload), pg_notify('procrastinate_any_queue_v1', payload) "
+    "FROM said"
+)
+
+
 #: procrastinate's heartbeat, which also registers again a worker pruned meanwhile (see ``update_heartbeat``).
 _HEARTBEAT = (
     "INSERT INTO procrastinate_workers (id, last_heartbeat) OVERRIDING SYSTEM VALUE VALUES (%(worker_id)s, now()) "
@@ -354,14 +376,31 @@ _HEARTBEAT = (
 
 
 class _SharedJobManager(JobManager):
-    """Ends a job only if it is still this worker's to end.
+    """Ends a job only if it is still this worker's to end; takes the next job as it ends one.
 
     A live worker that misses its heartbeats (a loaded machine) has its jobs put back on the
     queue by another one (:func:`~saucer.queue.worker.recover_stalled`), and that one may end the
     job first. procrastinate then refuses this worker's outcome, and the refusal would stop the
     whole worker: it is logged instead, and the job stays as the other worker left it (the
     session's lease kept the two runs from committing the same step).
+
+    While the worker is taking jobs (its last fetch found one), a job that succeeds is ended in the
+    same statement that takes the next one for the slot it frees (:data:`_SUCCEED_AND_FETCH`): that
+    job waits here for the worker's next fetch, which the worker is woken for. Once a fetch finds
+    nothing (the worker waits, or stops ``until_idle``) jobs are ended alone again; a job still
+    waiting here when the worker stops goes back to the queue (:meth:`unregister_worker`); one whose
+    worker was killed is recovered as any of its running jobs (:func:`~saucer.queue.worker.recover_stalled`).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._taking: tuple[Any, int] | None = None  # (queues, worker id) while the last fetch found a job
+        self._taken: list[Any] = []  # jobs taken as others ended, for the next fetches
+        self._wake: Callable[..., Any] | None = None  # the worker's notification callback
+
+    async def listen_for_jobs(self, *, on_notification: Any, queues: Any = None) -> None:
+        self._wake = on_notification
+        await super().listen_for_jobs(on_notification=on_notification, queues=queues)
 
     async def update_heartbeat(self, worker_id: int) -> None:
         # A worker taken for dead (its heartbeats late, on a loaded machine) that is alive after all is
@@ -369,6 +408,15 @@ class _SharedJobManager(JobManager):
         await self.connector.execute_query_async(query=_HEARTBEAT, worker_id=worker_id)
 
     async def fetch_job(self, queues: Any, worker_id: int) -> Any:
+        if self._taken:
+            return self._taken.pop(0)
+        job = await self._fetch(queues, worker_id)
+        if job is None and self._taken:  # one was taken as another ended, while this fetch found nothing
+            return self._taken.pop(0)
+        self._taking = None if job is None else (queues, worker_id)
+        return job
+
+    async def _fetch(self, queues: Any, worker_id: int) -> Any:
         try:
             return await super().fetch_job(queues=queues, worker_id=worker_id)
         except procrastinate.exceptions.ConnectorException as exc:
@@ -381,10 +429,11 @@ class _SharedJobManager(JobManager):
     async def finish_job(self, job: Any, status: Any, delete_job: bool) -> None:
         try:
             if status == jobs.Status.SUCCEEDED:
-                # One statement: the job ends, and the reason an earlier attempt left goes with it.
-                await self.connector.execute_query_async(
-                    query=_SUCCEED_JOB, job_id=job.id, status=status.value, delete_job=delete_job
-                )
+                if not await self._succeed_and_fetch(job, status, delete_job):
+                    # One statement: the job ends, and the reason an earlier attempt left goes with it.
+                    await self.connector.execute_query_async(
+                        query=_SUCCEED_JOB, job_id=job.id, status=status.value, delete_job=delete_job
+                    )
             else:
                 await super().finish_job(job=job, status=status, delete_job=delete_job)
         except procrastinate.exceptions.ConnectorException as exc:
@@ -396,6 +445,37 @@ class _SharedJobManager(JobManager):
                 job.task_kwargs.get("session_id"),
                 status,
             )
+
+    async def _succeed_and_fetch(self, job: Any, status: Any, delete_job: bool) -> bool:
+        """End ``job`` and take the next one in one statement, while the worker is taking jobs; whether it
+        was ended here (False: nothing was done, the caller ends it alone and says why it could not be)."""
+        taking, wake = self._taking, self._wake
+        if taking is None or wake is None:
+            return False
+        try:
+            row = await self.connector.execute_query_one_async(
+                query=_SUCCEED_AND_FETCH,
+                job_id=job.id,
+                status=status.value,
+                delete_job=delete_job,
+                queues=taking[0],
+                worker_id=taking[1],
+            )
+        except procrastinate.exceptions.ConnectorException:
+            return False  # rolled back whole (the job taken over, the worker pruned): ended alone
+        if row["id"] is None:
+            self._taking = None
+            return True
+        self._taken.append(jobs.Job.from_row(row))
+        await wake(channel="saucer", notification={"type": "job_inserted"})  # a waiting worker fetches it
+        return True
+
+    async def unregister_worker(self, worker_id: int) -> None:
+        taken, self._taken, self._taking = self._taken, [], None
+        if taken:  # taken as another ended, never started here: back to the queue, not counted as an attempt
+            with contextlib.suppress(procrastinate.exceptions.ConnectorException):
+                await self.connector.execute_query_async(query=_HAND_BACK, ids=[job.id for job in taken])
+        await super().unregister_worker(worker_id)
 
     async def retry_job(self, job: Any, *args: Any, **kwargs: Any) -> None:
         try:

@@ -28,6 +28,7 @@ from saucer.store.model import (
     ConflictError,
     Event,
     FencedError,
+    Lease,
     SessionInfo,
     SessionNotFoundError,
     Snapshot,
@@ -320,13 +321,21 @@ class Statements:
             {"sid": session_id, "owner": owner, "ttl": float(ttl)},
         ).fetchone()
 
-    def insert_snapshot_pruned(self, conn: psycopg.Connection[Any], snapshot: Snapshot, keep: int) -> None:
+    def insert_snapshot_pruned(
+        self, conn: psycopg.Connection[Any], snapshot: Snapshot, keep: int, release: Lease | None = None
+    ) -> None:
         """Drop the session's snapshots but the newest ``keep`` (and the one at this version) and store
-        ``snapshot``, in ONE statement."""
+        ``snapshot``, and give ``release`` back (a lease still held as it is), in ONE statement."""
         blob, crc = encode_state(snapshot.state)
         s = self._s
+        released = (
+            f"released AS (UPDATE {s}.leases SET expires_at = 0 "
+            "WHERE session_id = %(lsid)s AND owner = %(owner)s AND token = %(token)s), "
+            if release is not None
+            else ""
+        )
         conn.execute(
-            f"WITH dropped AS (DELETE FROM {s}.snapshots WHERE session_id = %(sid)s AND version <> %(version)s "
+            f"WITH {released}dropped AS (DELETE FROM {s}.snapshots WHERE session_id = %(sid)s AND version <> %(version)s "
             f"AND version NOT IN (SELECT version FROM {s}.snapshots WHERE session_id = %(sid)s "
             "ORDER BY version DESC LIMIT %(keep)s)) "
             f"INSERT INTO {s}.snapshots (session_id, version, ts, state, crc) "
@@ -339,6 +348,11 @@ class Statements:
                 "ts": snapshot.timestamp,
                 "state": blob,
                 "crc": crc,
+                **(
+                    {"lsid": release.session_id, "owner": release.owner, "token": release.token}
+                    if release is not None
+                    else {}
+                ),
             },
         )
 

@@ -526,6 +526,13 @@ class PostgresStore(EventStore):
         with self._db.cache_conn() as conn:  # one round trip (see save_snapshot for the commit)
             self._sql.insert_snapshot_pruned(conn, snapshot, keep)
 
+    @_translated(retry=True)
+    def save_snapshot_released(self, snapshot: Snapshot, keep: int, lease: Lease) -> None:
+        # One statement: a release's COMMIT need not wait for the WAL flush either (a release lost
+        # in a crash costs a wait for the lease's expiry, never a wrong state).
+        with self._db.cache_conn() as conn:
+            self._sql.insert_snapshot_pruned(conn, snapshot, keep, lease)
+
     # ------------------------------------------------------------ retention
 
     @_translated(retry=True)  # a repeat finds the prune done (or does it)

@@ -185,6 +185,12 @@ class Recorder(ABC):
         self.prune_snapshots(snapshot.session_id, keep)
         self.save_snapshot(snapshot)
 
+    def save_snapshot_released(self, snapshot: Snapshot, keep: int, lease: Lease) -> None:
+        """:meth:`save_snapshot_pruned`, then :meth:`release_lease` (a runner closing its session): a backend
+        that waits on a server does both in one round trip. When it raises, the lease may still be held."""
+        self.save_snapshot_pruned(snapshot, keep)
+        self.release_lease(lease)
+
     def create_row_leased(self, info: SessionInfo, counters: Counters, owner: str, ttl: float) -> Lease:
         """:meth:`create_row`, then :meth:`acquire_lease` for ``owner``: a backend that waits on a server
         does both in one transaction (the session is never seen without its runner's lease)."""

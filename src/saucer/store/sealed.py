@@ -159,6 +159,9 @@ class SealedStore(EventStore):
     def save_snapshot_pruned(self, snapshot: Snapshot, keep: int) -> None:
         self.inner.save_snapshot_pruned(self._seal_snapshot(snapshot), keep)
 
+    def save_snapshot_released(self, snapshot: Snapshot, keep: int, lease: Lease) -> None:
+        self.inner.save_snapshot_released(self._seal_snapshot(snapshot), keep, lease)
+
     def create_row_leased(self, info: SessionInfo, counters: Counters, owner: str, ttl: float) -> Lease:
         return self.inner.create_row_leased(self._seal_info(info), counters, owner, ttl)
 

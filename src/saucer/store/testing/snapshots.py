@@ -157,6 +157,25 @@ class SnapshotLeaseContract:
         third = store.acquire_lease("s", "worker-3", ttl=30)
         assert third.token > new.token
 
+    def test_a_last_snapshot_gives_the_lease_back_with_it(self, store: EventStore) -> None:
+        _, lease = store.create_session_leased("s", owner="worker-1", ttl=30)
+        fill(store, "s", 4)
+        store.save_snapshot(snapshot_at("s", 2))
+        store.save_snapshot_released(snapshot_at("s", 4), 1, lease)  # the newest other (2) and this one kept
+        assert latest(store, "s").version == 4 and latest(store, "s", 3).version == 2
+        assert store.acquire_lease("s", "worker-2", ttl=30).token > lease.token  # free at once
+
+    def test_a_last_snapshot_never_gives_back_a_lease_taken_over(self, store: EventStore) -> None:
+        _, old = store.create_session_leased("s", owner="worker-1", ttl=0.05)
+        fill(store, "s", 2)
+        time.sleep(0.1)
+        new = store.acquire_lease("s", "worker-2", ttl=30)
+        store.save_snapshot_released(snapshot_at("s", 2), 1, old)  # a cache: stored; the lease is worker-2's
+        assert latest(store, "s").version == 2
+        with pytest.raises(LeaseHeldError, match="worker-2"):
+            store.acquire_lease("s", "worker-3", ttl=30)
+        assert store.lease_of("s").token == new.token  # type: ignore[union-attr]
+
     # -------------------------------------------------------------- watch
 
     def test_watch_yields_new_events(self, store_factory: Callable[[], EventStore], store: EventStore) -> None:
