@@ -450,8 +450,12 @@ async def test_record_end_says_whether_a_durable_log_holds_the_end(tmp_path: Pat
         assert await runner.record_end(sid, outcome) is durable  # asked again: read, found
         hung = uuid.uuid4().hex
         _, recorder = await _records(hung)
-        task = asyncio.create_task(runner.run(hung, TASK, Device(hang={0}), recorder))
-        await asyncio.sleep(0.3)
+        device = Device(hang={0})
+        task = asyncio.create_task(runner.run(hung, TASK, device, recorder))
+        for _ in range(600):  # until the device holds the first command (the session has started), at most 30 s
+            if device.batches:
+                break
+            await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
