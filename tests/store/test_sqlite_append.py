@@ -71,3 +71,16 @@ def test_a_refused_append_says_why_and_writes_nothing(tmp_path: Path) -> None:
         assert [e.version for e in store.read("s")] == [1, 2]
     finally:
         store.close()
+
+
+def test_make_event_is_the_events_own_constructor() -> None:
+    from dataclasses import fields
+
+    from saucer.store.model import Event, make_event
+    from saucer.store.summary import SummaryDelta as Delta
+
+    values = ("s", 3, 1.5, "me", 2, None, [{"op": "set", "var": "x", "value": 1}], {"kind": "step"}, Delta("running"))
+    assert len(fields(Event)) == len(values)  # a field added to Event must be added to make_event too
+    made = make_event(*values)
+    assert made == Event(*values) and type(made) is Event
+    assert [getattr(made, f.name) for f in fields(Event)] == list(values)

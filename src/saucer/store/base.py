@@ -66,6 +66,7 @@ from saucer.store.model import (
     check_participants,
     check_session_id,
     check_version,
+    make_event,
 )
 from saucer.store.pruning import Pruner
 from saucer.store.recorder import Recorder
@@ -519,7 +520,7 @@ def new_event(
     if summary is not None and summary.reason:
         # a summary's reason is an error's or a refusal's text too (listed by saucer sessions, exported)
         summary = replace(summary, reason=redact_text(summary.reason))
-    return Event(session_id, expected_version + 1, time.time(), author, round, step, ops, meta, summary), encoded
+    return make_event(session_id, expected_version + 1, time.time(), author, round, step, ops, meta, summary), encoded
 
 
 _dumps = orjson.dumps
