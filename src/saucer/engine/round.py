@@ -196,7 +196,8 @@ class Round:
         check_lease = session.lease_checker()
         sleep_time = session.settings.system.sleep_time
         save_ui_tree = session.settings.system.save_ui_tree and "save_ui_tree" not in session.skipped
-        commit_step = session.context.acommit_step
+        context = session.context
+        commit_step = context.acommit_step
         agent = self.agent
         state = agent.state
         round_step = session.context.current_round_step
@@ -226,8 +227,20 @@ class Round:
                 view = await look(dispatcher, artifact_name(record.session_step))
                 record.artifacts = view.artifacts()
             t0 = _perf()
+            # The step (the agent's ``record`` while it acts), and who acts next, in which state:
+            # inline (a coroutine of its own per step costs more than its body).
+            agent.step = record
             try:
-                next_agent, next_state = await self._handle(agent, state, record)
+                try:
+                    await state.handle(agent, context)
+                    record.status = agent.status
+                    if not record.subtask:
+                        record.subtask = context.get(_SUBTASK)
+                    next_agent, next_state = self._route(agent, state.next_state(agent), record)
+                finally:
+                    agent.step = None
+                record.next_agent = next_agent.name
+                record.next_state = next_state.name()
             except (asyncio.CancelledError, KeyboardInterrupt):
                 raise
             except Exception as exc:  # noqa: BLE001 - one failed step fails this round, not the process
@@ -276,21 +289,6 @@ class Round:
             f"agent {agent.name!r} ended in state {state.name()}" if status != RoundStatus.FINISHED else ""
         )
         return self._end(status, reason)
-
-    async def _handle(self, agent: Agent, state: AgentState, record: StepRecord) -> tuple[Agent, AgentState]:
-        """Run the step (the agent's ``record`` while it acts) and decide who acts next, in which state."""
-        agent.step = record
-        try:
-            await state.handle(agent, self.session.context)
-            record.status = agent.status
-            if not record.subtask:
-                record.subtask = self.session.context.get(_SUBTASK)
-            next_agent, next_state = self._route(agent, state.next_state(agent), record)
-        finally:
-            agent.step = None
-        record.next_agent = next_agent.name
-        record.next_state = next_state.name()
-        return next_agent, next_state
 
     def _charge(self, record: StepRecord, subtask_end: bool) -> None:
         """The step's share of the ledger (steps, cost, subtasks, structural log), in its commit."""
