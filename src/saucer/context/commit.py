@@ -250,7 +250,7 @@ class Committer:
                 try:
                     # The store calls _written as soon as the event is durable,
                     # even if this task is cancelled while it waits.
-                    await job.store.aappend(
+                    await job.store.aappend_write(
                         job.session_id,
                         action.version,
                         action.ops,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -125,10 +125,11 @@ class RoundHost(AgentHost, Protocol):
     def note_unknown_cost(self) -> None:
         """Some cost of this session could not be priced."""
 
-    async def step_committed(
+    def step_committed(
         self, rnd: Round, agent: Agent, record: StepRecord, *, subtask_end: bool = False, failed: bool = False
-    ) -> None:
-        """A step's commit is in the store: count it, log it, tell the observer."""
+    ) -> Awaitable[None] | None:
+        """A step's commit is in the store: count it, log it; what tells the observer (to await), or None
+        when it has no ``on_step`` (no coroutine made per step for nothing)."""
 
 
 class Round:
@@ -195,6 +196,8 @@ class Round:
         check_lease = session.lease_checker()
         sleep_time = session.settings.system.sleep_time
         save_ui_tree = session.settings.system.save_ui_tree and "save_ui_tree" not in session.skipped
+        context = session.context
+        commit_step = context.acommit_step
         agent = self.agent
         state = agent.state
         round_step = session.context.current_round_step
@@ -224,8 +227,20 @@ class Round:
                 view = await look(dispatcher, artifact_name(record.session_step))
                 record.artifacts = view.artifacts()
             t0 = _perf()
+            # The step (the agent's ``record`` while it acts), and who acts next, in which state:
+            # inline (a coroutine of its own per step costs more than its body).
+            agent.step = record
             try:
-                next_agent, next_state = await self._handle(agent, state, record)
+                try:
+                    await state.handle(agent, context)
+                    record.status = agent.status
+                    if not record.subtask:
+                        record.subtask = context.get(_SUBTASK)
+                    next_agent, next_state = self._route(agent, state.next_state(agent), record)
+                finally:
+                    agent.step = None
+                record.next_agent = next_agent.name
+                record.next_state = next_state.name()
             except (asyncio.CancelledError, KeyboardInterrupt):
                 raise
             except Exception as exc:  # noqa: BLE001 - one failed step fails this round, not the process
@@ -241,8 +256,22 @@ class Round:
                 record.artifacts = [*record.artifacts, *({**entry, "after": True} for entry in view.artifacts())]
             subtask_end = next_state.is_subtask_end()
             self._charge(record, subtask_end)
-            await self._commit(agent, record, next_agent, t0, t1)
-            await session.step_committed(self, agent, record, subtask_end=subtask_end)
+            # ONE commit: the step's Context changes, its record and the cursor (who acts next).
+            meta = self._step_meta(record, next_agent.name, record.next_state or "")
+            t2 = _perf()
+            record.version = await commit_step(
+                author=agent.name, round=self.id, step=record.session_step, meta=meta, summary=summary_of(meta)
+            )
+            t3 = _perf()
+            record.timings = {
+                "handle_ms": (t1 - t0) * 1000.0,
+                "commit_ms": (t3 - t2) * 1000.0,
+                "total_ms": (t3 - t0) * 1000.0,
+            }
+            self.steps += 1
+            told = session.step_committed(self, agent, record, subtask_end=subtask_end)
+            if told is not None:  # an observer's on_step
+                await told
             if subtask_end:
                 subtask_index += 1
             # Apply the decision only now that it is committed.
@@ -260,21 +289,6 @@ class Round:
             f"agent {agent.name!r} ended in state {state.name()}" if status != RoundStatus.FINISHED else ""
         )
         return self._end(status, reason)
-
-    async def _handle(self, agent: Agent, state: AgentState, record: StepRecord) -> tuple[Agent, AgentState]:
-        """Run the step (the agent's ``record`` while it acts) and decide who acts next, in which state."""
-        agent.step = record
-        try:
-            await state.handle(agent, self.session.context)
-            record.status = agent.status
-            if not record.subtask:
-                record.subtask = self.session.context.get(_SUBTASK)
-            next_agent, next_state = self._route(agent, state.next_state(agent), record)
-        finally:
-            agent.step = None
-        record.next_agent = next_agent.name
-        record.next_state = next_state.name()
-        return next_agent, next_state
 
     def _charge(self, record: StepRecord, subtask_end: bool) -> None:
         """The step's share of the ledger (steps, cost, subtasks, structural log), in its commit."""
@@ -294,21 +308,6 @@ class Round:
         if subtask_end:
             increments[_ROUND_SUBTASKS] = 1
         ctx.charge(increments, _structural_entry(record) if self.session.structural_logs else None)
-
-    async def _commit(self, agent: Agent, record: StepRecord, next_agent: Agent, t0: float, t1: float) -> None:
-        """ONE commit: the step's Context changes, its record and the cursor (who acts next)."""
-        meta = self._step_meta(record, next_agent.name, record.next_state or "")
-        t2 = _perf()
-        record.version = await self.session.context.acommit_step(
-            author=agent.name, round=self.id, step=record.session_step, meta=meta, summary=summary_of(meta)
-        )
-        t3 = _perf()
-        record.timings = {
-            "handle_ms": (t1 - t0) * 1000.0,
-            "commit_ms": (t3 - t2) * 1000.0,
-            "total_ms": (t3 - t0) * 1000.0,
-        }
-        self.steps += 1
 
     def _route(self, agent: Agent, next_state: AgentState, record: StepRecord) -> tuple[Agent, AgentState]:
         """The agent and state of the next step."""
@@ -372,7 +371,9 @@ class Round:
         record.timings = {"total_ms": (_perf() - t0) * 1000.0}
         self.steps += 1
         agent.set_state(error_state)
-        await session.step_committed(self, agent, record, failed=True)
+        told = session.step_committed(self, agent, record, failed=True)
+        if told is not None:
+            await told
         return self._end(RoundStatus.ERROR, f"step {record.step} of agent {agent.name!r} failed", error=message)
 
     def _step_meta(self, record: StepRecord, next_agent: str, next_state: str) -> dict[str, Any]:

@@ -463,10 +463,11 @@ class Session:
         """Some cost could not be priced: the session's total is unknown, never a number."""
         self.progress.unknown_cost = True
 
-    async def step_committed(
+    def step_committed(
         self, rnd: Round, agent: Agent, record: StepRecord, *, subtask_end: bool = False, failed: bool = False
-    ) -> None:
-        """A step of ``rnd`` is committed: count it, run the subtask hook, log it, tell the observer."""
+    ) -> Awaitable[None] | None:
+        """A step of ``rnd`` is committed: count it, run the subtask hook, log it; return what tells the
+        observer (to await), or None when it has no ``on_step``."""
         self.session_step = record.session_step
         if not failed:
             if subtask_end and self.subtask_end_hook is not None:
@@ -475,7 +476,8 @@ class Session:
         if self.logs.path is not None:
             self.logs.write_step(record)
         if self._notify.has("on_step"):  # (no coroutine to make per step for an observer without the hook)
-            await self._notify.step(self, record)
+            return self._notify.step(self, record)
+        return None
 
     # ================================================================ start
 

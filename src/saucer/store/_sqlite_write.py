@@ -16,7 +16,7 @@ import orjson
 
 from saucer.store._group import Pending
 from saucer.store.model import ConflictError, FencedError, SessionNotFoundError
-from saucer.store.summary import Counters, ListQuery, fold, listed_sql, order_sql
+from saucer.store.summary import REQUEST_CHARS, Counters, ListQuery, SummaryDelta, fold, listed_sql, order_sql
 
 __all__ = ["kept_counters", "listing", "write_batch", "write_one"]
 
@@ -72,32 +72,145 @@ def listing(query: ListQuery) -> tuple[str, list[Any]]:
 
 
 def write_one(conn: sqlite3.Connection, entry: Pending) -> None:
-    """Write one append; raise its error."""
+    """Write one append; raise its error.
+
+    Two statements: ONE ``UPDATE`` of the session's row that checks the head (and the lease
+    token) in its ``WHERE`` and folds the event's summary delta into the counters in SQL, as
+    :func:`~saucer.store.summary.apply` does (the PostgreSQL store's append statement does the
+    same), then the event's ``INSERT``. Only when the update matches no row is the row read, to
+    say why (fenced off, no such session, or a conflict).
+    """
     event = entry.event
-    if entry.fence is not None:
-        row = conn.execute("SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)).fetchone()
-        if row is None or row[0] != entry.fence:
-            raise FencedError(event.session_id, entry.fence, row[0] if row else None, row[1] if row else None)
-    row = conn.execute(f"SELECT head, {_COUNTERS} FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
-    if row is None:
-        raise SessionNotFoundError(event.session_id)
-    if row[0] != entry.expected:
-        raise ConflictError(event.session_id, entry.expected, row[0])
-    counters = fold(Counters(row[1], row[2], row[3], row[4], bool(row[5]), row[6]), event)
-    conn.execute(_UPDATE_HEAD, (event.version, event.timestamp, *_counter_values(counters), event.session_id))
+    sql, args = _append_head(event, entry.expected, entry.fence)
+    if conn.execute(sql, args).rowcount != 1:
+        _refused(conn, entry)
+    round_, step = event.round, event.step
+    # A None or bytes parameter costs sqlite3 an adaptation lookup (a failed attribute lookup on a
+    # type, an AttributeError made and dropped): NULLs are written in the statement, and the
+    # payload bound as a bytearray (stored as the same BLOB).
     conn.execute(
-        "INSERT INTO events_recent VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        _INSERTS[round_ is None, step is None],
         (
             event.session_id,
             event.version,
             event.timestamp,
             event.author,
-            event.round,
-            event.step,
-            entry.payload,
+            *(() if round_ is None else (round_,)),
+            *(() if step is None else (step,)),
+            bytearray(entry.payload),
             entry.crc,
         ),
     )
+
+
+def _insert_sql(no_round: bool, no_step: bool) -> str:
+    return (
+        "INSERT INTO events_recent VALUES (?, ?, ?, ?, "
+        f"{'NULL' if no_round else '?'}, {'NULL' if no_step else '?'}, ?, ?)"
+    )
+
+
+_INSERTS = {(a, b): _insert_sql(a, b) for a in (False, True) for b in (False, True)}
+_NO_DELTA = SummaryDelta()
+#: The update statement of each shape of append (which parts of the delta it has), made once.
+_HEAD_SQL: dict[tuple[bool, ...], str] = {}
+
+
+def _append_head(event: Any, expected: int, fence: int | None) -> tuple[str, tuple[Any, ...]]:
+    """The statement moving the session's head from ``expected`` to the event's version, with the
+    counters after the event (:func:`~saucer.store.summary.apply`, in SQL), and its arguments."""
+    d = event.summary or _NO_DELTA
+    step = event.step
+    if step.__class__ is not int and (isinstance(step, bool) or not isinstance(step, int)):
+        step = None  # (a bool or None does not count as a step)
+    reason = d.reason[:REQUEST_CHARS] if d.reason else None
+    args: list[Any] = [event.version, event.timestamp]
+    if d.status is not None:
+        args.append(d.status)
+    if d.final_steps is not None:
+        args.append(d.final_steps)
+    elif step is not None:
+        args.append(step)
+    if d.final_rounds is not None:
+        args.append(d.final_rounds)
+    elif d.rounds_add:
+        args.append(d.rounds_add)
+    if d.final_cost is not None:
+        args += (float(d.final_cost), int(bool(d.unknown)))
+    elif d.cost_add:
+        args.append(float(d.cost_add))
+    if reason is not None:
+        args.append(reason)
+    args += (event.session_id, expected)
+    if fence is not None:
+        args += (event.session_id, fence)
+    shape = (
+        d.status is not None,
+        d.final_steps is not None,
+        step is not None,
+        d.final_rounds is not None,
+        bool(d.rounds_add),
+        d.final_cost is not None,
+        bool(d.cost_add),
+        bool(d.unknown),
+        reason is not None,
+        fence is not None,
+    )
+    sql = _HEAD_SQL.get(shape)
+    if sql is None:
+        sql = _HEAD_SQL[shape] = _head_sql(*shape)
+    return sql, tuple(args)
+
+
+def _head_sql(
+    status: bool,
+    final_steps: bool,
+    step: bool,
+    final_rounds: bool,
+    rounds_add: bool,
+    final_cost: bool,
+    cost_add: bool,
+    unknown: bool,
+    reason: bool,
+    fenced: bool,
+) -> str:
+    """The update of one shape of append; its parameters in the order :func:`_append_head` gives them."""
+    sets = ["head = ?", "updated_at = ?"]
+    if status:
+        sets.append("status = ?")
+    if final_steps:
+        sets.append("steps = ?")
+    elif step:
+        sets.append("steps = max(steps, ?)")  # (the step, if it is past the count)
+    if final_rounds:
+        sets.append("rounds = ?")
+    elif rounds_add:
+        sets.append("rounds = rounds + ?")
+    if final_cost:
+        sets += ["cost = ?", "cost_unknown = ?"]
+    else:
+        if cost_add:
+            sets.append("cost = cost + ?")
+        if unknown:
+            sets.append("cost_unknown = 1")
+    sets.append("reason = ?" if reason else "reason = NULL")
+    where = "session_id = ? AND head = ?"
+    if fenced:
+        where += " AND EXISTS (SELECT 1 FROM leases WHERE session_id = ? AND token = ?)"
+    return f"UPDATE sessions SET {', '.join(sets)} WHERE {where}"
+
+
+def _refused(conn: sqlite3.Connection, entry: Pending) -> None:
+    """The append's update matched no row: raise why (checked in the order the append checks)."""
+    event = entry.event
+    if entry.fence is not None:
+        row = conn.execute("SELECT token, owner FROM leases WHERE session_id = ?", (event.session_id,)).fetchone()
+        if row is None or row[0] != entry.fence:
+            raise FencedError(event.session_id, entry.fence, row[0] if row else None, row[1] if row else None)
+    row = conn.execute("SELECT head FROM sessions WHERE session_id = ?", (event.session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFoundError(event.session_id)
+    raise ConflictError(event.session_id, entry.expected, row[0])
 
 
 def write_batch(conn: sqlite3.Connection, entries: list[Pending]) -> int:

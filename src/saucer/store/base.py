@@ -26,7 +26,7 @@ Session ids follow one rule, checked wherever a session is made (:func:`check_se
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
@@ -66,6 +66,7 @@ from saucer.store.model import (
     check_participants,
     check_session_id,
     check_version,
+    make_event,
 )
 from saucer.store.pruning import Pruner
 from saucer.store.recorder import Recorder
@@ -320,6 +321,29 @@ class EventStore(Recorder):
         )
         return event
 
+    def aappend_write(
+        self,
+        session_id: str,
+        expected_version: int,
+        ops: list[dict[str, Any]],
+        *,
+        author: str,
+        round: int | None = None,
+        step: int | None = None,
+        meta: dict[str, Any] | None = None,
+        fence: int | None = None,
+        on_written: Callable[[Event], Any] | None = None,
+        summary: SummaryDelta | None = None,
+    ) -> Awaitable[None]:
+        """:meth:`aappend` without a coroutine of its own (a Context's commit, once per step): the
+        event is made (and refused) at once, and the write is returned to be awaited at once; the
+        event reaches the caller through ``on_written`` only."""
+        event, meta_json = new_event(session_id, expected_version, ops, author, round, step, meta, summary)
+        self.note_meta_json(event, meta_json)
+        return self.awrite_event(
+            event, expected_version, fence, None if on_written is None else partial(on_written, event)
+        )
+
     def read(self, session_id: str, after: int = 0, upto: int | None = None) -> Iterator[Event]:
         """Events of the session's whole lineage with ``after < version <= upto``.
 
@@ -519,7 +543,7 @@ def new_event(
     if summary is not None and summary.reason:
         # a summary's reason is an error's or a refusal's text too (listed by saucer sessions, exported)
         summary = replace(summary, reason=redact_text(summary.reason))
-    return Event(session_id, expected_version + 1, time.time(), author, round, step, ops, meta, summary), encoded
+    return make_event(session_id, expected_version + 1, time.time(), author, round, step, ops, meta, summary), encoded
 
 
 _dumps = orjson.dumps

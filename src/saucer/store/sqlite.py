@@ -323,9 +323,19 @@ class SQLiteStore(EventStore):
     @_translated
     def _write_one(self, entry: Pending) -> None:
         """Write one append in its own transaction; raise its error."""
-        with self._transaction() as conn:
-            write_one(conn, entry)
-            self._fold_if_due(1)
+        # What _transaction() does, inline: this runs once per commit (a generator-based context
+        # manager costs more than the two statements' own Python).
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                write_one(conn, entry)
+                self._fold_if_due(1)
+            except BaseException:
+                if conn.in_transaction:  # an error may have ended it already (e.g. a damaged page)
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
 
     @_translated
     def migrate(self) -> int:
