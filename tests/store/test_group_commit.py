@@ -304,6 +304,7 @@ def test_with_two_batches_in_flight_the_next_one_is_written_while_the_first_is_a
             assert gates[sid].wait(10)
 
     committer = GroupCommitter(lambda entries: None, write_one, max_inflight=2)
+    committer.split_over = 1  # batches of one: each is worth a second one beside it
     threads = {
         sid: threading.Thread(target=committer.append, args=(Event(sid, 1, 0.0, "w", None, None, []), 0, None))
         for sid in ("a", "b", "c")
@@ -329,8 +330,39 @@ def test_with_two_batches_in_flight_the_next_one_is_written_while_the_first_is_a
     assert committer.batches == 3 and not committer._queue and not committer._busy and committer._inflight == 0
 
 
-@pytest.mark.parametrize(("max_inflight", "first"), [(1, 40), (2, 20)])
-def test_a_queue_found_idle_is_split_between_the_batches_that_may_be_in_flight(max_inflight: int, first: int) -> None:
+def test_a_small_batch_is_not_written_beside_another() -> None:
+    # A second transaction in flight costs the server a WAL flush: worth it only for a batch
+    # of split_over appends or more. Behind a held batch of one, the next append waits.
+    gate, started = threading.Event(), threading.Event()
+    written: list[str] = []
+
+    def write_one(entry: Pending) -> None:
+        if entry.event.session_id == "a":
+            started.set()
+            assert gate.wait(10)
+        written.append(entry.event.session_id)
+
+    committer = GroupCommitter(lambda entries: None, write_one, max_inflight=2)
+    a = threading.Thread(target=committer.append, args=(Event("a", 1, 0.0, "w", None, None, []), 0, None))
+    b = threading.Thread(target=committer.append, args=(Event("b", 1, 0.0, "w", None, None, []), 0, None))
+    a.start()
+    assert started.wait(10)
+    b.start()
+    deadline = time.monotonic() + 10
+    while not committer._queue:
+        assert time.monotonic() < deadline, "b did not queue"
+        time.sleep(0.001)
+    assert written == [] and committer._inflight == 1
+    gate.set()
+    a.join(10)
+    b.join(10)
+    assert written == ["a", "b"] and committer._inflight == 0 and not committer._busy
+
+
+@pytest.mark.parametrize(("max_inflight", "queued", "first"), [(1, 40, 40), (2, 40, 20), (2, 31, 31)])
+def test_a_queue_found_idle_is_split_between_the_batches_that_may_be_in_flight(
+    max_inflight: int, queued: int, first: int
+) -> None:
     import asyncio
 
     batches: list[int] = []
@@ -342,16 +374,17 @@ def test_a_queue_found_idle_is_split_between_the_batches_that_may_be_in_flight(m
 
     async def main() -> None:
         await asyncio.gather(
-            *(committer.append_async(Event(f"s{i}", 1, 0.0, "w", None, None, []), 0, None) for i in range(40))
+            *(committer.append_async(Event(f"s{i}", 1, 0.0, "w", None, None, []), 0, None) for i in range(queued))
         )
 
     try:
         asyncio.run(main())
     finally:
         committer.close()
-    # Forty appends queued with nothing in flight: with two batches allowed, half of them go
-    # at once and the next leader takes the rest (split again if the first was written by then).
-    assert batches[0] == first and sum(batches) == 40
+    # Appends queued with nothing in flight: with two batches allowed, half of them go at once
+    # and the next leader takes the rest (split again if the first was written by then), unless
+    # the halves would be small (split_over = 16).
+    assert batches[0] == first and sum(batches) == queued
     assert committer._inflight == 0 and not committer._busy
 
 

@@ -27,8 +27,9 @@ Two kinds of callers share one queue:
 
 A backend that can write two batches at once (``max_inflight=2``: PostgreSQL,
 each batch on its own connection) gets the next batch while the previous one is
-at the server: once the leader has taken its batch, the next leader is chosen
-at once, and a queue found with nothing in flight is sent as two halves. The
+at the server: once the leader has taken a batch (of ``split_over`` appends or
+more), the next leader is chosen at once, and a long queue found with nothing in
+flight is sent as two halves. The
 sessions of one half then run on the loop while the other half is written,
 instead of the loop, the writer and the server taking turns. Batches written
 at once may hold appends of one session (two writers of it): the backend checks
@@ -149,9 +150,11 @@ class GroupCommitter:
     #: A blocked thread whose write is scheduled on an event loop that has not
     #: run it for this long writes the queue itself (the loop may have stopped).
     steal_after = 1.0
-    #: With ``max_inflight`` > 1, a queue of at least twice this many appends found with
-    #: nothing in flight is sent as two batches (see :meth:`_lead`).
-    split_over = 8
+    #: With ``max_inflight`` > 1, the smallest batch that another is written beside, and half
+    #: the smallest queue found with nothing in flight that is sent as two batches (see
+    #: :meth:`_lead`): a smaller batch would cost the server a transaction (a WAL flush) more
+    #: than it saves the loop.
+    split_over = 16
 
     def __init__(
         self,
@@ -350,9 +353,9 @@ class GroupCommitter:
         """Write batches from the front of the queue until ``own`` is written.
 
         Once the batch that holds ``own`` is taken, the next leader is chosen at
-        once if fewer than ``max_inflight`` batches are in flight, so that it takes
-        the next batch while this one is written (on another connection);
-        otherwise as soon as a batch is written.
+        once if fewer than ``max_inflight`` batches are in flight and the batch is
+        not small (``split_over``), so that it takes the next batch while this one
+        is written (on another connection); otherwise as soon as a batch is written.
         """
         while True:
             with self._mutex:
@@ -368,7 +371,7 @@ class GroupCommitter:
                 mine = own._state == _TAKEN  # (own is at the front, unless a thread took over leading)
                 self._inflight += 1
                 if mine:
-                    if self._inflight < self.max_inflight:
+                    if self._inflight < self.max_inflight and size >= self.split_over:
                         self._hand_over()
                     else:
                         self._owed = True
