@@ -20,12 +20,9 @@ Appends
     in one transaction. A writer whose base version is stale gets
     :class:`ConflictError`; one whose token is outdated gets :class:`FencedError`.
     Concurrent appends of one process share that statement and its COMMIT
-    (group commit, see ``saucer.store._group``), and two such batches may be in
-    flight at once, on two connections (each session's head is checked and moved
-    under its row lock, so concurrent batches cannot both write one version);
-    ``synchronous_commit`` decides
-    when PostgreSQL acknowledges a COMMIT, and saucer leaves it at the
-    server's setting (``on`` by default: flushed to the WAL on disk).
+    (group commit, two batches in flight on two connections: see ``saucer.store._group``);
+    ``synchronous_commit`` decides when PostgreSQL acknowledges a COMMIT, and saucer
+    leaves it at the server's setting (``on`` by default: flushed to the WAL on disk).
 
 Snapshots
     Snapshots are a cache of the fold (the events are the truth), so they are
