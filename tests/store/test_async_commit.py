@@ -27,6 +27,7 @@ every_backend = pytest.mark.parametrize("store_url", ["memory", "sqlite", "postg
 def _gate_next_write(store: Any) -> tuple[threading.Event, threading.Event]:
     """Make the committer's next write block until ``gate`` is set; ``started`` is set when it begins."""
     committer = store._group_committer()
+    committer.max_inflight = 1  # one batch in flight: the others queue behind the held one
     started, gate = threading.Event(), threading.Event()
     first = [True]
     originals = committer._write_one, committer._write_batch

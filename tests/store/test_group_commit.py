@@ -42,6 +42,7 @@ def _hold_the_leader(store: Any) -> tuple[threading.Event, Callable[[], None]]:
     Returns (started, release): ``started`` is set once the blocking write began.
     """
     committer = store._group_committer()
+    committer.max_inflight = 1  # one batch in flight: the others queue behind the held one
     original = committer._write_one
     started, gate = threading.Event(), threading.Event()
     first = [True]
@@ -245,14 +246,20 @@ def test_group_commit_can_be_turned_off(store_url: str) -> None:
         store.close()
 
 
-def test_the_committer_releases_each_caller_only_after_its_batch_is_written() -> None:
+@pytest.mark.parametrize("max_inflight", [1, 2])
+def test_the_committer_releases_each_caller_only_after_its_batch_is_written(max_inflight: int) -> None:
     written: set[int] = set()
     lock = threading.Lock()
     batches: list[int] = []
+    running = [0, 0]  # batches being written now, the most at once
 
     def write_batch(entries: list[Pending]) -> None:
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
         time.sleep(0.0005)  # a flush; other callers queue meanwhile
         with lock:
+            running[0] -= 1
             batches.append(len(entries))
             for e in entries:
                 if e.event.version % 97 == 0:
@@ -265,7 +272,7 @@ def test_the_committer_releases_each_caller_only_after_its_batch_is_written() ->
         if entry.error is not None:
             raise entry.error
 
-    committer = GroupCommitter(write_batch, write_one)
+    committer = GroupCommitter(write_batch, write_one, max_inflight=max_inflight)
     threads, per_thread = 40, 100
 
     def work(i: int) -> None:
@@ -283,6 +290,102 @@ def test_the_committer_releases_each_caller_only_after_its_batch_is_written() ->
     assert _run_threads(threads, work) == []
     assert committer.entries == threads * per_thread == sum(batches)
     assert max(batches) > 1
+    assert running[1] <= max_inflight
+
+
+def test_with_two_batches_in_flight_the_next_one_is_written_while_the_first_is_and_a_third_waits() -> None:
+    gates = {sid: threading.Event() for sid in ("a", "b")}
+    started = {sid: threading.Event() for sid in ("a", "b", "c")}
+
+    def write_one(entry: Pending) -> None:
+        sid = entry.event.session_id
+        started[sid].set()
+        if sid in gates:
+            assert gates[sid].wait(10)
+
+    committer = GroupCommitter(lambda entries: None, write_one, max_inflight=2)
+    committer.split_over = 1  # batches of one: each is worth a second one beside it
+    threads = {
+        sid: threading.Thread(target=committer.append, args=(Event(sid, 1, 0.0, "w", None, None, []), 0, None))
+        for sid in ("a", "b", "c")
+    }
+    threads["a"].start()
+    assert started["a"].wait(10)
+    threads["b"].start()  # "a" is being written: "b" leads a second batch at once
+    assert started["b"].wait(10)
+    threads["c"].start()  # two batches in flight: "c" waits for one of them
+    deadline = time.monotonic() + 10
+    while not committer._queue:
+        assert time.monotonic() < deadline, "c did not queue"
+        time.sleep(0.001)
+    assert not started["c"].is_set()
+    gates["b"].set()
+    threads["b"].join(10)
+    assert started["c"].wait(10)  # written once a batch in flight was
+    threads["c"].join(10)
+    assert threads["a"].is_alive()  # "a" is still held: nothing waited for it
+    gates["a"].set()
+    for t in threads.values():
+        t.join(10)
+    assert committer.batches == 3 and not committer._queue and not committer._busy and committer._inflight == 0
+
+
+def test_a_small_batch_is_not_written_beside_another() -> None:
+    # A second transaction in flight costs the server a WAL flush: worth it only for a batch
+    # of split_over appends or more. Behind a held batch of one, the next append waits.
+    gate, started = threading.Event(), threading.Event()
+    written: list[str] = []
+
+    def write_one(entry: Pending) -> None:
+        if entry.event.session_id == "a":
+            started.set()
+            assert gate.wait(10)
+        written.append(entry.event.session_id)
+
+    committer = GroupCommitter(lambda entries: None, write_one, max_inflight=2)
+    a = threading.Thread(target=committer.append, args=(Event("a", 1, 0.0, "w", None, None, []), 0, None))
+    b = threading.Thread(target=committer.append, args=(Event("b", 1, 0.0, "w", None, None, []), 0, None))
+    a.start()
+    assert started.wait(10)
+    b.start()
+    deadline = time.monotonic() + 10
+    while not committer._queue:
+        assert time.monotonic() < deadline, "b did not queue"
+        time.sleep(0.001)
+    assert written == [] and committer._inflight == 1
+    gate.set()
+    a.join(10)
+    b.join(10)
+    assert written == ["a", "b"] and committer._inflight == 0 and not committer._busy
+
+
+@pytest.mark.parametrize(("max_inflight", "queued", "first"), [(1, 40, 40), (2, 40, 20), (2, 31, 31)])
+def test_a_queue_found_idle_is_split_between_the_batches_that_may_be_in_flight(
+    max_inflight: int, queued: int, first: int
+) -> None:
+    import asyncio
+
+    batches: list[int] = []
+
+    def write_batch(entries: list[Pending]) -> None:
+        batches.append(len(entries))
+
+    committer = GroupCommitter(write_batch, lambda entry: None, off_loop=True, max_inflight=max_inflight)
+
+    async def main() -> None:
+        await asyncio.gather(
+            *(committer.append_async(Event(f"s{i}", 1, 0.0, "w", None, None, []), 0, None) for i in range(queued))
+        )
+
+    try:
+        asyncio.run(main())
+    finally:
+        committer.close()
+    # Appends queued with nothing in flight: with two batches allowed, half of them go at once
+    # and the next leader takes the rest (split again if the first was written by then), unless
+    # the halves would be small (split_over = 16).
+    assert batches[0] == first and sum(batches) == queued
+    assert committer._inflight == 0 and not committer._busy
 
 
 def test_the_committer_falls_back_to_single_writes_when_a_batch_fails() -> None:

@@ -63,6 +63,35 @@ def test_the_schema_is_created_on_first_use_and_versioned(store_url: str) -> Non
     assert tables == {"saucer_schema", "saucer_format", "sessions", "events", "snapshots", "leases"}
 
 
+def _session_indexes(conn: Any, schema: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'sessions' ORDER BY indexname",
+        (schema,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+@pg
+def test_a_commit_updates_no_indexed_column_of_its_session_row(store_url: str) -> None:
+    # Every commit moves its session's head and updated_at: with no index on them, PostgreSQL
+    # updates the row in place (HOT). Schema 3 indexed updated_at; migrating drops that index.
+    _, schema = split_url(store_url)
+    with open_store(store_url) as store:
+        store.create_session("s")
+        store.append("s", 0, [{"op": "set", "var": "x", "value": 1}], author="t")
+    with _connect(store_url) as conn:
+        assert _session_indexes(conn, schema) == ["sessions_pkey"]
+        conn.execute(f'CREATE INDEX sessions_updated_at ON "{schema}".sessions (updated_at DESC)')
+        conn.execute(f'DELETE FROM "{schema}".saucer_schema WHERE version = 4')  # back to schema 3
+    with open_store(store_url) as store:
+        assert isinstance(store, PostgresStore) and store.schema_version() == SCHEMA_VERSION == 4
+        store.create_session("t")
+        assert [info.session_id for info in store.sessions()] == ["t", "s"]  # newest first, without the index
+        assert [s.session_id for s in store.list_sessions()] == ["t", "s"]
+    with _connect(store_url) as conn:
+        assert _session_indexes(conn, schema) == ["sessions_pkey"]
+
+
 @pg
 def test_concurrent_first_opens_migrate_once(store_url: str) -> None:
     errors: list[BaseException] = []

@@ -151,6 +151,7 @@ def test_a_postgres_schema_2_is_upgraded_and_its_summaries_counted(pg_base: tupl
     import psycopg
 
     from saucer.store import _postgres_conn as pc
+    from saucer.store.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
 
     base, schema = pg_base
     s = pc.quote(schema)
@@ -189,4 +190,4 @@ def test_a_postgres_schema_2_is_upgraded_and_its_summaries_counted(pg_base: tupl
         assert (fork.rounds, fork.steps, fork.cost, fork.origin) == (1, 1, 0.25, "run@3")
         assert store.list_sessions() == store.summaries.folded(ListQuery.of())
         assert store.session_info("run").meta == META
-        assert store.schema_version() == 3  # type: ignore[attr-defined]
+        assert store.schema_version() == PG_SCHEMA_VERSION  # type: ignore[attr-defined]

@@ -25,6 +25,18 @@ Two kinds of callers share one queue:
   the leader hands the batch to the committer's one writer thread and awaits
   it, and the loop runs its other sessions meanwhile; they queue the next batch.
 
+A backend that can write two batches at once (``max_inflight=2``: PostgreSQL,
+each batch on its own connection) gets the next batch while the previous one is
+at the server: once the leader has taken a batch (of ``split_over`` appends or
+more), the next leader is chosen at once, and a long queue found with nothing in
+flight is sent as two halves. The
+sessions of one half then run on the loop while the other half is written,
+instead of the loop, the writer and the server taking turns. Batches written
+at once may hold appends of one session (two writers of it): the backend checks
+each entry's base version against the stored head, in the statement that
+writes it, so one of them wins and the other gets its conflict, whichever
+commits first.
+
 Every append is still durable when it returns: a caller is released only after
 the COMMIT of the transaction that holds its event. A failing append (a
 version conflict, a fenced-off writer) fails only its own caller: the
@@ -138,6 +150,11 @@ class GroupCommitter:
     #: A blocked thread whose write is scheduled on an event loop that has not
     #: run it for this long writes the queue itself (the loop may have stopped).
     steal_after = 1.0
+    #: With ``max_inflight`` > 1, the smallest batch that another is written beside, and half
+    #: the smallest queue found with nothing in flight that is sent as two batches (see
+    #: :meth:`_lead`): a smaller batch would cost the server a transaction (a WAL flush) more
+    #: than it saves the loop.
+    split_over = 16
 
     def __init__(
         self,
@@ -146,16 +163,20 @@ class GroupCommitter:
         *,
         max_batch: int = 1000,
         off_loop: bool = False,
+        max_inflight: int = 1,
     ) -> None:
         self._write_batch = write_batch
         self._write_one = write_one
         self.max_batch = max_batch
         self.off_loop = off_loop
+        self.max_inflight = max(1, max_inflight)
         self._writer: ThreadPoolExecutor | None = None  # made when a coroutine first leads off the loop
         self._mutex = threading.Lock()
         self._written = threading.Condition(self._mutex)  # notified after every batch
         self._queue: deque[Pending] = deque()
-        self._busy = False
+        self._busy = False  # a leader is chosen that has not taken its batch yet
+        self._inflight = 0  # batches taken and not yet written
+        self._owed = False  # a hand-over waits until a batch is written (max_inflight were in flight)
         # The coroutine entry whose loop was asked to lead, until it starts.
         self._scheduled: Pending | None = None
         #: How many batches and entries were written (for tests and benchmarks).
@@ -293,7 +314,9 @@ class GroupCommitter:
 
         with self._mutex:
             if self._writer is None:
-                self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="saucer-group-commit")
+                self._writer = ThreadPoolExecutor(
+                    max_workers=self.max_inflight, thread_name_prefix="saucer-group-commit"
+                )
             writer = self._writer
         future = loop.run_in_executor(writer, self._lead, own)
         cancelled = False
@@ -327,27 +350,51 @@ class GroupCommitter:
     # -------------------------------------------------------------- leading
 
     def _lead(self, own: Pending) -> None:
-        """Write batches from the front of the queue until ``own`` is written, then hand over."""
+        """Write batches from the front of the queue until ``own`` is written.
+
+        Once the batch that holds ``own`` is taken, the next leader is chosen at
+        once if fewer than ``max_inflight`` batches are in flight and the batch is
+        not small (``split_over``), so that it takes the next batch while this one
+        is written (on another connection); otherwise as soon as a batch is written.
+        """
         while True:
             with self._mutex:
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_batch))]
+                queued = len(self._queue)
+                size = min(queued, self.max_batch)
+                if self._inflight == 0 and self.max_inflight > 1 and queued >= 2 * self.split_over:
+                    # Nothing is in flight: send half now and let the next leader send the rest at
+                    # once, so that the sessions of one half run while the other half is written.
+                    size = min(size, (queued + 1) // 2)
+                batch = [self._queue.popleft() for _ in range(size)]
                 for entry in batch:
                     entry._state = _TAKEN
+                mine = own._state == _TAKEN  # (own is at the front, unless a thread took over leading)
+                self._inflight += 1
+                if mine:
+                    if self._inflight < self.max_inflight and size >= self.split_over:
+                        self._hand_over()
+                    else:
+                        self._owed = True
             try:
                 self._write(batch)
             except BaseException as exc:  # the leader was interrupted: nobody knows what was written
                 for entry in batch:
                     if entry.error is None:
                         entry.error = exc
-                with self._mutex:
-                    self._release(batch, own)
-                    self._hand_over()
+                self._written_batch(batch, own, hand_over=not mine)
                 raise
-            with self._mutex:
-                self._release(batch, own)
-                if own._state == _DONE:
-                    self._hand_over()
-                    return
+            self._written_batch(batch, own, hand_over=False)
+            if mine:
+                return
+
+    def _written_batch(self, batch: list[Pending], own: Pending, *, hand_over: bool) -> None:
+        """A batch was written (or failed): wake its callers, and choose the next leader if that is owed."""
+        with self._mutex:
+            self._release(batch, own)
+            self._inflight -= 1
+            if self._owed or hand_over:
+                self._owed = False
+                self._hand_over()
 
     def _release(self, batch: list[Pending], own: Pending) -> None:
         """Mark the batch written and wake its callers (under the mutex)."""

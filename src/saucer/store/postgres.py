@@ -20,9 +20,9 @@ Appends
     in one transaction. A writer whose base version is stale gets
     :class:`ConflictError`; one whose token is outdated gets :class:`FencedError`.
     Concurrent appends of one process share that statement and its COMMIT
-    (group commit, see ``saucer.store._group``); ``synchronous_commit`` decides
-    when PostgreSQL acknowledges a COMMIT, and saucer leaves it at the
-    server's setting (``on`` by default: flushed to the WAL on disk).
+    (group commit, two batches in flight on two connections: see ``saucer.store._group``);
+    ``synchronous_commit`` decides when PostgreSQL acknowledges a COMMIT, and saucer
+    leaves it at the server's setting (``on`` by default: flushed to the WAL on disk).
 
 Snapshots
     Snapshots are a cache of the fold (the events are the truth), so they are
@@ -197,7 +197,7 @@ class PostgresStore(EventStore):
                 f"PostgreSQL at {display_url(url)}: cannot create or migrate schema {self.schema!r}: {one_line(exc)}"
             ) from None
         self._db = Connections(url, self.conninfo, self.schema, pool_size=pool_size, connect_timeout=connect_timeout)
-        self._committer = GroupCommitter(self._write_batch, self._write_one, off_loop=True)
+        self._committer = GroupCommitter(self._write_batch, self._write_one, off_loop=True, max_inflight=2)
         self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Listener] = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
