@@ -110,7 +110,7 @@ class StoreSettings(_Section):
     snapshot_every: int = Field(100, ge=1)
     lease_ttl: float = Field(30.0, gt=0, description="Seconds a runner's lease on a session lasts unless renewed.")
     encrypt: list[str] = Field(
-        default_factory=list,
+        [],
         description="Names and vars.KEY patterns (fnmatch) whose values are encrypted at rest, e.g. ['vars.api_*', 'REQUEST'].",
     )
     key_file: str | None = Field(
@@ -161,9 +161,9 @@ class MCPServerConfig(BaseModel):
     )
     # stdio
     command: str | None = Field(None, min_length=1, description="Executable of a stdio server.")
-    args: list[str] = Field(default_factory=list, description="Arguments of the stdio server.")
+    args: list[str] = Field([], description="Arguments of the stdio server.")
     env: dict[str, str] = Field(
-        default_factory=dict,
+        {},
         description="Extra environment variables, added to a minimal inherited set (HOME, PATH, USER, ...).",
     )
     cwd: Path | None = Field(None, description="Working directory of the stdio server.")
@@ -172,20 +172,20 @@ class MCPServerConfig(BaseModel):
     )
     # streamable HTTP
     url: str | None = Field(None, description="Endpoint of a streamable HTTP server, e.g. http://127.0.0.1:8000/mcp.")
-    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with every request.")
+    headers: dict[str, str] = Field({}, description="HTTP headers sent with every request.")
     # in-process
     import_path: str | None = Field(
         None, description="'module:attribute': an MCPServer, a Server or a function returning one."
     )
-    options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of an import_path function.")
+    options: dict[str, Any] = Field({}, description="Keyword arguments of an import_path function.")
     # all transports
     timeout: float = Field(DEFAULT_MCP_TIMEOUT, gt=0, description="Seconds one command may take on this server.")
     startup_timeout: float = Field(30.0, gt=0, description="Seconds the server may take to start and answer.")
     sensitive_tools: list[str] = Field(
-        default_factory=list, description="Tools of this server (bare names) that need the user's approval."
+        [], description="Tools of this server (bare names) that need the user's approval."
     )
     sensitive_commands: list[str] = Field(
-        default_factory=list,
+        [],
         description="Glob or 're:' patterns; a call whose string 'command' parameter matches needs approval.",
     )
 
@@ -260,7 +260,7 @@ class MCPServerConfig(BaseModel):
 class MCPSettings(_Section):
     """MCP servers the local dispatcher starts (empty: the built-in Linux tools)."""
 
-    servers: dict[str, MCPServerConfig] = Field(default_factory=dict)
+    servers: dict[str, MCPServerConfig] = Field({})
     isolate: bool | list[Literal["shell", "files"]] = Field(
         False, description="true or [shell, files]: stdio processes"
     )
@@ -344,7 +344,7 @@ class LLMSettings(_Section):
     backoff_jitter: float = Field(0.25, ge=0, le=1)
     price_file: Path | None = None
     prompt_templating: bool = False
-    hidden_vars: list[str] = Field(default_factory=list)
+    hidden_vars: list[str] = Field([])
     agent: Literal["single", "host"] = "single"
     max_consecutive_failures: int = Field(3, ge=1)
     judge_model: str | None = None
@@ -366,7 +366,7 @@ class ServiceDeviceSettings(_Section):
 
     owner: str | None = Field(None, description="The only principal that may register this device id.")
     principals: list[str] = Field(
-        default_factory=list,
+        [],
         description="Principals (token names) that may use the device besides its owner; '*' for all.",
     )
 
@@ -377,16 +377,16 @@ class ServiceSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
     tokens: list[SecretStr] = Field(
-        default_factory=list,
+        [],
         description="Bearer tokens, each 'name=token' (the name owns "
         "the sessions it submits) or a bare token; SAUCER_SERVICE_TOKENS (name=token,...) adds more.",
     )
     devices: dict[str, ServiceDeviceSettings] = Field(
-        default_factory=dict,
+        {},
         description="Sharing per device id: a device is usable by the principal that registered it, the principals "
         "listed here, those its owner granted it to through the API, and admins.",
     )
-    admins: list[str] = Field(default_factory=list, description="Principals that see and use every device.")
+    admins: list[str] = Field([], description="Principals that see and use every device.")
     state_dir: Path = Field(Path(".saucer/service"), description="Session records and the server's identity.")
     heartbeat_interval: float = Field(10.0, gt=0, description="Seconds between device heartbeats.")
     missed_heartbeats: int = Field(3, ge=1, description="Heartbeats a device may miss before it is offline.")
@@ -426,9 +426,7 @@ class QueueSettings(_Section):
     )
     priority: int = Field(0, description="Priority of queued jobs; a higher one is taken first.")
     concurrency: int = Field(4, ge=1, description="Sessions one worker runs at once.")
-    limits: dict[str, int] = Field(
-        default_factory=dict, description="Most sessions of a queue running at once over all workers."
-    )
+    limits: dict[str, int] = Field({}, description="Most sessions of a queue running at once over all workers.")
     job_timeout: float | None = Field(
         None, gt=0, description="How long one job may run before it is stopped and failed."
     )
