@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from saucer.config import Settings, load_settings
+from saucer.config import SettingsModel, load_settings
 from saucer.context import Context, ContextNames
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine.errors import EngineError
@@ -310,7 +310,7 @@ class EngineTaskRunner:
 
     def __init__(
         self,
-        settings: Settings | None = None,
+        settings: SettingsModel | None = None,
         *,
         store: EventStore | str | None = None,
         agents: Any = None,
