@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from saucer.config import ConfigError, Settings, load_settings
+from saucer.config import ConfigError, Settings, SettingsModel, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -132,9 +132,12 @@ def test_mcp_servers_are_validated_by_the_dispatchers_model(tmp_path: Path) -> N
 
 def test_settings_model_is_typed_and_validates_assignment() -> None:
     s = load_settings()
-    assert isinstance(s, Settings)
+    assert isinstance(s, SettingsModel)  # a plain SettingsModel when nothing is read; Settings derives from it
+    assert issubclass(Settings, SettingsModel)
     with pytest.raises(ValueError):
         s.system.max_step = "x"  # type: ignore[assignment]
+    with pytest.raises(ValueError):
+        s.system = "x"  # type: ignore[assignment]
 
 
 def test_mcp_isolate_from_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

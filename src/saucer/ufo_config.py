@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from saucer.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, load_settings
+from saucer.config import DEFAULT_CONFIG_FILE, ConfigError, SettingsModel, load_settings
 
 __all__ = [
     "UFO_FILES",
@@ -288,7 +288,7 @@ _UFO_NAME = {"base_url": "API_BASE", "api_key": "API_KEY", "model": "API_MODEL"}
 #: Each section of saucer's settings ([llm], [shell], ...) and its model.
 _SECTIONS: dict[str, type[BaseModel]] = {
     name: field.annotation
-    for name, field in Settings.model_fields.items()
+    for name, field in SettingsModel.model_fields.items()
     if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
 }
 
@@ -358,7 +358,9 @@ def _toml_with_ufo_keys(path: Path) -> dict[str, Any] | None:
     return out
 
 
-def load_any_settings(config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+def load_any_settings(
+    config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> SettingsModel:
     """:func:`saucer.config.load_settings`, where ``config_file`` may also be UFO's YAML (a file or a
     folder of :data:`UFO_FILES`) and saucer's TOML may use UFO's key names. Ignored UFO keys are
     listed once, as one warning."""
@@ -404,7 +406,7 @@ def convert(path: str | Path) -> str:
     ufo = read_ufo(path)
     _check(ufo)
     lines = [f"# saucer settings converted from UFO's {', '.join(str(f) for f in ufo.files)} (saucer config convert)"]
-    for section in Settings.model_fields:
+    for section in SettingsModel.model_fields:
         values = ufo.data.get(section)
         if not values:
             continue

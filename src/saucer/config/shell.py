@@ -33,7 +33,7 @@ class ShellSettings(BaseModel):
         "to run too (/usr, /lib, /etc...).",
     )
     write: list[Path] = Field(
-        default_factory=list,
+        [],
         description="Folders commands may write to besides the workspace, the session's artifacts and a private TMPDIR.",
     )
 

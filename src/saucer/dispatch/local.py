@@ -25,6 +25,7 @@ Sensitive commands (tools listed in ``sensitive_tools``, or calls whose
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -66,7 +67,13 @@ Approver = Callable[[Command], Awaitable[bool | str]]
 ServerSpec = MCPServerConfig | Mapping[str, Any] | NativeServer | Any
 """A server: its configuration (a model or a table), or a live server (a NativeServer, an MCPServer or a Server)."""
 
-_CONFIGS = TypeAdapter(dict[str, MCPServerConfig])
+
+@functools.cache
+def _configs() -> TypeAdapter[dict[str, MCPServerConfig]]:
+    """The validator of server tables, built when a table comes (the built-in servers are live objects)."""
+    return TypeAdapter(dict[str, MCPServerConfig])
+
+
 _SHOWN_CANDIDATES = 20
 
 
@@ -127,7 +134,8 @@ class LocalCommandDispatcher(BatchCommandDispatcher):
             else:
                 tables[name] = spec
         # Validated together so a pydantic error's location names the server and the field.
-        configs.update(_CONFIGS.validate_python(tables))
+        if tables:
+            configs.update(_configs().validate_python(tables))
         shared = shared if shared is not None else current_shared_servers()
         self._connections: dict[str, ServerConnection] = {}
         #: The connections this dispatcher closes (not those borrowed from a shared scope).

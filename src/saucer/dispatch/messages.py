@@ -33,7 +33,7 @@ class Command(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tool_name: str = Field(min_length=1)
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Any] = Field({})
     tool_type: Literal["action", "data_collection"] = "action"
     call_id: str = Field(default_factory=new_call_id)
 

@@ -19,7 +19,7 @@ from saucer.engine.errors import LLMUnavailableError
 from saucer.engine.plan import PlanStep
 
 if TYPE_CHECKING:
-    from saucer.config import Settings
+    from saucer.config import SettingsModel
     from saucer.engine.evaluation import Evaluator
     from saucer.engine.host import ProviderHost
     from saucer.engine.routing import TransitionGraph
@@ -34,7 +34,7 @@ class AgentSource:
     """Makes and keeps a session's agent sets (see the module docs)."""
 
     def __init__(
-        self, agents: AgentsSpec | None, graph: TransitionGraph | Mapping[str, Any] | None, settings: Settings
+        self, agents: AgentsSpec | None, graph: TransitionGraph | Mapping[str, Any] | None, settings: SettingsModel
     ) -> None:
         self._spec = agents
         self._graph = graph

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from saucer.engine.errors import EngineError, LLMUnavailableError
 
 if TYPE_CHECKING:
-    from saucer.config import Settings
+    from saucer.config import SettingsModel
 
 __all__ = [
     "ComponentError",
@@ -60,17 +60,17 @@ def load_component(path: str, setting: str) -> Any:
     return target
 
 
-def new_follower(settings: Settings) -> Any:
+def new_follower(settings: SettingsModel) -> Any:
     """A new follower agent: ``agents.follower`` called with no arguments."""
     return load_component(settings.agents.follower, "agents.follower")()
 
 
-def new_evaluator(settings: Settings) -> Any:
+def new_evaluator(settings: SettingsModel) -> Any:
     """A new evaluator: ``agents.evaluator`` called with no arguments."""
     return load_component(settings.agents.evaluator, "agents.evaluator")()
 
 
-def create_agent_provider(settings: Settings) -> Any:
+def create_agent_provider(settings: SettingsModel) -> Any:
     """The LLM agents for requests: ``agents.provider(settings)``.
 
     :class:`~saucer.engine.errors.LLMUnavailableError` saying what to set when the
@@ -83,7 +83,7 @@ def create_agent_provider(settings: Settings) -> Any:
         raise LLMUnavailableError(str(exc)) from exc
 
 
-def create_operator_provider(settings: Settings, mode: str) -> Any:
+def create_operator_provider(settings: SettingsModel, mode: str) -> Any:
     """The computer-use agent of ``operator`` / ``normal_operator`` mode: ``agents.operator(settings, mode=mode)``."""
     create = _load_provider(settings.agents.operator, "agents.operator")
     try:

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from saucer.config import Settings
+from saucer.config import SettingsModel
 from saucer.engine.interactor import UserChannel
 from saucer.engine.uitree import UI_TREE_TOOL
 
@@ -42,7 +42,7 @@ def can_answer(channel: UserChannel) -> bool:
     return channel.interactive(True) or channel.assume_yes
 
 
-def inapplicable(settings: Settings, *, tools: Mapping[str, Any], logs_on: bool) -> dict[str, str]:
+def inapplicable(settings: SettingsModel, *, tools: Mapping[str, Any], logs_on: bool) -> dict[str, str]:
     """The settings (``save_ui_tree``, ``log_to_markdown``) that are on but cannot apply to a session
     with these ``tools`` and logs -> why. (``save_experience = "ask"`` with no one to ask is known when
     the session ends: :func:`saucer.engine.experience.wanted` says :data:`NO_TERMINAL`.)"""

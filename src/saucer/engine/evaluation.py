@@ -36,7 +36,7 @@ class Evaluation(BaseModel):
     round: int | None = None
     complete: Literal["yes", "no", "unsure"] = "unsure"
     reason: str = ""
-    sub_scores: dict[str, Any] = Field(default_factory=dict)
+    sub_scores: dict[str, Any] = Field({})
     cost: float | None = 0.0
     evaluator: str = ""
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from saucer.config import Settings, load_settings
+from saucer.config import SettingsModel, load_settings
 from saucer.dispatch.messages import Command, Result
 from saucer.dispatch.servers import DesktopServer, configured_servers
 from saucer.engine.agent import AgentSet
@@ -107,7 +107,7 @@ class _UnavailableDispatcher:
         return []
 
 
-def _desktop_server(settings: Settings, session: Session) -> DesktopServer | None:
+def _desktop_server(settings: SettingsModel, session: Session) -> DesktopServer | None:
     """The built-in desktop server when ``[desktop] enabled``, an operator mode, or ``system.save_ui_tree``
     with an X display (without one the session skips it and says so: :mod:`saucer.engine.defaults`);
     added to ``mcp.servers`` too, unless they have a ``desktop``; its artifacts go to
@@ -123,7 +123,7 @@ def _desktop_server(settings: Settings, session: Session) -> DesktopServer | Non
     )
 
 
-def _artifacts(settings: Settings, session: Session) -> Path:
+def _artifacts(settings: SettingsModel, session: Session) -> Path:
     """The session's artifacts folder: ``desktop.artifacts_dir``, else ``artifacts/`` in its log folder."""
     return Path(
         settings.desktop.artifacts_dir
@@ -131,7 +131,7 @@ def _artifacts(settings: Settings, session: Session) -> Path:
     )
 
 
-def local_dispatcher_factory(settings: Settings, workspace: str | Path | None = None) -> Callable[[Session], Any]:
+def local_dispatcher_factory(settings: SettingsModel, workspace: str | Path | None = None) -> Callable[[Session], Any]:
     """Per-session ``LocalCommandDispatcher.from_config(configured_servers(mcp.servers, workspace, desktop=...))``."""
 
     def make(session: Session) -> Any:
@@ -218,7 +218,7 @@ class SessionFactory:
 
     def __init__(
         self,
-        settings: Settings | None = None,
+        settings: SettingsModel | None = None,
         *,
         store: EventStore | str | None = None,
         agents: Any = None,

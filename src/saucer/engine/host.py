@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from saucer.config import Settings
+    from saucer.config import SettingsModel
     from saucer.context import Context
     from saucer.engine.interactor import UserChannel
     from saucer.engine.plan import PlanStep
@@ -47,7 +47,7 @@ class AgentHost(SessionRef, Protocol):
     """What an agent may use of its session (``agent.session``, set by the round)."""
 
     @property
-    def settings(self) -> Settings: ...
+    def settings(self) -> SettingsModel: ...
 
     @property
     def user_channel(self) -> UserChannel:

@@ -35,7 +35,7 @@ from saucer.engine.uitree import replayable
 from saucer.store import LeaseHeldError, StoreError
 
 if TYPE_CHECKING:
-    from saucer.config import Settings
+    from saucer.config import SettingsModel
     from saucer.context import Context
     from saucer.engine.cursor import Progress
     from saucer.engine.interactor import UserChannel
@@ -69,7 +69,7 @@ class OutcomeHost(Protocol):
     @property
     def mode(self) -> str: ...
     @property
-    def settings(self) -> Settings: ...
+    def settings(self) -> SettingsModel: ...
     @property
     def store(self) -> EventStore | None: ...
     @property

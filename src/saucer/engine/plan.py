@@ -68,7 +68,7 @@ class PlanCommand(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tool_name: str = Field(min_length=1)
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Any] = Field({})
     tool_type: Literal["action", "data_collection"] = "action"
     expect_exit: list[int] | None = None
 
@@ -118,11 +118,11 @@ class Plan(BaseModel):
     task: str = Field(min_length=1)
     object: str | None = None
     close: bool = False
-    steps: list[StepSpec] = Field(default_factory=list)
+    steps: list[StepSpec] = Field([])
     #: Context variables the session starts with (``--var`` and ``context_vars=`` win over them).
-    vars: dict[str, Any] = Field(default_factory=dict)
+    vars: dict[str, Any] = Field({})
     #: Who else may write to the session while it runs (its runner and its user always may).
-    participants: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    participants: list[Annotated[str, Field(min_length=1)]] = Field([])
 
     def step_text(self, index: int) -> str:
         """The request a step stands for (its text, or its subtask)."""

@@ -27,7 +27,7 @@ from saucer.engine.lease import LeaseKeeper
 from saucer.store import EventStore, open_store
 
 if TYPE_CHECKING:
-    from saucer.config import Settings
+    from saucer.config import SettingsModel
     from saucer.context import Context
     from saucer.engine.logs import SessionLogs
     from saucer.store.base import Lease
@@ -43,7 +43,7 @@ class RunResources:
     def __init__(
         self,
         session_id: str,
-        settings: Settings,
+        settings: SettingsModel,
         store: EventStore | str | None,
         dispatcher: Any,
         dispatcher_factory: Callable[[Any], Any] | None,

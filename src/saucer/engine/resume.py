@@ -48,7 +48,7 @@ from saucer.redaction import redact_known
 from saucer.store import EventStore, open_store
 
 if TYPE_CHECKING:
-    from saucer.config import LogsSettings, Settings
+    from saucer.config import LogsSettings, SettingsModel
     from saucer.context import Context
     from saucer.engine.meta import CreationMeta, CursorMeta, SessionResumeMeta, SessionStartMeta
 
@@ -212,7 +212,7 @@ class StoredPlan:
         """The plan is the one stored with session ``holder`` (None: there is none)."""
         self._plan, self._holder = None, holder
 
-    def get(self, store: EventStore | str, settings: Settings) -> Plan | None:
+    def get(self, store: EventStore | str, settings: SettingsModel) -> Plan | None:
         """The plan (``store``: the session's store, or its URL when it is not open)."""
         holder = self._holder
         if holder is not None:
@@ -251,7 +251,7 @@ def creation_meta(
 
 
 def resume_arguments(
-    spec: EventStore | str, settings: Settings, session_id: str, kwargs: dict[str, Any]
+    spec: EventStore | str, settings: SettingsModel, session_id: str, kwargs: dict[str, Any]
 ) -> tuple[dict[str, Any], str | None]:
     """``Session(...)``'s arguments for resuming ``session_id`` (``kwargs``: the caller's own, checked),
     and the id of the session whose stored meta holds its plan (None: it has none)."""

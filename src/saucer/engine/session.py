@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
 
-from saucer.config import Settings, load_settings
+from saucer.config import SettingsModel, load_settings
 from saucer.context import Context, ContextNames
 from saucer.engine.accounting import CostSummary, Limits
 from saucer.engine.agenda import Agenda
@@ -89,7 +89,7 @@ class Session:
         task: str,
         *,
         mode: str = "normal",
-        settings: Settings | None = None,
+        settings: SettingsModel | None = None,
         store: EventStore | str | None = None,
         session_id: str | None = None,
         request: str = "",
@@ -182,7 +182,7 @@ class Session:
         session_id: str,
         *,
         store: EventStore | str | None = None,
-        settings: Settings | None = None,
+        settings: SettingsModel | None = None,
         retry_failed: bool = False,
         **kwargs: Any,
     ) -> Self:

@@ -35,7 +35,7 @@ from typing import Any
 import procrastinate
 import psycopg_pool
 
-from saucer.config import Settings
+from saucer.config import SettingsModel
 from saucer.engine.plan import load_plan_folder_with_identity, plan_identity
 from saucer.engine.session import SessionStatus, new_session_id
 from saucer.engine.status import status_of
@@ -167,7 +167,7 @@ def seed_args(context_vars: dict[str, Any] | None, participants: list[str] | Non
     return out
 
 
-def lock_for(settings: Settings, queue: str, spec: JobSpec) -> str:
+def lock_for(settings: SettingsModel, queue: str, spec: JobSpec) -> str:
     """The job's procrastinate lock: one of ``queue.limits[queue]`` slots, else the session id.
 
     Jobs sharing a lock never run at the same time, on any worker, so N
@@ -186,7 +186,7 @@ class QueueClient:
     :class:`~saucer.queue.schema.QueueUnavailableError` for a store that is not PostgreSQL.
     """
 
-    def __init__(self, settings: Settings, store: EventStore | None = None) -> None:
+    def __init__(self, settings: SettingsModel, store: EventStore | None = None) -> None:
         self.settings = settings
         self.location: QueueLocation = queue_location(settings.store.url)
         self.store = store
@@ -337,7 +337,7 @@ class QueueClient:
 
 
 async def enqueue_task(
-    settings: Settings,
+    settings: SettingsModel,
     task: dict[str, Any],
     *,
     session_id: str | None = None,

@@ -36,7 +36,7 @@ from procrastinate import job_context, jobs
 from procrastinate.manager import JobManager
 from procrastinate.retry import BaseRetryStrategy, RetryDecision
 
-from saucer.config import Settings
+from saucer.config import SettingsModel
 from saucer.dispatch.local import LocalCommandDispatcher
 from saucer.engine.errors import PlanError
 from saucer.engine.interactor import NonInteractiveInteractor
@@ -112,7 +112,7 @@ class SessionRunner:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: SettingsModel,
         store: EventStore,
         *,
         dispatcher_factory: Callable[[Session], Any] | None = None,
@@ -172,7 +172,7 @@ class SessionRunner:
             return None
         return self.factory.agent_provider()
 
-    def _settings(self, args: dict[str, Any]) -> Settings:
+    def _settings(self, args: dict[str, Any]) -> SettingsModel:
         """The worker's settings with the job's own (``--max-step``... given to the enqueuer) on top."""
         overrides = {k: v for k, v in (args.get("settings") or {}).items() if v is not None}
         if not overrides:

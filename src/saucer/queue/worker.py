@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from saucer.config import Settings
+from saucer.config import SettingsModel
 from saucer.queue.jobs import SessionRunner, make_app
 from saucer.queue.schema import ensure_queue, queue_location
 from saucer.store import open_store
@@ -58,7 +58,7 @@ async def recover_stalled(app: Any, stalled_after: float) -> list[int]:
     return back
 
 
-async def _recovery_loop(app: Any, settings: Settings) -> None:
+async def _recovery_loop(app: Any, settings: SettingsModel) -> None:
     while True:
         try:
             await recover_stalled(app, settings.queue.stalled_after)
@@ -75,7 +75,7 @@ def _warm_up() -> None:
 
 
 async def run_worker(
-    settings: Settings,
+    settings: SettingsModel,
     *,
     queues: Sequence[str] | None = None,
     concurrency: int | None = None,

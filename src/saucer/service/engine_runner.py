@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from saucer.config import Settings, load_settings
+from saucer.config import SettingsModel, load_settings
 from saucer.context import Context, ContextNames
 from saucer.dispatch.messages import Command, Result, ResultStatus
 from saucer.engine.errors import EngineError
@@ -320,7 +320,7 @@ class EngineTaskRunner:
 
     def __init__(
         self,
-        settings: Settings | None = None,
+        settings: SettingsModel | None = None,
         *,
         store: EventStore | str | None = None,
         agents: Any = None,
@@ -537,7 +537,7 @@ class EngineTaskRunner:
             self._owns_store = False
 
 
-def _without_logs(settings: Settings) -> Settings:
+def _without_logs(settings: SettingsModel) -> SettingsModel:
     """``settings`` for sessions that write no log folder (so no ``output.md`` either: not a skipped setting)."""
     return settings.model_copy(
         update={

@@ -116,9 +116,9 @@ class ModelSettings(BaseModel):
             data = settings.model_dump()
             data["api_key"] = settings.api_key
         else:
-            from saucer.config import Settings  # the app's settings: their [llm] section
+            from saucer.config import SettingsModel  # the app's settings: their [llm] section
 
-            section = settings.llm if isinstance(settings, Settings) else settings
+            section = settings.llm if isinstance(settings, SettingsModel) else settings
             if isinstance(section, Mapping):
                 data = dict(section.get("llm", section)) if isinstance(section.get("llm"), Mapping) else dict(section)
             elif section is None:
