@@ -32,6 +32,12 @@ backend checks each entry on its own and sets ``entry.error``. If a batch as a
 whole fails unexpectedly, the transaction was rolled back, and each entry is
 retried alone through ``write_one`` so that one bad entry cannot fail the rest.
 
+A caller may append several consecutive events of one session at once (``more``:
+the versions after its own). They travel as ONE entry of the queue, are
+written in the same transaction as each other (never split between two
+batches), and succeed or fail together: the caller gets the first refusal
+(a conflict on the first event refuses the others, whose versions follow it).
+
 A thread that runs an event loop never waits for the queue with a blocking
 call (the write it waits for could be scheduled on its own, blocked, loop):
 its synchronous appends are written directly, in their own transaction.
@@ -44,7 +50,7 @@ import sys
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +60,7 @@ if TYPE_CHECKING:  # asyncio is imported by the coroutines that use it: a comman
 from saucer.store._codec import encode_payload
 from saucer.store.model import Event
 
-__all__ = ["Pending", "GroupCommitter"]
+__all__ = ["Pending", "GroupCommitter", "write_group"]
 
 _QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
 
@@ -97,6 +103,8 @@ class Pending:
         "_next",
         "_loop",
         "_future",
+        "more",
+        "lead",
     )
 
     def __init__(
@@ -120,11 +128,54 @@ class Pending:
         self._loop = loop
         self._future: asyncio.Future[None] | None = None
         self._wake: threading.Lock | None = None
+        #: The entries of the events appended with this one (the versions after it), written with it.
+        self.more: list[Pending] = []
+        #: For an entry of ``more``: the entry it was appended with. A backend refuses it when that
+        #: one was refused (its expected version could match a head it was never meant for).
+        self.lead: Pending | None = None
         if loop is not None:
             self._future = loop.create_future()
         elif blocking:
             self._wake = threading.Lock()
             self._wake.acquire()
+
+
+def _with_more(entry: Pending, more: Sequence[Event]) -> Pending:
+    """``entry`` with the entries of ``more``, the events of the versions after its own."""
+    if more:
+        expected, fence = entry.expected, entry.fence
+        entry.more = [Pending(e, expected + 1 + i, fence, blocking=False) for i, e in enumerate(more)]
+        for one in entry.more:
+            one.lead = entry
+    return entry
+
+
+def write_group(
+    write_batch: Callable[[list[Pending]], None], events: Sequence[Event], expected: int, fence: int | None
+) -> None:
+    """Write ``events`` (consecutive versions after ``expected``) with ``write_batch`` in ONE transaction,
+    not shared with other callers; raise the first refusal (then none is written)."""
+    entry = _with_more(Pending(events[0], expected, fence, blocking=False), events[1:])
+    write_batch([entry, *entry.more])
+    _settle_group(entry)
+    _raise_own(entry)
+
+
+def _settle_group(entry: Pending) -> None:
+    """After a write: the caller of ``entry`` and its ``more`` gets the first refusal (all or nothing)."""
+    if entry.error is None:
+        for one in entry.more:
+            if one.error is not None:
+                entry.error = one.error
+                break
+    for one in entry.more:
+        one.error = None
+
+
+def _raise_own(entry: Pending) -> None:
+    if entry.error is not None:
+        error, entry.error = entry.error, None
+        raise error
 
 
 class GroupCommitter:
@@ -165,14 +216,16 @@ class GroupCommitter:
 
     # ------------------------------------------------------------- threads
 
-    def append(self, event: Event, expected: int, fence: int | None) -> None:
-        """Write one append durably (shared with concurrent callers); raise its own error."""
+    def append(self, event: Event, expected: int, fence: int | None, more: Sequence[Event] = ()) -> None:
+        """Write one append (with ``more``, the events of the versions after it) durably, shared with
+        concurrent callers; raise its own error."""
         if _running_loop() is not None:
-            entry = Pending(event, expected, fence, blocking=False)
+            entry = _with_more(Pending(event, expected, fence, blocking=False), more)
             self._count([entry])
-            self._write_one(entry)
+            self._write_alone(entry)
+            _raise_own(entry)
             return
-        entry = Pending(event, expected, fence)
+        entry = _with_more(Pending(event, expected, fence), more)
         with self._mutex:
             self._queue.append(entry)
             leader = not self._busy
@@ -184,9 +237,7 @@ class GroupCommitter:
             self._lead(entry)
         if interrupted is not None:
             raise interrupted
-        if entry.error is not None:
-            error, entry.error = entry.error, None
-            raise error
+        _raise_own(entry)
 
     def _wait(self, entry: Pending) -> BaseException | None:
         """Block until the entry is written or its caller is made leader; return a deferred interrupt."""
@@ -226,9 +277,15 @@ class GroupCommitter:
     # ---------------------------------------------------------- coroutines
 
     async def append_async(
-        self, event: Event, expected: int, fence: int | None, on_written: Callable[[], Any] | None = None
+        self,
+        event: Event,
+        expected: int,
+        fence: int | None,
+        on_written: Callable[[], Any] | None = None,
+        more: Sequence[Event] = (),
     ) -> None:
-        """Write one append durably from a coroutine, sharing the write with the loop's other appends.
+        """Write one append (with ``more``: see :meth:`append`) durably from a coroutine, sharing the
+        write with the loop's other appends.
 
         If the awaiting task is cancelled before its entry is taken for
         writing, nothing is written. Once taken, the write completes, and the
@@ -238,7 +295,7 @@ class GroupCommitter:
         import asyncio
 
         loop = asyncio.get_running_loop()
-        entry = Pending(event, expected, fence, loop=loop, on_written=on_written)
+        entry = _with_more(Pending(event, expected, fence, loop=loop, on_written=on_written), more)
         with self._mutex:
             self._queue.append(entry)
             if not self._busy:
@@ -282,9 +339,7 @@ class GroupCommitter:
                 while entry._state == _TAKEN:
                     self._written.wait()
             raise
-        if entry.error is not None:
-            error, entry.error = entry.error, None
-            raise error
+        _raise_own(entry)
 
     async def _lead_off_loop(self, loop: asyncio.AbstractEventLoop, own: Pending) -> None:
         """:meth:`_lead` on the writer thread while the loop runs on. The batch is taken at once, and
@@ -393,28 +448,49 @@ class GroupCommitter:
         self._busy = False
 
     def _count(self, batch: list[Pending]) -> None:
+        size = sum(1 + len(entry.more) for entry in batch)
         self.batches += 1
-        self.entries += len(batch)
-        if len(batch) > self.largest_batch:
-            self.largest_batch = len(batch)
+        self.entries += size
+        if size > self.largest_batch:
+            self.largest_batch = size
+
+    def _write_alone(self, entry: Pending) -> None:
+        """Write one caller's entry (and its ``more``) in its own transaction; the errors stay on the entries."""
+        if not entry.more:
+            try:
+                self._write_one(entry)
+            except Exception as exc:
+                entry.error = exc
+            return
+        group = [entry, *entry.more]
+        try:
+            self._write_batch(group)
+        except Exception as exc:  # nothing of the group was written
+            for one in group:
+                one.error = exc
+        _settle_group(entry)
 
     def _write(self, batch: list[Pending]) -> None:
         self._count(batch)
         if len(batch) == 1:
-            try:
-                self._write_one(batch[0])
-            except Exception as exc:
-                batch[0].error = exc
+            self._write_alone(batch[0])
         else:
+            rows = (
+                [one for entry in batch for one in (entry, *entry.more)]
+                if any(entry.more for entry in batch)
+                else batch
+            )
             try:
-                self._write_batch(batch)
+                self._write_batch(rows)
             except Exception:
                 for entry in batch:
                     entry.error = None
-                    try:
-                        self._write_one(entry)
-                    except Exception as exc:
-                        entry.error = exc
+                    for one in entry.more:
+                        one.error = None
+                    self._write_alone(entry)
+        for entry in batch:
+            if entry.more:
+                _settle_group(entry)
         for entry in batch:
             if entry.error is None and entry.on_written is not None:
                 try:

@@ -43,6 +43,7 @@ from saucer.store.model import (
     CorruptRecordError,
     DamagedStoreError,
     Event,
+    EventDraft,
     Feature,
     FencedError,
     FormatTooNewError,
@@ -99,6 +100,7 @@ __all__ = [
     "Snapshot",
     "Lease",
     "Event",
+    "EventDraft",
     "Feature",
     "EventStore",
     "Recorder",
@@ -320,6 +322,33 @@ class EventStore(Recorder):
         )
         return event
 
+    def append_many(
+        self, session_id: str, expected_version: int, drafts: Sequence[EventDraft], *, fence: int | None = None
+    ) -> list[Event]:
+        """Commit ``drafts`` as the consecutive events after ``expected_version``, in ONE transaction:
+        all of them or none (a conflict on the first refuses them all). Each keeps its own author,
+        round, step, meta, summary and time, as separate :meth:`append` calls would record them."""
+        events = _new_events(session_id, expected_version, drafts)
+        self.write_events(events, expected_version, fence)
+        return events
+
+    async def aappend_many(
+        self,
+        session_id: str,
+        expected_version: int,
+        drafts: Sequence[EventDraft],
+        *,
+        fence: int | None = None,
+        on_written: Callable[[list[Event]], Any] | None = None,
+    ) -> list[Event]:
+        """:meth:`append_many` for coroutines (one fsync, shared as :meth:`aappend`'s are), calling
+        ``on_written(events)`` as soon as they are durable (see :meth:`aappend`)."""
+        events = _new_events(session_id, expected_version, drafts)
+        await self.awrite_events(
+            events, expected_version, fence, None if on_written is None else partial(on_written, events)
+        )
+        return events
+
     def read(self, session_id: str, after: int = 0, upto: int | None = None) -> Iterator[Event]:
         """Events of the session's whole lineage with ``after < version <= upto``.
 
@@ -494,6 +523,7 @@ def new_event(
     step: int | None,
     meta: dict[str, Any] | None,
     summary: SummaryDelta | None,
+    timestamp: float | None = None,
 ) -> tuple[Event, bytes]:
     """The event :meth:`EventStore.append` writes, and its meta's JSON as it is stored (``b""`` for none).
 
@@ -519,7 +549,18 @@ def new_event(
     if summary is not None and summary.reason:
         # a summary's reason is an error's or a refusal's text too (listed by saucer sessions, exported)
         summary = replace(summary, reason=redact_text(summary.reason))
-    return Event(session_id, expected_version + 1, time.time(), author, round, step, ops, meta, summary), encoded
+    when = time.time() if timestamp is None else timestamp
+    return Event(session_id, expected_version + 1, when, author, round, step, ops, meta, summary), encoded
+
+
+def _new_events(session_id: str, expected_version: int, drafts: Sequence[EventDraft]) -> list[Event]:
+    """The events of :meth:`EventStore.append_many` (ValueError for none)."""
+    if not drafts:
+        raise ValueError("append_many needs at least one event")
+    return [
+        new_event(session_id, expected_version + i, d.ops, d.author, d.round, d.step, d.meta, d.summary, d.timestamp)[0]
+        for i, d in enumerate(drafts)
+    ]
 
 
 _dumps = orjson.dumps

@@ -28,6 +28,7 @@ from saucer.store.summary import SummaryDelta
 
 __all__ = [
     "Event",
+    "EventDraft",
     "Feature",
     "copy_json",
     "paused_gc",
@@ -312,6 +313,20 @@ class Event:
             "meta": self.meta,
             **({"summary": None if self.summary is None else self.summary.to_wire()} if summary else {}),
         }
+
+
+@dataclass(slots=True)
+class EventDraft:
+    """One event of :meth:`~saucer.store.EventStore.append_many`, before it has a version: what
+    :meth:`~saucer.store.EventStore.append` takes, and when it happened (None: when it is appended)."""
+
+    ops: list[dict[str, Any]]
+    author: str
+    round: int | None = None
+    step: int | None = None
+    meta: dict[str, Any] | None = None
+    summary: SummaryDelta | None = None
+    timestamp: float | None = None
 
 
 def op_key(op: Mapping[str, Any]) -> str:
