@@ -542,7 +542,8 @@ class Session:
         first = resumer.first_meta(
             start, here, task=self.task, mode=self.mode, owner=self.owner, limits=self.limits, skipped=self.skipped
         )
-        await ctx.acommit_step(author="system", meta=dict(first), summary=summary_of(first))
+        # Written with the round's start (one transaction), unless a resumed round goes on with a step.
+        await ctx.acommit_step(author="system", meta=dict(first), summary=summary_of(first), defer=self._round is None)
         for hook in self._start_hooks:
             hook(self)
         assert self._held.keeper is not None
@@ -569,6 +570,7 @@ class Session:
                 start_agent=agent,
                 start_state=state,
             )
+            self._round.agent.round_result = start.meta.get("round_result")  # (ended by its last step)
 
     def _new_fence(self, token: int) -> None:
         self.context.fence = token

@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # asyncio is imported by the coroutines that use it: a comman
 from saucer.store._codec import encode_payload
 from saucer.store.model import Event
 
-__all__ = ["Pending", "GroupCommitter", "write_group"]
+__all__ = ["Pending", "GroupCommitter", "unrefused"]
 
 _QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
 
@@ -150,15 +150,18 @@ def _with_more(entry: Pending, more: Sequence[Event]) -> Pending:
     return entry
 
 
-def write_group(
-    write_batch: Callable[[list[Pending]], None], events: Sequence[Event], expected: int, fence: int | None
-) -> None:
-    """Write ``events`` (consecutive versions after ``expected``) with ``write_batch`` in ONE transaction,
-    not shared with other callers; raise the first refusal (then none is written)."""
-    entry = _with_more(Pending(events[0], expected, fence, blocking=False), events[1:])
-    write_batch([entry, *entry.more])
-    _settle_group(entry)
-    _raise_own(entry)
+def unrefused(batch: list[Pending]) -> list[Pending]:
+    """The entries of ``batch`` to write: one appended with an entry that was refused is refused with it
+    (for a backend writing a batch in several statements; its expected version could match a head it
+    was never meant for)."""
+    kept = []
+    for entry in batch:
+        lead = entry.lead
+        if lead is not None and lead.error is not None:
+            entry.error = lead.error
+        else:
+            kept.append(entry)
+    return kept
 
 
 def _settle_group(entry: Pending) -> None:
@@ -273,6 +276,36 @@ class GroupCommitter:
             self._scheduled = None
             entry._state = _LEADER
             return True
+
+    def write_events(self, events: Sequence[Event], expected: int, fence: int | None, *, shared: bool) -> None:
+        """Write consecutive ``events`` (the versions after ``expected``) in ONE transaction, raising the
+        first refusal: one entry of the queue (``shared``), else alone through ``write_batch``."""
+        if not events:
+            return
+        if shared:
+            self.append(events[0], expected, fence, events[1:])
+            return
+        entry = _with_more(Pending(events[0], expected, fence, blocking=False), events[1:])
+        self._write_alone(entry)
+        _raise_own(entry)
+
+    async def awrite_events(
+        self,
+        events: Sequence[Event],
+        expected: int,
+        fence: int | None,
+        on_written: Callable[[], Any] | None,
+        *,
+        shared: bool,
+    ) -> None:
+        """:meth:`write_events` from a coroutine (``shared``: with the loop's other appends), calling
+        ``on_written()`` once they are durable."""
+        if shared and events:
+            await self.append_async(events[0], expected, fence, on_written, events[1:])
+            return
+        self.write_events(events, expected, fence, shared=False)
+        if on_written is not None:
+            on_written()
 
     # ---------------------------------------------------------- coroutines
 

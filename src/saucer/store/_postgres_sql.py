@@ -22,7 +22,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from saucer.store._codec import encode_payload, encode_state
-from saucer.store._group import Pending
+from saucer.store._group import Pending, unrefused
 from saucer.store._postgres_conn import quote
 from saucer.store.model import (
     ConflictError,
@@ -179,6 +179,9 @@ class Statements:
         Each entry it did not write gets its error; every entry goes into
         ``settled`` (its outcome is certain) once the statement has returned.
         """
+        batch = unrefused(batch)
+        if not batch:
+            return
         try:
             rows = orjson.dumps([_row(entry) for entry in batch]).decode()
         except orjson.JSONEncodeError as exc:  # a text psycopg could not have sent either (e.g. a lone surrogate)

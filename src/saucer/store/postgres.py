@@ -86,7 +86,7 @@ from saucer.store._codec import (
     head_event,
     quarantine_payload,
 )
-from saucer.store._group import GroupCommitter, Pending, write_group
+from saucer.store._group import GroupCommitter, Pending
 from saucer.store._postgres_conn import (
     DEFAULT_SCHEMA,
     SCHEMA_VERSION,
@@ -362,20 +362,12 @@ class PostgresStore(EventStore):
             self._write_one(Pending(event, expected_version, fence, blocking=False))
 
     def write_events(self, events: Sequence[Event], expected_version: int, fence: int | None) -> None:
-        # One entry of the group committer: one transaction, whether shared or not.
-        if not events:
-            return
-        if self.group_commit:
-            self._committer.append(events[0], expected_version, fence, events[1:])
-        else:
-            write_group(self._write_batch, events, expected_version, fence)
+        self._committer.write_events(events, expected_version, fence, shared=self.group_commit)
 
     def awrite_events(
         self, events: Sequence[Event], expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
     ) -> Awaitable[None]:
-        if self.group_commit and events:
-            return self._committer.append_async(events[0], expected_version, fence, on_written, events[1:])
-        return super().awrite_events(events, expected_version, fence, on_written)
+        return self._committer.awrite_events(events, expected_version, fence, on_written, shared=self.group_commit)
 
     def awrite_event(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
@@ -427,8 +419,7 @@ class PostgresStore(EventStore):
                 else:
                     with conn.transaction():
                         for batch in rounds:
-                            if batch := _not_led_by_refused(batch):
-                                self._sql.write_round(conn, batch, set())
+                            self._sql.write_round(conn, batch, set())
             except psycopg.Error as exc:
                 if not conn.broken:
                     raise  # the server refused the statement or transaction: nothing was written
@@ -607,15 +598,3 @@ class PostgresStore(EventStore):
         polling = functools.partial(super().watch, session_id, interval=interval)
         async for event in watch_notified(self, listener, session_id, after, interval, polling):
             yield event
-
-
-def _not_led_by_refused(batch: list[Pending]) -> list[Pending]:
-    """The entries of a round to write: one appended with an entry that was refused is refused with it."""
-    kept = []
-    for entry in batch:
-        lead = entry.lead
-        if lead is not None and lead.error is not None:
-            entry.error = lead.error
-        else:
-            kept.append(entry)
-    return kept

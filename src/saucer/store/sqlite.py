@@ -51,7 +51,7 @@ from saucer.store._codec import (
     head_event,
     quarantine_payload,
 )
-from saucer.store._group import GroupCommitter, Pending, write_group
+from saucer.store._group import GroupCommitter, Pending
 from saucer.store._sqlite_schema import SCHEMA_VERSION, Closed, connect, damaged, path_from_url, store_error
 from saucer.store._sqlite_schema import migrate as migrate_schema
 from saucer.store._sqlite_sql import (
@@ -313,20 +313,14 @@ class SQLiteStore(EventStore):
             self._write_one(Pending(event, expected_version, fence, blocking=False))
 
     def write_events(self, events: Sequence[Event], expected_version: int, fence: int | None) -> None:
-        # One entry of the group committer: one transaction, whether shared or not.
-        if not events:
-            return
-        if self.group_commit:
-            self._group_committer().append(events[0], expected_version, fence, events[1:])
-        else:
-            write_group(self._write_batch, events, expected_version, fence)
+        self._group_committer().write_events(events, expected_version, fence, shared=self.group_commit)
 
     def awrite_events(
         self, events: Sequence[Event], expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
     ) -> Awaitable[None]:
-        if self.group_commit and events:
-            return self._group_committer().append_async(events[0], expected_version, fence, on_written, events[1:])
-        return super().awrite_events(events, expected_version, fence, on_written)
+        return self._group_committer().awrite_events(
+            events, expected_version, fence, on_written, shared=self.group_commit
+        )
 
     def awrite_event(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
