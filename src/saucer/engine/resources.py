@@ -17,7 +17,6 @@ and a runner whose lease was taken over cannot commit any more.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -86,37 +85,43 @@ class RunResources:
         on_new_fence: Callable[[int], None],
         meta: dict[str, Any],
         participants: Sequence[str] | None,
-    ) -> Lease:
-        """Create the session with ``owner``'s lease on it, at once and off the event loop
-        (:meth:`~saucer.store.EventStore.create_session_leased`); :class:`~saucer.store.SessionExistsError` if it exists."""
+    ) -> tuple[Lease, Context]:
+        """Create the session with ``owner``'s lease on it, at once
+        (:meth:`~saucer.store.EventStore.create_session_leased`), and open its Context: both in ONE
+        thread, off the event loop; :class:`~saucer.store.SessionExistsError` if it exists."""
         store = self.store
         assert store is not None
         ttl = self._settings.store.lease_ttl
         self.keeper = keeper = LeaseKeeper(store, self.session_id, owner, ttl, on_new_fence)
-        _, lease = await asyncio.to_thread(
-            store.create_session_leased, self.session_id, owner=owner, ttl=ttl, meta=meta, participants=participants
-        )
+
+        def create_and_open() -> tuple[Lease, Context]:
+            _, lease = store.create_session_leased(
+                self.session_id, owner=owner, ttl=ttl, meta=meta, participants=participants
+            )
+            return lease, self._open_context(lease.token)
+
+        lease, context = await asyncio.to_thread(create_and_open)
         keeper.adopt(lease)
-        return lease
+        return lease, context
 
     async def open_context(self, token: int) -> Context:
         """The session's Context for its runner (commits fenced by ``token``), opened in a thread (it reads the store)."""
+        return await asyncio.to_thread(self._open_context, token)
+
+    def _open_context(self, token: int) -> Context:
         from saucer.context import Context
 
         store, store_settings = self.store, self._settings.store
         assert store is not None
-        return await asyncio.to_thread(
-            functools.partial(
-                Context.open,
-                store,
-                self.session_id,
-                author="system",
-                durability=store_settings.durability,
-                snapshot_every=store_settings.snapshot_every,
-                create=False,
-                fence=token,
-                serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
-            )
+        return Context.open(
+            store,
+            self.session_id,
+            author="system",
+            durability=store_settings.durability,
+            snapshot_every=store_settings.snapshot_every,
+            create=False,
+            fence=token,
+            serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
         )
 
     def lease_checker(self) -> Callable[[], None]:

@@ -485,10 +485,9 @@ class Session:
         resumer = self._resumer
         # Every read and write of the store here runs in a thread: the loop's other sessions run meanwhile.
         if resumer.resuming:
-            if not await asyncio.to_thread(
-                store.exists, sid
-            ):  # (never parses the stored meta, which may hold a whole plan)
+            if not await asyncio.to_thread(store.exists, sid):  # (never parses the meta: it may hold a whole plan)
                 raise SessionNotFoundError(sid)
+            opened = None
             lease = await self._held.take_lease(self.owner, self._new_fence, self.lease_wait)
             # Where to continue, read under the lease and before anything is written
             # (a session with no failed step to retry is an error that changes nothing).
@@ -497,14 +496,14 @@ class Session:
             meta = creation_meta(
                 self.task, self.mode, self.request, self.platform, self.workspace, self.plan, self.plan_file
             )
-            # The row and this runner's lease at once (one transaction on PostgreSQL).
-            lease = await self._held.create_leased(self.owner, self._new_fence, dict(meta), self.participants)
+            # The row and this runner's lease at once (one transaction on PostgreSQL), and its Context.
+            lease, opened = await self._held.create_leased(self.owner, self._new_fence, dict(meta), self.participants)
             start = resumer.locate(store)  # a new session: nothing to read
         if start.never_started:  # this run is its start: the plan's variables, then context_vars
             self.context_vars = initial_vars(self.plan, self.context_vars)
         elif resumer.resuming and not start.over:
             _ = self.plan  # a stored plan that no longer parses is a PlanError here, before anything is written
-        self.context = ctx = await self._held.open_context(lease.token)
+        self.context = ctx = opened if opened is not None else await self._held.open_context(lease.token)
         self._cancel.opened(ctx)
         if start.over:
             self.result = self._outcome.stored_result(start.meta)
