@@ -443,3 +443,131 @@ def test_a_single_writer_writes_alone(tmp_path: Any) -> None:
         assert committer.batches == committer.entries == 20 and committer.largest_batch == 1
     finally:
         store.close()
+
+
+def test_events_appended_together_are_never_split_and_fail_together() -> None:
+    """append(more=...) is ONE entry: one batch, one transaction, never retried one by one."""
+    batches: list[list[tuple[str, int]]] = []
+    fail_batches = [False]
+
+    def write_batch(entries: list[Pending]) -> None:
+        batches.append([(e.event.session_id, e.event.version) for e in entries])
+        if fail_batches[0] and len(entries) > 2:
+            raise RuntimeError("the whole batch failed")  # the fallback must keep the group whole
+        for e in entries:
+            if e.lead is not None and e.lead.error is not None:
+                e.error = e.lead.error
+            elif e.event.session_id == "stale":
+                e.error = ConflictError("stale", e.expected, 9)
+
+    def write_one(entry: Pending) -> None:
+        assert not entry.more and entry.lead is None, "a group was split"
+        write_batch([entry])
+        if entry.error is not None:
+            raise entry.error
+
+    committer = GroupCommitter(write_batch, write_one)
+    group = [Event("g", v, 0.0, "w", None, None, []) for v in (1, 2, 3)]
+    committer.append(group[0], 0, None, group[1:])
+    assert batches == [[("g", 1), ("g", 2), ("g", 3)]]
+    fail_batches[0] = True
+
+    errors: list[BaseException] = []
+    gate, release = _hold_the_leader_of(committer)
+    threads = [threading.Thread(target=committer.append, args=(Event("one", 1, 0.0, "w", None, None, []), 0, None))]
+    stale = [Event("stale", v, 0.0, "w", None, None, []) for v in (1, 2)]
+
+    def stale_group() -> None:
+        try:
+            committer.append(stale[0], 0, None, stale[1:])
+        except ConflictError as exc:
+            errors.append(exc)
+
+    threads.append(threading.Thread(target=stale_group))
+    first = threading.Thread(target=committer.append, args=(Event("first", 1, 0.0, "w", None, None, []), 0, None))
+    first.start()
+    assert gate.wait(10)
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # both queue behind the held leader
+    release()
+    for t in (first, *threads):
+        t.join(10)
+    assert len(errors) == 1 and errors[0].expected == 0  # type: ignore[attr-defined]  # a ConflictError
+    # The shared batch failed as a whole; then "one" was written alone and the group as one batch.
+    assert sorted(batches[2]) == [("one", 1), ("stale", 1), ("stale", 2)]
+    assert sorted(batches[3:]) == [[("one", 1)], [("stale", 1), ("stale", 2)]]
+
+
+@pytest.mark.parametrize(("max_batch", "fail_shared", "first"), [(1000, False, 60), (30, False, 30), (1000, True, 60)])
+def test_with_two_batches_in_flight_groups_stay_whole_count_as_their_events_and_fail_together(
+    max_batch: int, fail_shared: bool, first: int
+) -> None:
+    """append_async(more=...) beside max_inflight=2: a group is never split between the two batches (nor
+    by the half split of an idle queue, nor by max_batch, which counts events), and a refusal of its
+    first event fails the whole group; with fail_shared a shared batch fails as a whole and each group
+    is written again alone, whole."""
+    import asyncio
+
+    batches: list[list[tuple[str, int]]] = []
+
+    def write_batch(entries: list[Pending]) -> None:
+        if fail_shared and len({e.event.session_id for e in entries}) > 1:
+            raise RuntimeError("the whole batch failed")
+        batches.append([(e.event.session_id, e.event.version) for e in entries])
+        for e in entries:
+            if e.lead is not None and e.lead.error is not None:
+                e.error = e.lead.error
+            elif e.event.session_id == "s7":
+                e.error = ConflictError("s7", e.expected, 9)
+
+    def write_one(entry: Pending) -> None:
+        assert not entry.more and entry.lead is None, "a group was split"
+        write_batch([entry])
+
+    committer = GroupCommitter(write_batch, write_one, off_loop=True, max_inflight=2, max_batch=max_batch)
+    written: list[int] = []
+
+    async def one(i: int) -> int | None:
+        events = [Event(f"s{i}", v, 0.0, "w", None, None, []) for v in (1, 2, 3)]
+        try:
+            await committer.append_async(events[0], 0, None, lambda: written.append(i), events[1:])
+        except ConflictError:
+            return i
+        return None
+
+    async def main() -> list[int | None]:
+        return await asyncio.gather(*(one(i) for i in range(40)))
+
+    try:
+        refused = asyncio.run(main())
+    finally:
+        committer.close()
+    assert [i for i in refused if i is not None] == [7] and sorted(written) == [i for i in range(40) if i != 7]
+    for batch in batches:
+        assert len(batch) <= max_batch
+        versions: dict[str, list[int]] = {}
+        for sid, version in batch:
+            versions.setdefault(sid, []).append(version)
+        assert all(v == [1, 2, 3] for v in versions.values()), "a group was split"
+    assert sorted(sid for batch in batches for sid, v in batch if v == 1) == sorted(f"s{i}" for i in range(40))
+    # 40 callers queued with nothing in flight: the half split counts callers (20 groups, 60 events),
+    # max_batch counts events (30: 10 groups).
+    assert fail_shared or len(batches[0]) == first
+    assert committer.entries == 120 and committer._inflight == 0 and not committer._busy
+
+
+def _hold_the_leader_of(committer: GroupCommitter) -> tuple[threading.Event, Callable[[], None]]:
+    gate, go = threading.Event(), threading.Event()
+    original = committer._write_one
+    held = [True]
+
+    def write_one(entry: Pending) -> None:
+        if held[0]:
+            held[0] = False
+            gate.set()
+            go.wait(10)
+        original(entry)
+
+    committer._write_one = write_one
+    return gate, go.set

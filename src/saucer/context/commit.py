@@ -26,16 +26,18 @@ import contextlib
 import time
 from collections.abc import Awaitable, Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from saucer.context.events import Event, apply_ops, copy_json, to_wire
+from saucer.context.events import Event, apply_ops, to_wire
 from saucer.context.participants import ParticipantGate
 from saucer.context.rebase import MAX_REBASES, Rebaser, serialised_meta
 from saucer.context.snapshots import Snapshotter
+from saucer.context.staging import Deferred, after_written, drafts
 from saucer.context.types import EventMeta, Op, Reloader
+from saucer.context.unknown import UnknownOutcome
 from saucer.context.working import WorkingCopy, check_text
-from saucer.store.base import EventStore, SummaryDelta
+from saucer.store.base import EventDraft, EventStore, SummaryDelta
 from saucer.store.model import (
     ConflictError,
     FencedError,
@@ -102,8 +104,7 @@ def _check_commit_args(round: object, step: object) -> None:
             to_wire(value, what)  # a 64-bit integer
 
 
-_I64_MIN = -(2**63)
-_I64_MAX = 2**63 - 1
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 def _thrown(attempts: Generator[_Append | _Wait, None, None], exc: StoreError) -> _Append | _Wait | None:
@@ -121,12 +122,10 @@ async def _version_now(version: int) -> int:
 def _keep_pending(exc: StoreError, count: int) -> None:
     """Say, in the store's error, what happened to the pending changes (they are kept)."""
     if isinstance(exc, OutcomeUnknownError):
-        note = (
-            f"this Context keeps its {count} changes pending, and its next commit() writes them only if they were not"
-        )
+        then = ", and its next commit() writes them only if they were not"
     else:
-        note = f"this Context keeps its {count} changes pending: commit() again, or rollback() to drop them"
-    exc.args = (f"{exc}; {note}",) + exc.args[1:]
+        then = ": commit() again, or rollback() to drop them"
+    exc.args = (f"{exc}; this Context keeps its {count} changes pending{then}",) + exc.args[1:]
 
 
 class Committer:
@@ -146,15 +145,17 @@ class Committer:
         self.serialise = False
         #: Set when this Context made its session (see :class:`SessionCreation`).
         self.creation: SessionCreation | None = None
-        # The event of a commit whose outcome is unknown (the connection broke):
-        # the next commit adopts it if the store has it, instead of writing it twice.
-        self._unknown: Event | None = None
+        # A commit whose outcome is unknown (the connection broke): the next commit
+        # adopts its event if the store has it, instead of writing it twice.
+        self._unknown = UnknownOutcome()
         # The author the last commit checked (a str every store can hold).
         self._author_checked: str | None = None
+        # How many events and pending operations the last batch (deferred events and a commit's) wrote.
+        self._batch_span = (0, 0)
 
     def forget_unknown(self) -> None:
         """The pending changes were dropped: a commit of unknown outcome is no longer theirs to settle."""
-        self._unknown = None
+        self._unknown.forget()
 
     def hydrate(self, upto: int | None = None) -> None:
         """Load the committed state at ``upto`` (the head when None); drop what is pending."""
@@ -202,17 +203,21 @@ class Committer:
                     action = next(attempts, None)
                     continue
                 try:
-                    event = append(
-                        job.session_id,
-                        action.version,
-                        action.ops,
-                        author=job.author,
-                        round=job.round,
-                        step=job.step,
-                        meta=action.meta,
-                        fence=self.fence,
-                        summary=job.summary,
-                    )
+                    if work.deferred:
+                        many = self._drafts(action, job)
+                        event = job.store.append_many(job.session_id, action.version, many, fence=self.fence)[-1]
+                    else:
+                        event = append(
+                            job.session_id,
+                            action.version,
+                            action.ops,
+                            author=job.author,
+                            round=job.round,
+                            step=job.step,
+                            meta=action.meta,
+                            fence=self.fence,
+                            summary=job.summary,
+                        )
                 except StoreError as exc:
                     action = _thrown(attempts, exc)
                 else:
@@ -250,18 +255,27 @@ class Committer:
                 try:
                     # The store calls _written as soon as the event is durable,
                     # even if this task is cancelled while it waits.
-                    await job.store.aappend_write(
-                        job.session_id,
-                        action.version,
-                        action.ops,
-                        author=job.author,
-                        round=job.round,
-                        step=job.step,
-                        meta=action.meta,
-                        fence=self.fence,
-                        on_written=self._written,
-                        summary=job.summary,
-                    )
+                    if work.deferred:
+                        await job.store.aappend_many(
+                            job.session_id,
+                            action.version,
+                            self._drafts(action, job),
+                            fence=self.fence,
+                            on_written=lambda events: self._written(events[-1]),
+                        )
+                    else:
+                        await job.store.aappend_write(
+                            job.session_id,
+                            action.version,
+                            action.ops,
+                            author=job.author,
+                            round=job.round,
+                            step=job.step,
+                            meta=action.meta,
+                            fence=self.fence,
+                            on_written=self._written,
+                            summary=job.summary,
+                        )
                 except StoreError as exc:
                     action = _thrown(attempts, exc)
                 else:
@@ -289,7 +303,7 @@ class Committer:
             return None
         if work.read_only or work.closed or work.committing:
             work.check_writable()  # raises, saying why
-        if not (work.pending or meta or summary is not None):
+        if not (work.pending or meta or summary is not None or work.deferred):
             return None
         sid = work.session_id
         if sid is None:
@@ -304,7 +318,7 @@ class Committer:
             and (step is None or (step.__class__ is int and _I64_MIN <= step <= _I64_MAX))
         ):
             _check_commit_args(round, step)  # what is not a 64-bit int: refused, saying why
-        if self._unknown is not None and not self._settle_unknown(meta):
+        if self._unknown.event is not None and not self._settle_unknown(meta):
             return None
         creation = self.creation
         if creation is not None and creation.dropped:
@@ -330,9 +344,11 @@ class Committer:
             # after a catch_up, which re-based them already), and what the re-bases left out.
             base = work.version if work.pending_base is None else work.pending_base
             dropped = list(work.caught_dropped)
-            meta = job.meta
+            # (with deferred events, what the core records is the first one's: based on this version)
+            first = work.deferred[0].meta if work.deferred else job.meta
+            meta = first
             if self.serialise and base < work.version:
-                meta = serialised_meta(job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped)
+                meta = serialised_meta(first, base, work.version, rebaser.keys_since(base, work.version), dropped)
             for attempt in range(MAX_REBASES):
                 ops = work.pending
                 if self.fence is None:  # (a commit with the lease token is the runner's: always allowed)
@@ -353,7 +369,7 @@ class Committer:
                     if self.serialise:
                         dropped += rebaser.rebase_all(ops)
                         meta = serialised_meta(
-                            job.meta, base, work.version, rebaser.keys_since(base, work.version), dropped
+                            first, base, work.version, rebaser.keys_since(base, work.version), dropped
                         )
                     else:
                         rebaser.rebase(ops)
@@ -391,14 +407,23 @@ class Committer:
             if self.creation is not None:
                 self.creation = None  # the session holds a write: it is not removed any more
             work.pending = [] if whole else pending[count:]
+            if work.deferred:
+                work.deferred = [] if whole else after_written(work.deferred, count)
             work.step_mark = max(0, work.step_mark - count)
             if not work.pending:
                 work.pending_base, work.caught_dropped = None, []
 
+    def _drafts(self, action: _Append, job: _Commit) -> list[EventDraft]:
+        """The events of a commit that writes deferred ones too (see :mod:`saucer.context.staging`)."""
+        last = Deferred(len(action.ops), job.author, job.round, job.step, job.meta, job.summary, 0.0)
+        many = drafts(self._work.deferred, action.ops, action.meta, last)
+        self._batch_span = (len(many), len(action.ops))
+        return many
+
     def _commit_failed(self, exc: StoreError) -> None:
         """A commit failed with ``exc`` (not a conflict): keep the changes pending and say so."""
-        if isinstance(exc, OutcomeUnknownError) and exc.event is not None:
-            self._unknown = replace(exc.event, ops=copy_json(exc.event.ops))
+        if isinstance(exc, OutcomeUnknownError):
+            self._unknown.remember(exc, self._work.version, self._batch_span if self._work.deferred else None)
         _keep_pending(exc, len(self._work.pending))
 
     def _settle_unknown(self, meta: EventMeta | None) -> bool:
@@ -406,27 +431,17 @@ class Committer:
 
         Returns whether there is still something to commit.
         """
-        unknown = self._unknown
         work = self._work
-        if unknown is None:
-            return True
-        store, sid = work.require_store()
-        written = next(iter(store.read(sid, unknown.version - 1, unknown.version)), None)  # may raise: try again later
-        self._unknown = None
-        count = len(unknown.ops)
-        if (
-            written is not None
-            and (written.timestamp, written.author, written.ops) == (unknown.timestamp, unknown.author, unknown.ops)
-            and work.pending[:count] == unknown.ops
-        ):
-            self._written(written, count)
-        return bool(work.pending or meta)
+        adopted = self._unknown.settled(work)
+        if adopted is not None:
+            self._written(*adopted)
+        return bool(work.pending or meta or work.deferred)
 
     def catch_up(self) -> int:
         """Bring in what other writers committed since this Context's version; return how many versions
         (see ``Context.catch_up``)."""
         work = self._work
-        if work.store is None or work.read_only or not self.serialise or self._unknown is not None:
+        if work.store is None or work.read_only or not self.serialise or self._unknown.event is not None:
             return 0
         with work.lock:
             work.check_writable()
@@ -434,7 +449,7 @@ class Committer:
             before = work.version
             if store.head(sid) <= before:
                 return 0
-            if not work.pending:
+            if not work.pending and not work.deferred:
                 self._reload()
                 return work.version - before
             base = before if work.pending_base is None else work.pending_base
@@ -466,13 +481,40 @@ class Committer:
         step: int | None = None,
         meta: EventMeta | None = None,
         summary: SummaryDelta | None = None,
+        defer: bool = False,
     ) -> Awaitable[int]:
         """:meth:`commit_step` for coroutines (see :meth:`acommit`): to await.
 
+        With ``defer``, the event is closed now and written with the next commit, in the same
+        transaction (:mod:`saucer.context.staging`); the version it will have is returned.
         Not a coroutine of its own: it gives :meth:`acommit`'s (one frame less per step)."""
         if self._step_waits_for_close():
             return _version_now(self._work.version)
+        if defer:
+            return _version_now(self.defer(author, round, step, meta, summary))
         return self.acommit(author=author, round=round, step=step, meta=meta, summary=summary)
+
+    def defer(
+        self,
+        author: str | None,
+        round: int | None,
+        step: int | None,
+        meta: EventMeta | None,
+        summary: SummaryDelta | None,
+    ) -> int:
+        """Close the pending changes as an event the next commit writes (see :mod:`saucer.context.staging`);
+        return the version it will have."""
+        work = self._work
+        with work.lock:
+            job = self._begin(author, round, step, meta, summary)
+            if job is None:
+                return work.version + len(work.deferred)
+            # A rollback or an aborted step keeps it: it is committed as far as the caller knows.
+            work.step_mark = len(work.pending)
+            work.deferred.append(
+                Deferred(work.step_mark, job.author, job.round, job.step, job.meta, job.summary, time.time())
+            )
+            return work.version + len(work.deferred)
 
     def _step_waits_for_close(self) -> bool:
         """With durability ``exit``, a finished step stays pending until close: mark where it ends."""
@@ -532,13 +574,26 @@ class Committer:
             self._work.pending = []
             self._snapshots.version = self._work.version
 
+    def rollback(self) -> None:
+        """Back to the last committed state, deferred events included (:meth:`Context.rollback`)."""
+        work = self._work
+        with work.lock:
+            if work.store is None:
+                raise RuntimeError("a detached Context has no committed state to roll back to")
+            if work.deferred and not work.read_only and self._unknown.event is None:
+                self.discard_after(work.deferred[-1].end)
+            else:
+                self.hydrate(work.version if work.read_only else None)
+
     def discard_after(self, mark: int) -> None:
         """Drop the pending operations after ``mark``: back to the committed state plus the rest."""
         work = self._work
         with work.lock:
             kept = work.pending[:mark]
+            deferred = [d for d in work.deferred if d.end <= mark]
             self._reload(work.version)
-            self._unknown = None
+            self._unknown.forget()
+            work.deferred = deferred
             if kept:
                 apply_ops(work.state, kept)
                 work.pending = kept

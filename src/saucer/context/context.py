@@ -427,9 +427,13 @@ class Context:
         step: int | None = None,
         meta: EventMeta | None = None,
         summary: SummaryDelta | None = None,
+        defer: bool = False,
     ) -> Awaitable[int]:
-        """:meth:`commit_step` for coroutines (see :meth:`acommit`): ``await ctx.acommit_step(...)``."""
-        return self._committer.acommit_step(author=author, round=round, step=step, meta=meta, summary=summary)
+        """:meth:`commit_step` for coroutines (see :meth:`acommit`): ``await ctx.acommit_step(...)``;
+        with ``defer``, written with the next commit, in one transaction (:mod:`saucer.context.staging`)."""
+        return self._committer.acommit_step(
+            author=author, round=round, step=step, meta=meta, summary=summary, defer=defer
+        )
 
     def catch_up(self) -> int:
         """Bring in what other writers committed since this Context's version; return how many versions.
@@ -461,12 +465,8 @@ class Context:
             yield self
 
     def rollback(self) -> None:
-        """Discard uncommitted changes and return to the last committed state."""
-        work = self._work
-        with work.lock:
-            if work.store is None:
-                raise RuntimeError("a detached Context has no committed state to roll back to")
-            self._committer.hydrate(work.version if work.read_only else None)
+        """Discard uncommitted changes and return to the last committed state (deferred commits kept)."""
+        self._committer.rollback()
 
     def reload(self) -> None:
         """Discard uncommitted changes and load the newest committed version."""

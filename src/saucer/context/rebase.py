@@ -20,6 +20,7 @@ import random
 
 from saucer.context.events import ATOMIC_OPS, apply_ops, op_key
 from saucer.context.names import lookup
+from saucer.context.staging import after_dropped
 from saucer.context.types import SERIALISED, CasOp, EventMeta, Op, Reloader, SerialisedRecord, Target
 from saucer.context.working import WorkingCopy
 from saucer.store.model import ConflictError, StoreError
@@ -89,14 +90,16 @@ class Rebaser:
         writer changed the value's type), is left out.
         """
         work = self._work
-        mark, pending_base, caught = work.step_mark, work.pending_base, work.caught_dropped
+        mark, pending_base, caught, deferred = work.step_mark, work.pending_base, work.caught_dropped, work.deferred
         self._reload()
         work.pending_base, work.caught_dropped = pending_base, caught
         kept: list[Op] = []
         dropped: list[str] = []
+        left_out: list[int] = []
         for i, op in enumerate(ops):
             if op["op"] == "cas" and not self.cas_holds(op):
                 dropped.append(op_key(op))
+                left_out.append(i)
                 mark -= i < mark
                 continue
             try:
@@ -106,10 +109,12 @@ class Rebaser:
                 self._reload()
                 apply_ops(work.state, kept)
                 dropped.append(op_key(op))
+                left_out.append(i)
                 mark -= i < mark
                 continue
             kept.append(op)
-        work.pending = kept
+        after_dropped(deferred, left_out)
+        work.pending, work.deferred = kept, deferred
         work.step_mark = max(0, mark)
         if not kept:
             work.pending_base = None
@@ -138,7 +143,7 @@ class Rebaser:
         dropped and :class:`ConflictError` names the key.
         """
         work = self._work
-        base = work.version
+        base, deferred = work.version, work.deferred
         self._reload()
         sid = work.session_id or ""
         for op in ops:
@@ -151,4 +156,4 @@ class Rebaser:
             except Exception:
                 self._reload()
                 raise ConflictError(sid, base, work.version, [key]) from None
-        work.pending = ops
+        work.pending, work.deferred = ops, deferred

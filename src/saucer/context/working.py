@@ -26,6 +26,7 @@ from saucer.context.events import (
 )
 from saucer.context.names import DERIVED_LEDGERS, FLOAT_NAMES, ContextNames, lookup
 from saucer.context.replay import Replayed, replay
+from saucer.context.staging import Deferred
 from saucer.context.types import Json, Op, Target
 from saucer.store.base import EventStore
 from saucer.store.model import ReadOnlyError
@@ -85,6 +86,8 @@ class WorkingCopy:
         # len(pending) at the last step boundary: in ``exit`` mode the pending list
         # spans many steps, and only the unfinished one is discarded.
         self.step_mark = 0
+        #: Commits made with ``defer=True``, written with the next commit (see :mod:`saucer.context.staging`).
+        self.deferred: list[Deferred] = []
         self.durability: Durability = "step"
         #: True for a Context opened ``at=`` a past version.
         self.read_only = False
@@ -166,6 +169,7 @@ class WorkingCopy:
         self.pending = []
         self.pending_base, self.caught_dropped = None, []
         self.step_mark = 0
+        self.deferred = []
         return loaded
 
     def check_writable(self) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from saucer.engine.errors import EngineError
 
 if TYPE_CHECKING:
+    from saucer.context import Context
     from saucer.engine.accounting import Limits
     from saucer.engine.cursor import Progress
     from saucer.engine.interactor import UserChannel
@@ -45,6 +46,8 @@ class AgendaHost(Protocol):
     def progress(self) -> Progress: ...
     @property
     def user_channel(self) -> UserChannel: ...
+    @property
+    def context(self) -> Context: ...
 
 
 class Agenda:
@@ -130,10 +133,12 @@ class Agenda:
                     raise EngineError(
                         f"session {host.session_id!r} ({host.mode} mode) has no request and no plan steps"
                     )
+                await host.context.acommit()  # what was deferred is written before waiting for a person
                 request = await host.user_channel.first_request()
                 if not request:
                     raise EngineError("no request was given (pass a request, or run with a terminal to type one)")
         elif host.ask_new_requests:
+            await host.context.acommit()  # (as above)
             new = await host.user_channel.new_request()
             if new is None:
                 return None

@@ -187,6 +187,9 @@ class StepMeta(StepRecordMeta, total=False):
     kind: Literal["step"]
     session_status: str
     cursor: CursorMeta
+    #: What the acting agent says of its round so far (``Agent.round_result``): its end's reason if a
+    #: resume finds the round ended by this step.
+    round_result: str
 
 
 class _ApprovalRequestRequired(TypedDict):

@@ -171,6 +171,7 @@ class OutcomeRecorder:
             round=round_id,
             meta=dict(meta),
             summary=summary_of(meta),
+            defer=True,  # written with the next commit: the next round's start, or the session's end
         )
         return verdict
 
@@ -213,7 +214,10 @@ class OutcomeRecorder:
             "session_status": SessionStatus.RUNNING,
             "cursor": host.cursor("round_end", round_id, plan_index, evaluated=not evaluate),
         }
-        await host.context.acommit_step(author="system", round=round_id, meta=dict(meta), summary=summary_of(meta))
+        # Written with the next commit (its evaluation, the next round's start or the session's end).
+        await host.context.acommit_step(
+            author="system", round=round_id, meta=dict(meta), summary=summary_of(meta), defer=True
+        )
 
     def ends_session(self, round_id: int, result: RoundResult, *, stop_on_failure: bool) -> bool:
         """Whether how round ``round_id`` ended ends the session (an error, a limit, a failure with

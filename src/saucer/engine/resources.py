@@ -17,7 +17,6 @@ and a runner whose lease was taken over cannot commit any more.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -86,28 +85,37 @@ class RunResources:
         on_new_fence: Callable[[int], None],
         meta: dict[str, Any],
         participants: Sequence[str] | None,
-    ) -> Lease:
-        """Create the session with ``owner``'s lease on it, at once and off the event loop
-        (:meth:`~saucer.store.EventStore.create_session_leased`); :class:`~saucer.store.SessionExistsError` if it exists."""
+    ) -> tuple[Lease, Context]:
+        """Create the session with ``owner``'s lease on it, at once
+        (:meth:`~saucer.store.EventStore.create_session_leased`), and open its Context: both in ONE
+        thread, off the event loop; :class:`~saucer.store.SessionExistsError` if it exists."""
         store = self.store
         assert store is not None
         ttl = self._settings.store.lease_ttl
         self.keeper = keeper = LeaseKeeper(store, self.session_id, owner, ttl, on_new_fence)
-        _, lease = await asyncio.to_thread(
-            store.create_session_leased, self.session_id, owner=owner, ttl=ttl, meta=meta, participants=participants
-        )
-        keeper.adopt(lease)
-        return lease
 
-    async def open_context(self, token: int, *, fresh: bool = False) -> Context:
-        """The session's Context for its runner (commits fenced by ``token``), opened in a thread (it reads the
-        store); ``fresh``: this runner has just made the session, so it opens empty, on the loop (nothing is read)."""
+        def create_and_open() -> tuple[Lease, Context]:
+            _, lease = store.create_session_leased(
+                self.session_id, owner=owner, ttl=ttl, meta=meta, participants=participants
+            )
+            return lease, self._open_context(lease.token, fresh=True)  # just made: nothing to read
+
+        lease, context = await asyncio.to_thread(create_and_open)
+        keeper.adopt(lease)
+        return lease, context
+
+    async def open_context(self, token: int) -> Context:
+        """The session's Context for its runner (commits fenced by ``token``), opened in a thread (it reads the store)."""
+        return await asyncio.to_thread(self._open_context, token)
+
+    def _open_context(self, token: int, *, fresh: bool = False) -> Context:
+        """The Context :meth:`open_context` opens; ``fresh``: this runner has just made the session, so it opens
+        empty and reads nothing (see ``Context.open``)."""
         from saucer.context import Context
 
         store, store_settings = self.store, self._settings.store
         assert store is not None
-        opening = functools.partial(
-            Context.open,
+        return Context.open(
             store,
             self.session_id,
             author="system",
@@ -118,7 +126,6 @@ class RunResources:
             serialise=True,  # out-of-turn writes never fail a step: it is ordered after them
             fresh=fresh,
         )
-        return opening() if fresh else await asyncio.to_thread(opening)
 
     def lease_checker(self) -> Callable[[], None]:
         """The keeper's check (:class:`~saucer.engine.errors.LeaseLostError` if this runner lost its lease;

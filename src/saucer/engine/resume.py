@@ -4,7 +4,12 @@ Durability and resume. Every commit the engine makes (session start, round
 start, each step, round end, evaluations, session end) carries a *cursor* in
 its event ``meta``: the round, the plan step, and the agent and state that act
 next. ``Session.resume`` reads the newest cursor and continues right after
-the last committed step, so **a committed step is never executed again**. A
+the last committed step, so **a committed step is never executed again**.
+The session's start is written with its first round's start, and a round's
+end and evaluation with the next round's start or the session's end (one
+transaction each, :mod:`saucer.context.staging`): a crash before those are
+written resumes after the last step, whose event records what the round's end
+says (``round_result``), so the round ends as it would have. A
 step that was running when the process died had not committed: it runs again
 on resume (at-least-once for the one in-flight step; make tools idempotent or
 check the Context if that matters). With durability ``exit`` nothing is

@@ -161,9 +161,11 @@ class Round:
                 graph = TransitionGraph.from_dict(graph)  # UnknownConditionError fails this session only
         self.graph: TransitionGraph | None = graph
         self.turns = 0
-        self.steps = 0
-        #: The round's cost so far (from its ledger entry when resumed); None once some of it is unknown.
-        ledger = session.context.get(ContextNames.ROUND_COST) if session.context is not None else {}
+        ctx = session.context
+        #: The round's steps and cost so far (from its ledger entries when resumed); its cost is None
+        #: once some of it is unknown.
+        self.steps: int = ctx.get(ContextNames.ROUND_STEP).get(round_id, 0) if ctx is not None else 0
+        ledger = ctx.get(ContextNames.ROUND_COST) if ctx is not None else {}
         self.cost: float | None = ledger.get(round_id, 0.0)
         self.terminated: str | None = None
         initial = start_agent or (graph.initial_agent if graph is not None else agents.initial)
@@ -258,6 +260,8 @@ class Round:
             self._charge(record, subtask_end)
             # ONE commit: the step's Context changes, its record and the cursor (who acts next).
             meta = self._step_meta(record, next_agent.name, record.next_state or "")
+            if agent.round_result is not None:  # what the round's end says if a resume finds it ended here
+                meta["round_result"] = agent.round_result
             t2 = _perf()
             record.version = await commit_step(
                 author=agent.name, round=self.id, step=record.session_step, meta=meta, summary=summary_of(meta)

@@ -487,10 +487,9 @@ class Session:
         resumer = self._resumer
         # Every read and write of the store here runs in a thread: the loop's other sessions run meanwhile.
         if resumer.resuming:
-            if not await asyncio.to_thread(
-                store.exists, sid
-            ):  # (never parses the stored meta, which may hold a whole plan)
+            if not await asyncio.to_thread(store.exists, sid):  # (never parses the meta: it may hold a whole plan)
                 raise SessionNotFoundError(sid)
+            opened = None
             lease = await self._held.take_lease(self.owner, self._new_fence, self.lease_wait)
             # Where to continue, read under the lease and before anything is written
             # (a session with no failed step to retry is an error that changes nothing).
@@ -499,14 +498,14 @@ class Session:
             meta = creation_meta(
                 self.task, self.mode, self.request, self.platform, self.workspace, self.plan, self.plan_file
             )
-            # The row and this runner's lease at once (one transaction on PostgreSQL).
-            lease = await self._held.create_leased(self.owner, self._new_fence, dict(meta), self.participants)
+            # The row and this runner's lease at once (one transaction on PostgreSQL), and its Context.
+            lease, opened = await self._held.create_leased(self.owner, self._new_fence, dict(meta), self.participants)
             start = resumer.locate(store)  # a new session: nothing to read
         if start.never_started:  # this run is its start: the plan's variables, then context_vars
             self.context_vars = initial_vars(self.plan, self.context_vars)
         elif resumer.resuming and not start.over:
             _ = self.plan  # a stored plan that no longer parses is a PlanError here, before anything is written
-        self.context = ctx = await self._held.open_context(lease.token, fresh=not resumer.resuming)
+        self.context = ctx = opened if opened is not None else await self._held.open_context(lease.token)
         self._cancel.opened(ctx)
         if start.over:
             self.result = self._outcome.stored_result(start.meta)
@@ -544,7 +543,8 @@ class Session:
         first = resumer.first_meta(
             start, here, task=self.task, mode=self.mode, owner=self.owner, limits=self.limits, skipped=self.skipped
         )
-        await ctx.acommit_step(author="system", meta=dict(first), summary=summary_of(first))
+        # Written with the round's start (one transaction), unless a resumed round goes on with a step.
+        await ctx.acommit_step(author="system", meta=dict(first), summary=summary_of(first), defer=self._round is None)
         for hook in self._start_hooks:
             hook(self)
         assert self._held.keeper is not None
@@ -571,6 +571,7 @@ class Session:
                 start_agent=agent,
                 start_state=state,
             )
+            self._round.agent.round_result = start.meta.get("round_result")  # (ended by its last step)
 
     def _new_fence(self, token: int) -> None:
         self.context.fence = token

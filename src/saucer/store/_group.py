@@ -4,7 +4,7 @@ When many sessions of one process commit at the same time, writing each
 event in its own transaction makes throughput bounded by the disk's flush
 latency. :class:`GroupCommitter` lets them share: each caller queues its
 append and waits; one caller at a time is the *leader*: it takes everything
-queued so far (up to ``max_batch``), writes it as one batch (one transaction,
+queued so far (up to ``max_batch`` events), writes it as one batch (one transaction,
 one COMMIT/fsync) through the backend's ``write_batch``, wakes the others with
 their own result, and hands leadership to whoever queued meanwhile.
 
@@ -44,6 +44,12 @@ backend checks each entry on its own and sets ``entry.error``. If a batch as a
 whole fails unexpectedly, the transaction was rolled back, and each entry is
 retried alone through ``write_one`` so that one bad entry cannot fail the rest.
 
+A caller may append several consecutive events of one session at once (``more``:
+the versions after its own). They travel as ONE entry of the queue, are
+written in the same transaction as each other (never split between two
+batches), and succeed or fail together: the caller gets the first refusal
+(a conflict on the first event refuses the others, whose versions follow it).
+
 A thread that runs an event loop never waits for the queue with a blocking
 call (the write it waits for could be scheduled on its own, blocked, loop):
 its synchronous appends are written directly, in their own transaction.
@@ -56,7 +62,7 @@ import sys
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +72,7 @@ if TYPE_CHECKING:  # asyncio is imported by the coroutines that use it: a comman
 from saucer.store._codec import encode_payload
 from saucer.store.model import Event
 
-__all__ = ["Pending", "GroupCommitter"]
+__all__ = ["Pending", "GroupCommitter", "unrefused"]
 
 _QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
 
@@ -109,6 +115,8 @@ class Pending:
         "_next",
         "_loop",
         "_future",
+        "more",
+        "lead",
     )
 
     def __init__(
@@ -132,11 +140,57 @@ class Pending:
         self._loop = loop
         self._future: asyncio.Future[None] | None = None
         self._wake: threading.Lock | None = None
+        #: The entries of the events appended with this one (the versions after it), written with it.
+        self.more: list[Pending] = []
+        #: For an entry of ``more``: the entry it was appended with. A backend refuses it when that
+        #: one was refused (its expected version could match a head it was never meant for).
+        self.lead: Pending | None = None
         if loop is not None:
             self._future = loop.create_future()
         elif blocking:
             self._wake = threading.Lock()
             self._wake.acquire()
+
+
+def _with_more(entry: Pending, more: Sequence[Event]) -> Pending:
+    """``entry`` with the entries of ``more``, the events of the versions after its own."""
+    if more:
+        expected, fence = entry.expected, entry.fence
+        entry.more = [Pending(e, expected + 1 + i, fence, blocking=False) for i, e in enumerate(more)]
+        for one in entry.more:
+            one.lead = entry
+    return entry
+
+
+def unrefused(batch: list[Pending]) -> list[Pending]:
+    """The entries of ``batch`` to write: one appended with an entry that was refused is refused with it
+    (for a backend writing a batch in several statements; its expected version could match a head it
+    was never meant for)."""
+    kept = []
+    for entry in batch:
+        lead = entry.lead
+        if lead is not None and lead.error is not None:
+            entry.error = lead.error
+        else:
+            kept.append(entry)
+    return kept
+
+
+def _settle_group(entry: Pending) -> None:
+    """After a write: the caller of ``entry`` and its ``more`` gets the first refusal (all or nothing)."""
+    if entry.error is None:
+        for one in entry.more:
+            if one.error is not None:
+                entry.error = one.error
+                break
+    for one in entry.more:
+        one.error = None
+
+
+def _raise_own(entry: Pending) -> None:
+    if entry.error is not None:
+        error, entry.error = entry.error, None
+        raise error
 
 
 class GroupCommitter:
@@ -186,14 +240,16 @@ class GroupCommitter:
 
     # ------------------------------------------------------------- threads
 
-    def append(self, event: Event, expected: int, fence: int | None) -> None:
-        """Write one append durably (shared with concurrent callers); raise its own error."""
+    def append(self, event: Event, expected: int, fence: int | None, more: Sequence[Event] = ()) -> None:
+        """Write one append (with ``more``, the events of the versions after it) durably, shared with
+        concurrent callers; raise its own error."""
         if _running_loop() is not None:
-            entry = Pending(event, expected, fence, blocking=False)
+            entry = _with_more(Pending(event, expected, fence, blocking=False), more)
             self._count([entry])
-            self._write_one(entry)
+            self._write_alone(entry)
+            _raise_own(entry)
             return
-        entry = Pending(event, expected, fence)
+        entry = _with_more(Pending(event, expected, fence), more)
         with self._mutex:
             self._queue.append(entry)
             leader = not self._busy
@@ -205,9 +261,7 @@ class GroupCommitter:
             self._lead(entry)
         if interrupted is not None:
             raise interrupted
-        if entry.error is not None:
-            error, entry.error = entry.error, None
-            raise error
+        _raise_own(entry)
 
     def _wait(self, entry: Pending) -> BaseException | None:
         """Block until the entry is written or its caller is made leader; return a deferred interrupt."""
@@ -244,12 +298,48 @@ class GroupCommitter:
             entry._state = _LEADER
             return True
 
+    def write_events(self, events: Sequence[Event], expected: int, fence: int | None, *, shared: bool) -> None:
+        """Write consecutive ``events`` (the versions after ``expected``) in ONE transaction, raising the
+        first refusal: one entry of the queue (``shared``), else alone through ``write_batch``."""
+        if not events:
+            return
+        if shared:
+            self.append(events[0], expected, fence, events[1:])
+            return
+        entry = _with_more(Pending(events[0], expected, fence, blocking=False), events[1:])
+        self._write_alone(entry)
+        _raise_own(entry)
+
+    async def awrite_events(
+        self,
+        events: Sequence[Event],
+        expected: int,
+        fence: int | None,
+        on_written: Callable[[], Any] | None,
+        *,
+        shared: bool,
+    ) -> None:
+        """:meth:`write_events` from a coroutine (``shared``: with the loop's other appends), calling
+        ``on_written()`` once they are durable."""
+        if shared and events:
+            await self.append_async(events[0], expected, fence, on_written, events[1:])
+            return
+        self.write_events(events, expected, fence, shared=False)
+        if on_written is not None:
+            on_written()
+
     # ---------------------------------------------------------- coroutines
 
     async def append_async(
-        self, event: Event, expected: int, fence: int | None, on_written: Callable[[], Any] | None = None
+        self,
+        event: Event,
+        expected: int,
+        fence: int | None,
+        on_written: Callable[[], Any] | None = None,
+        more: Sequence[Event] = (),
     ) -> None:
-        """Write one append durably from a coroutine, sharing the write with the loop's other appends.
+        """Write one append (with ``more``: see :meth:`append`) durably from a coroutine, sharing the
+        write with the loop's other appends.
 
         If the awaiting task is cancelled before its entry is taken for
         writing, nothing is written. Once taken, the write completes, and the
@@ -259,7 +349,7 @@ class GroupCommitter:
         import asyncio
 
         loop = asyncio.get_running_loop()
-        entry = Pending(event, expected, fence, loop=loop, on_written=on_written)
+        entry = _with_more(Pending(event, expected, fence, loop=loop, on_written=on_written), more)
         with self._mutex:
             self._queue.append(entry)
             if not self._busy:
@@ -303,9 +393,7 @@ class GroupCommitter:
                 while entry._state == _TAKEN:
                     self._written.wait()
             raise
-        if entry.error is not None:
-            error, entry.error = entry.error, None
-            raise error
+        _raise_own(entry)
 
     async def _lead_off_loop(self, loop: asyncio.AbstractEventLoop, own: Pending) -> None:
         """:meth:`_lead` on the writer thread while the loop runs on. The batch is taken at once, and
@@ -365,13 +453,11 @@ class GroupCommitter:
                     # Nothing is in flight: send half now and let the next leader send the rest at
                     # once, so that the sessions of one half run while the other half is written.
                     size = min(size, (queued + 1) // 2)
-                batch = [self._queue.popleft() for _ in range(size)]
-                for entry in batch:
-                    entry._state = _TAKEN
+                batch = self._take(size)
                 mine = own._state == _TAKEN  # (own is at the front, unless a thread took over leading)
                 self._inflight += 1
                 if mine:
-                    if self._inflight < self.max_inflight and size >= self.split_over:
+                    if self._inflight < self.max_inflight and len(batch) >= self.split_over:
                         self._hand_over()
                     else:
                         self._owed = True
@@ -386,6 +472,18 @@ class GroupCommitter:
             self._written_batch(batch, own, hand_over=False)
             if mine:
                 return
+
+    def _take(self, size: int) -> list[Pending]:
+        """Up to ``size`` callers' entries from the front of the queue (under the mutex), whole: an entry's
+        ``more`` goes with it, and counts towards ``max_batch`` (events), which only the first may pass."""
+        queue, rows = self._queue, 0
+        batch: list[Pending] = []
+        while queue and len(batch) < size and (rows < self.max_batch or not batch):
+            entry = queue.popleft()
+            entry._state = _TAKEN
+            batch.append(entry)
+            rows += 1 + len(entry.more)
+        return batch
 
     def _written_batch(self, batch: list[Pending], own: Pending, *, hand_over: bool) -> None:
         """A batch was written (or failed): wake its callers, and choose the next leader if that is owed."""
@@ -440,28 +538,49 @@ class GroupCommitter:
         self._busy = False
 
     def _count(self, batch: list[Pending]) -> None:
+        size = sum(1 + len(entry.more) for entry in batch)
         self.batches += 1
-        self.entries += len(batch)
-        if len(batch) > self.largest_batch:
-            self.largest_batch = len(batch)
+        self.entries += size
+        if size > self.largest_batch:
+            self.largest_batch = size
+
+    def _write_alone(self, entry: Pending) -> None:
+        """Write one caller's entry (and its ``more``) in its own transaction; the errors stay on the entries."""
+        if not entry.more:
+            try:
+                self._write_one(entry)
+            except Exception as exc:
+                entry.error = exc
+            return
+        group = [entry, *entry.more]
+        try:
+            self._write_batch(group)
+        except Exception as exc:  # nothing of the group was written
+            for one in group:
+                one.error = exc
+        _settle_group(entry)
 
     def _write(self, batch: list[Pending]) -> None:
         self._count(batch)
         if len(batch) == 1:
-            try:
-                self._write_one(batch[0])
-            except Exception as exc:
-                batch[0].error = exc
+            self._write_alone(batch[0])
         else:
+            rows = (
+                [one for entry in batch for one in (entry, *entry.more)]
+                if any(entry.more for entry in batch)
+                else batch
+            )
             try:
-                self._write_batch(batch)
+                self._write_batch(rows)
             except Exception:
                 for entry in batch:
                     entry.error = None
-                    try:
-                        self._write_one(entry)
-                    except Exception as exc:
-                        entry.error = exc
+                    for one in entry.more:
+                        one.error = None
+                    self._write_alone(entry)
+        for entry in batch:
+            if entry.more:
+                _settle_group(entry)
         for entry in batch:
             if entry.error is None and entry.on_written is not None:
                 try:

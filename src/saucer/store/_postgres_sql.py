@@ -22,7 +22,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from saucer.store._codec import encode_payload, encode_state
-from saucer.store._group import Pending
+from saucer.store._group import Pending, unrefused
 from saucer.store._postgres_conn import quote
 from saucer.store.model import (
     ConflictError,
@@ -35,7 +35,7 @@ from saucer.store.model import (
 )
 from saucer.store.summary import REQUEST_CHARS, Counters, ListQuery, brief_of, listed_sql, order_sql
 
-__all__ = ["Statements", "INFO_COLUMNS", "ROW_COLUMNS", "row_info"]
+__all__ = ["Statements", "INFO_COLUMNS", "ROW_COLUMNS", "row_info", "rounds_of"]
 
 _AZ = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _BY_CODE_POINT = ' COLLATE "C"'  # text sorted as Python sorts it, whatever the database's collation
@@ -55,6 +55,24 @@ def row_info(row: Sequence[Any]) -> SessionInfo:
     if isinstance(meta, (str, bytes)):
         meta = orjson.loads(meta)
     return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], dict(meta or {}))
+
+
+def rounds_of(entries: list[Pending]) -> list[list[Pending]]:
+    """A batch's appends as the rounds its statements write, in order: at most one entry per session
+    in a round (a session's second append queued at once, or the events appended with it, go later)."""
+    rounds: list[list[Pending]] = [[]]
+    seen: list[set[str]] = [set()]
+    for entry in entries:
+        sid = entry.event.session_id
+        i = 0
+        while sid in seen[i]:
+            i += 1
+            if i == len(rounds):
+                rounds.append([])
+                seen.append(set())
+        rounds[i].append(entry)
+        seen[i].add(sid)
+    return rounds
 
 
 def _jsonb(value: Any) -> Jsonb:
@@ -180,6 +198,9 @@ class Statements:
         Each entry it did not write gets its error; every entry goes into
         ``settled`` (its outcome is certain) once the statement has returned.
         """
+        batch = unrefused(batch)
+        if not batch:
+            return
         try:
             rows = orjson.dumps([_row(entry) for entry in batch]).decode()
         except orjson.JSONEncodeError as exc:  # a text psycopg could not have sent either (e.g. a lone surrogate)

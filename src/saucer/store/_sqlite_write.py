@@ -241,6 +241,10 @@ def write_batch(conn: sqlite3.Connection, entries: list[Pending]) -> int:
     for entry in entries:
         event = entry.event
         sid = event.session_id
+        lead = entry.lead
+        if lead is not None and lead.error is not None:
+            entry.error = lead.error  # appended with a refused one: refused with it
+            continue
         if entry.fence is not None:
             token, owner = leases.get(sid, (None, None))
             if token != entry.fence:

@@ -37,12 +37,12 @@ from saucer.redaction import redact, redact_text
 from saucer.store.lineage import DEFAULT_BATCH, Lineage
 from saucer.store.listing import SummaryKeeper
 from saucer.store.model import (
-    PARTICIPANTS_KEY,
     SESSION_ID_MAX_LENGTH,
     ConflictError,
     CorruptRecordError,
     DamagedStoreError,
     Event,
+    EventDraft,
     Feature,
     FencedError,
     FormatTooNewError,
@@ -63,9 +63,9 @@ from saucer.store.model import (
     ValueNotStorableError,
     VersionNotFoundError,
     VersionPrunedError,
-    check_participants,
     check_session_id,
     check_version,
+    creation_meta,
     make_event,
 )
 from saucer.store.pruning import Pruner
@@ -100,6 +100,7 @@ __all__ = [
     "Snapshot",
     "Lease",
     "Event",
+    "EventDraft",
     "Feature",
     "EventStore",
     "Recorder",
@@ -168,7 +169,7 @@ class EventStore(Recorder):
         declares who may write (:attr:`SessionInfo.participants`, kept with the
         row from the first moment; None: every writer may).
         """
-        meta = _creation_meta(session_id, meta, participants)
+        meta = creation_meta(session_id, meta, participants)
         now = time.time()
         version = 0
         if parent_id is not None:
@@ -195,7 +196,7 @@ class EventStore(Recorder):
         """:meth:`create_session` (not a fork) and :meth:`acquire_lease` for ``owner`` at once: what a
         runner starting a new session does. The PostgreSQL store makes both in ONE statement (one
         round trip, one transaction); :class:`SessionExistsError` if the id is taken (nothing is leased)."""
-        meta = _creation_meta(session_id, meta, participants)
+        meta = creation_meta(session_id, meta, participants)
         now = time.time()
         info = SessionInfo(session_id, 0, now, now, None, None, meta)
         return info, self.create_row_leased(info, self.summaries.new_counters(info), owner, ttl)
@@ -343,6 +344,33 @@ class EventStore(Recorder):
         return self.awrite_event(
             event, expected_version, fence, None if on_written is None else partial(on_written, event)
         )
+
+    def append_many(
+        self, session_id: str, expected_version: int, drafts: Sequence[EventDraft], *, fence: int | None = None
+    ) -> list[Event]:
+        """Commit ``drafts`` as the consecutive events after ``expected_version``, in ONE transaction:
+        all of them or none (a conflict on the first refuses them all). Each keeps its own author,
+        round, step, meta, summary and time, as separate :meth:`append` calls would record them."""
+        events = _new_events(session_id, expected_version, drafts)
+        self.write_events(events, expected_version, fence)
+        return events
+
+    async def aappend_many(
+        self,
+        session_id: str,
+        expected_version: int,
+        drafts: Sequence[EventDraft],
+        *,
+        fence: int | None = None,
+        on_written: Callable[[list[Event]], Any] | None = None,
+    ) -> list[Event]:
+        """:meth:`append_many` for coroutines (one fsync, shared as :meth:`aappend`'s are), calling
+        ``on_written(events)`` as soon as they are durable (see :meth:`aappend`)."""
+        events = _new_events(session_id, expected_version, drafts)
+        await self.awrite_events(
+            events, expected_version, fence, None if on_written is None else partial(on_written, events)
+        )
+        return events
 
     def read(self, session_id: str, after: int = 0, upto: int | None = None) -> Iterator[Event]:
         """Events of the session's whole lineage with ``after < version <= upto``.
@@ -518,6 +546,7 @@ def new_event(
     step: int | None,
     meta: dict[str, Any] | None,
     summary: SummaryDelta | None,
+    timestamp: float | None = None,
 ) -> tuple[Event, bytes]:
     """The event :meth:`EventStore.append` writes, and its meta's JSON as it is stored (``b""`` for none).
 
@@ -543,20 +572,21 @@ def new_event(
     if summary is not None and summary.reason:
         # a summary's reason is an error's or a refusal's text too (listed by saucer sessions, exported)
         summary = replace(summary, reason=redact_text(summary.reason))
-    return make_event(session_id, expected_version + 1, time.time(), author, round, step, ops, meta, summary), encoded
+    when = time.time() if timestamp is None else timestamp
+    return make_event(session_id, expected_version + 1, when, author, round, step, ops, meta, summary), encoded
+
+
+def _new_events(session_id: str, expected_version: int, drafts: Sequence[EventDraft]) -> list[Event]:
+    """The events of :meth:`EventStore.append_many` (ValueError for none)."""
+    if not drafts:
+        raise ValueError("append_many needs at least one event")
+    return [
+        new_event(session_id, expected_version + i, d.ops, d.author, d.round, d.step, d.meta, d.summary, d.timestamp)[0]
+        for i, d in enumerate(drafts)
+    ]
 
 
 _dumps = orjson.dumps
-
-
-def _creation_meta(session_id: str, meta: dict[str, Any] | None, participants: Sequence[str] | None) -> dict[str, Any]:
-    """A new session's meta, its id checked: ``participants`` (checked) are the only ones it declares."""
-    check_session_id(session_id)
-    meta = dict(meta or {})
-    meta.pop(PARTICIPANTS_KEY, None)  # only the typed argument declares them
-    if participants is not None:
-        meta[PARTICIPANTS_KEY] = check_participants(participants)
-    return meta
 
 
 def _listed(read: Callable[[str, int], Iterator[Event]], session_id: str, after: int) -> list[Event]:

@@ -238,6 +238,39 @@ class MemoryStore(EventStore):
             d.heads[sid] = (event.version, event.timestamp)  # the row and the counters follow when read
             d.unfolded[sid] = d.unfolded.get(sid, 0) + 1
 
+    def write_events(self, events: Sequence[Event], expected_version: int, fence: int | None) -> None:
+        # Under the lock at once: all of them or none.
+        self._meta_json = None
+        kept = [_keep(event, None) for event in events]
+        if not events:
+            return
+        sid = events[0].session_id
+        d = self._d
+        with d.lock:
+            info = d.rows.get(sid)
+            if info is None:
+                raise SessionNotFoundError(sid)
+            if fence is not None:
+                current = d.tokens.get(sid)
+                if current != fence:
+                    lease = d.leases.get(sid)
+                    raise FencedError(sid, fence, current, lease.owner if lease else None)
+            head = d.heads.get(sid)
+            version = info.version if head is None else head[0]
+            if version != expected_version:
+                raise ConflictError(sid, expected_version, version)
+            d.events[sid].extend(kept)
+            d.heads[sid] = (events[-1].version, events[-1].timestamp)
+            d.unfolded[sid] = d.unfolded.get(sid, 0) + len(kept)
+
+    def awrite_events(
+        self, events: Sequence[Event], expected_version: int, fence: int | None, on_written: Callable[[], object] | None
+    ) -> Awaitable[None]:
+        self.write_events(events, expected_version, fence)
+        if on_written is not None:
+            on_written()
+        return _DONE
+
     def awrite_event(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], object] | None
     ) -> Awaitable[None]:

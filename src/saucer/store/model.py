@@ -28,9 +28,11 @@ from saucer.store.summary import SummaryDelta
 
 __all__ = [
     "Event",
+    "EventDraft",
     "make_event",
     "Feature",
     "copy_json",
+    "creation_meta",
     "paused_gc",
     "op_key",
     "StoreError",
@@ -349,6 +351,20 @@ def make_event(
     return event
 
 
+@dataclass(slots=True)
+class EventDraft:
+    """One event of :meth:`~saucer.store.EventStore.append_many`, before it has a version: what
+    :meth:`~saucer.store.EventStore.append` takes, and when it happened (None: when it is appended)."""
+
+    ops: list[dict[str, Any]]
+    author: str
+    round: int | None = None
+    step: int | None = None
+    meta: dict[str, Any] | None = None
+    summary: SummaryDelta | None = None
+    timestamp: float | None = None
+
+
 def op_key(op: Mapping[str, Any]) -> str:
     """The display key of an operation: the typed name, or ``vars.<key>``."""
     name = op.get("name")
@@ -416,6 +432,16 @@ def check_participants(names: Any) -> list[str]:
             raise ValueError(f"a participant is a non-empty name, not {name!r}")
         out.add(name)
     return sorted(out)
+
+
+def creation_meta(session_id: str, meta: dict[str, Any] | None, participants: Sequence[str] | None) -> dict[str, Any]:
+    """A new session's meta, its id checked: ``participants`` (checked) are the only ones it declares."""
+    check_session_id(session_id)
+    meta = dict(meta or {})
+    meta.pop(PARTICIPANTS_KEY, None)  # only the typed argument declares them
+    if participants is not None:
+        meta[PARTICIPANTS_KEY] = check_participants(participants)
+    return meta
 
 
 @dataclass(frozen=True, slots=True)

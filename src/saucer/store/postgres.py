@@ -100,7 +100,7 @@ from saucer.store._postgres_conn import (
 )
 from saucer.store._postgres_conn import migrate as migrate_schema
 from saucer.store._postgres_listen import Listener, watch_notified
-from saucer.store._postgres_sql import INFO_COLUMNS, ROW_COLUMNS, Statements, row_info
+from saucer.store._postgres_sql import INFO_COLUMNS, ROW_COLUMNS, Statements, rounds_of, row_info
 from saucer.store.base import (
     EventStore,
     Feature,
@@ -361,6 +361,14 @@ class PostgresStore(EventStore):
         else:
             self._write_one(Pending(event, expected_version, fence, blocking=False))
 
+    def write_events(self, events: Sequence[Event], expected_version: int, fence: int | None) -> None:
+        self._committer.write_events(events, expected_version, fence, shared=self.group_commit)
+
+    def awrite_events(
+        self, events: Sequence[Event], expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
+    ) -> Awaitable[None]:
+        return self._committer.awrite_events(events, expected_version, fence, on_written, shared=self.group_commit)
+
     def awrite_event(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
     ) -> Awaitable[None]:
@@ -391,18 +399,7 @@ class PostgresStore(EventStore):
         happened: those entries get an :class:`OutcomeUnknownError` saying so
         instead of being retried, which could write them twice.
         """
-        rounds: list[list[Pending]] = [[]]
-        seen: list[set[str]] = [set()]
-        for entry in entries:
-            sid = entry.event.session_id
-            i = 0
-            while sid in seen[i]:
-                i += 1
-                if i == len(rounds):
-                    rounds.append([])
-                    seen.append(set())
-            rounds[i].append(entry)
-            seen[i].add(sid)
+        rounds = rounds_of(entries)
         settled: set[int] = set()  # entries whose outcome is certain
         with self._db.conn() as conn:
             try:

@@ -143,6 +143,21 @@ class Recorder(ABC):
         is durable, even if the awaiting task was cancelled meanwhile; by default, synchronously."""
         return _write_now(self, event, expected_version, fence, on_written)
 
+    def write_events(self, events: Sequence[Event], expected_version: int, fence: int | None) -> None:
+        """Append ``events``, of the consecutive versions after ``expected_version``, as :meth:`write_event`
+        does each one, in ONE transaction: all of them or none (a conflict, a fence or a crash refuses them
+        all). By default each is written alone, in order (a crash may leave the first ones, as separate
+        appends would); saucer's backends write them at once (one fsync, one round trip)."""
+        for i, event in enumerate(events):
+            self.write_event(event, expected_version + i, fence)
+
+    def awrite_events(
+        self, events: Sequence[Event], expected_version: int, fence: int | None, on_written: Callable[[], object] | None
+    ) -> Awaitable[None]:
+        """:meth:`write_events` from a coroutine, calling ``on_written()`` once all are durable (see
+        :meth:`awrite_event`); by default, synchronously."""
+        return _write_all_now(self, events, expected_version, fence, on_written)
+
     def note_meta_json(self, event: Event, meta_json: bytes) -> None:
         """The JSON of ``event``'s meta (``b""`` for none) as the append that made it encoded it, just
         before :meth:`write_event` (or :meth:`awrite_event`) is called with it: a backend that keeps
@@ -268,5 +283,17 @@ async def _write_now(
     recorder: Recorder, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], object] | None
 ) -> None:
     recorder.write_event(event, expected_version, fence)
+    if on_written is not None:
+        on_written()
+
+
+async def _write_all_now(
+    recorder: Recorder,
+    events: Sequence[Event],
+    expected_version: int,
+    fence: int | None,
+    on_written: Callable[[], object] | None,
+) -> None:
+    recorder.write_events(events, expected_version, fence)
     if on_written is not None:
         on_written()

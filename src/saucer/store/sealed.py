@@ -122,6 +122,22 @@ class SealedStore(EventStore):
             exc.event = event
             raise
 
+    def write_events(self, events: Sequence[Event], expected_version: int, fence: int | None) -> None:
+        try:
+            self.inner.write_events([self._seal(e) for e in events], expected_version, fence)
+        except OutcomeUnknownError as exc:
+            exc.event = _opened(exc, events)
+            raise
+
+    async def awrite_events(
+        self, events: Sequence[Event], expected_version: int, fence: int | None, on_written: Callable[[], object] | None
+    ) -> None:
+        try:
+            await self.inner.awrite_events([self._seal(e) for e in events], expected_version, fence, on_written)
+        except OutcomeUnknownError as exc:
+            exc.event = _opened(exc, events)
+            raise
+
     def read_own(self, session_id: str, after: int, upto: int | None) -> Iterator[Event]:
         for event in self.inner.read_own(session_id, after, upto):
             yield self._open(event)
@@ -215,3 +231,9 @@ class SealedStore(EventStore):
             [self._seal_snapshot(s) for s in snapshots],
             None if meta is None else self._seal_info(SessionInfo(session_id, 0, 0, 0, None, None, meta)).meta,
         )
+
+
+def _opened(exc: OutcomeUnknownError, events: Sequence[Event]) -> Event | None:
+    """The caller's own (opened) event of the sealed one an unknown outcome names."""
+    version = None if exc.event is None else exc.event.version
+    return next((e for e in events if e.version == version), events[-1] if events else None)

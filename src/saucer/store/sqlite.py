@@ -312,6 +312,16 @@ class SQLiteStore(EventStore):
         else:
             self._write_one(Pending(event, expected_version, fence, blocking=False))
 
+    def write_events(self, events: Sequence[Event], expected_version: int, fence: int | None) -> None:
+        self._group_committer().write_events(events, expected_version, fence, shared=self.group_commit)
+
+    def awrite_events(
+        self, events: Sequence[Event], expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
+    ) -> Awaitable[None]:
+        return self._group_committer().awrite_events(
+            events, expected_version, fence, on_written, shared=self.group_commit
+        )
+
     def awrite_event(
         self, event: Event, expected_version: int, fence: int | None, on_written: Callable[[], Any] | None
     ) -> Awaitable[None]:

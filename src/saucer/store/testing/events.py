@@ -11,11 +11,14 @@ from saucer.store.base import EventStore
 from saucer.store.model import (
     ConflictError,
     Event,
+    EventDraft,
     Feature,
+    FencedError,
     SessionNotFoundError,
     StoreError,
     ValueNotStorableError,
 )
+from saucer.store.summary import SummaryDelta
 from saucer.store.testing.helpers import base_state, fill, set_op
 
 __all__ = ["EventContract"]
@@ -77,6 +80,88 @@ class EventContract:
         with pytest.raises(ConflictError):
             asyncio.run(stale())
         assert len(written) == 2 and store.head("a") == 1
+
+    def test_append_many_writes_consecutive_attributable_events(self, store: EventStore) -> None:
+        store.create_session("m")
+        fill(store, "m", 1)
+        drafts = [
+            EventDraft(set_op("a", 1), "system", meta={"kind": "start"}, timestamp=1_700_000_000.5),
+            EventDraft(set_op("b", [2]), "agent:x", round=1, step=4, summary=SummaryDelta(status="running")),
+            EventDraft([], "evaluator:e", round=1, meta={"kind": "end"}, summary=SummaryDelta(status="finished")),
+        ]
+        events = store.append_many("m", 1, drafts)
+        assert [(e.version, e.author, e.round, e.step) for e in events] == [
+            (2, "system", None, None),
+            (3, "agent:x", 1, 4),
+            (4, "evaluator:e", 1, None),
+        ]
+        assert events[0].timestamp == 1_700_000_000.5 and events[2].timestamp >= events[1].timestamp > 1.8e9 - 1e9
+        read = list(store.read("m", 1))
+        assert [(e.version, e.author, e.round, e.step, e.ops, e.meta) for e in read] == [
+            (e.version, e.author, e.round, e.step, e.ops, e.meta) for e in events
+        ]
+        assert read[0].timestamp == 1_700_000_000.5 and store.head("m") == 4
+        (row,) = store.list_sessions(ids=["m"])
+        assert (row.status, row.steps, row.version) == ("finished", 4, 4)
+        with pytest.raises(ValueError):
+            store.append_many("m", 4, [])
+
+    def test_append_many_is_all_or_none(self, store: EventStore) -> None:
+        store.create_session("m")
+        fill(store, "m", 2)
+        two = [EventDraft(set_op("x", 1), "t"), EventDraft(set_op("y", 2), "t")]
+        with pytest.raises(ConflictError) as stale:
+            store.append_many("m", 1, two)  # another writer wrote version 2 meanwhile
+        assert (stale.value.expected, stale.value.actual) == (1, 2)
+        lease = store.acquire_lease("m", "w", ttl=30)
+        with pytest.raises(FencedError):
+            store.append_many("m", 2, two, fence=lease.token + 1)
+        with pytest.raises(SessionNotFoundError):
+            store.append_many("ghost", 0, two)
+        assert store.head("m") == 2 and [e.version for e in store.read("m")] == [1, 2]
+        assert [e.version for e in store.append_many("m", 2, two, fence=lease.token)] == [3, 4]
+
+    def test_async_append_many_is_durable_and_reported(self, store: EventStore) -> None:
+        store.create_session("a")
+        store.create_session("b")
+        written: list[list[Event]] = []
+        drafts = [EventDraft(set_op("x", i), "t", round=1, step=i) for i in range(3)]
+
+        async def commit_both() -> tuple[list[Event], Event]:
+            many, one = await asyncio.gather(
+                store.aappend_many("a", 0, drafts, on_written=written.append),
+                store.aappend("b", 0, set_op("x", 9), author="t"),
+            )
+            return many, one
+
+        many, one = asyncio.run(commit_both())
+        assert written == [many] and [e.version for e in many] == [1, 2, 3] and one.version == 1
+        assert [e.ops for e in store.read("a")] == [d.ops for d in drafts]
+
+        async def stale() -> None:
+            await store.aappend_many("a", 1, drafts, on_written=written.append)
+
+        with pytest.raises(ConflictError):
+            asyncio.run(stale())
+        assert len(written) == 1 and store.head("a") == 3
+
+    def test_watch_sees_every_event_of_append_many(self, store: EventStore) -> None:
+        store.create_session("w")
+
+        async def watch_while_appending() -> list[int]:
+            seen: list[int] = []
+            stream = store.watch("w", 0, interval=0.02)
+            try:
+                await store.aappend_many("w", 0, [EventDraft(set_op("i", i), "t") for i in range(3)])
+                async for event in stream:
+                    seen.append(event.version)
+                    if len(seen) == 3:
+                        break
+            finally:
+                await stream.aclose()  # type: ignore[attr-defined]  # watch() is an async generator
+            return seen
+
+        assert asyncio.run(asyncio.wait_for(watch_while_appending(), timeout=10)) == [1, 2, 3]
 
     def test_events_round_trip_exactly(self, store: EventStore) -> None:
         store.create_session("s")
