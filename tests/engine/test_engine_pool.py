@@ -83,15 +83,33 @@ def test_pool_of_20_at_concurrency_4_with_2_failures(make_settings: Any, tmp_pat
     store.close()
 
 
+class OverlapDispatcher(FakeDispatcher):
+    """A FakeDispatcher that counts the commands in flight at once (each waits ``delay`` seconds)."""
+
+    def __init__(self, counter: dict[str, int]) -> None:
+        super().__init__(delay=0.05)
+        self.counter = counter
+
+    async def execute_commands(self, commands: Any, timeout: float | None = None) -> Any:
+        self.counter["now"] += 1
+        self.counter["peak"] = max(self.counter["peak"], self.counter["now"])
+        try:
+            return await super().execute_commands(commands, timeout)
+        finally:
+            self.counter["now"] -= 1
+
+
 def test_pool_runs_sessions_concurrently_not_one_by_one(settings: Any) -> None:
+    counter = {"now": 0, "peak": 0}
     sessions = [
         Session(
-            f"c{i}", mode="follower", settings=settings, plan=command_plan(2), dispatcher=FakeDispatcher(delay=0.05)
+            f"c{i}", mode="follower", settings=settings, plan=command_plan(2), dispatcher=OverlapDispatcher(counter)
         )
         for i in range(8)
     ]
     pool = SessionPool(sessions, max_concurrency=8)
     results = asyncio.run(pool.run_all())
     assert all(r.ok for r in results)
-    # 8 sessions × 2 steps × 50 ms would take 0.8 s one by one.
-    assert pool.wall_time < 0.5
+    # One by one, never more than one command would wait at a time (the wall time is not asserted: under
+    # load it says more about the machine than about the pool).
+    assert counter["peak"] > 1, counter
