@@ -222,18 +222,7 @@ class MemoryStore(EventStore):
         sid = event.session_id
         d = self._d
         with d.lock:
-            info = d.rows.get(sid)
-            if info is None:
-                raise SessionNotFoundError(sid)
-            if fence is not None:
-                current = d.tokens.get(sid)
-                if current != fence:
-                    lease = d.leases.get(sid)
-                    raise FencedError(sid, fence, current, lease.owner if lease else None)
-            head = d.heads.get(sid)
-            version = info.version if head is None else head[0]
-            if version != expected_version:
-                raise ConflictError(sid, expected_version, version)
+            _check_head(d, sid, expected_version, fence)
             d.events[sid].append(kept)
             d.heads[sid] = (event.version, event.timestamp)  # the row and the counters follow when read
             d.unfolded[sid] = d.unfolded.get(sid, 0) + 1
@@ -247,18 +236,7 @@ class MemoryStore(EventStore):
         sid = events[0].session_id
         d = self._d
         with d.lock:
-            info = d.rows.get(sid)
-            if info is None:
-                raise SessionNotFoundError(sid)
-            if fence is not None:
-                current = d.tokens.get(sid)
-                if current != fence:
-                    lease = d.leases.get(sid)
-                    raise FencedError(sid, fence, current, lease.owner if lease else None)
-            head = d.heads.get(sid)
-            version = info.version if head is None else head[0]
-            if version != expected_version:
-                raise ConflictError(sid, expected_version, version)
+            _check_head(d, sid, expected_version, fence)
             d.events[sid].extend(kept)
             d.heads[sid] = (events[-1].version, events[-1].timestamp)
             d.unfolded[sid] = d.unfolded.get(sid, 0) + len(kept)
@@ -427,3 +405,20 @@ class MemoryStore(EventStore):
             d.events[sid] = [_keep(e) for e in events]
             d.snapshots[sid] = {s.version: replace(s, state=copy_json(s.state)) for s in snapshots}
             d.counters[sid] = counters
+
+
+def _check_head(d: _Data, sid: str, expected_version: int, fence: int | None) -> None:
+    """Refuse an append to ``sid`` (under ``d.lock``) unless it exists, ``fence`` holds its lease, and its head
+    is ``expected_version``."""
+    info = d.rows.get(sid)
+    if info is None:
+        raise SessionNotFoundError(sid)
+    if fence is not None:
+        current = d.tokens.get(sid)
+        if current != fence:
+            lease = d.leases.get(sid)
+            raise FencedError(sid, fence, current, lease.owner if lease else None)
+    head = d.heads.get(sid)
+    version = info.version if head is None else head[0]
+    if version != expected_version:
+        raise ConflictError(sid, expected_version, version)
