@@ -98,7 +98,9 @@ def test_what_is_stored_is_what_is_shown(store: EventStore) -> None:
         assert (
             "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; {{ 7*7 }}" in page.text or "&lt;script&gt;" in page.text
         ), url
-        assert "49" not in text(page.text).replace("2049", ""), url  # the template never evaluated {{ 7*7 }}
+        # The template never evaluated {{ 7*7 }} (the page's times, e.g. 23:49:01, may hold a 49 of their own).
+        shown = re.sub(r"\d{4}-\d\d-\d\d|\d\d:\d\d(:\d\d(\.\d+)?)?", "", text(page.text))
+        assert not re.search(r"(?<![\d.])49(?![\d.])", shown), url
 
 
 def test_a_large_value_is_cut_with_a_link_to_all_of_it(store: EventStore) -> None:
