@@ -36,16 +36,21 @@ class AppendingDispatcher:
         return out
 
 
-def main(argv: list[str]) -> int:
+def run_or_resume(argv: list[str], *, name: str, overrides: dict[str, Any] | None = None, observer: Any = None) -> int:
+    """``run`` (a new session of the plan, named ``name``) or ``resume`` the session; print its result as JSON.
+
+    ``argv`` is ``run|resume DB_URL SESSION_ID PLAN_FILE LINES_FILE LOGS_ROOT``; ``overrides`` go over the
+    settings every child uses (1 s lease, no round limit, no experience saved).
+    """
     action, db_url, session_id, plan_file, lines_file, logs_root = argv
     settings = load_settings(
         overrides={
             "store.url": db_url,
             "store.lease_ttl": 1.0,
             "logs.root": logs_root,
-            "system.max_step": 1000,
             "system.max_round": 0,  # no limit: the plan is longer than the default 10 rounds
             "system.save_experience": "always_not",
+            **(overrides or {}),
         }
     )
     dispatcher = AppendingDispatcher(lines_file)
@@ -53,19 +58,24 @@ def main(argv: list[str]) -> int:
         with open(plan_file, encoding="utf-8") as fh:
             plan = json.load(fh)
         session = Session(
-            "killme",
+            name,
             mode="follower",
             settings=settings,
             session_id=session_id,
             plan=plan,
             plan_file=plan_file,
             dispatcher=dispatcher,
+            observer=observer,
         )
     else:
         session = Session.resume(session_id, settings=settings, dispatcher=dispatcher, lease_wait=10.0)
     result = asyncio.run(session.run())
     print(json.dumps(result.to_dict()))
     return 0 if result.ok else 1
+
+
+def main(argv: list[str]) -> int:
+    return run_or_resume(argv, name="killme", overrides={"system.max_step": 1000})
 
 
 if __name__ == "__main__":

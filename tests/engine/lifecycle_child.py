@@ -11,17 +11,12 @@ written yet), which is where the parent kills the process.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from follower_child import AppendingDispatcher
-
-from saucer.config import load_settings
-from saucer.engine import Session
+from follower_child import run_or_resume
 
 
 class _HoldAtRoundEnd:
@@ -36,37 +31,13 @@ class _HoldAtRoundEnd:
 
 
 def main(argv: list[str]) -> int:
-    action, db_url, session_id, plan_file, lines_file, logs_root, hold_round, marker = argv
-    settings = load_settings(
-        overrides={
-            "store.url": db_url,
-            "store.lease_ttl": 1.0,
-            "logs.root": logs_root,
-            "system.max_round": 0,
-            "system.eva_round": True,  # a round's end and its evaluation, both deferred
-            "system.save_experience": "always_not",
-        }
+    hold_round, marker = int(argv[6]), argv[7]
+    return run_or_resume(
+        argv[:6],
+        name="lifecycle",
+        overrides={"system.eva_round": True},  # a round's end and its evaluation, both deferred
+        observer=_HoldAtRoundEnd(hold_round, marker) if hold_round >= 0 else None,
     )
-    dispatcher = AppendingDispatcher(lines_file)
-    observer = _HoldAtRoundEnd(int(hold_round), marker) if int(hold_round) >= 0 else None
-    if action == "run":
-        with open(plan_file, encoding="utf-8") as fh:
-            plan = json.load(fh)
-        session = Session(
-            "lifecycle",
-            mode="follower",
-            settings=settings,
-            session_id=session_id,
-            plan=plan,
-            plan_file=plan_file,
-            dispatcher=dispatcher,
-            observer=observer,
-        )
-    else:
-        session = Session.resume(session_id, settings=settings, dispatcher=dispatcher, lease_wait=10.0)
-    result = asyncio.run(session.run())
-    print(json.dumps(result.to_dict()))
-    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":
