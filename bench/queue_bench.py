@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -185,7 +186,8 @@ def _gc_pauses(path: Path) -> Callable[..., None]:
         if took > stats[1]:
             stats[1], stats[2] = took, info["generation"]
         if stats[0] % 50 == 0 or took == stats[1]:
-            path.write_text(f"{stats[0]} {stats[1]:.6f} {stats[2]}")
+            with contextlib.suppress(OSError):  # (before the ticker made the folder, or after the bench removed it)
+                path.write_text(f"{stats[0]} {stats[1]:.6f} {stats[2]}")
 
     def reset(stop: bool = False) -> None:
         if stop:
