@@ -199,6 +199,21 @@ def _gc_pauses(path: Path) -> Callable[..., None]:
     return reset
 
 
+def _thread_cpu() -> dict[str, float]:
+    """The CPU seconds of each of this process's threads so far, by kind: the loop's (``loop``), the default
+    executor's (``asyncio``), psycopg's pools' workers, the store's writer... (a number in a name dropped)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    loop_thread = threading.get_native_id()
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        name = "loop" if tid == loop_thread else names.get(tid, "other")
+        kind = "".join(c for c in name.split(" ")[0] if not c.isdigit()).strip("-_ ") or name
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def _worker_main(url: str, logs: str) -> None:
     from saucer.queue import run_worker
 
@@ -210,13 +225,21 @@ def _worker_main(url: str, logs: str) -> None:
         # registered, the jobs about to be queued) to its SIGUSR2 (all jobs done): start-up and shutdown left out.
         mark = [time.process_time(), 0.0]
 
+        threads: list[dict[str, float]] = [{}]
+
         def jobs_start() -> None:
+            threads[0] = _thread_cpu()
             mark[0] = time.process_time()
             seen[:] = [0.0, 0.0, 0.0]
             gc_reset()
 
         def jobs_done() -> None:
             mark[1] = time.process_time()
+            now = _thread_cpu()
+            spent = {kind: cpu - threads[0].get(kind, 0.0) for kind, cpu in now.items()}
+            (Path(logs) / f"threads-{os.getpid()}").write_text(
+                "\n".join(f"{kind} {cpu:.6f}" for kind, cpu in spent.items())
+            )
             seen[2] = 1.0
             gc_reset(stop=True)
 
@@ -285,6 +308,9 @@ def _pg_cpu_since(base: str, before: dict[int, float]) -> float:
     """The CPU seconds the bench database's backends used since ``before`` (:func:`_backends`)."""
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in _backends(base).items())  # (one gone meanwhile: lost)
 
+
+#: The workers' CPU seconds by kind of thread (see :func:`_thread_cpu`), by number of workers.
+_THREADS: dict[int, dict[str, float]] = {}
 
 #: The bench's database (no schema): where it reads the server's statistics.
 _BASE = [""]
@@ -366,6 +392,12 @@ def through_queue(url: str, logs: Path, sessions: int, workers: int, plan: dict[
         for proc in procs:
             proc.wait(timeout=60)
         _CPU[0] = sum(float(p.read_text() or 0) for p in logs.glob("cpu-*"))
+        by_thread: dict[str, float] = {}
+        for p in logs.glob("threads-*"):
+            for line in p.read_text().splitlines():
+                kind, cpu = line.rsplit(" ", 1)
+                by_thread[kind] = by_thread.get(kind, 0.0) + float(cpu)
+        _THREADS[workers] = by_thread
 
 
 def main() -> int:
@@ -464,6 +496,9 @@ def main() -> int:
             f"{cpus['queue, 1 worker process'] - cpus['one process (SessionPool, no queue)']:.2f} ms more through "
             "1 worker than without the queue (PostgreSQL's own CPU not counted)"
         )
+    for w, by_thread in _THREADS.items():
+        spent = ", ".join(f"{k} {v / n * 1000:.2f}" for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v)
+        print(f"CPU ms per job by thread, {w} worker{'s' if w > 1 else ''}: {spent}")
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine moves these figures)")
     return 0
 
