@@ -22,17 +22,23 @@ the queue's overhead per job: the
 1-worker run's wall time minus the one-process run's, over the sessions
 (the same concurrency, so what is left is what the queue adds: the enqueue,
 the fetch, the job's status writes and the worker's own session lookups).
+
+``SAUCER_BENCH_PROFILE=/tmp/prof`` writes each worker's cProfile (CPU time of its loop's thread) to
+``/tmp/prof-<pid>.prof``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -122,55 +128,199 @@ def one_process(url: str, logs: Path, sessions: int, plan: dict[str, Any]) -> fl
         Session("bench", mode="follower", settings=settings, store=store, plan=plan, dispatcher=tool)
         for _ in range(sessions)
     ]
+    pg = _backends(_BASE[0])
     t, cpu = time.perf_counter(), time.process_time()
     results = asyncio.run(SessionPool(items, max_concurrency=4).run_all())
     wall = time.perf_counter() - t
     _CPU[0] = time.process_time() - cpu
+    _PG_CPU[0] = _pg_cpu_since(_BASE[0], pg)
     store.close()
     assert all(r.ok for r in results)
     return wall
 
 
-async def _stall_ticker(path: Path, period: float = 0.001) -> None:
-    """Wake every ``period`` s; keep the longest lateness seen (the loop's longest stall) in ``path``."""
-    longest = 0.0
+def _run_delay(fd: int) -> float:
+    """Seconds the thread of ``fd`` (its ``/proc/.../schedstat``) has waited, runnable, for a core."""
+    return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+
+
+async def _stall_ticker(path: Path, seen: list[float], period: float = 0.001) -> None:
+    """Wake every ``period`` s; keep in ``seen`` and ``path`` the longest lateness seen (the loop's longest
+    stall) and the longest lateness net of the time the loop's thread waited for a core meanwhile (the
+    kernel's run-queue delay, from its ``schedstat``): what the process itself held the loop for (its
+    callbacks, a blocking call, a garbage collection, another of its threads holding the GIL), with the
+    machine's other load left out. Setting ``seen`` to zeros starts again (the jobs' start); its third item
+    set stops it (the jobs' end)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     loop = asyncio.get_running_loop()
-    while True:
-        due = loop.time() + period
-        await asyncio.sleep(period)
-        late = loop.time() - due
-        if late > longest:
-            longest = late
-            path.write_text(f"{longest:.6f}")
+    fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+    try:
+        while True:
+            due, waited = loop.time() + period, _run_delay(fd)
+            await asyncio.sleep(period)
+            late = loop.time() - due
+            if late > seen[1] and not seen[2]:
+                mine = late - (_run_delay(fd) - waited)
+                if late > seen[0] or mine > seen[1]:
+                    seen[:2] = [max(seen[0], late), max(seen[1], mine)]
+                    path.write_text(f"{seen[0]:.6f} {seen[1]:.6f}")
+    finally:
+        os.close(fd)
+
+
+def _gc_pauses(path: Path) -> Callable[..., None]:
+    """Keep in ``path`` this process's garbage collections from now: their count, the longest, and its
+    generation; returns what starts the count again (the jobs' start) or, given True, stops it (their end)."""
+    started = [0.0]
+    stats = [0, 0.0, 0]
+    stopped = [False]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if stopped[0]:
+            return
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        took = time.perf_counter() - started[0]
+        stats[0] += 1
+        if took > stats[1]:
+            stats[1], stats[2] = took, info["generation"]
+        if stats[0] % 50 == 0 or took == stats[1]:
+            with contextlib.suppress(OSError):  # (before the ticker made the folder, or after the bench removed it)
+                path.write_text(f"{stats[0]} {stats[1]:.6f} {stats[2]}")
+
+    def reset(stop: bool = False) -> None:
+        if stop:
+            stopped[0] = True
+        else:
+            stats[:] = [0, 0.0, 0]
+
+    gc.callbacks.append(callback)
+    return reset
+
+
+def _thread_cpu() -> dict[str, float]:
+    """The CPU seconds of each of this process's threads so far, by kind: the loop's (``loop``), the default
+    executor's (``asyncio``), psycopg's pools' workers, the store's writer... (a number in a name dropped)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    loop_thread = threading.get_native_id()
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        name = "loop" if tid == loop_thread else names.get(tid, "other")
+        kind = "".join(c for c in name.split(" ")[0] if not c.isdigit()).strip("-_ ") or name
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def _worker_main(url: str, logs: str) -> None:
     from saucer.queue import run_worker
 
     async def main() -> None:
-        ticker = asyncio.create_task(_stall_ticker(Path(logs) / f"stall-{os.getpid()}"))
-        # The CPU this process spends from the bench's SIGUSR1 (all workers registered, the jobs about to be
-        # queued) to its end: its start-up left out.
-        mark = [time.process_time()]
-        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, lambda: mark.__setitem__(0, time.process_time()))
+        seen = [0.0, 0.0, 0.0]
+        ticker = asyncio.create_task(_stall_ticker(Path(logs) / f"stall-{os.getpid()}", seen))
+        gc_reset = _gc_pauses(Path(logs) / f"gc-{os.getpid()}")
+        # The CPU, stalls and garbage collections of this process from the bench's SIGUSR1 (all workers
+        # registered, the jobs about to be queued) to its SIGUSR2 (all jobs done): start-up and shutdown left out.
+        mark = [time.process_time(), 0.0]
+
+        threads: list[dict[str, float]] = [{}]
+
+        def jobs_start() -> None:
+            threads[0] = _thread_cpu()
+            mark[0] = time.process_time()
+            seen[:] = [0.0, 0.0, 0.0]
+            gc_reset()
+
+        def jobs_done() -> None:
+            mark[1] = time.process_time()
+            now = _thread_cpu()
+            spent = {kind: cpu - threads[0].get(kind, 0.0) for kind, cpu in now.items()}
+            (Path(logs) / f"threads-{os.getpid()}").write_text(
+                "\n".join(f"{kind} {cpu:.6f}" for kind, cpu in spent.items())
+            )
+            seen[2] = 1.0
+            gc_reset(stop=True)
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, jobs_start)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, jobs_done)
         try:
             await run_worker(_settings(url, Path(logs)), concurrency=4, dispatcher_factory=lambda session: _Tool())
         finally:
             ticker.cancel()
-            (Path(logs) / f"cpu-{os.getpid()}").write_text(f"{time.process_time() - mark[0]:.6f}")
+            (Path(logs) / f"cpu-{os.getpid()}").write_text(f"{(mark[1] or time.process_time()) - mark[0]:.6f}")
 
-    asyncio.run(main())
+    profile = os.environ.get("SAUCER_BENCH_PROFILE")
+    if not profile:
+        asyncio.run(main())
+        return
+    import cProfile
+
+    with cProfile.Profile(time.thread_time) as prof:
+        asyncio.run(main())
+    prof.dump_stats(f"{profile}-{os.getpid()}.prof")
 
 
 #: The CPU seconds of the last run: the one process's, or the workers' together (from their jobs' queueing).
 _CPU = [0.0]
 
 
-def _longest_stall(logs: Path) -> float | None:
-    """The longest event-loop stall any worker of a run recorded (seconds), if any recorded one."""
-    stalls = [float(p.read_text() or 0) for p in logs.glob("stall-*")]
-    return max(stalls) if stalls else None
+def _longest_stall(logs: Path) -> tuple[float, float] | None:
+    """The longest event-loop stall any worker of a run recorded (seconds), and the longest net of waiting
+    for a core (see :func:`_stall_ticker`), if any recorded one."""
+    stalls = [tuple(map(float, p.read_text().split())) for p in logs.glob("stall-*") if p.read_text()]
+    return (max(s[0] for s in stalls), max(s[1] for s in stalls)) if stalls else None
+
+
+def _longest_gc(logs: Path) -> str:
+    """The longest garbage collection any worker of a run recorded (ms, the generation), and how many there were."""
+    pauses = [p.read_text().split() for p in logs.glob("gc-*") if p.read_text()]
+    if not pauses:
+        return ""
+    count, took, gen = max(pauses, key=lambda p: float(p[1]))
+    return f"{float(took) * 1000:.1f} g{gen} of {sum(int(p[0]) for p in pauses)}"
+
+
+def _proc_cpu(pid: int) -> float:
+    """The CPU seconds (user + system) process ``pid`` has used (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _backends(base: str) -> dict[int, float]:
+    """The CPU seconds so far of each PostgreSQL backend on the bench's database (this query's own left
+    out), when the server runs on this machine (empty otherwise)."""
+    import psycopg
+
+    _POLLS[0] += 1
+    with psycopg.connect(base, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return {int(pid): _proc_cpu(int(pid)) for (pid,) in rows if Path(f"/proc/{pid}").exists()}
+
+
+def _pg_cpu_since(base: str, before: dict[int, float]) -> float:
+    """The CPU seconds the bench database's backends used since ``before`` (:func:`_backends`)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in _backends(base).items())  # (one gone meanwhile: lost)
+
+
+#: The workers' CPU seconds by kind of thread (see :func:`_thread_cpu`), by number of workers.
+_THREADS: dict[int, dict[str, float]] = {}
+
+#: The longest lateness (and net of run-queue waits) of a ticker in the bench's own, nearly idle, process
+#: from the last queue run's enqueue to its end: what the machine's load alone does to a loop.
+_CONTROL = [0.0, 0.0, 0.0]
+
+#: The bench's database (no schema): where it reads the server's statistics.
+_BASE = [""]
+
+#: The PostgreSQL backends' CPU seconds of the last run (from the first enqueue, or the pool's start, to the end).
+_PG_CPU = [0.0]
 
 
 #: Transactions the bench itself makes while it waits (its polls), left out of the per-job count.
@@ -223,14 +373,22 @@ def through_queue(url: str, logs: Path, sessions: int, workers: int, plan: dict[
                 await asyncio.sleep(0.1)
             for proc in procs:
                 proc.send_signal(signal.SIGUSR1)
+            pg = await asyncio.to_thread(_backends, _BASE[0])
             t = time.perf_counter()
             await client.enqueue(specs)
             enqueued = time.perf_counter() - t
+            # The control: the same ticker in this process, which only polls meanwhile (the machine's floor).
+            control = asyncio.create_task(_stall_ticker(logs / "control" / "stall", _CONTROL))
             while True:
                 done, failed = await _done(client)
                 if done + failed >= sessions:
+                    wall = time.perf_counter() - t
+                    for proc in procs:
+                        proc.send_signal(signal.SIGUSR2)
+                    control.cancel()
                     assert failed == 0, f"{failed} jobs failed"
-                    return time.perf_counter() - t, enqueued
+                    _PG_CPU[0] = await asyncio.to_thread(_pg_cpu_since, _BASE[0], pg)
+                    return wall, enqueued
                 await asyncio.sleep(0.05)
 
     try:
@@ -241,6 +399,12 @@ def through_queue(url: str, logs: Path, sessions: int, workers: int, plan: dict[
         for proc in procs:
             proc.wait(timeout=60)
         _CPU[0] = sum(float(p.read_text() or 0) for p in logs.glob("cpu-*"))
+        by_thread: dict[str, float] = {}
+        for p in logs.glob("threads-*"):
+            for line in p.read_text().splitlines():
+                kind, cpu = line.rsplit(" ", 1)
+                by_thread[kind] = by_thread.get(kind, 0.0) + float(cpu)
+        _THREADS[workers] = by_thread
 
 
 def main() -> int:
@@ -260,6 +424,7 @@ def main() -> int:
         )
         return 0
     n = args.sessions
+    _BASE[0] = args.postgres_url
     plan = plan_of(args.steps_per_session)
     print(
         f"{n} follower sessions ({args.steps_per_session} steps each, an instant in-process tool), "
@@ -267,27 +432,33 @@ def main() -> int:
     )
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start\n")
     print(
-        f"{'run':40} {'wall s':>8} {'sessions/s':>11} {'enqueue ms/job':>15} {'longest loop stall ms':>22}"
-        f" {'commits/job':>12} {'CPU ms/job':>11}",
+        f"{'run':40} {'wall s':>8} {'sessions/s':>11} {'enqueue ms/job':>15} {'loop stall ms':>14}"
+        f" {'(own)':>6} {'longest GC ms':>16} {'commits/job':>12} {'CPU ms/job':>11} {'PG CPU ms/job':>14}",
         flush=True,
     )
     rows = []
 
-    stalls: list[float] = []
+    stalls: list[tuple[float, float]] = []
     commits: dict[str, float] = {}
     cpus: dict[str, float] = {}
 
-    def row(name: str, wall: float, enqueue: float | None, stall: float | None, txs: float) -> None:
+    def row(
+        name: str, wall: float, enqueue: float | None, stall: tuple[float, float] | None, txs: float, gc_: str
+    ) -> None:
         rows.append((name, wall, enqueue))
         if stall is not None:
             stalls.append(stall)
         commits[name] = txs
         cpus[name] = _CPU[0] / n * 1000
+        late, own = (f"{stall[0] * 1000:14.1f}", f"{stall[1] * 1000:6.1f}") if stall else ("", "")
         print(
             f"{name:40} {wall:8.2f} {n / wall:11.1f} {'' if enqueue is None else f'{enqueue / n * 1000:15.2f}':>15}"
-            f" {'' if stall is None else f'{stall * 1000:22.1f}':>22} {txs:12.2f} {cpus[name]:11.2f}",
+            f" {late:>14} {own:>6} {gc_:>16} {txs:12.2f} {cpus[name]:11.2f}"
+            f" {_PG_CPU[0] / n * 1000:14.2f}",
             flush=True,
         )
+
+    controls: list[float] = []
 
     def counted(run: Callable[[str], Any]) -> tuple[Any, float]:
         """``run(url)`` on a schema of its own (dropped afterwards), and the database's commits per session it made."""
@@ -301,11 +472,14 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         base, txs = counted(lambda url: one_process(url, Path(tmp) / "logs0", n, plan))
-        row("one process (SessionPool, no queue)", base, None, None, txs)
+        row("one process (SessionPool, no queue)", base, None, None, txs, "")
         for w in args.workers:
             (wall, enqueue), txs = counted(lambda url, w=w: through_queue(url, Path(tmp) / f"logs{w}", n, w, plan))  # type: ignore[misc]
             name = f"queue, {w} worker process{'es' if w > 1 else ''}"
-            row(name, wall, enqueue, _longest_stall(Path(tmp) / f"logs{w}"), txs)
+            logs = Path(tmp) / f"logs{w}"
+            row(name, wall, enqueue, _longest_stall(logs), txs, _longest_gc(logs))
+            controls.append(_CONTROL[0])
+            _CONTROL[:] = [0.0, 0.0, 0.0]
     walls = {name.split(",")[1].split()[0]: wall for name, wall, _ in rows if name.startswith("queue, ")}
     one_worker = walls.get("1")
     if one_worker is not None:
@@ -316,7 +490,11 @@ def main() -> int:
         if "2" in walls:
             print(f"2 workers / 1 worker, sessions per second: {one_worker / walls['2']:.2f}x   target >= 1.7x")
     if stalls:
-        print(f"longest event-loop stall in a worker: {max(stalls) * 1000:.1f} ms   target <= 5 ms")
+        print(
+            f"longest event-loop stall in a worker: {max(s[0] for s in stalls) * 1000:.1f} ms   target <= 5 ms; "
+            f"{max(s[1] for s in stalls) * 1000:.1f} ms net of its thread's waits for a core (the machine's other load); "
+            f"{max(controls) * 1000:.1f} ms in the bench's own nearly idle process meanwhile (the machine's floor)"
+        )
     queued = [txs for name, txs in commits.items() if name.startswith("queue, ")]
     if queued:
         print(
@@ -330,6 +508,9 @@ def main() -> int:
             f"{cpus['queue, 1 worker process'] - cpus['one process (SessionPool, no queue)']:.2f} ms more through "
             "1 worker than without the queue (PostgreSQL's own CPU not counted)"
         )
+    for w, by_thread in _THREADS.items():
+        spent = ", ".join(f"{k} {v / n * 1000:.2f}" for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v)
+        print(f"CPU ms per job by thread, {w} worker{'s' if w > 1 else ''}: {spent}")
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine moves these figures)")
     return 0
 

@@ -125,3 +125,43 @@ def test_an_end_that_is_refused_takes_nothing(pg_url: str) -> None:
             return [await _status(app, first), await _status(app, second)]
 
     assert asyncio.run(main()) == ["failed", "todo"]
+
+
+def test_a_jobs_log_context_is_made_once_and_is_procrastinates(pg_url: str) -> None:
+    """The worker logs four lines per job with the job's log context (a copy of its arguments, a whole
+    plan): the jobs it takes, fetched or taken as another ends, make it once and give the same one."""
+    from procrastinate import jobs
+
+    app = _app(pg_url)
+    plan = {"task": "t", "steps": [{"subtask": "s", "commands": [{"tool_name": "x", "parameters": {}}]}]}
+
+    async def wake(*, channel: str, notification: dict[str, Any]) -> None:
+        pass
+
+    async def main() -> list[Any]:
+        async with app.open_async():
+            manager = app.job_manager
+            manager._wake = wake
+            worker = await manager.register_worker()
+            for i in range(2):
+                await app.tasks[TASK_NAME].defer_async(session_id=f"s{i}", plan=plan)
+            fetched = await manager.fetch_job(queues=None, worker_id=worker)
+            await manager.finish_job(fetched, jobs.Status.SUCCEEDED, delete_job=False)  # and takes the second
+            taken = await manager.fetch_job(queues=None, worker_id=worker)
+            await manager.finish_job(taken, jobs.Status.SUCCEEDED, delete_job=False)
+            return [fetched, taken]
+
+    for job in asyncio.run(main()):
+        made = job.log_context()
+        assert job.log_context() is made
+        plain = jobs.Job(
+            **{name: getattr(job, name) for name in ("id", "status", "queue", "priority", "lock")},
+            queueing_lock=job.queueing_lock,
+            task_name=job.task_name,
+            task_kwargs=job.task_kwargs,
+            scheduled_at=job.scheduled_at,
+            attempts=job.attempts,
+            worker_id=job.worker_id,
+        )
+        assert made == plain.log_context() and made["task_kwargs"]["plan"] == plan
+        assert made["task_kwargs"] is not job.task_kwargs  # a copy, as procrastinate's: a log handler may change it

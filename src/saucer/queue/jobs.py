@@ -375,6 +375,28 @@ _HEARTBEAT = (
 )
 
 
+#: The fields of procrastinate's job (an attrs class).
+_JOB_FIELDS = tuple(field.name for field in jobs.Job.__attrs_attrs__)
+
+
+class _Job(jobs.Job):
+    """procrastinate's job, its log context made once: the worker builds it for each of its four log
+    lines per job (started, outcome...), a deep copy of the arguments (a whole plan) each time."""
+
+    def log_context(self) -> dict[str, Any]:
+        made = self.__dict__.get("_log_context")  # (frozen: kept as a cached_property keeps its value)
+        if made is None:
+            made = self.__dict__["_log_context"] = super().log_context()
+        return cast("dict[str, Any]", made)
+
+    @classmethod
+    def of(cls, job: Any) -> _Job | None:
+        """``job`` (procrastinate's, or None) as a :class:`_Job`."""
+        if job is None or isinstance(job, cls):
+            return job
+        return cls(**{name: getattr(job, name) for name in _JOB_FIELDS})
+
+
 class _SharedJobManager(JobManager):
     """Ends a job only if it is still this worker's to end; takes the next job as it ends one.
 
@@ -418,13 +440,13 @@ class _SharedJobManager(JobManager):
 
     async def _fetch(self, queues: Any, worker_id: int) -> Any:
         try:
-            return await super().fetch_job(queues=queues, worker_id=worker_id)
+            return _Job.of(await super().fetch_job(queues=queues, worker_id=worker_id))
         except procrastinate.exceptions.ConnectorException as exc:
             if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
                 raise
         _log.warning("worker %s was taken for dead (late heartbeats): registered again", worker_id)
         await self.update_heartbeat(worker_id)
-        return await super().fetch_job(queues=queues, worker_id=worker_id)
+        return _Job.of(await super().fetch_job(queues=queues, worker_id=worker_id))
 
     async def finish_job(self, job: Any, status: Any, delete_job: bool) -> None:
         try:
@@ -466,7 +488,7 @@ class _SharedJobManager(JobManager):
         if row["id"] is None:
             self._taking = None
             return True
-        self._taken.append(jobs.Job.from_row(row))
+        self._taken.append(_Job.from_row(row))
         await wake(channel="saucer", notification={"type": "job_inserted"})  # a waiting worker fetches it
         return True
 
