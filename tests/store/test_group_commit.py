@@ -433,6 +433,59 @@ def test_the_committer_falls_back_to_single_writes_when_a_batch_fails() -> None:
     assert isinstance(results["bad"], ValueError)
 
 
+@pytest.mark.parametrize("outcome", ["written", "refused", "interrupted"])
+def test_a_caller_that_found_the_committer_idle_hands_over_to_those_that_queued_during_its_write(
+    outcome: str,
+) -> None:
+    # A thread alone leads at once, with no queue entry: those that queue while it writes are
+    # the next batch, whether its own write succeeded, was refused, or was interrupted.
+    gate, started = threading.Event(), threading.Event()
+    written: list[list[str]] = []
+
+    def write_one(entry: Pending) -> None:
+        if entry.event.session_id == "first":
+            started.set()
+            gate.wait(10)
+            if outcome == "refused":
+                raise ConflictError("first", 0, 1)
+            if outcome == "interrupted":
+                raise KeyboardInterrupt
+        written.append([entry.event.session_id])
+
+    def write_batch(entries: list[Pending]) -> None:
+        written.append([e.event.session_id for e in entries])
+
+    committer = GroupCommitter(write_batch, write_one)
+    results: dict[str, BaseException | None] = {}
+
+    def append(sid: str) -> None:
+        try:
+            committer.append(Event(sid, 1, 0.0, "w", None, None, []), 0, None)
+            results[sid] = None
+        except BaseException as exc:  # collected for the assertion
+            results[sid] = exc
+
+    first = threading.Thread(target=append, args=("first",))
+    first.start()
+    assert started.wait(10)
+    assert committer._busy and not committer._queue  # leading, with no entry queued
+    others = [threading.Thread(target=append, args=(sid,)) for sid in ("a", "b")]
+    for t in others:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(committer._queue) < 2:
+        assert time.monotonic() < deadline, "the others did not queue"
+        time.sleep(0.001)
+    gate.set()
+    for t in [first, *others]:
+        t.join(10)
+    assert results["a"] is None and results["b"] is None
+    assert sorted(sum(written[-1:], [])) == ["a", "b"]  # one batch, after the first write
+    expected = {"written": type(None), "refused": ConflictError, "interrupted": KeyboardInterrupt}[outcome]
+    assert isinstance(results["first"], expected)
+    assert not committer._busy and not committer._queue and committer._inflight == 0
+
+
 def test_a_single_writer_writes_alone(tmp_path: Any) -> None:
     store: EventStore = open_store(f"sqlite:///{tmp_path}/x.db")
     try:

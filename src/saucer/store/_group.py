@@ -249,18 +249,29 @@ class GroupCommitter:
             self._write_alone(entry)
             _raise_own(entry)
             return
-        entry = _with_more(Pending(event, expected, fence), more)
-        with self._mutex:
-            self._queue.append(entry)
-            leader = not self._busy
-            if leader:
-                self._busy = True
-                entry._state = _LEADER
-        interrupted = None if leader else self._wait(entry)
-        if entry._state == _LEADER:
-            self._lead(entry)
-        if interrupted is not None:
-            raise interrupted
+        with self._mutex:  # alone, one batch in flight at most: lead at once (not busy: nothing is queued)
+            alone = not self._busy and self.max_inflight == 1
+            self._busy = self._busy or alone
+        if alone:  # no queue entry, wake-up lock or batch to take
+            entry = _with_more(Pending(event, expected, fence, blocking=False), more)
+            try:
+                self._write([entry])
+            finally:  # those who queued meanwhile are the next batch
+                with self._mutex:
+                    self._hand_over()
+        else:
+            entry = _with_more(Pending(event, expected, fence), more)
+            with self._mutex:
+                self._queue.append(entry)
+                leader = not self._busy
+                if leader:
+                    self._busy = True
+                    entry._state = _LEADER
+            interrupted = None if leader else self._wait(entry)
+            if entry._state == _LEADER:
+                self._lead(entry)
+            if interrupted is not None:
+                raise interrupted
         _raise_own(entry)
 
     def _wait(self, entry: Pending) -> BaseException | None:

@@ -71,7 +71,7 @@ def listing(query: ListQuery) -> tuple[str, list[Any]]:
     return sql, args
 
 
-def write_one(conn: sqlite3.Connection, entry: Pending) -> None:
+def write_one(cursor: sqlite3.Cursor, entry: Pending) -> None:
     """Write one append; raise its error.
 
     Two statements: ONE ``UPDATE`` of the session's row that checks the head (and the lease
@@ -82,13 +82,13 @@ def write_one(conn: sqlite3.Connection, entry: Pending) -> None:
     """
     event = entry.event
     sql, args = _append_head(event, entry.expected, entry.fence)
-    if conn.execute(sql, args).rowcount != 1:
-        _refused(conn, entry)
+    if cursor.execute(sql, args).rowcount != 1:
+        _refused(cursor.connection, entry)
     round_, step = event.round, event.step
     # A None or bytes parameter costs sqlite3 an adaptation lookup (a failed attribute lookup on a
     # type, an AttributeError made and dropped): NULLs are written in the statement, and the
     # payload bound as a bytearray (stored as the same BLOB).
-    conn.execute(
+    cursor.execute(
         _INSERTS[round_ is None, step is None],
         (
             event.session_id,
@@ -119,8 +119,14 @@ _HEAD_SQL: dict[tuple[bool, ...], str] = {}
 def _append_head(event: Any, expected: int, fence: int | None) -> tuple[str, tuple[Any, ...]]:
     """The statement moving the session's head from ``expected`` to the event's version, with the
     counters after the event (:func:`~saucer.store.summary.apply`, in SQL), and its arguments."""
-    d = event.summary or _NO_DELTA
+    d = event.summary
     step = event.step
+    if d is None and fence is None:  # a plain commit (most are): one of two statements
+        if step.__class__ is int:
+            return _PLAIN_STEP, (event.version, event.timestamp, step, event.session_id, expected)
+        if step is None:
+            return _PLAIN, (event.version, event.timestamp, event.session_id, expected)
+    d = d or _NO_DELTA
     if step.__class__ is not int and (isinstance(step, bool) or not isinstance(step, int)):
         step = None  # (a bool or None does not count as a step)
     reason = d.reason[:REQUEST_CHARS] if d.reason else None
@@ -198,6 +204,11 @@ def _head_sql(
     if fenced:
         where += " AND EXISTS (SELECT 1 FROM leases WHERE session_id = ? AND token = ?)"
     return f"UPDATE sessions SET {', '.join(sets)} WHERE {where}"
+
+
+#: The updates of a commit with no summary delta and no fence, with a step and without.
+_PLAIN_STEP = _head_sql(False, False, True, False, False, False, False, False, False, False)
+_PLAIN = _head_sql(False, False, False, False, False, False, False, False, False, False)
 
 
 def _refused(conn: sqlite3.Connection, entry: Pending) -> None:

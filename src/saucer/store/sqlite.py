@@ -130,6 +130,9 @@ class SQLiteStore(EventStore):
         self._lock = threading.RLock()
         # A closed store has a Closed in place of its connection (a late call says why it fails).
         self._conn: sqlite3.Connection = cast(sqlite3.Connection, Closed(self.path))
+        # The cursor of the appends (one per store, used under the lock): Connection.execute makes
+        # and drops a cursor per statement, and an append runs four.
+        self._cursor: sqlite3.Cursor = cast(sqlite3.Cursor, self._conn)
         # Coroutines' appends are written by the committer's writer thread: the event loop runs its
         # other work (other sessions, HTTP, WebSockets) while a batch waits for its fsync.
         self._committer = GroupCommitter(self._write_batch, self._write_one, off_loop=True)
@@ -144,6 +147,7 @@ class SQLiteStore(EventStore):
     @_translated
     def _open(self, busy_timeout: float) -> None:
         self._conn = connect(self.path, busy_timeout)
+        self._cursor = self._conn.cursor()
         try:
             self.migrate()
         except BaseException:
@@ -170,6 +174,7 @@ class SQLiteStore(EventStore):
             if isinstance(self._conn, sqlite3.Connection):
                 self._conn.close()
                 self._conn = cast(sqlite3.Connection, Closed(self.path))
+                self._cursor = cast(sqlite3.Cursor, self._conn)
 
     # ------------------------------------------------------------- sessions
 
@@ -330,22 +335,28 @@ class SQLiteStore(EventStore):
             return self._group_committer().append_async(event, expected_version, fence, on_written)
         return super().awrite_event(event, expected_version, fence, on_written)
 
-    @_translated
     def _write_one(self, entry: Pending) -> None:
         """Write one append in its own transaction; raise its error."""
-        # What _transaction() does, inline: this runs once per commit (a generator-based context
-        # manager costs more than the two statements' own Python).
-        with self._lock:
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                write_one(conn, entry)
-                self._fold_if_due(1)
-            except BaseException:
-                if conn.in_transaction:  # an error may have ended it already (e.g. a damaged page)
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+        # What _transaction() and @_translated do, inline: this runs once per commit (a
+        # generator-based context manager and a wrapper's frame cost more than the statements' own
+        # Python), on the store's one cursor.
+        try:
+            with self._lock:
+                cursor = self._cursor
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    write_one(cursor, entry)
+                    self._recent += 1
+                    if self._recent >= self.fold_every:
+                        self._fold_if_due(0)
+                except BaseException:
+                    conn = self._conn
+                    if conn.in_transaction:  # an error may have ended it already (e.g. a damaged page)
+                        conn.execute("ROLLBACK")
+                    raise
+                cursor.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise store_error(exc, self.path, self._busy_timeout) from exc
 
     @_translated
     def migrate(self) -> int:
