@@ -348,11 +348,14 @@ def _default_for(key: str, typed: bool) -> Any:
 
 def _walk(root: dict[str, Any], key: str, path: list[Any], typed: bool) -> tuple[Any, Any]:
     """Return (parent container, last key) for ``key`` + ``path``, creating dicts on the way."""
-    if key not in root or root[key] is None:
-        root[key] = _default_for(key, typed) if typed else {}
-        if root[key] is None:
-            root[key] = {}
-    parent: Any = root[key]
+    parent: Any = root.get(key)
+    if parent is None:
+        parent = _default_for(key, typed) if typed else {}
+        if parent is None:
+            parent = {}
+        root[key] = parent
+    if len(path) == 1:  # a per-round ledger's entry (most paths): no slice to make
+        return parent, path[0]
     for p in path[:-1]:
         nxt = parent.get(p) if isinstance(parent, dict) else parent[p]
         if nxt is None:
