@@ -59,6 +59,15 @@ _INCR_SPECS: dict[str, tuple[str, bool, str, bool, bool]] = {
 }
 
 
+#: The increments :meth:`TypedAccess.incr_ops` checks inline: each int or float name or ledger (as in
+#: ``_INCR_SPECS``) with the class ``by`` must have to be taken as it is.
+_FAST_INCRS: dict[str, tuple[str, bool, type]] = {
+    label: (name, derived, int if is_int else float)
+    for label, (name, derived, _, is_int, is_float) in _INCR_SPECS.items()
+    if is_int or is_float
+}
+
+
 def type_name(tp: object) -> str:
     """How an error message names a declared type (``int``, ``dict[int, float]``)."""
     name: str = getattr(tp, "__name__", "")  # a generic alias (dict[int, float]) answers its origin's name
@@ -312,14 +321,14 @@ class TypedAccess:
         own type, and a result in range, are read and checked inline; anything else is :meth:`incr_op`'s."""
         state = self._work.state
         names, packed = state.names, state.packed
+        round_id = names.get("CURRENT_ROUND_ID", 0)
         ops: list[Op] = []
         for key, by in increments.items():
-            spec = _INCR_SPECS.get(key) if isinstance(key, str) else None
+            fast = _FAST_INCRS.get(key) if isinstance(key, str) else None
             cls = by.__class__
-            if spec is not None and spec[0] not in packed and cls is (int if spec[3] else float):
-                name, derived = spec[0], spec[1]
+            if fast is not None and cls is fast[2] and fast[0] not in packed:
+                name, derived, _ = fast
                 if derived:
-                    round_id = names.get("CURRENT_ROUND_ID", 0)
                     current = (names.get(name) or {}).get(round_id)
                     if current is None:
                         current = by - by  # an entry not made yet reads as 0 (0.0 for a float ledger)
