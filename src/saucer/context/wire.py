@@ -84,16 +84,22 @@ _STR_KEYS = frozenset((str,))
 
 def _flat_copy(value: dict[Any, Any]) -> dict[str, Any] | None:
     """What :func:`_plain` returns for a dict of str keys and str, int, bool or None values (a structural
-    log entry, every step), checked in C: its JSON encoding refuses an unpaired surrogate and, with
-    ``OPT_STRICT_INTEGER``, an int beyond 53 bits (left to the full check); that text is the one scanned
-    for known secrets. None when ``value`` is not such a dict."""
+    log entry, every step), checked in C (:func:`_flat_json`), with the known secrets of that JSON
+    text redacted. None when ``value`` is not such a dict."""
+    encoded = _flat_json(value)
+    return None if encoded is None else redact_known(value.copy(), encoded=encoded)
+
+
+def _flat_json(value: dict[Any, Any]) -> bytes | None:
+    """The JSON text of a dict whose values are str, int, bool or None, if its keys are strs and it is plain
+    JSON data as :func:`_plain` checks it: the encoding refuses an unpaired surrogate and, with
+    ``OPT_STRICT_INTEGER``, an int beyond 53 bits (left to the full check). None otherwise."""
     if not _STR_KEYS.issuperset(map(type, value)):
         return None
     try:
-        encoded = _dumps(value, option=_STRICT_INTEGER)
+        return _dumps(value, option=_STRICT_INTEGER)
     except TypeError:  # orjson.JSONEncodeError: a surrogate, or a large int (valid or not: _plain says)
         return None
-    return redact_known(value.copy(), encoded=encoded)
 
 
 def _check_str(value: str, key: str, path: str) -> str:
@@ -128,6 +134,13 @@ def _plain(value: Any, room: int, depth: int) -> Any:
         return value
     elif room > 0:
         if cls is dict:
+            if _FLAT_VALUES.issuperset(map(type, value.values())) and _STR_KEYS.issuperset(map(type, value)):
+                try:  # checked in C (see _flat_json): each entry of a structural log, when a snapshot writes it
+                    _dumps(value, option=_STRICT_INTEGER)
+                except TypeError:
+                    pass  # checked below, one item at a time
+                else:
+                    return value.copy()
             out: dict[str, Any] = {}
             for k, v in value.items():
                 c = k.__class__
