@@ -180,12 +180,13 @@ def redact_known_text(text: str) -> str:
     return text
 
 
-def redact_known(value: _T) -> _T:
+def redact_known(value: _T, *, encoded: bytes | None = None) -> _T:
     """``value`` with every known secret replaced in its strings; shapes and key names are left alone.
 
     Containers are rebuilt only where something changed; the argument is never modified.
+    ``encoded`` is ``orjson.dumps(value)`` when the caller has made it already.
     """
-    if not _secrets.values or (value.__class__ in _CONTAINERS and _clean_json(value, False)):
+    if not _secrets.values or (value.__class__ in _CONTAINERS and _clean_json(value, False, encoded)):
         return value
     redacted: _T = _walk(value, redact_known_text, False)  # _walk keeps each value's type
     return redacted

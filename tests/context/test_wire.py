@@ -59,3 +59,25 @@ def test_depth_and_non_finite_numbers_are_refused_with_their_path() -> None:
         to_wire({"b": [1.0, math.inf]}, "k")
     with pytest.raises(ValueNotStorableError, match="unpaired surrogate"):
         to_wire({"b": ["\ud800"]}, "k")
+
+
+def test_a_flat_dict_is_copied_checked_and_its_known_secrets_redacted() -> None:
+    """The flat-dict path (a structural log entry, every step): a copy, refusals as the full check's,
+    and a registered secret replaced as in any other value."""
+    from saucer.redaction import REDACTED, register_secret
+
+    secret = "flat-dict-secret-0123456789"
+    register_secret(secret)
+    entry = {"Round": 0, "Step": 2**62, "Agent": "a", "Ok": True, "None": None, "Subtask": f"use {secret}"}
+    got = to_wire(entry, "STRUCTURAL_LOGS")
+    assert got == {**entry, "Subtask": f"use {REDACTED}"} and got is not entry
+    assert entry["Subtask"] == f"use {secret}"  # the caller's value is left alone
+    clean = {"Round": 0, "Agent": "a"}
+    copied = to_wire(clean, "k")
+    assert copied == clean and copied is not clean
+    with pytest.raises(ValueNotStorableError, match="unpaired surrogate"):
+        to_wire({"Agent": "\udc80"}, "k")
+    with pytest.raises(ValueNotStorableError, match="64-bit"):
+        to_wire({"Step": 2**63}, "k")
+    with pytest.raises(ValueNotStorableError, match="unpaired surrogate"):
+        to_wire({"\ud800": 1}, "k")

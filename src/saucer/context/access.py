@@ -29,7 +29,7 @@ from saucer.context.names import (
     typed_name,
 )
 from saucer.context.participants import PARTICIPANTS_VAR
-from saucer.context.types import AppendOp, CasOp, DeleteOp, IncrOp, Json, Op, Recorder, SetOp, Target
+from saucer.context.types import AppendOp, CasOp, DeleteOp, IncrOp, Json, Key, Op, Recorder, SetOp, Target
 from saucer.context.working import WorkingCopy
 from saucer.store.model import check_participants
 
@@ -56,6 +56,15 @@ _INCR_SPECS: dict[str, tuple[str, bool, str, bool, bool]] = {
     label: (name, derived, label, name in INT_NAMES, name in FLOAT_NAMES)
     for label, (name, derived, _) in _OP_TARGETS.items()
     if name in NUMBER_NAMES or derived
+}
+
+
+#: The increments :meth:`TypedAccess.incr_ops` checks inline: each int or float name or ledger (as in
+#: ``_INCR_SPECS``) with the class ``by`` must have to be taken as it is.
+_FAST_INCRS: dict[str, tuple[str, bool, type]] = {
+    label: (name, derived, int if is_int else float)
+    for label, (name, derived, _, is_int, is_float) in _INCR_SPECS.items()
+    if is_int or is_float
 }
 
 
@@ -274,14 +283,29 @@ class TypedAccess:
             target, label = self._target(key)
             if "name" in target:  # not numeric
                 raise TypeError(f"incr needs a numeric name; {label} is {type_name(lookup(label).type)}")
+            current = self._work.current(target)
         else:
             name, derived, label, is_int, is_float = spec
-            if is_int and not isinstance(by, int):
+            if is_int and cls is not int and not isinstance(by, int):
                 raise TypeError(f"incr: {label} is an int; 'by' must be an int, not {by!r}")
-            if is_float:
+            if is_float and cls is not float:
                 by = float(by)  # keeps a float ledger float, live and on replay
-            target = {"name": name, "path": [self._work.round_id()]} if derived else {"name": name}
-        current = self._work.current(target)
+            state = self._work.state
+            if name in state.packed:
+                target = {"name": name, "path": [self._work.round_id()]} if derived else {"name": name}
+                current = self._work.current(target)
+            elif derived:  # the current round's ledger entry (the engine's, every step): WorkingCopy.current, inline
+                names = state.names
+                round_id = names.get("CURRENT_ROUND_ID", 0)
+                target = {"name": name, "path": [round_id]}
+                current = (names.get(name) or {}).get(round_id)
+                if current is None:
+                    current = 0.0 if is_float else 0  # what get(CURRENT_ROUND_*) reads
+            else:
+                target = {"name": name}
+                current = state.names.get(name)
+                if current is None:
+                    current = lookup(name).default_value
         if current is not None and (isinstance(current, bool) or not isinstance(current, (int, float))):
             raise TypeError(f"incr: {label} holds {type(current).__name__}, not a number")
         result = (current or 0) + by
@@ -290,6 +314,38 @@ class TypedAccess:
             to_wire(by, label)
         op: IncrOp = {"op": "incr", **target, "by": by}
         return op, target
+
+    def incr_ops(self, increments: Mapping[Key, int | float]) -> list[Op]:
+        """The operations of several increments at once (the engine's step ledger), under the lock: what
+        :meth:`incr_op` makes of each. A counter or current-round ledger entry that holds a number of its
+        own type, and a result in range, are read and checked inline; anything else is :meth:`incr_op`'s."""
+        state = self._work.state
+        names, packed = state.names, state.packed
+        round_id = names.get("CURRENT_ROUND_ID", 0)
+        ops: list[Op] = []
+        for key, by in increments.items():
+            fast = _FAST_INCRS.get(key) if isinstance(key, str) else None
+            cls = by.__class__
+            if fast is not None and cls is fast[2] and fast[0] not in packed:
+                name, derived, _ = fast
+                if derived:
+                    current = (names.get(name) or {}).get(round_id)
+                    if current is None:
+                        current = by - by  # an entry not made yet reads as 0 (0.0 for a float ledger)
+                else:
+                    current = names.get(name)
+                if current.__class__ is cls:
+                    result = current + by
+                    if (_I64 <= result < -_I64 and _I64 <= by < -_I64) if cls is int else result - result == 0.0:
+                        op: IncrOp = (
+                            {"op": "incr", "name": name, "path": [round_id], "by": by}
+                            if derived
+                            else {"op": "incr", "name": name, "by": by}
+                        )
+                        ops.append(op)
+                        continue
+            ops.append(self.incr_op(key, by)[0])  # checked in full (and refused, saying why)
+        return ops
 
     def append(self, key: ContextNames | str, value: Any) -> None:
         """Atomically append ``value`` to a list (a var, or a list-valued typed name)."""

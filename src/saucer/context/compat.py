@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 from saucer.context.access import TypedAccess
 from saucer.context.events import StoredJson, copy_json, to_wire
 from saucer.context.names import DERIVED_LEDGERS, ContextNames, typed_name
-from saucer.context.types import AppendOp, Key, Op, Recorder
+from saucer.context.types import AppendOp, Key, Recorder
 from saucer.context.working import WorkingCopy
 
 __all__ = ["UfoCompat", "ClassOrInstance", "RoundValue", "structural_op"]
@@ -106,9 +106,8 @@ class UfoCompat:
     def charge(self, increments: Mapping[Key, int | float], structural_log: Mapping[str, Any] | None = None) -> None:
         """A step's ledger as ONE change (see ``Context.charge``)."""
         entry = None if structural_log is None else structural_op(structural_log)
-        incr_op = self._access.incr_op
         with self._work.lock:
-            ops: list[Op] = [incr_op(key, by)[0] for key, by in increments.items()]
+            ops = self._access.incr_ops(increments)
             if entry is not None:
                 ops.append(entry)
             if ops:

@@ -348,11 +348,14 @@ def _default_for(key: str, typed: bool) -> Any:
 
 def _walk(root: dict[str, Any], key: str, path: list[Any], typed: bool) -> tuple[Any, Any]:
     """Return (parent container, last key) for ``key`` + ``path``, creating dicts on the way."""
-    if key not in root or root[key] is None:
-        root[key] = _default_for(key, typed) if typed else {}
-        if root[key] is None:
-            root[key] = {}
-    parent: Any = root[key]
+    parent: Any = root.get(key)
+    if parent is None:
+        parent = _default_for(key, typed) if typed else {}
+        if parent is None:
+            parent = {}
+        root[key] = parent
+    if len(path) == 1:  # a per-round ledger's entry (most paths): no slice to make
+        return parent, path[0]
     for p in path[:-1]:
         nxt = parent.get(p) if isinstance(parent, dict) else parent[p]
         if nxt is None:
@@ -382,6 +385,7 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]], *, owned: bool = F
     if owned and (state.packed or state.bases):
         raise ValueError("apply_ops(owned=True) needs a state that keeps no operations (no packed values or bases)")
     names = state.names
+    packed, bases = state.packed, state.bases  # (changed in place only, never replaced)
     for op in ops:
         kind = op["op"]
         key = op.get("name")
@@ -390,22 +394,23 @@ def apply_ops(state: State, ops: Iterable[Mapping[str, Any]], *, owned: bool = F
         else:
             root, key, typed = _container(state, op)
         path = op.get("path")
-        if typed and state.packed and key in state.packed:
-            if kind == "sealed":
-                unpack(state, key)  # it marks the state opaque: never put off
-            elif path or kind == "append" or kind == "incr":
-                state.packed[key].ops.append(op)  # applied when the value is unpacked
-                continue
-            else:  # set or deleted whole: what was packed no longer matters
-                del state.packed[key]
-        if typed and state.bases and key in state.bases:
-            base = state.bases[key]
-            if kind != "sealed" and (path or kind == "append" or kind == "incr"):
-                base.ops.append(op)  # for the next snapshot's tail
-                if base.stale():
-                    del state.bases[key]  # stale already (snapshots are far apart): keep no more operations
-            else:
-                del state.bases[key]
+        if typed and (packed or bases):
+            if key in packed:
+                if kind == "sealed":
+                    unpack(state, key)  # it marks the state opaque: never put off
+                elif path or kind == "append" or kind == "incr":
+                    packed[key].ops.append(op)  # applied when the value is unpacked
+                    continue
+                else:  # set or deleted whole: what was packed no longer matters
+                    del packed[key]
+            if key in bases:
+                base = bases[key]
+                if kind != "sealed" and (path or kind == "append" or kind == "incr"):
+                    base.ops.append(op)  # for the next snapshot's tail
+                    if base.stale():
+                        del bases[key]  # stale already (snapshots are far apart): keep no more operations
+                else:
+                    del bases[key]
         if kind == "set" or kind == "cas":
             if path:
                 parent, last = _walk(root, key, path, typed)

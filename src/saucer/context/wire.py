@@ -11,6 +11,8 @@ import math
 from enum import Enum
 from typing import Any
 
+import orjson
+
 from saucer.redaction import redact_known, redact_known_text
 from saucer.store.model import ValueNotStorableError
 
@@ -20,6 +22,8 @@ __all__ = ["MAX_DEPTH", "STATE_MAX_DEPTH", "ValueNotStorableError", "to_wire"]
 #: JSON numbers every backend and reader hold exactly: signed 64-bit integers.
 _INT_MIN = -(2**63)
 _INT_MAX = 2**63 - 1
+_dumps = orjson.dumps
+_STRICT_INTEGER = orjson.OPT_STRICT_INTEGER
 #: ``int_keys=True``: int dict keys are allowed at every depth.
 _ANY_DEPTH = 1 << 30
 #: How deeply a value may nest lists and dicts (a scalar is depth 0). Deeper
@@ -56,6 +60,10 @@ def to_wire(value: Any, key: str, *, int_keys: bool | int = False, max_depth: in
             return value
     elif cls is bool or value is None:
         return value
+    if cls is dict and max_depth > 0 and _FLAT_VALUES.issuperset(map(type, value.values())):
+        flat = _flat_copy(value)
+        if flat is not None:
+            return flat
     depth = _ANY_DEPTH if int_keys is True else int(int_keys)
     if cls is dict or cls is list:
         try:  # plain JSON data (most values): copied in one pass, without building paths
@@ -67,6 +75,31 @@ def to_wire(value: Any, key: str, *, int_keys: bool | int = False, max_depth: in
     except _TooDeep as exc:
         shown = exc.path if len(exc.path) <= 40 else exc.path[:40] + "..."
         raise ValueNotStorableError(key, shown, f"lists and dicts nest more than {max_depth} levels deep") from None
+
+
+#: The value types of a flat dict that :func:`_flat_copy` checks in C (not float: NaN would pass).
+_FLAT_VALUES = frozenset((str, int, bool, type(None)))
+_STR_KEYS = frozenset((str,))
+
+
+def _flat_copy(value: dict[Any, Any]) -> dict[str, Any] | None:
+    """What :func:`_plain` returns for a dict of str keys and str, int, bool or None values (a structural
+    log entry, every step), checked in C (:func:`_flat_json`), with the known secrets of that JSON
+    text redacted. None when ``value`` is not such a dict."""
+    encoded = _flat_json(value)
+    return None if encoded is None else redact_known(value.copy(), encoded=encoded)
+
+
+def _flat_json(value: dict[Any, Any]) -> bytes | None:
+    """The JSON text of a dict whose values are str, int, bool or None, if its keys are strs and it is plain
+    JSON data as :func:`_plain` checks it: the encoding refuses an unpaired surrogate and, with
+    ``OPT_STRICT_INTEGER``, an int beyond 53 bits (left to the full check). None otherwise."""
+    if not _STR_KEYS.issuperset(map(type, value)):
+        return None
+    try:
+        return _dumps(value, option=_STRICT_INTEGER)
+    except TypeError:  # orjson.JSONEncodeError: a surrogate, or a large int (valid or not: _plain says)
+        return None
 
 
 def _check_str(value: str, key: str, path: str) -> str:
@@ -101,6 +134,13 @@ def _plain(value: Any, room: int, depth: int) -> Any:
         return value
     elif room > 0:
         if cls is dict:
+            if _FLAT_VALUES.issuperset(map(type, value.values())) and _STR_KEYS.issuperset(map(type, value)):
+                try:  # checked in C (see _flat_json): each entry of a structural log, when a snapshot writes it
+                    _dumps(value, option=_STRICT_INTEGER)
+                except TypeError:
+                    pass  # checked below, one item at a time
+                else:
+                    return value.copy()
             out: dict[str, Any] = {}
             for k, v in value.items():
                 c = k.__class__

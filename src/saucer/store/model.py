@@ -407,14 +407,18 @@ def copy_json(value: Any) -> Any:
     """Deep-copy JSON data (dicts, lists, scalars); much faster than ``copy.deepcopy``."""
     cls = value.__class__
     if cls is dict:
+        if _CONTAINERS.isdisjoint(map(type, value.values())):  # flat (a log entry): copied in C
+            return value.copy()
         # Scalars (most items) are taken as they are, without a call each.
         return {k: copy_json(v) if v.__class__ in _CONTAINERS else v for k, v in value.items()}
     if cls is list:
+        if _CONTAINERS.isdisjoint(map(type, value)):
+            return value.copy()
         return [copy_json(v) if v.__class__ in _CONTAINERS else v for v in value]
     return value
 
 
-_CONTAINERS = (dict, list)
+_CONTAINERS = frozenset((dict, list))
 
 
 #: Where a session's row keeps the participants it was made with (written only by
