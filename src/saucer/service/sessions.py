@@ -23,8 +23,8 @@ from saucer.engine.cancel import CancelError, request_cancel
 from saucer.service.auth import TokenAuthenticator
 from saucer.service.device_api import unknown_device_message
 from saucer.service.hub import Connection, DeviceHub
-from saucer.service.protocol import ErrorCode, ProtocolError, TaskEndFrame, TaskSpec
-from saucer.service.records import SessionRecord, SessionRecordStore, SessionStatus, StepRecord
+from saucer.service.protocol import ErrorCode, ProtocolError, TaskEndFrame, TaskSpec, now
+from saucer.service.records import SessionRecord, SessionRecordStore, SessionStatus, StepRecord, apply_changes
 from saucer.service.runner import RunnerHooks, StoreSessionRecorder, TaskOutcome, TaskRunner
 from saucer.service.settings import ServiceConfig
 
@@ -282,13 +282,21 @@ class SessionManager:
                 in_log = await self.hooks.record_end(session.session_id, outcome)
             except Exception:
                 _log.exception("could not record the end of session %s in the runner's store", session.session_id)
-        session.record = await self.store.update_session(
-            session.session_id,
-            derived=in_log,
-            status=SessionStatus(outcome.status),
-            error=outcome.error,
-            results=results,
-        )
+        changes: dict[str, Any] = {
+            "status": SessionStatus(outcome.status),
+            "error": outcome.error,
+            "results": results,
+            "updated_at": now(),
+        }
+        written: asyncio.Task[SessionRecord] | None = None
+        if in_log:
+            # The end is durable in the runner's log, and the record a projection of it: the waiters hear of
+            # the end now, with the record the write stores (made here, from the same changes), while the
+            # write runs. It is queued before they wake, so whatever they read next is read after it.
+            written = asyncio.ensure_future(self.store.update_session(session.session_id, derived=True, **changes))
+            session.record = apply_changes(session.record, changes)
+        else:
+            session.record = await self.store.update_session(session.session_id, **changes)
         self._active.pop(session.session_id, None)
         session.final_steps = steps
         session.done.set()
@@ -299,6 +307,11 @@ class SessionManager:
             )
             with contextlib.suppress(DeviceUnavailable):
                 await submitter.send(frame)
+        if written is not None:
+            try:
+                session.record = await written
+            except Exception:  # the runner's log holds the end: a restart finishes the session again (rehydrate)
+                _log.exception("could not record the end of session %s", session.session_id)
 
 
 @dataclass
