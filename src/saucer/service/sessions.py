@@ -13,10 +13,11 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from saucer.dispatch.messages import Command, Result
 from saucer.dispatch.toolcheck import command_problem
 from saucer.dispatch.websocket import DeviceUnavailable, WebSocketCommandDispatcher
 from saucer.engine.cancel import CancelError, request_cancel
@@ -58,6 +59,8 @@ class ServiceSession:
         #: Once it has ended: its committed steps, when its only run was here and so committed every one
         #: (None: read them from the store). What a long-poll answers without a read.
         self.final_steps: list[StepRecord] | None = None
+        #: The write of its record when it was submitted here (its runner starts meanwhile).
+        self.created: asyncio.Future[None] | None = None
 
     @property
     def session_id(self) -> str:
@@ -123,11 +126,23 @@ class SessionManager:
             status=SessionStatus.RUNNING,
             attempts=1,
         )
-        await self.store.create_session(record)
         session = ServiceSession(record, submitter)
         session.recorded_running = True
+        # The record's write (and its fsync) and the runner's start (the engine's session in its own store)
+        # run at once; no command reaches the device before the record is durable (_RecordedFirst), and the
+        # caller hears of the session only then.
+        created = session.created = asyncio.ensure_future(self.store.create_session(record))
         self._active[record.session_id] = session
         self._start(session)
+        try:
+            await created
+        except BaseException:
+            # Not recorded: it must not run (what its runner has made meanwhile is never resumed).
+            self._active.pop(record.session_id, None)
+            created.cancel()
+            if session.task is not None:
+                session.task.cancel()
+            raise
         return record
 
     async def lookup(self, session_id: str, principal: str) -> SessionRecord | None:
@@ -229,7 +244,8 @@ class SessionManager:
             session.recorded_running = False  # a later run (after a reconnect) is counted as usual
         else:
             await self._record_attempt(session, recorder)
-        dispatcher = WebSocketCommandDispatcher(
+        dispatcher = _RecordedFirst(
+            session.created,
             self.hub,
             session.record.device_id,
             sid,
@@ -312,6 +328,23 @@ class SessionManager:
                 session.record = await written
             except Exception:  # the runner's log holds the end: a restart finishes the session again (rehydrate)
                 _log.exception("could not record the end of session %s", session.session_id)
+
+
+class _RecordedFirst(WebSocketCommandDispatcher):
+    """The session's dispatcher: it sends nothing before the session's record is durable (``created``)."""
+
+    def __init__(self, created: asyncio.Future[None] | None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._created = created
+
+    async def execute_commands(
+        self, commands: Sequence[Command], timeout: float | None = None, *, approved: Collection[str] = ()
+    ) -> list[Result]:
+        """As :meth:`WebSocketCommandDispatcher.execute_commands`, once the record is written."""
+        if self._created is not None:
+            await asyncio.shield(self._created)  # its failure fails the batch (and submit stops the session)
+            self._created = None
+        return await super().execute_commands(commands, timeout, approved=approved)
 
 
 @dataclass
