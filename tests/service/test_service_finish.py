@@ -127,3 +127,41 @@ async def test_a_step_projection_that_fails_is_logged_and_the_others_are_written
     assert [s.index for s in await records.steps(sid)] == [0, 2]
     assert [r["index"] for r in outcome.results] == [0, 2]
     assert any(f"session {sid}: step 1 is not in the session records" in r.getMessage() for r in caplog.records)
+
+
+class _FailingCreateStore(SqliteSessionRecordStore):
+    """Fails the write of a new session's record, after the runner has had time to start."""
+
+    async def create_session(self, record: SessionRecord) -> None:
+        await asyncio.sleep(0.5)
+        raise RuntimeError("disk full")
+
+
+async def test_a_session_whose_record_cannot_be_written_sends_nothing_to_its_device(tmp_path: Path) -> None:
+    store = _FailingCreateStore(tmp_path / "records.sqlite3")
+    config = ServiceConfig(
+        port=0,
+        tokens={"alice": ALICE, "fleet": FLEET},
+        state_dir=tmp_path / "state",
+        devices={"d1": {"principals": ["alice"]}},
+    )
+    dispatcher = FakeDispatcher()
+    try:
+        async with running_server(config, store=store) as server:
+            stop = asyncio.Event()
+            device = asyncio.create_task(DeviceClient(server.ws_url, FLEET, "d1", dispatcher, stop=stop).run())
+            try:
+                async with asyncio.timeout(20):
+                    while (d := server.state.hub.get("d1")) is None or not d.online:
+                        await asyncio.sleep(0.01)
+                headers = {"Authorization": f"Bearer {ALICE}"}
+                async with httpx.AsyncClient(base_url=server.http_url, headers=headers) as http:
+                    created = await http.post("/api/sessions", json={"device_id": "d1", "task": PLAN})
+                assert created.status_code == 500
+                await asyncio.sleep(0.5)  # what a started runner would have sent by now
+                assert dispatcher.ran == [] and server.state.sessions._active == {}
+            finally:
+                stop.set()
+                await asyncio.wait_for(device, 10)
+    finally:
+        await store.close()
