@@ -267,16 +267,38 @@ class _StepProjection:
     and need not wait for the disk.
     """
 
-    def __init__(self, record: SessionRecorder, derived: bool) -> None:
+    def __init__(self, record: SessionRecorder, derived: bool, session_id: str = "") -> None:
         self.record = record
         self.derived = derived
+        self.session_id = session_id
         #: The steps this projection committed, in order (a new session's whole step list).
         self.committed: list[StepRecord] = []
+        #: The last derived projection still being written (each waits for the one before it).
+        self._pending: asyncio.Task[None] | None = None
 
     async def on_step(self, session: Session, step: EngineStepRecord) -> None:
         projected = step_record(step.to_dict())
-        if await _project(self.record, projected, derived=self.derived):
-            self.committed.append(projected)
+        if not self.derived:
+            if await _project(self.record, projected, derived=False):
+                self.committed.append(projected)
+            return
+        # A derived record need not wait for the disk, so the session need not wait for it either: the
+        # engine goes on with its next commit while the records' writer writes it (:meth:`settle` waits).
+        self._pending = asyncio.ensure_future(self._write(projected, self._pending))
+
+    async def _write(self, projected: StepRecord, before: asyncio.Task[None] | None) -> None:
+        if before is not None:
+            await asyncio.shield(before)  # in step order
+        try:
+            if await _project(self.record, projected, derived=True):
+                self.committed.append(projected)
+        except Exception as exc:  # noqa: BLE001 - as the engine does for an observer: logged, the session goes on
+            _log.warning("session %s: step %d is not in the session records: %s", self.session_id, projected.index, exc)
+
+    async def settle(self) -> None:
+        """Wait until every step handed to :meth:`on_step` is written (or has failed, logged)."""
+        if self._pending is not None:
+            await asyncio.shield(self._pending)
 
 
 def step_record(step: dict[str, Any]) -> StepRecord:
@@ -397,7 +419,11 @@ class EngineTaskRunner:
         options: dict[str, Any] = dict(
             settings=self._plan_settings if task.steps else self.settings,
             dispatcher=remote,
-            observer=(projection := _StepProjection(record, derived=not self.store.url.startswith("memory:"))),
+            observer=(
+                projection := _StepProjection(
+                    record, derived=not self.store.url.startswith("memory:"), session_id=session_id
+                )
+            ),
             lease_wait=self.lease_wait,
             stop_on_failure=True,
             ask_new_requests=False,
@@ -438,7 +464,9 @@ class EngineTaskRunner:
         except asyncio.CancelledError:
             raise
         except (EngineError, LeaseHeldError, StoreError, ValueError) as exc:
+            await projection.settle()
             return TaskOutcome(status="failed", error=str(exc), results=await _dumped(record))
+        await projection.settle()  # the step records before the session's end record
         if result.end_recorded:
             self._ended.add(session_id)  # record_end has nothing to add (it forgets the id)
         steps = list(projection.committed) if new else await record.completed_steps()

@@ -187,7 +187,7 @@ class MemorySessionRecordStore:
         current = self._sessions.get(session_id)
         if current is None:
             raise UnknownSession(session_id)
-        updated = _apply(current, changes)
+        updated = apply_changes(current, changes)
         self._sessions[session_id] = updated
         return updated.model_copy(deep=True)
 
@@ -409,7 +409,7 @@ class SqliteSessionRecordStore:
             row = conn.execute("SELECT record FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
             if row is None:
                 raise UnknownSession(session_id)
-            updated = _apply(SessionRecord.model_validate_json(row[0]), changes)
+            updated = apply_changes(SessionRecord.model_validate_json(row[0]), changes)
             conn.execute(
                 "UPDATE sessions SET status = ?, record = ? WHERE session_id = ?",
                 (updated.status.value, updated.model_dump_json().encode(), session_id),
@@ -540,11 +540,17 @@ def _settle(write: _Write) -> None:
         write.future.set_result(write.result)
 
 
-def _apply(record: SessionRecord, changes: dict[str, Any]) -> SessionRecord:
+def apply_changes(record: SessionRecord, changes: dict[str, Any]) -> SessionRecord:
+    """``record`` with ``changes`` (fields of :class:`SessionRecord`, validated) and a new ``updated_at``
+    (``changes["updated_at"]`` when given: a caller that predicts the stored record names the time itself).
+
+    The fields not changed are taken as they are (the task, already a valid :class:`TaskSpec`, is not
+    validated again: pydantic keeps a model instance); ``record`` itself is not modified."""
     unknown = set(changes) - set(SessionRecord.model_fields) - {"session_id"}
     if unknown or "session_id" in changes:
         raise ValueError(f"cannot update session fields {sorted(unknown | ({'session_id'} & set(changes)))}")
-    data = record.model_dump()
+    data = {name: getattr(record, name) for name in SessionRecord.model_fields}
     data.update(changes)
-    data["updated_at"] = now()
+    if "updated_at" not in changes:
+        data["updated_at"] = now()
     return SessionRecord.model_validate(data)

@@ -13,18 +13,19 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from saucer.dispatch.messages import Command, Result
 from saucer.dispatch.toolcheck import command_problem
 from saucer.dispatch.websocket import DeviceUnavailable, WebSocketCommandDispatcher
 from saucer.engine.cancel import CancelError, request_cancel
 from saucer.service.auth import TokenAuthenticator
 from saucer.service.device_api import unknown_device_message
 from saucer.service.hub import Connection, DeviceHub
-from saucer.service.protocol import ErrorCode, ProtocolError, TaskEndFrame, TaskSpec
-from saucer.service.records import SessionRecord, SessionRecordStore, SessionStatus, StepRecord
+from saucer.service.protocol import ErrorCode, ProtocolError, TaskEndFrame, TaskSpec, now
+from saucer.service.records import SessionRecord, SessionRecordStore, SessionStatus, StepRecord, apply_changes
 from saucer.service.runner import RunnerHooks, StoreSessionRecorder, TaskOutcome, TaskRunner
 from saucer.service.settings import ServiceConfig
 
@@ -58,6 +59,8 @@ class ServiceSession:
         #: Once it has ended: its committed steps, when its only run was here and so committed every one
         #: (None: read them from the store). What a long-poll answers without a read.
         self.final_steps: list[StepRecord] | None = None
+        #: The write of its record when it was submitted here (its runner starts meanwhile).
+        self.created: asyncio.Future[None] | None = None
 
     @property
     def session_id(self) -> str:
@@ -123,11 +126,23 @@ class SessionManager:
             status=SessionStatus.RUNNING,
             attempts=1,
         )
-        await self.store.create_session(record)
         session = ServiceSession(record, submitter)
         session.recorded_running = True
+        # The record's write (and its fsync) and the runner's start (the engine's session in its own store)
+        # run at once; no command reaches the device before the record is durable (_RecordedFirst), and the
+        # caller hears of the session only then.
+        created = session.created = asyncio.ensure_future(self.store.create_session(record))
         self._active[record.session_id] = session
         self._start(session)
+        try:
+            await created
+        except BaseException:
+            # Not recorded: it must not run (what its runner has made meanwhile is never resumed).
+            self._active.pop(record.session_id, None)
+            created.cancel()
+            if session.task is not None:
+                session.task.cancel()
+            raise
         return record
 
     async def lookup(self, session_id: str, principal: str) -> SessionRecord | None:
@@ -229,7 +244,8 @@ class SessionManager:
             session.recorded_running = False  # a later run (after a reconnect) is counted as usual
         else:
             await self._record_attempt(session, recorder)
-        dispatcher = WebSocketCommandDispatcher(
+        dispatcher = _RecordedFirst(
+            session.created,
             self.hub,
             session.record.device_id,
             sid,
@@ -282,13 +298,21 @@ class SessionManager:
                 in_log = await self.hooks.record_end(session.session_id, outcome)
             except Exception:
                 _log.exception("could not record the end of session %s in the runner's store", session.session_id)
-        session.record = await self.store.update_session(
-            session.session_id,
-            derived=in_log,
-            status=SessionStatus(outcome.status),
-            error=outcome.error,
-            results=results,
-        )
+        changes: dict[str, Any] = {
+            "status": SessionStatus(outcome.status),
+            "error": outcome.error,
+            "results": results,
+            "updated_at": now(),
+        }
+        written: asyncio.Task[SessionRecord] | None = None
+        if in_log:
+            # The end is durable in the runner's log, and the record a projection of it: the waiters hear of
+            # the end now, with the record the write stores (made here, from the same changes), while the
+            # write runs. It is queued before they wake, so whatever they read next is read after it.
+            written = asyncio.ensure_future(self.store.update_session(session.session_id, derived=True, **changes))
+            session.record = apply_changes(session.record, changes)
+        else:
+            session.record = await self.store.update_session(session.session_id, **changes)
         self._active.pop(session.session_id, None)
         session.final_steps = steps
         session.done.set()
@@ -299,6 +323,28 @@ class SessionManager:
             )
             with contextlib.suppress(DeviceUnavailable):
                 await submitter.send(frame)
+        if written is not None:
+            try:
+                session.record = await written
+            except Exception:  # the runner's log holds the end: a restart finishes the session again (rehydrate)
+                _log.exception("could not record the end of session %s", session.session_id)
+
+
+class _RecordedFirst(WebSocketCommandDispatcher):
+    """The session's dispatcher: it sends nothing before the session's record is durable (``created``)."""
+
+    def __init__(self, created: asyncio.Future[None] | None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._created = created
+
+    async def execute_commands(
+        self, commands: Sequence[Command], timeout: float | None = None, *, approved: Collection[str] = ()
+    ) -> list[Result]:
+        """As :meth:`WebSocketCommandDispatcher.execute_commands`, once the record is written."""
+        if self._created is not None:
+            await asyncio.shield(self._created)  # its failure fails the batch (and submit stops the session)
+            self._created = None
+        return await super().execute_commands(commands, timeout, approved=approved)
 
 
 @dataclass
