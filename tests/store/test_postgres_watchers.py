@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from saucer.store import open_store
+from saucer.store import ConflictError, open_store
 from saucer.store.postgres import PostgresStore, split_url
 
 pg = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
@@ -221,3 +221,61 @@ def test_a_schema_4_store_is_migrated_to_watchers(store_url: str) -> None:
             return await asyncio.wait_for(task, 20)
 
         assert asyncio.run(watch_and_write()) == 2
+
+
+@pg
+def test_two_batches_sharing_two_sessions_do_not_deadlock(store_url: str) -> None:
+    """Two batches in flight at once (two connections) that both write sessions x and y, queued in
+    opposite orders: each statement locks the session rows in session order, so the second waits for
+    the first instead of each holding a row the other needs (PostgreSQL would abort one after
+    deadlock_timeout)."""
+    from saucer.store._group import Pending
+    from saucer.store.model import make_event
+
+    with open_store(store_url) as store, _connect(store_url) as locker, _connect(store_url) as admin:
+        assert isinstance(store, PostgresStore)
+        for sid in ("x", "y"):
+            store.create_session(sid)
+
+        def entry(sid: str, expected: int) -> Pending:
+            event = make_event(sid, expected + 1, time.time(), "w", None, None, [], {}, None)
+            return Pending(event, expected, None, blocking=False)
+
+        first = [entry("x", 0), entry("y", 0)]
+        second = [entry("y", 0), entry("x", 0)]  # another writer of both, on the same versions
+        errors: list[BaseException] = []
+
+        def write(batch: list[Pending]) -> None:
+            try:
+                store._write_batch(batch)
+            except BaseException as exc:
+                errors.append(exc)
+
+        def blocked() -> int:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                (f'%"{store.schema}".leases%',),
+            ).fetchone()
+            return int(row[0])
+
+        def wait_for(n: int) -> None:
+            deadline = time.monotonic() + 20
+            while blocked() < n:
+                assert time.monotonic() < deadline, "the batches never waited"
+                time.sleep(0.01)
+
+        locker.execute("BEGIN")  # x held: the first batch waits for it, then the second
+        locker.execute(f'SELECT 1 FROM "{store.schema}".sessions WHERE session_id = %s FOR UPDATE', ("x",))
+        threads = [threading.Thread(target=write, args=(batch,)) for batch in (first, second)]
+        threads[0].start()
+        wait_for(1)
+        threads[1].start()
+        wait_for(2)
+        locker.execute("COMMIT")
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        # One batch wins both sessions, the other gets its conflicts: no deadlock error for either.
+        assert [e.error for e in first] == [None, None]
+        assert [type(e.error) for e in second] == [ConflictError, ConflictError]
+        assert store.head("x") == store.head("y") == 1

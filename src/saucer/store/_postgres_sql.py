@@ -14,6 +14,7 @@ prune (:meth:`Statements.replace_below`) or a fork that must stand alone
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,6 +74,9 @@ def rounds_of(entries: list[Pending]) -> list[list[Pending]]:
         rounds[i].append(entry)
         seen[i].add(sid)
     return rounds
+
+
+_session_of = operator.attrgetter("event.session_id")
 
 
 def _jsonb(value: Any) -> Jsonb:
@@ -217,6 +221,11 @@ class Statements:
         batch = unrefused(batch)
         if not batch:
             return
+        # In session order: the statement locks the session rows in the order of its rows, so two
+        # batches in flight at once that share sessions (two writers of each) lock them in the same
+        # order, one waiting for the other, instead of each holding a row the other needs (a deadlock,
+        # which PostgreSQL breaks only after deadlock_timeout, failing a batch into per-commit writes).
+        batch.sort(key=_session_of)
         try:
             rows = orjson.dumps([_row(entry) for entry in batch]).decode()
         except orjson.JSONEncodeError as exc:  # a text psycopg could not have sent either (e.g. a lone surrogate)
