@@ -58,6 +58,7 @@ its synchronous appends are written directly, in their own transaction.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import warnings
@@ -80,12 +81,24 @@ _QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     if "asyncio" not in sys.modules:  # no event loop runs in a program that never imported asyncio
         return None
-    import asyncio  # already imported: a dictionary lookup
-
     try:
-        return asyncio.get_running_loop()
+        return _this_loop()
     except RuntimeError:
         return None
+
+
+_here = threading.local()  # .loop: the event loop this thread last ran (see _this_loop)
+os.register_at_fork(after_in_child=lambda: setattr(_here, "loop", None))  # a child runs none of them
+
+
+def _this_loop() -> asyncio.AbstractEventLoop:
+    """``asyncio.get_running_loop()`` without its ``getpid()`` system call (Python 3.11's fork check, once
+    per commit): the loop this thread last ran, while it runs here still (a ``BaseEventLoop`` holds its
+    thread's id in ``_thread_id`` while it runs, and a thread runs one loop at a time)."""
+    loop = getattr(_here, "loop", None)
+    if loop is None or getattr(loop, "_thread_id", None) != threading.get_ident():
+        loop = _here.loop = sys.modules["asyncio"].get_running_loop()  # imported: a coroutine calls this
+    return loop  # type: ignore[no-any-return]
 
 
 def _resolve(futures: list[asyncio.Future[None]]) -> None:
@@ -348,7 +361,7 @@ class GroupCommitter:
         """
         import asyncio
 
-        loop = asyncio.get_running_loop()
+        loop = _this_loop()
         entry = _with_more(Pending(event, expected, fence, loop=loop, on_written=on_written), more)
         with self._mutex:
             self._queue.append(entry)
@@ -402,9 +415,7 @@ class GroupCommitter:
 
         with self._mutex:
             if self._writer is None:
-                self._writer = ThreadPoolExecutor(
-                    max_workers=self.max_inflight, thread_name_prefix="saucer-group-commit"
-                )
+                self._writer = ThreadPoolExecutor(self.max_inflight, thread_name_prefix="saucer-group-commit")
             writer = self._writer
         future = loop.run_in_executor(writer, self._lead, own)
         cancelled = False
