@@ -599,7 +599,7 @@ def test_the_remembered_loop_is_always_the_running_one() -> None:
         _group._this_loop()
         pid = os.fork()
         if pid == 0:  # the child runs no loop of its parent's
-            os._exit(0 if getattr(_group._here, "loop", None) is None else 1)
+            os._exit(0 if not _group._loops else 1)
         return os.waitpid(pid, 0)[1]
 
     assert asyncio.run(forked()) == 0

@@ -79,25 +79,25 @@ _QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
-    if "asyncio" not in sys.modules:  # no event loop runs in a program that never imported asyncio
-        return None
-    try:
-        return _this_loop()
+    try:  # no event loop runs in a program that never imported asyncio
+        return _this_loop() if "asyncio" in sys.modules else None
     except RuntimeError:
         return None
 
 
-_here = threading.local()  # .loop: the event loop this thread last ran (see _this_loop)
-os.register_at_fork(after_in_child=lambda: setattr(_here, "loop", None))  # a child runs none of them
+_loops: dict[int, Any] = {}  # thread id -> the BaseEventLoop that thread last ran (see _this_loop)
+os.register_at_fork(after_in_child=_loops.clear)  # a forked child runs none of them
 
 
 def _this_loop() -> asyncio.AbstractEventLoop:
-    """``asyncio.get_running_loop()`` without its ``getpid()`` system call (Python 3.11's fork check, once
-    per commit): the loop this thread last ran, while it runs here still (a ``BaseEventLoop`` holds its
-    thread's id in ``_thread_id`` while it runs, and a thread runs one loop at a time)."""
-    loop = getattr(_here, "loop", None)
-    if loop is None or getattr(loop, "_thread_id", None) != threading.get_ident():
-        loop = _here.loop = sys.modules["asyncio"].get_running_loop()  # imported: a coroutine calls this
+    """``asyncio.get_running_loop()`` without its ``getpid()`` system call (Python 3.11's fork check, once per
+    commit): the loop this thread last ran while it runs here still (a ``BaseEventLoop``'s ``_thread_id``)."""
+    me = threading.get_ident()
+    loop = _loops.get(me)
+    if loop is None or loop._thread_id != me:
+        loop = sys.modules["asyncio"].get_running_loop()  # (imported: a coroutine calls this)
+        if isinstance(loop, sys.modules["asyncio"].BaseEventLoop):  # any other kind is asked for each time
+            _loops[me] = loop
     return loop  # type: ignore[no-any-return]
 
 
