@@ -58,6 +58,7 @@ its synchronous appends are written directly, in their own transaction.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import warnings
@@ -78,14 +79,26 @@ _QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
-    if "asyncio" not in sys.modules:  # no event loop runs in a program that never imported asyncio
-        return None
-    import asyncio  # already imported: a dictionary lookup
-
-    try:
-        return asyncio.get_running_loop()
+    try:  # no event loop runs in a program that never imported asyncio
+        return _this_loop() if "asyncio" in sys.modules else None
     except RuntimeError:
         return None
+
+
+_loops: dict[int, Any] = {}  # thread id -> the BaseEventLoop that thread last ran (see _this_loop)
+os.register_at_fork(after_in_child=_loops.clear)  # a forked child runs none of them
+
+
+def _this_loop() -> asyncio.AbstractEventLoop:
+    """``asyncio.get_running_loop()`` without its ``getpid()`` system call (Python 3.11's fork check, once per
+    commit): the loop this thread last ran while it runs here still (a ``BaseEventLoop``'s ``_thread_id``)."""
+    me = threading.get_ident()
+    loop = _loops.get(me)
+    if loop is None or loop._thread_id != me:
+        loop = sys.modules["asyncio"].get_running_loop()  # (imported: a coroutine calls this)
+        if isinstance(loop, sys.modules["asyncio"].BaseEventLoop):  # any other kind is asked for each time
+            _loops[me] = loop
+    return loop  # type: ignore[no-any-return]
 
 
 def _resolve(futures: list[asyncio.Future[None]]) -> None:
@@ -359,7 +372,7 @@ class GroupCommitter:
         """
         import asyncio
 
-        loop = asyncio.get_running_loop()
+        loop = _this_loop()
         entry = _with_more(Pending(event, expected, fence, loop=loop, on_written=on_written), more)
         with self._mutex:
             self._queue.append(entry)
@@ -413,9 +426,7 @@ class GroupCommitter:
 
         with self._mutex:
             if self._writer is None:
-                self._writer = ThreadPoolExecutor(
-                    max_workers=self.max_inflight, thread_name_prefix="saucer-group-commit"
-                )
+                self._writer = ThreadPoolExecutor(self.max_inflight, thread_name_prefix="saucer-group-commit")
             writer = self._writer
         future = loop.run_in_executor(writer, self._lead, own)
         cancelled = False

@@ -106,6 +106,10 @@ _MIGRATIONS: list[list[str | Callable[[psycopg.Connection[Any], str], None]]] = 
         # it a commit costs the server ~20% less CPU; listings sort the session rows instead (top-N).
         "DROP INDEX IF EXISTS {s}.sessions_updated_at",
     ],
+    [  # 5: the backend pids LISTENing for a session's commits: a commit notifies only a watched session,
+        # so it no longer wakes every listener of the database (procrastinate's workers) for nothing.
+        "ALTER TABLE {s}.sessions ADD COLUMN watchers integer[] NOT NULL DEFAULT '{{}}'",
+    ],
 ]
 
 #: The schema version this saucer writes and reads.

@@ -8,6 +8,17 @@ wakes the watchers of the session each notification names. It connects when
 the first watcher subscribes and closes when the last one leaves; when the
 connection is lost, every watcher is woken and told (:attr:`Subscription.lost`),
 and goes on by polling, as a watcher that could not listen does.
+
+Commits notify only the sessions someone watches: the listener registers its
+connection's backend pid in the row of each session it watches (``register``,
+after its ``LISTEN`` took effect and before the watcher's first read), and the
+append statement notifies only where that row's ``watchers`` is not empty. A
+commit cannot slip between: it updates the same row, so either it updated it
+first (the registration waits for its COMMIT, and the watcher's first read sees
+its events) or after (PostgreSQL re-reads a row updated meanwhile, so it sees
+the pid and notifies). The pid of a listener that died without unregistering
+only costs wasted notifications until a registration for that session drops
+the pids no backend has any more.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from psycopg.sql import SQL, Identifier
 
 from saucer.store._postgres_conn import display_url
 
-__all__ = ["Listener", "Subscription", "watch_notified"]
+__all__ = ["Listener", "Subscription", "registrar", "watch_notified"]
 
 
 @dataclass(eq=False)
@@ -39,9 +50,15 @@ class Subscription:
 class Listener:
     """The one LISTEN connection of a store on one event loop, shared by all its watchers."""
 
-    def __init__(self, connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]], channel: str) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+        channel: str,
+        register: Callable[[int, str, bool], Awaitable[None]],
+    ) -> None:
         self._connect = connect
         self._channel = channel
+        self._register = register  # (pid, session_id, watched): add or remove pid from the session's watchers
         self._subscribers: dict[str, set[Subscription]] = {}
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -64,6 +81,14 @@ class Listener:
                     raise
                 self._conn = conn
                 self._reader = asyncio.get_running_loop().create_task(self._read(conn), name=f"listen {self._channel}")
+            conn = self._conn
+            if session_id not in self._subscribers:
+                try:  # after LISTEN (autocommit: in effect), before the watcher's first read
+                    await self._register(conn.info.backend_pid, session_id, True)
+                except BaseException:
+                    if not self._subscribers:
+                        await self._close()
+                    raise
             sub = Subscription(session_id)
             self._subscribers.setdefault(session_id, set()).add(sub)
             return sub
@@ -76,6 +101,9 @@ class Listener:
                 subs.discard(sub)
                 if not subs:
                     del self._subscribers[sub.session_id]
+                    if self._conn is not None:  # else its pid is gone (a registration drops it)
+                        with contextlib.suppress(Exception):  # a pid left behind only wastes notifications
+                            await self._register(self._conn.info.backend_pid, sub.session_id, False)
             if not self._subscribers:
                 await self._close()
 
@@ -153,6 +181,19 @@ async def watch_notified(
     )
     async for event in polling(after=last):
         yield event
+
+
+def registrar(conn: Callable[[], Any], statements: Any) -> Callable[[int, str, bool], Awaitable[None]]:
+    """A :class:`Listener`'s ``register``: ``statements.set_watcher`` on a pooled connection ``conn()``, off the loop."""
+
+    def set_watcher(pid: int, session_id: str, watched: bool) -> None:
+        with conn() as c:
+            statements.set_watcher(c, pid, session_id, watched)
+
+    async def register(pid: int, session_id: str, watched: bool) -> None:
+        await asyncio.to_thread(set_watcher, pid, session_id, watched)
+
+    return register
 
 
 def _read_after(store: Any, session_id: str, after: int) -> list[Any]:

@@ -5,7 +5,7 @@ The append statement checks and writes a whole batch of appends at once: it
 moves each session's head only where it still equals the version the commit
 was based on (and, for a leased writer, only where its lease token is still
 current, the lease row locked ``FOR SHARE`` meanwhile), inserts the events of
-exactly those sessions, and ``NOTIFY``\\ s watchers. The rest writes session
+exactly those sessions, and ``NOTIFY``\\ s the watched ones. The rest writes session
 rows, copied events and snapshots, and rewrites a session's history for a
 prune (:meth:`Statements.replace_below`) or a fork that must stand alone
 (:meth:`Statements.detach_fork`).
@@ -14,6 +14,7 @@ prune (:meth:`Statements.replace_below`) or a fork that must stand alone
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,6 +74,9 @@ def rounds_of(entries: list[Pending]) -> list[list[Pending]]:
         rounds[i].append(entry)
         seen[i].add(sid)
     return rounds
+
+
+_session_of = operator.attrgetter("event.session_id")
 
 
 def _jsonb(value: Any) -> Jsonb:
@@ -179,16 +183,32 @@ class Statements:
                 WHERE s.session_id = b.session_id AND s.head = b.expected
                   AND (b.fence IS NULL OR EXISTS (
                         SELECT 1 FROM lk WHERE lk.session_id = b.session_id AND lk.token = b.fence))
-                RETURNING s.session_id
+                RETURNING s.session_id, s.head, cardinality(s.watchers) > 0 AS watched
             ),
             ins AS (
                 INSERT INTO {s}.events (session_id, version, ts, author, round, step, payload, crc)
                 SELECT b.session_id, b.expected + 1, b.ts, b.author, b.round, b.step, b.payload, b.crc
                 FROM b JOIN up USING (session_id)
-                RETURNING session_id, version
             )
-            SELECT ins.session_id, pg_notify(%s, left(ins.version || ' ' || ins.session_id, 1990)) FROM ins
+            SELECT session_id, CASE WHEN watched THEN pg_notify(%s, left(head || ' ' || session_id, 1990)) END
+            FROM up
         """
+        # A pid leaves a session's watchers when it unregisters, or when a registration
+        # finds no backend with it any more (its listener died).
+        alive = "(SELECT pid FROM pg_stat_activity)"
+        self._watch = (
+            f"UPDATE {s}.sessions SET watchers = ARRAY(SELECT DISTINCT w FROM unnest(watchers || %(pid)s::integer) w "
+            f"WHERE w = %(pid)s::integer OR w IN {alive}) WHERE session_id = %(sid)s"
+        )
+        self._unwatch = (
+            f"UPDATE {s}.sessions SET watchers = ARRAY(SELECT w FROM unnest(watchers) w "
+            f"WHERE w <> %(pid)s::integer AND w IN {alive}) WHERE session_id = %(sid)s AND %(pid)s::integer = ANY(watchers)"
+        )
+
+    def set_watcher(self, conn: psycopg.Connection[Any], pid: int, session_id: str, watched: bool) -> None:
+        """Add the backend ``pid`` (a LISTEN connection) to the session's watchers, or remove it:
+        commits notify only the sessions with watchers (see ``_postgres_listen``)."""
+        conn.execute(self._unwatch if not watched else self._watch, {"pid": pid, "sid": session_id})
 
     # --------------------------------------------------------------- appends
 
@@ -201,6 +221,11 @@ class Statements:
         batch = unrefused(batch)
         if not batch:
             return
+        # In session order: the statement locks the session rows in the order of its rows, so two
+        # batches in flight at once that share sessions (two writers of each) lock them in the same
+        # order, one waiting for the other, instead of each holding a row the other needs (a deadlock,
+        # which PostgreSQL breaks only after deadlock_timeout, failing a batch into per-commit writes).
+        batch.sort(key=_session_of)
         try:
             rows = orjson.dumps([_row(entry) for entry in batch]).decode()
         except orjson.JSONEncodeError as exc:  # a text psycopg could not have sent either (e.g. a lone surrogate)

@@ -16,7 +16,7 @@ Appends
     One statement per batch checks and writes everything: it updates each
     session's head only where it still equals the version the commit was based
     on (and, for a leased writer, only where its lease token is still current),
-    inserts the events of exactly those sessions, and ``NOTIFY``\\ s watchers, all
+    inserts the events of exactly those sessions, and ``NOTIFY``\\ s the watched ones, all
     in one transaction. A writer whose base version is stale gets
     :class:`ConflictError`; one whose token is outdated gets :class:`FencedError`.
     Concurrent appends of one process share that statement and its COMMIT
@@ -99,7 +99,7 @@ from saucer.store._postgres_conn import (
     split_url,
 )
 from saucer.store._postgres_conn import migrate as migrate_schema
-from saucer.store._postgres_listen import Listener, watch_notified
+from saucer.store._postgres_listen import Listener, registrar, watch_notified
 from saucer.store._postgres_sql import INFO_COLUMNS, ROW_COLUMNS, Statements, rounds_of, row_info
 from saucer.store.base import (
     EventStore,
@@ -590,7 +590,9 @@ class PostgresStore(EventStore):
     async def watch(self, session_id: str, after: int = 0, *, interval: float = 0.2) -> AsyncIterator[Event]:
         """Yield the session's new events as they are committed, woken by NOTIFY: all the watchers of
         this store on one event loop share ONE LISTEN connection (see :func:`watch_notified`)."""
-        listener = self._listeners.setdefault(asyncio.get_running_loop(), Listener(self._db.alisten, self.channel))
+        listener = self._listeners.setdefault(
+            asyncio.get_running_loop(), Listener(self._db.alisten, self.channel, registrar(self._db.conn, self._sql))
+        )
         polling = functools.partial(super().watch, session_id, interval=interval)
         async for event in watch_notified(self, listener, session_id, after, interval, polling):
             yield event
