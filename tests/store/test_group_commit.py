@@ -632,15 +632,15 @@ def test_the_remembered_loop_is_always_the_running_one() -> None:
     import asyncio
     import os
 
-    from saucer.store import _group
+    from saucer.store import _loop
 
     async def here() -> tuple[Any, Any]:
-        return _group._this_loop(), asyncio.get_running_loop()
+        return _loop.this_loop(), asyncio.get_running_loop()
 
     for _ in range(2):  # a new loop each time in this thread: never the previous one
         mine, running = asyncio.run(here())
         assert mine is running
-    assert _group._running_loop() is None  # that loop has stopped: none runs here now
+    assert _loop.running_loop() is None  # that loop has stopped: none runs here now
 
     seen: list[tuple[Any, Any]] = []
     other = threading.Thread(target=lambda: seen.append(asyncio.run(here())))
@@ -649,10 +649,10 @@ def test_the_remembered_loop_is_always_the_running_one() -> None:
     assert seen[0][0] is seen[0][1] and seen[0][0] is not mine
 
     async def forked() -> int:
-        _group._this_loop()
+        _loop.this_loop()
         pid = os.fork()
         if pid == 0:  # the child runs no loop of its parent's
-            os._exit(0 if not _group._loops else 1)
+            os._exit(0 if not _loop._loops else 1)
         return os.waitpid(pid, 0)[1]
 
     assert asyncio.run(forked()) == 0

@@ -58,8 +58,6 @@ its synchronous appends are written directly, in their own transaction.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 import threading
 import warnings
 from collections import deque
@@ -71,34 +69,12 @@ if TYPE_CHECKING:  # asyncio is imported by the coroutines that use it: a comman
     import asyncio
 
 from saucer.store._codec import encode_payload
+from saucer.store._loop import running_loop, this_loop
 from saucer.store.model import Event
 
 __all__ = ["Pending", "GroupCommitter", "unrefused"]
 
 _QUEUED, _TAKEN, _LEADER, _DONE, _DROPPED = range(5)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:  # no event loop runs in a program that never imported asyncio
-        return _this_loop() if "asyncio" in sys.modules else None
-    except RuntimeError:
-        return None
-
-
-_loops: dict[int, Any] = {}  # thread id -> the BaseEventLoop that thread last ran (see _this_loop)
-os.register_at_fork(after_in_child=_loops.clear)  # a forked child runs none of them
-
-
-def _this_loop() -> asyncio.AbstractEventLoop:
-    """``asyncio.get_running_loop()`` without its ``getpid()`` system call (Python 3.11's fork check, once per
-    commit): the loop this thread last ran while it runs here still (a ``BaseEventLoop``'s ``_thread_id``)."""
-    me = threading.get_ident()
-    loop = _loops.get(me)
-    if loop is None or loop._thread_id != me:
-        loop = sys.modules["asyncio"].get_running_loop()  # (imported: a coroutine calls this)
-        if isinstance(loop, sys.modules["asyncio"].BaseEventLoop):  # any other kind is asked for each time
-            _loops[me] = loop
-    return loop  # type: ignore[no-any-return]
 
 
 def _resolve(futures: list[asyncio.Future[None]]) -> None:
@@ -256,7 +232,7 @@ class GroupCommitter:
     def append(self, event: Event, expected: int, fence: int | None, more: Sequence[Event] = ()) -> None:
         """Write one append (with ``more``, the events of the versions after it) durably, shared with
         concurrent callers; raise its own error."""
-        if _running_loop() is not None:
+        if running_loop() is not None:
             entry = _with_more(Pending(event, expected, fence, blocking=False), more)
             self._count([entry])
             self._write_alone(entry)
@@ -372,7 +348,7 @@ class GroupCommitter:
         """
         import asyncio
 
-        loop = _this_loop()
+        loop = this_loop()
         entry = _with_more(Pending(event, expected, fence, loop=loop, on_written=on_written), more)
         with self._mutex:
             self._queue.append(entry)
@@ -452,7 +428,7 @@ class GroupCommitter:
     @staticmethod
     def _call(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` in ``loop``: now if that is this thread's loop; RuntimeError if it is closed."""
-        if _running_loop() is loop:
+        if running_loop() is loop:
             fn(*args)
         else:
             loop.call_soon_threadsafe(fn, *args)
