@@ -340,24 +340,25 @@ class SessionLogs:
     @classmethod
     def create(cls, root: str | Path, task: str, session_id: str) -> SessionLogs:
         """A fresh folder for a new session (suffixed if a previous run used the name)."""
-        base = log_dir_for(root, task, session_id)
-        path = base
+        # log_dir_for's folder, as strings (a Path costs more to build than the system calls below).
+        parent = os.path.join(root, slug(task))
+        base = name = slug(session_id, 120)
         n = 1
         made_parents = False
         while True:  # mkdir is the test of the name: one system call when it is free
             try:
-                os.mkdir(path)
+                os.mkdir(os.path.join(parent, name))
                 break
             except FileExistsError:  # (a file, a folder or a link: taken either way)
                 n += 1
-                path = base.with_name(f"{base.name}-{n}")
+                name = f"{base}-{n}"
             except FileNotFoundError:
                 if made_parents:
                     raise
-                os.makedirs(base.parent, exist_ok=True)  # the task's folder, once for its first session
+                os.makedirs(parent, exist_ok=True)  # the task's folder, once for its first session
                 made_parents = True
         # What Path.resolve() names (the new folder itself is no link): its parent resolved, then its name.
-        return cls(Path(os.path.realpath(path.parent), path.name), fresh=True)
+        return cls(Path(os.path.join(os.path.realpath(parent), name)), fresh=True)
 
     @classmethod
     def reopen(cls, path: str | Path) -> SessionLogs:
