@@ -9,6 +9,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from saucer.engine.logs import (
     EVALUATION_LOG,
@@ -128,3 +131,23 @@ def test_every_line_written_is_on_disk_when_the_process_is_killed_without_closin
     folder = tmp_path / "t" / "killed"
     assert [r.round for r in read_step_log(folder)] == [0, 1, 2, 3, 4]
     assert (folder / "session.log").read_text() == "".join(f"INFO step {i}\n" for i in range(5))
+
+
+def test_a_short_write_is_finished_not_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.write may take part of a line (a signal, a nearly full disk): the rest follows, in order."""
+    real_write = os.write
+    calls = []
+
+    def short_write(fd: int, data: Any) -> int:
+        calls.append(len(data))
+        return real_write(fd, bytes(data)[:3])
+
+    logs = SessionLogs.create(tmp_path, "t", "short")
+    monkeypatch.setattr(os, "write", short_write)
+    logs.logger(TEXT_LOG).info("a line longer than three bytes")
+    logs.write_markdown("# title ü\n")
+    monkeypatch.undo()
+    logs.close()
+    assert logs.path is not None and len(calls) > 2
+    assert (logs.path / "session.log").read_bytes() == b"INFO a line longer than three bytes\n"
+    assert (logs.path / "output.md").read_text(encoding="utf-8") == "# title ü\n"
