@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter
@@ -61,6 +62,19 @@ EVALUATION_LOG = "evaluation.log"
 MARKDOWN_LOG = "output.md"
 TEXT_LOG = "session.log"
 EXPERIENCE_FILE = "experience.json"
+
+# Log files are raw descriptors written with os.write: one system call a line, no io objects (an
+# io.FileIO in append mode adds an fstat and an lseek when opened). Each line is in the kernel when
+# write_line returns, so a killed process loses none.
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+_REPLACE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (a regular file takes it in one call unless interrupted or full)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _json_default(value: Any) -> Any:
@@ -317,7 +331,7 @@ class SessionLogs:
 
     def __init__(self, path: Path | None, *, fresh: bool = False) -> None:
         self.path = path
-        self._files: dict[str, IO[bytes]] = {}
+        self._files: dict[str, int] = {}  # name -> open descriptor
         self._loggers: dict[str, logging.Logger] = {}
         #: The lines written to ``response.log``, when this object made the folder and so wrote the
         #: whole file (None: the file is read back, e.g. a resumed run's).
@@ -326,14 +340,25 @@ class SessionLogs:
     @classmethod
     def create(cls, root: str | Path, task: str, session_id: str) -> SessionLogs:
         """A fresh folder for a new session (suffixed if a previous run used the name)."""
-        base = log_dir_for(root, task, session_id)
-        path = base
+        # log_dir_for's folder, as strings (a Path costs more to build than the system calls below).
+        parent = os.path.join(root, slug(task))
+        base = name = slug(session_id, 120)
         n = 1
-        while path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-        path.mkdir(parents=True)
-        return cls(path.resolve(), fresh=True)
+        made_parents = False
+        while True:  # mkdir is the test of the name: one system call when it is free
+            try:
+                os.mkdir(os.path.join(parent, name))
+                break
+            except FileExistsError:  # (a file, a folder or a link: taken either way)
+                n += 1
+                name = f"{base}-{n}"
+            except FileNotFoundError:
+                if made_parents:
+                    raise
+                os.makedirs(parent, exist_ok=True)  # the task's folder, once for its first session
+                made_parents = True
+        # What Path.resolve() names (the new folder itself is no link): its parent resolved, then its name.
+        return cls(Path(os.path.join(os.path.realpath(parent), name)), fresh=True)
 
     @classmethod
     def reopen(cls, path: str | Path) -> SessionLogs:
@@ -351,22 +376,24 @@ class SessionLogs:
     def enabled(self) -> bool:
         return self.path is not None
 
-    def _file(self, name: str) -> IO[bytes] | None:
-        fh = self._files.get(name)
-        if fh is None:
+    def _file(self, name: str) -> int | None:
+        fd = self._files.get(name)
+        if fd is None:
             if self.path is None:
                 return None
-            fh = self._files[name] = open(self.path / name, "ab", buffering=0)  # noqa: SIM115 - kept open
-        return fh
+            fd = self._files[name] = os.open(os.path.join(self.path, name), _APPEND, 0o666)
+        return fd
 
     def write_line(self, name: str, text: str | bytes) -> bytes | None:
         """Append one line to ``name`` (secrets redacted); return it as written (None: logs are off)."""
-        fh = self._files.get(name) or self._file(name)
-        if fh is None:
-            return None
+        fd = self._files.get(name)
+        if fd is None:
+            fd = self._file(name)
+            if fd is None:
+                return None
         text = redact_text(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
         data = text.encode("utf-8")
-        fh.write(data + b"\n")
+        _write_all(fd, data + b"\n")
         return data
 
     def write_step(self, record: StepRecord | dict[str, Any]) -> None:
@@ -420,13 +447,17 @@ class SessionLogs:
     def write_markdown(self, text: str) -> None:
         """Write ``output.md`` (replacing an older one: it is rendered from the whole log)."""
         if self.path is not None:
-            (self.path / MARKDOWN_LOG).write_text(redact_text(text), encoding="utf-8")
+            fd = os.open(os.path.join(self.path, MARKDOWN_LOG), _REPLACE, 0o666)
+            try:
+                _write_all(fd, redact_text(text).encode("utf-8"))
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         """Close every open file. Idempotent."""
-        for fh in self._files.values():
+        for fd in self._files.values():
             with contextlib.suppress(OSError):
-                fh.close()
+                os.close(fd)
         self._files.clear()
         for logger in self._loggers.values():
             for handler in list(logger.handlers):
