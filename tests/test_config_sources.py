@@ -124,3 +124,54 @@ def test_a_dotenv_file_is_not_read_on_either_path(tmp_path: Path, monkeypatch: p
     assert Settings().system.max_step == 50
     proc, names = _run(tmp_path, {})
     assert "PYDANTIC_SETTINGS False" in proc.stdout
+
+
+def _sections(settings: SettingsModel) -> dict[str, str]:
+    """Each section's repr (types shown: a Path is not a str) and the fields set in it."""
+    return {
+        name: f"{getattr(settings, name)!r} {sorted(getattr(settings, name).model_fields_set)}"
+        for name in SettingsModel.model_fields
+    }
+
+
+def test_a_section_not_given_is_its_validated_defaults() -> None:
+    for name, info in SettingsModel.model_fields.items():
+        section = info.annotation
+        assert isinstance(section, type)
+        made, validated = section.model_construct(), section()  # type: ignore[attr-defined]
+        assert repr(made) == repr(validated), name
+        assert made.model_fields_set == validated.model_fields_set == set()
+
+
+@pytest.mark.parametrize("env", PLAIN_ENVIRONMENTS)
+def test_the_plain_path_gives_the_whole_models_values_types_and_fields_set(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    overrides = {"system.max_step": 3, "shell": {"network": [443]}}
+    fast = load_settings(overrides=overrides)
+    full = Settings(**_nest(overrides))
+    assert _sections(fast) == _sections(full)
+    assert fast.model_fields_set == full.model_fields_set
+
+
+def test_a_defaulted_section_still_validates_assignments() -> None:
+    settings = load_settings()
+    settings.llm.model = "m"
+    assert settings.llm.model == "m"
+    with pytest.raises(ValueError, match="max_step"):
+        settings.system.max_step = "many"  # type: ignore[assignment]
+
+
+def test_reading_the_settings_builds_only_the_sections_given(tmp_path: Path) -> None:
+    code = (
+        "from saucer.config import load_settings, SettingsModel\n"
+        "s = load_settings(overrides={'store.url': 'memory://'})\n"
+        "print(sorted(n for n, f in SettingsModel.model_fields.items() if f.annotation.__pydantic_complete__),"
+        " SettingsModel.__pydantic_complete__)"
+    )
+    env = cli_env({})
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['store'] False"

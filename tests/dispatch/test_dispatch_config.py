@@ -95,7 +95,7 @@ def test_default_servers_run_in_process_with_the_same_options(tmp_path: Path) ->
     servers = default_servers(tmp_path, shell_deny=["curl *"])
     shell, files = servers["shell"], servers["files"]
     assert shell.transport == files.transport == "inprocess"
-    assert shell.import_path == "saucer.tools.shell:create_server"
+    assert shell.import_path == "saucer.tools.shell_table:create_server"  # the lazy form of shell:create_server
     assert files.import_path == "saucer.tools.files:create_server"
     root = str(tmp_path.resolve())
     assert shell.options["root"] == files.options["root"] == root

@@ -25,7 +25,7 @@ SaveExperience = Literal["always", "ask", "auto", "always_not"]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
 
 class SystemSettings(_Section):
@@ -107,7 +107,7 @@ _OWN_FIELDS: dict[MCPTransport, tuple[str, ...]] = {
 class MCPServerConfig(BaseModel):
     """How to reach one MCP server, its per-command timeout and which of its tools need approval."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     transport: MCPTransport = Field(
         description="stdio, http (streamable HTTP) or inprocess; inferred from command, url or import_path."
@@ -436,7 +436,7 @@ class SettingsModel(BaseModel):
     builds one from defaults and flags when no file and no ``SAUCER_*`` variable needs pydantic-settings;
     :class:`saucer.config.Settings` (``BaseSettings``) adds the sources. Code that reads settings takes this type."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True, defer_build=True)
 
     system: SystemSettings = Field(default_factory=SystemSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)

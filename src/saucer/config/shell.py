@@ -17,7 +17,7 @@ __all__ = ["ShellSettings"]
 class ShellSettings(BaseModel):
     """``[shell]``: the kernel confinement of commands and launched programs (see the README's Boundaries)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
     sandbox: Literal["auto", "landlock", "bubblewrap", "off"] = Field(
         "auto",

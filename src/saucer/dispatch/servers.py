@@ -185,7 +185,9 @@ def default_servers(
     By default ``shell`` and ``files`` run in-process: ``import_path`` names
     their ``create_server`` and ``options`` carry what the command line would,
     so a session starts without starting a process; ``create_server`` returns
-    their tool table, which the dispatcher calls directly (no MCP session). Their blocking work runs
+    their tool table, which the dispatcher calls directly (no MCP session). The shell's is
+    :func:`saucer.tools.shell_table.create_server`, which lists the tool without importing
+    its implementation until a command runs. Their blocking work runs
     in worker threads and a call's timeout applies as over stdio; the shell's
     commands start from the same minimal environment a stdio server gets.
 
@@ -249,7 +251,7 @@ def default_servers(
             if "shell" in isolated
             else MCPServerConfig(
                 transport="inprocess",
-                import_path="saucer.tools.shell:create_server",
+                import_path="saucer.tools.shell_table:create_server",
                 options=shell_options,
                 timeout=shell_wait,
                 sensitive_commands=patterns,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import inspect
 import json
@@ -20,6 +19,8 @@ from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 from saucer.tools.sandbox import MAX_PATH_BYTES, SandboxError
 
 if TYPE_CHECKING:
+    import argparse
+
     # The MCP SDK is imported only where an MCP server is built (the stdio servers, build_server).
     from mcp.server.mcpserver import MCPServer
 
@@ -89,11 +90,18 @@ def env_list(name: str) -> list[str]:
     return [line.strip() for line in value.splitlines() if line.strip()]
 
 
+def _argument_error(message: str) -> Exception:
+    """argparse's ArgumentTypeError (argparse is imported only by the stdio servers' command lines)."""
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer > 0."""
     value = int(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        raise _argument_error(f"must be > 0, got {text}")
     return value
 
 
@@ -101,7 +109,7 @@ def positive_float(text: str) -> float:
     """argparse type: a number > 0."""
     value = float(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        raise _argument_error(f"must be > 0, got {text}")
     return value
 
 
@@ -263,7 +271,7 @@ def existing_dir(text: str) -> Path:
     """argparse type: an existing directory, returned resolved."""
     path = Path(os.path.realpath(Path(text).expanduser()))
     if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+        raise _argument_error(f"{text!r} is not a directory")
     return path
 
 

@@ -36,7 +36,6 @@ by ``saucer doctor`` and at the start of ``saucer run``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -49,9 +48,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.thread import BrokenThreadPool
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from saucer.tools import _mounts, landlock
+
+if TYPE_CHECKING:
+    import argparse
 
 __all__ = [
     "SANDBOX_MODES",
@@ -410,6 +412,8 @@ def parse_network(text: str) -> bool | tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
+        import argparse  # only for a stdio server's command line
+
         raise argparse.ArgumentTypeError(f"must be on, off or comma-separated TCP ports, got {text!r}") from None
 
 

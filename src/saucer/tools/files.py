@@ -29,7 +29,6 @@ the server.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -72,6 +71,8 @@ from saucer.tools.files_write import write_text
 from saucer.tools.native import NativeServer, ToolError, ToolSpec
 
 if TYPE_CHECKING:
+    import argparse
+
     from mcp.server.mcpserver import MCPServer
 
 __all__ = [
@@ -305,6 +306,8 @@ def create_server(
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse  # only for the stdio server's command line
+
     parser = argparse.ArgumentParser(
         prog="python -m saucer.tools.files",
         description="saucer's files MCP server over stdio: read, write, append, list, stat and search "

@@ -99,10 +99,15 @@ class ToolSpec:
 
     def annotations(self) -> dict[str, Any]:
         """The hints as MCP's ``ToolAnnotations`` in JSON (camelCase names, unset ones left out)."""
-        unknown = set(self.hints) - {key for key, _ in _HINTS}
+        return self.hints_as_annotations(self.name, self.hints)
+
+    @staticmethod
+    def hints_as_annotations(name: str, hints: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`annotations` of a tool ``name`` with these ``hints`` (a ValueError names an unknown hint)."""
+        unknown = set(hints) - {key for key, _ in _HINTS}
         if unknown:
-            raise ValueError(f"tool {self.name!r}: unknown hints {sorted(unknown)}")
-        return {wire: self.hints[key] for key, wire in _HINTS if self.hints.get(key) is not None}
+            raise ValueError(f"tool {name!r}: unknown hints {sorted(unknown)}")
+        return {wire: hints[key] for key, wire in _HINTS if hints.get(key) is not None}
 
 
 def _pre_parse_json(fields: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,8 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
@@ -46,15 +47,21 @@ from saucer.tools._common import (
 from saucer.tools.confine import add_arguments
 from saucer.tools.native import NativeServer, ToolError, ToolOutcome, ToolSpec
 from saucer.tools.rules import SensitivityRules, is_sensitive, sensitive_reason
-from saucer.tools.shell_run import (
+from saucer.tools.shell_options import (
     DEFAULT_EXPECT_EXIT,
     DEFAULT_MAX_OUTPUT,
     DEFAULT_MAX_TIMEOUT,
     DEFAULT_TIMEOUT,
+    RUN_HINTS,
+    RUN_TITLE,
+    SERVER_NAME,
     ShellOptions,
-    ShellResult,
-    run_command,
+    default_environment,
+    describe,
+    instructions,
+    prepare,
 )
+from saucer.tools.shell_run import ShellResult, run_command
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -70,6 +77,8 @@ __all__ = [
     "tool_table",
     "build_server",
     "create_server",
+    "shared_table",
+    "built_schemas",
     "default_environment",
     "parse_options",
     "main",
@@ -109,28 +118,6 @@ def shell_call_result(result: ShellResult, expect_exit: Sequence[int] | None = N
     )
 
 
-def _describe(options: ShellOptions) -> str:
-    rules = []
-    if options.allow:
-        rules.append("Only commands matching these rules run: " + ", ".join(r.pattern for r in options.allow) + ".")
-    if options.deny:
-        rules.append("Commands matching these rules are refused: " + ", ".join(r.pattern for r in options.deny) + ".")
-    return (
-        "Run a shell command line with /bin/sh -c on this Linux machine and return its exit code, "
-        "standard output and standard error. "
-        f"The working directory defaults to the workspace root ({options.root}); `cwd` is relative to it and "
-        "must stay inside it. Standard input is empty, so interactive programs will not wait for input. "
-        f"Each of stdout and stderr is capped at {options.max_output} bytes (the result says when it was "
-        f"truncated); prefer commands with short output (e.g. pipe through head or grep). "
-        f"The command is killed with its child processes after `timeout` seconds (default {options.timeout:g}, "
-        f"at most {options.max_timeout:g}). An exit code outside `expect_exit` (default [0]) makes the call fail; "
-        "its exit code, stdout and stderr are returned either way (e.g. `grep` exits 1 when nothing matches: "
-        "pass expect_exit [0, 1] when that is fine). "
-        "A background job must redirect its output (`job > job.log 2>&1 &`), otherwise it is stopped "
-        "when the command exits. " + " ".join(rules)
-    ).strip()
-
-
 def tool_table(options: ShellOptions) -> NativeServer:
     """The shell tools (one, ``run``) for ``options``, to call in-process or serve over MCP."""
 
@@ -165,13 +152,13 @@ def tool_table(options: ShellOptions) -> NativeServer:
         "run",
         run,
         ShellResult,
-        title="Run a shell command",
-        description=_describe(options),
-        hints={"title": "Run a shell command", "destructive": True, "open_world": True},
+        title=RUN_TITLE,
+        description=describe(options),
+        hints=RUN_HINTS,
     )
     return NativeServer(
-        "saucer-shell",
-        f"Runs shell commands on Linux inside the workspace {options.root}.",
+        SERVER_NAME,
+        instructions(options),
         [run_tool],
         schema_sources=(__file__, shell_run.__file__, native.__file__),
     )
@@ -180,24 +167,6 @@ def tool_table(options: ShellOptions) -> NativeServer:
 def build_server(options: ShellOptions) -> MCPServer:
     """The shell MCP server for ``options``: :func:`tool_table` registered on an MCPServer (imports the MCP SDK)."""
     return make_mcp_server(tool_table(options))
-
-
-#: The variables a stdio MCP server inherits (the MCP SDK's DEFAULT_INHERITED_ENV_VARS on POSIX).
-INHERITED_ENV_VARS = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
-
-
-def default_environment() -> dict[str, str]:
-    """The environment a stdio server's commands get: the inherited variables of this process that are set.
-
-    The same as the MCP SDK's ``get_default_environment`` on POSIX (a value
-    starting with ``()``, an exported shell function, is left out), without
-    importing the SDK; a test keeps the two equal.
-    """
-    return {
-        key: value
-        for key in INHERITED_ENV_VARS
-        if (value := os.environ.get(key)) is not None and not value.startswith("()")
-    }
 
 
 def create_server(
@@ -225,14 +194,7 @@ def create_server(
     ``sandbox``, ``write``, ``read`` and ``network`` say (:mod:`saucer.tools.confine`). Tables are
     built once per options and shared (:func:`saucer.tools._common.built_once`).
     """
-    if env is None:
-        env = default_environment()
-        # A stdio server is a Python started without any LC_* or LANG: it coerces the C locale to
-        # C.UTF-8 (PEP 538) and its commands inherit that. Give in-process commands the same.
-        env.setdefault("LC_CTYPE", "C.UTF-8")
-    if not os.path.isdir(root):
-        raise ValueError(f"shell root {os.fspath(root)!r} is not a directory")
-    options = ShellOptions.create(
+    options, given = prepare(
         root,
         allow=allow,
         deny=deny,
@@ -246,18 +208,19 @@ def create_server(
         read=read,
         network=network,
     )
-    given = {
-        "root": str(options.root),
-        "allow": list(allow),
-        "deny": list(deny),
-        "max_output": max_output,
-        "timeout": timeout,
-        "max_timeout": max_timeout,
-        "shell": shell,
-        "env": env,
-        "policy": options.policy,
-    }
-    return built_once("shell", given, lambda: tool_table(options))
+    return shared_table(options, given)
+
+
+def shared_table(options: ShellOptions, key: dict[str, Any]) -> NativeServer:
+    """The table of ``options``, built once and shared by every server with the same ``key``
+    (:func:`saucer.tools._common.built_once`; ``key`` from :func:`saucer.tools.shell_options.prepare`)."""
+    return built_once("shell", key, lambda: tool_table(options))
+
+
+def built_schemas() -> dict[str, Any]:
+    """The ``run`` tool's input and output JSON schemas as its models build them (no cache), what
+    :mod:`saucer.tools.shell_table` keeps in ``shell_schema.json``."""
+    return tool_table(ShellOptions(root=Path("/")))._compiled_schemas("run")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -20,8 +20,6 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,9 +29,16 @@ from saucer.tools._child import CappedBuffer as _CappedBuffer
 from saucer.tools._child import to_the_end as _to_the_end
 from saucer.tools._common import SandboxError, offload, relative_to_root, resolve_in_root
 from saucer.tools._orphans import forget_group, watch_group
-from saucer.tools.confine import ConfinementError, Confiner, Policy
+from saucer.tools.confine import ConfinementError, Confiner
 from saucer.tools.native import ToolError
-from saucer.tools.rules import CommandRule, compile_rules, refusal_reason
+from saucer.tools.rules import refusal_reason
+from saucer.tools.shell_options import (
+    DEFAULT_EXPECT_EXIT,
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_MAX_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    ShellOptions,
+)
 
 __all__ = [
     "DEFAULT_EXPECT_EXIT",
@@ -46,65 +51,11 @@ __all__ = [
     "run_command",
 ]
 
-DEFAULT_MAX_OUTPUT = 64 * 1024
-DEFAULT_TIMEOUT = 60.0
-DEFAULT_MAX_TIMEOUT = 600.0
-#: Exit codes that count as success unless a call says otherwise.
-DEFAULT_EXPECT_EXIT = (0,)
 # Time a timed-out process group gets between SIGTERM and SIGKILL.
 _KILL_GRACE = 1.0
 # Time to collect the last output once the group is dead; a daemon that left
 # the group may hold the pipes open forever, so the wait is bounded.
 _DRAIN_GRACE = 1.0
-
-
-@dataclass(frozen=True)
-class ShellOptions:
-    """How the shell server runs commands."""
-
-    root: Path
-    allow: tuple[CommandRule, ...] = ()
-    deny: tuple[CommandRule, ...] = ()
-    max_output: int = DEFAULT_MAX_OUTPUT
-    timeout: float = DEFAULT_TIMEOUT
-    max_timeout: float = DEFAULT_MAX_TIMEOUT
-    shell: str = "/bin/sh"
-    #: The environment commands start from (plus a call's ``env``); None: this process's environment.
-    env: Mapping[str, str] | None = field(default=None, hash=False)
-    #: How commands are confined: the root and ``policy.write`` are writable, the rest as ``policy`` says.
-    policy: Policy = Policy()
-
-    @classmethod
-    def create(
-        cls,
-        root: str | os.PathLike[str] = ".",
-        *,
-        allow: Sequence[str] = (),
-        deny: Sequence[str] = (),
-        max_output: int = DEFAULT_MAX_OUTPUT,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_timeout: float = DEFAULT_MAX_TIMEOUT,
-        shell: str = "/bin/sh",
-        env: Mapping[str, str] | None = None,
-        sandbox: str = "auto",
-        write: Sequence[str | os.PathLike[str]] = (),
-        read: Sequence[str | os.PathLike[str]] = ("/",),
-        network: bool | Sequence[int] = True,
-    ) -> ShellOptions:
-        """Options with ``root`` resolved, the rules compiled and the confinement policy built
-        (writable: ``root`` and ``write``; see :class:`saucer.tools.confine.Policy`)."""
-        real_root = Path(os.path.realpath(root))
-        return cls(
-            root=real_root,
-            allow=compile_rules(allow),
-            deny=compile_rules(deny),
-            max_output=max_output,
-            timeout=timeout,
-            max_timeout=max(max_timeout, timeout),
-            shell=shell,
-            env=None if env is None else dict(env),
-            policy=Policy.create(sandbox, (real_root, *write), read, network),
-        )
 
 
 class ShellResult(BaseModel):
