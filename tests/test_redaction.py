@@ -222,3 +222,32 @@ def test_no_secret_set_in_a_step_or_carried_by_its_record_reaches_the_log(tmp_pa
     assert TOKEN not in repr(list(store.read("s1")))
     ctx.close()
     store.close()
+
+
+def test_the_remembered_hintless_texts_miss_no_hint_nor_a_secret_registered_later() -> None:
+    """The JSON scan judges hints on the text without digits and dots (no hint holds one) and
+    remembers what held none: a meta seen clean step after step. Nothing a walk would replace
+    is skipped for it: not a hint with digits or dots next to it, not a secret registered since."""
+    import orjson
+
+    from saucer import redaction
+
+    hints = ("authoriz", "bearer", "api", "token", "secret", "sk-", "passw")
+    for hint in hints:
+        assert not set(hint.encode()) & set(redaction._NOT_IN_HINTS)
+        assert redaction._may_hold_credential(hint) or hint == "passw"
+    for step in range(3):  # the same meta but for its numbers: scanned once, remembered
+        meta = {"step": step, "started_at": 1.5 + step, "agent": "noop", "note": "plain words"}
+        assert redact(meta) is meta
+        assert redaction._hintless(orjson.dumps(meta))
+        assert b'{"step":0,"started_at":000,"agent":"noop","note":"plain words"}' in redaction._seen_hintless
+    split = {"note": "to1ken a.pi 2sk-3 api9"}
+    assert redact(split) == redaction._walk(split, redact_text, True)
+    shaped = {"note": "api_key=abcd1234 then Bearer 0123456789.abc", "step": 7}
+    assert redact(shaped) == {"note": f"api_key={REDACTED} then Bearer {REDACTED}", "step": 7}
+    later = "zq81zq82zq83zq84"
+    value = {"note": f"says {later}", "step": 1}
+    assert redact(value) is value  # remembered as hintless...
+    register_secret(later)
+    assert redact(value) == {"note": f"says {REDACTED}", "step": 1}  # ...but secrets are matched every time
+    assert redaction.redact_known(value) == {"note": f"says {REDACTED}", "step": 1}

@@ -237,15 +237,45 @@ def _clean_json(value: Any, shapes: bool, encoded: bytes | None = None) -> bool:
             encoded = orjson.dumps(value)
         except TypeError:  # orjson.JSONEncodeError included: not plain JSON data
             return False
-    text = encoded.decode()
-    for secret in _secrets.values:
-        if secret in text:
-            return False
-    if not shapes:
+    secrets = _secrets.values
+    if secrets:
+        text = encoded.decode()
+        for secret in secrets:
+            if secret in text:
+                return False
+    return not shapes or _hintless(encoded)
+
+
+#: What :func:`_hintless` reads a JSON text as: every digit and dot as ``0`` (no hint holds one).
+_NOT_IN_HINTS = b"0123456789."
+_NUMBERS_AS_ZEROS = bytes.maketrans(_NOT_IN_HINTS, b"0" * len(_NOT_IN_HINTS))
+#: Texts (read so) seen to hold no hint, and how many and how long are kept.
+_seen_hintless: set[bytes] = set()
+_SEEN_MAX = 256
+_SEEN_TEXT_MAX = 4096
+
+
+def _hintless(encoded: bytes) -> bool:
+    """Whether the JSON text ``encoded`` holds no hint of a credential (:func:`_may_hold_credential`,
+    ``passw``), judged on it with every digit and dot read as ``0``.
+
+    No hint holds a digit or a dot, so each hint of the text is one of what is read, in the same
+    place: none is missed. What is read of a step's meta is the same step after step (only its
+    numbers change), so it is scanned once and remembered, not searched seven times on every
+    commit. Known secrets are not judged here: they are matched in the whole text on every call.
+    """
+    rest = encoded.translate(_NUMBERS_AS_ZEROS)  # a digit or dot byte is never part of a longer UTF-8 character
+    if rest in _seen_hintless:
         return True
     # Every name of _SECRET_KEYS holds one of these hints (a test checks it).
-    lowered = text.lower()
-    return not (_may_hold_credential(lowered) or "passw" in lowered)
+    lowered = rest.decode().lower()
+    if _may_hold_credential(lowered) or "passw" in lowered:
+        return False
+    if len(rest) <= _SEEN_TEXT_MAX:
+        if len(_seen_hintless) >= _SEEN_MAX:
+            _seen_hintless.clear()
+        _seen_hintless.add(rest)
+    return True
 
 
 def _walk(value: Any, text: Any, by_key: bool) -> Any:

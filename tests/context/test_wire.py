@@ -81,3 +81,49 @@ def test_a_flat_dict_is_copied_checked_and_its_known_secrets_redacted() -> None:
         to_wire({"Step": 2**63}, "k")
     with pytest.raises(ValueNotStorableError, match="unpaired surrogate"):
         to_wire({"\ud800": 1}, "k")
+
+
+class _Str(str):
+    pass
+
+
+_flat_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["\ud800", "é", "ok", _Str("sub")]),
+    st.lists(st.integers(), max_size=1),
+)
+_entries = st.lists(
+    st.dictionaries(st.sampled_from(["a", "b", "\udfff", _Str("a2"), 1]), _flat_scalars, max_size=3), max_size=5
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_entries, st.sampled_from([0, 1, 2]))
+def test_a_list_of_flat_dicts_is_checked_in_one_pass_as_one_at_a_time(entries: list, depth: int) -> None:
+    """The list-of-flat-dicts path (a structural log, in every snapshot) refuses, converts and copies
+    exactly as the check of one entry at a time; its copies alias none of the caller's dicts."""
+    try:
+        expected = _full(entries, depth)
+    except ValueNotStorableError:
+        with pytest.raises(ValueNotStorableError):
+            to_wire(entries, "k", int_keys=depth)
+        return
+    got = to_wire(entries, "k", int_keys=depth)
+    assert repr(got) == repr(expected)
+    assert [type(k) for e in got for k in e] == [type(k) for e in expected for k in e]
+    assert [type(v) for e in got for v in e.values()] == [type(v) for e in expected for v in e.values()]
+    assert not {id(e) for e in got} & {id(e) for e in entries}
+
+
+def test_copy_json_copies_a_list_of_flat_dicts_apart() -> None:
+    from saucer.store.model import copy_json
+
+    entries = [{"a": 1, "b": "x"}, {"c": None}]
+    got = copy_json(entries)
+    assert got == entries and all(g is not e for g, e in zip(got, entries, strict=True))
+    nested = [{"a": [1]}, {"b": 2}]
+    deep = copy_json(nested)
+    assert deep == nested and deep[0]["a"] is not nested[0]["a"]

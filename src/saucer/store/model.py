@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import chain
 from typing import Any
 
 from saucer.store.summary import SummaryDelta
@@ -412,13 +413,18 @@ def copy_json(value: Any) -> Any:
         # Scalars (most items) are taken as they are, without a call each.
         return {k: copy_json(v) if v.__class__ in _CONTAINERS else v for k, v in value.items()}
     if cls is list:
-        if _CONTAINERS.isdisjoint(map(type, value)):
+        types = set(map(type, value))
+        if _CONTAINERS.isdisjoint(types):
             return value.copy()
+        if types == _DICT and _CONTAINERS.isdisjoint(map(type, _chain(map(dict.values, value)))):
+            return list(map(dict.copy, value))  # flat dicts (a structural log's entries): copied in C
         return [copy_json(v) if v.__class__ in _CONTAINERS else v for v in value]
     return value
 
 
 _CONTAINERS = frozenset((dict, list))
+_DICT = frozenset((dict,))
+_chain = chain.from_iterable
 
 
 #: Where a session's row keeps the participants it was made with (written only by
