@@ -1,3 +1,3 @@
 """saucer: a durable, typed, event-sourced runtime for agent sessions."""
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
