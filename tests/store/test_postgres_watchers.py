@@ -279,3 +279,40 @@ def test_two_batches_sharing_two_sessions_do_not_deadlock(store_url: str) -> Non
         assert [e.error for e in first] == [None, None]
         assert [type(e.error) for e in second] == [ConflictError, ConflictError]
         assert store.head("x") == store.head("y") == 1
+
+
+@pg
+def test_a_session_created_between_registration_and_first_read_is_registered_then(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watcher's registration found no row (the session did not exist yet); its first read finds the
+    session (created meanwhile): it registers again before it waits, so later commits notify it."""
+    from saucer.store import _postgres_listen
+
+    with open_store(store_url) as store, open_store(store_url) as writer, _connect(store_url) as admin:
+        real_read = _postgres_listen._read_after
+        created: list[bool] = []
+
+        def read_after(on: Any, session_id: str, after: int) -> list[Any]:
+            if not created:  # between the registration and the first read
+                created.append(True)
+                writer.create_session(session_id)
+                writer.append(session_id, 0, [], author="w")
+            return real_read(on, session_id, after)
+
+        monkeypatch.setattr(_postgres_listen, "_read_after", read_after)
+        seen: list[list[int]] = []
+
+        async def follow() -> list[int]:
+            got: list[int] = []
+            async for event in store.watch("late", interval=30):  # only NOTIFY can wake it before the timeout
+                got.append(event.version)
+                if len(got) == 1:
+                    seen.append(_watchers(admin, store_url, "late"))
+                    await asyncio.to_thread(writer.append, "late", 1, [], author="w")
+                if len(got) == 2:
+                    return got
+            return got
+
+        assert asyncio.run(asyncio.wait_for(follow(), 20)) == [1, 2]
+        assert created and len(seen[0]) == 1  # registered once the read found the session

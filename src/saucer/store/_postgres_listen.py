@@ -16,7 +16,9 @@ append statement notifies only where that row's ``watchers`` is not empty. A
 commit cannot slip between: it updates the same row, so either it updated it
 first (the registration waits for its COMMIT, and the watcher's first read sees
 its events) or after (PostgreSQL re-reads a row updated meanwhile, so it sees
-the pid and notifies). The pid of a listener that died without unregistering
+the pid and notifies). A session created between a watcher's registration
+(which found no row) and its first read is registered again after that read,
+before the watcher waits (:meth:`Listener.confirm`). The pid of a listener that died without unregistering
 only costs wasted notifications until a registration for that session drops
 the pids no backend has any more.
 """
@@ -54,11 +56,12 @@ class Listener:
         self,
         connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
         channel: str,
-        register: Callable[[int, str, bool], Awaitable[None]],
+        register: Callable[[int, str, bool], Awaitable[bool]],
     ) -> None:
         self._connect = connect
         self._channel = channel
         self._register = register  # (pid, session_id, watched): add or remove pid from the session's watchers
+        self._unregistered: set[str] = set()  # watched sessions whose registration found no row
         self._subscribers: dict[str, set[Subscription]] = {}
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -84,7 +87,8 @@ class Listener:
             conn = self._conn
             if session_id not in self._subscribers:
                 try:  # after LISTEN (autocommit: in effect), before the watcher's first read
-                    await self._register(conn.info.backend_pid, session_id, True)
+                    if not await self._register(conn.info.backend_pid, session_id, True):
+                        self._unregistered.add(session_id)
                 except BaseException:
                     if not self._subscribers:
                         await self._close()
@@ -92,6 +96,19 @@ class Listener:
             sub = Subscription(session_id)
             self._subscribers.setdefault(session_id, set()).add(sub)
             return sub
+
+    async def confirm(self, session_id: str) -> bool:
+        """Register ``session_id`` again if its registration found no row (the session did not exist
+        then; a read has just found it): True when it did so, and the watcher must read again before
+        it waits, as after a first registration."""
+        if session_id not in self._unregistered:
+            return False
+        async with self._lock:
+            if session_id not in self._unregistered or self._conn is None:
+                return False
+            self._unregistered.discard(session_id)
+            await self._register(self._conn.info.backend_pid, session_id, True)
+            return True
 
     async def unsubscribe(self, sub: Subscription) -> None:
         """End ``sub``; the connection closes with the last subscription."""
@@ -101,6 +118,7 @@ class Listener:
                 subs.discard(sub)
                 if not subs:
                     del self._subscribers[sub.session_id]
+                    self._unregistered.discard(sub.session_id)
                     if self._conn is not None:  # else its pid is gone (a registration drops it)
                         with contextlib.suppress(Exception):  # a pid left behind only wastes notifications
                             await self._register(self._conn.info.backend_pid, sub.session_id, False)
@@ -166,9 +184,12 @@ async def watch_notified(
         while sub.lost is None:
             sub.wake.clear()  # before the read: a commit after it wakes the wait below
             fresh = await asyncio.to_thread(_read_after, store, session_id, last)
+            registered_now = await listener.confirm(session_id)
             for event in fresh:
                 last = event.version
                 yield event
+            if registered_now:
+                continue  # read what was committed before the registration, then wait
             if not fresh:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(sub.wake.wait(), max(interval, 5.0))
@@ -183,15 +204,15 @@ async def watch_notified(
         yield event
 
 
-def registrar(conn: Callable[[], Any], statements: Any) -> Callable[[int, str, bool], Awaitable[None]]:
+def registrar(conn: Callable[[], Any], statements: Any) -> Callable[[int, str, bool], Awaitable[bool]]:
     """A :class:`Listener`'s ``register``: ``statements.set_watcher`` on a pooled connection ``conn()``, off the loop."""
 
-    def set_watcher(pid: int, session_id: str, watched: bool) -> None:
+    def set_watcher(pid: int, session_id: str, watched: bool) -> bool:
         with conn() as c:
-            statements.set_watcher(c, pid, session_id, watched)
+            return bool(statements.set_watcher(c, pid, session_id, watched))
 
-    async def register(pid: int, session_id: str, watched: bool) -> None:
-        await asyncio.to_thread(set_watcher, pid, session_id, watched)
+    async def register(pid: int, session_id: str, watched: bool) -> bool:
+        return await asyncio.to_thread(set_watcher, pid, session_id, watched)
 
     return register
 

@@ -205,10 +205,11 @@ class Statements:
             f"WHERE w <> %(pid)s::integer AND w IN {alive}) WHERE session_id = %(sid)s AND %(pid)s::integer = ANY(watchers)"
         )
 
-    def set_watcher(self, conn: psycopg.Connection[Any], pid: int, session_id: str, watched: bool) -> None:
+    def set_watcher(self, conn: psycopg.Connection[Any], pid: int, session_id: str, watched: bool) -> bool:
         """Add the backend ``pid`` (a LISTEN connection) to the session's watchers, or remove it:
-        commits notify only the sessions with watchers (see ``_postgres_listen``)."""
-        conn.execute(self._unwatch if not watched else self._watch, {"pid": pid, "sid": session_id})
+        commits notify only the sessions with watchers (see ``_postgres_listen``). False: no such
+        session row (yet)."""
+        return conn.execute(self._unwatch if not watched else self._watch, {"pid": pid, "sid": session_id}).rowcount > 0
 
     # --------------------------------------------------------------- appends
 
