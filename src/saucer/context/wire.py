@@ -61,10 +61,10 @@ def to_wire(value: Any, key: str, *, int_keys: bool | int = False, max_depth: in
             return value
     elif cls is bool or value is None:
         return value
-    if cls is dict and max_depth > 0 and _FLAT_VALUES.issuperset(map(type, value.values())):
-        flat = _flat_copy(value)
-        if flat is not None:
-            return flat
+    if cls is dict and max_depth > 0:
+        encoded = _flat_json(value)  # a flat dict (a structural log entry, every step): checked in C
+        if encoded is not None:
+            return redact_known(value.copy(), encoded=encoded)
     depth = _ANY_DEPTH if int_keys is True else int(int_keys)
     if cls is dict or cls is list:
         try:  # plain JSON data (most values): copied in one pass, without building paths
@@ -83,19 +83,11 @@ _FLAT_VALUES = frozenset((str, int, bool, type(None)))
 _STR_KEYS = frozenset((str,))
 
 
-def _flat_copy(value: dict[Any, Any]) -> dict[str, Any] | None:
-    """What :func:`_plain` returns for a dict of str keys and str, int, bool or None values (a structural
-    log entry, every step), checked in C (:func:`_flat_json`), with the known secrets of that JSON
-    text redacted. None when ``value`` is not such a dict."""
-    encoded = _flat_json(value)
-    return None if encoded is None else redact_known(value.copy(), encoded=encoded)
-
-
 def _flat_json(value: dict[Any, Any]) -> bytes | None:
-    """The JSON text of a dict whose values are str, int, bool or None, if its keys are strs and it is plain
-    JSON data as :func:`_plain` checks it: the encoding refuses an unpaired surrogate and, with
-    ``OPT_STRICT_INTEGER``, an int beyond 53 bits (left to the full check). None otherwise."""
-    if not _STR_KEYS.issuperset(map(type, value)):
+    """The JSON text of ``value`` if it is a flat dict (str keys; str, int, bool or None values) of plain
+    JSON data as :func:`_plain` checks it, checked in C: the encoding refuses an unpaired surrogate and,
+    with ``OPT_STRICT_INTEGER``, an int beyond 53 bits (left to the full check). None otherwise."""
+    if not (_FLAT_VALUES.issuperset(map(type, value.values())) and _STR_KEYS.issuperset(map(type, value))):
         return None
     try:
         return _dumps(value, option=_STRICT_INTEGER)
@@ -135,13 +127,8 @@ def _plain(value: Any, room: int, depth: int) -> Any:
         return value
     elif room > 0:
         if cls is dict:
-            if _FLAT_VALUES.issuperset(map(type, value.values())) and _STR_KEYS.issuperset(map(type, value)):
-                try:  # checked in C (see _flat_json): each entry of a structural log, when a snapshot writes it
-                    _dumps(value, option=_STRICT_INTEGER)
-                except TypeError:
-                    pass  # checked below, one item at a time
-                else:
-                    return value.copy()
+            if _flat_json(value) is not None:  # checked in C: a structural log entry, when a snapshot writes it
+                return value.copy()
             out: dict[str, Any] = {}
             for k, v in value.items():
                 c = k.__class__
