@@ -305,7 +305,13 @@ def slug(text: str, limit: int = 60) -> str:
 
 def log_dir_for(root: str | Path, task: str, session_id: str) -> Path:
     """``root/<task>/<session_id>`` (names made file-system safe)."""
-    return Path(root) / slug(task) / slug(session_id, 120)
+    return Path(*_log_dir_names(root, task, session_id))
+
+
+def _log_dir_names(root: str | Path, task: str, session_id: str) -> tuple[str, str]:
+    """:func:`log_dir_for`'s folder as strings: its parent and its name (a Path costs more to build
+    than the system calls :meth:`SessionLogs.create` makes)."""
+    return os.path.join(root, slug(task)), slug(session_id, 120)
 
 
 class _LineHandler(logging.Handler):
@@ -340,9 +346,8 @@ class SessionLogs:
     @classmethod
     def create(cls, root: str | Path, task: str, session_id: str) -> SessionLogs:
         """A fresh folder for a new session (suffixed if a previous run used the name)."""
-        # log_dir_for's folder, as strings (a Path costs more to build than the system calls below).
-        parent = os.path.join(root, slug(task))
-        base = name = slug(session_id, 120)
+        parent, base = _log_dir_names(root, task, session_id)
+        name = base
         n = 1
         made_parents = False
         while True:  # mkdir is the test of the name: one system call when it is free
